@@ -1,0 +1,36 @@
+# dbidx: the two commands in the README are `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test bench-mdt check-java clean
+
+demo: check-java $(STAMP)
+	$(BIN)/dbidx demo
+
+test: check-java $(STAMP)
+	$(BIN)/python -m pytest
+
+bench-mdt: $(STAMP)
+	$(BIN)/python benchmarks/mdt_bench.py
+
+check-java:
+	@command -v java >/dev/null 2>&1 || { \
+	  echo "dbidx needs Java 17 for PySpark, and 'java' is not on PATH."; \
+	  echo "Install it, e.g. 'sudo apt-get install -y openjdk-17-jre-headless' (Debian/Ubuntu)"; \
+	  echo "or 'brew install openjdk@17' (macOS), or set JAVA_HOME and add \$$JAVA_HOME/bin to PATH."; \
+	  exit 1; }
+	@java -version 2>&1 | grep -Eq 'version "(17|18|19|2[0-9])' || { \
+	  echo "dbidx needs Java 17 or newer for PySpark 4; found: $$(java -version 2>&1 | head -1)"; exit 1; }
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"' || \
+	  { echo "dbidx needs Python 3.11 or newer as '$(PYTHON)'"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

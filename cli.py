@@ -1,0 +1,242 @@
+"""The `dbidx` command line: each command is a few lines over a library call, printed as text or JSON.
+
+Exit codes: 0 ok, 1 unexpected dbidx error, 2 bad input or config, 3 table missing/exists, 4 corrupt data or
+history compacted away, 5 concurrency conflict or bad instant state.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from dataclasses import asdict, is_dataclass
+from typing import Any, Callable, TypeVar
+
+import click
+
+from dbidx import __version__
+from dbidx.errors import DbidxError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Output:
+    """Prints a command's result as human text or as one JSON object (`--json`)."""
+
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
+
+    def emit(self, payload: dict[str, Any], text: Callable[[dict[str, Any]], str]) -> None:
+        """Print the payload: JSON verbatim, or through the command's text formatter."""
+        if self.as_json:
+            click.echo(json.dumps(payload, indent=2, sort_keys=True, default=_jsonable))
+        else:
+            click.echo(text(payload))
+
+    def error(self, exc: DbidxError) -> None:
+        """Report an error on stderr (and as JSON on stdout with --json)."""
+        if self.as_json:
+            click.echo(json.dumps({"error": type(exc).__name__, "message": str(exc)}))
+        click.echo(f"Error: {exc}", err=True)
+
+
+def _jsonable(value: Any) -> Any:
+    if is_dataclass(value):
+        return asdict(value)  # type: ignore[arg-type]
+    return str(value)
+
+
+def catch_exception(func: F) -> F:
+    """Turn DbidxError into a one-line message and the error's exit code, instead of a traceback."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        ctx = click.get_current_context()
+        try:
+            return func(*args, **kwargs)
+        except DbidxError as exc:
+            Output(bool(ctx.params.get("as_json"))).error(exc)
+            ctx.exit(exc.exit_code)
+
+    return wrapper  # type: ignore[return-value]
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="dbidx")
+def main() -> None:
+    """dbidx: executor-local RocksDB record-index cache for PySpark upserts, over a persisted record index."""
+
+
+@main.command("init")
+@click.argument("uri")
+@click.option("--num-shards", default=4, show_default=True, help="Key shards of the index (fixed forever).")
+@click.option("--global-index", is_flag=True, help="One index across all partitions (keys unique table-wide).")
+@json_option
+@catch_exception
+def init_cmd(uri: str, num_shards: int, global_index: bool, as_json: bool) -> None:
+    """Create an empty dbidx table (its metadata folder) at URI."""
+    from dbidx.mdt.table import Table
+
+    table = Table.create(uri, num_shards=num_shards, global_index=global_index)
+    Output(as_json).emit(asdict(table.props) | {"uri": table.uri},
+                         lambda p: f"created {p['index_mode']} table {p['uri']} with {p['num_shards']} shards")
+
+
+@main.command("build-index")
+@click.argument("uri")
+@click.option("--key", "key_column", required=True, help="Record key column of the data files.")
+@click.option("--partition-col", "partition_columns", multiple=True,
+              help="Hive partition column(s), outermost first; checked against the directory layout.")
+@click.option("--num-shards", default=4, show_default=True, help="Key shards of the new index.")
+@click.option("--global-index", is_flag=True, help="Build a global index (keys unique table-wide).")
+@json_option
+@catch_exception
+def build_index_cmd(uri: str, key_column: str, partition_columns: tuple[str, ...], num_shards: int,
+                    global_index: bool, as_json: bool) -> None:
+    """Build the record-level index of the Parquet data set at URI."""
+    from dbidx.mdt.build_index import build_index
+    from dbidx.mdt.table import Table
+
+    table = Table.open_or_create(uri, num_shards=num_shards, global_index=global_index)
+    with _progress("indexing data files", as_json) as progress:
+        result = build_index(table, key_column, partition_columns or None, progress=progress)
+    payload = {"instant": result.instant, "files": result.files, "partitions": result.partitions,
+               "keys": result.keys, "uri": table.uri}
+    Output(as_json).emit(payload, lambda p: f"indexed {p['keys']} keys from {p['files']} files in "
+                                            f"{p['partitions']} partitions (instant {p['instant']})")
+
+
+@main.command("lookup")
+@click.argument("uri")
+@click.argument("keys", nargs=-1, required=True)
+@click.option("--partition", default=None, help="Partition path of the keys (required unless global index).")
+@click.option("--mode", type=click.Choice(["auto", "seek", "scan"]), default="auto", show_default=True)
+@json_option
+@catch_exception
+def lookup_cmd(uri: str, keys: tuple[str, ...], partition: str | None, mode: str, as_json: bool) -> None:
+    """Print the location of KEYS in the persisted index (missing keys are reported as new)."""
+    from dbidx.mdt.table import Table
+
+    found = Table.open(uri).lookup(list(keys), partition, mode=mode).to_pylist()
+    by_key = {row["key"]: row for row in found}
+    payload = {"found": [by_key[k] for k in keys if k in by_key], "missing": [k for k in keys if k not in by_key]}
+
+    def text(p: dict[str, Any]) -> str:
+        lines = [f"{r['key']}\t{r.get('partition', partition)}\t{r['file_group']}\t{r['instant']}" for r in p["found"]]
+        return "\n".join(lines + [f"{k}\t(not in index: new key)" for k in p["missing"]])
+
+    Output(as_json).emit(payload, text)
+    if payload["missing"] and not payload["found"]:
+        sys.exit(1)
+
+
+@main.command("stats")
+@click.argument("uri")
+@json_option
+@catch_exception
+def stats_cmd(uri: str, as_json: bool) -> None:
+    """Per-partition stats of the persisted index: last commit, live keys, file groups."""
+    from dbidx.mdt.table import Table
+
+    table = Table.open(uri)
+    parts = [{"partition": s.partition, "last_instant": s.last_instant, "last_commit": s.last_commit_time.isoformat(),
+              "live_keys": s.live_keys, "file_groups": len(s.bucket_fills), "bucket_fills": s.bucket_fills}
+             for s in table.partitions()]
+    latest = table.latest()
+    payload = {"uri": table.uri, "index_mode": table.props.index_mode, "num_shards": table.num_shards,
+               "completed_instants": table.timeline.latest_seq, "latest_instant": latest.instant if latest else None,
+               "live_keys": sum(p["live_keys"] for p in parts), "partitions": parts}
+
+    def text(p: dict[str, Any]) -> str:
+        head = (f"{p['uri']}: {p['index_mode']} index, {p['num_shards']} shards, {p['live_keys']} live keys, "
+                f"{len(p['partitions'])} partitions, {p['completed_instants']} completions")
+        rows = [f"  {r['partition'] or '(root)'}\t{r['live_keys']} keys\t{r['file_groups']} file groups\t"
+                f"last {r['last_instant']} ({r['last_commit']})" for r in p["partitions"]]
+        return "\n".join([head] + rows)
+
+    Output(as_json).emit(payload, text)
+
+
+@main.command("compact")
+@click.argument("uri")
+@click.option("--partition", "partitions", multiple=True, help="Only these partitions (default: all).")
+@click.option("--min-files", default=2, show_default=True, help="Compact groups with at least this many files.")
+@click.option("--clean/--no-clean", default=True, show_default=True, help="Then delete replaced files.")
+@click.option("--retain", default=10, show_default=True, help="Completions of history kept by the clean.")
+@json_option
+@catch_exception
+def compact_cmd(uri: str, partitions: tuple[str, ...], min_files: int, clean: bool, retain: int,
+                as_json: bool) -> None:
+    """Merge RLI deltas into base files (dropping tombstones), then clean old files."""
+    from dbidx.mdt import compaction
+    from dbidx.mdt.table import Table
+
+    table = Table.open(uri)
+    result = compaction.compact(table, partitions or None, min_files=min_files)
+    cleaned = compaction.clean(table, retain_completions=retain) if clean else None
+    payload = {"instant": result.record.instant if result.record else None, "groups": result.groups,
+               "files_replaced": result.files_replaced, "entries_written": result.entries_written,
+               "files_deleted": len(cleaned.deleted) if cleaned else 0}
+    Output(as_json).emit(payload, lambda p: f"compacted {p['groups']} groups ({p['files_replaced']} files -> "
+                                            f"{p['entries_written']} entries), deleted {p['files_deleted']} old files")
+
+
+@main.command("rollback")
+@click.argument("uri")
+@click.argument("instant", required=False)
+@click.option("--all-pending", is_flag=True, help="Roll back every unfinished instant (only when no writer runs).")
+@json_option
+@catch_exception
+def rollback_cmd(uri: str, instant: str | None, all_pending: bool, as_json: bool) -> None:
+    """Roll back an unfinished instant (e.g. of a crashed writer) and delete its files."""
+    from dbidx.mdt.table import Table
+
+    table = Table.open(uri)
+    targets = table.timeline.pending() if all_pending else [instant] if instant else []
+    if not targets:
+        raise click.UsageError("name an INSTANT or pass --all-pending")
+    done = [table.rollback(t).rolled_back for t in targets]
+    Output(as_json).emit({"rolled_back": done}, lambda p: "\n".join(f"rolled back {i}" for i in p["rolled_back"]))
+
+
+@main.command("demo")
+@click.option("--dir", "workdir", default="demo-output", show_default=True, help="Where the demo table goes.")
+@click.option("--keys-per-day", default=50_000, show_default=True)
+@click.option("--days", default=5, show_default=True)
+@json_option
+@catch_exception
+def demo_cmd(workdir: str, keys_per_day: int, days: int, as_json: bool) -> None:
+    """End-to-end demo: a Parquet data set, its index, upsert commits, compaction and lookups."""
+    from dbidx.demo import run_demo
+
+    report = run_demo(workdir, keys_per_day=keys_per_day, days=days, echo=None if as_json else click.echo)
+    if as_json:
+        Output(True).emit(report, lambda p: "")
+
+
+class _progress:
+    """A click progress bar on a terminal; nothing when output is JSON or not a TTY."""
+
+    def __init__(self, label: str, quiet: bool) -> None:
+        self.label, self.quiet, self.bar = label, quiet or not sys.stderr.isatty(), None
+
+    def __enter__(self) -> Callable[[int, int], None] | None:
+        if self.quiet:
+            return None
+
+        def update(done: int, total: int) -> None:
+            if self.bar is None:
+                self.bar = click.progressbar(length=total, label=self.label, file=sys.stderr).__enter__()
+            self.bar.update(done - self.bar.pos)
+
+        return update
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,73 @@
+"""The one exception hierarchy of dbidx: every error a user can act on is a DbidxError.
+
+Each message says what went wrong and where (a path, a key, an instant), and where it can, the likely cause.
+"""
+from __future__ import annotations
+
+
+class DbidxError(Exception):
+    """Base class of every error dbidx raises on purpose."""
+
+    exit_code: int = 1
+
+
+class ConfigError(DbidxError):
+    """A configuration value is missing, malformed or out of range."""
+
+    exit_code = 2
+
+
+class InvalidInputError(DbidxError):
+    """A key, partition path or argument handed to dbidx is not acceptable."""
+
+    exit_code = 2
+
+
+class InvalidKeyError(InvalidInputError):
+    """A record key is null, empty or not a string."""
+
+
+class InvalidPartitionError(InvalidInputError):
+    """A partition path is absolute, escapes the table, or holds forbidden characters."""
+
+
+class TableNotFoundError(DbidxError):
+    """No dbidx table exists at the given base URI."""
+
+    exit_code = 3
+
+
+class TableExistsError(DbidxError):
+    """A table already exists where a new one was to be created."""
+
+    exit_code = 3
+
+
+class CorruptFileError(DbidxError):
+    """A metadata or index file is truncated, unreadable or disagrees with its commit record."""
+
+    exit_code = 4
+
+
+class ConflictError(DbidxError):
+    """A commit lost an optimistic-concurrency race: another instant completed with overlapping keys."""
+
+    exit_code = 5
+
+
+class InstantStateError(DbidxError):
+    """An instant was used in a state that does not allow it (e.g. committing a rolled-back instant)."""
+
+    exit_code = 5
+
+
+class HistoryCompactedError(DbidxError):
+    """An incremental read needs index files that compaction and cleaning have removed; reload instead."""
+
+    exit_code = 4
+
+
+class DuplicateKeyError(DbidxError):
+    """The same record key was found at two locations where the index requires one."""
+
+    exit_code = 4

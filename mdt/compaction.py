@@ -1,0 +1,111 @@
+"""Compaction and cleaning of RLI files.
+
+Compaction merges a (partition, shard)'s base and deltas into one new base without tombstones, published as one
+instant that names the files it replaces: readers switch from "old files" to "new base" in a single step, so a
+snapshot before, during and after compaction gives the same answer. Replaced files stay on disk (incremental reads
+across the compaction still work) until `clean` removes them; a clean is itself a completion record, so a reader
+that needs a removed file gets HistoryCompactedError instead of a silently short answer.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterable
+
+from dbidx.errors import ConflictError
+from dbidx.mdt import layout, rli_files
+from dbidx.mdt.table import Table
+from dbidx.mdt.timeline import ACTION_CLEAN, ACTION_COMPACTION, CompletedInstant, FileRecord
+
+
+@dataclass(frozen=True)
+class CompactionResult:
+    """What a compaction did (None record when there was nothing to compact)."""
+
+    record: CompletedInstant | None
+    groups: int
+    files_replaced: int
+    entries_written: int
+
+
+def compact(
+    table: Table,
+    partitions: Iterable[str] | None = None,
+    min_files: int = 2,
+) -> CompactionResult:
+    """Merge every (partition, shard) with at least `min_files` live files into a new base file."""
+    view = table.refresh()
+    wanted = None if partitions is None else {layout.validate_partition(p) for p in partitions}
+    # 1. Choose the groups worth compacting, from the view as of now.
+    todo: dict[tuple[str | None, int], list[FileRecord]] = {}
+    for partition, shard in view.groups():
+        if wanted is not None and partition is not None and partition not in wanted:
+            continue
+        files = view.files(partition, shard)
+        if len(files) >= max(min_files, 1) and (len(files) > 1 or files[0].tombstones or files[0].kind != "base"):
+            todo[(partition, shard)] = files
+    if not todo:
+        return CompactionResult(None, 0, 0, 0)
+    writer = table.timeline.start(ACTION_COMPACTION)
+    bases: list[FileRecord] = []
+    replaced = [f.path for files in todo.values() for f in files]
+    try:
+        # 2. Declare, then write one base per group: the newest entry per key, tombstones dropped.
+        paths = {g: layout.base_file(g[0], g[1], writer.instant) for g in todo}
+        table.timeline.mark_inflight(writer, paths.values())
+        for g, files in todo.items():
+            merged = rli_files.resolve_latest([rli_files.read_rli_file(table.io, f) for f in files], table.schema)
+            if merged.num_rows == 0:
+                continue
+            written = rli_files.write_rli_file(table.io, paths[g], merged, table.props.row_group_size)
+            bases.append(FileRecord(path=paths[g], partition=g[0], shard=g[1], kind="base", rows=written.rows,
+                                    inserts=written.inserts, tombstones=0, min_key=written.min_key,
+                                    max_key=written.max_key, size=written.size))
+
+        def check(news: list[CompletedInstant]) -> None:
+            # Only another compaction of the same files conflicts; commits that landed meanwhile stay as deltas.
+            mine = set(replaced)
+            for rec in news:
+                if rec.action == ACTION_COMPACTION and mine.intersection(rec.replaced):
+                    raise ConflictError(
+                        f"compaction {writer.instant} overlaps compaction {rec.instant} (seq {rec.seq}) on the same "
+                        "files; nothing was published, run it again"
+                    )
+
+        def build(seq: int) -> CompletedInstant:
+            return CompletedInstant(seq=seq, instant=writer.instant, action=ACTION_COMPACTION,
+                                    completed_at_ms=int(time.time() * 1000), start_seq=writer.start_seq,
+                                    files=tuple(bases), replaced=tuple(replaced))
+
+        # 3. Publish: the bases replace the old files in one step.
+        record = table.timeline.publish(writer, build, check)
+    except BaseException:
+        table.timeline.rollback(writer.instant)
+        raise
+    return CompactionResult(record, len(todo), len(replaced), sum(b.rows for b in bases))
+
+
+def clean(table: Table, retain_completions: int = 10) -> CompletedInstant | None:
+    """Delete files replaced by compactions at least `retain_completions` completions ago.
+
+    Incremental reads reaching back further than that get HistoryCompactedError (a cache then reloads the
+    partition); snapshots of older instants likewise. Returns the clean's completion record, or None.
+    """
+    view = table.refresh()
+    horizon = table.timeline.latest_seq - max(retain_completions, 0)
+    doomed = [path for path, _ in view.replaced_files(horizon)]
+    if not doomed:
+        return None
+    writer = table.timeline.start(ACTION_CLEAN)
+
+    def build(seq: int) -> CompletedInstant:
+        return CompletedInstant(seq=seq, instant=writer.instant, action=ACTION_CLEAN,
+                                completed_at_ms=int(time.time() * 1000), start_seq=writer.start_seq,
+                                deleted=tuple(doomed))
+
+    # 1. Publish first: from now on readers know these files are gone on purpose.
+    record = table.timeline.publish(writer, build)
+    # 2. Then delete them.
+    for path in doomed:
+        table.io.delete(path)
+    return record

@@ -1,0 +1,145 @@
+"""The file view: which RLI files make up each (partition, shard) at any point of the completion log.
+
+Built by replaying completion records in order (deltas add files, compactions swap replaced files for a base,
+cleans mark files as physically gone), so a snapshot "as of seq S" is a pure function of the log.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from dbidx.errors import HistoryCompactedError
+from dbidx.mdt.timeline import (
+    ACTION_BUILD_INDEX,
+    ACTION_CLEAN,
+    ACTION_COMMIT,
+    ACTION_COMPACTION,
+    CompletedInstant,
+    FileRecord,
+)
+
+GroupKey = tuple[str | None, int]  # (partition, or None for the global index; shard)
+
+
+@dataclass
+class _Added:
+    seq: int
+    record: FileRecord
+    order: tuple[int, int]  # (seq of the newest delta it reflects, 0 for a delta / 1 for a base)
+    replaced_at: int | None = None
+
+
+@dataclass
+class PartitionStats:
+    """Per data partition: last commit, live keys and fill per file group (what `dbidx stats` shows)."""
+
+    partition: str
+    last_instant: str
+    last_commit_ms: int
+    live_keys: int
+    bucket_fills: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def last_commit_time(self) -> datetime:
+        """Wall-clock time of the last commit that touched the partition (UTC)."""
+        return datetime.fromtimestamp(self.last_commit_ms / 1000, tz=timezone.utc)
+
+
+class FileView:
+    """Replays the completion log incrementally; answers file lists and partition stats."""
+
+    def __init__(self) -> None:
+        self.applied_seq = 0
+        self._groups: dict[GroupKey, list[_Added]] = {}
+        self._by_path: dict[str, _Added] = {}
+        self._cleaned: dict[str, int] = {}
+        self._stats: dict[str, PartitionStats] = {}
+
+    def apply(self, records: list[CompletedInstant]) -> None:
+        """Fold newly published completion records (in seq order) into the view."""
+        for rec in records:
+            if rec.seq <= self.applied_seq:
+                continue
+            if rec.action in (ACTION_COMMIT, ACTION_BUILD_INDEX):
+                for f in rec.files:
+                    self._add(_Added(rec.seq, f, (rec.seq, 0)))
+            if rec.action == ACTION_COMPACTION:
+                # A base stands where the newest file it replaced stood: a delta published while the compaction
+                # ran (not replaced) is newer than the base even though its seq is smaller.
+                covered: dict[GroupKey, int] = {}
+                for path in rec.replaced:
+                    if path in self._by_path:
+                        old = self._by_path[path]
+                        old.replaced_at = rec.seq
+                        group = (old.record.partition, old.record.shard)
+                        covered[group] = max(covered.get(group, 0), old.order[0])
+                for f in rec.files:
+                    self._add(_Added(rec.seq, f, (covered.get((f.partition, f.shard), 0), 1)))
+            if rec.action == ACTION_CLEAN:
+                for path in rec.deleted:
+                    self._cleaned[path] = rec.seq
+            if rec.action in (ACTION_COMMIT, ACTION_BUILD_INDEX):
+                self._apply_stats(rec)
+            self.applied_seq = rec.seq
+
+    def _add(self, added: _Added) -> None:
+        self._groups.setdefault((added.record.partition, added.record.shard), []).append(added)
+        self._by_path[added.record.path] = added
+
+    def _apply_stats(self, rec: CompletedInstant) -> None:
+        for partition, change in rec.partitions.items():
+            stats = self._stats.get(partition)
+            if stats is None:
+                stats = self._stats[partition] = PartitionStats(partition, rec.instant, rec.completed_at_ms, 0)
+            stats.last_instant = rec.instant
+            stats.last_commit_ms = rec.completed_at_ms
+            stats.live_keys += change.live
+            for fg, delta in change.fills.items():
+                fill = stats.bucket_fills.get(fg, 0) + delta
+                if fill:
+                    stats.bucket_fills[fg] = fill
+                else:
+                    stats.bucket_fills.pop(fg, None)
+
+    def groups(self) -> list[GroupKey]:
+        """Every (partition, shard) that ever had a file."""
+        return sorted(self._groups, key=lambda g: ("" if g[0] is None else g[0], g[1]))
+
+    def files(self, partition: str | None, shard: int, upto_seq: int | None = None) -> list[FileRecord]:
+        """Live files of a (partition, shard) as of `upto_seq`, oldest first (base before the deltas after it)."""
+        upto = self.applied_seq if upto_seq is None else upto_seq
+        live = [
+            a for a in self._groups.get((partition, shard), [])
+            if a.seq <= upto and (a.replaced_at is None or a.replaced_at > upto)
+        ]
+        for a in live:
+            if a.record.path in self._cleaned:
+                raise HistoryCompactedError(
+                    f"index file {a.record.path} needed for a read as of seq {upto} was removed by a clean at seq "
+                    f"{self._cleaned[a.record.path]}; read a newer snapshot (caches reload the partition)"
+                )
+        return [a.record for a in sorted(live, key=lambda a: a.order)]
+
+    def delta_files_between(self, after_seq: int, upto_seq: int) -> list[tuple[int, FileRecord]]:
+        """Delta files published by commits with after_seq < seq <= upto_seq, in order, with their seq."""
+        out = []
+        for added in self._by_path.values():
+            if after_seq < added.seq <= upto_seq and added.record.kind == "delta":
+                if added.record.path in self._cleaned:
+                    raise HistoryCompactedError(
+                        f"incremental read ({after_seq}, {upto_seq}] needs {added.record.path}, removed by the clean "
+                        f"at seq {self._cleaned[added.record.path]}; reload from a snapshot instead"
+                    )
+                out.append((added.seq, added.record))
+        return sorted(out, key=lambda item: (item[0], item[1].path))
+
+    def replaced_files(self, upto_seq: int) -> list[tuple[str, int]]:
+        """(path, replacing compaction seq) of files replaced at or before upto_seq and not cleaned yet."""
+        return sorted(
+            (path, a.replaced_at) for path, a in self._by_path.items()
+            if a.replaced_at is not None and a.replaced_at <= upto_seq and path not in self._cleaned
+        )
+
+    def partition_stats(self) -> list[PartitionStats]:
+        """Stats of every partition that has had a commit, sorted by partition path."""
+        return [self._stats[p] for p in sorted(self._stats)]

@@ -1,0 +1,206 @@
+"""FileIO: every byte dbidx reads or writes for a table goes through one `pyarrow.fs` filesystem.
+
+The filesystem is chosen from the table URI (`/local/path`, `file://`, `s3://`, `gs://`, `hdfs://`, ...) or injected
+(any `pyarrow.fs.FileSystem`, e.g. a `SubTreeFileSystem` or an in-memory one in tests). A FileIO is picklable, so a
+Spark task can receive it and open the same table on an executor.
+
+Two write primitives carry the table's atomicity:
+- `write_atomic`: readers see the old state or the whole new file, never a prefix (temp file + rename on local and
+  HDFS; object stores publish a PUT atomically anyway).
+- `create_exclusive`: publish a file only if nothing exists at that path. The commit timeline relies on it to give
+  completions a gap-free total order. Local filesystems do it with `link(2)`, which fails if the target exists. For
+  object stores it needs a conditional PUT (S3 `If-None-Match: *`, GCS `ifGenerationMatch=0`), which `pyarrow.fs`
+  does not expose: there dbidx falls back to check-then-write, which is only safe with a single writer process or an
+  external commit lock (see docs/FORMAT.md, "Atomicity on object stores").
+"""
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from dbidx.errors import CorruptFileError, DbidxError
+
+# A process-wide lock makes the check-then-write fallback atomic among threads of one process (e.g. the in-memory
+# filesystem in tests, or one driver running several writers).
+_FALLBACK_LOCK = threading.Lock()
+
+
+@dataclass
+class FileIO:
+    """A `pyarrow.fs` filesystem plus the table's root path inside it."""
+
+    fs: pafs.FileSystem
+    root: str
+    _local_root: str | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_uri(cls, uri: str, fs: pafs.FileSystem | None = None) -> "FileIO":
+        """Resolve a table URI (or a path inside an injected filesystem) to a FileIO."""
+        if not uri:
+            raise DbidxError("table URI is empty; pass a local path or a URI such as s3://bucket/table")
+        if fs is not None:
+            return cls(fs=fs, root=uri.rstrip("/") or "/")
+        if "://" not in uri:
+            uri = os.path.abspath(os.path.expanduser(uri))
+        try:
+            resolved, path = pafs.FileSystem.from_uri(uri)
+        except (pa.ArrowInvalid, ValueError) as exc:
+            raise DbidxError(f"cannot open table URI {uri!r}: {exc}") from exc
+        return cls(fs=resolved, root=path.rstrip("/") or "/")
+
+    def __post_init__(self) -> None:
+        self._local_root = _local_path_of(self.fs, self.root)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"fs": self.fs, "root": self.root}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.fs = state["fs"]
+        self.root = state["root"]
+        self.__post_init__()
+
+    @property
+    def is_local(self) -> bool:
+        """True when the table lives on a local filesystem (atomic rename and link are available)."""
+        return self._local_root is not None
+
+    def path(self, rel: str) -> str:
+        """The filesystem path of a table-relative path."""
+        return f"{self.root}/{rel}" if rel else self.root
+
+    # ---- reads -------------------------------------------------------------------------------------------
+    def exists(self, rel: str) -> bool:
+        """Whether a file or directory exists at the table-relative path."""
+        return self.fs.get_file_info(self.path(rel)).type != pafs.FileType.NotFound
+
+    def read_bytes(self, rel: str) -> bytes:
+        """The whole content of a file; a missing file is a CorruptFileError naming it."""
+        try:
+            with self.fs.open_input_stream(self.path(rel)) as stream:
+                return stream.read()
+        except FileNotFoundError as exc:
+            raise CorruptFileError(f"file {self.path(rel)} is missing") from exc
+        except OSError as exc:
+            raise CorruptFileError(f"cannot read {self.path(rel)}: {exc}") from exc
+
+    def size(self, rel: str) -> int:
+        """Size in bytes of a file (0 if missing)."""
+        info = self.fs.get_file_info(self.path(rel))
+        return info.size or 0 if info.type == pafs.FileType.File else 0
+
+    def list_names(self, rel_dir: str) -> list[str]:
+        """Sorted base names of the files directly inside a table-relative directory ([] if it does not exist)."""
+        selector = pafs.FileSelector(self.path(rel_dir), allow_not_found=True, recursive=False)
+        return sorted(info.base_name for info in self.fs.get_file_info(selector) if info.type == pafs.FileType.File)
+
+    def list_dirs(self, rel_dir: str) -> list[str]:
+        """Sorted base names of the directories directly inside a table-relative directory."""
+        selector = pafs.FileSelector(self.path(rel_dir), allow_not_found=True, recursive=False)
+        return sorted(
+            info.base_name for info in self.fs.get_file_info(selector) if info.type == pafs.FileType.Directory
+        )
+
+    def list_files_recursive(self, rel_dir: str) -> list[tuple[str, int]]:
+        """(table-relative path, size) of every file under a directory, sorted by path."""
+        selector = pafs.FileSelector(self.path(rel_dir), allow_not_found=True, recursive=True)
+        prefix = self.root.rstrip("/") + "/"
+        out = [
+            (info.path[len(prefix):] if info.path.startswith(prefix) else info.path, info.size or 0)
+            for info in self.fs.get_file_info(selector)
+            if info.type == pafs.FileType.File
+        ]
+        return sorted(out)
+
+    # ---- writes ------------------------------------------------------------------------------------------
+    def makedirs(self, rel_dir: str) -> None:
+        """Create a directory and its parents (no-op on object stores without directories)."""
+        self.fs.create_dir(self.path(rel_dir), recursive=True)
+
+    def write_atomic(self, rel: str, data: bytes) -> None:
+        """Write a whole file so that readers see either nothing/the old file or all of the new one."""
+        parent = rel.rsplit("/", 1)[0] if "/" in rel else ""
+        self.makedirs(parent)
+        if not self.is_local and self.fs.type_name != "hdfs":
+            with self.fs.open_output_stream(self.path(rel)) as out:  # a PUT is atomic on object stores
+                out.write(data)
+            return
+        tmp = f"{parent}/.tmp-{uuid.uuid4().hex}" if parent else f".tmp-{uuid.uuid4().hex}"
+        with self.fs.open_output_stream(self.path(tmp)) as out:
+            out.write(data)
+        self.fs.move(self.path(tmp), self.path(rel))
+
+    def create_exclusive(self, rel: str, data: bytes) -> bool:
+        """Publish a complete file only if the path is free; False if something already exists there."""
+        parent = rel.rsplit("/", 1)[0] if "/" in rel else ""
+        self.makedirs(parent)
+        if self._local_root is not None:
+            # 1. Write the content to a private temp file and flush it to disk.
+            target = os.path.join(self._local_root, rel)
+            tmp = os.path.join(os.path.dirname(target), f".tmp-{uuid.uuid4().hex}")
+            with open(tmp, "wb") as out:
+                out.write(data)
+                out.flush()
+                os.fsync(out.fileno())
+            # 2. link(2) publishes it atomically and fails if the target exists: first writer wins.
+            try:
+                os.link(tmp, target)
+                return True
+            except FileExistsError:
+                return False
+            finally:
+                os.unlink(tmp)
+        with _FALLBACK_LOCK:
+            if self.exists(rel):
+                return False
+            with self.fs.open_output_stream(self.path(rel)) as out:
+                out.write(data)
+            return True
+
+    def delete(self, rel: str) -> bool:
+        """Delete a file; False if it was already gone."""
+        try:
+            self.fs.delete_file(self.path(rel))
+            return True
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            if "not found" in str(exc).lower() or "no such file" in str(exc).lower():
+                return False
+            raise
+
+    def delete_dir(self, rel_dir: str) -> None:
+        """Delete a directory tree if it exists."""
+        if self.exists(rel_dir):
+            self.fs.delete_dir(self.path(rel_dir))
+
+    def open_input_file(self, rel: str) -> pa.NativeFile:
+        """A random-access handle for Parquet reads; missing files are a CorruptFileError naming the path."""
+        try:
+            return self.fs.open_input_file(self.path(rel))
+        except FileNotFoundError as exc:
+            raise CorruptFileError(f"index file {self.path(rel)} is missing") from exc
+
+    def open_output_stream(self, rel: str) -> pa.NativeFile:
+        """A sequential output stream (callers that need atomicity write to a temp name and `move`)."""
+        parent = rel.rsplit("/", 1)[0] if "/" in rel else ""
+        self.makedirs(parent)
+        return self.fs.open_output_stream(self.path(rel))
+
+    def move(self, src_rel: str, dst_rel: str) -> None:
+        """Rename a file inside the table (atomic on local filesystems and HDFS)."""
+        self.fs.move(self.path(src_rel), self.path(dst_rel))
+
+
+def _local_path_of(fs: pafs.FileSystem, root: str) -> str | None:
+    """The OS path of `root` when `fs` is (a sub-tree of) the local filesystem, else None."""
+    if isinstance(fs, pafs.LocalFileSystem):
+        return root
+    if isinstance(fs, pafs.SubTreeFileSystem) and isinstance(fs.base_fs, pafs.LocalFileSystem):
+        return os.path.join(fs.base_path, root.lstrip("/"))
+    return None

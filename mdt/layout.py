@@ -1,0 +1,112 @@
+"""Where things live inside a table, and which partition paths and keys are acceptable.
+
+Pure functions only: no I/O, so the layout can be unit-tested and documented in docs/FORMAT.md line by line.
+"""
+from __future__ import annotations
+
+import re
+from urllib.parse import quote
+
+import xxhash
+
+from dbidx.errors import InvalidKeyError, InvalidPartitionError
+
+META_DIR = ".dbidx"
+PROPERTIES_FILE = f"{META_DIR}/table.json"
+TIMELINE_DIR = f"{META_DIR}/timeline"
+COMPLETED_DIR = f"{TIMELINE_DIR}/completed"
+RLI_DIR = f"{META_DIR}/rli"
+GLOBAL_PARTITION_DIR = "_global"
+
+# A directory name stays well under the 255-byte limit of common filesystems.
+_MAX_DIR_NAME = 200
+_SAFE_CHARS = "=-.,+@"
+_INSTANT_RE = re.compile(r"^\d{17}$")
+
+
+def validate_partition(partition: object) -> str:
+    """Return the partition path if it is a safe relative path inside the table, else raise naming it.
+
+    Rejected: non-strings, NUL bytes, absolute paths, backslashes, `.`/`..` segments, empty segments and paths that
+    would land inside the metadata folder. The empty string is the single partition of a non-partitioned table.
+    """
+    if not isinstance(partition, str):
+        raise InvalidPartitionError(f"partition path must be a string, got {type(partition).__name__}: {partition!r}")
+    if partition == "":
+        return partition
+    if "\x00" in partition:
+        raise InvalidPartitionError(f"partition path {partition!r} contains a NUL byte")
+    if partition.startswith("/") or re.match(r"^[A-Za-z]:", partition):
+        raise InvalidPartitionError(f"partition path {partition!r} is absolute; use a path relative to the table")
+    if "\\" in partition:
+        raise InvalidPartitionError(f"partition path {partition!r} contains a backslash; use '/' between levels")
+    segments = partition.split("/")
+    for segment in segments:
+        if segment in ("", ".", ".."):
+            raise InvalidPartitionError(
+                f"partition path {partition!r} has an empty, '.' or '..' segment; it must stay inside the table"
+            )
+    if segments[0] == META_DIR:
+        raise InvalidPartitionError(f"partition path {partition!r} points into the metadata folder {META_DIR}")
+    return partition
+
+
+def validate_key(key: object) -> str:
+    """Return the record key if it is a non-empty string without NUL bytes, else raise naming it."""
+    if not isinstance(key, str):
+        raise InvalidKeyError(f"record key must be a string, got {type(key).__name__}: {key!r}")
+    if key == "":
+        raise InvalidKeyError("record key is empty; every record needs a non-empty key")
+    return key
+
+
+def validate_instant(instant: object) -> str:
+    """Return an instant id if it has the yyyyMMddHHmmssSSS form, else raise naming it."""
+    if not isinstance(instant, str) or not _INSTANT_RE.match(instant):
+        raise InvalidKeyError(f"instant {instant!r} is not a 17-digit yyyyMMddHHmmssSSS id")
+    return instant
+
+
+def partition_dir_name(partition: str) -> str:
+    """The single directory name that holds a partition's RLI files.
+
+    Percent-encoding keeps it one path segment (`/` becomes `%2F`) and readable; names that would be too long are cut
+    and suffixed with an xxh64 of the full path so distinct partitions never share a directory. Readers never parse
+    this name back: commit records carry the partition string.
+    """
+    encoded = "p_" + quote(partition, safe=_SAFE_CHARS)
+    if len(encoded) <= _MAX_DIR_NAME:
+        return encoded
+    digest = xxhash.xxh64_hexdigest(partition.encode("utf-8"))
+    return f"{encoded[:_MAX_DIR_NAME - 18]}~{digest}"
+
+
+def rli_dir(partition: str | None, shard: int) -> str:
+    """Table-relative directory of one (partition, shard) file group; partition None means the global index."""
+    part = GLOBAL_PARTITION_DIR if partition is None else partition_dir_name(partition)
+    return f"{RLI_DIR}/{part}/{shard:04d}"
+
+
+def delta_file(partition: str | None, shard: int, instant: str) -> str:
+    """Table-relative path of the delta file an instant writes for one (partition, shard)."""
+    return f"{rli_dir(partition, shard)}/delta-{instant}.parquet"
+
+
+def base_file(partition: str | None, shard: int, instant: str) -> str:
+    """Table-relative path of the base file a compaction instant writes for one (partition, shard)."""
+    return f"{rli_dir(partition, shard)}/base-{instant}.parquet"
+
+
+def requested_file(instant: str) -> str:
+    """Timeline marker written when an instant starts."""
+    return f"{TIMELINE_DIR}/{instant}.requested"
+
+
+def inflight_file(instant: str) -> str:
+    """Timeline marker listing the files an instant is about to write (its rollback plan)."""
+    return f"{TIMELINE_DIR}/{instant}.inflight"
+
+
+def completed_file(seq: int) -> str:
+    """The completion record with sequence number `seq` (exclusive-create gives completions a total order)."""
+    return f"{COMPLETED_DIR}/{seq:012d}.json"

@@ -1,0 +1,292 @@
+"""Table: open or create a dbidx table at a base URI and read its record-level index.
+
+Writes live in `writer.py` (commits), `compaction.py` (compact, clean) and `build_index.py` (migration); this module
+holds the table identity and the read paths: snapshot, incremental, lookup and partition stats.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+
+from dbidx.errors import CorruptFileError, InvalidInputError, InvalidKeyError, TableExistsError, TableNotFoundError
+from dbidx.mdt import layout, rli_files
+from dbidx.mdt.file_view import FileView, PartitionStats
+from dbidx.mdt.fileio import FileIO
+from dbidx.mdt.keyhash import HASH_NAME, shard_of
+from dbidx.mdt.timeline import CompletedInstant, Timeline
+
+if TYPE_CHECKING:
+    from dbidx.mdt.writer import CommitWriter
+
+FORMAT_VERSION = 1
+INDEX_PARTITIONED = "partitioned"
+INDEX_GLOBAL = "global"
+
+
+@dataclass(frozen=True)
+class TableProperties:
+    """Fixed at creation: identity, sharding and layout choices every reader and cache must agree on."""
+
+    table_id: str
+    num_shards: int
+    index_mode: str
+    key_hash: str
+    row_group_size: int
+    format_version: int = FORMAT_VERSION
+    created_at_ms: int = 0
+
+    @property
+    def global_index(self) -> bool:
+        """True when one index spans all partitions (keys are unique table-wide)."""
+        return self.index_mode == INDEX_GLOBAL
+
+
+class Table:
+    """A dbidx table: FileIO + properties + timeline; picklable, so Spark tasks can receive it."""
+
+    def __init__(self, io: FileIO, props: TableProperties) -> None:
+        self.io = io
+        self.props = props
+        self.timeline = Timeline(io)
+        self._view = FileView()
+        self._view_lock = threading.Lock()
+
+    # ---- identity ----------------------------------------------------------------------------------------
+    @classmethod
+    def create(
+        cls,
+        uri: str,
+        num_shards: int = 4,
+        global_index: bool = False,
+        row_group_size: int = 8192,
+        fs: pafs.FileSystem | None = None,
+    ) -> "Table":
+        """Create an empty table (its metadata folder) at `uri`; fails if one exists there."""
+        if not isinstance(num_shards, int) or not 1 <= num_shards <= 65536:
+            raise InvalidInputError(f"num_shards must be an integer in 1..65536, got {num_shards!r}")
+        if not isinstance(row_group_size, int) or row_group_size < 64:
+            raise InvalidInputError(f"row_group_size must be an integer >= 64, got {row_group_size!r}")
+        io = FileIO.from_uri(uri, fs)
+        props = TableProperties(
+            table_id=uuid.uuid4().hex, num_shards=num_shards,
+            index_mode=INDEX_GLOBAL if global_index else INDEX_PARTITIONED, key_hash=HASH_NAME,
+            row_group_size=row_group_size, created_at_ms=int(time.time() * 1000),
+        )
+        payload = json.dumps(asdict(props), indent=2, sort_keys=True).encode()
+        if not io.create_exclusive(layout.PROPERTIES_FILE, payload):
+            raise TableExistsError(f"a dbidx table already exists at {io.path(layout.PROPERTIES_FILE)}")
+        io.makedirs(layout.COMPLETED_DIR)
+        return cls(io, props)
+
+    @classmethod
+    def open(cls, uri: str, fs: pafs.FileSystem | None = None) -> "Table":
+        """Open an existing table; a missing or unreadable table is a clear error naming the path."""
+        io = FileIO.from_uri(uri, fs)
+        if not io.exists(layout.PROPERTIES_FILE):
+            raise TableNotFoundError(
+                f"no dbidx table at {io.root} ({layout.PROPERTIES_FILE} not found); create one with "
+                "Table.create() or `dbidx build-index`"
+            )
+        raw = io.read_bytes(layout.PROPERTIES_FILE)
+        try:
+            props = TableProperties(**json.loads(raw))
+        except (ValueError, TypeError) as exc:
+            raise CorruptFileError(f"table properties {io.path(layout.PROPERTIES_FILE)} are invalid: {exc}") from exc
+        if props.format_version != FORMAT_VERSION or props.key_hash != HASH_NAME:
+            raise CorruptFileError(
+                f"table at {io.root} uses format {props.format_version} / hash {props.key_hash}; this dbidx reads "
+                f"format {FORMAT_VERSION} / hash {HASH_NAME}"
+            )
+        return cls(io, props)
+
+    @classmethod
+    def open_or_create(cls, uri: str, **create_args: Any) -> "Table":
+        """Open the table at `uri`, creating it with `create_args` if none exists."""
+        try:
+            return cls.create(uri, **create_args)
+        except TableExistsError:
+            return cls.open(uri, fs=create_args.get("fs"))
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"io": self.io, "props": self.props}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["io"], state["props"])  # type: ignore[misc]
+
+    @property
+    def uri(self) -> str:
+        """The table's root path inside its filesystem."""
+        return self.io.root
+
+    @property
+    def num_shards(self) -> int:
+        """Number of key shards (fixed at creation)."""
+        return self.props.num_shards
+
+    @property
+    def global_index(self) -> bool:
+        """True in global index mode."""
+        return self.props.global_index
+
+    @property
+    def schema(self) -> pa.Schema:
+        """Schema of this table's RLI entries."""
+        return rli_files.schema_for(self.global_index)
+
+    def shard_of(self, keys: Any) -> np.ndarray:
+        """Shard of each key (Spark-compatible hash; see keyhash.py)."""
+        return shard_of(keys, self.num_shards)
+
+    # ---- timeline view -----------------------------------------------------------------------------------
+    def refresh(self) -> FileView:
+        """Bring the timeline and file view up to date with everything completed so far."""
+        with self._view_lock:
+            records = self.timeline.refresh()
+            self._view.apply(records[self._view.applied_seq:])
+            return self._view
+
+    def latest(self) -> CompletedInstant | None:
+        """The newest completion record (None for an empty table)."""
+        self.refresh()
+        done = self.timeline.completed()
+        return done[-1] if done else None
+
+    def _seq(self, point: int | str | None) -> int:
+        """Resolve an instant id or a completion seq (None = latest) to a completion seq."""
+        self.refresh()
+        if point is None:
+            return self.timeline.latest_seq
+        if isinstance(point, int):
+            if not 0 <= point <= self.timeline.latest_seq:
+                raise InvalidInputError(f"completion seq {point} is outside 0..{self.timeline.latest_seq}")
+            return point
+        return self.timeline.seq_of(layout.validate_instant(point))
+
+    # ---- reads -------------------------------------------------------------------------------------------
+    def snapshot(self, partition: str | None, shard: int | None = None, as_of: int | str | None = None) -> pa.Table:
+        """Live entries of a partition (or, in global mode with partition None, the whole index) at an instant.
+
+        `as_of` is a completed instant id or a completion seq: the table as it was right after that completion.
+        """
+        upto = self._seq(as_of)
+        shards = self._shards(shard)
+        if partition is not None:
+            layout.validate_partition(partition)
+        elif not self.global_index:
+            raise InvalidInputError("snapshot of a partitioned index needs a partition path")
+        pieces = []
+        for s in shards:
+            files = self._view.files(None if self.global_index else partition, s, upto)
+            merged = rli_files.resolve_latest([rli_files.read_rli_file(self.io, f) for f in files], self.schema)
+            if self.global_index and partition is not None:
+                merged = merged.filter(pc.equal(merged.column(rli_files.PARTITION), partition))
+            pieces.append(merged)
+        return pa.concat_tables(pieces) if pieces else self.schema.empty_table()
+
+    def incremental(
+        self,
+        start_exclusive: int | str | None,
+        end_inclusive: int | str | None = None,
+        partitions: Iterable[str] | None = None,
+        shard: int | None = None,
+    ) -> pa.Table:
+        """Entries (inserts and tombstones) committed in (start, end], in commit order, with `partition` and `seq`.
+
+        What a cache applies to catch up. Raises HistoryCompactedError if cleaning removed a needed file.
+        """
+        start = self._seq(start_exclusive) if start_exclusive is not None else 0
+        end = self._seq(end_inclusive)
+        wanted = None if partitions is None else {layout.validate_partition(p) for p in partitions}
+        shards = set(self._shards(shard))
+        pieces = []
+        for seq, record in self._view.delta_files_between(start, end):
+            if record.shard not in shards:
+                continue
+            if wanted is not None and record.partition is not None and record.partition not in wanted:
+                continue
+            table = rli_files.read_rli_file(self.io, record)
+            if record.partition is not None:
+                table = table.add_column(1, rli_files.PARTITION, pa.array([record.partition] * table.num_rows,
+                                                                         pa.string()))
+            if wanted is not None and record.partition is None:
+                table = table.filter(pc.is_in(table.column(rli_files.PARTITION), pa.array(sorted(wanted))))
+            pieces.append(table.append_column("seq", pa.array(np.full(table.num_rows, seq, dtype=np.int64))))
+        if not pieces:
+            return rli_files.GLOBAL_SCHEMA.append(pa.field("seq", pa.int64())).empty_table()
+        return pa.concat_tables(pieces)
+
+    def lookup(
+        self,
+        keys: Sequence[str] | pa.Array,
+        partition: str | None = None,
+        mode: str = "auto",
+        seek_threshold: float = rli_files.DEFAULT_SEEK_THRESHOLD,
+        plan: dict[str, int] | None = None,
+    ) -> pa.Table:
+        """Live entries for the given keys (absent keys are simply not in the result).
+
+        Partitioned mode needs the partition; global mode searches the whole index. `mode` is "seek" (read only
+        the row groups whose key range contains a lookup key), "scan" (read whole files) or "auto" (seek unless
+        more than `seek_threshold` of a file's row groups are touched). `plan`, if given, counts files per method.
+        """
+        if mode not in ("auto", "seek", "scan"):
+            raise InvalidInputError(f"lookup mode must be auto, seek or scan, got {mode!r}")
+        if partition is None and not self.global_index:
+            raise InvalidInputError("lookup in a partitioned index needs the partition path of the keys")
+        if partition is not None:
+            layout.validate_partition(partition)
+        self.refresh()
+        array = keys if isinstance(keys, (pa.Array, pa.ChunkedArray)) else pa.array(list(keys), pa.string())
+        if isinstance(array, pa.ChunkedArray):
+            array = array.combine_chunks()
+        if len(array) == 0:
+            return self.schema.empty_table()
+        for bad in (pc.is_null(array), pc.equal(pc.utf8_length(array), 0)):
+            if pc.any(bad).as_py():
+                raise InvalidKeyError("lookup keys must be non-empty strings; got a null or empty key")
+        shards = self.shard_of(array)
+        pieces = []
+        for s in np.unique(shards):
+            mine = pc.unique(array.filter(pa.array(shards == s)))
+            sorted_keys = sorted(mine.to_pylist())
+            found = []
+            for record in self._view.files(None if self.global_index else partition, int(s)):
+                rows, how = rli_files.read_matching(self.io, record, sorted_keys, mine, mode, seek_threshold)
+                if plan is not None:
+                    plan[how] = plan.get(how, 0) + 1
+                found.append(rows)
+            merged = rli_files.resolve_latest(found, self.schema)
+            if self.global_index and partition is not None:
+                merged = merged.filter(pc.equal(merged.column(rli_files.PARTITION), partition))
+            pieces.append(merged)
+        return pa.concat_tables(pieces) if pieces else self.schema.empty_table()
+
+    def new_commit(self) -> "CommitWriter":
+        """Start a new instant that adds index entries; use as a context manager or call commit()/rollback()."""
+        from dbidx.mdt.writer import CommitWriter
+
+        return CommitWriter(self)
+
+    def rollback(self, instant: str) -> CompletedInstant:
+        """Roll back an unfinished instant (e.g. of a crashed writer) and delete its files."""
+        return self.timeline.rollback(instant)
+
+    def partitions(self) -> list[PartitionStats]:
+        """Every partition with its last commit instant and time, live key count and file-group fills."""
+        return self.refresh().partition_stats()
+
+    def _shards(self, shard: int | None) -> list[int]:
+        if shard is None:
+            return list(range(self.num_shards))
+        if not isinstance(shard, (int, np.integer)) or not 0 <= shard < self.num_shards:
+            raise InvalidInputError(f"shard {shard!r} is out of range 0..{self.num_shards - 1} for {self.uri}")
+        return [int(shard)]

@@ -1,0 +1,292 @@
+"""The commit timeline: instants go requested -> inflight -> completed (or rolled back), in one total order.
+
+Why a completion log instead of per-instant "completed" markers: writers finish out of order (instant 5 may complete
+after instant 7), and a cache that remembers "the last instant I applied" would then silently skip instant 5. Here
+every completion, rollback, compaction and clean takes the next sequence number by creating
+`timeline/completed/<seq>.json` exclusively; a writer only tries seq N+1 after seeing N, so the log has no gaps, and
+"everything after seq N" is exactly what a reader has not seen yet. The same loop is where optimistic concurrency
+happens: before each publish attempt the writer checks every completion it has not seen since it started.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Callable, Iterable
+
+from dbidx.errors import CorruptFileError, InstantStateError
+from dbidx.mdt import layout
+from dbidx.mdt.fileio import FileIO
+
+ACTION_COMMIT = "commit"
+ACTION_COMPACTION = "compaction"
+ACTION_CLEAN = "clean"
+ACTION_ROLLBACK = "rollback"
+ACTION_BUILD_INDEX = "build_index"
+ACTIONS = (ACTION_COMMIT, ACTION_COMPACTION, ACTION_CLEAN, ACTION_ROLLBACK, ACTION_BUILD_INDEX)
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    """One RLI file an instant added: where it is, what it holds, and how to verify it."""
+
+    path: str
+    partition: str | None
+    shard: int
+    kind: str  # "delta" or "base"
+    rows: int
+    inserts: int
+    tombstones: int
+    min_key: str | None
+    max_key: str | None
+    size: int
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "FileRecord":
+        """Rebuild a record from its JSON form."""
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class PartitionChange:
+    """What an instant changed in one data partition: live key delta and per-file-group fill deltas."""
+
+    live: int = 0
+    fills: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CompletedInstant:
+    """One entry of the completion log."""
+
+    seq: int
+    instant: str
+    action: str
+    completed_at_ms: int
+    start_seq: int
+    files: tuple[FileRecord, ...] = ()
+    replaced: tuple[str, ...] = ()
+    deleted: tuple[str, ...] = ()
+    rolled_back: str | None = None
+    partitions: dict[str, PartitionChange] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> bytes:
+        """Serialize for the completion file."""
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+    @classmethod
+    def from_json(cls, raw: bytes, where: str) -> "CompletedInstant":
+        """Parse a completion file; anything malformed is a CorruptFileError naming the file."""
+        try:
+            data = json.loads(raw)
+            data["files"] = tuple(FileRecord.from_json(f) for f in data["files"])
+            data["replaced"] = tuple(data["replaced"])
+            data["deleted"] = tuple(data["deleted"])
+            data["partitions"] = {p: PartitionChange(**c) for p, c in data["partitions"].items()}
+            return cls(**data)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CorruptFileError(f"completion record {where} is not valid: {exc}") from exc
+
+    @property
+    def completed_at(self) -> datetime:
+        """Wall-clock completion time (UTC)."""
+        return datetime.fromtimestamp(self.completed_at_ms / 1000, tz=timezone.utc)
+
+
+@dataclass(frozen=True)
+class StartedInstant:
+    """An instant a writer owns: its id, its action, and the last completion it had seen when it started."""
+
+    instant: str
+    action: str
+    start_seq: int
+
+
+class Timeline:
+    """Reads and appends the completion log of one table; caches parsed records (they are immutable)."""
+
+    def __init__(self, io: FileIO) -> None:
+        self.io = io
+        self._records: list[CompletedInstant] = []
+        self._by_instant: dict[str, CompletedInstant] = {}
+        self._lock = threading.Lock()
+
+    # ---- reading -----------------------------------------------------------------------------------------
+    def refresh(self) -> list[CompletedInstant]:
+        """Load completion records published since the last refresh; returns the whole log."""
+        with self._lock:
+            known = self._records[-1].seq if self._records else 0
+            names = self.io.list_names(layout.COMPLETED_DIR)
+            for name in names:
+                if not name.endswith(".json") or name.startswith("."):
+                    continue
+                seq = int(name[:-5])
+                if seq <= known:
+                    continue
+                rel = layout.completed_file(seq)
+                record = CompletedInstant.from_json(self.io.read_bytes(rel), self.io.path(rel))
+                if record.seq != seq or record.seq != len(self._records) + 1:
+                    raise CorruptFileError(
+                        f"completion log gap or mismatch at {self.io.path(rel)}: expected seq "
+                        f"{len(self._records) + 1}, file says {record.seq}"
+                    )
+                self._records.append(record)
+                self._by_instant.setdefault(record.instant, record)
+            return list(self._records)
+
+    def completed(self, after_seq: int = 0, upto_seq: int | None = None) -> list[CompletedInstant]:
+        """Completion records with after_seq < seq <= upto_seq (cached; call refresh() for new ones)."""
+        end = len(self._records) if upto_seq is None else min(upto_seq, len(self._records))
+        return self._records[after_seq:end]
+
+    @property
+    def latest_seq(self) -> int:
+        """Sequence number of the newest known completion (0 for an empty table)."""
+        return len(self._records)
+
+    def record_of(self, instant: str) -> CompletedInstant | None:
+        """The completion record of an instant, if it completed (or was rolled back: then action == rollback)."""
+        return self._by_instant.get(instant)
+
+    def seq_of(self, instant: str) -> int:
+        """Sequence number at which a completed instant became visible; raises if it never completed."""
+        self.refresh()
+        record = self._by_instant.get(instant)
+        if record is None or record.action == ACTION_ROLLBACK:
+            raise InstantStateError(f"instant {instant} is not a completed instant of {self.io.root}")
+        return record.seq
+
+    def pending(self) -> list[str]:
+        """Instants that were started but neither completed nor rolled back (live or crashed writers)."""
+        self.refresh()
+        out = []
+        for name in self.io.list_names(layout.TIMELINE_DIR):
+            if name.endswith(".requested"):
+                instant = name.split(".")[0]
+                if instant not in self._by_instant:
+                    out.append(instant)
+        return out
+
+    def planned_files(self, instant: str) -> list[str]:
+        """Files an instant declared before writing them (its inflight marker), [] if it never got that far."""
+        rel = layout.inflight_file(instant)
+        if not self.io.exists(rel):
+            return []
+        data = json.loads(self.io.read_bytes(rel))
+        return list(data.get("files", []))
+
+    # ---- writing -----------------------------------------------------------------------------------------
+    def start(self, action: str) -> StartedInstant:
+        """Claim a new instant id, unique among all writers, and record it as requested."""
+        if action not in ACTIONS:
+            raise InstantStateError(f"unknown action {action!r}; expected one of {ACTIONS}")
+        self.refresh()
+        candidate = max(_now_instant(), self._max_known_instant() + 1)
+        while True:
+            # 1. Exclusive create of the requested marker: two writers in the same millisecond get different ids.
+            marker = json.dumps({"action": action, "start_seq": self.latest_seq, "host": socket.gethostname(),
+                                 "pid": os.getpid(), "started_at_ms": int(time.time() * 1000)}).encode()
+            instant = _format_instant(candidate)
+            if self.io.create_exclusive(layout.requested_file(instant), marker):
+                self.refresh()
+                # 2. Ids of finished instants are never reused, even if their marker was removed meanwhile.
+                if instant not in self._by_instant:
+                    return StartedInstant(instant=instant, action=action, start_seq=json.loads(marker)["start_seq"])
+                self.io.delete(layout.requested_file(instant))
+            candidate = max(candidate + 1, self._max_known_instant() + 1)
+
+    def mark_inflight(self, started: StartedInstant, files: Iterable[str]) -> None:
+        """Record the files the instant is about to write, so a rollback can find them after a crash."""
+        payload = json.dumps({"action": started.action, "files": sorted(set(files))}).encode()
+        self.io.write_atomic(layout.inflight_file(started.instant), payload)
+
+    def publish(
+        self,
+        started: StartedInstant,
+        build: Callable[[int], CompletedInstant],
+        check: Callable[[list[CompletedInstant]], None] | None = None,
+    ) -> CompletedInstant:
+        """Append the instant's completion record atomically, after checking every completion it has not seen.
+
+        `check` receives the completions published since the instant started (only the ones not checked yet on a
+        retry) and raises ConflictError to abort; nothing is published then.
+        """
+        checked = started.start_seq
+        while True:
+            # 1. Look at everything that completed since we last looked.
+            self.refresh()
+            news = self.completed(after_seq=checked)
+            for rec in news:
+                if rec.action == ACTION_ROLLBACK and rec.rolled_back == started.instant:
+                    raise InstantStateError(
+                        f"instant {started.instant} was rolled back (completion {rec.seq}) by another process; "
+                        "its files are gone and it cannot be committed"
+                    )
+                if rec.instant == started.instant:
+                    raise InstantStateError(f"instant {started.instant} already completed at seq {rec.seq}")
+            if check is not None and news:
+                check(news)
+            checked = self.latest_seq
+            # 2. Try to take the next sequence number; losing the race means someone else completed: look again.
+            record = build(checked + 1)
+            if self.io.create_exclusive(layout.completed_file(record.seq), record.to_json()):
+                self.refresh()
+                self._forget_markers(started.instant)
+                return record
+
+    def rollback(self, instant: str, action_files: Iterable[str] = ()) -> CompletedInstant:
+        """Abort an unfinished instant: publish a rollback record first (so it can never complete), then delete files."""
+        layout.validate_instant(instant)
+        self.refresh()
+        existing = self._by_instant.get(instant)
+        if existing is not None:
+            if existing.action == ACTION_ROLLBACK:
+                return existing
+            raise InstantStateError(f"instant {instant} completed at seq {existing.seq}; a completed instant "
+                                    "cannot be rolled back")
+        files = sorted(set(self.planned_files(instant)) | set(action_files))
+        me = self.start(ACTION_ROLLBACK)
+
+        def check(news: list[CompletedInstant]) -> None:
+            for rec in news:
+                if rec.instant == instant and rec.action != ACTION_ROLLBACK:
+                    raise InstantStateError(f"instant {instant} completed at seq {rec.seq} before the rollback")
+
+        def build(seq: int) -> CompletedInstant:
+            return CompletedInstant(seq=seq, instant=me.instant, action=ACTION_ROLLBACK, start_seq=me.start_seq,
+                                    completed_at_ms=int(time.time() * 1000), rolled_back=instant,
+                                    deleted=tuple(files))
+
+        record = self.publish(me, build, check)
+        self._by_instant.setdefault(instant, record)
+        # The rollback record is published: the instant can never complete now, so its files are garbage.
+        for rel in files:
+            self.io.delete(rel)
+        self._forget_markers(instant)
+        return record
+
+    # ---- helpers -----------------------------------------------------------------------------------------
+    def _forget_markers(self, instant: str) -> None:
+        self.io.delete(layout.inflight_file(instant))
+        self.io.delete(layout.requested_file(instant))
+
+    def _max_known_instant(self) -> int:
+        ids = [int(r.instant) for r in self._records]
+        ids += [int(n.split(".")[0]) for n in self.io.list_names(layout.TIMELINE_DIR) if n[:17].isdigit()]
+        return max(ids, default=0)
+
+
+def _now_instant() -> int:
+    """The current UTC time as a yyyyMMddHHmmssSSS integer."""
+    now = datetime.now(tz=timezone.utc)
+    return int(now.strftime("%Y%m%d%H%M%S")) * 1000 + now.microsecond // 1000
+
+
+def _format_instant(value: int) -> str:
+    """Instant ids are 17 digits; +1 ms arithmetic on the integer form may produce e.g. ...60 seconds, still ordered."""
+    return f"{value:017d}"

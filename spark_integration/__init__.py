@@ -1,0 +1,1 @@
+"""dbidx.spark_integration"""
