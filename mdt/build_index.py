@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 from dbidx.errors import CorruptFileError, DuplicateKeyError, InvalidInputError, InvalidKeyError
 from dbidx.mdt import layout
 from dbidx.mdt.table import Table
-from dbidx.mdt.timeline import ACTION_BUILD_INDEX, CompletedInstant
+from dbidx.mdt.timeline import ACTION_BUILD_INDEX, ACTION_COMMIT, CompletedInstant
 from dbidx.mdt.writer import CommitWriter, as_key_array
 
 Progress = Callable[[int, int], None]
@@ -107,10 +107,12 @@ def build_index(
     progress: Progress | None = None,
 ) -> BuildIndexResult:
     """Index every record key of the Parquet files under the table root, as one `build_index` instant."""
-    if table.refresh().applied_seq:
+    table.refresh()
+    writes = [r for r in table.timeline.completed() if r.action in (ACTION_COMMIT, ACTION_BUILD_INDEX)]
+    if writes:
         raise InvalidInputError(
-            f"table {table.uri} already has {table.timeline.latest_seq} completed instant(s); build-index only "
-            "initialises an empty index"
+            f"table {table.uri} already has {len(writes)} committed instant(s), the last {writes[-1].instant}; "
+            "build-index only initialises an empty index"
         )
     by_partition = list_data_files(table)
     total = sum(len(v) for v in by_partition.values())

@@ -1,0 +1,110 @@
+"""The CLI through click's CliRunner: exit codes, text and --json output, state checked through the library."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from dbidx import __version__
+from dbidx.cli import main
+from dbidx.mdt.table import Table
+
+
+@pytest.fixture()
+def runner() -> CliRunner:
+    return CliRunner()
+
+
+@pytest.fixture()
+def dataset(tmp_path) -> Path:
+    root = tmp_path / "data"
+    for day in ("2025-01-01", "2025-01-02"):
+        (root / f"dt={day}").mkdir(parents=True)
+        keys = [f"{day}-{i}" for i in range(200)]
+        pq.write_table(pa.table({"id": keys}), root / f"dt={day}" / "part-0.parquet")
+    return root
+
+
+def test_help_and_version(runner):
+    result = runner.invoke(main, ["--help"])
+    assert result.exit_code == 0, result.output
+    for command in ("build-index", "lookup", "stats", "compact", "demo", "init", "rollback"):
+        assert command in result.output
+    result = runner.invoke(main, ["--version"])
+    assert result.exit_code == 0 and __version__ in result.output
+
+
+def test_build_index_lookup_stats_compact(runner, dataset):
+    result = runner.invoke(main, ["build-index", str(dataset), "--key", "id", "--partition-col", "dt",
+                                  "--num-shards", "3", "--json"])
+    assert result.exit_code == 0, result.output
+    built = json.loads(result.output)
+    assert built["keys"] == 400 and built["partitions"] == 2
+    table = Table.open(str(dataset))
+    assert table.num_shards == 3 and table.snapshot("dt=2025-01-01").num_rows == 200
+
+    result = runner.invoke(main, ["lookup", str(dataset), "2025-01-01-7", "brand-new", "--partition",
+                                  "dt=2025-01-01", "--json"])
+    assert result.exit_code == 0, result.output
+    found = json.loads(result.output)
+    assert [r["key"] for r in found["found"]] == ["2025-01-01-7"] and found["missing"] == ["brand-new"]
+    assert found["found"][0]["file_group"] == "part-0"
+
+    result = runner.invoke(main, ["lookup", str(dataset), "brand-new", "--partition", "dt=2025-01-01"])
+    assert result.exit_code == 1 and "new key" in result.output
+
+    result = runner.invoke(main, ["stats", str(dataset), "--json"])
+    assert result.exit_code == 0, result.output
+    stats = json.loads(result.output)
+    assert stats["live_keys"] == 400 and {p["partition"] for p in stats["partitions"]} == {"dt=2025-01-01",
+                                                                                           "dt=2025-01-02"}
+    result = runner.invoke(main, ["stats", str(dataset)])
+    assert result.exit_code == 0 and "400 live keys" in result.output
+
+    with table.new_commit() as w:
+        w.delete("dt=2025-01-01", ["2025-01-01-1"])
+    result = runner.invoke(main, ["compact", str(dataset), "--retain", "0", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["groups"] >= 1
+    assert Table.open(str(dataset)).snapshot("dt=2025-01-01").num_rows == 199
+
+
+def test_errors_exit_non_zero_with_a_clear_message(runner, tmp_path, dataset):
+    result = runner.invoke(main, ["stats", str(tmp_path / "nowhere")])
+    assert result.exit_code == 3
+    assert "no dbidx table" in result.output and "Traceback" not in result.output
+    result = runner.invoke(main, ["stats", str(tmp_path / "nowhere"), "--json"])
+    assert result.exit_code == 3
+    assert json.loads(result.output.splitlines()[0])["error"] == "TableNotFoundError"
+    result = runner.invoke(main, ["build-index", str(dataset), "--key", "missing_col"])
+    assert result.exit_code == 2 and "missing_col" in result.output
+    result = runner.invoke(main, ["lookup", str(dataset), "k", "--partition", "../up"])
+    assert result.exit_code == 2 and "'../up'" in result.output
+    result = runner.invoke(main, ["init", str(dataset)])
+    assert result.exit_code == 3 and "already exists" in result.output
+
+
+def test_init_and_rollback_of_a_crashed_writer(runner, tmp_path):
+    uri = str(tmp_path / "t")
+    result = runner.invoke(main, ["init", uri, "--num-shards", "2", "--global-index"])
+    assert result.exit_code == 0, result.output
+    table = Table.open(uri)
+    assert table.global_index
+    crashed = table.new_commit()  # started and never finished
+    result = runner.invoke(main, ["rollback", uri, "--all-pending", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["rolled_back"] == [crashed.instant]
+    assert Table.open(uri).timeline.pending() == []
+
+
+def test_demo_runs(runner, tmp_path):
+    result = runner.invoke(main, ["demo", "--dir", str(tmp_path / "demo"), "--keys-per-day", "2000", "--days", "3",
+                                  "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["live_keys"] == 3 * 2000 + 200 - 100 + 1
+    assert Table.open(str(tmp_path / "demo")).snapshot("dt=2025-01-04").num_rows == 200
