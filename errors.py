@@ -71,3 +71,21 @@ class DuplicateKeyError(DbidxError):
     """The same record key was found at two locations where the index requires one."""
 
     exit_code = 4
+
+
+class CacheError(DbidxError):
+    """The executor-local RocksDB cache cannot be opened, written or trusted."""
+
+    exit_code = 6
+
+
+class CacheBusyError(CacheError):
+    """Another process holds this cache directory for longer than the lock timeout."""
+
+
+class CacheMismatchError(CacheError):
+    """A cache directory belongs to another table, shard count or shard than the one asked for."""
+
+
+class PartitionNotReadyError(CacheError):
+    """A lookup asked for a partition that is not completely loaded in the cache (load it first)."""

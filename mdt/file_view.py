@@ -120,12 +120,19 @@ class FileView:
                 )
         return [a.record for a in sorted(live, key=lambda a: a.order)]
 
-    def delta_files_between(self, after_seq: int, upto_seq: int) -> list[tuple[int, FileRecord]]:
-        """Delta files published by commits with after_seq < seq <= upto_seq, in order, with their seq."""
+    def is_cleaned(self, path: str) -> bool:
+        """Whether a clean has deleted this file."""
+        return path in self._cleaned
+
+    def delta_files_between(self, after_seq: int, upto_seq: int, strict: bool = True) -> list[tuple[int, FileRecord]]:
+        """Delta files published by commits with after_seq < seq <= upto_seq, in order, with their seq.
+
+        strict: raise HistoryCompactedError if one of them was cleaned (else the caller checks is_cleaned()).
+        """
         out = []
         for added in self._by_path.values():
             if after_seq < added.seq <= upto_seq and added.record.kind == "delta":
-                if added.record.path in self._cleaned:
+                if strict and added.record.path in self._cleaned:
                     raise HistoryCompactedError(
                         f"incremental read ({after_seq}, {upto_seq}] needs {added.record.path}, removed by the clean "
                         f"at seq {self._cleaned[added.record.path]}; reload from a snapshot instead"

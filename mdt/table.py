@@ -224,6 +224,20 @@ class Table:
             return rli_files.GLOBAL_SCHEMA.append(pa.field("seq", pa.int64())).empty_table()
         return pa.concat_tables(pieces)
 
+    def incremental_plan(
+        self, start_exclusive: int, end_inclusive: int, shard: int | None = None
+    ) -> dict[str | None, tuple[int, bool]]:
+        """Per partition (None in global mode): (entries committed in (start, end], whether cleaning removed
+        some of that history). Lets a cache decide, per partition and before reading, to catch up or reload."""
+        self.refresh()
+        shards = set(self._shards(shard))
+        plan: dict[str | None, tuple[int, bool]] = {}
+        for _seq, record in self._view.delta_files_between(start_exclusive, end_inclusive, strict=False):
+            if record.shard in shards:
+                rows, cleaned = plan.get(record.partition, (0, False))
+                plan[record.partition] = (rows + record.rows, cleaned or self._view.is_cleaned(record.path))
+        return plan
+
     def lookup(
         self,
         keys: Sequence[str] | pa.Array,

@@ -137,6 +137,9 @@ class Timeline:
                     )
                 self._records.append(record)
                 self._by_instant.setdefault(record.instant, record)
+                if record.rolled_back:
+                    # record_of(failed instant) must say "rolled back" in every process, not only the one that did it
+                    self._by_instant.setdefault(record.rolled_back, record)
             return list(self._records)
 
     def completed(self, after_seq: int = 0, upto_seq: int | None = None) -> list[CompletedInstant]:

@@ -1,0 +1,161 @@
+"""Catch-up: bring a cache shard up to the MDT's latest completed instant before it serves lookups.
+
+The cache is a replica; the MDT is the truth. Whatever happened while this cache was not looking (another
+executor ran the shard, another writer committed, this process crashed with its memtable), the fix is the same:
+read the committed entries after each partition's synced seq for this shard, apply them in commit order, and
+reload a partition from a snapshot when its history has been cleaned away or the gap is larger than
+`max_catchup_entries`. Overlay entries of instants that have completed or been rolled back are then dropped.
+"""
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from dbidx.cache.record_cache import GLOBAL_PARTITION, RecordIndexCache
+from dbidx.errors import CacheMismatchError, HistoryCompactedError, InstantStateError
+from dbidx.mdt.rli_files import DELETED, FILE_GROUP, KEY, PARTITION
+from dbidx.mdt.table import Table
+from dbidx.mdt.timeline import ACTION_ROLLBACK
+
+
+@dataclass
+class CatchUpResult:
+    """What one catch-up did."""
+
+    from_seq: int
+    to_seq: int
+    applied_entries: int = 0
+    applied_partitions: list[str] = field(default_factory=list)
+    reloaded_partitions: list[str] = field(default_factory=list)
+    finished_instants: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly form."""
+        return dict(vars(self))
+
+
+def global_location(partition: str, file_group: str) -> str:
+    """A global-mode cache value: the key's partition and file group in one string."""
+    return f"{partition}\x00{file_group}"
+
+
+def split_global_location(location: str) -> tuple[str, str]:
+    """Inverse of global_location."""
+    partition, _, file_group = location.partition("\x00")
+    return partition, file_group
+
+
+def check_table(cache: RecordIndexCache, table: Table) -> None:
+    """Refuse to sync a cache from a table it does not replicate."""
+    ident = cache.identity
+    if (ident.table_id, ident.num_shards, ident.index_mode) != (table.props.table_id, table.num_shards,
+                                                                 table.props.index_mode):
+        raise CacheMismatchError(f"cache {cache.path} replicates table {ident.table_id} ({ident.num_shards} shards, "
+                                 f"{ident.index_mode}), not {table.uri} ({table.props.table_id})")
+
+
+def load_from_snapshot(cache: RecordIndexCache, table: Table, partition: str, as_of_seq: int) -> int:
+    """(Re)load one partition of the cache's shard from the MDT snapshot at a completion seq; returns entries."""
+    shard = cache.identity.shard
+    if cache.global_mode:
+        snap = table.snapshot(None, shard=shard, as_of=as_of_seq)
+        locations = [global_location(p, fg) for p, fg in zip(snap.column(PARTITION).to_pylist(),
+                                                              snap.column(FILE_GROUP).to_pylist())]
+    else:
+        snap = table.snapshot(partition, shard=shard, as_of=as_of_seq)
+        locations = snap.column(FILE_GROUP).to_pylist()
+    cache.load_partition(partition, snap.column(KEY), locations, synced_seq=as_of_seq)
+    return snap.num_rows
+
+
+def sync(cache: RecordIndexCache, table: Table, max_catchup_entries: int | None = None) -> CatchUpResult:
+    """Catch the cache up to the table's latest completed instant (its shard, its ready partitions only)."""
+    started = time.perf_counter()
+    check_table(cache, table)
+    bound = cache.config.max_catchup_entries if max_catchup_entries is None else max_catchup_entries
+    shard = cache.identity.shard
+    # 1. The target: the latest completion the MDT has published.
+    table.refresh()
+    latest = table.timeline.latest_seq
+    result = CatchUpResult(from_seq=cache.watermark, to_seq=latest)
+    # 2. Group ready partitions by how far they already are (usually all at the watermark).
+    by_start: dict[int, list[str]] = defaultdict(list)
+    for partition, state in cache.partitions().items():
+        if state.synced_seq < latest:
+            by_start[state.synced_seq].append(partition)
+    for start, partitions in sorted(by_start.items()):
+        # 3. Decide per partition from the file records alone: apply the deltas, or reload.
+        plan = table.incremental_plan(start, latest, shard=shard)
+        apply_now, reload = [], []
+        for partition in partitions:
+            rows, cleaned = plan.get(None if cache.global_mode else partition, (0, False))
+            (reload if cleaned or rows > bound else apply_now).append(partition)
+        # 4. Apply committed entries in commit order (the cache's apply() is idempotent).
+        if apply_now:
+            try:
+                result.applied_entries += _apply_incremental(cache, table, start, latest, apply_now)
+                result.applied_partitions += apply_now
+            except HistoryCompactedError:  # a clean raced with us between plan and read
+                reload += apply_now
+        for partition in reload:
+            load_from_snapshot(cache, table, partition, latest)
+            result.reloaded_partitions.append(partition)
+    # 5. Overlay entries of instants the MDT has settled are now either committed entries or garbage.
+    result.finished_instants = finish_settled(cache, table)
+    cache.set_watermark(latest)
+    result.seconds = time.perf_counter() - started
+    cache.metrics.add(syncs=1, sync_seconds=result.seconds, reloads=len(result.reloaded_partitions))
+    return result
+
+
+def _apply_incremental(cache: RecordIndexCache, table: Table, start: int, end: int, partitions: list[str]) -> int:
+    """Read (start, end] for the partitions of this shard and apply them partition by partition."""
+    shard = cache.identity.shard
+    changes = table.incremental(start, end, partitions=None if cache.global_mode else partitions, shard=shard)
+    if changes.num_rows == 0:
+        for partition in partitions:
+            cache.apply(partition, [], [], [], synced_seq=end)
+        return 0
+    applied = 0
+    if cache.global_mode:
+        locations = [global_location(p, fg) if fg is not None else None
+                     for p, fg in zip(changes.column(PARTITION).to_pylist(), changes.column(FILE_GROUP).to_pylist())]
+        return cache.apply(GLOBAL_PARTITION, changes.column(KEY), locations,
+                           changes.column(DELETED).to_pylist(), synced_seq=end)
+    for partition in partitions:
+        rows = changes.filter(pc.equal(changes.column(PARTITION), pa.scalar(partition, pa.string())))
+        applied += cache.apply(partition, rows.column(KEY), rows.column(FILE_GROUP).to_pylist(),
+                               rows.column(DELETED).to_pylist(), synced_seq=end)
+    return applied
+
+
+def finish_settled(cache: RecordIndexCache, table: Table) -> list[str]:
+    """Drop overlay entries of instants that completed or were rolled back in the MDT (in-flight ones stay)."""
+    finished = []
+    for instant in sorted(cache.pending_instants()):
+        record = table.timeline.record_of(instant)
+        if record is not None:
+            cache.finish_instant(instant)
+            finished.append(instant)
+    return finished
+
+
+def commit(cache: RecordIndexCache, table: Table, instant: str) -> CatchUpResult:
+    """An instant's overlay entries become plain cache entries: only once the MDT says it completed."""
+    table.refresh()
+    record = table.timeline.record_of(instant)
+    if record is None or record.action == ACTION_ROLLBACK:
+        state = "was rolled back" if record is not None else "has not completed"
+        raise InstantStateError(f"instant {instant} {state} in {table.uri}; the cache commits only completed instants")
+    return sync(cache, table)
+
+
+def rollback(cache: RecordIndexCache, instant: str, attempt: str | None = None) -> int:
+    """Forget an instant's (or one failed task attempt's) overlay entries; returns how many were removed."""
+    return cache.finish_instant(instant, attempt)

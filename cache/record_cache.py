@@ -1,0 +1,525 @@
+"""RecordIndexCache: one table shard's executor-local record index in RocksDB.
+
+One column family per data partition (key -> location), the `default` column family as registry, and an
+`_overlay` column family of entries assigned by instants that have not completed yet. Lookups go overlay -> ready
+partition -> (not ready: the caller loads it) -> None = new key. The cache knows nothing of Spark; it reads the
+MDT only in catchup.py.
+
+Crash-safety rules (the WAL is off): a partition's column family name is new for every load, so the registry can
+only point at a completely ingested family; the registry is flushed after the data; on open, families the registry
+does not point at are dropped, and after an unclean shutdown the counters are recounted from the data.
+"""
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import msgpack
+import pyarrow as pa
+
+from dbidx.cache import codec, registry
+from dbidx.cache.metrics import CacheMetrics
+from dbidx.cache.registry import CacheIdentity, PartitionState
+from dbidx.cache.store import Store
+from dbidx.config import CacheConfig, default_base_path, prepare_dir
+from dbidx.errors import CacheError, InvalidInputError, PartitionNotReadyError
+from dbidx.mdt.layout import partition_dir_name, validate_partition
+
+OVERLAY_CF = "_overlay"
+GLOBAL_PARTITION = ""  # global mode keeps the whole shard in one partition entry
+WATERMARK_KEY = b"watermark"
+# The location dictionary lives inside its own column family (so it is always flushed with the values that
+# reference it); no encoded record key starts with 0xFF.
+LOCATIONS_KEY = b"\xff"
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class RecordIndexCache:
+    """Executor-local, disposable replica of one (table, shard) slice of the record-level index."""
+
+    def __init__(self, path: str | Path, identity: CacheIdentity, config: CacheConfig | None = None) -> None:
+        self.path = Path(path)
+        self.identity = identity
+        self.config = config or CacheConfig()
+        self.metrics = CacheMetrics()
+        self.recovered = False
+        self.store: Store | None = None
+        self.watermark = 0
+        self._states: dict[str, PartitionState] = {}
+        self._locations: dict[str, list[str]] = {}
+        self._decoders: dict[str, dict[bytes, str]] = {}
+        self._encoders: dict[str, dict[str, bytes]] = {}
+        self._pending: dict[str, dict[str, int]] = defaultdict(dict)  # partition -> instant -> entries
+        self._lock = threading.RLock()
+
+    # ---- construction --------------------------------------------------------------------------------------
+    @staticmethod
+    def path_for(base: str | Path, identity: CacheIdentity) -> Path:
+        """Where the cache of (table, shard) lives under a base path."""
+        return Path(base) / identity.table_id / f"shard-{identity.shard:05d}-of-{identity.num_shards:05d}"
+
+    @classmethod
+    def for_table(cls, table: Any, shard: int, config: CacheConfig | None = None,
+                  base_path: str | Path | None = None) -> "RecordIndexCache":
+        """The (unopened) cache of one shard of an MDT table, under the configured or default base path."""
+        config = config or CacheConfig()
+        if not 0 <= shard < table.num_shards:
+            raise InvalidInputError(f"shard {shard} is out of range 0..{table.num_shards - 1} for {table.uri}")
+        identity = CacheIdentity(table.props.table_id, table.num_shards, shard, table.props.index_mode)
+        base = Path(base_path or config.base_path or default_base_path())
+        return cls(cls.path_for(base, identity), identity, config)
+
+    def __enter__(self) -> "RecordIndexCache":
+        return self.open()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    @property
+    def global_mode(self) -> bool:
+        """True when the cache replicates a global index (one partition entry for the whole shard)."""
+        return self.identity.index_mode == "global"
+
+    # ---- open / close --------------------------------------------------------------------------------------
+    def open(self) -> "RecordIndexCache":
+        """Open (creating if needed), check identity, recover from an unclean shutdown, load the registry.
+
+        Idempotent: opening an open cache returns it (a second flock from the same process would wait on itself).
+        """
+        if self.store is not None:
+            return self
+        prepare_dir(self.path.parent)
+        self.store = Store(self.path, self.config).open()
+        try:
+            self._open_registry()
+        except BaseException:
+            self.store.close()
+            self.store = None
+            raise
+        return self
+
+    def _open_registry(self) -> None:
+        db = self._db()
+        # 1. Identity: a directory never serves another table, shard count or shard.
+        raw_meta = db.get(registry.META_KEY)
+        if raw_meta is None:
+            db[registry.META_KEY] = registry.pack(self.identity)
+        else:
+            self.identity.check(registry.unpack_identity(raw_meta), str(self.path))
+        # 2. Crash detection: "open" still set means the last user did not close cleanly.
+        self.recovered = db.get(registry.SESSION_KEY) == registry.SESSION_OPEN
+        # 3. Registry entries; a ready partition whose column family is gone is not loaded.
+        families = set(self.store.column_families())  # type: ignore[union-attr]
+        for key, raw in db.items(from_key=b"p:"):
+            if not key.startswith(b"p:"):
+                break
+            state = registry.unpack_state(raw)
+            if state.ready and state.cf in families:
+                self._states[state.partition] = state
+            else:
+                del db[key]
+        raw_wm = db.get(WATERMARK_KEY)
+        self.watermark = int(raw_wm.decode()) if raw_wm else 0
+        # 4. Families nobody points at are leftovers of interrupted loads or drops.
+        wanted = {s.cf for s in self._states.values()} | {OVERLAY_CF}
+        for name in families - wanted:
+            self.store.drop(name)  # type: ignore[union-attr]
+        for state in self._states.values():
+            self._load_locations(state.cf)
+            if self.recovered:
+                self._recount(state)
+        if self.recovered:
+            self.metrics.add(recoveries=1)
+        self._scan_overlay()
+        db[registry.SESSION_KEY] = registry.SESSION_OPEN
+        self.store.flush()  # type: ignore[union-attr]
+
+    def close(self) -> None:
+        """Persist counters and last-access times, mark the session closed and release the directory."""
+        if self.store is None:
+            return
+        with self._lock:
+            batch = self.store.batch()
+            for state in self._states.values():
+                batch.put(registry.partition_key(state.partition), registry.pack(state))
+            batch.put(registry.SESSION_KEY, registry.SESSION_CLOSED)
+            self.store.write(batch)
+            self.store.close()
+            self.store = None
+
+    def _db(self) -> Any:
+        if self.store is None or self.store.db is None:
+            raise CacheError(f"cache {self.path} is not open")
+        return self.store.db
+
+    # ---- registry views ------------------------------------------------------------------------------------
+    def partitions(self) -> dict[str, PartitionState]:
+        """Ready partitions by path (copies of their states)."""
+        with self._lock:
+            return {p: PartitionState(**vars(s)) for p, s in self._states.items()}
+
+    def is_ready(self, partition: str) -> bool:
+        """Whether lookups can be served for a partition."""
+        return partition in self._states
+
+    def not_ready(self, partitions: Iterable[str]) -> list[str]:
+        """The partitions of a batch that must be loaded before tagging (sorted, unique)."""
+        return sorted({p for p in partitions if p not in self._states})
+
+    def pending_instants(self, partition: str | None = None) -> dict[str, int]:
+        """Instants with uncommitted overlay entries (of one partition or all) -> entry count."""
+        with self._lock:
+            if partition is not None:
+                return dict(self._pending.get(partition, {}))
+            total: dict[str, int] = defaultdict(int)
+            for per in self._pending.values():
+                for instant, n in per.items():
+                    total[instant] += n
+            return dict(total)
+
+    # ---- loading -------------------------------------------------------------------------------------------
+    def load_partition(self, partition: str, keys: Any, locations: Any, synced_seq: int,
+                       tmp_dir: Path | None = None) -> PartitionState:
+        """Replace a partition's content with the given live entries (one shard's slice), then mark it ready.
+
+        Entries go through SST files ingested in one call into a fresh column family; only then does the
+        registry point at it, so no reader (and no restart after a crash) ever sees a partial partition.
+        """
+        validate_partition(partition)
+        started = time.perf_counter()
+        store = self._require_store()
+        encoded = codec.encode_keys(keys)
+        locs = [str(x) for x in (locations.to_pylist() if hasattr(locations, "to_pylist") else locations)]
+        if len(locs) != len(encoded):
+            raise InvalidInputError(f"{len(encoded)} keys but {len(locs)} locations for partition {partition!r}")
+        # 1. Location dictionary and per-location fills of the new content.
+        dictionary: dict[str, int] = {}
+        fills: dict[str, int] = defaultdict(int)
+        values: list[bytes] = []
+        for loc in locs:
+            idx = dictionary.get(loc)
+            if idx is None:
+                idx = dictionary[loc] = len(dictionary)
+            values.append(codec.encode_index(idx))
+            fills[loc] += 1
+        # 2. Sorted SST in a fresh column family, ingested atomically.
+        cf = f"{partition_dir_name(partition)}~{uuid.uuid4().hex[:10]}"
+        store.cf(cf, create=True)
+        if encoded:
+            sst = (tmp_dir or self.path.parent) / f".load-{cf.rsplit('~', 1)[1]}.sst"
+            writer = store.sst_writer()
+            writer.open(str(sst))
+            previous = None
+            for i in codec.sort_order(encoded):
+                key = encoded[i]
+                if key == previous:
+                    store.drop(cf)
+                    sst.unlink(missing_ok=True)
+                    raise InvalidInputError(f"key {codec.decode_key(key)!r} appears twice in the load of "
+                                            f"partition {partition!r}")
+                writer[key] = values[i]
+                previous = key
+            writer.finish()
+            store.ingest(cf, [str(sst)])
+            sst.unlink(missing_ok=True)
+        # 3. Flip the registry to the new family, then drop the old one.
+        state = PartitionState(partition=partition, cf=cf, state=registry.READY, loaded_seq=synced_seq,
+                               synced_seq=synced_seq, entries=len(encoded), last_access_ms=_now_ms(),
+                               loaded_at_ms=_now_ms(), fills=dict(fills))
+        with self._lock:
+            old = self._states.get(partition)
+            batch = store.batch()
+            batch.put(LOCATIONS_KEY, registry.pack(list(dictionary)), store.handle(cf))
+            batch.put(registry.partition_key(partition), registry.pack(state))
+            store.write(batch)
+            self._states[partition] = state
+            self._set_locations(cf, list(dictionary))
+            # The flip must be durable before the old family goes, or a crash could leave the registry
+            # pointing at a dropped family (harmless, the partition is just reloaded, but a needless reload).
+            store.flush()
+            if old is not None:
+                self._forget_family(old.cf)
+        elapsed = time.perf_counter() - started
+        self.metrics.add(partition, loads=1, load_seconds=elapsed)
+        self.metrics.add(loaded_entries=len(encoded))
+        return state
+
+    def drop_partition(self, partition: str) -> bool:
+        """Forget a partition (O(1): drop its column family). Refuses one with uncommitted entries."""
+        with self._lock:
+            if self._pending.get(partition):
+                raise CacheError(f"partition {partition!r} has uncommitted entries of instants "
+                                 f"{sorted(self._pending[partition])}; it cannot be dropped until they finish")
+            state = self._states.pop(partition, None)
+            if state is None:
+                return False
+            store = self._require_store()
+            batch = store.batch()
+            batch.delete(registry.partition_key(partition))
+            store.write(batch)
+            store.flush(registry_too=True)
+            self._forget_family(state.cf)
+            return True
+
+    # ---- lookups -------------------------------------------------------------------------------------------
+    def lookup(self, partition: str, keys: Sequence[str] | pa.Array) -> list[str | None]:
+        """Location of each key (None = not in the index: a new key), in input order.
+
+        Order: uncommitted overlay entries -> the partition's committed entries. The partition must be ready
+        (see not_ready()); in global mode pass partition "" and read locations as "partition\\0file group".
+        """
+        state = self._states.get(partition)
+        if state is None:
+            raise PartitionNotReadyError(
+                f"partition {partition!r} is not loaded in cache {self.path}; load it (bootstrap or on-demand) first"
+            )
+        store = self._require_store()
+        encoded = codec.encode_keys(keys)
+        result: list[str | None] = [None] * len(encoded)
+        todo = list(range(len(encoded)))
+        pending_hits = 0
+        # 1. Overlay: entries of instants that have not completed yet.
+        if self._pending.get(partition):
+            prefix = partition.encode("utf-8") + b"\x00"
+            found = store.cf(OVERLAY_CF, create=True)[[prefix + k for k in encoded]]
+            rest = []
+            for i, raw in zip(todo, found):
+                if raw is None:
+                    rest.append(i)
+                else:
+                    result[i] = msgpack.unpackb(raw, raw=False)[2]
+                    pending_hits += 1
+            todo = rest
+        # 2. Committed entries, multi-get in key order (about twice as fast as input order).
+        if todo:
+            order = sorted(todo, key=encoded.__getitem__)
+            values = store.cf(state.cf)[[encoded[i] for i in order]]
+            decoder = self._decoders[state.cf]
+            for i, raw in zip(order, values):
+                if raw is not None:
+                    result[i] = decoder.get(raw) or self._decode_slow(state.cf, raw)
+        hits = sum(1 for r in result if r is not None)
+        state.last_access_ms = _now_ms()
+        self.metrics.add(partition, lookups=len(encoded), hits=hits - pending_hits, pending_hits=pending_hits,
+                         misses=len(encoded) - hits)
+        return result
+
+    def touch(self, partition: str) -> None:
+        """Record an access (writes count as access for the TTL reaper)."""
+        state = self._states.get(partition)
+        if state is not None:
+            state.last_access_ms = _now_ms()
+
+    # ---- in-flight entries (overlay) -----------------------------------------------------------------------
+    def put_pending(self, instant: str, partition: str, keys: Sequence[str] | pa.Array,
+                    locations: Sequence[str], attempt: str = "") -> int:
+        """Record locations assigned by an instant that has not completed, so later lookups see them."""
+        validate_partition(partition)
+        encoded = codec.encode_keys(keys)
+        if len(encoded) != len(locations):
+            raise InvalidInputError(f"{len(encoded)} keys but {len(locations)} locations")
+        store = self._require_store()
+        prefix = partition.encode("utf-8") + b"\x00"
+        handle = store.handle(OVERLAY_CF)
+        with self._lock:
+            batch = store.batch()
+            existing = store.cf(OVERLAY_CF)[[prefix + k for k in encoded]]
+            added = 0
+            for key, loc, old in zip(encoded, locations, existing):
+                batch.put(prefix + key, msgpack.packb([instant, attempt, loc]), handle)
+                added += old is None
+            store.write(batch)
+            per = self._pending[partition]
+            per[instant] = per.get(instant, 0) + added
+            self.touch(partition)
+        return added
+
+    def finish_instant(self, instant: str, attempt: str | None = None) -> int:
+        """Remove an instant's overlay entries (all, or one task attempt's): after it completed in the MDT
+        (catch-up has applied its committed entries) or after it was rolled back. Returns entries removed."""
+        store = self._require_store()
+        overlay = store.cf(OVERLAY_CF, create=True)
+        handle = store.handle(OVERLAY_CF)
+        removed: dict[str, int] = defaultdict(int)
+        with self._lock:
+            batch = store.batch()
+            for key, raw in overlay.items():
+                entry_instant, entry_attempt, _loc = msgpack.unpackb(raw, raw=False)
+                if entry_instant == instant and (attempt is None or entry_attempt == attempt):
+                    batch.delete(key, handle)
+                    removed[key.split(b"\x00", 1)[0].decode("utf-8")] += 1
+            store.write(batch)
+            for partition, n in removed.items():
+                per = self._pending.get(partition, {})
+                left = per.get(instant, 0) - n
+                if left > 0 and attempt is not None:
+                    per[instant] = left
+                else:
+                    per.pop(instant, None)
+                if not per:
+                    self._pending.pop(partition, None)
+        return sum(removed.values())
+
+    def _scan_overlay(self) -> None:
+        """Rebuild the in-memory pending counts from the overlay column family."""
+        store = self._require_store()
+        if OVERLAY_CF not in store.column_families():
+            return
+        for key, raw in store.cf(OVERLAY_CF).items():
+            instant = msgpack.unpackb(raw, raw=False)[0]
+            partition = key.split(b"\x00", 1)[0].decode("utf-8")
+            self._pending[partition][instant] = self._pending[partition].get(instant, 0) + 1
+
+    # ---- committed changes (catch-up) ----------------------------------------------------------------------
+    def apply(self, partition: str, keys: Sequence[str] | pa.Array, locations: Sequence[str | None],
+              deleted: Sequence[bool], synced_seq: int) -> int:
+        """Apply committed MDT entries in order (inserts and tombstones) and move the partition's synced seq.
+
+        Idempotent: applying entries the partition already reflects changes nothing, which is what makes replay
+        from an older registry state (after a crash) safe.
+        """
+        with self._lock:
+            state = self._states.get(partition)
+            if state is None:
+                return 0
+            store = self._require_store()
+            encoded = codec.encode_keys(keys)
+            handle = store.handle(state.cf)
+            current: dict[bytes, bytes | None] = dict(zip(encoded, store.cf(state.cf)[list(encoded)])) \
+                if encoded else {}
+            batch = store.batch()
+            decoder = self._decoders[state.cf]
+            changed = 0
+            for key, loc, is_deleted in zip(encoded, locations, deleted):
+                old = current.get(key)
+                old_loc = None if old is None else (decoder.get(old) or self._decode_slow(state.cf, old))
+                if is_deleted:
+                    if old is None:
+                        continue
+                    batch.delete(key, handle)
+                    current[key] = None
+                    state.entries -= 1
+                    self._bump_fill(state, old_loc, -1)
+                else:
+                    if loc is None or old_loc == loc:
+                        continue
+                    value = self._encode_location(state.cf, loc, batch)
+                    batch.put(key, value, handle)
+                    current[key] = value
+                    if old is None:
+                        state.entries += 1
+                    else:
+                        self._bump_fill(state, old_loc, -1)
+                    self._bump_fill(state, loc, +1)
+                changed += 1
+            state.synced_seq = max(state.synced_seq, synced_seq)
+            batch.put(registry.partition_key(partition), registry.pack(state))
+            store.write(batch)
+        self.metrics.add(partition, catchup_entries=changed)
+        return changed
+
+    def set_watermark(self, seq: int) -> None:
+        """Record the MDT completion seq up to which the whole cache (all partitions, overlay) is caught up."""
+        with self._lock:
+            for state in self._states.values():
+                state.synced_seq = max(state.synced_seq, seq)
+            self.watermark = seq
+            batch = self._require_store().batch()
+            batch.put(WATERMARK_KEY, str(seq).encode())
+            for state in self._states.values():
+                batch.put(registry.partition_key(state.partition), registry.pack(state))
+            self._require_store().write(batch)
+
+    # ---- sizes and iteration -------------------------------------------------------------------------------
+    def disk_bytes(self, partition: str | None = None) -> int:
+        """On-disk bytes of one partition's SST files, or of the whole cache directory."""
+        store = self._require_store()
+        if partition is None:
+            return store.disk_bytes()
+        state = self._states.get(partition)
+        return 0 if state is None else store.disk_bytes(state.cf)
+
+    def items(self, partition: str) -> Iterable[tuple[str, str]]:
+        """(key, location) of every committed entry of a ready partition, in encoded-key order (for verify)."""
+        state = self._states.get(partition)
+        if state is None:
+            raise PartitionNotReadyError(f"partition {partition!r} is not loaded in cache {self.path}")
+        decoder = self._decoders[state.cf]
+        for key, raw in self._require_store().cf(state.cf).items():
+            if key != LOCATIONS_KEY:
+                yield codec.decode_key(key), decoder.get(raw) or self._decode_slow(state.cf, raw)
+
+    def flush(self) -> None:
+        """Persist all memtables (data first, registry last)."""
+        self._require_store().flush()
+
+    # ---- helpers -------------------------------------------------------------------------------------------
+    def _require_store(self) -> Store:
+        if self.store is None:
+            raise CacheError(f"cache {self.path} is not open")
+        return self.store
+
+    def _load_locations(self, cf: str) -> None:
+        self._set_locations(cf, registry.unpack_list(self._require_store().cf(cf).get(LOCATIONS_KEY)))
+
+    def _set_locations(self, cf: str, locations: list[str]) -> None:
+        self._locations[cf] = locations
+        self._decoders[cf] = {codec.encode_index(i): loc for i, loc in enumerate(locations)}
+        self._encoders[cf] = {loc: value for value, loc in self._decoders[cf].items()}
+
+    def _decode_slow(self, cf: str, raw: bytes) -> str:
+        index = codec.decode_index(raw)
+        locations = self._locations[cf]
+        if index >= len(locations):
+            raise CacheError(f"cache {self.path}: column family {cf!r} has location #{index} but its dictionary "
+                             f"holds {len(locations)}; the cache is damaged, delete it to rebuild")
+        return locations[index]
+
+    def _encode_location(self, cf: str, location: str, batch: Any) -> bytes:
+        """The stored value of a location, extending the family's dictionary in the same write batch."""
+        known = self._encoders[cf].get(location)
+        if known is not None:
+            return known
+        locations = self._locations[cf]
+        locations.append(location)
+        value = codec.encode_index(len(locations) - 1)
+        self._decoders[cf][value] = location
+        self._encoders[cf][location] = value
+        store = self._require_store()
+        batch.put(LOCATIONS_KEY, registry.pack(locations), store.handle(cf))
+        return value
+
+    @staticmethod
+    def _bump_fill(state: PartitionState, location: str | None, delta: int) -> None:
+        if location is None:
+            return
+        n = state.fills.get(location, 0) + delta
+        if n > 0:
+            state.fills[location] = n
+        else:
+            state.fills.pop(location, None)
+
+    def _forget_family(self, cf: str) -> None:
+        self._require_store().drop(cf)
+        self._locations.pop(cf, None)
+        self._decoders.pop(cf, None)
+        self._encoders.pop(cf, None)
+
+    def _recount(self, state: PartitionState) -> None:
+        """After an unclean shutdown the data may be ahead of the registry: recount entries and fills."""
+        decoder = self._decoders[state.cf]
+        fills: dict[str, int] = defaultdict(int)
+        entries = 0
+        for key, raw in self._require_store().cf(state.cf).items():
+            if key != LOCATIONS_KEY:
+                fills[decoder.get(raw) or self._decode_slow(state.cf, raw)] += 1
+                entries += 1
+        state.entries, state.fills = entries, dict(fills)
+        self._db()[registry.partition_key(state.partition)] = registry.pack(state)

@@ -1,0 +1,223 @@
+"""The storage seam: one RocksDB directory opened through rocksdict, with its column families and options.
+
+Why these options: the cache is a disposable replica, so the WAL is off (writes cost a memtable insert only);
+`atomic_flush` keeps every column family flushed at the same point, so after a kill -9 the directory holds a
+consistent (if older) state across the registry and the partitions, which catch-up then moves forward. The
+directory is guarded by an flock on `<dir>.lock` besides RocksDB's own LOCK: RocksDB fails a second opener at
+once ("While lock file"), the flock lets a second process wait its turn instead.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import rocksdict as rd
+
+from dbidx.config import CacheConfig
+from dbidx.errors import CacheBusyError, CacheError
+
+DEFAULT_CF = "default"
+_COMPRESSION = {
+    "zstd": rd.DBCompressionType.zstd(),
+    "lz4": rd.DBCompressionType.lz4(),
+    "snappy": rd.DBCompressionType.snappy(),
+    "none": rd.DBCompressionType.none(),
+}
+
+
+def _options(config: CacheConfig, block_cache: rd.Cache | None) -> rd.Options:
+    """rocksdict options for the DB and every column family (they must agree, incl. raw_mode)."""
+    opts = rd.Options(raw_mode=True)
+    opts.create_if_missing(True)
+    opts.create_missing_column_families(True)
+    opts.set_atomic_flush(True)
+    opts.set_max_open_files(config.max_open_files or -1)
+    opts.set_compression_type(_COMPRESSION[config.compression])
+    opts.set_bottommost_compression_type(_COMPRESSION[config.compression])
+    opts.set_keep_log_file_num(2)
+    opts.set_max_background_jobs(2)
+    if config.compaction_style == "universal":
+        opts.set_compaction_style(rd.DBCompactionStyle.universal())
+    table = rd.BlockBasedOptions()
+    table.set_block_size(config.block_size_kb * 1024)
+    if config.bloom_bits_per_key > 0:
+        table.set_bloom_filter(config.bloom_bits_per_key, False)
+    if block_cache is not None:
+        table.set_block_cache(block_cache)
+    else:
+        table.disable_cache()
+    table.set_cache_index_and_filter_blocks(True)
+    table.set_pin_l0_filter_and_index_blocks_in_cache(True)
+    opts.set_block_based_table_factory(table)
+    return opts
+
+
+class Store:
+    """An open RocksDB directory: column families by name, writes without WAL, exclusive per process."""
+
+    def __init__(self, path: Path, config: CacheConfig) -> None:
+        self.path = Path(path)
+        self.config = config
+        self._lock_fd: int | None = None
+        self._cache = rd.Cache(config.block_cache_mb << 20) if config.block_cache_mb else None
+        self.options = _options(config, self._cache)
+        self._cfs: dict[str, rd.Rdict] = {}
+        self._handles: dict[str, Any] = {}
+        self.db: rd.Rdict | None = None
+
+    # ---- lifecycle ---------------------------------------------------------------------------------------
+    def open(self) -> "Store":
+        """Take the directory lock (waiting up to lock_timeout_s) and open RocksDB with all its column families."""
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._lock_fd = _acquire_flock(Path(str(self.path) + ".lock"), self.config.lock_timeout_s)
+        try:
+            existing = rd.Rdict.list_cf(str(self.path), self.options) if (self.path / "CURRENT").exists() else []
+            families = {name: self.options for name in existing if name != DEFAULT_CF}
+            self.db = rd.Rdict(str(self.path), self.options, column_families=families or None)
+            write_opts = rd.WriteOptions()
+            write_opts.disable_wal = True
+            self.db.set_write_options(write_opts)
+            os.chmod(self.path, 0o700)
+        except Exception as exc:
+            self._release()
+            raise CacheError(f"cannot open RocksDB cache at {self.path}: {exc}") from exc
+        return self
+
+    def close(self) -> None:
+        """Flush everything (data first, registry last), drop handles, close the DB, release the lock."""
+        if self.db is None:
+            return
+        try:
+            self.flush()
+        finally:
+            self._cfs.clear()
+            self._handles.clear()
+            self.db.close()
+            self.db = None
+            self._release()
+
+    def _release(self) -> None:
+        if self._lock_fd is not None:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    # ---- column families ---------------------------------------------------------------------------------
+    def column_families(self) -> list[str]:
+        """Names of the non-default column families on disk."""
+        assert self.db is not None
+        return [n for n in rd.Rdict.list_cf(str(self.path), self.options) if n != DEFAULT_CF]
+
+    def cf(self, name: str, create: bool = False) -> rd.Rdict:
+        """The Rdict view of a column family; a missing one is created only when asked (never on a read path)."""
+        assert self.db is not None
+        if name == DEFAULT_CF:
+            return self.db
+        view = self._cfs.get(name)
+        if view is None:
+            try:
+                view = self.db.get_column_family(name)
+            except Exception as exc:
+                if not create:
+                    raise CacheError(f"column family {name!r} is missing from cache {self.path}") from exc
+                try:
+                    view = self.db.create_column_family(name, self.options)
+                except Exception as exc2:
+                    raise CacheError(f"cannot create column family {name!r} in {self.path}: {exc2}") from exc2
+            self._cfs[name] = view
+        return view
+
+    def handle(self, name: str) -> Any:
+        """The column family handle for WriteBatch puts."""
+        assert self.db is not None
+        if name not in self._handles:
+            self.cf(name, create=True)
+            self._handles[name] = self.db.get_column_family_handle(name)
+        return self._handles[name]
+
+    def drop(self, name: str) -> None:
+        """Drop a column family: O(1), its files are deleted by RocksDB."""
+        assert self.db is not None
+        self._cfs.pop(name, None)
+        self._handles.pop(name, None)
+        try:
+            self.db.drop_column_family(name)
+        except Exception as exc:
+            if "Invalid column family" not in str(exc) and "not found" not in str(exc).lower():
+                raise CacheError(f"cannot drop column family {name!r} in {self.path}: {exc}") from exc
+
+    # ---- writes ------------------------------------------------------------------------------------------
+    def batch(self) -> rd.WriteBatch:
+        """A write batch; apply with write() (atomic across column families)."""
+        return rd.WriteBatch(raw_mode=True)
+
+    def write(self, batch: rd.WriteBatch) -> None:
+        """Apply a write batch (no WAL); disk errors become CacheError naming the directory."""
+        assert self.db is not None
+        try:
+            self.db.write(batch)
+        except Exception as exc:
+            raise CacheError(f"write to cache {self.path} failed: {exc}") from exc
+
+    def ingest(self, name: str, sst_paths: list[str]) -> None:
+        """Move SST files into a column family (no memtable, durable at once)."""
+        opts = rd.IngestExternalFileOptions()
+        opts.set_move_files(True)
+        try:
+            self.cf(name).ingest_external_file(sst_paths, opts)
+        except Exception as exc:
+            raise CacheError(f"ingesting {len(sst_paths)} SST file(s) into {name!r} in {self.path} failed: {exc}")
+
+    def sst_writer(self) -> rd.SstFileWriter:
+        """An SST writer with the DB's options."""
+        return rd.SstFileWriter(self.options)
+
+    def flush(self, registry_too: bool = True) -> None:
+        """Persist memtables: every partition column family first, the registry (default) last.
+
+        With the WAL off this is what makes writes survive a crash; the order guarantees the registry never
+        claims more than the data holds.
+        """
+        assert self.db is not None
+        try:
+            for name in self.column_families():
+                self.cf(name).flush(True)
+            if registry_too:
+                self.db.flush(True)
+        except Exception as exc:
+            raise CacheError(f"flushing cache {self.path} failed (disk full?): {exc}") from exc
+
+    def disk_bytes(self, name: str | None = None) -> int:
+        """SST bytes on disk of one column family, or of the whole directory."""
+        if name is None:
+            return sum(f.stat().st_size for f in self.path.rglob("*") if f.is_file())
+        value = self.cf(name).property_int_value("rocksdb.total-sst-files-size")
+        return int(value or 0)
+
+
+def _acquire_flock(path: Path, timeout_s: float) -> int:
+    """Exclusive flock on a side file; waits up to timeout_s for another process to finish with the cache."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    deadline = time.monotonic() + max(timeout_s, 0)
+    delay = 0.005
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                os.close(fd)
+                raise CacheError(f"cannot lock cache directory {path}: {exc}") from exc
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                raise CacheBusyError(
+                    f"cache {path.with_suffix('')} is in use by another opener (process or thread) for more than "
+                    f"{timeout_s:g} s: another task on this executor holding the same shard? Raise "
+                    "hoodie.index.cache.rocksdb.lock.timeout.s or give each job its own base.path"
+                ) from exc
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)

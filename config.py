@@ -1,0 +1,137 @@
+"""Cache configuration: RFC-107's keys plus dbidx's own, read from a dict, environment variables or a Spark conf.
+
+Every key lives under `hoodie.index.cache.rocksdb.` (RFC-107's prefix, so one Hudi-style config block configures
+dbidx too). Environment variables use `DBIDX_CACHE_` + the suffix upper-cased with dots as underscores, e.g.
+`DBIDX_CACHE_BLOCK_CACHE_MB=256`. Precedence: explicit mapping > Spark conf > environment > default.
+Defaults and the reasons for them are in docs/CONFIG.md.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+from dbidx.errors import ConfigError
+
+PREFIX = "hoodie.index.cache.rocksdb."
+ENV_PREFIX = "DBIDX_CACHE_"
+COMPRESSIONS = ("zstd", "lz4", "snappy", "none")
+COMPACTION_STYLES = ("level", "universal")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Settings of the executor-local cache (one value per RFC-107 / dbidx key)."""
+
+    enabled: bool = True
+    base_path: str | None = None  # None: SPARK_LOCAL_DIRS / spark.local.dir, else the user cache dir
+    bootstrap_days: int = 7
+    partition_ttl_hours: float = 72.0
+    block_cache_mb: int = 64
+    compaction_style: str = "level"
+    compression: str = "zstd"
+    block_size_kb: int = 16
+    bloom_bits_per_key: float = 10.0
+    max_open_files: int = 256
+    max_disk_mb: int = 0  # 0: no disk budget, TTL only
+    max_catchup_entries: int = 2_000_000
+    lock_timeout_s: float = 600.0
+    reaper_interval_s: float = 300.0
+
+    @classmethod
+    def keys(cls) -> dict[str, str]:
+        """Config key (with prefix) -> field name."""
+        return {PREFIX + f.name.replace("_", "."): f.name for f in fields(cls)}
+
+    @classmethod
+    def from_sources(
+        cls,
+        mapping: Mapping[str, Any] | None = None,
+        spark_conf: Any = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> "CacheConfig":
+        """Merge the sources (mapping > Spark conf > environment) over the defaults, validating every value."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for key, name in cls.keys().items():
+            env_name = ENV_PREFIX + key[len(PREFIX):].replace(".", "_").upper()
+            if env_name in env:
+                values[name] = (env[env_name], env_name)
+        if spark_conf is not None:
+            for key, name in cls.keys().items():
+                value = spark_conf.get(key, None)
+                if value is not None:
+                    values[name] = (value, f"Spark conf {key}")
+        for key, value in (mapping or {}).items():
+            name = cls.keys().get(key) or (key if key in {f.name for f in fields(cls)} else None)
+            if name is None:
+                raise ConfigError(f"unknown cache config key {key!r}; known keys: {', '.join(sorted(cls.keys()))}")
+            values[name] = (value, f"key {key}")
+        return replace(cls(), **{n: _coerce(n, v, where) for n, (v, where) in values.items()})
+
+    def __post_init__(self) -> None:
+        if self.compression not in COMPRESSIONS:
+            raise ConfigError(f"compression {self.compression!r} is not one of {COMPRESSIONS}")
+        if self.compaction_style not in COMPACTION_STYLES:
+            raise ConfigError(f"compaction.style {self.compaction_style!r} is not one of {COMPACTION_STYLES}")
+        for name in ("bootstrap_days", "block_cache_mb", "block_size_kb", "max_open_files", "max_disk_mb",
+                     "max_catchup_entries"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{PREFIX}{name.replace('_', '.')} must be >= 0, got {getattr(self, name)}")
+        if self.partition_ttl_hours <= 0:
+            raise ConfigError(f"{PREFIX}partition.ttl.hours must be > 0, got {self.partition_ttl_hours}")
+
+
+def _coerce(name: str, value: Any, where: str) -> Any:
+    """Convert a config value to the field's type, naming the source on failure."""
+    kind = {f.name: f.type for f in fields(CacheConfig)}[name]
+    try:
+        if kind == "bool":
+            if isinstance(value, str):
+                if value.strip().lower() not in ("true", "false", "1", "0", "yes", "no"):
+                    raise ValueError(value)
+                return value.strip().lower() in ("true", "1", "yes")
+            return bool(value)
+        if kind == "int":
+            return int(value)
+        if kind == "float":
+            return float(value)
+        if kind == "str | None":
+            return None if value in (None, "") else str(value)
+        return str(value).lower()
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: cannot read {value!r} as {kind} for {name}") from exc
+
+
+def default_base_path(spark_local_dir: str | None = None, environ: Mapping[str, str] | None = None) -> Path:
+    """Where caches live by default: the executor's local dirs, else the user's cache dir, never a bare /tmp.
+
+    Why: SPARK_LOCAL_DIRS is the disk the cluster manager provisions for executor scratch data (sized, cleaned
+    with the executor); a shared /tmp is often small, tmpfs, noexec or wiped.
+    """
+    env = os.environ if environ is None else environ
+    for candidate in (env.get("SPARK_LOCAL_DIRS"), spark_local_dir):
+        if candidate:
+            first = candidate.split(",")[0].strip()
+            if first:
+                return Path(first) / "dbidx-cache"
+    xdg = env.get("XDG_CACHE_HOME") or str(Path(env.get("HOME") or Path.home()) / ".cache")
+    return Path(xdg) / "dbidx"
+
+
+def prepare_dir(path: Path, min_free_mb: int = 64) -> Path:
+    """Create a private (0700) cache directory and check it is usable: writable and not full."""
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(path, 0o700)
+    except OSError as exc:
+        raise ConfigError(f"cache directory {path} cannot be created: {exc.strerror or exc}") from exc
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"cache directory {path} is not writable by this user")
+    free_mb = shutil.disk_usage(path).free // (1 << 20)
+    if free_mb < min_free_mb:
+        raise ConfigError(f"cache directory {path} has only {free_mb} MB free (need at least {min_free_mb} MB); "
+                          "point hoodie.index.cache.rocksdb.base.path at a larger local disk")
+    return path

@@ -1,0 +1,165 @@
+"""The RocksDB cache on real rocksdict directories: layout, key codec, visibility of loads, identity, base path."""
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dbidx.cache import codec
+from dbidx.cache.record_cache import OVERLAY_CF, RecordIndexCache
+from dbidx.cache.registry import CacheIdentity
+from dbidx.config import CacheConfig, default_base_path, prepare_dir
+from dbidx.errors import (CacheBusyError, CacheMismatchError, ConfigError, InvalidInputError,
+                          PartitionNotReadyError)
+
+from tests.cache_helpers import DAY1, DAY2, make_table, open_cache, truth
+
+WEIRD_PARTITIONS = [
+    "dt=2025-01-01", "region=eu/dt=2025-01-01", "city=São Paulo", "名前=東京/日付=2025", "a b=c d",
+    "x=" + "long" * 120, "k=v%2Fencoded", "emoji=😀",
+]
+
+
+def ident(shard: int = 0) -> CacheIdentity:
+    return CacheIdentity("t" * 32, 4, shard, "partitioned")
+
+
+@given(st.lists(st.one_of(
+    st.uuids().map(str), st.uuids().map(lambda u: str(u).upper()),
+    st.integers(0, 10**20 - 1).map(lambda i: str(i).zfill(20)), st.integers(0, 10**12).map(str),
+    st.text(min_size=1, max_size=40).filter(lambda s: "\x00" not in s),
+), min_size=1, max_size=60))
+@settings(max_examples=150, deadline=None)
+def test_key_codec_round_trips_and_is_injective(keys):
+    encoded = codec.encode_keys(keys)
+    assert [codec.decode_key(e) for e in encoded] == keys
+    assert len(set(encoded)) == len(set(keys))
+
+
+def test_key_codec_sizes():
+    u = str(uuid.uuid4())
+    assert len(codec.encode_keys([u])[0]) == 17
+    assert len(codec.encode_keys(["00000000000000001234"])[0]) == 11
+    assert codec.encode_keys(["abc"])[0] == b"\x00abc"
+    assert [codec.decode_index(codec.encode_index(i)) for i in (0, 127, 128, 16383, 70000)] == [0, 127, 128, 16383,
+                                                                                                   70000]
+    assert len(codec.encode_index(127)) == 1 and len(codec.encode_index(128)) == 2
+
+
+def test_partitions_with_any_path_get_their_own_family(tmp_path):
+    with RecordIndexCache(tmp_path / "c", ident()) as cache:
+        for i, partition in enumerate(WEIRD_PARTITIONS):
+            cache.load_partition(partition, [f"key-{i}", "shared"], [f"fg-{i}", f"fg-{i}-b"], synced_seq=1)
+        families = cache.store.column_families()
+    with RecordIndexCache(tmp_path / "c", ident()) as cache:
+        assert sorted(cache.partitions()) == sorted(WEIRD_PARTITIONS)
+        for i, partition in enumerate(WEIRD_PARTITIONS):
+            assert cache.lookup(partition, ["shared", f"key-{i}", "nope"]) == [f"fg-{i}-b", f"fg-{i}", None]
+        assert len({cache.partitions()[p].cf for p in WEIRD_PARTITIONS}) == len(WEIRD_PARTITIONS)
+    assert len([f for f in families if f != OVERLAY_CF]) == len(WEIRD_PARTITIONS)
+    assert all(len(f.encode()) <= 255 and "/" not in f for f in families)
+
+
+def test_cache_matches_the_mdt_and_reports_stats(tmp_path):
+    table = make_table(tmp_path)
+    with open_cache(table, 1, tmp_path / "cache") as cache:
+        expected = truth(table, DAY1, 1)
+        snap = table.snapshot(DAY1, shard=1)
+        cache.load_partition(DAY1, snap.column("key"), snap.column("file_group"), synced_seq=3)
+        keys = list(expected) + ["absent-1", "absent-2"]
+        assert cache.lookup(DAY1, keys) == [expected.get(k) for k in keys]
+        state = cache.partitions()[DAY1]
+        assert state.entries == len(expected) and state.loaded_seq == 3
+        assert sum(state.fills.values()) == len(expected) and set(state.fills) == {"fg-1-0", "fg-1-1", "fg-1-2"}
+        assert dict(cache.items(DAY1)) == expected
+        assert cache.not_ready([DAY1, DAY2, DAY2]) == [DAY2]
+        with pytest.raises(PartitionNotReadyError, match="dt=2025-01-02"):
+            cache.lookup(DAY2, ["x"])
+        assert cache.metrics.to_dict()["per_partition"][DAY1]["hits"] == len(expected)
+
+
+def test_an_interrupted_load_is_never_visible(tmp_path, monkeypatch):
+    cache = RecordIndexCache(tmp_path / "c", ident()).open()
+    cache.load_partition(DAY1, ["a", "b"], ["fg-1", "fg-1"], synced_seq=1)
+    families_before = set(cache.store.column_families())
+
+    def crash(*_args):
+        raise KeyboardInterrupt("killed between SST ingest and the registry flip")
+
+    monkeypatch.setattr(cache.store, "write", crash)
+    with pytest.raises(KeyboardInterrupt):
+        cache.load_partition(DAY1, ["a", "b", "c"], ["fg-2"] * 3, synced_seq=2)
+    with pytest.raises(KeyboardInterrupt):
+        cache.load_partition(DAY2, ["z"], ["fg-9"], synced_seq=2)
+    assert cache.lookup(DAY1, ["a", "c"]) == ["fg-1", None]  # still the old, complete content
+    assert not cache.is_ready(DAY2)
+    monkeypatch.undo()
+    cache.store.close()  # no clean close: the registry session stays "open"
+    cache.store = None
+    with RecordIndexCache(tmp_path / "c", ident()) as again:
+        assert again.recovered
+        assert again.lookup(DAY1, ["a", "b", "c"]) == ["fg-1", "fg-1", None]
+        assert not again.is_ready(DAY2)
+        assert set(again.store.column_families()) == families_before  # the orphan families were dropped
+
+
+def test_duplicate_keys_in_a_load_are_rejected_and_leave_nothing(tmp_path):
+    with RecordIndexCache(tmp_path / "c", ident()) as cache:
+        with pytest.raises(InvalidInputError, match="appears twice"):
+            cache.load_partition(DAY1, ["a", "b", "a"], ["x", "y", "z"], synced_seq=1)
+        assert not cache.is_ready(DAY1)
+        assert [f for f in cache.store.column_families() if f != OVERLAY_CF] == []
+        assert not list(tmp_path.glob("*.sst"))
+
+
+def test_a_directory_never_serves_another_table_or_shard(tmp_path):
+    with RecordIndexCache(tmp_path / "c", ident(0)):
+        pass
+    with pytest.raises(CacheMismatchError, match="shard 0/4"):
+        RecordIndexCache(tmp_path / "c", ident(1)).open()
+    with pytest.raises(CacheMismatchError):
+        RecordIndexCache(tmp_path / "c", CacheIdentity("u" * 32, 4, 0, "partitioned")).open()
+
+
+def test_a_second_opener_waits_then_gets_a_clear_error(tmp_path):
+    config = CacheConfig(lock_timeout_s=0.3)
+    with RecordIndexCache(tmp_path / "c", ident(), config):
+        with pytest.raises(CacheBusyError, match="in use"):
+            RecordIndexCache(tmp_path / "c", ident(), config).open()
+    with RecordIndexCache(tmp_path / "c", ident(), config):
+        pass  # released on close
+
+
+def test_base_path_defaults_and_directory_errors(tmp_path):
+    assert default_base_path(environ={"SPARK_LOCAL_DIRS": "/disk1,/disk2", "HOME": "/h"}) == \
+        default_base_path(environ={"SPARK_LOCAL_DIRS": "/disk1"}).parent / "dbidx-cache"
+    assert str(default_base_path("/spark/local", environ={"HOME": "/h"})) == "/spark/local/dbidx-cache"
+    assert str(default_base_path(environ={"HOME": "/home/u"})) == "/home/u/.cache/dbidx"
+    assert str(default_base_path(environ={"XDG_CACHE_HOME": "/x", "HOME": "/h"})) == "/x/dbidx"
+    made = prepare_dir(tmp_path / "a" / "b")
+    assert oct(made.stat().st_mode & 0o777) == "0o700"
+    if os.geteuid() != 0:
+        ro = tmp_path / "ro"
+        ro.mkdir(mode=0o500)
+        with pytest.raises(ConfigError, match="cannot be created|not writable"):
+            prepare_dir(ro / "cache")
+    with pytest.raises(ConfigError, match="MB free"):
+        prepare_dir(tmp_path / "full", min_free_mb=1 << 40)
+
+
+def test_config_from_dict_env_and_spark_conf():
+    conf = CacheConfig.from_sources(
+        {"hoodie.index.cache.rocksdb.block.cache.mb": "128"},
+        spark_conf={"hoodie.index.cache.rocksdb.partition.ttl.hours": "12", "hoodie.index.cache.rocksdb.block.cache.mb": "1"},
+        environ={"DBIDX_CACHE_MAX_DISK_MB": "500", "DBIDX_CACHE_COMPRESSION": "LZ4"},
+    )
+    assert (conf.block_cache_mb, conf.partition_ttl_hours, conf.max_disk_mb, conf.compression) == (128, 12.0, 500, "lz4")
+    with pytest.raises(ConfigError, match="unknown cache config key"):
+        CacheConfig.from_sources({"hoodie.index.cache.rocksdb.nope": 1}, environ={})
+    with pytest.raises(ConfigError, match="DBIDX_CACHE_BLOCK_CACHE_MB"):
+        CacheConfig.from_sources(environ={"DBIDX_CACHE_BLOCK_CACHE_MB": "lots"})
+    with pytest.raises(ConfigError, match="compression"):
+        CacheConfig(compression="brotli")
