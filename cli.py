@@ -1,7 +1,8 @@
 """The `dbidx` command line: each command is a few lines over a library call, printed as text or JSON.
 
 Exit codes: 0 ok, 1 unexpected dbidx error, 2 bad input or config, 3 table missing/exists, 4 corrupt data or
-history compacted away, 5 concurrency conflict or bad instant state.
+history compacted away, 5 concurrency conflict or bad instant state, 6 cache problem (busy, of another table,
+missing or damaged). `verify` and `lookup` exit 1 when the answer is "differs" or "not found".
 """
 from __future__ import annotations
 
@@ -109,13 +110,13 @@ def build_index_cmd(uri: str, key_column: str, partition_columns: tuple[str, ...
 
 
 @main.command("lookup")
-@click.argument("uri")
 @click.argument("keys", nargs=-1, required=True)
+@click.option("--table", "uri", required=True, help="Base URI of the dbidx table.")
 @click.option("--partition", default=None, help="Partition path of the keys (required unless global index).")
 @click.option("--mode", type=click.Choice(["auto", "seek", "scan"]), default="auto", show_default=True)
 @json_option
 @catch_exception
-def lookup_cmd(uri: str, keys: tuple[str, ...], partition: str | None, mode: str, as_json: bool) -> None:
+def lookup_cmd(keys: tuple[str, ...], uri: str, partition: str | None, mode: str, as_json: bool) -> None:
     """Print the location of KEYS in the persisted index (missing keys are reported as new)."""
     from dbidx.mdt.table import Table
 
@@ -133,14 +134,20 @@ def lookup_cmd(uri: str, keys: tuple[str, ...], partition: str | None, mode: str
 
 
 @main.command("stats")
-@click.argument("uri")
+@click.argument("uri", required=False)
+@click.option("--table", "table_uri", default=None, help="Base URI of the dbidx table (same as URI).")
+@click.option("--cache-dir", default=None, help="Report the cache(s) in this shard dir or base path instead.")
 @json_option
 @catch_exception
-def stats_cmd(uri: str, as_json: bool) -> None:
-    """Per-partition stats of the persisted index: last commit, live keys, file groups."""
+def stats_cmd(uri: str | None, table_uri: str | None, cache_dir: str | None, as_json: bool) -> None:
+    """Per-partition stats of the persisted index (last commit, live keys, file groups) or of local caches."""
     from dbidx.mdt.table import Table
 
-    table = Table.open(uri)
+    if cache_dir is not None:
+        return _cache_stats(cache_dir, as_json)
+    if not (uri or table_uri):
+        raise click.UsageError("name a table (URI or --table) or a --cache-dir")
+    table = Table.open(uri or table_uri)  # type: ignore[arg-type]
     parts = [{"partition": s.partition, "last_instant": s.last_instant, "last_commit": s.last_commit_time.isoformat(),
               "live_keys": s.live_keys, "file_groups": len(s.bucket_fills), "bucket_fills": s.bucket_fills}
              for s in table.partitions()]
@@ -157,6 +164,124 @@ def stats_cmd(uri: str, as_json: bool) -> None:
         return "\n".join([head] + rows)
 
     Output(as_json).emit(payload, text)
+
+
+def _cache_stats(cache_dir: str, as_json: bool) -> None:
+    from dbidx.cache.inspect import cache_report, find_cache_dirs, open_cache_dir
+
+    reports = []
+    for path in find_cache_dirs(cache_dir):
+        with open_cache_dir(path, _cli_cache_config()) as cache:
+            reports.append(cache_report(cache))
+
+    def text(p: dict[str, Any]) -> str:
+        lines = []
+        for c in p["caches"]:
+            lines.append(f"{c['path']}: table {c['table_id']} shard {c['shard']}/{c['num_shards']}, watermark "
+                         f"{c['watermark']}, {c['entries']} entries, {c['disk_bytes']} bytes")
+            lines += [f"  {r['partition'] or '(global)'}\t{r['state']}\t{r['entries']} entries\t{r['disk_bytes']} B"
+                      f"\tlast access {r['last_access']}\tpending {r['pending_instants'] or '-'}"
+                      for r in c["partitions"]]
+        return "\n".join(lines)
+
+    Output(as_json).emit({"caches": reports}, text)
+
+
+def _cli_cache_config() -> Any:
+    """Cache settings for CLI tools: environment variables apply; wait at most 10 s for a busy cache."""
+    from dataclasses import replace
+
+    from dbidx.config import CacheConfig
+
+    config = CacheConfig.from_sources()
+    return replace(config, lock_timeout_s=min(config.lock_timeout_s, 10.0))
+
+
+@main.command("reap")
+@click.option("--cache-dir", required=True, help="A shard cache dir or a base path holding several.")
+@click.option("--ttl-hours", type=float, default=None, help="Drop partitions idle this long [config default].")
+@click.option("--max-disk-mb", type=int, default=None, help="Then drop LRU partitions above this size [config].")
+@click.option("--dry-run", is_flag=True, help="Only report what would be dropped.")
+@json_option
+@catch_exception
+def reap_cmd(cache_dir: str, ttl_hours: float | None, max_disk_mb: int | None, dry_run: bool, as_json: bool) -> None:
+    """Drop expired and over-budget partitions from local caches (never ones with uncommitted entries)."""
+    from dbidx.cache.inspect import find_cache_dirs, open_cache_dir
+    from dbidx.cache.reaper import reap
+
+    results = []
+    for path in find_cache_dirs(cache_dir):
+        with open_cache_dir(path, _cli_cache_config()) as cache:
+            results.append({"path": str(path)} | reap(cache, ttl_hours, max_disk_mb, dry_run=dry_run).to_dict())
+    verb = "would drop" if dry_run else "dropped"
+    Output(as_json).emit({"caches": results}, lambda p: "\n".join(
+        f"{r['path']}: {verb} {len(r['dropped'])} partitions {r['dropped'] or ''} ({r['bytes_before']} -> "
+        f"{r['bytes_after']} bytes), kept {len(r['kept_pending'])} with pending entries" for r in p["caches"]))
+
+
+@main.command("sync")
+@click.option("--table", "uri", required=True, help="Base URI of the dbidx table.")
+@click.option("--cache-dir", required=True, help="A shard cache dir or a base path holding several.")
+@json_option
+@catch_exception
+def sync_cmd(uri: str, cache_dir: str, as_json: bool) -> None:
+    """Catch local caches up to the table's latest completed instant."""
+    from dbidx.cache.catchup import sync
+    from dbidx.cache.inspect import open_cache_dir
+    from dbidx.mdt.table import Table
+
+    table = Table.open(uri)
+    results = []
+    for path in _table_caches(table, cache_dir):
+        with open_cache_dir(path, _cli_cache_config()) as cache:
+            results.append({"path": str(path)} | sync(cache, table).to_dict())
+    Output(as_json).emit({"caches": results}, lambda p: "\n".join(
+        f"{r['path']}: seq {r['from_seq']} -> {r['to_seq']}, applied {r['applied_entries']} entries, reloaded "
+        f"{len(r['reloaded_partitions'])} partitions" for r in p["caches"]))
+
+
+@main.command("verify")
+@click.option("--table", "uri", required=True, help="Base URI of the dbidx table.")
+@click.option("--cache-dir", required=True, help="A shard cache dir or a base path holding several.")
+@json_option
+@catch_exception
+def verify_cmd(uri: str, cache_dir: str, as_json: bool) -> None:
+    """Compare every ready cache partition with the MDT at the cache's watermark; exit 1 on any difference."""
+    from dbidx.cache.inspect import open_cache_dir
+    from dbidx.cache.verify import verify
+    from dbidx.mdt.table import Table
+
+    table = Table.open(uri)
+    results = []
+    for path in _table_caches(table, cache_dir):
+        with open_cache_dir(path, _cli_cache_config()) as cache:
+            results.append({"path": str(path)} | verify(cache, table).to_dict())
+    payload = {"ok": all(r["ok"] for r in results), "caches": results}
+
+    def text(p: dict[str, Any]) -> str:
+        lines = []
+        for c in p["caches"]:
+            for r in c["partitions"]:
+                verdict = "ok" if r["ok"] else (f"DIFF missing {r['missing']} extra {r['extra']} wrong location "
+                                                f"{r['wrong_location']}: " + "; ".join(r["examples"]))
+                lines.append(f"{c['path']} {r['partition'] or '(global)'} @ seq {r['synced_seq']}: "
+                             f"{r['cache_entries']} entries, {verdict}")
+        return "\n".join(lines + ["all caches match the index" if p["ok"] else "MISMATCH"])
+
+    Output(as_json).emit(payload, text)
+    if not payload["ok"]:
+        sys.exit(1)
+
+
+def _table_caches(table: Any, cache_dir: str) -> list[Any]:
+    """The shard caches of one table under a dir (a shard dir or a base path)."""
+    from pathlib import Path
+
+    from dbidx.cache.inspect import find_cache_dirs
+
+    root = Path(cache_dir)
+    nested = root / table.props.table_id
+    return find_cache_dirs(nested if nested.is_dir() else root)
 
 
 @main.command("compact")

@@ -31,6 +31,8 @@ class CacheMetrics:
     load_seconds: float = 0.0
     catchup_entries: int = 0
     reloads: int = 0
+    syncs: int = 0
+    sync_seconds: float = 0.0
     evictions: int = 0
     recoveries: int = 0
     per_partition: dict[str, PartitionCounters] = field(default_factory=dict)

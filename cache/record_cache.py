@@ -11,6 +11,7 @@ does not point at are dropped, and after an unclean shutdown the counters are re
 """
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 import uuid
@@ -44,7 +45,8 @@ def _now_ms() -> int:
 class RecordIndexCache:
     """Executor-local, disposable replica of one (table, shard) slice of the record-level index."""
 
-    def __init__(self, path: str | Path, identity: CacheIdentity, config: CacheConfig | None = None) -> None:
+    def __init__(self, path: str | Path, identity: CacheIdentity | None, config: CacheConfig | None = None) -> None:
+        """identity None: open an existing cache directory as whatever table and shard it says it holds."""
         self.path = Path(path)
         self.identity = identity
         self.config = config or CacheConfig()
@@ -76,6 +78,11 @@ class RecordIndexCache:
         base = Path(base_path or config.base_path or default_base_path())
         return cls(cls.path_for(base, identity), identity, config)
 
+    @property
+    def scratch_dir(self) -> Path:
+        """Where loads write SST files before ingesting them: private to this shard, emptied on open."""
+        return Path(str(self.path) + ".tmp")
+
     def __enter__(self) -> "RecordIndexCache":
         return self.open()
 
@@ -98,6 +105,9 @@ class RecordIndexCache:
         prepare_dir(self.path.parent)
         self.store = Store(self.path, self.config).open()
         try:
+            # Leftover SST files of a load killed before its ingest (we hold the shard's lock: nobody else writes here).
+            shutil.rmtree(self.scratch_dir, ignore_errors=True)
+            self.scratch_dir.mkdir(mode=0o700)
             self._open_registry()
         except BaseException:
             self.store.close()
@@ -109,8 +119,13 @@ class RecordIndexCache:
         db = self._db()
         # 1. Identity: a directory never serves another table, shard count or shard.
         raw_meta = db.get(registry.META_KEY)
+        if raw_meta is None and self.identity is None:
+            raise CacheError(f"{self.path} is not a dbidx cache (its registry has no identity); pass the cache "
+                             "directory of one shard, e.g. <base>/<table id>/shard-00000-of-00004")
         if raw_meta is None:
             db[registry.META_KEY] = registry.pack(self.identity)
+        elif self.identity is None:  # opened by path only (CLI tools): adopt what the directory says
+            self.identity = registry.unpack_identity(raw_meta)
         else:
             self.identity.check(registry.unpack_identity(raw_meta), str(self.path))
         # 2. Crash detection: "open" still set means the last user did not close cleanly.
@@ -213,7 +228,7 @@ class RecordIndexCache:
         cf = f"{partition_dir_name(partition)}~{uuid.uuid4().hex[:10]}"
         store.cf(cf, create=True)
         if encoded:
-            sst = (tmp_dir or self.path.parent) / f".load-{cf.rsplit('~', 1)[1]}.sst"
+            sst = (tmp_dir or self.scratch_dir) / f"load-{cf.rsplit('~', 1)[1]}.sst"
             writer = store.sst_writer()
             writer.open(str(sst))
             previous = None
@@ -331,12 +346,26 @@ class RecordIndexCache:
         with self._lock:
             batch = store.batch()
             existing = store.cf(OVERLAY_CF)[[prefix + k for k in encoded]]
-            added = 0
+            # 1. Last write per key wins (within the batch too); count entries per owning instant exactly.
+            latest: dict[bytes, str] = {}
+            previous_owner: dict[bytes, str | None] = {}
             for key, loc, old in zip(encoded, locations, existing):
-                batch.put(prefix + key, msgpack.packb([instant, attempt, loc]), handle)
-                added += old is None
-            store.write(batch)
+                latest[key] = loc
+                if key not in previous_owner:
+                    previous_owner[key] = None if old is None else msgpack.unpackb(old, raw=False)[0]
             per = self._pending[partition]
+            added = 0
+            for key, loc in latest.items():
+                batch.put(prefix + key, msgpack.packb([instant, attempt, loc]), handle)
+                owner = previous_owner[key]
+                if owner == instant:
+                    continue
+                if owner is not None:  # the key moves from another pending instant to this one
+                    per[owner] -= 1
+                    if per[owner] <= 0:
+                        del per[owner]
+                added += 1
+            store.write(batch)
             per[instant] = per.get(instant, 0) + added
             self.touch(partition)
         return added

@@ -112,7 +112,7 @@ def test_duplicate_keys_in_a_load_are_rejected_and_leave_nothing(tmp_path):
             cache.load_partition(DAY1, ["a", "b", "a"], ["x", "y", "z"], synced_seq=1)
         assert not cache.is_ready(DAY1)
         assert [f for f in cache.store.column_families() if f != OVERLAY_CF] == []
-        assert not list(tmp_path.glob("*.sst"))
+        assert not list(cache.scratch_dir.iterdir())
 
 
 def test_a_directory_never_serves_another_table_or_shard(tmp_path):

@@ -32,7 +32,7 @@ def dataset(tmp_path) -> Path:
 def test_help_and_version(runner):
     result = runner.invoke(main, ["--help"])
     assert result.exit_code == 0, result.output
-    for command in ("build-index", "lookup", "stats", "compact", "demo", "init", "rollback"):
+    for command in ("build-index", "lookup", "stats", "compact", "demo", "init", "rollback", "reap", "sync", "verify"):
         assert command in result.output
     result = runner.invoke(main, ["--version"])
     assert result.exit_code == 0 and __version__ in result.output
@@ -47,14 +47,14 @@ def test_build_index_lookup_stats_compact(runner, dataset):
     table = Table.open(str(dataset))
     assert table.num_shards == 3 and table.snapshot("dt=2025-01-01").num_rows == 200
 
-    result = runner.invoke(main, ["lookup", str(dataset), "2025-01-01-7", "brand-new", "--partition",
+    result = runner.invoke(main, ["lookup", "--table", str(dataset), "2025-01-01-7", "brand-new", "--partition",
                                   "dt=2025-01-01", "--json"])
     assert result.exit_code == 0, result.output
     found = json.loads(result.output)
     assert [r["key"] for r in found["found"]] == ["2025-01-01-7"] and found["missing"] == ["brand-new"]
     assert found["found"][0]["file_group"] == "part-0"
 
-    result = runner.invoke(main, ["lookup", str(dataset), "brand-new", "--partition", "dt=2025-01-01"])
+    result = runner.invoke(main, ["lookup", "--table", str(dataset), "brand-new", "--partition", "dt=2025-01-01"])
     assert result.exit_code == 1 and "new key" in result.output
 
     result = runner.invoke(main, ["stats", str(dataset), "--json"])
@@ -82,7 +82,7 @@ def test_errors_exit_non_zero_with_a_clear_message(runner, tmp_path, dataset):
     assert json.loads(result.output.splitlines()[0])["error"] == "TableNotFoundError"
     result = runner.invoke(main, ["build-index", str(dataset), "--key", "missing_col"])
     assert result.exit_code == 2 and "missing_col" in result.output
-    result = runner.invoke(main, ["lookup", str(dataset), "k", "--partition", "../up"])
+    result = runner.invoke(main, ["lookup", "--table", str(dataset), "k", "--partition", "../up"])
     assert result.exit_code == 2 and "'../up'" in result.output
     result = runner.invoke(main, ["init", str(dataset)])
     assert result.exit_code == 3 and "already exists" in result.output

@@ -1,0 +1,156 @@
+"""Crash safety (a real subprocess killed with SIGKILL mid-write and mid-load) and the TTL / disk-budget reaper."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from dbidx.cache.catchup import load_from_snapshot, sync
+from dbidx.cache.reaper import BackgroundReaper, reap
+from dbidx.cache.verify import verify
+from dbidx.mdt.table import Table
+
+from tests.cache_helpers import DAY1, DAY2, DAY3, make_table, open_cache, truth
+
+REPO_PARENT = str(Path(__file__).resolve().parents[1])
+
+CHILD = textwrap.dedent("""
+    import sys, itertools
+    from pathlib import Path
+    from dbidx.cache.catchup import load_from_snapshot, sync
+    from dbidx.cache.record_cache import RecordIndexCache
+    from dbidx.config import CacheConfig
+    from dbidx.mdt.table import Table
+
+    table = Table.open(sys.argv[1])
+    mode = sys.argv[3]
+    cache = RecordIndexCache.for_table(table, 0, CacheConfig(), base_path=sys.argv[2]).open()
+    for p in ("dt=2025-01-01", "dt=2025-01-02", "dt=2025-01-03"):
+        load_from_snapshot(cache, table, p, table.timeline.latest_seq)
+    sync(cache, table)
+    cache.flush()
+    for i in itertools.count():
+        if mode == "write":   # another writer's commits, applied by catch-up, overlay entries in between
+            keys = [f"w{i}-{j}" for j in range(400)]
+            with table.new_commit() as w:
+                w.insert("dt=2025-01-02", keys, f"fg-w{i % 5}")
+                if i % 3 == 2:
+                    w.delete("dt=2025-01-02", [f"w{i - 2}-{j}" for j in range(100)])
+            cache.put_pending(f"9{i:016d}", "dt=2025-01-03", keys[:50], ["fg-p"] * 50)
+            sync(cache, table)
+        else:                 # reload the biggest partition over and over
+            load_from_snapshot(cache, table, "dt=2025-01-01", table.timeline.latest_seq)
+        print(i, flush=True)
+""")
+
+
+def run_and_kill(table: Table, base: Path, mode: str, iterations: int) -> None:
+    """Start the child, let it do `iterations` rounds, then SIGKILL it (no chance to flush or close)."""
+    env = {**os.environ, "PYTHONPATH": REPO_PARENT}
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, table.uri, str(base), mode], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        for _ in range(iterations):
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read()
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+
+
+@pytest.mark.parametrize("mode", ["write", "load"])
+def test_sigkill_then_reopen_verifies_and_answers_like_the_mdt(tmp_path, mode):
+    table = make_table(tmp_path, num_shards=1, keys_per_day=20_000 if mode == "load" else 2_000)
+    run_and_kill(table, tmp_path / "cache", mode, iterations=6)
+    table = Table.open(table.uri)
+    with open_cache(table, 0, tmp_path / "cache") as cache:
+        assert cache.recovered  # it knows it was not closed cleanly
+        # What survived is consistent at the seq each partition claims ...
+        assert verify(cache, table).ok, verify(cache, table).to_dict()
+        # ... and catch-up from there restores everything, with no re-bootstrap.
+        result = sync(cache, table)
+        assert sorted(cache.partitions()) == [DAY1, DAY2, DAY3]
+        assert result.reloaded_partitions == []
+        for p in (DAY1, DAY2, DAY3):
+            expected = truth(table, p, 0)
+            probe = list(expected)[:3000] + ["never-inserted"]
+            assert cache.lookup(p, probe) == [expected.get(k) for k in probe]
+            assert dict(cache.items(p)) == expected
+        assert verify(cache, table).ok
+        assert not list(cache.scratch_dir.iterdir())
+
+
+@pytest.fixture()
+def warm(tmp_path):
+    table = make_table(tmp_path, num_shards=1, keys_per_day=3000)
+    cache = open_cache(table, 0, tmp_path / "cache")
+    for p in (DAY1, DAY2, DAY3):
+        load_from_snapshot(cache, table, p, table.timeline.latest_seq)
+    yield table, cache
+    cache.close()
+
+
+def set_access(cache, partition: str, ms: int) -> None:
+    cache._states[partition].last_access_ms = ms
+
+
+def test_reaper_honours_ttl_and_never_drops_pending(warm):
+    table, cache = warm
+    now = 1_000_000_000_000
+    hour = 3600 * 1000
+    set_access(cache, DAY1, now - 100 * hour)
+    set_access(cache, DAY2, now - 100 * hour)
+    set_access(cache, DAY3, now - 1 * hour)
+    cache.put_pending("I1", DAY2, ["pending-key"], ["fg"])
+    set_access(cache, DAY2, now - 100 * hour)
+    dry = reap(cache, ttl_hours=72, dry_run=True, now_ms=now)
+    assert dry.dropped_ttl == [DAY1] and dry.kept_pending == [DAY2] and cache.is_ready(DAY1)
+    result = reap(cache, ttl_hours=72, now_ms=now)
+    assert result.dropped_ttl == [DAY1] and not cache.is_ready(DAY1)
+    assert cache.is_ready(DAY2) and cache.is_ready(DAY3)
+    assert cache.lookup(DAY2, ["pending-key"]) == ["fg"]
+    assert cache.metrics.evictions == 1
+
+
+def test_budget_pass_never_drops_pending_partitions(warm):
+    table, cache = warm
+    cache.put_pending("I9", DAY3, ["x"], ["fg"])
+    result = reap(cache, ttl_hours=10_000, max_disk_mb=1)
+    if result.bytes_before > (1 << 20):
+        assert result.dropped_budget
+    assert DAY3 not in result.dropped and cache.is_ready(DAY3)
+    assert result.kept_pending == [DAY3]
+
+
+def test_budget_pass_drops_least_recently_used_first(tmp_path):
+    table = make_table(tmp_path, num_shards=1, keys_per_day=150_000)
+    with open_cache(table, 0, tmp_path / "cache", compression="none", bloom_bits_per_key=0) as cache:
+        for p in (DAY1, DAY2, DAY3):
+            load_from_snapshot(cache, table, p, table.timeline.latest_seq)
+        cache.flush()
+        sizes = {p: cache.disk_bytes(p) for p in (DAY1, DAY2, DAY3)}
+        assert min(sizes.values()) > (1 << 20)  # each partition is over a MB, so a MB budget is meaningful
+        now = 3_000_000_000_000
+        for age, p in enumerate((DAY3, DAY1, DAY2)):
+            set_access(cache, p, now - (age + 1) * 1000)
+        budget_mb = (cache.disk_bytes() - sizes[DAY2] - sizes[DAY1] // 2) >> 20
+        result = reap(cache, ttl_hours=10_000, max_disk_mb=budget_mb, now_ms=now)
+        assert result.dropped_budget == [DAY2, DAY1]
+        assert cache.is_ready(DAY3) and result.bytes_after <= budget_mb << 20
+
+
+def test_background_reaper_runs_and_stops(warm):
+    table, cache = warm
+    set_access(cache, DAY1, 0)
+    seen = []
+    with BackgroundReaper(cache, interval_s=0.05, on_result=seen.append):
+        deadline = time.monotonic() + 10
+        while cache.is_ready(DAY1) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert not cache.is_ready(DAY1) and seen and seen[0].dropped_ttl == [DAY1]

@@ -1,0 +1,81 @@
+"""The cache commands of the CLI (stats --cache-dir, sync, verify, reap), checked back through the library."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from dbidx.cache.catchup import load_from_snapshot
+from dbidx.cache.inspect import find_cache_dirs, open_cache_dir
+from dbidx.cli import main
+
+from tests.cache_helpers import DAY1, DAY2, DAY3, make_table, open_cache
+
+
+@pytest.fixture()
+def setup(tmp_path):
+    table = make_table(tmp_path)
+    base = tmp_path / "caches"
+    for shard in range(table.num_shards):
+        with open_cache(table, shard, base) as cache:
+            for p in (DAY1, DAY2):
+                load_from_snapshot(cache, table, p, table.timeline.latest_seq)
+            cache.set_watermark(table.timeline.latest_seq)
+    return table, base
+
+
+def run(args: list[str], code: int = 0) -> dict:
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == code, result.output
+    return json.loads(result.stdout) if "--json" in args else {}
+
+
+def test_stats_of_every_cache_under_a_base_path(setup):
+    table, base = setup
+    report = run(["stats", "--cache-dir", str(base), "--json"])
+    assert [c["shard"] for c in report["caches"]] == [0, 1]
+    per_shard = [{p["partition"]: p["entries"] for p in c["partitions"]} for c in report["caches"]]
+    assert sum(s[DAY1] for s in per_shard) == 300 and sum(s[DAY2] for s in per_shard) == 300
+    assert all(p["state"] == "ready" and p["disk_bytes"] > 0 for c in report["caches"] for p in c["partitions"])
+    text = CliRunner().invoke(main, ["stats", "--cache-dir", str(find_cache_dirs(base)[0])])
+    assert text.exit_code == 0 and DAY1 in text.output and "watermark 3" in text.output
+
+
+def test_sync_then_verify(setup):
+    table, base = setup
+    with table.new_commit() as w:
+        w.insert(DAY1, [f"new-{i}" for i in range(50)], "fg-new")
+    synced = run(["sync", "--table", table.uri, "--cache-dir", str(base), "--json"])
+    assert sum(c["applied_entries"] for c in synced["caches"]) == 50
+    assert run(["verify", "--table", table.uri, "--cache-dir", str(base), "--json"])["ok"] is True
+    # Damage one cache through the library: verify exits 1 and names the difference.
+    path = find_cache_dirs(base)[0]
+    with open_cache_dir(path) as cache:
+        cache.apply(DAY2, ["ghost"], ["fg-ghost"], [False], synced_seq=cache.watermark)
+    result = CliRunner().invoke(main, ["verify", "--table", table.uri, "--cache-dir", str(base)])
+    assert result.exit_code == 1 and "ghost" in result.output and "MISMATCH" in result.output
+
+
+def test_reap_dry_run_then_for_real(setup):
+    table, base = setup
+    dry = run(["reap", "--cache-dir", str(base), "--ttl-hours", "0.0000001", "--dry-run", "--json"])
+    assert all(sorted(c["dropped"]) == [DAY1, DAY2] for c in dry["caches"])
+    for path in find_cache_dirs(base):
+        with open_cache_dir(path) as cache:
+            assert len(cache.partitions()) == 2
+    run(["reap", "--cache-dir", str(base), "--ttl-hours", "0.0000001", "--json"])
+    for path in find_cache_dirs(base):
+        with open_cache_dir(path) as cache:
+            assert cache.partitions() == {}
+
+
+def test_cache_command_errors(setup, tmp_path):
+    table, base = setup
+    result = CliRunner().invoke(main, ["stats", "--cache-dir", str(tmp_path / "nowhere")])
+    assert result.exit_code == 6 and "does not exist" in result.output
+    other = make_table(tmp_path / "other")
+    result = CliRunner().invoke(main, ["verify", "--table", other.uri, "--cache-dir", str(find_cache_dirs(base)[0])])
+    assert result.exit_code == 6 and "replicates table" in result.output
+    result = CliRunner().invoke(main, ["stats"])
+    assert result.exit_code == 2 and "--cache-dir" in result.output
