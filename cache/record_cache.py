@@ -290,12 +290,19 @@ class RecordIndexCache:
         Order: uncommitted overlay entries -> the partition's committed entries. The partition must be ready
         (see not_ready()); in global mode pass partition "" and read locations as "partition\\0file group".
         """
-        state = self._states.get(partition)
-        if state is None:
-            raise PartitionNotReadyError(
-                f"partition {partition!r} is not loaded in cache {self.path}; load it (bootstrap or on-demand) first"
-            )
         store = self._require_store()
+        # Take the family view and its decoder together: a concurrent reload or reaper drop may replace or
+        # remove the family, but this lookup keeps reading the consistent one it started with.
+        with self._lock:
+            state = self._states.get(partition)
+            if state is None:
+                raise PartitionNotReadyError(
+                    f"partition {partition!r} is not loaded in cache {self.path}; load it (bootstrap or on-demand) "
+                    "first"
+                )
+            view = store.cf(state.cf)
+            decoder = self._decoders[state.cf]
+            cf_name = state.cf
         encoded = codec.encode_keys(keys)
         result: list[str | None] = [None] * len(encoded)
         todo = list(range(len(encoded)))
@@ -315,22 +322,21 @@ class RecordIndexCache:
         # 2. Committed entries, multi-get in key order (about twice as fast as input order).
         if todo:
             order = sorted(todo, key=encoded.__getitem__)
-            values = store.cf(state.cf)[[encoded[i] for i in order]]
-            decoder = self._decoders[state.cf]
+            values = view[[encoded[i] for i in order]]
             for i, raw in zip(order, values):
                 if raw is not None:
-                    result[i] = decoder.get(raw) or self._decode_slow(state.cf, raw)
+                    result[i] = decoder.get(raw) or self._decode_slow(cf_name, raw)
         hits = sum(1 for r in result if r is not None)
         state.last_access_ms = _now_ms()
         self.metrics.add(partition, lookups=len(encoded), hits=hits - pending_hits, pending_hits=pending_hits,
                          misses=len(encoded) - hits)
         return result
 
-    def touch(self, partition: str) -> None:
-        """Record an access (writes count as access for the TTL reaper)."""
+    def touch(self, partition: str, at_ms: int | None = None) -> None:
+        """Record an access (writes count as access for the TTL reaper); at_ms backdates it (tests, tools)."""
         state = self._states.get(partition)
         if state is not None:
-            state.last_access_ms = _now_ms()
+            state.last_access_ms = _now_ms() if at_ms is None else at_ms
 
     # ---- in-flight entries (overlay) -----------------------------------------------------------------------
     def put_pending(self, instant: str, partition: str, keys: Sequence[str] | pa.Array,
@@ -477,11 +483,13 @@ class RecordIndexCache:
 
     def items(self, partition: str) -> Iterable[tuple[str, str]]:
         """(key, location) of every committed entry of a ready partition, in encoded-key order (for verify)."""
-        state = self._states.get(partition)
-        if state is None:
-            raise PartitionNotReadyError(f"partition {partition!r} is not loaded in cache {self.path}")
-        decoder = self._decoders[state.cf]
-        for key, raw in self._require_store().cf(state.cf).items():
+        with self._lock:
+            state = self._states.get(partition)
+            if state is None:
+                raise PartitionNotReadyError(f"partition {partition!r} is not loaded in cache {self.path}")
+            decoder = self._decoders[state.cf]
+            view = self._require_store().cf(state.cf)
+        for key, raw in view.items():
             if key != LOCATIONS_KEY:
                 yield codec.decode_key(key), decoder.get(raw) or self._decode_slow(state.cf, raw)
 
@@ -505,7 +513,7 @@ class RecordIndexCache:
 
     def _decode_slow(self, cf: str, raw: bytes) -> str:
         index = codec.decode_index(raw)
-        locations = self._locations[cf]
+        locations = self._locations.get(cf, [])
         if index >= len(locations):
             raise CacheError(f"cache {self.path}: column family {cf!r} has location #{index} but its dictionary "
                              f"holds {len(locations)}; the cache is damaged, delete it to rebuild")

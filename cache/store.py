@@ -194,7 +194,14 @@ class Store:
     def disk_bytes(self, name: str | None = None) -> int:
         """SST bytes on disk of one column family, or of the whole directory."""
         if name is None:
-            return sum(f.stat().st_size for f in self.path.rglob("*") if f.is_file())
+            total = 0
+            for entry in os.scandir(self.path):
+                try:  # RocksDB deletes obsolete files concurrently (compaction, dropped families)
+                    if entry.is_file():
+                        total += entry.stat().st_size
+                except FileNotFoundError:
+                    continue
+            return total
         value = self.cf(name).property_int_value("rocksdb.total-sst-files-size")
         return int(value or 0)
 

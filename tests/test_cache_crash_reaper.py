@@ -97,7 +97,7 @@ def warm(tmp_path):
 
 
 def set_access(cache, partition: str, ms: int) -> None:
-    cache._states[partition].last_access_ms = ms
+    cache.touch(partition, at_ms=ms)
 
 
 def test_reaper_honours_ttl_and_never_drops_pending(warm):
@@ -154,3 +154,54 @@ def test_background_reaper_runs_and_stops(warm):
         while cache.is_ready(DAY1) and time.monotonic() < deadline:
             time.sleep(0.02)
     assert not cache.is_ready(DAY1) and seen and seen[0].dropped_ttl == [DAY1]
+
+
+def test_lookups_loads_and_the_reaper_share_one_cache_across_threads(warm):
+    """A tagging thread, a loader and the reaper at once: every answer is complete and right, nothing raises."""
+    import threading
+
+    from dbidx.errors import PartitionNotReadyError
+
+    table, cache = warm
+    expected = {p: truth(table, p, 0) for p in (DAY1, DAY2)}
+    probes = {p: list(expected[p])[::7] + ["absent"] for p in expected}
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    answers = [0]
+
+    def guarded(fn):
+        def run():
+            try:
+                while not stop.is_set():
+                    fn()
+            except BaseException as exc:  # noqa: BLE001 - the test reports any failure
+                errors.append(exc)
+        return threading.Thread(target=run)
+
+    def tagger():
+        for p in (DAY1, DAY2):
+            try:
+                got = cache.lookup(p, probes[p])
+            except PartitionNotReadyError:
+                load_from_snapshot(cache, table, p, table.timeline.latest_seq)
+                continue
+            assert got == [expected[p].get(k) for k in probes[p]]
+            answers[0] += 1
+
+    def loader():
+        load_from_snapshot(cache, table, DAY1, table.timeline.latest_seq)
+
+    def reaper():
+        set_access(cache, DAY2, 0)
+        reap(cache, ttl_hours=1)
+        time.sleep(0.01)
+
+    threads = [guarded(tagger), guarded(tagger), guarded(loader), guarded(reaper)]
+    for t in threads:
+        t.start()
+    time.sleep(2.0)
+    stop.set()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+    assert answers[0] > 20
