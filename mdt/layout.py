@@ -9,7 +9,7 @@ from urllib.parse import quote
 
 import xxhash
 
-from dbidx.errors import InvalidKeyError, InvalidPartitionError
+from dbidx.errors import InvalidInputError, InvalidKeyError, InvalidPartitionError
 
 META_DIR = ".dbidx"
 PROPERTIES_FILE = f"{META_DIR}/table.json"
@@ -63,7 +63,7 @@ def validate_key(key: object) -> str:
 def validate_instant(instant: object) -> str:
     """Return an instant id if it has the yyyyMMddHHmmssSSS form, else raise naming it."""
     if not isinstance(instant, str) or not _INSTANT_RE.match(instant):
-        raise InvalidKeyError(f"instant {instant!r} is not a 17-digit yyyyMMddHHmmssSSS id")
+        raise InvalidInputError(f"instant {instant!r} is not a 17-digit yyyyMMddHHmmssSSS id")
     return instant
 
 

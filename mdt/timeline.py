@@ -125,6 +125,9 @@ class Timeline:
             for name in names:
                 if not name.endswith(".json") or name.startswith("."):
                     continue
+                if not name[:-5].isdigit():
+                    raise CorruptFileError(f"unexpected file {self.io.path(layout.COMPLETED_DIR)}/{name} in the "
+                                           "completion log (names are <seq>.json); remove it")
                 seq = int(name[:-5])
                 if seq <= known:
                     continue

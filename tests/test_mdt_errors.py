@@ -100,3 +100,19 @@ def test_out_of_range_arguments(table):
         Table.create(table.uri + "-x", num_shards=0)
     with pytest.raises(DbidxError, match="not a completed instant"):
         table.snapshot("p", as_of="20990101000000000")
+
+
+def test_stray_file_in_the_completion_log_and_bad_instants_are_named(table):
+    from dbidx.errors import InvalidInputError
+
+    with table.new_commit() as w:
+        w.insert("p=1", ["a"], "fg")
+    stray = os.path.join(table.uri, ".dbidx", "timeline", "completed", "notes.json")
+    with open(stray, "w") as fh:
+        fh.write("{}")
+    with pytest.raises(CorruptFileError, match="notes.json"):
+        Table.open(table.uri).snapshot("p=1")
+    os.remove(stray)
+    for bad in ("2025", "2025010100000000x", 20250101000000000):
+        with pytest.raises(InvalidInputError, match="17-digit"):
+            table.snapshot("p=1", as_of=bad if isinstance(bad, str) else str(bad) + "0")
