@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench-mdt check-java clean
+.PHONY: demo test bench-mdt bench-cache check-java clean
 
 demo: check-java $(STAMP)
 	$(BIN)/dbidx demo
@@ -14,6 +14,9 @@ test: check-java $(STAMP)
 
 bench-mdt: $(STAMP)
 	$(BIN)/python benchmarks/mdt_bench.py
+
+bench-cache: $(STAMP)
+	$(BIN)/python benchmarks/cache_bench.py
 
 check-java:
 	@command -v java >/dev/null 2>&1 || { \
