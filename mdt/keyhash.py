@@ -48,6 +48,8 @@ def _fmix(h1: int, length: int) -> int:
 
 def spark_hash_one(key: str) -> int:
     """Spark's `hash(key)` for one string, as a signed int32 (the reference the vectorized path is tested against)."""
+    if not isinstance(key, str):
+        raise InvalidKeyError(f"a record key must be a string, got {type(key).__name__}: {key!r:.40}")
     data = key.encode("utf-8")
     aligned = len(data) - len(data) % 4
     h1 = SEED
@@ -61,10 +63,16 @@ def spark_hash_one(key: str) -> int:
 
 def _to_string_array(keys: Any) -> pa.Array:
     """Accept str lists, Arrow (large_)string arrays and chunked arrays; reject nulls."""
+    if isinstance(keys, (str, bytes)):
+        raise InvalidInputError(f"pass a list or array of record keys, not one {type(keys).__name__} ({keys!r:.40})")
     if isinstance(keys, pa.ChunkedArray):
         keys = keys.combine_chunks() if keys.num_chunks != 1 else keys.chunk(0)
     if not isinstance(keys, pa.Array):
-        keys = pa.array(list(keys), pa.string())
+        keys = list(keys)
+        bad = next((k for k in keys if k is not None and not isinstance(k, str)), None)
+        if bad is not None:
+            raise InvalidKeyError(f"record keys must be strings, got {type(bad).__name__}: {bad!r:.40}")
+        keys = pa.array(keys, pa.string())
     if not (pa.types.is_string(keys.type) or pa.types.is_large_string(keys.type)):
         raise InvalidKeyError(f"record keys must be strings, got Arrow type {keys.type}")
     if keys.null_count:
@@ -138,6 +146,6 @@ def shard_of(keys: Any, num_shards: int) -> np.ndarray:
 
 def shard_of_one(key: str, num_shards: int) -> int:
     """The shard of a single key."""
-    if num_shards < 1:
+    if not isinstance(num_shards, (int, np.integer)) or isinstance(num_shards, bool) or num_shards < 1:
         raise InvalidInputError(f"num_shards must be a positive integer, got {num_shards!r}")
     return spark_hash_one(key) % num_shards
