@@ -1,0 +1,98 @@
+"""Shared benchmark plumbing: the machine line, medians, markdown tables, and RESULTS.md sections.
+
+Each benchmark script owns one section of benchmarks/RESULTS.md, delimited by HTML comments, and rewrites only
+that section (`--write-results`), so the figures in the file always come from a run, never from typing.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+
+
+def machine() -> str:
+    """One line naming the machine and the versions that matter."""
+    import pyarrow
+    import rocksdict  # noqa: F401
+
+    mem_gb = 0.0
+    try:
+        with open("/proc/meminfo") as fh:
+            mem_gb = int(fh.readline().split()[1]) / (1 << 20)
+    except OSError:
+        pass
+    rd_version = _dist_version("rocksdict")
+    return (f"{os.cpu_count()} cores, {mem_gb:.0f} GB RAM, {platform.system()} {platform.machine()}; "
+            f"Python {platform.python_version()}, pyarrow {pyarrow.__version__}, rocksdict {rd_version}")
+
+
+def _dist_version(name: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "?"
+
+
+def command() -> str:
+    """The command line that produced the figures."""
+    return "python " + " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:])
+
+
+def median_time(fn: Callable[[], Any], repeats: int, setup: Callable[[], Any] | None = None) -> tuple[float, Any]:
+    """Median wall seconds of fn() over `repeats` runs (setup() runs untimed before each), and the last result."""
+    times, result = [], None
+    for _ in range(max(1, repeats)):
+        if setup is not None:
+            setup()
+        start = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), result
+
+
+def table(headers: list[str], rows: list[list[Any]]) -> str:
+    """A markdown table."""
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:,.3f}" if abs(v) < 100 else f"{v:,.0f}"
+        if isinstance(v, int):
+            return f"{v:,}"
+        return str(v)
+
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def dir_bytes(path: Path, pattern: str = "*") -> int:
+    """Total size of the files under a directory matching a glob pattern."""
+    return sum(f.stat().st_size for f in Path(path).rglob(pattern) if f.is_file())
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def write_section(name: str, body: str) -> None:
+    """Replace (or append) the section `name` of RESULTS.md with body."""
+    start, end = f"<!-- begin {name} -->", f"<!-- end {name} -->"
+    block = f"{start}\n{body.rstrip()}\n{end}"
+    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n\nEvery figure below is written by " \
+        "the benchmark script named in its section (`--write-results`); none is typed by hand.\n"
+    pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
+    text = pattern.sub(lambda _m: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
+    RESULTS.write_text(text)
