@@ -25,6 +25,7 @@ import pyarrow as pa
 from dbidx.cache import codec, registry
 from dbidx.cache.metrics import CacheMetrics
 from dbidx.cache.registry import CacheIdentity, PartitionState
+from dbidx.cache.sst_builder import LOCATIONS_KEY, PreparedLoad, build_sst
 from dbidx.cache.store import Store
 from dbidx.config import CacheConfig, default_base_path, prepare_dir
 from dbidx.errors import CacheError, InvalidInputError, PartitionNotReadyError
@@ -33,9 +34,7 @@ from dbidx.mdt.layout import partition_dir_name, validate_partition
 OVERLAY_CF = "_overlay"
 GLOBAL_PARTITION = ""  # global mode keeps the whole shard in one partition entry
 WATERMARK_KEY = b"watermark"
-# The location dictionary lives inside its own column family (so it is always flushed with the values that
-# reference it); no encoded record key starts with 0xFF.
-LOCATIONS_KEY = b"\xff"
+INFO_PREFIX = b"i:"
 
 
 def _now_ms() -> int:
@@ -204,66 +203,60 @@ class RecordIndexCache:
                        tmp_dir: Path | None = None) -> PartitionState:
         """Replace a partition's content with the given live entries (one shard's slice), then mark it ready.
 
-        Entries go through SST files ingested in one call into a fresh column family; only then does the
-        registry point at it, so no reader (and no restart after a crash) ever sees a partial partition.
+        Builds the SST in this thread (see sst_builder for building elsewhere) and installs it.
         """
         validate_partition(partition)
+        sst = (tmp_dir or self.scratch_dir) / f"load-{uuid.uuid4().hex[:12]}.sst"
+        try:
+            prepared = build_sst(partition, keys, locations, sst, self.config)
+        except BaseException:
+            sst.unlink(missing_ok=True)
+            raise
+        return self.install_partition(prepared, synced_seq)
+
+    def install_partition(self, prepared: PreparedLoad, synced_seq: int) -> PartitionState:
+        """Ingest a prepared SST into a fresh column family, then flip the registry to it in one write.
+
+        The family name is new for every load, so the registry can only ever point at a completely ingested
+        family: no reader (and no restart after a crash) sees a partial partition as ready.
+        """
+        partition = validate_partition(prepared.partition)
         started = time.perf_counter()
         store = self._require_store()
-        encoded = codec.encode_keys(keys)
-        locs = [str(x) for x in (locations.to_pylist() if hasattr(locations, "to_pylist") else locations)]
-        if len(locs) != len(encoded):
-            raise InvalidInputError(f"{len(encoded)} keys but {len(locs)} locations for partition {partition!r}")
-        # 1. Location dictionary and per-location fills of the new content.
-        dictionary: dict[str, int] = {}
-        fills: dict[str, int] = defaultdict(int)
-        values: list[bytes] = []
-        for loc in locs:
-            idx = dictionary.get(loc)
-            if idx is None:
-                idx = dictionary[loc] = len(dictionary)
-            values.append(codec.encode_index(idx))
-            fills[loc] += 1
-        # 2. Sorted SST in a fresh column family, ingested atomically.
+        # 1. A fresh column family holding the whole content after one ingest (data and location dictionary).
         cf = f"{partition_dir_name(partition)}~{uuid.uuid4().hex[:10]}"
         store.cf(cf, create=True)
-        if encoded:
-            sst = (tmp_dir or self.scratch_dir) / f"load-{cf.rsplit('~', 1)[1]}.sst"
-            writer = store.sst_writer()
-            writer.open(str(sst))
-            previous = None
-            for i in codec.sort_order(encoded):
-                key = encoded[i]
-                if key == previous:
-                    store.drop(cf)
-                    sst.unlink(missing_ok=True)
-                    raise InvalidInputError(f"key {codec.decode_key(key)!r} appears twice in the load of "
-                                            f"partition {partition!r}")
-                writer[key] = values[i]
-                previous = key
-            writer.finish()
-            store.ingest(cf, [str(sst)])
-            sst.unlink(missing_ok=True)
-        # 3. Flip the registry to the new family, then drop the old one.
+        try:
+            if prepared.sst_path is not None:
+                store.ingest(cf, [prepared.sst_path])
+        except BaseException:
+            store.drop(cf)
+            raise
+        finally:
+            if prepared.sst_path is not None:
+                Path(prepared.sst_path).unlink(missing_ok=True)
+        # 2. Flip the registry to the new family, then drop the old one.
+        now = _now_ms()
         state = PartitionState(partition=partition, cf=cf, state=registry.READY, loaded_seq=synced_seq,
-                               synced_seq=synced_seq, entries=len(encoded), last_access_ms=_now_ms(),
-                               loaded_at_ms=_now_ms(), fills=dict(fills))
+                               synced_seq=synced_seq, entries=prepared.entries, last_access_ms=now,
+                               loaded_at_ms=now, fills=dict(prepared.fills))
         with self._lock:
             old = self._states.get(partition)
             batch = store.batch()
-            batch.put(LOCATIONS_KEY, registry.pack(list(dictionary)), store.handle(cf))
+            if prepared.sst_path is None:
+                batch.put(LOCATIONS_KEY, registry.pack([]), store.handle(cf))
             batch.put(registry.partition_key(partition), registry.pack(state))
             store.write(batch)
             self._states[partition] = state
-            self._set_locations(cf, list(dictionary))
+            self._set_locations(cf, list(prepared.locations))
             # The flip must be durable before the old family goes, or a crash could leave the registry
             # pointing at a dropped family (harmless, the partition is just reloaded, but a needless reload).
             store.flush()
             if old is not None:
                 self._forget_family(old.cf)
-        elapsed = time.perf_counter() - started
+        elapsed = time.perf_counter() - started + prepared.seconds
         self.metrics.add(partition, loads=1, load_seconds=elapsed)
-        self.metrics.add(loaded_entries=len(encoded))
+        self.metrics.add(loaded_entries=prepared.entries)
         return state
 
     def drop_partition(self, partition: str) -> bool:
@@ -471,6 +464,16 @@ class RecordIndexCache:
             for state in self._states.values():
                 batch.put(registry.partition_key(state.partition), registry.pack(state))
             self._require_store().write(batch)
+
+    def set_info(self, name: str, value: dict[str, Any]) -> None:
+        """Store a small named record in the registry (e.g. the last bootstrap's window and instant)."""
+        with self._lock:
+            self._db()[INFO_PREFIX + name.encode("utf-8")] = registry.pack(value)
+
+    def info(self, name: str) -> dict[str, Any] | None:
+        """A named registry record written by set_info (None if never written)."""
+        raw = self._db().get(INFO_PREFIX + name.encode("utf-8"))
+        return None if raw is None else msgpack.unpackb(raw, raw=False)
 
     # ---- sizes and iteration -------------------------------------------------------------------------------
     def disk_bytes(self, partition: str | None = None) -> int:

@@ -4,7 +4,8 @@ Keys (msgpack values):
   b"meta"            cache identity: table id, num_shards, shard, index mode, format (a dir never serves another table)
   b"session"         b"open" while a process uses the cache, b"closed" after a clean close (crash detection)
   b"p:" + partition  PartitionState of one data partition (global mode: the single partition "")
-Each partition column family also holds its location dictionary (see record_cache.LOCATIONS_KEY).
+  b"i:" + name       small named records (e.g. "bootstrap": the last time-bounded load's window and instant)
+Each partition column family also holds its location dictionary (see sst_builder.LOCATIONS_KEY).
 """
 from __future__ import annotations
 

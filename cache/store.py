@@ -29,7 +29,7 @@ _COMPRESSION = {
 }
 
 
-def _options(config: CacheConfig, block_cache: rd.Cache | None) -> rd.Options:
+def column_family_options(config: CacheConfig, block_cache: rd.Cache | None) -> rd.Options:
     """rocksdict options for the DB and every column family (they must agree, incl. raw_mode)."""
     opts = rd.Options(raw_mode=True)
     opts.create_if_missing(True)
@@ -64,7 +64,7 @@ class Store:
         self.config = config
         self._lock_fd: int | None = None
         self._cache = rd.Cache(config.block_cache_mb << 20) if config.block_cache_mb else None
-        self.options = _options(config, self._cache)
+        self.options = column_family_options(config, self._cache)
         self._cfs: dict[str, rd.Rdict] = {}
         self._handles: dict[str, Any] = {}
         self.db: rd.Rdict | None = None
