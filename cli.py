@@ -15,7 +15,7 @@ from typing import Any, Callable, TypeVar
 import click
 
 from dbidx import __version__
-from dbidx.errors import DbidxError
+from dbidx.errors import DbidxError, InvalidInputError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -219,6 +219,44 @@ def reap_cmd(cache_dir: str, ttl_hours: float | None, max_disk_mb: int | None, d
         f"{r['bytes_after']} bytes), kept {len(r['kept_pending'])} with pending entries" for r in p["caches"]))
 
 
+@main.command("bootstrap")
+@click.option("--table", "uri", required=True, help="Base URI of the dbidx table.")
+@click.option("--days", type=int, default=None, help="Load the partitions of the last DAYS days [config: 7].")
+@click.option("--shard", "shards", type=int, multiple=True, help="Bootstrap this shard (repeatable).")
+@click.option("--num-shards", type=int, default=None, help="Expected shard count of the table (checked).")
+@click.option("--all-shards", is_flag=True, help="Bootstrap every shard (the default without --shard).")
+@click.option("--cache-dir", default=None, help="Base path of the caches [config base.path, else SPARK_LOCAL_DIRS "
+              "or the user cache dir].")
+@click.option("--partition-pattern", default=None, help="Date pattern of partition paths, strftime-like "
+              "(ds=%Y%m%d) or 're:' + regex with named groups year, month, day[, hour].")
+@click.option("--now", default=None, help="Treat this ISO date (or date-time, UTC) as today [the clock].")
+@click.option("--parallelism", type=click.Choice(["auto", "threads", "processes", "serial"]), default="auto",
+              show_default=True, help="How partitions are built in parallel.")
+@json_option
+@catch_exception
+def bootstrap_cmd(uri: str, days: int | None, shards: tuple[int, ...], num_shards: int | None, all_shards: bool,
+                  cache_dir: str | None, partition_pattern: str | None, now: str | None, parallelism: str,
+                  as_json: bool) -> None:
+    """Load the last DAYS days of partitions (global index: the shard's whole slice) into local shard caches."""
+    from dbidx.bootstrap.time_bounded import bootstrap, resolve_shards
+    from dbidx.mdt.table import Table
+
+    if all_shards and shards:
+        raise InvalidInputError("use either --shard or --all-shards, not both")
+    table = Table.open(uri)
+    chosen = resolve_shards(table, list(shards) or None, num_shards)
+    with _progress("bootstrap", quiet=as_json) as progress:
+        result = bootstrap(table, days, chosen, now, _cli_cache_config(), cache_dir, partition_pattern,
+                           parallelism, progress=progress)
+    Output(as_json).emit(result.to_dict(), lambda p: (
+        f"bootstrapped {len(p['shards'])} shard(s) of {p['table']}: window {p['selection']['first_day']} .. "
+        f"{p['selection']['now'][:10]} ({p['days']} days), {p['partitions_loaded']} partition slices loaded, "
+        f"{p['entries']:,} entries, {p['disk_bytes']:,} bytes on disk, {p['seconds']:.2f} s, "
+        f"{p['entries_per_second']:,} entries/s ({p['parallelism']}); "
+        f"{sum(len(s['already_ready']) for s in p['shards'])} already ready (caught up "
+        f"{sum(s['caught_up_entries'] for s in p['shards']):,} entries)"))
+
+
 @main.command("sync")
 @click.option("--table", "uri", required=True, help="Base URI of the dbidx table.")
 @click.option("--cache-dir", required=True, help="A shard cache dir or a base path holding several.")
@@ -342,16 +380,21 @@ def demo_cmd(workdir: str, keys_per_day: int, days: int, as_json: bool) -> None:
 
 
 class _progress:
-    """A click progress bar on a terminal; nothing when output is JSON or not a TTY."""
+    """A click progress bar on a terminal; one log line per step on stderr when not a TTY; nothing with --json."""
 
     def __init__(self, label: str, quiet: bool) -> None:
-        self.label, self.quiet, self.bar = label, quiet or not sys.stderr.isatty(), None
+        self.label, self.quiet, self.bar = label, quiet, None
+        self.tty = sys.stderr.isatty()
 
-    def __enter__(self) -> Callable[[int, int], None] | None:
+    def __enter__(self) -> Callable[..., None] | None:
         if self.quiet:
             return None
 
-        def update(done: int, total: int) -> None:
+        def update(done: int, total: int, step: str | None = None) -> None:
+            if not self.tty:
+                if step is not None:
+                    click.echo(f"{self.label}: {step} ({done:,}/{total:,})", err=True)
+                return
             if self.bar is None:
                 self.bar = click.progressbar(length=total, label=self.label, file=sys.stderr).__enter__()
             self.bar.update(done - self.bar.pos)

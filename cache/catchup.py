@@ -60,18 +60,31 @@ def check_table(cache: RecordIndexCache, table: Table) -> None:
                                  f"{ident.index_mode}), not {table.uri} ({table.props.table_id})")
 
 
-def load_from_snapshot(cache: RecordIndexCache, table: Table, partition: str, as_of_seq: int) -> int:
-    """(Re)load one partition of the cache's shard from the MDT snapshot at a completion seq; returns entries."""
-    shard = cache.identity.shard
-    if cache.global_mode:
+def snapshot_entries(table: Table, shard: int, partition: str, as_of_seq: int,
+                     global_mode: bool) -> tuple[pa.Array, pa.Array]:
+    """(keys, cache locations) of one shard's slice of a partition (global mode: of the whole index) at a seq.
+
+    Reads only that shard's file group(s), never the whole partition. Picklable inputs: loaders call it in worker
+    processes too.
+    """
+    if global_mode:
         snap = table.snapshot(None, shard=shard, as_of=as_of_seq)
-        locations = [global_location(p, fg) for p, fg in zip(snap.column(PARTITION).to_pylist(),
-                                                              snap.column(FILE_GROUP).to_pylist())]
+        locations = pc.binary_join_element_wise(snap.column(PARTITION), snap.column(FILE_GROUP), "\x00")
     else:
         snap = table.snapshot(partition, shard=shard, as_of=as_of_seq)
-        locations = snap.column(FILE_GROUP).to_pylist()
-    cache.load_partition(partition, snap.column(KEY), locations, synced_seq=as_of_seq)
-    return snap.num_rows
+        locations = snap.column(FILE_GROUP)
+    return _single_chunk(snap.column(KEY)), _single_chunk(locations)
+
+
+def _single_chunk(column: pa.ChunkedArray | pa.Array) -> pa.Array:
+    return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+
+
+def load_from_snapshot(cache: RecordIndexCache, table: Table, partition: str, as_of_seq: int) -> int:
+    """(Re)load one partition of the cache's shard from the MDT snapshot at a completion seq; returns entries."""
+    keys, locations = snapshot_entries(table, cache.identity.shard, partition, as_of_seq, cache.global_mode)
+    cache.load_partition(partition, keys, locations, synced_seq=as_of_seq)
+    return len(keys)
 
 
 def sync(cache: RecordIndexCache, table: Table, max_catchup_entries: int | None = None) -> CatchUpResult:

@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from dbidx.errors import InvalidKeyError
+
 TAG_RAW = 0x00
 TAG_UUID = 0x01
 TAG_DIGITS = 0x20
@@ -56,9 +58,21 @@ def _matrix(data: np.ndarray, starts: np.ndarray, width: int) -> np.ndarray:
 
 def encode_keys(keys: Any) -> list[bytes]:
     """Encode record keys (Arrow string array or list of str) to their cache byte form, in input order."""
+    return encode_keys_binary(keys).to_pylist()
+
+
+def encode_keys_binary(keys: Any) -> pa.Array:
+    """Encode record keys to an Arrow binary array, fully vectorised (no Python work per key).
+
+    Each key's encoded width is known from its class (UUID 17, digits 11, raw 1 + length), so the output buffer is
+    laid out first (offsets = cumulative widths) and each class's bytes are scattered into it with numpy.
+    """
     array, starts, lengths, data = _string_parts(keys)
     n = len(array)
-    out: list[bytes | None] = [None] * n
+    if array.null_count:
+        raise InvalidKeyError(f"{array.null_count} record key(s) are null")
+    widths = lengths + 1  # raw: tag + UTF-8 bytes, unless a compact class applies below
+    bodies: list[tuple[np.ndarray, np.ndarray]] = []
     done = np.zeros(n, dtype=bool)
     # 1. Canonical UUIDs.
     cand = np.nonzero(lengths == 36)[0]
@@ -73,8 +87,9 @@ def encode_keys(keys: Any) -> list[bytes]:
             body = np.empty((len(rows), 17), dtype=np.uint8)
             body[:, 0] = TAG_UUID
             body[:, 1:] = (nib[:, 0::2] << 4) | nib[:, 1::2]
-            _scatter(out, rows, body)
+            bodies.append((rows, body))
             done[rows] = True
+            widths[rows] = 17
     # 2. Decimal digit strings of length 1..20 (one pass per length present).
     for length in np.unique(lengths[(lengths >= 1) & (lengths <= 20) & ~done]):
         cand = np.nonzero((lengths == length) & ~done)[0]
@@ -91,22 +106,29 @@ def encode_keys(keys: Any) -> list[bytes]:
         for j in range(5):
             body[:, 1 + j] = (hi >> np.uint64(8 * (4 - j))) & np.uint64(0xFF)
             body[:, 6 + j] = (lo >> np.uint64(8 * (4 - j))) & np.uint64(0xFF)
-        _scatter(out, rows, body)
+        bodies.append((rows, body))
         done[rows] = True
-    # 3. Everything else: raw UTF-8.
-    raw = data.tobytes()
-    for i in np.nonzero(~done)[0].tolist():
-        s = int(starts[i])
-        out[i] = b"\x00" + raw[s:s + int(lengths[i])]
-    return out  # type: ignore[return-value]
-
-
-def _scatter(out: list[bytes | None], rows: np.ndarray, body: np.ndarray) -> None:
-    """Split a fixed-width byte matrix into per-row bytes objects placed at `rows`."""
-    width = body.shape[1]
-    flat = np.ascontiguousarray(body).tobytes()
-    for j, i in enumerate(rows.tolist()):
-        out[i] = flat[j * width:(j + 1) * width]
+        widths[rows] = 11
+    # 3. Lay out the output buffer, then place each class's bytes.
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(widths, out=offsets[1:])
+    out = np.empty(int(offsets[-1]), dtype=np.uint8)
+    for rows, body in bodies:
+        out[offsets[rows][:, None] + np.arange(body.shape[1])] = body
+    raw_rows = np.nonzero(~done)[0]
+    if len(raw_rows):
+        out[offsets[raw_rows]] = TAG_RAW
+        raw_len = lengths[raw_rows]
+        total = int(raw_len.sum())
+        if total:
+            # For every raw byte: its offset within its key, then source (data) and target (out) positions.
+            within = np.arange(total) - np.repeat(np.cumsum(raw_len) - raw_len, raw_len)
+            target = np.repeat(offsets[raw_rows] + 1, raw_len) + within
+            out[target] = data[np.repeat(starts[raw_rows], raw_len) + within]
+    if offsets[-1] < 2**31:
+        return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets.astype(np.int32)),
+                                                      pa.py_buffer(out)])
+    return pa.Array.from_buffers(pa.large_binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(out)])
 
 
 def decode_key(encoded: bytes) -> str:

@@ -15,6 +15,8 @@ class PartitionCounters:
     misses: int = 0
     loads: int = 0
     load_seconds: float = 0.0
+    on_demand_loads: int = 0
+    stall_seconds: float = 0.0
     catchup_entries: int = 0
 
 
@@ -29,6 +31,8 @@ class CacheMetrics:
     loads: int = 0
     loaded_entries: int = 0
     load_seconds: float = 0.0
+    on_demand_loads: int = 0
+    stall_seconds: float = 0.0  # wall time tagging waited for on-demand loads
     catchup_entries: int = 0
     reloads: int = 0
     syncs: int = 0

@@ -59,6 +59,8 @@ class RecordIndexCache:
         self._encoders: dict[str, dict[str, bytes]] = {}
         self._pending: dict[str, dict[str, int]] = defaultdict(dict)  # partition -> instant -> entries
         self._lock = threading.RLock()
+        # Helpers of upper layers bound to this open cache (e.g. the on-demand loader); closed and dropped on close.
+        self.attachments: dict[str, Any] = {}
 
     # ---- construction --------------------------------------------------------------------------------------
     @staticmethod
@@ -159,6 +161,10 @@ class RecordIndexCache:
         """Persist counters and last-access times, mark the session closed and release the directory."""
         if self.store is None:
             return
+        for helper in list(self.attachments.values()):
+            if hasattr(helper, "close"):
+                helper.close()
+        self.attachments.clear()
         with self._lock:
             batch = self.store.batch()
             for state in self._states.values():
@@ -243,16 +249,15 @@ class RecordIndexCache:
         with self._lock:
             old = self._states.get(partition)
             batch = store.batch()
-            if prepared.sst_path is None:
-                batch.put(LOCATIONS_KEY, registry.pack([]), store.handle(cf))
             batch.put(registry.partition_key(partition), registry.pack(state))
             store.write(batch)
             self._states[partition] = state
             self._set_locations(cf, list(prepared.locations))
-            # The flip must be durable before the old family goes, or a crash could leave the registry
-            # pointing at a dropped family (harmless, the partition is just reloaded, but a needless reload).
-            store.flush()
             if old is not None:
+                # The flip must be durable before the old family goes, or a crash could leave the registry
+                # pointing at a dropped family. A first load needs no flush: if the flip is lost in a crash, the
+                # partition is simply not ready after the restart (its orphaned family is dropped on open).
+                store.flush()
                 self._forget_family(old.cf)
         elapsed = time.perf_counter() - started + prepared.seconds
         self.metrics.add(partition, loads=1, load_seconds=elapsed)

@@ -70,8 +70,7 @@ def build_sst(partition: str, keys: Any, locations: Any, sst_path: str | Path, c
     fills = {loc: int(n) for loc, n in zip(dictionary, counts) if n}
     value_of = [codec.encode_index(i) for i in range(len(dictionary))]
     # 2. Encode the keys and sort them bytewise (Arrow compares binary values with memcmp, like RocksDB).
-    encoded = codec.encode_keys(key_array)
-    binary = pa.array(encoded, pa.binary())
+    binary = codec.encode_keys_binary(key_array)
     order = pc.sort_indices(binary).to_numpy()
     ordered = binary.take(order)
     # 3. A key twice in one load would silently keep one location: refuse it, naming the key.
@@ -88,7 +87,7 @@ def build_sst(partition: str, keys: Any, locations: Any, sst_path: str | Path, c
         writer[key] = value_of[idx]
     writer[LOCATIONS_KEY] = registry.pack(dictionary)
     writer.finish()
-    return PreparedLoad(partition, str(sst_path), dictionary, fills, len(encoded), time.perf_counter() - started)
+    return PreparedLoad(partition, str(sst_path), dictionary, fills, len(binary), time.perf_counter() - started)
 
 
 _OPTIONS: dict[CacheConfig, rd.Options] = {}

@@ -1,0 +1,130 @@
+"""On-demand loading (F22): every cold partition of a batch is loaded concurrently before tagging starts.
+
+RFC-107 loads a cold partition synchronously when the first record for it arrives, so a batch touching five old
+partitions stalls five times in a row (its review comment on stalls). Here the tagger hands over the batch's
+partitions once; all the cold ones load at the same time, and the batch waits once, for the slowest. Concurrent
+callers (threads tagging other batches of the same shard) that need a partition already being loaded wait for
+that load instead of starting a second one (single flight). Stalls are counted in the cache's metrics.
+"""
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from dbidx.bootstrap.loader import prepare_slice
+from dbidx.cache.record_cache import RecordIndexCache
+from dbidx.mdt.table import Table
+
+ATTACHMENT = "on_demand_loader"
+_loaders_lock = threading.Lock()
+
+
+@dataclass
+class OnDemandReport:
+    """What one ensure_loaded() call did and how long the caller waited."""
+
+    loaded: list[str] = field(default_factory=list)  # loads this call started
+    joined: list[str] = field(default_factory=list)  # loads another caller had started
+    entries: int = 0
+    stall_seconds: float = 0.0
+    load_seconds: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly form."""
+        return dict(vars(self))
+
+
+class OnDemandLoader:
+    """Loads cold partitions of one open shard cache from the MDT, concurrently and at most once at a time."""
+
+    def __init__(self, cache: RecordIndexCache, table: Table, workers: int = 8,
+                 on_build_start: Callable[[str], None] | None = None) -> None:
+        """on_build_start(partition) is called in the loading thread before the read: an instrumentation hook."""
+        self.cache = cache
+        self.table = table
+        self.on_build_start = on_build_start
+        self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="dbidx-on-demand")
+        self._inflight: dict[str, Future] = {}
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        """Stop the loading threads (waits for running loads)."""
+        self._pool.shutdown(wait=True)
+
+    def ensure_loaded(self, partitions: Iterable[str]) -> OnDemandReport:
+        """Return once every given partition is ready; loads the cold ones concurrently. Raises a load's error."""
+        started = time.perf_counter()
+        report = OnDemandReport()
+        wanted = self.cache.not_ready(partitions)
+        if not wanted:
+            return report
+        # 1. Start a load for each cold partition nobody is loading yet; join the ones in flight.
+        self.table.refresh()
+        seq = self.table.timeline.latest_seq
+        futures: dict[str, Future] = {}
+        with self._lock:
+            for partition in wanted:
+                if self.cache.is_ready(partition):
+                    continue
+                future = self._inflight.get(partition)
+                if future is None:
+                    future = self._inflight[partition] = self._pool.submit(self._load, partition, seq)
+                    report.loaded.append(partition)
+                else:
+                    report.joined.append(partition)
+                futures[partition] = future
+        # 2. Wait once for all of them; the batch stalls for the slowest load, not for their sum.
+        wait(list(futures.values()))
+        errors = []
+        for partition, future in futures.items():
+            exc = future.exception()
+            if exc is not None:
+                errors.append(exc)
+            elif partition in report.loaded:
+                entries, seconds = future.result()
+                report.entries += entries
+                report.load_seconds[partition] = seconds
+        report.stall_seconds = time.perf_counter() - started
+        self.cache.metrics.add(on_demand_loads=len(report.loaded), stall_seconds=report.stall_seconds)
+        if errors:
+            raise errors[0]
+        return report
+
+    def _load(self, partition: str, seq: int) -> tuple[int, float]:
+        """Build and install one partition (in a loader thread); always leaves the in-flight map."""
+        started = time.perf_counter()
+        sst = Path(self.cache.scratch_dir) / f"ondemand-{uuid.uuid4().hex[:12]}.sst"
+        try:
+            if self.on_build_start is not None:
+                self.on_build_start(partition)
+            prepared = prepare_slice(self.table, self.cache.identity.shard, partition, seq, self.cache.global_mode,
+                                     str(sst), self.cache.config)
+            self.cache.install_partition(prepared, seq)
+            seconds = time.perf_counter() - started
+            self.cache.metrics.add(partition, on_demand_loads=1, stall_seconds=seconds)
+            return prepared.entries, seconds
+        except BaseException:
+            sst.unlink(missing_ok=True)
+            raise
+        finally:
+            with self._lock:
+                self._inflight.pop(partition, None)
+
+
+def loader_for(cache: RecordIndexCache, table: Table) -> OnDemandLoader:
+    """The on-demand loader shared by every caller of one open cache (so single flight spans them all)."""
+    with _loaders_lock:
+        loader = cache.attachments.get(ATTACHMENT)
+        if loader is None or loader.table.props.table_id != table.props.table_id:
+            loader = cache.attachments[ATTACHMENT] = OnDemandLoader(cache, table)
+        return loader
+
+
+def ensure_loaded(cache: RecordIndexCache, table: Table, partitions: Iterable[str]) -> OnDemandReport:
+    """Load every not-ready partition of a batch concurrently; returns when all are ready."""
+    return loader_for(cache, table).ensure_loaded(partitions)
