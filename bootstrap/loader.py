@@ -85,13 +85,20 @@ class PartitionLoader:
     """Loads many slices at once: builds in a pool, installs in the calling thread as builds finish."""
 
     def __init__(self, table: Table, parallelism: str = "auto", workers: int | None = None,
-                 progress: ProgressCallback | None = None) -> None:
+                 progress: ProgressCallback | None = None, flush_interval_s: float = 1.0) -> None:
+        """flush_interval_s: how often installed partitions are made durable (a flush per partition costs a tiny
+        registry SST each; a crash loses at most this much loading progress, never correctness)."""
         choose_parallelism(parallelism, 0, 0)  # validate early
         self.table = table
         self.parallelism = parallelism
         self.workers = workers
         self.progress = progress
         self.used: str = ""
+        self._expected = self._done = 0
+        self._outcomes: list[LoadOutcome] = []
+        self._error: BaseException | None = None
+        self.flush_interval_s = flush_interval_s
+        self._flushed_at: dict[int, float] = {}
 
     def load(self, jobs: list[LoadJob]) -> list[LoadOutcome]:
         """Load every job; each partition becomes ready as soon as its own SST is ingested.
@@ -101,62 +108,71 @@ class PartitionLoader:
         """
         if not jobs:
             return []
-        expected = sum(j.expected_entries for j in jobs)
-        self.used = mode = choose_parallelism(self.parallelism, expected, len(jobs))
-        workers = self.workers or min(len(jobs), max(2, os.cpu_count() or 2) if mode == "processes" else 8)
-        outcomes: list[LoadOutcome] = []
-        done_entries = 0
-        first_error: BaseException | None = None
-        if mode == "serial":
-            pool: Executor | None = None
-        elif mode == "threads":
-            pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dbidx-load")
-        else:
-            pool = ProcessPoolExecutor(max_workers=min(workers, len(jobs)),
-                                       mp_context=multiprocessing.get_context("spawn"))
-        try:
-            futures: dict[Future, tuple[LoadJob, str]] = {}
+        self._expected = sum(j.expected_entries for j in jobs)
+        self._done, self._outcomes, self._error = 0, [], None
+        self.used = mode = choose_parallelism(self.parallelism, self._expected, len(jobs))
+        if mode == "serial":  # build and install one slice at a time, in order
             for job in jobs:
-                sst = str(job.cache.scratch_dir / f"load-{uuid.uuid4().hex[:12]}.sst")
-                args = (self.table, job.cache.identity.shard, job.partition, job.seq, job.cache.global_mode, sst,
-                        job.cache.config)
-                if pool is None:
-                    future: Future = Future()
-                    try:
-                        future.set_result(_timed_prepare(*args))
-                    except BaseException as exc:  # noqa: BLE001 - reported below like a pool failure
-                        future.set_exception(exc)
-                else:
-                    future = pool.submit(_timed_prepare, *args)
-                futures[future] = (job, sst)
-            for future in as_completed(futures):
-                job, sst = futures[future]
+                sst = self._sst_path(job)
+                future: Future = Future()
                 try:
-                    prepared, started = future.result()
-                    job.cache.install_partition(prepared, job.seq)
-                except BrokenProcessPool as exc:
-                    Path(sst).unlink(missing_ok=True)
-                    first_error = first_error or CacheError(
-                        f"a bootstrap worker process died while building partition {job.partition!r} of shard "
-                        f"{job.cache.identity.shard} (out of memory? or a script that starts a load without an "
-                        "`if __name__ == '__main__':` guard, which spawned workers re-run); parallelism='threads' "
-                        "avoids worker processes")
-                    first_error.__cause__ = None
-                    continue
-                except BaseException as exc:  # noqa: BLE001
-                    Path(sst).unlink(missing_ok=True)
-                    first_error = first_error or exc
-                    continue
-                outcomes.append(LoadOutcome(job.cache.identity.shard, job.partition, prepared.entries,
-                                            prepared.seconds, started, time.monotonic()))
-                done_entries += prepared.entries
-                if self.progress is not None:
-                    self.progress(done_entries, max(expected, done_entries),
-                                  f"shard {job.cache.identity.shard} {job.partition or '(global)'}")
-        finally:
-            if pool is not None:
-                pool.shutdown(wait=True, cancel_futures=first_error is not None)
-        if first_error is not None:
-            raise first_error
-        return outcomes
+                    future.set_result(_timed_prepare(*self._args(job, sst)))
+                except BaseException as exc:  # noqa: BLE001 - handled like a pool failure
+                    future.set_exception(exc)
+                self._install(future, job, sst)
+        else:
+            workers = self.workers or min(len(jobs), max(2, os.cpu_count() or 2) if mode == "processes" else 8)
+            pool: Executor = (ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dbidx-load")
+                              if mode == "threads" else
+                              ProcessPoolExecutor(max_workers=min(workers, len(jobs)),
+                                                  mp_context=multiprocessing.get_context("spawn")))
+            try:
+                futures: dict[Future, tuple[LoadJob, str]] = {}
+                for job in jobs:
+                    sst = self._sst_path(job)
+                    futures[pool.submit(_timed_prepare, *self._args(job, sst))] = (job, sst)
+                for future in as_completed(futures):
+                    self._install(future, *futures[future])
+            finally:
+                pool.shutdown(wait=True, cancel_futures=self._error is not None)
+        for cache in {id(j.cache): j.cache for j in jobs}.values():
+            cache.flush()
+        if self._error is not None:
+            raise self._error
+        return self._outcomes
 
+    def _args(self, job: LoadJob, sst: str) -> tuple:
+        return (self.table, job.cache.identity.shard, job.partition, job.seq, job.cache.global_mode, sst,
+                job.cache.config)
+
+    @staticmethod
+    def _sst_path(job: LoadJob) -> str:
+        return str(job.cache.scratch_dir / f"load-{uuid.uuid4().hex[:12]}.sst")
+
+    def _install(self, future: Future, job: LoadJob, sst: str) -> None:
+        """Ingest one finished build into its cache and report progress; remember the first error."""
+        try:
+            prepared, started = future.result()
+            job.cache.install_partition(prepared, job.seq, durable=False)
+            now = time.monotonic()
+            if now - self._flushed_at.setdefault(id(job.cache), now) >= self.flush_interval_s:
+                job.cache.flush()
+                self._flushed_at[id(job.cache)] = now
+        except BrokenProcessPool:
+            Path(sst).unlink(missing_ok=True)
+            self._error = self._error or CacheError(
+                f"a bootstrap worker process died while building partition {job.partition!r} of shard "
+                f"{job.cache.identity.shard} (out of memory? or a script that starts a load without an "
+                "`if __name__ == '__main__':` guard, which spawned workers re-run); parallelism='threads' avoids "
+                "worker processes")
+            return
+        except BaseException as exc:  # noqa: BLE001 - the other slices still finish; the first error is raised
+            Path(sst).unlink(missing_ok=True)
+            self._error = self._error or exc
+            return
+        self._outcomes.append(LoadOutcome(job.cache.identity.shard, job.partition, prepared.entries,
+                                          prepared.seconds, started, time.monotonic()))
+        self._done += prepared.entries
+        if self.progress is not None:
+            self.progress(self._done, max(self._expected, self._done),
+                          f"shard {job.cache.identity.shard} {job.partition or '(global)'}")

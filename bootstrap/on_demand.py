@@ -106,7 +106,7 @@ class OnDemandLoader:
                                      str(sst), self.cache.config)
             self.cache.install_partition(prepared, seq)
             seconds = time.perf_counter() - started
-            self.cache.metrics.add(partition, on_demand_loads=1, stall_seconds=seconds)
+            self.cache.metrics.add_to_partition(partition, on_demand_loads=1, stall_seconds=seconds)
             return prepared.entries, seconds
         except BaseException:
             sst.unlink(missing_ok=True)

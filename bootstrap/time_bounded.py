@@ -17,7 +17,8 @@ from dbidx.bootstrap.selection import Selection, select_partitions
 from dbidx.cache import catchup
 from dbidx.cache.record_cache import GLOBAL_PARTITION, RecordIndexCache
 from dbidx.config import CacheConfig
-from dbidx.errors import InvalidInputError
+from dbidx.cache.inspect import is_cache_dir
+from dbidx.errors import CacheMismatchError, InvalidInputError
 from dbidx.mdt.table import Table
 
 INFO_NAME = "bootstrap"
@@ -107,7 +108,8 @@ def plan_jobs(cache: RecordIndexCache, table: Table, selection: Selection, seq: 
 
 def bootstrap_caches(caches: Sequence[RecordIndexCache], table: Table, days: int | None = None,
                      now: Any = None, pattern: str | None = None, parallelism: str = "auto",
-                     workers: int | None = None, progress: ProgressCallback | None = None) -> BootstrapResult:
+                     workers: int | None = None, progress: ProgressCallback | None = None,
+                     flush_interval_s: float = 1.0) -> BootstrapResult:
     """Bootstrap open shard caches of one table: catch up what they hold, load the window's missing partitions."""
     started = time.perf_counter()
     if not caches:
@@ -126,7 +128,7 @@ def bootstrap_caches(caches: Sequence[RecordIndexCache], table: Table, days: int
         jobs += shard_jobs
         results.append(ShardBootstrap(cache.identity.shard, str(cache.path), already_ready=ready))
     # 3. Load all missing (shard, partition) slices in one parallel pass.
-    loader = PartitionLoader(table, parallelism, workers, progress)
+    loader = PartitionLoader(table, parallelism, workers, progress, flush_interval_s)
     by_shard = {r.shard: r for r in results}
     for outcome in loader.load(jobs):
         by_shard[outcome.shard].loaded.append(outcome.partition)
@@ -145,21 +147,38 @@ def bootstrap_caches(caches: Sequence[RecordIndexCache], table: Table, days: int
                            time.perf_counter() - started)
 
 
+def check_base_path(base: Path, table: Table) -> None:
+    """Refuse a --cache-dir that is a shard's or a table's cache directory instead of a base path.
+
+    Caches live at <base>/<table id>/shard-NNNNN-of-NNNNN; handing a deeper directory would silently nest a second
+    set of caches inside it (and, for another table's directory, mix two tables' caches).
+    """
+    if is_cache_dir(base):
+        raise CacheMismatchError(f"{base} is the cache directory of one shard (table {base.parent.name}); pass the "
+                                 f"base path that holds <table id>/shard-* directories, e.g. {base.parent.parent}")
+    if any(is_cache_dir(p) for p in base.glob("shard-*")):
+        owner = "this table" if base.name == table.props.table_id else f"table {base.name}, not {table.uri}"
+        raise CacheMismatchError(f"{base} holds the shard caches of {owner}; pass its parent {base.parent} as the "
+                                 "base path")
+
+
 def bootstrap(table: Table, days: int | None = None, shards: Sequence[int] | None = None,
               now: Any = None, config: CacheConfig | None = None, base_path: str | Path | None = None,
               pattern: str | None = None, parallelism: str = "auto", workers: int | None = None,
-              progress: ProgressCallback | None = None) -> BootstrapResult:
+              progress: ProgressCallback | None = None, flush_interval_s: float = 1.0) -> BootstrapResult:
     """Open the caches of the given shards (None = all) under the base path, bootstrap them, close them.
 
     What `dbidx bootstrap` runs; in a long-lived process, open the caches yourself and call bootstrap_caches().
     """
     config = config or CacheConfig()
+    if base_path is not None:
+        check_base_path(Path(base_path), table)
     caches = [RecordIndexCache.for_table(table, s, config, base_path) for s in resolve_shards(table, shards)]
     opened: list[RecordIndexCache] = []
     try:
         for cache in caches:
             opened.append(cache.open())
-        return bootstrap_caches(opened, table, days, now, pattern, parallelism, workers, progress)
+        return bootstrap_caches(opened, table, days, now, pattern, parallelism, workers, progress, flush_interval_s)
     finally:
         for cache in opened:
             cache.close()

@@ -58,6 +58,13 @@ class CacheMetrics:
                     counters = self.partition(partition)
                     setattr(counters, name, getattr(counters, name) + delta)
 
+    def add_to_partition(self, partition: str, **deltas: float) -> None:
+        """Add to one partition's counters only (when the total is accounted differently, e.g. wall-clock stall)."""
+        with self._lock:
+            counters = self.partition(partition)
+            for name, delta in deltas.items():
+                setattr(counters, name, getattr(counters, name) + delta)
+
     def to_dict(self) -> dict[str, Any]:
         """A plain dict (for JSON output and Spark job results)."""
         with self._lock:

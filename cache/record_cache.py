@@ -220,11 +220,13 @@ class RecordIndexCache:
             raise
         return self.install_partition(prepared, synced_seq)
 
-    def install_partition(self, prepared: PreparedLoad, synced_seq: int) -> PartitionState:
+    def install_partition(self, prepared: PreparedLoad, synced_seq: int, durable: bool = True) -> PartitionState:
         """Ingest a prepared SST into a fresh column family, then flip the registry to it in one write.
 
         The family name is new for every load, so the registry can only ever point at a completely ingested
-        family: no reader (and no restart after a crash) sees a partial partition as ready.
+        family: no reader (and no restart after a crash) sees a partial partition as ready. durable=False skips
+        the flush of a first load (bulk loaders flush periodically instead); a flip lost in a crash only means the
+        partition is loaded again.
         """
         partition = validate_partition(prepared.partition)
         started = time.perf_counter()
@@ -253,11 +255,11 @@ class RecordIndexCache:
             store.write(batch)
             self._states[partition] = state
             self._set_locations(cf, list(prepared.locations))
-            if old is not None:
-                # The flip must be durable before the old family goes, or a crash could leave the registry
-                # pointing at a dropped family. A first load needs no flush: if the flip is lost in a crash, the
-                # partition is simply not ready after the restart (its orphaned family is dropped on open).
+            # Durable flip (data first, registry last): a crash after this keeps the partition, and the old family
+            # can only be dropped once nothing on disk points at it.
+            if durable or old is not None:
                 store.flush()
+            if old is not None:
                 self._forget_family(old.cf)
         elapsed = time.perf_counter() - started + prepared.seconds
         self.metrics.add(partition, loads=1, load_seconds=elapsed)

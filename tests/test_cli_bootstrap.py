@@ -1,0 +1,68 @@
+"""`dbidx bootstrap` through click's CliRunner, checked back through the library; and its error exits."""
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from dbidx.cache.verify import verify
+from dbidx.cli import main
+
+from tests.cache_helpers import open_cache
+from tests.test_bootstrap_load import DAYS, make_daily_table
+
+
+def invoke(args: list[str]):
+    return CliRunner().invoke(main, args)
+
+
+def test_bootstrap_json_reports_what_it_loaded(tmp_path):
+    table = make_daily_table(tmp_path, keys_per_day=100, num_shards=2)
+    base = tmp_path / "caches"
+    result = invoke(["bootstrap", "--table", table.uri, "--days", "2", "--now", "2025-01-10", "--all-shards",
+                     "--cache-dir", str(base), "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["partitions_loaded"] == 3 * 2 and report["entries"] == 300
+    assert report["seconds"] > 0 and report["disk_bytes"] > 0 and report["entries_per_second"] > 0
+    assert sorted(s["partition"] for s in report["selection"]["selected"]) == DAYS[-2:] + ["region=eu"]
+    for shard in range(2):
+        with open_cache(table, shard, base) as cache:
+            assert sorted(cache.partitions()) == DAYS[-2:] + ["region=eu"]
+            assert verify(cache, table).ok
+
+
+def test_bootstrap_text_output_and_one_shard(tmp_path):
+    table = make_daily_table(tmp_path, keys_per_day=100, num_shards=2)
+    base = tmp_path / "caches"
+    result = invoke(["bootstrap", "--table", table.uri, "--days", "1", "--now", "2025-01-10", "--shard", "1",
+                     "--num-shards", "2", "--cache-dir", str(base), "--partition-pattern", "dt=%Y-%m-%d"])
+    assert result.exit_code == 0, result.output
+    assert "bootstrapped 1 shard(s)" in result.output and "entries/s" in result.output
+    with open_cache(table, 1, base) as cache:
+        assert "dt=2025-01-10" in cache.partitions()
+
+
+def test_bootstrap_error_exits(tmp_path):
+    table = make_daily_table(tmp_path, keys_per_day=20, num_shards=2)
+    base = tmp_path / "caches"
+    missing = invoke(["bootstrap", "--table", str(tmp_path / "nope"), "--days", "1", "--json"])
+    assert missing.exit_code == 3 and "no dbidx table" in missing.output
+    out_of_range = invoke(["bootstrap", "--table", table.uri, "--shard", "2", "--cache-dir", str(base)])
+    assert out_of_range.exit_code == 2 and "out of range 0..1" in out_of_range.output
+    wrong_count = invoke(["bootstrap", "--table", table.uri, "--shard", "0", "--num-shards", "4",
+                          "--cache-dir", str(base)])
+    assert wrong_count.exit_code == 2 and "has 2 shards" in wrong_count.output
+    both = invoke(["bootstrap", "--table", table.uri, "--shard", "0", "--all-shards", "--cache-dir", str(base)])
+    assert both.exit_code == 2
+    bad_now = invoke(["bootstrap", "--table", table.uri, "--now", "someday", "--cache-dir", str(base)])
+    assert bad_now.exit_code == 2 and "--now" in bad_now.output
+    bad_pattern = invoke(["bootstrap", "--table", table.uri, "--partition-pattern", "dt=%Y", "--cache-dir",
+                          str(base)])
+    assert bad_pattern.exit_code == 2 and "partition pattern" in bad_pattern.output
+    # a cache dir that belongs to another table
+    assert invoke(["bootstrap", "--table", table.uri, "--days", "1", "--cache-dir", str(base)]).exit_code == 0
+    other = make_daily_table(tmp_path / "other", keys_per_day=20, num_shards=2)
+    foreign = invoke(["bootstrap", "--table", other.uri, "--cache-dir", str(base / table.props.table_id), "--json"])
+    assert foreign.exit_code == 6, foreign.output
+    assert json.loads(foreign.stdout)["error"] == "CacheMismatchError"
