@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench-mdt bench-cache check-java clean
+.PHONY: demo test bench-mdt bench-cache bench-bootstrap check-java clean
 
 demo: check-java $(STAMP)
 	$(BIN)/dbidx demo
@@ -17,6 +17,9 @@ bench-mdt: $(STAMP)
 
 bench-cache: $(STAMP)
 	$(BIN)/python benchmarks/cache_bench.py
+
+bench-bootstrap: $(STAMP)
+	$(BIN)/python benchmarks/bootstrap_bench.py --write-results
 
 check-java:
 	@command -v java >/dev/null 2>&1 || { \

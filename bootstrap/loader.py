@@ -4,8 +4,10 @@ Why a split between workers and the owner: reading Parquet and building a sorted
 RocksDB handle, so it runs in a pool (threads, or spawned processes that escape the GIL); ingesting the finished
 file into the cache is a cheap file move done by the thread that owns the open cache. Processes are spawned, never
 forked, because forking a process that has a RocksDB open hangs the child (and pyarrow's thread pools).
-Measured trade-off (benchmarks/bootstrap_bench.py): processes win on big loads, threads on small ones where
-spawning the pool (~1 s of imports) would dominate; "auto" picks by the expected number of entries.
+Measured on 2 cores (benchmarks/bootstrap_bench.py): serial ~1.4-1.5 M entries/s, threads barely better (the
+per-entry SST write loop holds the GIL), spawned processes ~1.8-2.5 M entries/s once a load is big enough to pay for
+starting them (~0.5 s); the crossover is near 2 M entries (noisy: at 2.1 M processes won some runs and lost
+others), so "auto" runs serially below it and uses processes above it.
 """
 from __future__ import annotations
 
@@ -27,8 +29,9 @@ from dbidx.errors import CacheError, InvalidInputError
 from dbidx.mdt.table import Table
 
 PARALLELISM = ("auto", "threads", "processes", "serial")
-# Below this many entries in one call, "auto" uses threads: a spawned process pool costs ~1 s to start.
-PROCESS_THRESHOLD_ENTRIES = 1_500_000
+# Below this many entries in one call, "auto" loads serially: a spawned process pool costs ~0.5 s to start, and
+# threads lose to serial (measured in benchmarks/bootstrap_bench.py).
+PROCESS_THRESHOLD_ENTRIES = 2_000_000
 
 ProgressCallback = Callable[[int, int, str], None]  # (entries done, entries expected, label of what finished)
 
@@ -69,16 +72,14 @@ def _timed_prepare(table: Table, shard: int, partition: str, seq: int, global_mo
 
 
 def choose_parallelism(parallelism: str, expected_entries: int, jobs: int) -> str:
-    """Resolve "auto" to threads or processes (serial for a single small job)."""
+    """Resolve "auto" to serial or processes."""
     if parallelism not in PARALLELISM:
         raise InvalidInputError(f"parallelism must be one of {PARALLELISM}, got {parallelism!r}")
     if parallelism != "auto":
         return parallelism
-    if jobs <= 1:
-        return "serial"
-    if expected_entries >= PROCESS_THRESHOLD_ENTRIES and (os.cpu_count() or 1) > 1:
+    if jobs > 1 and expected_entries >= PROCESS_THRESHOLD_ENTRIES and (os.cpu_count() or 1) > 1:
         return "processes"
-    return "threads"
+    return "serial"
 
 
 class PartitionLoader:
