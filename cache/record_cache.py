@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import msgpack
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from dbidx.cache import codec, registry
 from dbidx.cache.metrics import CacheMetrics
@@ -303,30 +305,37 @@ class RecordIndexCache:
             view = store.cf(state.cf)
             decoder = self._decoders[state.cf]
             cf_name = state.cf
-        encoded = codec.encode_keys(keys)
+        binary = codec.encode_keys_binary(keys)
+        encoded: list[bytes] = binary.to_pylist()
         result: list[str | None] = [None] * len(encoded)
-        todo = list(range(len(encoded)))
         pending_hits = 0
+        todo: np.ndarray | None = None  # positions still to look up; None = all of them
         # 1. Overlay: entries of instants that have not completed yet.
         if self._pending.get(partition):
             prefix = partition.encode("utf-8") + b"\x00"
             found = store.cf(OVERLAY_CF, create=True)[[prefix + k for k in encoded]]
             rest = []
-            for i, raw in zip(todo, found):
+            for i, raw in enumerate(found):
                 if raw is None:
                     rest.append(i)
                 else:
                     result[i] = msgpack.unpackb(raw, raw=False)[2]
                     pending_hits += 1
-            todo = rest
-        # 2. Committed entries, multi-get in key order (about twice as fast as input order).
-        if todo:
-            order = sorted(todo, key=encoded.__getitem__)
-            values = view[[encoded[i] for i in order]]
-            for i, raw in zip(order, values):
-                if raw is not None:
-                    result[i] = decoder.get(raw) or self._decode_slow(cf_name, raw)
-        hits = sum(1 for r in result if r is not None)
+            todo = np.asarray(rest, dtype=np.int64)
+        # 2. Committed entries: multi-get in key order (about twice as fast as input order), sorted by Arrow and
+        #    decoded and scattered back to input order without a Python loop per key.
+        if todo is None or len(todo):
+            candidates = binary if todo is None else binary.take(pa.array(todo))
+            order = pc.sort_indices(candidates).to_numpy()
+            values = view[candidates.take(pa.array(order)).to_pylist()]
+            get = decoder.get
+            decoded = [None if raw is None else (get(raw) or self._decode_slow(cf_name, raw)) for raw in values]
+            positions = order if todo is None else todo[order]
+            scattered = np.empty(len(encoded), dtype=object)
+            scattered[:] = result
+            scattered[positions] = decoded
+            result = scattered.tolist()
+        hits = len(result) - result.count(None)
         state.last_access_ms = _now_ms()
         self.metrics.add(partition, lookups=len(encoded), hits=hits - pending_hits, pending_hits=pending_hits,
                          misses=len(encoded) - hits)
