@@ -91,10 +91,12 @@ def resolve_shards(table: Table, shards: Sequence[int] | None, num_shards: int |
     return sorted(set(shards))
 
 
-def plan_jobs(cache: RecordIndexCache, table: Table, selection: Selection, seq: int) -> tuple[list[LoadJob], list[str]]:
-    """(jobs for partitions this cache lacks, partitions already ready) for one shard cache."""
+def plan_jobs(cache: RecordIndexCache, table: Table, selection: Selection, seq: int,
+              table_keys: int) -> tuple[list[LoadJob], list[str]]:
+    """(jobs for partitions this cache lacks, partitions already ready) for one shard cache; table_keys = live
+    keys of the whole table (what a global-mode shard's slice is estimated from)."""
     if cache.global_mode:
-        wanted = [(GLOBAL_PARTITION, sum(s.live_keys for s in table.partitions()))]
+        wanted = [(GLOBAL_PARTITION, table_keys)]
     else:
         wanted = [(s.partition, s.live_keys) for s in selection.selected]
     jobs, ready = [], []
@@ -120,11 +122,13 @@ def bootstrap_caches(caches: Sequence[RecordIndexCache], table: Table, days: int
     # 1. The instant everything is loaded at, and the partitions of the window.
     table.refresh()
     seq = table.timeline.latest_seq
-    selection = select_partitions(table.partitions(), days, now, pattern)
+    stats = table.partitions()
+    selection = select_partitions(stats, days, now, pattern)
+    table_keys = sum(s.live_keys for s in stats)
     # 2. Per shard: what is missing (ready partitions are kept: warm restart).
     jobs, results = [], []
     for cache in caches:
-        shard_jobs, ready = plan_jobs(cache, table, selection, seq)
+        shard_jobs, ready = plan_jobs(cache, table, selection, seq, table_keys)
         jobs += shard_jobs
         results.append(ShardBootstrap(cache.identity.shard, str(cache.path), already_ready=ready))
     # 3. Load all missing (shard, partition) slices in one parallel pass.

@@ -31,14 +31,20 @@ for _i, _c in enumerate(b"0123456789abcdef"):
 _POW10 = (10 ** np.arange(9, -1, -1, dtype=np.uint64)).astype(np.uint64)
 
 
+def as_string_array(values: Any) -> pa.Array:
+    """One Arrow array from a list of str, an Arrow array or a chunked array; large_string becomes string."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    if not isinstance(values, pa.Array):
+        values = pa.array(list(values), pa.string())
+    if pa.types.is_large_string(values.type):
+        values = values.cast(pa.string())
+    return values
+
+
 def _string_parts(keys: Any) -> tuple[pa.Array, np.ndarray, np.ndarray, np.ndarray]:
     """(array, starts, lengths, data bytes) of an Arrow string array or a list of str."""
-    if isinstance(keys, pa.ChunkedArray):
-        keys = keys.combine_chunks()
-    if not isinstance(keys, pa.Array):
-        keys = pa.array(list(keys), pa.string())
-    if pa.types.is_large_string(keys.type):
-        keys = keys.cast(pa.string())
+    keys = as_string_array(keys)
     n = len(keys)
     buffers = keys.buffers()
     offsets = np.frombuffer(buffers[1], dtype=np.int32, count=n + 1, offset=keys.offset * 4).astype(np.int64)
@@ -165,8 +171,3 @@ def decode_index(value: bytes) -> int:
         if not byte & 0x80:
             break
     return result
-
-
-def sort_order(encoded: list[bytes]) -> list[int]:
-    """Positions of `encoded` in RocksDB's bytewise order (what SST files and fast multi-gets need)."""
-    return sorted(range(len(encoded)), key=encoded.__getitem__)

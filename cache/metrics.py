@@ -54,16 +54,20 @@ class CacheMetrics:
         with self._lock:
             for name, delta in deltas.items():
                 setattr(self, name, getattr(self, name) + delta)
-                if partition is not None and hasattr(PartitionCounters, name):
-                    counters = self.partition(partition)
-                    setattr(counters, name, getattr(counters, name) + delta)
+            per_partition = {n: d for n, d in deltas.items() if hasattr(PartitionCounters, n)}
+            if partition is not None and per_partition:
+                self._bump(partition, per_partition)
 
     def add_to_partition(self, partition: str, **deltas: float) -> None:
         """Add to one partition's counters only (when the total is accounted differently, e.g. wall-clock stall)."""
         with self._lock:
-            counters = self.partition(partition)
-            for name, delta in deltas.items():
-                setattr(counters, name, getattr(counters, name) + delta)
+            self._bump(partition, deltas)
+
+    def _bump(self, partition: str, deltas: dict[str, float]) -> None:
+        """Add to a partition's counters (caller holds the lock)."""
+        counters = self.partition(partition)
+        for name, delta in deltas.items():
+            setattr(counters, name, getattr(counters, name) + delta)
 
     def to_dict(self) -> dict[str, Any]:
         """A plain dict (for JSON output and Spark job results)."""

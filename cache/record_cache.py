@@ -306,14 +306,14 @@ class RecordIndexCache:
             decoder = self._decoders[state.cf]
             cf_name = state.cf
         binary = codec.encode_keys_binary(keys)
-        encoded: list[bytes] = binary.to_pylist()
-        result: list[str | None] = [None] * len(encoded)
+        n = len(binary)
+        result: list[str | None] = [None] * n
         pending_hits = 0
         todo: np.ndarray | None = None  # positions still to look up; None = all of them
         # 1. Overlay: entries of instants that have not completed yet.
         if self._pending.get(partition):
             prefix = partition.encode("utf-8") + b"\x00"
-            found = store.cf(OVERLAY_CF, create=True)[[prefix + k for k in encoded]]
+            found = store.cf(OVERLAY_CF, create=True)[[prefix + k for k in binary.to_pylist()]]
             rest = []
             for i, raw in enumerate(found):
                 if raw is None:
@@ -331,14 +331,14 @@ class RecordIndexCache:
             get = decoder.get
             decoded = [None if raw is None else (get(raw) or self._decode_slow(cf_name, raw)) for raw in values]
             positions = order if todo is None else todo[order]
-            scattered = np.empty(len(encoded), dtype=object)
+            scattered = np.empty(n, dtype=object)
             scattered[:] = result
             scattered[positions] = decoded
             result = scattered.tolist()
         hits = len(result) - result.count(None)
         state.last_access_ms = _now_ms()
-        self.metrics.add(partition, lookups=len(encoded), hits=hits - pending_hits, pending_hits=pending_hits,
-                         misses=len(encoded) - hits)
+        self.metrics.add(partition, lookups=n, hits=hits - pending_hits, pending_hits=pending_hits,
+                         misses=n - hits)
         return result
 
     def touch(self, partition: str, at_ms: int | None = None) -> None:

@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 import rocksdict as rd
 
 from dbidx.cache import codec, registry
+from dbidx.cache.store import column_family_options
 from dbidx.config import CacheConfig
 from dbidx.errors import InvalidInputError, InvalidKeyError
 
@@ -40,12 +41,8 @@ class PreparedLoad:
 
 
 def _as_string_array(values: Any, what: str) -> pa.Array:
-    if isinstance(values, pa.ChunkedArray):
-        values = values.combine_chunks()
-    if not isinstance(values, pa.Array):
-        values = pa.array(list(values), pa.string())
-    if pa.types.is_large_string(values.type):
-        values = values.cast(pa.string())
+    """codec.as_string_array, then refuse non-string types and nulls, naming what was passed."""
+    values = codec.as_string_array(values)
     if not pa.types.is_string(values.type):
         raise InvalidInputError(f"{what} must be strings, got Arrow type {values.type}")
     if values.null_count:
@@ -95,8 +92,6 @@ _OPTIONS: dict[CacheConfig, rd.Options] = {}
 
 def sst_options(config: CacheConfig) -> rd.Options:
     """SST writer options matching the cache's column families (compression, block size, bloom filter)."""
-    from dbidx.cache.store import column_family_options
-
     opts = _OPTIONS.get(config)
     if opts is None:
         opts = _OPTIONS[config] = column_family_options(config, None)

@@ -172,10 +172,6 @@ class Store:
         except Exception as exc:
             raise CacheError(f"ingesting {len(sst_paths)} SST file(s) into {name!r} in {self.path} failed: {exc}")
 
-    def sst_writer(self) -> rd.SstFileWriter:
-        """An SST writer with the DB's options."""
-        return rd.SstFileWriter(self.options)
-
     def flush(self, registry_too: bool = True) -> None:
         """Persist memtables: every partition column family first, the registry (default) last.
 
