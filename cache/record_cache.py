@@ -191,6 +191,12 @@ class RecordIndexCache:
         """Whether lookups can be served for a partition."""
         return partition in self._states
 
+    def fills(self, partition: str) -> dict[str, int]:
+        """Live keys of this shard per location of a ready partition (bucket fills for the assigner); {} if cold."""
+        with self._lock:
+            state = self._states.get(partition)
+            return {} if state is None else dict(state.fills)
+
     def not_ready(self, partitions: Iterable[str]) -> list[str]:
         """The partitions of a batch that must be loaded before tagging (sorted, unique)."""
         return sorted({p for p in partitions if p not in self._states})

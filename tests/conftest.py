@@ -11,7 +11,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator["pyspark.sql.SparkSession"]:  # noqa: F821
-    """A `local[2]` SparkSession whose Python workers run this interpreter."""
+    """A `local[2,3]` SparkSession (2 cores; a failed task is retried up to 3 times) running this interpreter."""
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         pytest.fail("Java 17 is required for the Spark tests: install openjdk-17-jre-headless or set JAVA_HOME")
     os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -20,7 +20,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator["pyspark.sql.Spa
 
     local_dir = tmp_path_factory.mktemp("spark-local")
     session = (
-        SparkSession.builder.master("local[2]")
+        SparkSession.builder.master("local[2,3]")
         .appName("dbidx-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "4")

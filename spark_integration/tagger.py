@@ -1,0 +1,225 @@
+"""ShardTagger: tag one shard's rows against its open cache (location, insert/update, old location, new bucket).
+
+No pyspark here: the tagger works on Arrow tables, so the same code runs in `mapInArrow`, in `mapPartitions` and in
+plain-Python tests. A task creates one tagger per shard it serves and feeds it every Arrow batch of the task; the
+tagger remembers the buckets it gave to new keys, so a key repeated across batches of one task gets one location.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from dbidx.buckets.assigner import BucketSpec
+from dbidx.cache.catchup import split_global_location
+from dbidx.cache.record_cache import GLOBAL_PARTITION, RecordIndexCache
+from dbidx.config import CacheConfig
+from dbidx.errors import InvalidInputError, InvalidPartitionError
+from dbidx.mdt.layout import validate_partition
+from dbidx.mdt.table import Table
+from dbidx.mdt.writer import as_key_array
+
+TAG_PARTITION = "_dbidx_partition"  # partition path the row is written to (global-mode deletes: where the key lives)
+TAG_FILE_GROUP = "_dbidx_file_group"  # file group the row is written to (None: delete of a key not in the index)
+TAG_IS_UPDATE = "_dbidx_is_update"  # the key is in the index (update, delete or move)
+TAG_OLD_PARTITION = "_dbidx_old_partition"  # where the key lives now (None for new keys)
+TAG_OLD_FILE_GROUP = "_dbidx_old_file_group"
+TAG_IS_DELETE = "_dbidx_is_delete"  # the row deletes the key
+ROW_ID = "_dbidx_row"  # arrival order (monotonically_increasing_id), the tie-breaker of same-key rows
+TAG_FIELDS = [
+    pa.field(TAG_PARTITION, pa.string()),
+    pa.field(TAG_FILE_GROUP, pa.string()),
+    pa.field(TAG_IS_UPDATE, pa.bool_()),
+    pa.field(TAG_OLD_PARTITION, pa.string()),
+    pa.field(TAG_OLD_FILE_GROUP, pa.string()),
+    pa.field(TAG_IS_DELETE, pa.bool_()),
+]
+
+
+@dataclass(frozen=True)
+class TagOptions:
+    """What the rows look like and how new keys are routed; picklable (shipped to every task)."""
+
+    key: str = "id"
+    partition: str = "dt"
+    ordering: str | None = None  # same-key rows of a batch: highest value wins (ties: latest arrival)
+    delete_column: str | None = "_dbidx_delete"  # a true value deletes the key; the column is optional
+    hive_style: bool = True  # partition path "dt=2025-01-15" (True) or "2025-01-15" (False)
+    buckets: BucketSpec = field(default_factory=BucketSpec)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+
+    def check_columns(self, names: list[str], where: str) -> None:
+        """Fail early, on the driver, naming the missing column and the ones that exist."""
+        for role, column in (("key", self.key), ("partition", self.partition), ("ordering", self.ordering)):
+            if column is not None and column not in names:
+                raise InvalidInputError(f"{where} has no {role} column {column!r}; its columns are {names}")
+
+    def keys_of(self, batch: pa.Table) -> pa.Array:
+        """The record keys as strings (numbers are formatted; nulls and empty strings are errors)."""
+        column = batch.column(self.key)
+        if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+            column = pc.cast(column, pa.string())
+        return as_key_array(column, f"record key (column {self.key!r})")
+
+    def partitions_of(self, batch: pa.Table) -> pa.Array:
+        """The partition path of each row, validated once per distinct value."""
+        column = batch.column(self.partition)
+        if isinstance(column, pa.ChunkedArray):
+            column = column.combine_chunks()
+        values = pc.cast(column, pa.string())
+        if values.null_count:
+            row = pc.index(pc.is_null(values), True).as_py()
+            raise InvalidPartitionError(f"partition column {self.partition!r} is null at row {row} of the batch")
+        paths = pc.binary_join_element_wise(pa.scalar(self.partition + "="), values, "") if self.hive_style \
+            else values
+        for path in pc.unique(paths).to_pylist():
+            validate_partition(path)
+        return paths
+
+    def deletes_of(self, batch: pa.Table) -> np.ndarray:
+        """Whether each row deletes its key (all False when there is no delete column)."""
+        if self.delete_column is None or self.delete_column not in batch.column_names:
+            return np.zeros(batch.num_rows, dtype=bool)
+        column = batch.column(self.delete_column)
+        if not pa.types.is_boolean(column.type):
+            raise InvalidInputError(f"delete column {self.delete_column!r} must be boolean, got {column.type}")
+        return pc.fill_null(column, False).to_numpy(zero_copy_only=False).astype(bool)
+
+
+@dataclass
+class TagCounts:
+    """What tagging saw in one shard: rows and their kinds."""
+
+    rows: int = 0
+    inserts: int = 0
+    updates: int = 0
+    deletes: int = 0
+    deletes_missing: int = 0  # deletes of keys that are not in the index (nothing to do)
+    moves: int = 0  # global mode: existing keys that changed partition
+    duplicates_dropped: int = 0
+
+    def add(self, other: "TagCounts") -> None:
+        """Sum another shard's or batch's counts into this one."""
+        for name, value in vars(other).items():
+            setattr(self, name, getattr(self, name) + value)
+
+
+class ShardTagger:
+    """Tags rows of one shard: index lookups in one batched call per partition, buckets for new keys."""
+
+    def __init__(self, table: Table, shard: int, options: TagOptions) -> None:
+        self.table = table
+        self.shard = shard
+        self.options = options
+        self.global_mode = table.global_index
+        self.assigner = options.buckets.assigner(table.props.table_id, table.num_shards, shard)
+        self.counts = TagCounts()
+        self._new: dict[tuple[str, str], str] = {}  # (partition path, key) -> file group given to a new key
+
+    def partitions_needed(self, batch: pa.Table) -> list[str]:
+        """Cache partitions a batch looks up (the one global partition in global mode)."""
+        if self.global_mode:
+            return [GLOBAL_PARTITION]
+        return sorted(pc.unique(self.options.partitions_of(batch)).to_pylist())
+
+    def tag(self, cache: RecordIndexCache, batch: pa.Table) -> pa.Table:
+        """The batch with the TAG_FIELDS columns appended; the cache must hold the batch's partitions ready."""
+        n = batch.num_rows
+        keys = self.options.keys_of(batch)
+        parts = self.options.partitions_of(batch)
+        deletes = self.options.deletes_of(batch)
+        # 1. Where each key lives now: one batched lookup per partition (one in global mode).
+        old_part, old_fg = self._lookup(cache, keys, parts)
+        exists = np.not_equal(old_fg, None)
+        part = np.asarray(parts.to_pylist(), dtype=object)
+        # 2. Existing keys keep their file group; a global-mode key whose partition changed moves (needs a bucket).
+        moved = exists & ~deletes & (old_part != part) if self.global_mode else np.zeros(n, dtype=bool)
+        needs_bucket = (~exists & ~deletes) | moved
+        out_part = np.where(deletes & exists, old_part, part)
+        out_fg = np.where(moved, None, old_fg)
+        # 3. New keys (and moved ones) get a bucket of their target partition.
+        if needs_bucket.any():
+            self._assign(cache, keys, part, np.flatnonzero(needs_bucket), out_fg)
+        counts = TagCounts(rows=n, inserts=int((~exists & ~deletes).sum()), updates=int((exists & ~deletes).sum()),
+                           deletes=int((exists & deletes).sum()), deletes_missing=int((~exists & deletes).sum()),
+                           moves=int(moved.sum()))
+        self.counts.add(counts)
+        columns = [out_part, out_fg, exists, old_part, old_fg, deletes]
+        for spec, values in zip(TAG_FIELDS, columns):
+            array = pa.array(values.tolist() if values.dtype == object else values, spec.type)
+            batch = batch.append_column(spec, array)
+        return batch
+
+    def _lookup(self, cache: RecordIndexCache, keys: pa.Array, parts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+        """(old partition, old file group) per row; None where the key is not in the index."""
+        n = len(keys)
+        old_part = np.full(n, None, dtype=object)
+        old_fg = np.full(n, None, dtype=object)
+        if self.global_mode:
+            for i, loc in enumerate(cache.lookup(GLOBAL_PARTITION, keys)):
+                if loc is not None:
+                    old_part[i], old_fg[i] = split_global_location(loc)
+            return old_part, old_fg
+        for partition in pc.unique(parts).to_pylist():
+            rows = np.flatnonzero(pc.equal(parts, pa.scalar(partition)).to_numpy(zero_copy_only=False))
+            found = np.asarray(cache.lookup(partition, keys.take(pa.array(rows))), dtype=object)
+            hit = np.not_equal(found, None)
+            old_fg[rows] = found
+            old_part[rows[hit]] = partition
+        return old_part, old_fg
+
+    def _assign(self, cache: RecordIndexCache, keys: pa.Array, part: np.ndarray, rows: np.ndarray,
+                out_fg: np.ndarray) -> None:
+        """Give each new (or moving) key a file group in its target partition; repeats reuse the first one."""
+        key_list = keys.take(pa.array(rows)).to_pylist()
+        by_partition: dict[str, list[int]] = {}
+        for row, key in zip(rows.tolist(), key_list):
+            known = self._new.get((part[row], key))
+            if known is not None:
+                out_fg[row] = known
+            else:
+                by_partition.setdefault(part[row], []).append(row)
+        for partition, todo in by_partition.items():
+            # 1. One bucket per distinct new key: a key repeated within the batch gets the same file group.
+            distinct: dict[str, list[int]] = {}
+            for row in todo:
+                distinct.setdefault(keys[row].as_py(), []).append(row)
+            fgs = self.assigner.assign(partition, pa.array(list(distinct), pa.string()),
+                                       lambda p=partition: self._fills(cache, p))
+            for (key, dup_rows), fg in zip(distinct.items(), fgs):
+                self._new[(partition, key)] = fg
+                out_fg[dup_rows] = fg
+
+    def _fills(self, cache: RecordIndexCache, partition: str) -> dict[str, int]:
+        """Live keys per file group of a partition (this shard's slice), as the cache holds them after catch-up."""
+        if not self.global_mode:
+            return cache.fills(partition)
+        prefix = partition + "\x00"
+        return {loc[len(prefix):]: n for loc, n in cache.fills(GLOBAL_PARTITION).items() if loc.startswith(prefix)}
+
+
+def latest_per_key(batch: pa.Table, options: TagOptions, global_mode: bool) -> tuple[pa.Table, int]:
+    """One row per record (key, or (partition, key) in partitioned mode): the highest ordering value, then the
+    latest arrival (ROW_ID, else position). Returns the rows kept and how many were dropped."""
+    if batch.num_rows < 2:
+        return batch, 0
+    keys = options.keys_of(batch)
+    ident = keys if global_mode else pc.binary_join_element_wise(options.partitions_of(batch), keys, "\x00")
+    arrival = batch.column(ROW_ID) if ROW_ID in batch.column_names else pa.array(np.arange(batch.num_rows))
+    helper = pa.table({"k": ident, "a": arrival, "i": pa.array(np.arange(batch.num_rows))})
+    sort_keys: list[tuple[str, str]] = [("k", "ascending")]
+    if options.ordering is not None:
+        helper = helper.append_column("o", batch.column(options.ordering))
+        sort_keys.append(("o", "descending"))
+    sort_keys.append(("a", "descending"))
+    ordered = helper.sort_by(sort_keys)
+    sorted_keys = ordered.column("k").combine_chunks()
+    first = np.ones(len(sorted_keys), dtype=bool)
+    first[1:] = pc.not_equal(sorted_keys[1:], sorted_keys[:-1]).to_numpy(zero_copy_only=False)
+    if first.all():
+        return batch, 0
+    keep = np.sort(ordered.column("i").to_numpy()[first])
+    return batch.take(pa.array(keep)), int(len(first) - first.sum())

@@ -1,0 +1,94 @@
+"""Spark tag/upsert against an independent oracle: random batches, warm vs cold caches, buckets, read_table."""
+from __future__ import annotations
+
+import random
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from dbidx.buckets.assigner import BucketSpec
+from dbidx.buckets.naming import bucket_of
+from dbidx.config import CacheConfig
+from dbidx.mdt.keyhash import shard_of
+from dbidx.mdt.table import Table
+from dbidx.spark_integration.api import read_table, upsert
+
+from tests.spark_helpers import SCHEMA, Oracle, as_expected_index, bucket_layout, hive, index_state, random_batch
+
+pytestmark = pytest.mark.spark
+COUNTS = ("inserts", "updates", "deletes", "deletes_missing", "moves", "duplicates_dropped")
+
+
+def check_buckets(state: dict[tuple[str, ...], str], num_shards: int, capacity: int) -> None:
+    """Dynamic buckets: never above capacity, and every key of bucket b belongs to shard b % num_shards."""
+    sizes = Counter(state.values())
+    assert max(sizes.values(), default=0) <= capacity, sizes.most_common(3)
+    keys = [ident[-1] for ident in state]
+    shards = shard_of(keys, num_shards).tolist() if keys else []
+    for ident, shard in zip(state, shards):
+        assert bucket_of(state[ident].rpartition("|")[2]) % num_shards == shard
+
+
+def read_rows(spark, table: Table) -> set[tuple[str, str, int]]:
+    return {(r.id, r.dt, r.v) for r in read_table(spark, table).select("id", "dt", "v").collect()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("global_index", [False, True], ids=["partitioned", "global"])
+def test_random_batches_match_the_oracle_warm_and_cold(spark, tmp_path: Path, global_index: bool) -> None:
+    rng = random.Random(20261123 + global_index)
+    capacity, shards = 7, 3
+    tables = {name: Table.create(str(tmp_path / name), num_shards=shards, global_index=global_index)
+              for name in ("warm", "cold")}
+    configs = {name: CacheConfig(base_path=str(tmp_path / f"cache-{name}")) for name in tables}
+    oracle, serial = Oracle(global_index), [0]
+    for n in range(20):
+        batch = random_batch(rng, oracle, serial)
+        expected = oracle.expected_counts(batch)
+        df = spark.createDataFrame(batch, SCHEMA)
+        summaries = {}
+        for name, table in tables.items():
+            if name == "cold":  # a fresh executor every batch: the whole cache is rebuilt from the MDT
+                shutil.rmtree(tmp_path / "cache-cold", ignore_errors=True)
+            summaries[name] = upsert(df, table, buckets=BucketSpec(capacity=capacity), cache_config=configs[name])
+        oracle.apply(batch)
+        for name, summary in summaries.items():
+            assert {c: getattr(summary, c) for c in COUNTS} == expected, (n, name)
+            assert summary.rows == len(batch) - expected["duplicates_dropped"]
+        states = {name: index_state(table) for name, table in tables.items()}
+        # 1. The index holds exactly the live records, each once, in the right partition.
+        assert set(states["warm"]) == as_expected_index(oracle), n
+        if global_index:
+            assert {k: v.partition("|")[0] for k, v in states["warm"].items()} == \
+                   {k: hive(day) for k, (day, _) in oracle.rows.items()}
+        else:
+            states = {name: {k: f"{k[0]}|{fg}" for k, fg in s.items()} for name, s in states.items()}
+        # 2. Cold and warm caches route every key to the same bucket.
+        assert bucket_layout(states["warm"]) == bucket_layout(states["cold"]), n
+        check_buckets(states["warm"], shards, capacity)
+        if n in (9, 19):
+            # 3. The data: one row per record, the latest version, deletes gone (vs the oracle, not the index).
+            for table in tables.values():
+                assert read_rows(spark, table) == oracle.expected_rows(), n
+    assert summaries["cold"].on_demand_loads > summaries["warm"].on_demand_loads
+
+
+def test_simple_buckets_route_by_hash_and_keep_existing_keys(spark, tmp_path: Path) -> None:
+    table = Table.create(str(tmp_path / "t"), num_shards=2)
+    config = CacheConfig(base_path=str(tmp_path / "cache"))
+    rows = [(f"user-{i}", "2025-03-01", i, False) for i in range(200)]
+    summary = upsert(spark.createDataFrame(rows, SCHEMA), table, buckets=BucketSpec(mode="simple", num_buckets=6),
+                     cache_config=config)
+    assert summary.inserts == 200
+    state = index_state(table)
+    keys = [ident[1] for ident in state]
+    assert [bucket_of(state[(p, k)]) for p, k in state] == shard_of(keys, 6).tolist()
+    assert len({bucket_of(fg) for fg in state.values()}) == 6
+    # The table remembers its routing: a second upsert without buckets= keeps simple mode; asking for dynamic fails.
+    again = upsert(spark.createDataFrame(rows[:50], SCHEMA), table, cache_config=config)
+    assert (again.updates, again.inserts, again.hits) == (50, 0, 50)
+    from dbidx.errors import ConfigError
+    with pytest.raises(ConfigError, match="routes new keys"):
+        upsert(spark.createDataFrame(rows[:5], SCHEMA), table, buckets=BucketSpec(), cache_config=config)
