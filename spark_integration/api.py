@@ -196,31 +196,40 @@ def upsert(df: Any, table: Table, key: str = "id", partition: str = "dt", orderi
         rows = shuffled.mapInArrow(partial(_upsert_partition, table=table, options=options, instant=instant,
                                            on_task_written=on_task_written),
                                    task.RESULT_DDL).collect()
-        # 2. Index entries of the winning attempts go through the MDT writer; data files ride in the same record.
-        files, entries, per_shard = [], [], []
-        for row in rows:
-            f, e, m = task.unpack_result(row.payload)
-            files += f
-            entries.append(e)
-            per_shard += m
-        all_entries = pa.concat_tables(entries) if entries else task.ENTRY_SCHEMA.empty_table()
-        _add_entries(writer, all_entries)
-        summary = _summarize(instant, files, all_entries, per_shard)
-        writer.extra[UPSERT_EXTRA] = {"key": key, "partition": partition, "hive_style": hive_style,
-                                      "ordering": ordering, "buckets": options.buckets.to_dict()}
-        writer.extra["data_files"] = [f.path for f in files]
-        writer.extra["metrics"] = {k: v for k, v in summary.to_dict().items() if k != "per_shard"}
-        # 3. Publish: data and index become visible together, or not at all.
-        record = writer.commit()
+        # 2. The winning attempts' index entries and data files, published as one instant.
+        record, summary, files = commit_results(writer, [row.payload for row in rows], options)
     except BaseException as exc:
         writer.rollback()
         datafiles.discard_unlisted(table.io, instant, keep=())
         raise retyped(exc) from exc
-    # 4. Files of failed or losing attempts were never listed, so never visible; now they go.
+    # 3. Files of failed or losing attempts were never listed, so never visible; now they go.
     summary.orphans_deleted = len(datafiles.discard_unlisted(table.io, instant, keep=[f.path for f in files]))
     summary.seq = record.seq
     summary.seconds = time.perf_counter() - started
     return summary
+
+
+def commit_results(writer: Any, payloads: list[bytes], options: TagOptions) -> tuple[Any, CommitSummary,
+                                                                                   list[datafiles.DataFile]]:
+    """Publish the task results of the winning attempts as the writer's instant: index entries through the
+    CommitWriter, data files listed in the same completion record. Raises (and rolls back) on conflict."""
+    # 1. Index entries of the winning attempts go through the MDT writer; data files ride in the same record.
+    files, entries, per_shard = [], [], []
+    for payload in payloads:
+        f, e, m = task.unpack_result(payload)
+        files += f
+        entries.append(e)
+        per_shard += m
+    all_entries = pa.concat_tables(entries) if entries else task.ENTRY_SCHEMA.empty_table()
+    _add_entries(writer, all_entries)
+    summary = _summarize(writer.instant, files, all_entries, per_shard)
+    writer.extra[UPSERT_EXTRA] = {"key": options.key, "partition": options.partition,
+                                  "hive_style": options.hive_style, "ordering": options.ordering,
+                                  "buckets": options.buckets.to_dict()}
+    writer.extra["data_files"] = [f.path for f in files]
+    writer.extra["metrics"] = {k: v for k, v in summary.to_dict().items() if k != "per_shard"}
+    # 2. Publish: data and index become visible together, or not at all.
+    return writer.commit(), summary, files
 
 
 def _add_entries(writer: Any, entries: pa.Table) -> None:

@@ -1,0 +1,162 @@
+"""F25/F28 under Spark: retried and speculative attempts, failed jobs, other processes and writers, streaming."""
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from dbidx.buckets.assigner import BucketSpec
+from dbidx.config import CacheConfig
+from dbidx.errors import InvalidInputError, InvalidKeyError
+from dbidx.mdt.table import Table
+from dbidx.mdt.timeline import ACTION_ROLLBACK
+from dbidx.spark_integration import datafiles, task
+from dbidx.spark_integration.api import commit_results, committed_data_files, read_table, tag, upsert
+from dbidx.spark_integration.tagger import TagOptions
+
+from tests.spark_helpers import SCHEMA, Oracle, index_state
+
+pytestmark = pytest.mark.spark
+
+
+def rows_of(n: int, day: str = "2025-03-01", start: int = 0, value: int = 0) -> list[tuple]:
+    return [(f"k{i:05d}", day, value + i, False) for i in range(start, start + n)]
+
+
+def parquet_on_disk(table: Table) -> set[str]:
+    return {rel for rel, _ in table.io.list_files_recursive("") if rel.endswith(".parquet")
+            and not rel.startswith(".dbidx")}
+
+
+def read_rows(spark, table: Table) -> set[tuple]:
+    return {(r.id, r.dt, r.v) for r in read_table(spark, table).select("id", "dt", "v").collect()}
+
+
+@pytest.fixture()
+def setup(tmp_path: Path):
+    table = Table.create(str(tmp_path / "t"), num_shards=2)
+    return table, CacheConfig(base_path=str(tmp_path / "cache"))
+
+
+def test_attempt_failing_after_writing_is_retried_without_duplicates(spark, setup) -> None:
+    table, config = setup
+    upsert(spark.createDataFrame(rows_of(100), SCHEMA), table, cache_config=config)
+
+    def fail_first_attempt(partition_id: int, attempt_number: int) -> None:
+        if attempt_number == 0:
+            raise RuntimeError(f"injected failure of task {partition_id} after its data files were written")
+
+    batch = rows_of(60, value=1000) + rows_of(40, start=100, value=1000)  # 60 updates, 40 inserts
+    summary = upsert(spark.createDataFrame(batch, SCHEMA), table, cache_config=config,
+                     on_task_written=fail_first_attempt)
+    assert (summary.updates, summary.inserts) == (60, 40)
+    # The failed attempts' files were announced, never listed, and deleted after the commit.
+    assert summary.orphans_deleted == summary.data_files > 0
+    assert parquet_on_disk(table) == {p for p, _, _ in committed_data_files(table)}
+    assert not table.io.list_names(datafiles.marker_dir(summary.instant))
+    expected = {(k, d, v) for k, d, v, _ in rows_of(100)} - {(k, d, v) for k, d, v, _ in rows_of(60)}
+    expected |= {(k, d, v) for k, d, v, _ in batch}
+    assert read_rows(spark, table) == expected
+    assert len(index_state(table)) == 140
+
+
+def test_failed_job_is_rolled_back_and_the_batch_can_be_replayed(spark, setup) -> None:
+    table, config = setup
+    upsert(spark.createDataFrame(rows_of(50), SCHEMA), table, cache_config=config)
+    before_index, before_files = index_state(table), parquet_on_disk(table)
+
+    def always_fail(partition_id: int, attempt_number: int) -> None:
+        raise RuntimeError("injected failure on every attempt")
+
+    batch = spark.createDataFrame(rows_of(30, value=7) + rows_of(30, start=50), SCHEMA)
+    with pytest.raises(Exception, match="injected failure on every attempt"):
+        upsert(batch, table, cache_config=config, on_task_written=always_fail)
+    last = table.timeline.completed()[-1]
+    assert last.action == ACTION_ROLLBACK
+    assert index_state(table) == before_index and parquet_on_disk(table) == before_files
+    assert not table.timeline.pending()
+    replay = upsert(batch, table, cache_config=config)
+    assert (replay.updates, replay.inserts, replay.orphans_deleted) == (30, 30, 0)
+
+
+def test_speculative_duplicate_attempts_leave_one_version(setup) -> None:
+    """Two attempts of the same task run at once (speculation): both write, one wins, the other leaves nothing."""
+    table, config = setup
+    options = TagOptions(buckets=BucketSpec(capacity=25), cache=config)
+    batch = pa.RecordBatch.from_pylist([{"id": k, "dt": d, "v": v} for k, d, v, _ in rows_of(80)])
+    shard0 = pa.Table.from_batches([batch]).filter(pa.array(table.shard_of([r["id"] for r in batch.to_pylist()]) == 0))
+    writer = table.new_commit()
+    results: dict[int, dict] = {}
+
+    def attempt(attempt_id: int) -> None:  # the two attempts contend for the shard's cache lock: one waits
+        results[attempt_id] = task.upsert_batches(shard0.to_batches(), table, options, writer.instant, attempt_id)
+
+    threads = [threading.Thread(target=attempt, args=(a,)) for a in (11, 12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [f["file_group"] for f in results[11]["files"]] == [f["file_group"] for f in results[12]["files"]]
+    winner = task.pack_result(0, 12, results[12]).column("payload")[0].as_py()
+    record, summary, files = commit_results(writer, [winner], options)
+    deleted = datafiles.discard_unlisted(table.io, writer.instant, keep=[f.path for f in files])
+    assert sorted(deleted) == sorted(f["path"] for f in results[11]["files"])
+    assert parquet_on_disk(table) == {f.path for f in files}
+    assert summary.inserts == shard0.num_rows and len(index_state(table)) == shard0.num_rows
+
+
+def test_shard_served_by_other_processes_and_writers_stays_correct(spark, setup) -> None:
+    table, config = setup
+    upsert(spark.createDataFrame(rows_of(100), SCHEMA), table, cache_config=config)  # Arrow workers
+    # Another writer (another job, another executor) commits behind the caches' back, into a loaded partition.
+    with table.new_commit() as writer:
+        writer.insert("dt=2025-03-01", [f"ext{i}" for i in range(30)], "external-fg")
+    probe = rows_of(10) + [(f"ext{i}", "2025-03-01", 0, False) for i in range(10)] + rows_of(10, start=500)
+    # An RDD worker (a different Python process from the Arrow workers) tags against the same shard caches.
+    tagged = tag(spark.createDataFrame(probe, SCHEMA), table, cache_config=config, use_rdd=True).collect()
+    flags = {r.id: (r._dbidx_is_update, r._dbidx_file_group) for r in tagged}
+    assert all(flags[f"k{i:05d}"][0] for i in range(10)) and not any(flags[f"k{i:05d}"][0] for i in range(500, 510))
+    assert all(flags[f"ext{i}"] == (True, "external-fg") for i in range(10))
+    with table.new_commit() as writer:
+        writer.insert("dt=2025-03-01", [f"ext{i}" for i in range(30, 60)], "external-fg")
+    probe += [(f"ext{i}", "2025-03-01", 0, False) for i in range(30, 40)]
+    # And the Arrow path again: it catches up on the second external commit and counts it.
+    summary = upsert(spark.createDataFrame(probe, SCHEMA), table, cache_config=config)
+    assert (summary.updates, summary.inserts) == (30, 10)
+    assert summary.catchup_entries == 30
+
+
+def test_streaming_foreach_batch(spark, tmp_path: Path, setup) -> None:
+    table, config = setup
+    source = tmp_path / "incoming"
+    source.mkdir()
+    oracle = Oracle(global_mode=False)
+    batches = [rows_of(40), rows_of(20, value=100) + rows_of(10, start=40), [("k00001", "2025-03-01", 0, True)]]
+    for i, batch in enumerate(batches):
+        path = source / f"part-{i}.json"
+        path.write_text("\n".join(json.dumps({"id": k, "dt": d, "v": v, "_dbidx_delete": x}) for k, d, v, x in batch))
+        os.utime(path, (1_700_000_000 + i * 60, 1_700_000_000 + i * 60))  # the file source goes by mtime
+        oracle.apply(batch)
+    summaries = []
+    query = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(source)).writeStream
+             .foreachBatch(lambda df, _id: summaries.append(upsert(df, table, cache_config=config)))
+             .option("checkpointLocation", str(tmp_path / "checkpoint")).trigger(availableNow=True).start())
+    query.awaitTermination(180)
+    assert [(s.inserts, s.updates, s.deletes) for s in summaries] == [(40, 0, 0), (10, 20, 0), (0, 0, 1)]
+    assert read_rows(spark, table) == oracle.expected_rows()
+
+
+def test_bad_input_gets_typed_errors_and_leaves_nothing(spark, setup) -> None:
+    table, config = setup
+    with pytest.raises(InvalidInputError, match="no key column 'user_id'"):
+        upsert(spark.createDataFrame(rows_of(3), SCHEMA), table, key="user_id", cache_config=config)
+    assert table.timeline.pending() == [] and table.timeline.completed() == []
+    nulls = spark.createDataFrame([("a", "2025-03-01", 1, False), (None, "2025-03-01", 2, False)], SCHEMA)
+    with pytest.raises(InvalidKeyError, match="null"):
+        upsert(nulls, table, cache_config=config)
+    assert [r.action for r in table.timeline.completed()] == [ACTION_ROLLBACK]
+    assert parquet_on_disk(table) == set()
