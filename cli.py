@@ -133,6 +133,31 @@ def lookup_cmd(keys: tuple[str, ...], uri: str, partition: str | None, mode: str
         sys.exit(1)
 
 
+@main.command("commits")
+@click.argument("uri")
+@click.option("--last", default=20, show_default=True, help="How many completions to show, newest first.")
+@json_option
+@catch_exception
+def commits_cmd(uri: str, last: int, as_json: bool) -> None:
+    """Recent completions of a table, with each upsert's metrics (rows, inserts, hit rate, on-demand loads...)."""
+    from dbidx.mdt.table import Table
+    from dbidx.spark_integration.api import commit_history
+
+    Output(as_json).emit({"commits": commit_history(Table.open(uri), last)}, _commits_text)
+
+
+def _commits_text(payload: dict[str, Any]) -> str:
+    lines = []
+    for c in payload["commits"]:
+        m = c["metrics"]
+        what = (f"{m['rows']:,} rows, {m['inserts']:,} inserts, {m['updates']:,} updates, {m['deletes']:,} deletes, "
+                f"hit rate {m['hit_rate']:.1%}, {m['on_demand_loads']} on-demand loads "
+                f"({m['stall_seconds']:.2f} s), {m['catchup_entries']:,} catch-up entries, {m['seconds']:.1f} s"
+                if m else f"rolled back {c['rolled_back']}" if c["rolled_back"] else "")
+        lines.append(f"{c['seq']:>5} {c['instant']} {c['action']:<11} {what}".rstrip())
+    return "\n".join(lines) or "no completions yet"
+
+
 @main.command("stats")
 @click.argument("uri", required=False)
 @click.option("--table", "table_uri", default=None, help="Base URI of the dbidx table (same as URI).")
@@ -287,13 +312,18 @@ def verify_cmd(uri: str, cache_dir: str, as_json: bool) -> None:
     """Compare every ready cache partition with the MDT at the cache's watermark; exit 1 on any difference."""
     from dbidx.cache.inspect import open_cache_dir
     from dbidx.cache.verify import verify
+    from dbidx.errors import HistoryCompactedError
     from dbidx.mdt.table import Table
 
     table = Table.open(uri)
     results = []
     for path in _table_caches(table, cache_dir):
         with open_cache_dir(path, _cli_cache_config()) as cache:
-            results.append({"path": str(path)} | verify(cache, table).to_dict())
+            try:
+                results.append({"path": str(path)} | verify(cache, table).to_dict())
+            except HistoryCompactedError as exc:
+                raise HistoryCompactedError(f"{exc}. The cache {path} is behind a clean of the index: run "
+                                            "`dbidx sync` on it first, then verify") from exc
     payload = {"ok": all(r["ok"] for r in results), "caches": results}
 
     def text(p: dict[str, Any]) -> str:
@@ -365,16 +395,20 @@ def rollback_cmd(uri: str, instant: str | None, all_pending: bool, as_json: bool
 
 
 @main.command("demo")
-@click.option("--dir", "workdir", default="demo-output", show_default=True, help="Where the demo table goes.")
-@click.option("--keys-per-day", default=50_000, show_default=True)
-@click.option("--days", default=5, show_default=True)
+@click.option("--dir", "workdir", default="demo-output", show_default=True,
+              help="Where the demo table, caches and Spark scratch go (replaced on every run).")
+@click.option("--keys", default=200_000, show_default=True, help="Keys of the initial load.")
+@click.option("--days", default=10, show_default=True, help="Daily partitions of the initial load.")
+@click.option("--batches", default=6, show_default=True, help="Change batches after the initial load.")
+@click.option("--batch-rows", type=int, default=None, help="Rows per change batch [default: keys / 4].")
 @json_option
 @catch_exception
-def demo_cmd(workdir: str, keys_per_day: int, days: int, as_json: bool) -> None:
-    """End-to-end demo: a Parquet data set, its index, upsert commits, compaction and lookups."""
-    from dbidx.demo import run_demo
+def demo_cmd(workdir: str, keys: int, days: int, batches: int, batch_rows: int | None, as_json: bool) -> None:
+    """End-to-end demo: a change stream upserted through Spark (batch and streaming), warm restart, checked."""
+    from dbidx.spark_integration.demo import run_demo
 
-    report = run_demo(workdir, keys_per_day=keys_per_day, days=days, echo=None if as_json else click.echo)
+    report = run_demo(workdir, keys=keys, days=days, batches=batches, batch_rows=batch_rows,
+                      echo=None if as_json else click.echo)
     if as_json:
         Output(True).emit(report, lambda p: "")
 

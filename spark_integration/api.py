@@ -271,6 +271,17 @@ def _summarize(instant: str, files: list[datafiles.DataFile], entries: pa.Table,
     return summary
 
 
+def commit_history(table: Table, last: int = 20) -> list[dict[str, Any]]:
+    """The last `last` completions (all actions), newest first, with the metrics upserts stored in them (F30)."""
+    table.refresh()
+    out = []
+    for rec in list(reversed(table.timeline.completed()))[:max(last, 0)]:
+        out.append({"seq": rec.seq, "instant": rec.instant, "action": rec.action,
+                    "completed_at_ms": rec.completed_at_ms, "rolled_back": rec.rolled_back,
+                    "metrics": rec.extra.get("metrics")})
+    return out
+
+
 def committed_data_files(table: Table) -> list[tuple[str, int, str]]:
     """(path, completion seq, instant) of every data file a completed upsert published, oldest first."""
     table.refresh()

@@ -175,18 +175,17 @@ class ShardTagger:
                 out_fg: np.ndarray) -> None:
         """Give each new (or moving) key a file group in its target partition; repeats reuse the first one."""
         key_list = keys.take(pa.array(rows)).to_pylist()
-        by_partition: dict[str, list[int]] = {}
+        # 1. Keys this tagger already placed (an earlier batch of the task) keep that file group; the others are
+        #    grouped per partition and per distinct key, so a key repeated within the batch gets one file group.
+        todo: dict[str, dict[str, list[int]]] = {}
         for row, key in zip(rows.tolist(), key_list):
             known = self._new.get((part[row], key))
             if known is not None:
                 out_fg[row] = known
             else:
-                by_partition.setdefault(part[row], []).append(row)
-        for partition, todo in by_partition.items():
-            # 1. One bucket per distinct new key: a key repeated within the batch gets the same file group.
-            distinct: dict[str, list[int]] = {}
-            for row in todo:
-                distinct.setdefault(keys[row].as_py(), []).append(row)
+                todo.setdefault(part[row], {}).setdefault(key, []).append(row)
+        # 2. One assigner call per partition.
+        for partition, distinct in todo.items():
             fgs = self.assigner.assign(partition, pa.array(list(distinct), pa.string()),
                                        lambda p=partition: self._fills(cache, p))
             for (key, dup_rows), fg in zip(distinct.items(), fgs):

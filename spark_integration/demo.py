@@ -1,0 +1,215 @@
+"""The end-to-end demo behind `make demo` / `dbidx demo`: a realistic change stream upserted through Spark.
+
+Steps: create a table; generate a change stream (daily partitions; mostly updates to recent days, some late updates
+to old days, deletes, new keys, a few same-key repeats) with numpy; upsert the initial load and B batches through
+a local Spark session, one of them via Structured Streaming `foreachBatch`; restart Spark midway (the caches on
+local disk are reused and caught up: a warm restart); compact the index; then check that `read_table` holds
+exactly one row per key, equal to an independent pandas computation of the expected state. Any wrong answer
+raises DbidxError.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import date, timedelta
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+
+from dbidx.buckets.assigner import BucketSpec
+from dbidx.config import CacheConfig
+from dbidx.errors import DbidxError
+from dbidx.mdt.compaction import clean, compact
+from dbidx.mdt.table import Table
+from dbidx.spark_integration.api import CommitSummary, read_table, upsert
+
+Echo = Callable[[str], None] | None
+FIRST_DAY = date(2025, 6, 1)
+COLUMNS = ["id", "dt", "seq", "amount", "_dbidx_delete"]
+
+
+@dataclass
+class ChangeStream:
+    """Generates batches and remembers which keys are live on which day (numpy, no dbidx involved)."""
+
+    keys: int
+    days: int
+    rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(7))
+    home: np.ndarray = field(init=False)  # day index of every key ever created
+    alive: np.ndarray = field(init=False)
+    serial: int = 0
+
+    def __post_init__(self) -> None:
+        self.home = np.empty(0, dtype=np.int64)
+        self.alive = np.empty(0, dtype=bool)
+
+    def _frame(self, ids: np.ndarray, days: np.ndarray, deletes: np.ndarray, batch: int) -> pd.DataFrame:
+        n = len(ids)
+        return pd.DataFrame({
+            "id": [f"user-{i:09d}" for i in ids],
+            "dt": [(FIRST_DAY + timedelta(days=int(d))).isoformat() for d in days],
+            "seq": batch * 10_000_000 + np.arange(n, dtype=np.int64),
+            "amount": np.round(self.rng.gamma(2.0, 40.0, n), 2),
+            "_dbidx_delete": deletes,
+        })
+
+    def _new(self, n: int, day: int) -> np.ndarray:
+        ids = np.arange(self.serial, self.serial + n)
+        self.serial += n
+        self.home = np.concatenate([self.home, np.full(n, day)])
+        self.alive = np.concatenate([self.alive, np.ones(n, dtype=bool)])
+        return ids
+
+    def initial(self) -> pd.DataFrame:
+        """Batch 0: every key once, spread evenly over the days."""
+        ids = self._new(self.keys, 0)
+        self.home[ids] = ids % self.days
+        return self._frame(ids, self.home[ids], np.zeros(len(ids), dtype=bool), 0)
+
+    def batch(self, number: int, rows: int) -> pd.DataFrame:
+        """70% updates of recent days, 5% late updates of old days, 5% deletes, 20% new keys on a new day."""
+        newest = self.days - 1 + number
+        live = np.flatnonzero(self.alive)
+        recent = live[self.home[live] >= newest - 3]
+        old = live[self.home[live] < newest - 3]
+        n_upd, n_late, n_del = int(rows * 0.70), int(rows * 0.05), int(rows * 0.05)
+        pool = recent if len(recent) >= n_upd else live
+        upd = self.rng.choice(pool, min(n_upd, len(pool)), replace=False)
+        late = self.rng.choice(old if len(old) else live, n_late, replace=False)
+        dels = self.rng.choice(np.setdiff1d(live, np.concatenate([upd, late])), n_del, replace=False)
+        self.alive[dels] = False
+        new = self._new(rows - len(upd) - n_late - n_del, newest)
+        repeats = self.rng.choice(upd, max(1, rows // 100))  # a few keys twice in one batch: the later row wins
+        ids = np.concatenate([upd, late, dels, new, repeats])
+        deletes = np.concatenate([np.zeros(len(upd) + n_late, bool), np.ones(n_del, bool),
+                                  np.zeros(len(new) + len(repeats), bool)])
+        order = self.rng.permutation(len(ids))
+        return self._frame(ids[order], self.home[ids[order]], deletes[order], number)
+
+
+def expected_state(batches: list[pd.DataFrame]) -> pd.DataFrame:
+    """The truth, computed with pandas alone: per (dt, id) the last row in arrival order, deletes removed."""
+    everything = pd.concat(batches, ignore_index=True).sort_values("seq", kind="stable")
+    latest = everything.drop_duplicates(subset=["dt", "id"], keep="last")
+    return latest[~latest["_dbidx_delete"]].drop(columns="_dbidx_delete")
+
+
+def _spark(local_dir: Path) -> Any:
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    spark = (SparkSession.builder.master("local[2]").appName("dbidx-demo")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").config("spark.sql.shuffle.partitions", "2")
+             .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+             .config("spark.local.dir", str(local_dir)).config("spark.driver.memory", "2g").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def _line(number: int | str, how: str, s: CommitSummary) -> str:
+    return (f"  batch {number:>2} {how:<9} {s.rows:>8,} rows {s.rows / max(s.seconds, 1e-9):>9,.0f} rows/s  "
+            f"ins {s.inserts:>7,} upd {s.updates:>7,} del {s.deletes:>5,}  hit {s.hit_rate:6.1%}  "
+            f"on-demand {s.on_demand_loads:>2} ({s.stall_seconds:4.2f} s)  catch-up {s.catchup_entries:>6,}")
+
+
+def run_demo(workdir: str | Path, keys: int = 200_000, days: int = 10, batches: int = 6,
+             batch_rows: int | None = None, echo: Echo = print) -> dict[str, Any]:
+    """Run the demo; returns the report (also printed through `echo` unless None)."""
+    say = echo or (lambda _msg: None)
+    if keys < 100 or days < 2 or batches < 2:
+        raise DbidxError("the demo needs --keys >= 100, --days >= 2 and --batches >= 2")
+    root = Path(workdir)
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    started = time.perf_counter()
+    table = Table.create(str(root / "table"), num_shards=2)
+    config = CacheConfig(base_path=str(root / "_cache"))
+    spec = BucketSpec(capacity=max(1_000, keys // days // 2))
+    stream = ChangeStream(keys, days)
+    rows = batch_rows or max(1_000, keys // 4)
+    generated: list[pd.DataFrame] = []
+    report: dict[str, Any] = {"table": table.uri, "keys": keys, "days": days, "batches": []}
+    say(f"dbidx demo: table {table.uri}, 2 key shards, dynamic buckets of {spec.capacity:,} keys, Spark local[2]")
+    spark = _spark(root / "_spark")
+    try:
+        # 1. The initial load, then B change batches; the middle one arrives through Structured Streaming.
+        streamed_at, restart_at = batches // 2, batches // 2 + 1
+        for number in range(batches + 1):
+            frame = stream.initial() if number == 0 else stream.batch(number, rows)
+            generated.append(frame)
+            if number == restart_at:
+                # 2. Warm restart: a new Spark application; the cache directories on local disk are reused.
+                spark.stop()
+                spark = _spark(root / "_spark")
+                say("  -- Spark restarted: the next batch reopens the caches left on local disk (warm restart)")
+            if number == streamed_at:
+                summary, how = _streamed(spark, root, frame, table, config, spec, number), "streaming"
+            else:
+                summary, how = upsert(spark.createDataFrame(frame), table, buckets=spec, cache_config=config), "batch"
+            say(_line(number, how, summary))
+            report["batches"].append({"batch": number, "via": how, **{k: v for k, v in summary.to_dict().items()
+                                                                      if k != "per_shard"}})
+        warm = report["batches"][restart_at]
+        if warm["on_demand_loads"] > table.num_shards:  # only the batch's new day may be cold (once per shard)
+            raise DbidxError(f"demo check failed: after the restart {warm['on_demand_loads']} partitions were "
+                             "loaded again; the warm restart should have reused them")
+        # 3. Footprint: the cache's bytes per entry vs the MDT's (compacted) bytes per entry.
+        report.update(_footprint(table, summary))
+        say(f"  footprint: cache {report['cache_bytes_per_entry']:.1f} B/entry on local disk vs index "
+            f"{report['mdt_bytes_per_entry']:.1f} B/entry in the MDT after compaction ({report['live_keys']:,} keys)")
+        # 4. The check: the table's rows equal an independent pandas computation of the expected state.
+        expected = expected_state(generated)
+        actual = read_table(spark, table).select("id", "dt", "seq", "amount").toPandas()
+        _compare(actual, expected)
+        report.update(rows_checked=len(expected), seconds=round(time.perf_counter() - started, 1))
+        say(f"  check: read_table has exactly one row per key, {len(expected):,} rows, equal to the pandas oracle")
+        say(f"done in {report['seconds']} s")
+    finally:
+        spark.stop()
+    return report
+
+
+def _streamed(spark: Any, root: Path, frame: pd.DataFrame, table: Table, config: CacheConfig, spec: BucketSpec,
+              number: int) -> CommitSummary:
+    """Upsert one batch through a Structured Streaming query with foreachBatch."""
+    incoming = root / "_incoming"
+    incoming.mkdir(exist_ok=True)
+    frame.to_parquet(incoming / f"batch-{number:03d}.parquet", index=False)
+    summaries: list[CommitSummary] = []
+    schema = spark.read.parquet(str(incoming)).schema
+    query = (spark.readStream.schema(schema).parquet(str(incoming)).writeStream
+             .foreachBatch(lambda df, _id: summaries.append(upsert(df, table, buckets=spec, cache_config=config)))
+             .option("checkpointLocation", str(root / "_checkpoint")).trigger(availableNow=True).start())
+    query.awaitTermination()
+    if len(summaries) != 1:
+        raise DbidxError(f"demo check failed: the streaming query ran {len(summaries)} micro-batches, expected 1")
+    return summaries[0]
+
+
+def _footprint(table: Table, last: CommitSummary) -> dict[str, Any]:
+    compact(table, min_files=2)
+    clean(table, retain_completions=0)
+    live = sum(p.live_keys for p in table.partitions())
+    rli = sum(size for rel, size in table.io.list_files_recursive(".dbidx/rli"))
+    cache_bytes = sum(m["cache_disk_bytes"] for m in last.per_shard)
+    cache_entries = sum(m["cache_entries"] for m in last.per_shard)
+    return {"live_keys": live, "mdt_bytes_per_entry": round(rli / max(live, 1), 2),
+            "cache_bytes_per_entry": round(cache_bytes / max(cache_entries, 1), 2)}
+
+
+def _compare(actual: pd.DataFrame, expected: pd.DataFrame) -> None:
+    dupes = actual.duplicated(subset=["dt", "id"]).sum()
+    if dupes:
+        raise DbidxError(f"demo check failed: read_table has {dupes} duplicate (dt, id) rows")
+    a = actual.sort_values(["dt", "id"]).reset_index(drop=True)
+    e = expected[["id", "dt", "seq", "amount"]].sort_values(["dt", "id"]).reset_index(drop=True)
+    if len(a) != len(e) or not a.equals(e.astype(a.dtypes.to_dict())):
+        merged = a.merge(e, on=["dt", "id"], how="outer", indicator=True, suffixes=("", "_expected"))
+        wrong = merged[(merged["_merge"] != "both") | (merged["seq"] != merged["seq_expected"])]
+        raise DbidxError(f"demo check failed: {len(wrong)} rows differ from the expected state, e.g.\n"
+                         f"{wrong.head(5).to_string()}")
