@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 
 from dbidx.bootstrap.on_demand import ensure_loaded
 from dbidx.cache.catchup import sync
+from dbidx.cache.reaper import reap
 from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.mdt.table import Table
 from dbidx.spark_integration import datafiles
@@ -36,6 +37,7 @@ OP_INSERT, OP_DELETE, OP_MOVE = "insert", "delete", "move"
 ENTRY_SCHEMA = pa.schema([("op", pa.string()), ("key", pa.string()), ("partition", pa.string()),
                           ("file_group", pa.string()), ("old_partition", pa.string()),
                           ("old_file_group", pa.string())])
+REAPER_INFO = "reaper"
 _TABLES: dict[tuple[str, str], Table] = {}  # per worker process: Python workers are reused, timelines stay warm
 _TABLES_LOCK = threading.Lock()
 
@@ -92,6 +94,7 @@ def shard_session(table: Table, shard: int, options: TagOptions, metrics: ShardM
         result = sync(cache, table)
         metrics.sync_seconds += result.seconds
         yield cache
+        reap_if_due(cache)
         counters = cache.metrics
         metrics.hits += counters.hits
         metrics.misses += counters.misses
@@ -104,6 +107,22 @@ def shard_session(table: Table, shard: int, options: TagOptions, metrics: ShardM
         metrics.cache_disk_bytes = cache.disk_bytes()
     finally:
         cache.close()
+
+
+def reap_if_due(cache: RecordIndexCache, now_ms: int | None = None) -> bool:
+    """Run the TTL / disk-budget reaper at most every reaper_interval_s per cache, at the end of a task.
+
+    Why here: no process outlives the tasks that open a cache (section 2 of docs/DESIGN.md), so a background reaper
+    thread has nowhere to live; the end of a task is when the batch's partitions have just been touched (TTL keeps
+    them) and the task holds the lock anyway.
+    """
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    last = (cache.info(REAPER_INFO) or {}).get("last_ms", 0)
+    if now - last < cache.config.reaper_interval_s * 1000:
+        return False
+    result = reap(cache, now_ms=now)
+    cache.set_info(REAPER_INFO, {"last_ms": now, "dropped": result.dropped})
+    return True
 
 
 def _count_into(metrics: ShardMetrics, counts: TagCounts) -> None:

@@ -160,3 +160,22 @@ def test_bad_input_gets_typed_errors_and_leaves_nothing(spark, setup) -> None:
         upsert(nulls, table, cache_config=config)
     assert [r.action for r in table.timeline.completed()] == [ACTION_ROLLBACK]
     assert parquet_on_disk(table) == set()
+
+
+def test_tasks_reap_expired_partitions_when_due(spark, tmp_path: Path) -> None:
+    """No long-lived process holds a cache, so tasks run the TTL reaper (at most every reaper.interval.s)."""
+    table = Table.create(str(tmp_path / "t"), num_shards=1)
+    config = CacheConfig(base_path=str(tmp_path / "cache"), partition_ttl_hours=1.0, reaper_interval_s=0.0)
+    old_days = [(f"k{i}", f"2025-03-0{1 + i % 3}", i, False) for i in range(30)]
+    upsert(spark.createDataFrame(old_days, SCHEMA), table, cache_config=config)
+    from dbidx.cache.record_cache import RecordIndexCache
+    with RecordIndexCache.for_table(table, 0, config) as cache:  # age the three days by two hours
+        for partition in cache.partitions():
+            cache.touch(partition, at_ms=cache.partitions()[partition].last_access_ms - 2 * 3600 * 1000)
+    summary = upsert(spark.createDataFrame([("new", "2025-03-09", 1, False)], SCHEMA), table, cache_config=config)
+    assert summary.evictions == 3
+    with RecordIndexCache.for_table(table, 0, config) as cache:
+        assert sorted(cache.partitions()) == ["dt=2025-03-09"]
+    # An evicted day is loaded on demand again when a batch touches it, and answers correctly.
+    again = upsert(spark.createDataFrame(old_days[:3], SCHEMA), table, cache_config=config)
+    assert (again.updates, again.on_demand_loads) == (3, 3)
