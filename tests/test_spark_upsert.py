@@ -13,7 +13,7 @@ from dbidx.buckets.naming import bucket_of
 from dbidx.config import CacheConfig
 from dbidx.mdt.keyhash import shard_of
 from dbidx.mdt.table import Table
-from dbidx.spark_integration.api import read_table, upsert
+from dbidx.spark_integration.api import read_table, tag, upsert
 
 from tests.spark_helpers import SCHEMA, Oracle, as_expected_index, bucket_layout, hive, index_state, random_batch
 
@@ -92,3 +92,27 @@ def test_simple_buckets_route_by_hash_and_keep_existing_keys(spark, tmp_path: Pa
     from dbidx.errors import ConfigError
     with pytest.raises(ConfigError, match="routes new keys"):
         upsert(spark.createDataFrame(rows[:5], SCHEMA), table, buckets=BucketSpec(), cache_config=config)
+
+
+def test_ordering_field_decides_between_repeats_and_global_tag_reports_moves(spark, tmp_path: Path) -> None:
+    table = Table.create(str(tmp_path / "g"), num_shards=2, global_index=True)
+    config = CacheConfig(base_path=str(tmp_path / "cache"))
+    first = upsert(spark.createDataFrame([("a", "2025-03-01", 5, False), ("b", "2025-03-01", 1, False)], SCHEMA),
+                   table, cache_config=config)
+    assert first.inserts == 2
+    # Two rows for "a": the earlier one carries the higher ordering value (v) and must win.
+    batch = [("a", "2025-03-02", 9, False), ("a", "2025-03-01", 7, False)]
+    summary = upsert(spark.createDataFrame(batch, SCHEMA), table, ordering="v", cache_config=config)
+    assert (summary.duplicates_dropped, summary.moves, summary.updates) == (1, 1, 1)
+    assert {(r.id, r.dt, r.v) for r in read_table(spark, table).collect()} == {("a", "2025-03-02", 9),
+                                                                                ("b", "2025-03-01", 1)}
+    # tag() in global mode: where the key lives now, and the new file group when the row's partition differs.
+    probe = spark.createDataFrame([("a", "2025-03-05", 0, False), ("b", "2025-03-01", 0, False),
+                                   ("c", "2025-03-01", 0, False)], SCHEMA)
+    rows = {r.id: r for r in tag(probe, table, cache_config=config).collect()}
+    assert (rows["a"]._dbidx_is_update, rows["a"]._dbidx_old_partition) == (True, "dt=2025-03-02")
+    assert rows["a"]._dbidx_partition == "dt=2025-03-05" and rows["a"]._dbidx_file_group != \
+        rows["a"]._dbidx_old_file_group
+    assert rows["b"]._dbidx_file_group == rows["b"]._dbidx_old_file_group and rows["b"]._dbidx_is_update
+    assert (rows["c"]._dbidx_is_update, rows["c"]._dbidx_old_partition) == (False, None)
+    assert bucket_of(rows["c"]._dbidx_file_group) is not None
