@@ -174,23 +174,26 @@ class ShardTagger:
     def _assign(self, cache: RecordIndexCache, keys: pa.Array, part: np.ndarray, rows: np.ndarray,
                 out_fg: np.ndarray) -> None:
         """Give each new (or moving) key a file group in its target partition; repeats reuse the first one."""
-        key_list = keys.take(pa.array(rows)).to_pylist()
-        # 1. Keys this tagger already placed (an earlier batch of the task) keep that file group; the others are
-        #    grouped per partition and per distinct key, so a key repeated within the batch gets one file group.
-        todo: dict[str, dict[str, list[int]]] = {}
-        for row, key in zip(rows.tolist(), key_list):
-            known = self._new.get((part[row], key))
-            if known is not None:
-                out_fg[row] = known
-            else:
-                todo.setdefault(part[row], {}).setdefault(key, []).append(row)
-        # 2. One assigner call per partition.
-        for partition, distinct in todo.items():
-            fgs = self.assigner.assign(partition, pa.array(list(distinct), pa.string()),
-                                       lambda p=partition: self._fills(cache, p))
-            for (key, dup_rows), fg in zip(distinct.items(), fgs):
-                self._new[(partition, key)] = fg
-                out_fg[dup_rows] = fg
+        sub_keys = keys.take(pa.array(rows))
+        sub_parts = part[rows]
+        # 1. Keys this tagger already placed (an earlier Arrow batch of the task) keep that file group.
+        if self._new:
+            prior = np.empty(len(rows), dtype=object)
+            prior[:] = [self._new.get(pk) for pk in zip(sub_parts.tolist(), sub_keys.to_pylist())]
+            hit = np.not_equal(prior, None)
+            if hit.any():
+                out_fg[rows[hit]] = prior[hit]
+                rows, sub_parts = rows[~hit], sub_parts[~hit]
+                sub_keys = sub_keys.filter(pa.array(~hit))
+        # 2. Per partition, one bucket per distinct key (first occurrence order): repeats share a file group.
+        for partition in dict.fromkeys(sub_parts.tolist()):
+            mask = sub_parts == partition
+            encoded = pc.dictionary_encode(sub_keys.filter(pa.array(mask)))
+            distinct = encoded.dictionary
+            fgs = np.empty(len(distinct), dtype=object)
+            fgs[:] = self.assigner.assign(partition, distinct, lambda p=partition: self._fills(cache, p))
+            out_fg[rows[mask]] = fgs[encoded.indices.to_numpy(zero_copy_only=False)]
+            self._new.update(zip(((partition, k) for k in distinct.to_pylist()), fgs.tolist()))
 
     def _fills(self, cache: RecordIndexCache, partition: str) -> dict[str, int]:
         """Live keys per file group of a partition (this shard's slice), as the cache holds them after catch-up."""
