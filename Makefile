@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench-mdt bench-cache bench-bootstrap check-java clean
+.PHONY: demo test bench-mdt bench-cache bench-bootstrap bench-spark check-java clean
 
 demo: check-java $(STAMP)
 	$(BIN)/dbidx demo
@@ -20,6 +20,9 @@ bench-cache: $(STAMP)
 
 bench-bootstrap: $(STAMP)
 	$(BIN)/python benchmarks/bootstrap_bench.py --write-results
+
+bench-spark: check-java $(STAMP)
+	$(BIN)/python benchmarks/spark_bench.py --write-results
 
 check-java:
 	@command -v java >/dev/null 2>&1 || { \

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,27 @@ _COMPRESSION = {
 }
 
 
+_BLOCK_CACHES: dict[int, rd.Cache] = {}
+_BLOCK_CACHES_LOCK = threading.Lock()
+
+
+def shared_block_cache(size_mb: int) -> rd.Cache | None:
+    """One block cache per size per process, shared by every cache directory it opens.
+
+    Why: Spark tasks open a shard's directory for one task only (docs/DESIGN.md), and Python workers are reused;
+    a cache per open would throw the index, filter and data blocks away after every task. Blocks are keyed by
+    SST file identity, so one LRU serves all shards and all reopenings in the worker, and the memory stays
+    bounded by block.cache.mb per worker instead of per open directory.
+    """
+    if not size_mb:
+        return None
+    with _BLOCK_CACHES_LOCK:
+        cache = _BLOCK_CACHES.get(size_mb)
+        if cache is None:
+            cache = _BLOCK_CACHES[size_mb] = rd.Cache(size_mb << 20)
+        return cache
+
+
 def column_family_options(config: CacheConfig, block_cache: rd.Cache | None) -> rd.Options:
     """rocksdict options for the DB and every column family (they must agree, incl. raw_mode)."""
     opts = rd.Options(raw_mode=True)
@@ -40,6 +62,7 @@ def column_family_options(config: CacheConfig, block_cache: rd.Cache | None) -> 
     opts.set_bottommost_compression_type(_COMPRESSION[config.compression])
     opts.set_keep_log_file_num(2)
     opts.set_max_background_jobs(2)
+    opts.set_skip_stats_update_on_db_open(True)  # reopened once per Spark task: don't read every file's stats
     if config.compaction_style == "universal":
         opts.set_compaction_style(rd.DBCompactionStyle.universal())
     table = rd.BlockBasedOptions()
@@ -63,7 +86,7 @@ class Store:
         self.path = Path(path)
         self.config = config
         self._lock_fd: int | None = None
-        self._cache = rd.Cache(config.block_cache_mb << 20) if config.block_cache_mb else None
+        self._cache = shared_block_cache(config.block_cache_mb)
         self.options = column_family_options(config, self._cache)
         self._cfs: dict[str, rd.Rdict] = {}
         self._handles: dict[str, Any] = {}

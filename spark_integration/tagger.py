@@ -7,7 +7,6 @@ tagger remembers the buckets it gave to new keys, so a key repeated across batch
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
