@@ -188,6 +188,7 @@ def upsert(df: Any, table: Table, key: str = "id", partition: str = "dt", orderi
     _check_buckets(table, options.buckets)
     from pyspark.sql import functions as F
 
+    datafiles.sweep_settled(table.io, table.timeline)  # leftovers of attempts killed after their job ended
     writer = table.new_commit()
     instant = writer.instant
     try:

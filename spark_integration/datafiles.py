@@ -9,7 +9,7 @@ it is cleaned.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable
 from urllib.parse import quote, unquote
 
 import numpy as np
@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 
 from dbidx.mdt import layout
 from dbidx.mdt.fileio import FileIO
+from dbidx.mdt.timeline import ACTION_COMMIT
 
 MARKERS_DIR = f"{layout.META_DIR}/markers"
 INSTANT_COLUMN = "_dbidx_instant"
@@ -48,7 +49,7 @@ def marker_dir(instant: str) -> str:
 
 def write_group(io: FileIO, rel: str, rows: pa.Table, instant: str) -> DataFile:
     """Write one file group's rows of an instant: the marker first, so no file is ever written unannounced."""
-    io.write_atomic(f"{marker_dir(instant)}/{quote(rel, safe='')}", b"")
+    io.write_atomic(marker_of(instant, rel), b"")
     with io.open_output_stream(rel) as out:
         pq.write_table(rows, out, compression="zstd")
     partition, name = rel.rsplit("/", 1)
@@ -80,6 +81,47 @@ def write_groups(io: FileIO, rows: pa.Table, partitions: pa.Array, file_groups: 
 def announced_files(io: FileIO, instant: str) -> list[str]:
     """Every data file some attempt of an instant announced (it may or may not exist)."""
     return sorted(unquote(name) for name in io.list_names(marker_dir(instant)) if not name.startswith(".tmp-"))
+
+
+def marker_of(instant: str, rel: str) -> str:
+    """The marker path announcing one data file."""
+    return f"{marker_dir(instant)}/{quote(rel, safe='')}"
+
+
+def settled_files(record: Any) -> set[str] | None:
+    """The data files a settled instant published (empty for a rollback); None while it is unsettled."""
+    if record is None:
+        return None
+    return set(record.extra.get("data_files", [])) if record.action == ACTION_COMMIT else set()
+
+
+def withdraw_if_settled(io: FileIO, timeline: Any, instant: str, written: Iterable[DataFile]) -> bool:
+    """Run by a task after writing: if the instant already completed or was rolled back (this attempt lost a race
+    or outlived its job), delete this attempt's unpublished files and markers. True if it did so.
+
+    Together with the driver's cleanup this leaves no orphan whatever the timing: either the task's marker existed
+    when the driver listed markers (after settling), or the task sees the settled instant here.
+    """
+    timeline.refresh()
+    listed = settled_files(timeline.record_of(instant))
+    if listed is None:
+        return False
+    for f in written:
+        if f.path not in listed:
+            io.delete(f.path)
+            io.delete(marker_of(instant, f.path))
+    return True
+
+
+def sweep_settled(io: FileIO, timeline: Any) -> list[str]:
+    """Delete leftovers of settled instants (files of attempts killed mid-write after their job ended)."""
+    deleted: list[str] = []
+    timeline.refresh()
+    for instant in io.list_dirs(MARKERS_DIR):
+        listed = settled_files(timeline.record_of(instant))
+        if listed is not None:
+            deleted += discard_unlisted(io, instant, listed)
+    return deleted
 
 
 def discard_unlisted(io: FileIO, instant: str, keep: Iterable[str]) -> list[str]:

@@ -197,6 +197,8 @@ def upsert_batches(batches: Iterable[pa.RecordBatch], table: Table, options: Tag
     files = datafiles.write_groups(table.io, data_rows(tagged, options, instant),
                                    tagged.column(TAG_PARTITION).combine_chunks(),
                                    tagged.column(TAG_FILE_GROUP).combine_chunks(), instant, attempt)
+    # 4. An attempt that outlived its job (rolled back) or lost to another attempt (committed without it) withdraws.
+    datafiles.withdraw_if_settled(table.io, table.timeline, instant, files)
     for metrics in shard_metrics:
         metrics.write_seconds = (time.perf_counter() - started) / len(shard_metrics)
         metrics.partitions = sorted({f.partition for f in files})

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -77,7 +78,12 @@ def test_failed_job_is_rolled_back_and_the_batch_can_be_replayed(spark, setup) -
         upsert(batch, table, cache_config=config, on_task_written=always_fail)
     last = table.timeline.completed()[-1]
     assert last.action == ACTION_ROLLBACK
-    assert index_state(table) == before_index and parquet_on_disk(table) == before_files
+    assert index_state(table) == before_index
+    # Attempts still running when the job failed withdraw their own files once they see the rollback.
+    deadline = time.monotonic() + 60
+    while parquet_on_disk(table) != before_files and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert parquet_on_disk(table) == before_files
     assert not table.timeline.pending()
     replay = upsert(batch, table, cache_config=config)
     assert (replay.updates, replay.inserts, replay.orphans_deleted) == (30, 30, 0)
@@ -107,6 +113,24 @@ def test_speculative_duplicate_attempts_leave_one_version(setup) -> None:
     assert sorted(deleted) == sorted(f["path"] for f in results[11]["files"])
     assert parquet_on_disk(table) == {f.path for f in files}
     assert summary.inserts == shard0.num_rows and len(index_state(table)) == shard0.num_rows
+
+
+def test_late_attempts_withdraw_and_leftovers_are_swept(setup) -> None:
+    """An attempt that finishes writing after its instant settled removes its files; a killed one is swept."""
+    table, config = setup
+    options = TagOptions(cache=config)
+    batch = pa.RecordBatch.from_pylist([{"id": k, "dt": d, "v": v} for k, d, v, _ in rows_of(20)])
+    writer = table.new_commit()
+    instant = writer.instant
+    writer.rollback()  # the job failed and the driver cleaned up already
+    late = task.upsert_batches([batch], table, options, instant, attempt=77)
+    assert late["files"] and parquet_on_disk(table) == set()
+    # A killed attempt: its file and marker were written, nothing withdrew them; the next upsert sweeps them.
+    killed = f"dt=2025-03-01/00000000-{'0' * 24}_{instant}_78.parquet"
+    table.io.write_atomic(datafiles.marker_of(instant, killed), b"")
+    table.io.write_atomic(killed, b"partial")
+    assert datafiles.sweep_settled(table.io, table.timeline) == [killed]
+    assert parquet_on_disk(table) == set() and table.io.list_dirs(datafiles.MARKERS_DIR) == []
 
 
 def test_shard_served_by_other_processes_and_writers_stays_correct(spark, setup) -> None:
