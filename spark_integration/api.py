@@ -31,28 +31,15 @@ _TASK_ERROR = re.compile(r"dbidx\.errors\.(\w+): (.+)")
 
 
 @dataclass
-class CommitSummary:
+class CommitSummary(task.TaskCounts):
     """What one upsert did (F30): the instant, row kinds, files, timings and per-shard cache metrics."""
 
-    instant: str
-    seq: int
-    rows: int = 0
-    inserts: int = 0
-    updates: int = 0
-    deletes: int = 0
-    deletes_missing: int = 0
-    moves: int = 0
-    duplicates_dropped: int = 0
+    instant: str = ""
+    seq: int = 0
     partitions: list[str] = field(default_factory=list)
     data_files: int = 0
     data_bytes: int = 0
     index_entries: int = 0
-    hits: int = 0
-    misses: int = 0
-    on_demand_loads: int = 0
-    stall_seconds: float = 0.0
-    catchup_entries: int = 0
-    evictions: int = 0
     orphans_deleted: int = 0
     seconds: float = 0.0
     per_shard: list[dict[str, Any]] = field(default_factory=list)
@@ -262,8 +249,7 @@ def _summarize(instant: str, files: list[datafiles.DataFile], entries: pa.Table,
                per_shard: list[dict[str, Any]]) -> CommitSummary:
     summary = CommitSummary(instant=instant, seq=0, per_shard=sorted(per_shard, key=lambda m: m["shard"]))
     for m in per_shard:
-        for name in ("rows", "inserts", "updates", "deletes", "deletes_missing", "moves", "duplicates_dropped",
-                     "hits", "misses", "on_demand_loads", "stall_seconds", "catchup_entries", "evictions"):
+        for name in task.TAG_COUNTS + task.CACHE_COUNTERS:
             setattr(summary, name, getattr(summary, name) + m[name])
     summary.partitions = sorted({f.partition for f in files})
     summary.data_files = len(files)

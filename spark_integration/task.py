@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Iterable, Iterator
 
 import msgpack
@@ -38,22 +38,15 @@ ENTRY_SCHEMA = pa.schema([("op", pa.string()), ("key", pa.string()), ("partition
                           ("file_group", pa.string()), ("old_partition", pa.string()),
                           ("old_file_group", pa.string())])
 REAPER_INFO = "reaper"
+TAG_COUNTS = [f.name for f in fields(TagCounts)]
 _TABLES: dict[tuple[str, str], Table] = {}  # per worker process: Python workers are reused, timelines stay warm
 _TABLES_LOCK = threading.Lock()
 
 
 @dataclass
-class ShardMetrics:
-    """One shard's work in one task (F30): tagging counts, cache counters, catch-up and timings."""
+class TaskCounts(TagCounts):
+    """Tagging counts plus the cache counters of the same work (summed per shard, then per commit)."""
 
-    shard: int
-    rows: int = 0
-    inserts: int = 0
-    updates: int = 0
-    deletes: int = 0
-    deletes_missing: int = 0
-    moves: int = 0
-    duplicates_dropped: int = 0
     hits: int = 0
     misses: int = 0
     on_demand_loads: int = 0
@@ -61,6 +54,16 @@ class ShardMetrics:
     catchup_entries: int = 0
     reloads: int = 0
     evictions: int = 0
+
+
+CACHE_COUNTERS = [f.name for f in fields(TaskCounts) if f.name not in TAG_COUNTS]
+
+
+@dataclass
+class ShardMetrics(TaskCounts):
+    """One shard's work in one task (F30): tagging counts, cache counters, catch-up and timings."""
+
+    shard: int = 0
     open_seconds: float = 0.0
     sync_seconds: float = 0.0
     tag_seconds: float = 0.0
@@ -95,14 +98,8 @@ def shard_session(table: Table, shard: int, options: TagOptions, metrics: ShardM
         metrics.sync_seconds += result.seconds
         yield cache
         reap_if_due(cache)
-        counters = cache.metrics
-        metrics.hits += counters.hits
-        metrics.misses += counters.misses
-        metrics.on_demand_loads += counters.on_demand_loads
-        metrics.stall_seconds += counters.stall_seconds
-        metrics.catchup_entries += counters.catchup_entries
-        metrics.reloads += counters.reloads
-        metrics.evictions += counters.evictions
+        for name in CACHE_COUNTERS:
+            setattr(metrics, name, getattr(metrics, name) + getattr(cache.metrics, name))
         metrics.cache_entries = sum(s.entries for s in cache.partitions().values())
         metrics.cache_disk_bytes = cache.disk_bytes()
     finally:
@@ -126,8 +123,8 @@ def reap_if_due(cache: RecordIndexCache, now_ms: int | None = None) -> bool:
 
 
 def _count_into(metrics: ShardMetrics, counts: TagCounts) -> None:
-    for name, value in vars(counts).items():
-        setattr(metrics, name, getattr(metrics, name) + value)
+    for name in TAG_COUNTS:
+        setattr(metrics, name, getattr(metrics, name) + getattr(counts, name))
 
 
 def _shard_slices(table: Table, batch: pa.Table, options: TagOptions) -> list[tuple[int, pa.Table]]:
@@ -155,7 +152,7 @@ def tag_batches(batches: Iterable[pa.RecordBatch], table: Table, options: TagOpt
                     if current is not None:
                         current[1].__exit__(None, None, None)
                         current = None
-                    session = shard_session(table, shard, options, ShardMetrics(shard))
+                    session = shard_session(table, shard, options, ShardMetrics(shard=shard))
                     current = (shard, session, session.__enter__())
                 tagger = taggers.setdefault(shard, ShardTagger(table, shard, options))
                 ensure_loaded(current[2], table, tagger.partitions_needed(rows))
@@ -181,7 +178,7 @@ def upsert_batches(batches: Iterable[pa.RecordBatch], table: Table, options: Tag
     batch, dropped = latest_per_key(batch, options, table.global_index)
     tagged_parts, shard_metrics = [], []
     for shard, rows in _shard_slices(table, batch, options):
-        metrics = ShardMetrics(shard, duplicates_dropped=dropped if not shard_metrics else 0)
+        metrics = ShardMetrics(shard=shard, duplicates_dropped=dropped if not shard_metrics else 0)
         # 2. Tag against the shard's cache, caught up to the latest commit, cold partitions loaded on demand.
         with shard_session(table, shard, options, metrics) as cache:
             started = time.perf_counter()
