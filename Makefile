@@ -4,13 +4,33 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench-mdt bench-cache bench-bootstrap bench-spark check-java clean
+.PHONY: demo test bench bench-smoke bench-mdt bench-cache bench-bootstrap bench-spark bench-footprint bench-skew check-java clean
 
 demo: check-java $(STAMP)
 	$(BIN)/dbidx demo
 
 test: check-java $(STAMP)
 	$(BIN)/python -m pytest
+
+# Every benchmark at full size (tens of minutes); rewrites benchmarks/RESULTS.md and benchmarks/results/*.png.
+bench: check-java $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	$(BIN)/python benchmarks/mdt_bench.py --write-results
+	$(BIN)/python benchmarks/cache_bench.py --write-results
+	$(BIN)/python benchmarks/bootstrap_bench.py --write-results
+	$(BIN)/python benchmarks/footprint_bench.py --write-results
+	$(BIN)/python benchmarks/skew_bench.py --write-results
+	$(BIN)/python benchmarks/spark_bench.py --write-results
+
+# Every benchmark at smoke size (under a minute); the test suite runs the same.
+bench-smoke: check-java $(STAMP)
+	$(BIN)/python -m pytest -q tests/test_bench_smoke.py
+
+bench-footprint: $(STAMP)
+	$(BIN)/python benchmarks/footprint_bench.py --write-results
+
+bench-skew: $(STAMP)
+	$(BIN)/python benchmarks/skew_bench.py --write-results
 
 bench-mdt: $(STAMP)
 	$(BIN)/python benchmarks/mdt_bench.py

@@ -196,7 +196,7 @@ def main() -> None:
         verdict,
     ])
     print(body)
-    if args.write_results:
+    if args.write_results and not args.smoke:
         _report.write_section("spark", body)
 
 
