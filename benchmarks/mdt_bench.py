@@ -16,7 +16,6 @@ import uuid
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _report  # noqa: E402
