@@ -20,6 +20,7 @@ bench: check-java $(STAMP)
 	$(BIN)/python benchmarks/bootstrap_bench.py --write-results
 	$(BIN)/python benchmarks/footprint_bench.py --write-results
 	$(BIN)/python benchmarks/skew_bench.py --write-results
+	$(BIN)/python benchmarks/restart_bench.py --write-results
 	$(BIN)/python benchmarks/spark_bench.py --write-results
 
 # Every benchmark at smoke size (under a minute); the test suite runs the same.

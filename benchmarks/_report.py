@@ -87,6 +87,15 @@ def rss_bytes() -> int:
     return 0
 
 
+def write_figures(name: str, figures: dict[str, Any]) -> None:
+    """Key figures of a run as benchmarks/results/<name>.json, the input of projection.py (never typed by hand)."""
+    import json
+
+    out = RESULTS.parent / "results" / f"{name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"machine": machine(), "command": command(), **figures}, indent=1, default=str))
+
+
 def write_section(name: str, body: str) -> None:
     """Replace (or append) the section `name` of RESULTS.md with body."""
     start, end = f"<!-- begin {name} -->", f"<!-- end {name} -->"

@@ -143,6 +143,10 @@ def main() -> None:
     print(body)
     if args.write_results and not args.smoke:
         _report.write_section("bootstrap", body)
+        _report.write_figures("bootstrap", {
+            "window_entries_per_s": window_rate,
+            "serial_entries_per_s": {w: r for (mode, w), r in rates.items() if mode == "serial"},
+            "stall_s_per_million": stall / max(cold_entries, 1) * 1_000_000, "cache_bytes_per_entry": per_entry})
 
 
 def projection_rows(rate: float, bytes_per_entry: float, _shards: int) -> list[list[object]]:

@@ -176,6 +176,8 @@ def main() -> None:
     print(body)
     if args.write_results and not args.smoke:
         _report.write_section("cache", body)
+        _report.write_figures("cache", {"entries": args.entries, "lookup_batch": args.batch,
+                                        "lookup_keys_per_s": {row[0]: row[2] for row in lookups}})
 
 
 if __name__ == "__main__":

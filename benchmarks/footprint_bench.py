@@ -10,7 +10,6 @@ Run: `python benchmarks/footprint_bench.py [--sizes 1000000,10000000] [--smoke] 
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import tempfile
@@ -256,8 +255,8 @@ def main() -> None:
     print(body)
     if args.write_results and not args.smoke:
         _report.write_section("footprint", body)
-        (Path(__file__).resolve().parent / "results" / "footprint.json").write_text(json.dumps(
-            {"headline": headline, "dict": dict_rows, "compression": compression, "growth": growth}, indent=1))
+        _report.write_figures("footprint", {"headline": headline, "dict": dict_rows, "compression": compression,
+                                            "growth": growth})
 
 
 if __name__ == "__main__":

@@ -198,6 +198,7 @@ def main() -> None:
     print(body)
     if args.write_results and not args.smoke:
         _report.write_section("spark", body)
+        _report.write_figures("spark", {"batch_rows": args.batch_rows, "shards": args.shards, "sizes": results})
 
 
 if __name__ == "__main__":

@@ -1,0 +1,102 @@
+"""Restart benchmark: warm restart (reuse the caches on local disk, catch up K commits) vs a full re-bootstrap of
+the same window, at `--keys` keys; target: warm >= 20x faster at 10 M keys.
+
+Data: 30 daily partitions of random UUID keys, one shard cache (one executor's view). After the caches are
+bootstrapped, K commits of `--commit-keys` entries each arrive (new keys on the latest days, 10% deletes of existing
+keys); then both ways of getting a serving cache are timed: `bootstrap()` over the intact caches (it only catches up)
+and `bootstrap()` into an emptied base path.
+Run: `python benchmarks/restart_bench.py [--keys 10000000] [--smoke] [--write-results]`.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _report  # noqa: E402
+from bootstrap_bench import FIRST_DAY, build_table, partition_of, uuid_keys  # noqa: E402
+
+from dbidx.bootstrap.time_bounded import bootstrap  # noqa: E402
+
+DAYS = 30
+
+
+def add_commits(table, count: int, commit_keys: int, rng: np.random.Generator) -> None:
+    """`count` upsert-like commits: new keys on the last three days, 10% deletes of existing keys."""
+    for i in range(count):
+        day = DAYS - 1 - i % 3
+        with table.new_commit() as writer:
+            writer.insert(partition_of(day), uuid_keys(commit_keys - commit_keys // 10, rng), "00000000-restart")
+            victims = table.snapshot(partition_of(i % DAYS)).column("key").slice(0, commit_keys // 10)
+            writer.delete(partition_of(i % DAYS), victims)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keys", type=int, default=10_000_000)
+    parser.add_argument("--commits", default="1,10,50", help="K values (cumulative), comma separated")
+    parser.add_argument("--commit-keys", type=int, default=10_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes (seconds; used by tests)")
+    parser.add_argument("--write-results", action="store_true")
+    args = parser.parse_args()
+    if args.smoke:
+        args.keys, args.commits, args.commit_keys, args.repeats = 60_000, "1,2", 1_000, 1
+    work = Path(tempfile.mkdtemp(prefix="dbidx-restart-bench-", dir=str(Path.cwd())))
+    rng = np.random.default_rng(21)
+    now = str(FIRST_DAY + DAYS - 1)
+    rows, done = [], 0
+    try:
+        table = build_table(work, DAYS, args.keys // DAYS, 1)
+        caches = work / "caches"
+        bootstrap(table, days=DAYS, now=now, base_path=caches)
+        for k in (int(c) for c in args.commits.split(",")):
+            add_commits(table, k - done, args.commit_keys, rng)
+            done = k
+            # 1. Warm: the caches are intact; bootstrap reuses every partition and catches up the K commits.
+            #    Each repeat starts from caches that are K commits behind (a copy taken before the first run).
+            shutil.copytree(caches, work / "behind")
+            warm_runs = []
+            for _ in range(args.repeats):
+                shutil.rmtree(caches)
+                shutil.copytree(work / "behind", caches)
+                warm_runs.append(bootstrap(table, days=DAYS, now=now, base_path=caches))
+            warm = sorted(warm_runs, key=lambda r: r.seconds)[len(warm_runs) // 2]
+            # 2. Full: the same window into an empty base path.
+            full_runs = []
+            for _ in range(args.repeats):
+                shutil.rmtree(work / "full", ignore_errors=True)
+                full_runs.append(bootstrap(table, days=DAYS, now=now, base_path=work / "full"))
+            full = sorted(full_runs, key=lambda r: r.seconds)[len(full_runs) // 2]
+            shutil.rmtree(work / "behind")
+            rows.append([k, k * args.commit_keys, full.entries, warm.seconds, full.seconds,
+                         f"{full.seconds / warm.seconds:.0f}x"])
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    k, ratio = rows[-1][0], float(rows[-1][5][:-1])
+    first_ratio = float(rows[0][5][:-1])
+    verdict = (f"Warm restart is {first_ratio:.0f}x faster than a full re-bootstrap after {rows[0][0]} commit(s) "
+               f"and {ratio:.0f}x after {k} ({'meets' if min(first_ratio, ratio) >= 20 else 'does NOT meet'} "
+               "the >= 20x target at every K)" if len(rows) > 1 else "")
+    body = "\n\n".join([
+        "## Warm restart vs full re-bootstrap",
+        f"Machine: {_report.machine()}. Command: `{_report.command()}`. {args.keys:,} keys in {DAYS} daily "
+        f"partitions, one shard; K commits of {args.commit_keys:,} entries (90% new keys, 10% deletes) after the "
+        f"caches were built; medians of {args.repeats}.",
+        _report.table(["K commits", "entries to catch up", "entries in the window", "warm restart s",
+                       "full re-bootstrap s", "full / warm"], rows),
+        verdict,
+    ])
+    print(body)
+    if args.write_results and not args.smoke:
+        _report.write_section("restart", body)
+        _report.write_figures("restart", {"keys": args.keys, "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
