@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench bench-smoke bench-mdt bench-cache bench-bootstrap bench-spark bench-footprint bench-skew check-java clean
+.PHONY: demo test bench bench-smoke bench-mdt bench-cache bench-bootstrap bench-spark bench-footprint bench-skew bench-restart check-java clean
 
 demo: check-java $(STAMP)
 	$(BIN)/dbidx demo
@@ -22,6 +22,7 @@ bench: check-java $(STAMP)
 	$(BIN)/python benchmarks/skew_bench.py --write-results
 	$(BIN)/python benchmarks/restart_bench.py --write-results
 	$(BIN)/python benchmarks/spark_bench.py --write-results
+	$(BIN)/python benchmarks/projection.py
 
 # Every benchmark at smoke size (under a minute); the test suite runs the same.
 bench-smoke: check-java $(STAMP)
@@ -32,6 +33,9 @@ bench-footprint: $(STAMP)
 
 bench-skew: $(STAMP)
 	$(BIN)/python benchmarks/skew_bench.py --write-results
+
+bench-restart: $(STAMP)
+	$(BIN)/python benchmarks/restart_bench.py --write-results
 
 bench-mdt: $(STAMP)
 	$(BIN)/python benchmarks/mdt_bench.py

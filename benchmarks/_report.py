@@ -20,7 +20,6 @@ RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 def machine() -> str:
     """One line naming the machine and the versions that matter."""
     import pyarrow
-    import rocksdict  # noqa: F401
 
     mem_gb = 0.0
     try:
@@ -96,12 +95,12 @@ def write_figures(name: str, figures: dict[str, Any]) -> None:
     out.write_text(json.dumps({"machine": machine(), "command": command(), **figures}, indent=1, default=str))
 
 
-def write_section(name: str, body: str) -> None:
-    """Replace (or append) the section `name` of RESULTS.md with body."""
+def write_section(name: str, body: str, target: Path = RESULTS) -> None:
+    """Replace (or append) the section `name` of RESULTS.md (or another markdown file) with body."""
     start, end = f"<!-- begin {name} -->", f"<!-- end {name} -->"
     block = f"{start}\n{body.rstrip()}\n{end}"
-    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n\nEvery figure below is written by " \
+    text = target.read_text() if target.exists() else "# Benchmark results\n\nEvery figure below is written by " \
         "the benchmark script named in its section (`--write-results`); none is typed by hand.\n"
     pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
     text = pattern.sub(lambda _m: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
-    RESULTS.write_text(text)
+    target.write_text(text)

@@ -114,6 +114,7 @@ def main() -> None:
     print(body)
     if args.write_results and not args.smoke:
         _report.write_section("skew", body)
+        _report.write_figures("skew", {"days": args.days, "capacity": args.capacity, "last": last, "first": first})
 
 
 if __name__ == "__main__":

@@ -46,3 +46,16 @@ def test_spark_benchmark_runs_at_smoke_size(tmp_path):
     assert "| index keys | dbidx s/batch | Spark join s/batch |" in result.stdout
     assert "| 20,000 |" in result.stdout
     assert list(tmp_path.iterdir()) == []
+
+
+def test_projection_is_computed_from_the_committed_results():
+    """PROJECTION.md and the README's figures come from benchmarks/results/*.json, never from typing."""
+    result = subprocess.run([sys.executable, str(BENCHMARKS / "projection.py"), "--print-only"], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "| quantity | value | from |" in result.stdout
+    readme = (BENCHMARKS.parent / "README.md").read_text()
+    for line in result.stdout.splitlines():
+        if line.startswith("- "):
+            assert line in readme, f"README's Performance section is stale; rerun benchmarks/projection.py: {line}"
+    assert (BENCHMARKS / "PROJECTION.md").read_text().split("\n")[0] == "# The billion-key projection"
