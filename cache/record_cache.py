@@ -25,10 +25,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dbidx.cache import codec, registry
+from dbidx.cache.changes import last_per_key, plan_changes
 from dbidx.cache.metrics import CacheMetrics
 from dbidx.cache.registry import CacheIdentity, PartitionState
 from dbidx.cache.sst_builder import LOCATIONS_KEY, PreparedLoad, build_sst
-from dbidx.cache.store import Store
+from dbidx.cache.store import Store, multi_get
 from dbidx.config import CacheConfig, default_base_path, prepare_dir
 from dbidx.errors import CacheError, InvalidInputError, PartitionNotReadyError
 from dbidx.mdt.layout import partition_dir_name, validate_partition
@@ -319,7 +320,7 @@ class RecordIndexCache:
         # 1. Overlay: entries of instants that have not completed yet.
         if self._pending.get(partition):
             prefix = partition.encode("utf-8") + b"\x00"
-            found = store.cf(OVERLAY_CF, create=True)[[prefix + k for k in binary.to_pylist()]]
+            found = multi_get(store.cf(OVERLAY_CF, create=True), [prefix + k for k in binary.to_pylist()])
             rest = []
             for i, raw in enumerate(found):
                 if raw is None:
@@ -333,7 +334,7 @@ class RecordIndexCache:
         if todo is None or len(todo):
             candidates = binary if todo is None else binary.take(pa.array(todo))
             order = pc.sort_indices(candidates).to_numpy()
-            values = view[candidates.take(pa.array(order)).to_pylist()]
+            values = multi_get(view, candidates.take(pa.array(order)).to_pylist())
             get = decoder.get
             decoded = [None if raw is None else (get(raw) or self._decode_slow(cf_name, raw)) for raw in values]
             positions = order if todo is None else todo[order]
@@ -366,7 +367,7 @@ class RecordIndexCache:
         handle = store.handle(OVERLAY_CF)
         with self._lock:
             batch = store.batch()
-            existing = store.cf(OVERLAY_CF)[[prefix + k for k in encoded]]
+            existing = multi_get(store.cf(OVERLAY_CF), [prefix + k for k in encoded])
             # 1. Last write per key wins (within the batch too); count entries per owning instant exactly.
             latest: dict[bytes, str] = {}
             previous_owner: dict[bytes, str | None] = {}
@@ -440,38 +441,29 @@ class RecordIndexCache:
             if state is None:
                 return 0
             store = self._require_store()
-            encoded = codec.encode_keys(keys)
-            handle = store.handle(state.cf)
-            current: dict[bytes, bytes | None] = dict(zip(encoded, store.cf(state.cf)[list(encoded)])) \
-                if encoded else {}
+            # 1. One final entry per key, keys sorted; then what the family holds for them now.
+            keys_, locations_, deleted_ = last_per_key(codec.encode_keys_binary(keys), locations, deleted)
+            family, handle = store.cf(state.cf), store.handle(state.cf)
+            old_values = multi_get(family, keys_)
+            get = self._decoders[state.cf].get
+            plan = plan_changes(keys_, locations_, deleted_, old_values,
+                                lambda raw: get(raw) or self._decode_slow(state.cf, raw))
+            # 2. One write batch: new dictionary entries first, then the puts and deletes, then the registry.
             batch = store.batch()
-            decoder = self._decoders[state.cf]
-            changed = 0
-            for key, loc, is_deleted in zip(encoded, locations, deleted):
-                old = current.get(key)
-                old_loc = None if old is None else (decoder.get(old) or self._decode_slow(state.cf, old))
-                if is_deleted:
-                    if old is None:
-                        continue
-                    batch.delete(key, handle)
-                    current[key] = None
-                    state.entries -= 1
-                    self._bump_fill(state, old_loc, -1)
-                else:
-                    if loc is None or old_loc == loc:
-                        continue
-                    value = self._encode_location(state.cf, loc, batch)
-                    batch.put(key, value, handle)
-                    current[key] = value
-                    if old is None:
-                        state.entries += 1
-                    else:
-                        self._bump_fill(state, old_loc, -1)
-                    self._bump_fill(state, loc, +1)
-                changed += 1
+            values = {loc: self._encode_location(state.cf, loc, batch) for loc in dict.fromkeys(plan.put_locations)}
+            put, delete = batch.put, batch.delete
+            for key, loc in zip(plan.put_keys, plan.put_locations):
+                put(key, values[loc], handle)
+            for key in plan.delete_keys:
+                delete(key, handle)
+            # 3. Counters by the net change, and the partition's synced seq, in the same batch.
+            state.entries += plan.entries_delta
+            for loc, delta in plan.fills_delta.items():
+                self._bump_fill(state, loc, delta)
             state.synced_seq = max(state.synced_seq, synced_seq)
             batch.put(registry.partition_key(partition), registry.pack(state))
             store.write(batch)
+            changed = plan.changed
         self.metrics.add(partition, catchup_entries=changed)
         return changed
 

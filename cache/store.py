@@ -228,6 +228,23 @@ class Store:
         return int(value or 0)
 
 
+MULTI_GET_CHUNK = 512
+
+
+def multi_get(view: rd.Rdict, keys: list[bytes], chunk: int = MULTI_GET_CHUNK) -> list[bytes | None]:
+    """Values of many keys (None where absent), fetched in chunks of `chunk` keys.
+
+    rocksdict's multi-get costs more per key as the list grows (measured on a 1 M-entry family, sorted keys:
+    1.4 us/key in one call of 150 k keys, 0.8 us/key in calls of 256-4096), so big batches are split.
+    """
+    if len(keys) <= chunk:
+        return view[keys] if keys else []
+    values: list[bytes | None] = []
+    for start in range(0, len(keys), chunk):
+        values += view[keys[start:start + chunk]]
+    return values
+
+
 def _has_memtable_data(view: rd.Rdict) -> bool:
     """Whether a column family has writes that only live in memory (active or immutable memtables)."""
     active = view.property_int_value("rocksdb.num-entries-active-mem-table") or 0

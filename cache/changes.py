@@ -1,0 +1,89 @@
+"""ChangePlan: what a run of committed MDT entries does to one column family, computed a whole batch at a time.
+
+Catch-up applies thousands to millions of entries per sync. Walking them one by one in Python (look up the old
+value, compare, count, put) costs ~2 us an entry and made a warm restart after many commits only a few times faster
+than a full re-bootstrap. Within one catch-up range only each key's *last* entry decides its final state, so the
+entries are first reduced to one per key (a dict built from zip keeps the last occurrence, in C); after that no key
+depends on another and every step is a vectorised pass: numpy masks over object arrays, Counter over locations.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+
+@dataclass
+class ChangePlan:
+    """The puts, deletes and counter movements that bring a column family to the entries' final state."""
+
+    put_keys: list[bytes] = field(default_factory=list)
+    put_locations: list[str] = field(default_factory=list)
+    delete_keys: list[bytes] = field(default_factory=list)
+    entries_delta: int = 0
+    fills_delta: Counter = field(default_factory=Counter)
+
+    @property
+    def changed(self) -> int:
+        return len(self.put_keys) + len(self.delete_keys)
+
+
+def last_per_key(keys: pa.Array, locations: Sequence[str | None],
+                 deleted: Sequence[bool]) -> tuple[list[bytes], list[str | None], np.ndarray]:
+    """Each key's last effective entry (keys: encoded, Arrow binary), keys sorted (sorted multi-gets and writes
+    are markedly faster).
+
+    An entry that is neither a delete nor carries a location changes nothing, so it must not hide an earlier one.
+    """
+    location_array = np.empty(len(locations), dtype=object)
+    location_array[:] = locations
+    deleted_array = np.asarray(deleted, dtype=bool)
+    # 1. Positions of the effective entries (a non-delete without a location is rare: skip the work without one).
+    effective = deleted_array | np.not_equal(location_array, None).astype(bool)
+    positions = np.arange(len(keys), dtype=np.int64)
+    if not effective.all():
+        positions = positions[effective]
+    # 2. dict(zip(...)) keeps the last position of a repeated key: the final entry wins, as in commit order.
+    last = dict(zip(keys.take(pa.array(positions)).to_pylist(), positions.tolist()))
+    if not last:
+        return [], [], np.zeros(0, dtype=bool)
+    final = np.fromiter(last.values(), dtype=np.int64, count=len(last))
+    # 3. Sort by key with Arrow (no Python compare per key).
+    final = final[pc.sort_indices(keys.take(pa.array(final))).to_numpy()]
+    return keys.take(pa.array(final)).to_pylist(), location_array[final].tolist(), deleted_array[final]
+
+
+def plan_changes(keys: Sequence[bytes], locations: Sequence[str | None], deleted: np.ndarray,
+                 old_values: Sequence[bytes | None], decode: Callable[[bytes], str]) -> ChangePlan:
+    """Compare each key's final entry with what the family holds now (`old_values`, aligned with `keys`).
+
+    Idempotent by construction: an entry the family already reflects (same location, or a delete of an absent key)
+    produces no write, which keeps replays after a crash harmless.
+    """
+    plan = ChangePlan()
+    n = len(keys)
+    if n == 0:
+        return plan
+    # 1. Old locations, as objects so numpy compares them element-wise in C.
+    old_locs = np.empty(n, dtype=object)
+    old_locs[:] = [None if raw is None else decode(raw) for raw in old_values]
+    new_locs = np.empty(n, dtype=object)
+    new_locs[:] = locations
+    key_array = np.empty(n, dtype=object)
+    key_array[:] = keys
+    present = np.not_equal(old_locs, None)
+    # 2. Deletes of present keys; puts where the location differs (a new key's old location is None).
+    delete_mask = deleted & present
+    put_mask = ~deleted & np.not_equal(new_locs, old_locs).astype(bool)
+    # 3. Counters move by the net change: entries by presence, fills by location.
+    plan.entries_delta = int(np.count_nonzero(put_mask & ~present)) - int(np.count_nonzero(delete_mask))
+    plan.fills_delta.update(new_locs[put_mask].tolist())
+    plan.fills_delta.subtract(old_locs[(put_mask | delete_mask) & present].tolist())
+    plan.put_keys = key_array[put_mask].tolist()
+    plan.put_locations = new_locs[put_mask].tolist()
+    plan.delete_keys = key_array[delete_mask].tolist()
+    return plan
