@@ -20,6 +20,7 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _report  # noqa: E402
+import charts  # noqa: E402
 
 from dbidx.bootstrap.on_demand import ensure_loaded  # noqa: E402
 from dbidx.bootstrap.time_bounded import bootstrap  # noqa: E402
@@ -140,13 +141,15 @@ def main() -> None:
         _report.table(["executors (shards)", "entries per executor", "disk per executor (GB)",
                        "bootstrap per executor (s)"], projection),
     ])
-    print(body)
     if args.write_results and not args.smoke:
-        _report.write_section("bootstrap", body)
         _report.write_figures("bootstrap", {
-            "window_entries_per_s": window_rate,
+            "window_entries_per_s": window_rate, "days_total": args.days_total, "keys_per_day": args.keys_per_day,
             "serial_entries_per_s": {w: r for (mode, w), r in rates.items() if mode == "serial"},
+            "rows": rows, "warm_restart_s": warm_s, "stall_s": stall, "cold_entries": cold_entries,
             "stall_s_per_million": stall / max(cold_entries, 1) * 1_000_000, "cache_bytes_per_entry": per_entry})
+        body = "\n\n".join([body, charts.links(charts.draw("bootstrap"))])
+        _report.write_section("bootstrap", body)
+    print(body)
 
 
 def projection_rows(rate: float, bytes_per_entry: float, _shards: int) -> list[list[object]]:

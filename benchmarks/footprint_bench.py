@@ -22,6 +22,7 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _report  # noqa: E402
+import charts  # noqa: E402
 from bootstrap_bench import uuid_keys  # noqa: E402
 from cache_bench import load_cache, rss_of, seq_keys  # noqa: E402
 
@@ -146,42 +147,6 @@ def summary_line(headline: list[list]) -> str:
             f"{max(r[5] for r in rows):.1f}x the MDT's Parquet bytes.")
 
 
-def charts(out: Path, headline: list[list], dicts: dict, growth: list[list], largest: int) -> list[str]:
-    """PNG charts if matplotlib is installed (the `bench` extra); returns the files written."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return []
-    out.mkdir(parents=True, exist_ok=True)
-    rows = [r for r in headline if r[1] >= largest * 0.99 and r[2] == 30]
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    width = 0.25
-    x = np.arange(len(rows))
-    ax.bar(x - width, [r[3] for r in rows], width, label="MDT Parquet")
-    ax.bar(x, [r[4] for r in rows], width, label="RocksDB cache (zstd)")
-    ax.bar(x + width, [dicts.get((r[0], largest), 0) for r in rows], width, label="Python dict (RSS)")
-    ax.axhspan(50, 70, color="grey", alpha=0.2, label="RFC-107 index estimate")
-    ax.set_xticks(x, [r[0] for r in rows])
-    ax.set_ylabel("bytes per entry")
-    ax.set_title(f"Index footprint, {largest:,} keys, 30 partitions")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "footprint.png", dpi=110)
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    ax.plot([r[0] for r in growth], [r[2] for r in growth], marker="o", label="TTL reaper on")
-    ax.plot([r[0] for r in growth], [r[3] for r in growth], marker="o", label="TTL reaper off")
-    ax.set_xlabel("simulated day")
-    ax.set_ylabel("cache MB on disk")
-    ax.set_title("Cache footprint over 30 days of daily partitions")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "ttl_growth.png", dpi=110)
-    plt.close("all")
-    return ["results/footprint.png", "results/ttl_growth.png"]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1000000,10000000")
@@ -228,9 +193,6 @@ def main() -> None:
         growth = ttl_growth(work, max(1_000, sizes[0] // 30), args.days, args.ttl_days)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    largest = max(sizes)
-    images = charts(Path(__file__).resolve().parent / "results", headline, dicts, growth, largest) \
-        if args.write_results and not args.smoke else []
     dict_rows = [[shape, size, dicts[(shape, size)], dicts[(shape, size)] * size / 2**20]
                  for size in sizes for shape in SHAPES if (shape, size) in dicts]
     body = "\n\n".join([
@@ -250,13 +212,13 @@ def main() -> None:
         f"touching the last 3 days), TTL {args.ttl_days} days: bounded with the reaper, growing without it.",
         _report.table(["day", "keys in the index", "cache MB (TTL on)", "cache MB (TTL off)",
                        "partitions cached (TTL on)"], growth),
-        "Charts: " + ", ".join(f"![{Path(i).stem}]({i})" for i in images) if images else "",
     ])
-    print(body)
     if args.write_results and not args.smoke:
-        _report.write_section("footprint", body)
         _report.write_figures("footprint", {"headline": headline, "dict": dict_rows, "compression": compression,
                                             "growth": growth})
+        body = "\n\n".join([body, charts.links(charts.draw("footprint"))])
+        _report.write_section("footprint", body)
+    print(body)
 
 
 if __name__ == "__main__":

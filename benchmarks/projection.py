@@ -25,6 +25,7 @@ ASSUMPTIONS = {
     "window_days": 7,
     "cores_per_executor": 4,
     "restart_gap_hours": 1.0,
+    "object_store_mb_per_s": 100,
 }
 
 
@@ -47,7 +48,9 @@ def main() -> None:
     largest = max(r[1] for r in footprint["headline"])
     uuid_rows = [r for r in footprint["headline"] if r[0] == "uuid" and r[1] >= largest * 0.99]
     b_entry = max(r[4] for r in uuid_rows)  # the worst partition count measured, UUID keys
+    mdt_entry = max(r[3] for r in uuid_rows)
     rate = boot["window_entries_per_s"]
+    big_rate = max([rate] + [r[4] for r in boot.get("rows", [])])
     catch = restart["rows"]
     k, caught, _, warm_s, _, _ = catch[-1]
     catchup_rate = caught / warm_s
@@ -56,6 +59,7 @@ def main() -> None:
     # 2. Arithmetic.
     window_entries = a["window_days"] * a["new_keys_per_day"]
     per_exec = window_entries / a["executors"]
+    day_exec = a["new_keys_per_day"] / a["executors"]
     since_restart = a["new_keys_per_day"] * a["restart_gap_hours"] / 24 / a["executors"]
     rows = [
         ["entries in the 7-day window (whole table)", f"{window_entries:,.0f}",
@@ -69,6 +73,15 @@ def main() -> None:
          "vs RFC-107's estimate of ~4.2 GB for the same 70 M entries"],
         ["bootstrap per executor, 7-day window", f"{per_exec / rate:,.1f} s",
          f"at {rate:,.0f} entries/s (bootstrap_bench, best mode on this {boot['machine'].split(',')[0]} machine)"],
+        ["MDT Parquet read per executor for that bootstrap", f"{per_exec * mdt_entry / 1e6:,.0f} MB",
+         f"x {mdt_entry:.1f} B/entry; read from local disk here, from an object store at "
+         f"{a['object_store_mb_per_s']} MB/s add {per_exec * mdt_entry / 1e6 / a['object_store_mb_per_s']:,.1f} s"],
+        ["global bootstrap per executor (all 1 B keys)", f"{a['keys'] / a['executors'] / big_rate:,.0f} s",
+         f"{a['keys'] / a['executors']:,.0f} entries at {big_rate:,.0f} entries/s (the best rate of a large load in "
+         "bootstrap_bench; global index mode ignores the window)"],
+        ["on-demand stall, one cold day-partition", f"{day_exec / 1e6 * boot['stall_s_per_million']:,.2f} s",
+         f"{day_exec:,.0f} entries of one day per executor x {boot['stall_s_per_million']:.2f} s per 1 M "
+         "(bootstrap_bench)"],
         ["warm restart per executor", f"{since_restart / catchup_rate:,.2f} s + open",
          f"{since_restart:,.0f} entries committed in {a['restart_gap_hours']:g} h, at {catchup_rate:,.0f} "
          f"entries/s catch-up (restart_bench, K={k})"],

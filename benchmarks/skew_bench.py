@@ -18,6 +18,7 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _report  # noqa: E402
+import charts  # noqa: E402
 from bootstrap_bench import uuid_keys  # noqa: E402
 
 from dbidx.buckets.assigner import DynamicBucketAssigner, SimpleBucketAssigner  # noqa: E402
@@ -52,31 +53,6 @@ def simulate(days: int, first_day: int, growth: float, shards: int, num_buckets:
     return rows
 
 
-def chart(path: Path, rows: list[list], capacity: int) -> bool:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    path.parent.mkdir(parents=True, exist_ok=True)
-    days = [r[0] for r in rows]
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    ax.plot(days, [r[3] for r in rows], label="simple: max bucket")
-    ax.plot(days, [r[4] for r in rows], "--", label="simple: p99 bucket")
-    ax.plot(days, [r[6] for r in rows], label="dynamic: max bucket")
-    ax.plot(days, [r[7] for r in rows], "--", label="dynamic: p99 bucket")
-    ax.axhline(capacity, color="grey", lw=0.8, label=f"dynamic capacity ({capacity:,})")
-    ax.set_xlabel("day")
-    ax.set_ylabel("keys per bucket")
-    ax.set_title("Bucket size over 60 days of growth in one partition")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--days", type=int, default=60)
@@ -99,8 +75,6 @@ def main() -> None:
                f"with the partition; "
                f"dynamic buckets stay at most {last[6]:,} keys ({'within' if last[6] <= args.capacity else 'OVER'} "
                f"the capacity of {args.capacity:,}) with {last[8]:,} buckets.")
-    results_dir = Path(__file__).resolve().parent / "results"
-    written = args.write_results and not args.smoke and chart(results_dir / "skew.png", rows, args.capacity)
     body = "\n\n".join([
         "## Bucket skew: simple vs dynamic",
         f"Machine: {_report.machine()}. Command: `{_report.command()}`. One partition, {args.first_day:,} new UUID "
@@ -109,12 +83,13 @@ def main() -> None:
         _report.table(["day", "new keys", "keys", "simple max", "simple p99", "simple buckets", "dynamic max",
                        "dynamic p99", "dynamic buckets"], shown),
         verdict,
-        "Chart: ![skew](results/skew.png)" if written else "",
     ])
-    print(body)
     if args.write_results and not args.smoke:
+        _report.write_figures("skew", {"days": args.days, "capacity": args.capacity, "last": last, "first": first,
+                                       "rows": rows})
+        body = "\n\n".join([body, charts.links(charts.draw("skew"))])
         _report.write_section("skew", body)
-        _report.write_figures("skew", {"days": args.days, "capacity": args.capacity, "last": last, "first": first})
+    print(body)
 
 
 if __name__ == "__main__":

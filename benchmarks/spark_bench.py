@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _report  # noqa: E402
+import charts  # noqa: E402
 
 from dbidx.buckets.naming import file_group_id  # noqa: E402
 from dbidx.config import CacheConfig  # noqa: E402
@@ -139,30 +140,6 @@ def run_size(spark, work: Path, keys: int, args: argparse.Namespace) -> dict:
             "dict_s": dict_s, "dict_build_s": dict_build_s, "dict_mb": dict_mb}
 
 
-def chart(path: Path, results: list[dict], batch_rows: int) -> bool:
-    """Per-batch seconds vs index size for the three methods (PNG; needs matplotlib, the `bench` extra)."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    path.parent.mkdir(parents=True, exist_ok=True)
-    keys = [r["keys"] / 1e6 for r in results]
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for name, label in (("dbidx_s", "dbidx tag"), ("join_s", "Spark join against the RLI"),
-                        ("dict_s", "driver-side dict (collect + lookups)")):
-        ax.plot(keys, [r[name] for r in results], marker="o", label=label)
-    ax.set_xlabel("index size (million keys)")
-    ax.set_ylabel(f"seconds per {batch_rows:,}-row batch")
-    ax.set_title("Tagging time vs index size (Spark local[2])")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
-
-
 def spark_session(work: Path, shards: int):
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
@@ -219,13 +196,11 @@ def main() -> None:
                        "join / dbidx", "dbidx cold first batch s", "dict build s", "dict RSS MB"], rows),
         verdict,
     ])
-    if args.write_results and not args.smoke and chart(Path(__file__).resolve().parent / "results" / "tagging.png",
-                                                       results, args.batch_rows):
-        body += "\n\nChart: ![tagging](results/tagging.png)"
-    print(body)
     if args.write_results and not args.smoke:
-        _report.write_section("spark", body)
         _report.write_figures("spark", {"batch_rows": args.batch_rows, "shards": args.shards, "sizes": results})
+        body = "\n\n".join([body, charts.links(charts.draw("spark"))])
+        _report.write_section("spark", body)
+    print(body)
 
 
 if __name__ == "__main__":

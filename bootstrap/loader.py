@@ -6,8 +6,9 @@ file into the cache is a cheap file move done by the thread that owns the open c
 forked, because forking a process that has a RocksDB open hangs the child (and pyarrow's thread pools).
 Measured on 2 cores (benchmarks/bootstrap_bench.py): serial ~1.4-1.5 M entries/s, threads barely better (the
 per-entry SST write loop holds the GIL), spawned processes ~1.8-2.5 M entries/s once a load is big enough to pay for
-starting them (~0.5 s); the crossover is near 2 M entries (noisy: at 2.1 M processes won some runs and lost
-others), so "auto" runs serially below it and uses processes above it.
+starting them (~0.5 s); the crossover lies between 2 M and 9 M entries (at 2.1 M processes won some early runs
+but lost the last two benchmark runs by 5-25 %; at 9 M they win by ~30 %), so "auto" runs serially below 3 M
+expected entries and uses processes above.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from dbidx.mdt.table import Table
 PARALLELISM = ("auto", "threads", "processes", "serial")
 # Below this many entries in one call, "auto" loads serially: a spawned process pool costs ~0.5 s to start, and
 # threads lose to serial (measured in benchmarks/bootstrap_bench.py).
-PROCESS_THRESHOLD_ENTRIES = 2_000_000
+PROCESS_THRESHOLD_ENTRIES = 3_000_000
 
 ProgressCallback = Callable[[int, int, str], None]  # (entries done, entries expected, label of what finished)
 

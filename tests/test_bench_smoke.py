@@ -59,3 +59,19 @@ def test_projection_is_computed_from_the_committed_results():
         if line.startswith("- "):
             assert line in readme, f"README's Performance section is stale; rerun benchmarks/projection.py: {line}"
     assert (BENCHMARKS / "PROJECTION.md").read_text().split("\n")[0] == "# The billion-key projection"
+
+
+def test_every_chart_is_drawn_from_the_committed_figures(tmp_path, monkeypatch):
+    """Each chart redraws from benchmarks/results/<name>.json, names its machine and command, and RESULTS.md
+    shows it."""
+    pytest.importorskip("matplotlib")
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import charts
+
+    results = (BENCHMARKS / "RESULTS.md").read_text()
+    for name in charts.CHARTS:
+        written = charts.draw(name, out_dir=tmp_path)
+        assert written, f"benchmarks/results/{name}.json is missing: run the {name} benchmark with --write-results"
+        for link in written:
+            assert (tmp_path / Path(link).name).stat().st_size > 10_000
+            assert f"({link})" in results, f"RESULTS.md does not show {link}"

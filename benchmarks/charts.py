@@ -1,0 +1,167 @@
+"""Charts of the benchmark results: every PNG under benchmarks/results/ is drawn from results/<name>.json.
+
+Drawing from the saved figures (not inside the timed runs) means a chart can be redrawn without rerunning a
+benchmark and always shows exactly what RESULTS.md reports. Each chart carries a footer naming the machine, the
+versions and the command that measured it (both saved in the JSON by `_report.write_figures`).
+Needs matplotlib (the `bench` extra); without it nothing is drawn and the benchmarks still run.
+Run: `python benchmarks/charts.py [name ...]` (default: every results/*.json that has a chart).
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def _pyplot() -> Any | None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def _save(plt: Any, fig: Any, data: dict, shape: str, filename: str) -> str:
+    """Footer (machine, versions, data shape, command), then the PNG; returns its path relative to benchmarks/."""
+    footer = f"{data.get('machine', 'machine not recorded')}\n{shape}. Command: {data.get('command', '?')}"
+    fig.text(0.01, 0.01, footer, fontsize=6.5, color="#444444", va="bottom", ha="left", wrap=True)
+    fig.tight_layout(rect=(0, 0.09, 1, 1))
+    out = Path(data.get("_out_dir", RESULTS_DIR))
+    out.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out / filename, dpi=110)
+    plt.close(fig)
+    return f"results/{filename}"
+
+
+def footprint(plt: Any, data: dict) -> list[str]:
+    """Bytes per entry by key shape (MDT, cache, dict, RFC-107), and cache MB over 30 days with the TTL on/off."""
+    import numpy as np
+
+    largest = max(r[1] for r in data["headline"])
+    rows = [r for r in data["headline"] if r[1] >= largest * 0.99 and r[2] == 30]
+    dicts = {r[0]: r[2] for r in data["dict"] if r[1] >= largest * 0.99}
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    width, x = 0.25, np.arange(len(rows))
+    ax.bar(x - width, [r[3] for r in rows], width, label="MDT Parquet")
+    ax.bar(x, [r[4] for r in rows], width, label="RocksDB cache (zstd)")
+    ax.bar(x + width, [dicts.get(r[0], 0) for r in rows], width, label="Python dict (RSS)")
+    ax.axhspan(50, 70, color="grey", alpha=0.2, label="RFC-107 index estimate (50-70)")
+    ax.set_xticks(x, [r[0] for r in rows])
+    ax.set_ylabel("bytes per entry")
+    ax.set_title(f"Index footprint, {largest:,} keys, 30 partitions")
+    ax.legend()
+    out = [_save(plt, fig, data, f"{largest:,} entries over 30 daily partitions, one shard", "footprint.png")]
+    growth = data["growth"]
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    ax.plot([r[0] for r in growth], [r[2] for r in growth], marker="o", label="TTL reaper on")
+    ax.plot([r[0] for r in growth], [r[3] for r in growth], marker="o", label="TTL reaper off")
+    ax.set_xlabel("simulated day")
+    ax.set_ylabel("cache MB on disk")
+    ax.set_title(f"Cache footprint over {len(growth)} days of daily partitions")
+    ax.legend()
+    shape = f"{growth[0][1]:,} new UUID keys a day, {growth[-1][1]:,} keys after {len(growth)} days"
+    return out + [_save(plt, fig, data, shape, "ttl_growth.png")]
+
+
+def skew(plt: Any, data: dict) -> list[str]:
+    """Largest and p99 bucket per day: simple (hash % N) vs dynamic buckets."""
+    rows = data["rows"]
+    days = [r[0] for r in rows]
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    ax.plot(days, [r[3] for r in rows], label="simple: max bucket")
+    ax.plot(days, [r[4] for r in rows], "--", label="simple: p99 bucket")
+    ax.plot(days, [r[6] for r in rows], label="dynamic: max bucket")
+    ax.plot(days, [r[7] for r in rows], "--", label="dynamic: p99 bucket")
+    ax.axhline(data["capacity"], color="grey", lw=0.8, label=f"dynamic capacity ({data['capacity']:,})")
+    ax.set_xlabel("day")
+    ax.set_ylabel("keys per bucket")
+    ax.set_title(f"Bucket size over {data['days']} days of growth in one partition")
+    ax.legend()
+    shape = f"one partition, {rows[0][1]:,} new keys on day 1, {rows[-1][2]:,} keys on day {rows[-1][0]}"
+    return [_save(plt, fig, data, shape, "skew.png")]
+
+
+def spark(plt: Any, data: dict) -> list[str]:
+    """Per-batch tagging seconds vs index size: dbidx, a Spark join against the RLI, a driver-side dict."""
+    sizes = data["sizes"]
+    keys = [r["keys"] / 1e6 for r in sizes]
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    for name, label in (("dbidx_s", "dbidx tag"), ("join_s", "Spark join against the RLI"),
+                        ("dict_s", "driver-side dict (collect + lookups)")):
+        ax.plot(keys, [r[name] for r in sizes], marker="o", label=label)
+    ax.set_xlabel("index size (million keys)")
+    ax.set_ylabel(f"seconds per {data['batch_rows']:,}-row batch")
+    ax.set_title("Tagging time vs index size (Spark local[2])")
+    ax.legend()
+    shape = f"batches of {data['batch_rows']:,} rows, 80% existing keys, 30 daily partitions, {data['shards']} shards"
+    return [_save(plt, fig, data, shape, "tagging.png")]
+
+
+def bootstrap(plt: Any, data: dict) -> list[str]:
+    """Bootstrap entries/s per parallelism mode, for the 7-day window and the whole table."""
+    rows = data["rows"]
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    labels = [f"{r[0]}\n{r[1]} days" for r in rows]
+    ax.bar(range(len(rows)), [r[4] / 1e6 for r in rows], color=["C0" if r[1] == rows[0][1] else "C1" for r in rows])
+    ax.set_xticks(range(len(rows)), labels, fontsize=8)
+    ax.set_ylabel("million entries / s (end to end)")
+    ax.set_title(f"Bootstrap rate by parallelism; on-demand stall: {data['stall_s_per_million']:.2f} s per 1 M "
+                 "entries", fontsize=10)
+    shape = f"{data.get('days_total', '?')} daily partitions x {data.get('keys_per_day', 0):,} UUID keys, one shard"
+    return [_save(plt, fig, data, shape, "bootstrap.png")]
+
+
+def restart(plt: Any, data: dict) -> list[str]:
+    """Warm restart (catch-up) vs full re-bootstrap seconds after K commits."""
+    import numpy as np
+
+    rows = data["rows"]
+    x, width = np.arange(len(rows)), 0.38
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    ax.bar(x - width / 2, [r[3] for r in rows], width, label="warm restart (reuse + catch-up)")
+    ax.bar(x + width / 2, [r[4] for r in rows], width, label="full re-bootstrap")
+    for i, r in enumerate(rows):
+        ax.annotate(r[5], (i, max(r[3], r[4])), ha="center", va="bottom", fontsize=9)
+    ax.set_xticks(x, [f"K={r[0]}\n({r[1]:,} entries)" for r in rows], fontsize=8)
+    ax.set_ylabel("seconds")
+    ax.set_title(f"Getting a serving cache back after K commits, {data['keys']:,} keys")
+    ax.legend()
+    return [_save(plt, fig, data, f"{data['keys']:,} keys in 30 daily partitions, one shard", "restart.png")]
+
+
+CHARTS: dict[str, Callable[[Any, dict], list[str]]] = {
+    "footprint": footprint, "skew": skew, "spark": spark, "bootstrap": bootstrap, "restart": restart,
+}
+
+
+def draw(name: str, out_dir: Path = RESULTS_DIR) -> list[str]:
+    """Draw the charts of one benchmark from its saved figures (results/<name>.json) into out_dir; returns the
+    written paths as RESULTS.md links them; [] without matplotlib or figures."""
+    plt = _pyplot()
+    path = RESULTS_DIR / f"{name}.json"
+    if plt is None or name not in CHARTS or not path.exists():
+        return []
+    return CHARTS[name](plt, {**json.loads(path.read_text()), "_out_dir": str(out_dir)})
+
+
+def links(paths: list[str]) -> str:
+    """The markdown line that shows the charts in RESULTS.md ('' when none were drawn)."""
+    return "Chart: " + ", ".join(f"![{Path(p).stem}]({p})" for p in paths) if paths else ""
+
+
+def main() -> None:
+    names = sys.argv[1:] or [n for n in CHARTS if (RESULTS_DIR / f"{n}.json").exists()]
+    if _pyplot() is None:
+        raise SystemExit("matplotlib is not installed: pip install -e '.[bench]'")
+    for name in names:
+        for path in draw(name):
+            print(path)
+
+
+if __name__ == "__main__":
+    main()
