@@ -65,7 +65,21 @@ def footprint(plt: Any, data: dict) -> list[str]:
     ax.set_title(f"Cache footprint over {len(growth)} days of daily partitions")
     ax.legend()
     shape = f"{growth[0][1]:,} new UUID keys a day, {growth[-1][1]:,} keys after {len(growth)} days"
-    return out + [_save(plt, fig, data, shape, "ttl_growth.png")]
+    out.append(_save(plt, fig, data, shape, "ttl_growth.png"))
+    rows = [r for r in data["compression"] if len(r) == 7 and r[1] >= largest * 0.99]
+    if rows:  # compressions at the largest size (runs before the bulk-loaded column have no such chart)
+        fig, ax = plt.subplots(figsize=(8, 4.8))
+        x = np.arange(len(rows))
+        for i, (column, label) in enumerate(((3, "bulk-loaded"), (4, "catch-up written"),
+                                             (5, "catch-up written, compacted"))):
+            ax.bar(x + (i - 1) * width, [r[column] for r in rows], width, label=label)
+        ax.set_xticks(x, [f"{r[0]}\n{r[2]}" for r in rows], fontsize=7)
+        ax.set_ylabel("cache bytes per entry")
+        ax.set_title(f"Cache footprint by compression, {largest:,} keys")
+        ax.legend()
+        out.append(_save(plt, fig, data, f"{largest:,} entries over 30 daily partitions, one shard",
+                         "compression.png"))
+    return out
 
 
 def skew(plt: Any, data: dict) -> list[str]:
