@@ -104,3 +104,17 @@ def write_section(name: str, body: str, target: Path = RESULTS) -> None:
     pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
     text = pattern.sub(lambda _m: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
     target.write_text(text)
+
+
+def publish(name: str, body: str, figures: dict[str, Any]) -> str:
+    """Save a run's figures, draw its charts from them, and write its RESULTS.md section (body + chart links).
+
+    The order matters: the charts are drawn from the saved JSON, so RESULTS.md links only what was drawn from
+    this run. Returns the section as written (for printing).
+    """
+    import charts  # beside this module; imported here so the benchmarks' start-up does not pay for it
+
+    write_figures(name, figures)
+    body = "\n\n".join([body, charts.links(charts.draw(name))])
+    write_section(name, body)
+    return body

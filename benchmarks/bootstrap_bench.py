@@ -20,7 +20,6 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _report  # noqa: E402
-import charts  # noqa: E402
 
 from dbidx.bootstrap.on_demand import ensure_loaded  # noqa: E402
 from dbidx.bootstrap.time_bounded import bootstrap  # noqa: E402
@@ -142,13 +141,10 @@ def main() -> None:
                        "bootstrap per executor (s)"], projection),
     ])
     if args.write_results and not args.smoke:
-        _report.write_figures("bootstrap", {
+        body = _report.publish("bootstrap", body, {
             "window_entries_per_s": window_rate, "days_total": args.days_total, "keys_per_day": args.keys_per_day,
-            "serial_entries_per_s": {w: r for (mode, w), r in rates.items() if mode == "serial"},
-            "rows": rows, "warm_restart_s": warm_s, "stall_s": stall, "cold_entries": cold_entries,
-            "stall_s_per_million": stall / max(cold_entries, 1) * 1_000_000, "cache_bytes_per_entry": per_entry})
-        body = "\n\n".join([body, charts.links(charts.draw("bootstrap"))])
-        _report.write_section("bootstrap", body)
+            "rows": rows, "stall_s_per_million": stall / max(cold_entries, 1) * 1_000_000,
+            "cache_bytes_per_entry": per_entry})
     print(body)
 
 

@@ -26,19 +26,22 @@ def _pyplot() -> Any | None:
     return plt
 
 
-def _save(plt: Any, fig: Any, data: dict, shape: str, filename: str) -> str:
-    """Footer (machine, versions, data shape, command), then the PNG; returns its path relative to benchmarks/."""
+Figure = tuple[Any, str, str]  # (matplotlib figure, data shape for the footer, file name)
+
+
+def _save(plt: Any, figure: Figure, data: dict, out_dir: Path) -> str:
+    """Footer (machine, versions, data shape, command), then the PNG; returns its path as RESULTS.md links it."""
+    fig, shape, filename = figure
     footer = f"{data.get('machine', 'machine not recorded')}\n{shape}. Command: {data.get('command', '?')}"
     fig.text(0.01, 0.01, footer, fontsize=6.5, color="#444444", va="bottom", ha="left", wrap=True)
     fig.tight_layout(rect=(0, 0.09, 1, 1))
-    out = Path(data.get("_out_dir", RESULTS_DIR))
-    out.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out / filename, dpi=110)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_dir / filename, dpi=110)
     plt.close(fig)
     return f"results/{filename}"
 
 
-def footprint(plt: Any, data: dict) -> list[str]:
+def footprint(plt: Any, data: dict) -> list[Figure]:
     """Bytes per entry by key shape (MDT, cache, dict, RFC-107), and cache MB over 30 days with the TTL on/off."""
     import numpy as np
 
@@ -55,7 +58,7 @@ def footprint(plt: Any, data: dict) -> list[str]:
     ax.set_ylabel("bytes per entry")
     ax.set_title(f"Index footprint, {largest:,} keys, 30 partitions")
     ax.legend()
-    out = [_save(plt, fig, data, f"{largest:,} entries over 30 daily partitions, one shard", "footprint.png")]
+    out = [(fig, f"{largest:,} entries over 30 daily partitions, one shard", "footprint.png")]
     growth = data["growth"]
     fig, ax = plt.subplots(figsize=(8, 4.8))
     ax.plot([r[0] for r in growth], [r[2] for r in growth], marker="o", label="TTL reaper on")
@@ -65,24 +68,22 @@ def footprint(plt: Any, data: dict) -> list[str]:
     ax.set_title(f"Cache footprint over {len(growth)} days of daily partitions")
     ax.legend()
     shape = f"{growth[0][1]:,} new UUID keys a day, {growth[-1][1]:,} keys after {len(growth)} days"
-    out.append(_save(plt, fig, data, shape, "ttl_growth.png"))
-    rows = [r for r in data["compression"] if len(r) == 7 and r[1] >= largest * 0.99]
-    if rows:  # compressions at the largest size (runs before the bulk-loaded column have no such chart)
-        fig, ax = plt.subplots(figsize=(8, 4.8))
-        x = np.arange(len(rows))
-        for i, (column, label) in enumerate(((3, "bulk-loaded"), (4, "catch-up written"),
-                                             (5, "catch-up written, compacted"))):
-            ax.bar(x + (i - 1) * width, [r[column] for r in rows], width, label=label)
-        ax.set_xticks(x, [f"{r[0]}\n{r[2]}" for r in rows], fontsize=7)
-        ax.set_ylabel("cache bytes per entry")
-        ax.set_title(f"Cache footprint by compression, {largest:,} keys")
-        ax.legend()
-        out.append(_save(plt, fig, data, f"{largest:,} entries over 30 daily partitions, one shard",
-                         "compression.png"))
+    out.append((fig, shape, "ttl_growth.png"))
+    rows = [r for r in data["compression"] if r[1] >= largest * 0.99]  # compressions at the largest size
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    x = np.arange(len(rows))
+    for i, (column, label) in enumerate(((3, "bulk-loaded"), (4, "catch-up written"),
+                                         (5, "catch-up written, compacted"))):
+        ax.bar(x + (i - 1) * width, [r[column] for r in rows], width, label=label)
+    ax.set_xticks(x, [f"{r[0]}\n{r[2]}" for r in rows], fontsize=7)
+    ax.set_ylabel("cache bytes per entry")
+    ax.set_title(f"Cache footprint by compression, {largest:,} keys")
+    ax.legend()
+    out.append((fig, f"{largest:,} entries over 30 daily partitions, one shard", "compression.png"))
     return out
 
 
-def skew(plt: Any, data: dict) -> list[str]:
+def skew(plt: Any, data: dict) -> list[Figure]:
     """Largest and p99 bucket per day: simple (hash % N) vs dynamic buckets."""
     rows = data["rows"]
     days = [r[0] for r in rows]
@@ -97,10 +98,10 @@ def skew(plt: Any, data: dict) -> list[str]:
     ax.set_title(f"Bucket size over {data['days']} days of growth in one partition")
     ax.legend()
     shape = f"one partition, {rows[0][1]:,} new keys on day 1, {rows[-1][2]:,} keys on day {rows[-1][0]}"
-    return [_save(plt, fig, data, shape, "skew.png")]
+    return [(fig, shape, "skew.png")]
 
 
-def spark(plt: Any, data: dict) -> list[str]:
+def spark(plt: Any, data: dict) -> list[Figure]:
     """Per-batch tagging seconds vs index size: dbidx, a Spark join against the RLI, a driver-side dict."""
     sizes = data["sizes"]
     keys = [r["keys"] / 1e6 for r in sizes]
@@ -113,10 +114,10 @@ def spark(plt: Any, data: dict) -> list[str]:
     ax.set_title("Tagging time vs index size (Spark local[2])")
     ax.legend()
     shape = f"batches of {data['batch_rows']:,} rows, 80% existing keys, 30 daily partitions, {data['shards']} shards"
-    return [_save(plt, fig, data, shape, "tagging.png")]
+    return [(fig, shape, "tagging.png")]
 
 
-def bootstrap(plt: Any, data: dict) -> list[str]:
+def bootstrap(plt: Any, data: dict) -> list[Figure]:
     """Bootstrap entries/s per parallelism mode, for the 7-day window and the whole table."""
     rows = data["rows"]
     fig, ax = plt.subplots(figsize=(8, 4.8))
@@ -127,10 +128,10 @@ def bootstrap(plt: Any, data: dict) -> list[str]:
     ax.set_title(f"Bootstrap rate by parallelism; on-demand stall: {data['stall_s_per_million']:.2f} s per 1 M "
                  "entries", fontsize=10)
     shape = f"{data.get('days_total', '?')} daily partitions x {data.get('keys_per_day', 0):,} UUID keys, one shard"
-    return [_save(plt, fig, data, shape, "bootstrap.png")]
+    return [(fig, shape, "bootstrap.png")]
 
 
-def restart(plt: Any, data: dict) -> list[str]:
+def restart(plt: Any, data: dict) -> list[Figure]:
     """Warm restart (catch-up) vs full re-bootstrap seconds after K commits."""
     import numpy as np
 
@@ -145,10 +146,10 @@ def restart(plt: Any, data: dict) -> list[str]:
     ax.set_ylabel("seconds")
     ax.set_title(f"Getting a serving cache back after K commits, {data['keys']:,} keys")
     ax.legend()
-    return [_save(plt, fig, data, f"{data['keys']:,} keys in 30 daily partitions, one shard", "restart.png")]
+    return [(fig, f"{data['keys']:,} keys in 30 daily partitions, one shard", "restart.png")]
 
 
-CHARTS: dict[str, Callable[[Any, dict], list[str]]] = {
+CHARTS: dict[str, Callable[[Any, dict], list[Figure]]] = {
     "footprint": footprint, "skew": skew, "spark": spark, "bootstrap": bootstrap, "restart": restart,
 }
 
@@ -160,7 +161,8 @@ def draw(name: str, out_dir: Path = RESULTS_DIR) -> list[str]:
     path = RESULTS_DIR / f"{name}.json"
     if plt is None or name not in CHARTS or not path.exists():
         return []
-    return CHARTS[name](plt, {**json.loads(path.read_text()), "_out_dir": str(out_dir)})
+    data = json.loads(path.read_text())
+    return [_save(plt, figure, data, out_dir) for figure in CHARTS[name](plt, data)]
 
 
 def links(paths: list[str]) -> str:

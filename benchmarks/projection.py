@@ -119,6 +119,7 @@ def readme_block(footprint: dict, spark: dict, boot: dict, restart: dict, skew: 
     dicts = {r[0]: r[2] for r in footprint["dict"] if r[1] == max(d[1] for d in footprint["dict"])}
     tag = max(spark["sizes"], key=lambda r: r["keys"])
     first, last = restart["rows"][0], restart["rows"][-1]
+    grown = skew["rows"][-1]
     lines = [
         f"- Disk, {largest:,} entries over 30 partitions: the cache takes {at[('uuid', 30)][4]:.1f} B/entry for "
         f"UUID keys ({at[('uuid', 30)][3]:.1f} in the MDT's Parquet, {dicts['uuid']:.0f} in a Python dict), "
@@ -131,8 +132,8 @@ def readme_block(footprint: dict, spark: dict, boot: dict, restart: dict, skew: 
         f"{first[0]} / {last[0]} commits: {first[3]:.2f} / {last[3]:.2f} s vs {first[4]:.1f} / {last[4]:.1f} s for "
         f"a full re-bootstrap of {first[2]:,} entries.",
         f"- Buckets over {skew['days']} days of growth: the largest simple (hash) bucket reaches "
-        f"{skew['last'][3]:,} keys; dynamic buckets stay at most {skew['last'][6]:,} (capacity "
-        f"{skew['capacity']:,}) with {skew['last'][8]} buckets.",
+        f"{grown[3]:,} keys; dynamic buckets stay at most {grown[6]:,} (capacity "
+        f"{skew['capacity']:,}) with {grown[8]} buckets.",
         "- The billion-key projection: [benchmarks/PROJECTION.md](benchmarks/PROJECTION.md).",
     ]
     return "\n".join(lines)

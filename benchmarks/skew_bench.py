@@ -18,7 +18,6 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _report  # noqa: E402
-import charts  # noqa: E402
 from bootstrap_bench import uuid_keys  # noqa: E402
 
 from dbidx.buckets.assigner import DynamicBucketAssigner, SimpleBucketAssigner  # noqa: E402
@@ -85,10 +84,7 @@ def main() -> None:
         verdict,
     ])
     if args.write_results and not args.smoke:
-        _report.write_figures("skew", {"days": args.days, "capacity": args.capacity, "last": last, "first": first,
-                                       "rows": rows})
-        body = "\n\n".join([body, charts.links(charts.draw("skew"))])
-        _report.write_section("skew", body)
+        body = _report.publish("skew", body, {"days": args.days, "capacity": args.capacity, "rows": rows})
     print(body)
 
 

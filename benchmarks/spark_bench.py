@@ -27,7 +27,6 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _report  # noqa: E402
-import charts  # noqa: E402
 
 from dbidx.buckets.naming import file_group_id  # noqa: E402
 from dbidx.config import CacheConfig  # noqa: E402
@@ -197,9 +196,8 @@ def main() -> None:
         verdict,
     ])
     if args.write_results and not args.smoke:
-        _report.write_figures("spark", {"batch_rows": args.batch_rows, "shards": args.shards, "sizes": results})
-        body = "\n\n".join([body, charts.links(charts.draw("spark"))])
-        _report.write_section("spark", body)
+        body = _report.publish("spark", body, {"batch_rows": args.batch_rows, "shards": args.shards,
+                                               "sizes": results})
     print(body)
 
 

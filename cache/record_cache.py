@@ -442,11 +442,12 @@ class RecordIndexCache:
                 return 0
             store = self._require_store()
             # 1. One final entry per key, keys sorted; then what the family holds for them now.
-            keys_, locations_, deleted_ = last_per_key(codec.encode_keys_binary(keys), locations, deleted)
+            unique_keys, final_locations, final_deleted = last_per_key(codec.encode_keys_binary(keys), locations,
+                                                                       deleted)
             family, handle = store.cf(state.cf), store.handle(state.cf)
-            old_values = multi_get(family, keys_)
+            old_values = multi_get(family, unique_keys)
             get = self._decoders[state.cf].get
-            plan = plan_changes(keys_, locations_, deleted_, old_values,
+            plan = plan_changes(unique_keys, final_locations, final_deleted, old_values,
                                 lambda raw: get(raw) or self._decode_slow(state.cf, raw))
             # 2. One write batch: new dictionary entries first, then the puts and deletes, then the registry.
             batch = store.batch()
