@@ -55,6 +55,13 @@ class ConflictError(DbidxError):
     exit_code = 5
 
 
+class CommitError(DbidxError):
+    """An instant cannot be published as it stands (a task result is missing or repeated, a listed file is missing
+    or has another size): it was rolled back, nothing is visible, and the batch can be run again."""
+
+    exit_code = 5
+
+
 class InstantStateError(DbidxError):
     """An instant was used in a state that does not allow it (e.g. committing a rolled-back instant)."""
 

@@ -111,7 +111,7 @@ def main() -> None:
         _report.table(["keys", "lookup keys (+10% absent)", "row groups touched", "seek ms", "scan ms", "auto ms"],
                       lookups),
         "",
-        f"Seek/scan crossover (smallest touched fraction at which a scan was as fast as seeking): "
+        "Seek/scan crossover (smallest touched fraction at which a scan was as fast as seeking): "
         + ", ".join(f"{k} {v:.2f}" for k, v in crossovers.items())
         + f". DEFAULT_SEEK_THRESHOLD = {rli_files.DEFAULT_SEEK_THRESHOLD}.",
     ]

@@ -57,10 +57,8 @@ def compact(
             merged = rli_files.resolve_latest([rli_files.read_rli_file(table.io, f) for f in files], table.schema)
             if merged.num_rows == 0:
                 continue
-            written = rli_files.write_rli_file(table.io, paths[g], merged, table.props.row_group_size)
-            bases.append(FileRecord(path=paths[g], partition=g[0], shard=g[1], kind="base", rows=written.rows,
-                                    inserts=written.inserts, tombstones=0, min_key=written.min_key,
-                                    max_key=written.max_key, size=written.size))
+            bases.append(rli_files.write_rli_file(table.io, paths[g], merged, table.props.row_group_size, g[0], g[1],
+                                                  "base"))
 
         def check(news: list[CompletedInstant]) -> None:
             # Only another compaction of the same files conflicts; commits that landed meanwhile stay as deltas.
@@ -74,6 +72,7 @@ def compact(
 
         def build(seq: int) -> CompletedInstant:
             return CompletedInstant(seq=seq, instant=writer.instant, action=ACTION_COMPACTION,
+                                    table_id=table.props.table_id,
                                     completed_at_ms=int(time.time() * 1000), start_seq=writer.start_seq,
                                     files=tuple(bases), replaced=tuple(replaced))
 
@@ -99,7 +98,7 @@ def clean(table: Table, retain_completions: int = 10) -> CompletedInstant | None
     writer = table.timeline.start(ACTION_CLEAN)
 
     def build(seq: int) -> CompletedInstant:
-        return CompletedInstant(seq=seq, instant=writer.instant, action=ACTION_CLEAN,
+        return CompletedInstant(seq=seq, instant=writer.instant, action=ACTION_CLEAN, table_id=table.props.table_id,
                                 completed_at_ms=int(time.time() * 1000), start_seq=writer.start_seq,
                                 deleted=tuple(doomed))
 

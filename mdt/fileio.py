@@ -23,8 +23,11 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
+import xxhash
 
 from dbidx.errors import CorruptFileError, DbidxError
+
+CHECKSUM_PREFIX = "xxh64:"
 
 # A process-wide lock makes the check-then-write fallback atomic among threads of one process (e.g. the in-memory
 # filesystem in tests, or one driver running several writers).
@@ -89,10 +92,53 @@ class FileIO:
         except OSError as exc:
             raise CorruptFileError(f"cannot read {self.path(rel)}: {exc}") from exc
 
+    def read_verified(self, rel: str, size: int, checksum: str, what: str = "file") -> pa.Buffer:
+        """The whole content of a file whose size and checksum a completion record holds; any difference (a
+        flipped byte, a truncation, a missing file) is a CorruptFileError naming the file. Nothing read from the
+        table is trusted before this check."""
+        where = self.path(rel)
+        try:
+            with self.fs.open_input_stream(where) as stream:
+                data = stream.read_buffer()
+        except FileNotFoundError as exc:
+            raise CorruptFileError(f"{what} {where} is missing (listed by a completed commit)") from exc
+        except OSError as exc:
+            raise CorruptFileError(f"cannot read {what} {where}: {exc}") from exc
+        if data.size != size:
+            raise CorruptFileError(f"{what} {where} has {data.size} bytes but its commit recorded {size} "
+                                   "(truncated or overwritten)")
+        actual = file_checksum(data)
+        if actual != checksum:
+            raise CorruptFileError(f"{what} {where} fails its checksum ({actual}, commit recorded {checksum}): "
+                                   "the file is damaged")
+        return data
+
+    def write_file(self, rel: str, data: bytes | pa.Buffer) -> None:
+        """Write a whole file under a name no reader looks at until a commit lists it: temp name + rename where
+        renames exist (so a crash never leaves a prefix under the final name), one PUT on object stores."""
+        parent = rel.rsplit("/", 1)[0] if "/" in rel else ""
+        self.makedirs(parent)
+        if not self.is_local:
+            with self.fs.open_output_stream(self.path(rel)) as out:
+                out.write(data)
+            return
+        name = rel.rsplit("/", 1)[-1]
+        tmp = f"{parent}/.tmp-{name}" if parent else f".tmp-{name}"
+        with self.fs.open_output_stream(self.path(tmp)) as out:
+            out.write(data)
+        self.fs.move(self.path(tmp), self.path(rel))
+
     def size(self, rel: str) -> int:
         """Size in bytes of a file (0 if missing)."""
         info = self.fs.get_file_info(self.path(rel))
         return info.size or 0 if info.type == pafs.FileType.File else 0
+
+    def sizes(self, rels: list[str]) -> dict[str, int]:
+        """Sizes of many files in one metadata call; missing files are absent from the result."""
+        if not rels:
+            return {}
+        infos = self.fs.get_file_info([self.path(rel) for rel in rels])
+        return {rel: info.size for rel, info in zip(rels, infos) if info.type == pafs.FileType.File}
 
     def list_names(self, rel_dir: str) -> list[str]:
         """Sorted base names of the files directly inside a table-relative directory ([] if it does not exist)."""
@@ -204,3 +250,12 @@ def _local_path_of(fs: pafs.FileSystem, root: str) -> str | None:
     if isinstance(fs, pafs.SubTreeFileSystem) and isinstance(fs.base_fs, pafs.LocalFileSystem):
         return os.path.join(fs.base_path, root.lstrip("/"))
     return None
+
+
+def file_checksum(data: bytes | pa.Buffer) -> str:
+    """The checksum a completion record stores for a file: XXH64 (seed 0) of all its bytes, as `xxh64:<16 hex>`.
+
+    Why whole-file XXH64: it costs ~0.2 ms per MB (Parquet decoding of the same bytes costs ~250 ms per MB of keys),
+    and unlike Parquet page checksums it also covers the footer, whose row-group statistics drive lookups.
+    """
+    return CHECKSUM_PREFIX + xxhash.xxh64(data).hexdigest()

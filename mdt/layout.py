@@ -60,6 +60,21 @@ def validate_key(key: object) -> str:
     return key
 
 
+def validate_table_path(rel: object) -> str:
+    """Return a table-relative file path read from metadata if it stays inside the table, else raise naming it.
+
+    Rejected: non-strings, empty paths, NUL bytes, absolute paths, drive letters, backslashes and empty, `.` or `..`
+    segments. Every path dbidx deletes or reads because a metadata file named it goes through here first.
+    """
+    if not isinstance(rel, str) or not rel:
+        raise InvalidInputError(f"file path {rel!r} is not a non-empty string")
+    if "\x00" in rel or "\\" in rel or rel.startswith("/") or re.match(r"^[A-Za-z]:", rel):
+        raise InvalidInputError(f"file path {rel!r} is not a relative path inside the table")
+    if any(segment in ("", ".", "..") for segment in rel.split("/")):
+        raise InvalidInputError(f"file path {rel!r} has an empty, '.' or '..' segment; it must stay inside the table")
+    return rel
+
+
 def validate_instant(instant: object) -> str:
     """Return an instant id if it has the yyyyMMddHHmmssSSS form, else raise naming it."""
     if not isinstance(instant, str) or not _INSTANT_RE.match(instant):
@@ -87,9 +102,17 @@ def rli_dir(partition: str | None, shard: int) -> str:
     return f"{RLI_DIR}/{part}/{shard:04d}"
 
 
-def delta_file(partition: str | None, shard: int, instant: str) -> str:
-    """Table-relative path of the delta file an instant writes for one (partition, shard)."""
-    return f"{rli_dir(partition, shard)}/delta-{instant}.parquet"
+def delta_file(partition: str | None, shard: int, instant: str, attempt: int | None = None) -> str:
+    """Table-relative path of the delta file an instant writes for one (partition, shard); `attempt` names the
+    Spark task attempt that wrote it (attempts of one task must not overwrite each other's files)."""
+    suffix = "" if attempt is None else f"-a{attempt}"
+    return f"{rli_dir(partition, shard)}/delta-{instant}{suffix}.parquet"
+
+
+def touched_file(partition: str | None, shard: int, instant: str, attempt: int) -> str:
+    """Table-relative path of the keys an upsert task tagged in one (partition, shard), kept until the instant
+    settles: its publish checks them against commits that completed meanwhile (never part of the index)."""
+    return f"{rli_dir(partition, shard)}/touched-{instant}-a{attempt}.parquet"
 
 
 def base_file(partition: str | None, shard: int, instant: str) -> str:
@@ -105,6 +128,9 @@ def requested_file(instant: str) -> str:
 def inflight_file(instant: str) -> str:
     """Timeline marker listing the files an instant is about to write (its rollback plan)."""
     return f"{TIMELINE_DIR}/{instant}.inflight"
+
+
+LATEST_FILE = f"{TIMELINE_DIR}/latest.json"
 
 
 def completed_file(seq: int) -> str:

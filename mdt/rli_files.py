@@ -7,7 +7,6 @@ Merging is "newest entry per key wins, tombstones hide the key", applied in comp
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -15,8 +14,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dbidx.errors import CorruptFileError
-from dbidx.mdt.fileio import FileIO
-from dbidx.mdt.timeline import FileRecord
+from dbidx.mdt.fileio import FileIO, file_checksum
+from dbidx.mdt.records import FileRecord
 
 KEY = "key"
 PARTITION = "partition"
@@ -43,58 +42,48 @@ def schema_for(global_mode: bool) -> pa.Schema:
     return GLOBAL_SCHEMA if global_mode else PARTITIONED_SCHEMA
 
 
-@dataclass(frozen=True)
-class WrittenFile:
-    """What writing one RLI file produced (becomes a FileRecord in the commit)."""
-
-    rows: int
-    inserts: int
-    tombstones: int
-    min_key: str | None
-    max_key: str | None
-    size: int
-
-
 def sort_entries(table: pa.Table) -> pa.Table:
     """Entries sorted by key (the order every RLI file is written in)."""
     return table.take(pc.sort_indices(table, sort_keys=[(KEY, "ascending")]))
 
 
-def write_rli_file(io: FileIO, rel: str, table: pa.Table, row_group_size: int) -> WrittenFile:
-    """Write sorted entries as one Parquet file, published atomically under `rel`."""
-    tmp = rel.rsplit("/", 1)[0] + "/.tmp-" + rel.rsplit("/", 1)[1]
+def write_rli_file(io: FileIO, rel: str, table: pa.Table, row_group_size: int, partition: str | None = None,
+                   shard: int = 0, kind: str = "delta") -> FileRecord:
+    """Write sorted entries as one Parquet file under `rel`; returns its record with size and checksum.
+
+    The file is serialized in memory first, so the checksum covers exactly the bytes written (no read-back).
+    """
     dict_cols = [c for c in (PARTITION, FILE_GROUP, INSTANT) if c in table.column_names]
-    with io.open_output_stream(tmp if io.is_local else rel) as sink:
-        pq.write_table(
-            table, sink, row_group_size=row_group_size, compression="zstd", compression_level=3,
-            use_dictionary=dict_cols, write_statistics=[KEY], sorting_columns=[pq.SortingColumn(0)],
-        )
-    if io.is_local:
-        io.move(tmp, rel)
-    tombstones = int(pc.sum(table.column(DELETED)).as_py() or 0)
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, row_group_size=row_group_size, compression="zstd", compression_level=3,
+                   use_dictionary=dict_cols, write_statistics=[KEY], sorting_columns=[pq.SortingColumn(0)])
+    data = sink.getvalue()
+    io.write_file(rel, data)
+    tombstones = int(pc.sum(table.column(DELETED)).as_py() or 0) if DELETED in table.column_names else 0
     keys = table.column(KEY)
-    return WrittenFile(
-        rows=table.num_rows, inserts=table.num_rows - tombstones, tombstones=tombstones,
+    return FileRecord(
+        path=rel, partition=partition, shard=shard, kind=kind, rows=table.num_rows,
+        inserts=table.num_rows - tombstones, tombstones=tombstones,
         min_key=keys[0].as_py() if table.num_rows else None,
-        max_key=keys[-1].as_py() if table.num_rows else None, size=io.size(rel),
+        max_key=keys[-1].as_py() if table.num_rows else None, size=data.size, checksum=file_checksum(data),
     )
 
 
 def open_rli_file(io: FileIO, record: FileRecord) -> pq.ParquetFile:
-    """Open an RLI file and check it against its commit record; any mismatch names the file."""
+    """Open an RLI file after checking its bytes against its commit record; any mismatch names the file."""
     where = io.path(record.path)
+    data = io.read_verified(record.path, record.size, record.checksum, "RLI file")
     try:
-        handle = pq.ParquetFile(io.open_input_file(record.path))
-    except CorruptFileError:
-        raise
+        handle = pq.ParquetFile(pa.BufferReader(data))
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise CorruptFileError(f"RLI file {where} is unreadable (truncated or corrupt?): {exc}") from exc
     if handle.metadata.num_rows != record.rows:
         raise CorruptFileError(
             f"RLI file {where} holds {handle.metadata.num_rows} rows but its commit recorded {record.rows}"
         )
-    if handle.schema_arrow.names[0] != KEY:
-        raise CorruptFileError(f"RLI file {where} does not start with a '{KEY}' column: {handle.schema_arrow.names}")
+    expected = GLOBAL_SCHEMA if record.partition is None else PARTITIONED_SCHEMA
+    if not handle.schema_arrow.remove_metadata().equals(expected):
+        raise CorruptFileError(f"RLI file {where} has columns {handle.schema_arrow} instead of {expected}")
     return handle
 
 

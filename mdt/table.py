@@ -6,6 +6,7 @@ holds the table identity and the read paths: snapshot, incremental, lookup and p
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 import uuid
@@ -22,7 +23,7 @@ from dbidx.mdt import layout, rli_files
 from dbidx.mdt.file_view import FileView, PartitionStats
 from dbidx.mdt.fileio import FileIO
 from dbidx.mdt.keyhash import HASH_NAME, shard_of
-from dbidx.mdt.timeline import CompletedInstant, Timeline
+from dbidx.mdt.timeline import CompletedInstant, Timeline, latest_pointer
 
 if TYPE_CHECKING:
     from dbidx.mdt.writer import CommitWriter
@@ -50,13 +51,34 @@ class TableProperties:
         return self.index_mode == INDEX_GLOBAL
 
 
+def parse_properties(raw: bytes, where: str) -> TableProperties:
+    """Parse table.json strictly: every field with its type (FORMAT.md section 3), else a CorruptFileError."""
+    types = {"table_id": str, "num_shards": int, "index_mode": str, "key_hash": str, "row_group_size": int,
+             "format_version": int, "created_at_ms": int}
+    try:
+        data = json.loads(raw)
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        for name, value in data.items():
+            kind = types.get(name)
+            if kind is None or not isinstance(value, kind) or isinstance(value, bool):
+                raise ValueError(f"field {name!r} = {value!r} is unknown or not a {getattr(kind, '__name__', '?')}")
+        props = TableProperties(**data)
+        if not re.fullmatch(r"[0-9a-f]{32}", props.table_id) or not 1 <= props.num_shards <= 65536 \
+                or props.index_mode not in (INDEX_PARTITIONED, INDEX_GLOBAL) or props.row_group_size < 64:
+            raise ValueError(f"values out of range: {data}")
+    except (ValueError, TypeError) as exc:
+        raise CorruptFileError(f"table properties {where} are invalid: {exc}") from exc
+    return props
+
+
 class Table:
     """A dbidx table: FileIO + properties + timeline; picklable, so Spark tasks can receive it."""
 
     def __init__(self, io: FileIO, props: TableProperties) -> None:
         self.io = io
         self.props = props
-        self.timeline = Timeline(io)
+        self.timeline = Timeline(io, props.table_id)
         self._view = FileView()
         self._view_lock = threading.Lock()
 
@@ -85,6 +107,7 @@ class Table:
         if not io.create_exclusive(layout.PROPERTIES_FILE, payload):
             raise TableExistsError(f"a dbidx table already exists at {io.path(layout.PROPERTIES_FILE)}")
         io.makedirs(layout.COMPLETED_DIR)
+        io.write_atomic(layout.LATEST_FILE, latest_pointer(props.table_id, 0))
         return cls(io, props)
 
     @classmethod
@@ -97,10 +120,7 @@ class Table:
                 "Table.create() or `dbidx build-index`"
             )
         raw = io.read_bytes(layout.PROPERTIES_FILE)
-        try:
-            props = TableProperties(**json.loads(raw))
-        except (ValueError, TypeError) as exc:
-            raise CorruptFileError(f"table properties {io.path(layout.PROPERTIES_FILE)} are invalid: {exc}") from exc
+        props = parse_properties(raw, io.path(layout.PROPERTIES_FILE))
         if props.format_version != FORMAT_VERSION or props.key_hash != HASH_NAME:
             raise CorruptFileError(
                 f"table at {io.root} uses format {props.format_version} / hash {props.key_hash}; this dbidx reads "

@@ -14,89 +14,25 @@ import os
 import socket
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
-from dbidx.errors import CorruptFileError, InstantStateError
-from dbidx.mdt import layout
+from dbidx.errors import CorruptFileError, DbidxError, InstantStateError
+from dbidx.mdt import layout, markers
 from dbidx.mdt.fileio import FileIO
-
-ACTION_COMMIT = "commit"
-ACTION_COMPACTION = "compaction"
-ACTION_CLEAN = "clean"
-ACTION_ROLLBACK = "rollback"
-ACTION_BUILD_INDEX = "build_index"
-ACTIONS = (ACTION_COMMIT, ACTION_COMPACTION, ACTION_CLEAN, ACTION_ROLLBACK, ACTION_BUILD_INDEX)
-
-
-@dataclass(frozen=True)
-class FileRecord:
-    """One RLI file an instant added: where it is, what it holds, and how to verify it."""
-
-    path: str
-    partition: str | None
-    shard: int
-    kind: str  # "delta" or "base"
-    rows: int
-    inserts: int
-    tombstones: int
-    min_key: str | None
-    max_key: str | None
-    size: int
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "FileRecord":
-        """Rebuild a record from its JSON form."""
-        return cls(**data)
-
-
-@dataclass(frozen=True)
-class PartitionChange:
-    """What an instant changed in one data partition: live key delta and per-file-group fill deltas."""
-
-    live: int = 0
-    fills: dict[str, int] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class CompletedInstant:
-    """One entry of the completion log."""
-
-    seq: int
-    instant: str
-    action: str
-    completed_at_ms: int
-    start_seq: int
-    files: tuple[FileRecord, ...] = ()
-    replaced: tuple[str, ...] = ()
-    deleted: tuple[str, ...] = ()
-    rolled_back: str | None = None
-    partitions: dict[str, PartitionChange] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> bytes:
-        """Serialize for the completion file."""
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":")).encode("utf-8")
-
-    @classmethod
-    def from_json(cls, raw: bytes, where: str) -> "CompletedInstant":
-        """Parse a completion file; anything malformed is a CorruptFileError naming the file."""
-        try:
-            data = json.loads(raw)
-            data["files"] = tuple(FileRecord.from_json(f) for f in data["files"])
-            data["replaced"] = tuple(data["replaced"])
-            data["deleted"] = tuple(data["deleted"])
-            data["partitions"] = {p: PartitionChange(**c) for p, c in data["partitions"].items()}
-            return cls(**data)
-        except (ValueError, KeyError, TypeError) as exc:
-            raise CorruptFileError(f"completion record {where} is not valid: {exc}") from exc
-
-    @property
-    def completed_at(self) -> datetime:
-        """Wall-clock completion time (UTC)."""
-        return datetime.fromtimestamp(self.completed_at_ms / 1000, tz=timezone.utc)
-
+from dbidx.mdt.records import (  # noqa: F401 - re-exported: the record types are part of the timeline's API
+    ACTION_BUILD_INDEX,
+    ACTION_CLEAN,
+    ACTION_COMMIT,
+    ACTION_COMPACTION,
+    ACTION_ROLLBACK,
+    ACTIONS,
+    CompletedInstant,
+    DataFileRecord,
+    FileRecord,
+    PartitionChange,
+)
 
 @dataclass(frozen=True)
 class StartedInstant:
@@ -110,8 +46,9 @@ class StartedInstant:
 class Timeline:
     """Reads and appends the completion log of one table; caches parsed records (they are immutable)."""
 
-    def __init__(self, io: FileIO) -> None:
+    def __init__(self, io: FileIO, table_id: str = "") -> None:
         self.io = io
+        self.table_id = table_id
         self._records: list[CompletedInstant] = []
         self._by_instant: dict[str, CompletedInstant] = {}
         self._lock = threading.Lock()
@@ -121,6 +58,8 @@ class Timeline:
         """Load completion records published since the last refresh; returns the whole log."""
         with self._lock:
             known = self._records[-1].seq if self._records else 0
+            # 1. The latest-seq pointer first: it is written after its record, so the listing below must reach it.
+            floor = self._read_latest()
             names = self.io.list_names(layout.COMPLETED_DIR)
             for name in names:
                 if not name.endswith(".json") or name.startswith("."):
@@ -138,12 +77,48 @@ class Timeline:
                         f"completion log gap or mismatch at {self.io.path(rel)}: expected seq "
                         f"{len(self._records) + 1}, file says {record.seq}"
                     )
+                if self.table_id and record.table_id != self.table_id:
+                    raise CorruptFileError(
+                        f"completion record {self.io.path(rel)} belongs to table {record.table_id!r}, not to "
+                        f"{self.table_id!r} of {self.io.path(layout.PROPERTIES_FILE)}: the table's metadata is mixed up"
+                    )
                 self._records.append(record)
                 self._by_instant.setdefault(record.instant, record)
                 if record.rolled_back:
                     # record_of(failed instant) must say "rolled back" in every process, not only the one that did it
                     self._by_instant.setdefault(record.rolled_back, record)
+            # 2. A log shorter than a pointer once written says records were lost: never a smaller table.
+            if len(self._records) < floor:
+                raise CorruptFileError(
+                    f"the completion log of {self.io.root} ends at seq {len(self._records)}, but "
+                    f"{self.io.path(layout.LATEST_FILE)} says seq {floor} was published: completion records "
+                    f"{len(self._records) + 1}..{floor} are missing (deleted or not yet visible?); refusing to "
+                    "read a shorter history"
+                )
             return list(self._records)
+
+    def _read_latest(self) -> int:
+        """The latest-seq pointer (a lower bound of the log's length); a missing pointer is a damaged table."""
+        if not self.io.exists(layout.LATEST_FILE):
+            if self.io.list_names(layout.COMPLETED_DIR):
+                raise CorruptFileError(f"latest-seq pointer {self.io.path(layout.LATEST_FILE)} is missing while the "
+                                       "completion log has records: the table's metadata was damaged")
+            return 0  # a table that never completed anything (or one whose creation was cut short)
+        raw = self.io.read_bytes(layout.LATEST_FILE)
+        try:
+            data = json.loads(raw)
+            seq = data["seq"]
+            if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0 or data["table_id"] != self.table_id:
+                raise ValueError(f"seq {seq!r}, table_id {data.get('table_id')!r}")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CorruptFileError(f"latest-seq pointer {self.io.path(layout.LATEST_FILE)} is not valid for table "
+                                   f"{self.table_id!r}: {exc}") from exc
+        return seq
+
+    def _advance_latest(self, seq: int) -> None:
+        """Move the pointer forward after publishing seq (best effort: it is only ever a lower bound)."""
+        if seq > self._read_latest():
+            self.io.write_atomic(layout.LATEST_FILE, latest_pointer(self.table_id, seq))
 
     def completed(self, after_seq: int = 0, upto_seq: int | None = None) -> list[CompletedInstant]:
         """Completion records with after_seq < seq <= upto_seq (cached; call refresh() for new ones)."""
@@ -183,8 +158,11 @@ class Timeline:
         rel = layout.inflight_file(instant)
         if not self.io.exists(rel):
             return []
-        data = json.loads(self.io.read_bytes(rel))
-        return list(data.get("files", []))
+        try:
+            data = json.loads(self.io.read_bytes(rel))
+            return [layout.validate_table_path(f) for f in data["files"]]
+        except (ValueError, KeyError, TypeError, DbidxError) as exc:
+            raise CorruptFileError(f"rollback plan {self.io.path(rel)} is not valid: {exc}") from exc
 
     # ---- writing -----------------------------------------------------------------------------------------
     def start(self, action: str) -> StartedInstant:
@@ -241,6 +219,7 @@ class Timeline:
             # 2. Try to take the next sequence number; losing the race means someone else completed: look again.
             record = build(checked + 1)
             if self.io.create_exclusive(layout.completed_file(record.seq), record.to_json()):
+                self._advance_latest(record.seq)
                 self.refresh()
                 self._forget_markers(started.instant)
                 return record
@@ -265,14 +244,17 @@ class Timeline:
 
         def build(seq: int) -> CompletedInstant:
             return CompletedInstant(seq=seq, instant=me.instant, action=ACTION_ROLLBACK, start_seq=me.start_seq,
+                                    table_id=self.table_id,
                                     completed_at_ms=int(time.time() * 1000), rolled_back=instant,
                                     deleted=tuple(files))
 
         record = self.publish(me, build, check)
         self._by_instant.setdefault(instant, record)
-        # The rollback record is published: the instant can never complete now, so its files are garbage.
+        # The rollback record is published: the instant can never complete now, so its files are garbage, both
+        # the planned ones and whatever its tasks announced with markers.
         for rel in files:
             self.io.delete(rel)
+        markers.discard_unlisted(self.io, instant, keep=())
         self._forget_markers(instant)
         return record
 
@@ -296,3 +278,8 @@ def _now_instant() -> int:
 def _format_instant(value: int) -> str:
     """Instant ids are 17 digits; +1 ms arithmetic on the integer form may produce e.g. ...60 seconds, still ordered."""
     return f"{value:017d}"
+
+
+def latest_pointer(table_id: str, seq: int) -> bytes:
+    """Content of the latest-seq pointer file."""
+    return json.dumps({"seq": seq, "table_id": table_id}).encode()

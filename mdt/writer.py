@@ -1,34 +1,33 @@
 """CommitWriter: one instant that adds index entries (inserts, deletes, moves) and publishes them atomically.
 
-Steps of `commit()`: group entries per (partition, shard) -> record the planned files (inflight) -> write one sorted
-delta file per group -> check every commit that completed since this instant started for overlapping keys
-(optimistic concurrency on keys, not files) -> publish the completion record. Any failure rolls the instant back,
+Entries come from two places. The library API (`insert`, `delete`, `move`) collects them in an `EntryBuffer` and
+writes one sorted delta file per (partition, shard) at commit. An upsert's Spark tasks write their groups' delta
+files themselves (each task owns its shard's groups) with the same `EntryBuffer`, and the driver registers the
+files they report with `add_written`; its memory then never holds a key.
+
+Steps of `commit()`: write the buffered groups -> check every commit that completed since the keys were tagged for
+a key this instant touched (mdt/conflicts.py) -> publish the completion record. Any failure rolls the instant back,
 so nothing half-written is ever visible.
 """
 from __future__ import annotations
 
 import time
 from collections import defaultdict
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dbidx.errors import ConflictError, DuplicateKeyError, InstantStateError, InvalidKeyError
-from dbidx.mdt import layout, rli_files
+from dbidx.errors import CommitError, DuplicateKeyError, InstantStateError, InvalidKeyError
+from dbidx.mdt import layout, markers, rli_files
+from dbidx.mdt.conflicts import GroupKey, TouchedKeys, check_conflicts, touched_in_memory
+from dbidx.mdt.fileio import FileIO
+from dbidx.mdt.records import ACTION_COMMIT, CompletedInstant, DataFileRecord, FileRecord, PartitionChange
 from dbidx.mdt.table import Table
-from dbidx.mdt.timeline import (
-    ACTION_BUILD_INDEX,
-    ACTION_COMMIT,
-    CompletedInstant,
-    FileRecord,
-    PartitionChange,
-    StartedInstant,
-)
+from dbidx.mdt.timeline import StartedInstant
 
 Keys = Sequence[str] | pa.Array | pa.ChunkedArray
-GroupKey = tuple[str | None, int]
 
 
 def as_key_array(keys: Keys, what: str = "key") -> pa.Array:
@@ -58,15 +57,87 @@ def _as_values(values: Keys | str, n: int, what: str) -> pa.Array:
     return array
 
 
+class EntryBuffer:
+    """Index entries of one instant grouped by (partition, shard), with the partition stats they change.
+
+    Pure Arrow until `write`: used by the library writer on the committing process and by upsert tasks on executors.
+    """
+
+    def __init__(self, table: Table, instant: str) -> None:
+        self.table = table
+        self.instant = instant
+        self._groups: dict[GroupKey, list[pa.Table]] = defaultdict(list)
+        self._changes: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        self._live: dict[str, int] = defaultdict(int)
+
+    def insert(self, partition: str, keys: Keys, file_groups: Keys | str) -> None:
+        """New keys of a partition with their file group."""
+        self.add(partition, keys, file_groups, deleted=False, live=+1)
+
+    def add(self, partition: str, keys: Keys, file_groups: Keys | str, deleted: bool, live: int) -> None:
+        """Entries (inserts or tombstones) of one partition; `live` is +1 / -1 per entry for the stats."""
+        layout.validate_partition(partition)
+        array = as_key_array(keys)
+        if len(array) == 0:
+            return
+        fgs = _as_values(file_groups, len(array), "file group")
+        self.count(partition, fgs, live)
+        columns: dict[str, pa.Array] = {rli_files.KEY: array}
+        if self.table.global_index:
+            columns[rli_files.PARTITION] = pa.array([partition] * len(array), pa.string())
+        columns[rli_files.FILE_GROUP] = fgs
+        columns[rli_files.INSTANT] = pa.array([self.instant] * len(array), pa.string())
+        columns[rli_files.DELETED] = pa.array(np.full(len(array), deleted))
+        entries = pa.Table.from_pydict(columns, schema=self.table.schema)
+        shards = self.table.shard_of(array)
+        group_partition = None if self.table.global_index else partition
+        for s in np.unique(shards):
+            self._groups[(group_partition, int(s))].append(entries.filter(pa.array(shards == s)))
+
+    def count(self, partition: str, file_groups: pa.Array, sign: int) -> None:
+        """Account entries (or a global-mode move's old location) in the partition stats."""
+        self._live[partition] += sign * len(file_groups)
+        counts = pc.value_counts(file_groups)
+        for fg, n in zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist()):
+            self._changes[partition][fg] += sign * n
+
+    def changes(self) -> dict[str, PartitionChange]:
+        """Per-partition live and fill deltas of the buffered entries."""
+        return {p: PartitionChange(live=self._live[p], fills={fg: n for fg, n in sorted(fills.items()) if n})
+                for p, fills in sorted(self._changes.items())}
+
+    def sorted_groups(self) -> dict[GroupKey, pa.Table]:
+        """One key-sorted table per group; a key may appear only once per instant and group."""
+        groups = {g: rli_files.sort_entries(pa.concat_tables(parts)) for g, parts in sorted(
+            self._groups.items(), key=lambda item: ("" if item[0][0] is None else item[0][0], item[0][1]))}
+        for (partition, shard), entries in groups.items():
+            _reject_repeated_keys(entries, partition, shard, self.instant)
+        return groups
+
+    def write(self, io: FileIO, groups: dict[GroupKey, pa.Table], attempt: int | None = None,
+              announce: bool = False) -> list[FileRecord]:
+        """Write one delta file per group (announced by a marker first when a task writes them)."""
+        files = []
+        for (partition, shard), entries in groups.items():
+            rel = layout.delta_file(partition, shard, self.instant, attempt)
+            if announce:
+                markers.announce(io, self.instant, rel)
+            files.append(rli_files.write_rli_file(io, rel, entries, self.table.props.row_group_size, partition,
+                                                  shard, "delta"))
+        return files
+
+
 class CommitWriter:
     """Collects the index entries of one instant and commits or rolls them back as a unit."""
 
     def __init__(self, table: Table, action: str = ACTION_COMMIT) -> None:
         self.table = table
         self.started: StartedInstant = table.timeline.start(action)
-        self._groups: dict[GroupKey, list[pa.Table]] = defaultdict(list)
-        self._changes: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-        self._live: dict[str, int] = defaultdict(int)
+        self.buffer = EntryBuffer(table, self.started.instant)
+        self._written: list[FileRecord] = []
+        self._data_files: list[DataFileRecord] = []
+        self._written_changes: dict[str, PartitionChange] = {}
+        self._touched: dict[GroupKey, TouchedKeys] = {}
         self._done = False
         self.extra: dict[str, Any] = {}
 
@@ -89,62 +160,60 @@ class CommitWriter:
     # ---- collecting entries --------------------------------------------------------------------------------
     def insert(self, partition: str, keys: Keys, file_groups: Keys | str) -> None:
         """Add new keys of a partition with their file group (keys must not exist in the index yet)."""
-        self._add(partition, keys, file_groups, deleted=False, live=+1)
+        self._check_open()
+        self.buffer.add(partition, keys, file_groups, deleted=False, live=+1)
 
     def delete(self, partition: str, keys: Keys, file_groups: Keys | str | None = None) -> int:
         """Tombstone existing keys of a partition; keys without a live entry are skipped. Returns the count."""
+        self._check_open()
         array = as_key_array(keys)
         if file_groups is None:
             # Resolve locations so tombstones only hit live keys and the fill counts stay exact.
             found = self.table.lookup(array, partition)
             array, file_groups = found.column(rli_files.KEY), found.column(rli_files.FILE_GROUP)
-        self._add(partition, array, file_groups, deleted=True, live=-1)
+        self.buffer.add(partition, array, file_groups, deleted=True, live=-1)
         return len(array)
 
     def move(self, keys: Keys, from_partition: str, from_file_groups: Keys | str, to_partition: str,
              to_file_groups: Keys | str) -> None:
         """Move existing keys to another partition (global mode: one new entry; partitioned: tombstone + insert)."""
+        self._check_open()
         array = as_key_array(keys)
         if not self.table.global_index:
-            self._add(from_partition, array, from_file_groups, deleted=True, live=-1)
-            self._add(to_partition, array, to_file_groups, deleted=False, live=+1)
+            self.buffer.add(from_partition, array, from_file_groups, deleted=True, live=-1)
+            self.buffer.add(to_partition, array, to_file_groups, deleted=False, live=+1)
             return
         old = _as_values(from_file_groups, len(array), "file group")
-        self._count(layout.validate_partition(from_partition), old, -1)
-        self._add(to_partition, array, to_file_groups, deleted=False, live=+1)
+        self.buffer.count(layout.validate_partition(from_partition), old, -1)
+        self.buffer.add(to_partition, array, to_file_groups, deleted=False, live=+1)
 
-    def _add(self, partition: str, keys: Keys, file_groups: Keys | str, deleted: bool, live: int) -> None:
+    def add_written(self, files: Iterable[FileRecord], data_files: Iterable[DataFileRecord],
+                    changes: dict[str, PartitionChange], touched: Iterable[TouchedKeys]) -> None:
+        """Register index and data files other processes wrote for this instant (an upsert's tasks), with the
+        partition stats they change and the keys they touched; all are published with the instant."""
+        self._check_open()
+        self._written += list(files)
+        self._data_files += list(data_files)
+        self._written_changes = merge_changes(self._written_changes, changes)
+        for t in touched:
+            group = (t.partition, t.shard)
+            if group in self._touched:
+                raise CommitError(f"instant {self.instant}: two task results touched index group {group}; each "
+                                  "group must be written by exactly one task")
+            self._touched[group] = t
+
+    def touched(self) -> list[TouchedKeys]:
+        """The touched-key records registered with add_written."""
+        return list(self._touched.values())
+
+    def _check_open(self) -> None:
         if self._done:
             raise InstantStateError(f"instant {self.instant} is already finished")
-        layout.validate_partition(partition)
-        array = as_key_array(keys)
-        if len(array) == 0:
-            return
-        fgs = _as_values(file_groups, len(array), "file group")
-        self._count(partition, fgs, live)
-        columns: dict[str, pa.Array] = {rli_files.KEY: array}
-        if self.table.global_index:
-            columns[rli_files.PARTITION] = pa.array([partition] * len(array), pa.string())
-        columns[rli_files.FILE_GROUP] = fgs
-        columns[rli_files.INSTANT] = pa.array([self.instant] * len(array), pa.string())
-        columns[rli_files.DELETED] = pa.array(np.full(len(array), deleted))
-        entries = pa.Table.from_pydict(columns, schema=self.table.schema)
-        shards = self.table.shard_of(array)
-        group_partition = None if self.table.global_index else partition
-        for s in np.unique(shards):
-            self._groups[(group_partition, int(s))].append(entries.filter(pa.array(shards == s)))
-
-    def _count(self, partition: str, file_groups: pa.Array, sign: int) -> None:
-        self._live[partition] += sign * len(file_groups)
-        counts = pc.value_counts(file_groups)
-        for fg, n in zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist()):
-            self._changes[partition][fg] += sign * n
 
     # ---- finishing -----------------------------------------------------------------------------------------
     def commit(self) -> CompletedInstant:
         """Write the delta files and publish the instant; on any error the instant is rolled back and re-raised."""
-        if self._done:
-            raise InstantStateError(f"instant {self.instant} is already finished")
+        self._check_open()
         try:
             record = self._commit()
         except BaseException:
@@ -155,55 +224,30 @@ class CommitWriter:
 
     def _commit(self) -> CompletedInstant:
         table, io = self.table, self.table.io
-        # 1. One sorted table per (partition, shard); a key may appear only once per instant and group.
-        groups = {g: rli_files.sort_entries(pa.concat_tables(parts)) for g, parts in sorted(
-            self._groups.items(), key=lambda item: ("" if item[0][0] is None else item[0][0], item[0][1]))}
-        for (partition, shard), entries in groups.items():
-            _reject_repeated_keys(entries, partition, shard, self.instant)
-        paths = {g: layout.delta_file(g[0], g[1], self.instant) for g in groups}
-        # 2. Declare the files before writing them: a crash from here on leaves a rollback plan.
-        table.timeline.mark_inflight(self.started, paths.values())
-        files = []
-        for g, entries in groups.items():
-            written = rli_files.write_rli_file(io, paths[g], entries, table.props.row_group_size)
-            files.append(FileRecord(path=paths[g], partition=g[0], shard=g[1], kind="delta", rows=written.rows,
-                                    inserts=written.inserts, tombstones=written.tombstones,
-                                    min_key=written.min_key, max_key=written.max_key, size=written.size))
-        changes = {
-            p: PartitionChange(live=self._live[p], fills={fg: n for fg, n in sorted(fills.items()) if n})
-            for p, fills in sorted(self._changes.items())
-        }
+        # 1. The buffered entries: one sorted delta per group, declared (inflight) before they are written.
+        groups = self.buffer.sorted_groups()
+        overlap = set(groups) & {(f.partition, f.shard) for f in self._written}
+        if overlap:
+            raise CommitError(f"instant {self.instant} has entries for {sorted(overlap, key=str)[:3]} both "
+                              "buffered and written by tasks")
+        paths = [layout.delta_file(g[0], g[1], self.instant) for g in groups]
+        table.timeline.mark_inflight(self.started, paths)
+        files = self.buffer.write(io, groups) + self._written
+        _reject_repeated_groups(files, self.instant)
+        changes = merge_changes(self.buffer.changes(), self._written_changes)
+        touched = dict(self._touched)
+        touched.update(touched_in_memory({g: t.column(rli_files.KEY).combine_chunks() for g, t in groups.items()},
+                                         self.started.start_seq))
 
         def build(seq: int) -> CompletedInstant:
             return CompletedInstant(seq=seq, instant=self.instant, action=self.started.action,
                                     completed_at_ms=int(time.time() * 1000), start_seq=self.started.start_seq,
-                                    files=tuple(files), partitions=changes, extra=dict(self.extra))
+                                    table_id=table.props.table_id, files=tuple(files),
+                                    data_files=tuple(self._data_files), partitions=changes, extra=dict(self.extra))
 
-        # 3. Conflict check against everything completed meanwhile, then the atomic publish.
-        return table.timeline.publish(self.started, build, lambda news: self._check_conflicts(news, groups))
-
-    def _check_conflicts(self, news: list[CompletedInstant], groups: dict[GroupKey, pa.Table]) -> None:
-        """Fail if a commit that completed after this instant started wrote any of the same keys in the same group."""
-        for rec in news:
-            if rec.action not in (ACTION_COMMIT, ACTION_BUILD_INDEX):
-                continue
-            for f in rec.files:
-                mine = groups.get((f.partition, f.shard))
-                if mine is None or f.min_key is None:
-                    continue
-                keys = mine.column(rli_files.KEY)
-                if keys[-1].as_py() < f.min_key or keys[0].as_py() > f.max_key:
-                    continue
-                theirs = rli_files.read_rli_file(self.table.io, f, columns=[rli_files.KEY]).column(rli_files.KEY)
-                clash = keys.filter(pc.is_in(keys, value_set=theirs))
-                if len(clash):
-                    where = "the global index" if f.partition is None else f"partition {f.partition!r}"
-                    sample = ", ".join(repr(k) for k in clash.slice(0, 5).to_pylist())
-                    raise ConflictError(
-                        f"instant {self.instant} conflicts with instant {rec.instant} (completed at seq {rec.seq} "
-                        f"while this one ran): both wrote {len(clash)} key(s) in {where}, shard {f.shard}, e.g. "
-                        f"{sample}. Nothing was published; re-tag the batch against the new index and retry."
-                    )
+        # 2. Conflict check against everything completed meanwhile, then the atomic publish.
+        return table.timeline.publish(self.started, build, lambda news: check_conflicts(io, self.instant, news,
+                                                                                         touched))
 
     def rollback(self) -> None:
         """Abort the instant and delete whatever it wrote (idempotent)."""
@@ -211,6 +255,27 @@ class CommitWriter:
             return
         self._done = True
         self.table.timeline.rollback(self.instant)
+
+
+def merge_changes(a: dict[str, PartitionChange], b: dict[str, PartitionChange]) -> dict[str, PartitionChange]:
+    out = dict(a)
+    for partition, change in b.items():
+        old = out.get(partition, PartitionChange())
+        fills = dict(old.fills)
+        for fg, n in change.fills.items():
+            fills[fg] = fills.get(fg, 0) + n
+        out[partition] = PartitionChange(old.live + change.live, {fg: n for fg, n in sorted(fills.items()) if n})
+    return dict(sorted(out.items()))
+
+
+def _reject_repeated_groups(files: list[FileRecord], instant: str) -> None:
+    """At most one delta per group and instant: two would make the merge order inside the instant ambiguous."""
+    seen: set[GroupKey] = set()
+    for f in files:
+        if (f.partition, f.shard) in seen:
+            raise CommitError(f"instant {instant} has two index files for partition {f.partition!r}, shard "
+                              f"{f.shard}: every group is written by exactly one task")
+        seen.add((f.partition, f.shard))
 
 
 def _reject_repeated_keys(entries: pa.Table, partition: str | None, shard: int, instant: str) -> None:

@@ -1,9 +1,10 @@
 """The Spark entry points: `tag`, `upsert` and `read_table`. pyspark is imported lazily, inside the functions.
 
-`upsert` is one instant: the driver starts it, one Spark job tags and writes the data files (one task per key shard,
-each with its executor-local cache), the driver collects the index entries of the winning task attempts, writes
-them through the MDT CommitWriter and publishes data and index in one completion record. Any failure rolls the
-instant back and deletes every file any attempt announced. Callable from `foreachBatch`.
+`upsert` is one instant: the driver starts it, one Spark job tags and writes the data files and the index delta
+files (one task per key shard, each with its executor-local cache), the driver collects the file records of the
+winning task attempts, checks that every task reported and every file is there, checks the keys the tasks touched
+against commits that completed meanwhile, and publishes data and index in one completion record. Any failure rolls
+the instant back and deletes every file any attempt announced. Callable from `foreachBatch`.
 """
 from __future__ import annotations
 
@@ -14,14 +15,15 @@ from functools import partial
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from dbidx import errors
 from dbidx.buckets.assigner import BucketSpec
 from dbidx.config import CacheConfig
-from dbidx.errors import ConfigError, DbidxError, InvalidInputError
+from dbidx.errors import CommitError, ConfigError, DbidxError, InvalidInputError
+from dbidx.mdt.conflicts import TouchedKeys
+from dbidx.mdt.records import ACTION_COMMIT, DataFileRecord, FileRecord, PartitionChange
 from dbidx.mdt.table import Table
-from dbidx.mdt.timeline import ACTION_COMMIT
+from dbidx.mdt.writer import merge_changes
 from dbidx.spark_integration import datafiles, task
 from dbidx.spark_integration.tagger import ROW_ID, TAG_FIELDS, TagOptions
 
@@ -159,14 +161,24 @@ def _upsert_partition(batches: Iterator[pa.RecordBatch], table: Table, options: 
     yield task.pack_result(context.partitionId() if context is not None else -1, attempt, result)
 
 
+def _collect_results(results: Any) -> list[tuple[int, int, bytes]]:
+    """Run the upsert job and bring back its task results: (Spark partition id, attempt id, payload) per task.
+
+    A separate function so tests can interfere with what the driver receives (a lost or repeated result).
+    """
+    return [(row.shard, row.attempt, row.payload) for row in results.collect()]
+
+
 def upsert(df: Any, table: Table, key: str = "id", partition: str = "dt", ordering: str | None = None,
            delete_column: str | None = "_dbidx_delete", hive_style: bool = True, buckets: BucketSpec | None = None,
            cache_options: Mapping[str, Any] | None = None, cache_config: CacheConfig | None = None,
            on_task_written: TaskHook | None = None) -> CommitSummary:
     """Insert, update and delete the rows of `df` in `table` as one atomic instant; returns its summary.
 
-    on_task_written(spark partition id, attempt number) runs in each task after its data files are written and
+    on_task_written(spark partition id, attempt number) runs in each task after its files are written and
     before it reports back: an instrumentation hook (fault injection in tests, progress in tools).
+    Raises ConflictError if a commit that completed meanwhile touched one of the batch's keys (nothing is
+    published: run the upsert again), CommitError if the job's results are incomplete.
     """
     started = time.perf_counter()
     options = make_options(table, key, partition, ordering, delete_column, hive_style, buckets, cache_options,
@@ -179,73 +191,82 @@ def upsert(df: Any, table: Table, key: str = "id", partition: str = "dt", orderi
     writer = table.new_commit()
     instant = writer.instant
     try:
-        # 1. One job: tag and write data files per shard; Spark returns the result of one winning attempt per task.
+        # 1. One job: tag and write data and index files per shard; one result per task, of its winning attempt.
         shuffled = _by_shard(df.withColumn(ROW_ID, F.monotonically_increasing_id()), table, options)
-        rows = shuffled.mapInArrow(partial(_upsert_partition, table=table, options=options, instant=instant,
-                                           on_task_written=on_task_written),
-                                   task.RESULT_DDL).collect()
-        # 2. The winning attempts' index entries and data files, published as one instant.
-        record, summary, files = commit_results(writer, [row.payload for row in rows], options)
+        results = _collect_results(shuffled.mapInArrow(
+            partial(_upsert_partition, table=table, options=options, instant=instant,
+                    on_task_written=on_task_written), task.RESULT_DDL))
+        # 2. Check that every task reported and every listed file is there, then publish data and index together.
+        record, summary = commit_results(writer, results, options, expected_tasks=table.num_shards)
     except BaseException as exc:
-        writer.rollback()
-        datafiles.discard_unlisted(table.io, instant, keep=())
+        writer.rollback()  # also deletes every file any attempt announced
         raise retyped(exc) from exc
-    # 3. Files of failed or losing attempts were never listed, so never visible; now they go.
-    summary.orphans_deleted = len(datafiles.discard_unlisted(table.io, instant, keep=[f.path for f in files]))
+    # 3. Files of failed or losing attempts (and the touched-key files) were never listed; now they go.
+    listed = [f.path for f in record.data_files] + [f.path for f in record.files]
+    scratch = {t.path for t in writer.touched() if t.path}
+    deleted = datafiles.discard_unlisted(table.io, instant, keep=listed)
+    summary.orphans_deleted = len([rel for rel in deleted if rel not in scratch])
     summary.seq = record.seq
     summary.seconds = time.perf_counter() - started
     return summary
 
 
-def commit_results(writer: Any, payloads: list[bytes], options: TagOptions) -> tuple[Any, CommitSummary,
-                                                                                   list[datafiles.DataFile]]:
-    """Publish the task results of the winning attempts as the writer's instant: index entries through the
-    CommitWriter, data files listed in the same completion record. Raises (and rolls back) on conflict."""
-    # 1. Index entries of the winning attempts go through the MDT writer; data files ride in the same record.
-    files, entries, per_shard = [], [], []
-    for payload in payloads:
-        f, e, m = task.unpack_result(payload)
-        files += f
-        entries.append(e)
-        per_shard += m
-    all_entries = pa.concat_tables(entries) if entries else task.ENTRY_SCHEMA.empty_table()
-    _add_entries(writer, all_entries)
-    summary = _summarize(writer.instant, files, all_entries, per_shard)
+def commit_results(writer: Any, results: list[tuple[int, int, bytes]], options: TagOptions,
+                   expected_tasks: int) -> tuple[Any, CommitSummary]:
+    """Publish the task results of the winning attempts as the writer's instant, or raise and publish nothing.
+
+    The driver holds per task only the records of the files it wrote (a few hundred bytes per file), its
+    touched-key ranges and its metrics. It publishes only what it has checked is complete: exactly one result per
+    task of the job, and every listed file present with its recorded size.
+    """
+    # 1. Exactly one result per task: a lost result (a driver-side failure while collecting) must never become
+    #    a smaller commit.
+    seen = sorted(shard for shard, _, _ in results)
+    if seen != list(range(expected_tasks)):
+        missing = sorted(set(range(expected_tasks)) - set(seen))
+        repeated = sorted({s for s in seen if seen.count(s) > 1})
+        raise CommitError(f"instant {writer.instant}: the job returned {len(results)} task results for "
+                          f"{expected_tasks} shard tasks (missing {missing[:10]}, repeated {repeated[:10]}, others "
+                          f"{sorted(set(seen) - set(range(expected_tasks)))[:10]}); the driver may have failed "
+                          "while collecting them (out of memory?). Nothing was published; run the upsert again.")
+    # 2. Parse every record strictly (task results are input like any other) and check the files exist.
+    files, index_files, touched, per_shard = [], [], [], []
+    changes: dict[str, PartitionChange] = {}
+    try:
+        for shard, _attempt, payload in results:
+            result = task.unpack_result(payload)
+            files += [DataFileRecord.parse(f, "data file") for f in result["files"]]
+            index_files += [FileRecord.parse(f, "index file") for f in result["index_files"]]
+            touched += [TouchedKeys(**t) for t in result["touched"]]
+            for p, c in result["changes"].items():
+                changes = merge_changes(changes, {p: PartitionChange.parse(c, p)})
+            per_shard += result["metrics"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CommitError(f"instant {writer.instant}: a task result is malformed ({exc}); nothing was published")
+    _check_files_exist(writer.table.io, writer.instant, [(f.path, f.size) for f in files + index_files]
+                       + [(t.path, t.size) for t in touched if t.path])
+    writer.add_written(index_files, files, changes, touched)
+    summary = _summarize(writer.instant, files, index_files, per_shard)
     writer.extra[UPSERT_EXTRA] = {"key": options.key, "partition": options.partition,
                                   "hive_style": options.hive_style, "ordering": options.ordering,
                                   "buckets": options.buckets.to_dict()}
-    writer.extra["data_files"] = [f.path for f in files]
     writer.extra["metrics"] = {k: v for k, v in summary.to_dict().items() if k != "per_shard"}
-    # 2. Publish: data and index become visible together, or not at all.
-    return writer.commit(), summary, files
+    # 3. Publish: data and index become visible together, or not at all.
+    return writer.commit(), summary
 
 
-def _add_entries(writer: Any, entries: pa.Table) -> None:
-    """Feed index entries to the CommitWriter grouped the way it takes them."""
-    if entries.num_rows == 0:
-        return
-    ops = entries.column("op")
-    for op in (task.OP_INSERT, task.OP_DELETE, task.OP_MOVE):
-        rows = entries.filter(pc.equal(ops, op))
-        if rows.num_rows == 0:
-            continue
-        group_cols = ["partition"] if op != task.OP_MOVE else ["old_partition", "partition"]
-        for group in rows.select(group_cols).group_by(group_cols).aggregate([]).to_pylist():
-            mask = None
-            for col, value in group.items():
-                m = pc.equal(rows.column(col), value)
-                mask = m if mask is None else pc.and_(mask, m)
-            part = rows.filter(mask)
-            if op == task.OP_INSERT:
-                writer.insert(group["partition"], part.column("key"), part.column("file_group"))
-            elif op == task.OP_DELETE:
-                writer.delete(group["partition"], part.column("key"), part.column("file_group"))
-            else:
-                writer.move(part.column("key"), group["old_partition"], part.column("old_file_group"),
-                            group["partition"], part.column("file_group"))
+def _check_files_exist(io: Any, instant: str, expected: list[tuple[str, int]]) -> None:
+    """Every file a task listed must exist with the size it reported (one metadata call for all of them)."""
+    sizes = io.sizes([rel for rel, _ in expected])
+    wrong = [(rel, size, sizes.get(rel)) for rel, size in expected if sizes.get(rel) != size]
+    if wrong:
+        rel, size, found = wrong[0]
+        raise CommitError(f"instant {instant}: {len(wrong)} file(s) the tasks listed are missing or have another "
+                          f"size, e.g. {io.path(rel)} ({size} bytes reported, "
+                          f"{'missing' if found is None else f'{found} found'}); nothing was published")
 
 
-def _summarize(instant: str, files: list[datafiles.DataFile], entries: pa.Table,
+def _summarize(instant: str, files: list[DataFileRecord], index_files: list[FileRecord],
                per_shard: list[dict[str, Any]]) -> CommitSummary:
     summary = CommitSummary(instant=instant, seq=0, per_shard=sorted(per_shard, key=lambda m: m["shard"]))
     for m in per_shard:
@@ -254,7 +275,7 @@ def _summarize(instant: str, files: list[datafiles.DataFile], entries: pa.Table,
     summary.partitions = sorted({f.partition for f in files})
     summary.data_files = len(files)
     summary.data_bytes = sum(f.size for f in files)
-    summary.index_entries = entries.num_rows
+    summary.index_entries = sum(f.rows for f in index_files)
     return summary
 
 
@@ -271,29 +292,72 @@ def commit_history(table: Table, last: int = 20) -> list[dict[str, Any]]:
 
 def committed_data_files(table: Table) -> list[tuple[str, int, str]]:
     """(path, completion seq, instant) of every data file a completed upsert published, oldest first."""
+    return [(f.path, seq, instant) for f, seq, instant in committed_data_records(table)]
+
+
+def committed_data_records(table: Table) -> list[tuple[DataFileRecord, int, str]]:
+    """(record, completion seq, instant) of every data file a completed upsert published, oldest first."""
     table.refresh()
-    return [(path, rec.seq, rec.instant) for rec in table.timeline.completed()
-            if rec.action == ACTION_COMMIT for path in rec.extra.get("data_files", [])]
+    return [(f, rec.seq, rec.instant) for rec in table.timeline.completed()
+            if rec.action == ACTION_COMMIT for f in rec.data_files]
+
+
+def _read_verified_files(rows: Iterator[pa.RecordBatch], table: Table, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """mapInArrow body of `read_table`: each listed data file read through the table's FileIO, its size and checksum
+    checked first, with its completion seq; columns aligned to the newest file's schema."""
+    for batch in rows:
+        for r in batch.to_pylist():
+            record = DataFileRecord(**{k: r[k] for k in ("path", "partition", "file_group", "rows", "size",
+                                                         "checksum")})
+            data = datafiles.read_data_file(table.io, record)
+            columns = []
+            for field_ in schema:
+                if field_.name == _SEQ:
+                    columns.append(pa.array([r["seq"]] * data.num_rows, pa.int64()))
+                elif field_.name in data.column_names:
+                    try:
+                        columns.append(data.column(field_.name).cast(field_.type))
+                    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                        raise InvalidInputError(f"column {field_.name!r} of data file {table.io.path(record.path)} "
+                                                f"is {data.schema.field(field_.name).type}, the table reads "
+                                                f"{field_.type}: {exc}") from exc
+                else:
+                    columns.append(pa.nulls(data.num_rows, field_.type))
+            yield from pa.Table.from_arrays(columns, schema=schema).to_batches()
+
+
+_SEQ = "_dbidx_seq"
 
 
 def read_table(spark: Any, table: Table, ordering: str | None = None) -> Any:
     """The table's current rows: per record the latest version (commit order; `ordering` first if given),
-    deleted records dropped. One row per key (global mode) or per (partition, key)."""
+    deleted records dropped. One row per key (global mode) or per (partition, key).
+
+    Data files are read by tasks through the table's FileIO, each verified against the size and checksum its
+    commit recorded: a damaged file fails the read with CorruptFileError naming it, never a silently smaller table.
+    """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_schema
 
-    files = committed_data_files(table)
+    records = committed_data_records(table)
     layout_info = next((rec.extra[UPSERT_EXTRA] for rec in reversed(table.timeline.completed())
                         if UPSERT_EXTRA in rec.extra), None)
-    if not files or layout_info is None:
+    if not records or layout_info is None:
         raise InvalidInputError(f"table {table.uri} has no data written by upsert yet")
     key, partition = layout_info["key"], layout_info["partition"]
-    seqs = spark.createDataFrame(sorted({(instant, seq) for _, seq, instant in files}),
-                                 f"{datafiles.INSTANT_COLUMN} string, _dbidx_seq long")
-    data = spark.read.option("recursiveFileLookup", "true").parquet(*[table.io.path(p) for p, _, _ in files])
-    data = data.join(F.broadcast(seqs), datafiles.INSTANT_COLUMN)
+    # 1. The schema of the newest data file (read and verified here), plus the commit seq of each row.
+    newest = datafiles.read_data_file(table.io, records[-1][0]).schema.remove_metadata()
+    schema = newest.append(pa.field(_SEQ, pa.int64()))
+    listing = spark.createDataFrame(
+        [(f.path, f.partition, f.file_group, f.rows, f.size, f.checksum, seq) for f, seq, _ in records],
+        "path string, partition string, file_group string, rows long, size long, checksum string, seq long")
+    slices = max(1, min(len(records), spark.sparkContext.defaultParallelism * 4))
+    # 2. Read every file in tasks (verified), then keep the latest version of each record.
+    data = listing.repartition(slices).mapInArrow(partial(_read_verified_files, table=table, schema=schema),
+                                                  from_arrow_schema(schema))
     ident = [key] if table.global_index else [partition, key]
-    order = ([F.col(ordering).desc_nulls_last()] if ordering else []) + [F.col("_dbidx_seq").desc()]
+    order = ([F.col(ordering).desc_nulls_last()] if ordering else []) + [F.col(_SEQ).desc()]
     latest = data.withColumn("_dbidx_rank", F.row_number().over(Window.partitionBy(*ident).orderBy(*order)))
     return (latest.filter((F.col("_dbidx_rank") == 1) & ~F.col(datafiles.DELETED_COLUMN))
-            .drop("_dbidx_rank", "_dbidx_seq", datafiles.DELETED_COLUMN, datafiles.INSTANT_COLUMN))
+            .drop("_dbidx_rank", _SEQ, datafiles.DELETED_COLUMN, datafiles.INSTANT_COLUMN))

@@ -1,40 +1,28 @@
 """Data files of an upsert: one Parquet file per (partition, file group, task attempt), each announced by a marker.
 
-Why markers: a task attempt that dies, or a speculative duplicate that loses, leaves files the driver never hears
-of. Before writing a data file, the task creates `.dbidx/markers/<instant>/<quoted path>`; the commit lists the
-files of the winning attempts only, and everything else a marker names is deleted after the commit (or all of it
-after a rollback). Readers only read files a completed commit lists, so an orphan is never visible, even before
-it is cleaned.
+A task announces every file before writing it (mdt/markers.py); the commit lists the files of the winning attempts
+only, with their size and checksum, and everything else a marker names is deleted after the commit (or all of it
+after a rollback). Readers only read files a completed commit lists, and verify their bytes first, so an orphan or
+a damaged file is never read as table data.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Iterable
-from urllib.parse import quote, unquote
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from dbidx.mdt import layout
-from dbidx.mdt.fileio import FileIO
-from dbidx.mdt.timeline import ACTION_COMMIT
+from dbidx.errors import CorruptFileError
+from dbidx.mdt import markers
+from dbidx.mdt.fileio import FileIO, file_checksum
+from dbidx.mdt.markers import MARKERS_DIR, announced_files, discard_unlisted, marker_dir, marker_of  # noqa: F401
+from dbidx.mdt.records import ACTION_COMMIT, DataFileRecord
 
-MARKERS_DIR = f"{layout.META_DIR}/markers"
 INSTANT_COLUMN = "_dbidx_instant"
 DELETED_COLUMN = "_dbidx_deleted"
-
-
-@dataclass(frozen=True)
-class DataFile:
-    """One written data file: where, for which file group, how many rows and bytes."""
-
-    path: str
-    partition: str
-    file_group: str
-    rows: int
-    size: int
+DataFile = DataFileRecord
 
 
 def data_file_path(partition: str, file_group: str, instant: str, attempt: int) -> str:
@@ -42,25 +30,23 @@ def data_file_path(partition: str, file_group: str, instant: str, attempt: int) 
     return f"{partition}/{file_group}_{instant}_{attempt}.parquet"
 
 
-def marker_dir(instant: str) -> str:
-    """Where the markers of one instant live."""
-    return f"{MARKERS_DIR}/{layout.validate_instant(instant)}"
-
-
-def write_group(io: FileIO, rel: str, rows: pa.Table, instant: str) -> DataFile:
-    """Write one file group's rows of an instant: the marker first, so no file is ever written unannounced."""
-    io.write_atomic(marker_of(instant, rel), b"")
-    with io.open_output_stream(rel) as out:
-        pq.write_table(rows, out, compression="zstd")
+def write_group(io: FileIO, rel: str, rows: pa.Table, instant: str) -> DataFileRecord:
+    """Write one file group's rows of an instant: the marker first, so no file is ever written unannounced; the
+    bytes are serialized in memory, so the recorded checksum covers exactly what was written."""
+    markers.announce(io, instant, rel)
+    sink = pa.BufferOutputStream()
+    pq.write_table(rows, sink, compression="zstd")
+    data = sink.getvalue()
+    io.write_file(rel, data)
     partition, name = rel.rsplit("/", 1)
-    return DataFile(path=rel, partition=partition, file_group=name.split("_", 1)[0], rows=rows.num_rows,
-                    size=io.size(rel))
+    return DataFileRecord(path=rel, partition=partition, file_group=name.split("_", 1)[0], rows=rows.num_rows,
+                          size=data.size, checksum=file_checksum(data))
 
 
 def write_groups(io: FileIO, rows: pa.Table, partitions: pa.Array, file_groups: pa.Array, instant: str,
-                 attempt: int) -> list[DataFile]:
+                 attempt: int) -> list[DataFileRecord]:
     """Split rows by (partition, file group) and write one file per group; rows with no file group are skipped."""
-    written: list[DataFile] = []
+    written: list[DataFileRecord] = []
     if rows.num_rows == 0:
         return written
     ident = pc.binary_join_element_wise(partitions, pc.fill_null(file_groups, ""), "\x00")
@@ -78,24 +64,29 @@ def write_groups(io: FileIO, rows: pa.Table, partitions: pa.Array, file_groups: 
     return written
 
 
-def announced_files(io: FileIO, instant: str) -> list[str]:
-    """Every data file some attempt of an instant announced (it may or may not exist)."""
-    return sorted(unquote(name) for name in io.list_names(marker_dir(instant)) if not name.startswith(".tmp-"))
-
-
-def marker_of(instant: str, rel: str) -> str:
-    """The marker path announcing one data file."""
-    return f"{marker_dir(instant)}/{quote(rel, safe='')}"
+def read_data_file(io: FileIO, record: DataFileRecord) -> pa.Table:
+    """One published data file, its bytes verified against the commit record first."""
+    data = io.read_verified(record.path, record.size, record.checksum, "data file")
+    try:
+        table = pq.read_table(pa.BufferReader(data))
+    except (pa.ArrowException, OSError) as exc:
+        raise CorruptFileError(f"data file {io.path(record.path)} is unreadable: {exc}") from exc
+    if table.num_rows != record.rows:
+        raise CorruptFileError(f"data file {io.path(record.path)} holds {table.num_rows} rows but its commit "
+                               f"recorded {record.rows}")
+    return table
 
 
 def settled_files(record: Any) -> set[str] | None:
-    """The data files a settled instant published (empty for a rollback); None while it is unsettled."""
+    """The files a settled instant published (empty for a rollback); None while it is unsettled."""
     if record is None:
         return None
-    return set(record.extra.get("data_files", [])) if record.action == ACTION_COMMIT else set()
+    if record.action != ACTION_COMMIT:
+        return set()
+    return {f.path for f in record.data_files} | {f.path for f in record.files}
 
 
-def withdraw_if_settled(io: FileIO, timeline: Any, instant: str, written: Iterable[DataFile]) -> bool:
+def withdraw_if_settled(io: FileIO, timeline: Any, instant: str, written: Iterable[str]) -> bool:
     """Run by a task after writing: if the instant already completed or was rolled back (this attempt lost a race
     or outlived its job), delete this attempt's unpublished files and markers. True if it did so.
 
@@ -106,10 +97,7 @@ def withdraw_if_settled(io: FileIO, timeline: Any, instant: str, written: Iterab
     listed = settled_files(timeline.record_of(instant))
     if listed is None:
         return False
-    for f in written:
-        if f.path not in listed:
-            io.delete(f.path)
-            io.delete(marker_of(instant, f.path))
+    markers.withdraw(io, instant, written, listed)
     return True
 
 
@@ -121,12 +109,4 @@ def sweep_settled(io: FileIO, timeline: Any) -> list[str]:
         listed = settled_files(timeline.record_of(instant))
         if listed is not None:
             deleted += discard_unlisted(io, instant, listed)
-    return deleted
-
-
-def discard_unlisted(io: FileIO, instant: str, keep: Iterable[str]) -> list[str]:
-    """Delete the announced files of an instant that are not in `keep`, then its markers; returns the deleted."""
-    keep_set = set(keep)
-    deleted = [rel for rel in announced_files(io, instant) if rel not in keep_set and io.delete(rel)]
-    io.delete_dir(marker_dir(instant))
     return deleted

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Iterable, Iterator
 
 import msgpack
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from dbidx.bootstrap.on_demand import ensure_loaded
 from dbidx.cache.catchup import sync
@@ -31,12 +30,9 @@ from dbidx.spark_integration.tagger import (
     ROW_ID, TAG_FILE_GROUP, TAG_IS_DELETE, TAG_IS_UPDATE, TAG_OLD_FILE_GROUP, TAG_OLD_PARTITION, TAG_PARTITION,
     ShardTagger, TagCounts, TagOptions, latest_per_key,
 )
+from dbidx.spark_integration.task_index import write_task_index, written_paths
 
 RESULT_DDL = "shard int, attempt long, payload binary"
-OP_INSERT, OP_DELETE, OP_MOVE = "insert", "delete", "move"
-ENTRY_SCHEMA = pa.schema([("op", pa.string()), ("key", pa.string()), ("partition", pa.string()),
-                          ("file_group", pa.string()), ("old_partition", pa.string()),
-                          ("old_file_group", pa.string())])
 REAPER_INFO = "reaper"
 TAG_COUNTS = [f.name for f in fields(TagCounts)]
 _TABLES: dict[tuple[str, str], Table] = {}  # per worker process: Python workers are reused, timelines stay warm
@@ -70,6 +66,7 @@ class ShardMetrics(TaskCounts):
     write_seconds: float = 0.0
     cache_disk_bytes: int = 0
     cache_entries: int = 0
+    tagged_seq: int = 0  # the completion seq the shard's rows were tagged against
     partitions: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -96,6 +93,7 @@ def shard_session(table: Table, shard: int, options: TagOptions, metrics: ShardM
         metrics.open_seconds += time.perf_counter() - started
         result = sync(cache, table)
         metrics.sync_seconds += result.seconds
+        metrics.tagged_seq = result.to_seq
         yield cache
         reap_if_due(cache)
         for name in CACHE_COUNTERS:
@@ -137,11 +135,15 @@ def _shard_slices(table: Table, batch: pa.Table, options: TagOptions) -> list[tu
 
 
 def tag_batches(batches: Iterable[pa.RecordBatch], table: Table, options: TagOptions) -> Iterator[pa.RecordBatch]:
-    """mapInArrow body of `tag`: every row back with its tag columns; one cache open at a time, per task."""
+    """mapInArrow body of `tag`: every row back with its tag columns; one cache open at a time, per task.
+
+    Each shard session lives in an ExitStack, so an error (or the consumer stopping early) takes the session's
+    failure path: the cache is closed without the success epilogue (reaper, metrics) running on a broken task.
+    """
     table = warm_table(table)
     taggers: dict[int, ShardTagger] = {}
-    current: tuple[int, Any, RecordIndexCache] | None = None
-    try:
+    with ExitStack() as stack:
+        current: tuple[int, ExitStack, RecordIndexCache] | None = None
         for record_batch in batches:
             batch = pa.Table.from_batches([record_batch])
             if batch.num_rows == 0:
@@ -150,29 +152,27 @@ def tag_batches(batches: Iterable[pa.RecordBatch], table: Table, options: TagOpt
                 # 1. Switch caches only when the shard changes (never two held at once: no lock-order deadlock).
                 if current is None or current[0] != shard:
                     if current is not None:
-                        current[1].__exit__(None, None, None)
-                        current = None
-                    session = shard_session(table, shard, options, ShardMetrics(shard=shard))
-                    current = (shard, session, session.__enter__())
+                        current[1].close()  # the previous shard finished cleanly: its epilogue runs
+                    session = stack.enter_context(ExitStack())
+                    cache = session.enter_context(shard_session(table, shard, options, ShardMetrics(shard=shard)))
+                    current = (shard, session, cache)
                 tagger = taggers.setdefault(shard, ShardTagger(table, shard, options))
                 ensure_loaded(current[2], table, tagger.partitions_needed(rows))
                 yield from tagger.tag(current[2], rows).to_batches()
-    finally:
-        if current is not None:
-            current[1].__exit__(None, None, None)
 
 
 def upsert_batches(batches: Iterable[pa.RecordBatch], table: Table, options: TagOptions, instant: str,
                    attempt: int) -> dict[str, Any]:
-    """Task body of `upsert`: dedupe, tag, write data files; returns files, index entries and metrics.
+    """Task body of `upsert`: dedupe, tag, write data files and the shard's index files; returns their records.
 
     The cache is not written: new keys reach it only through catch-up after the instant completes, so a failed
-    or losing task attempt leaves nothing any later batch could mistake for committed.
+    or losing task attempt leaves nothing any later batch could mistake for committed. What goes back to the driver
+    is metadata only (file records, touched-key ranges, partition stats, metrics): never a key.
     """
     table = warm_table(table)
     received = [b for b in batches if b.num_rows]
     if not received:
-        return {"files": [], "entries": b"", "metrics": []}
+        return {"files": [], "index_files": [], "touched": [], "changes": {}, "metrics": []}
     batch = pa.Table.from_batches(received)
     # 1. One row per record: ordering field first, then arrival.
     batch, dropped = latest_per_key(batch, options, table.global_index)
@@ -194,12 +194,17 @@ def upsert_batches(batches: Iterable[pa.RecordBatch], table: Table, options: Tag
     files = datafiles.write_groups(table.io, data_rows(tagged, options, instant),
                                    tagged.column(TAG_PARTITION).combine_chunks(),
                                    tagged.column(TAG_FILE_GROUP).combine_chunks(), instant, attempt)
-    # 4. An attempt that outlived its job (rolled back) or lost to another attempt (committed without it) withdraws.
-    datafiles.withdraw_if_settled(table.io, table.timeline, instant, files)
+    # 4. The shard's index delta files and touched keys, announced the same way.
+    index_files, touched, changes = write_task_index(table, tagged, options, instant, attempt,
+                                                     {m.shard: m.tagged_seq for m in shard_metrics})
+    # 5. An attempt that outlived its job (rolled back) or lost to another attempt (committed without it) withdraws.
+    datafiles.withdraw_if_settled(table.io, table.timeline, instant, written_paths(files, index_files, touched))
     for metrics in shard_metrics:
         metrics.write_seconds = (time.perf_counter() - started) / len(shard_metrics)
         metrics.partitions = sorted({f.partition for f in files})
-    return {"files": [asdict(f) for f in files], "entries": _to_ipc(index_entries(tagged, options)),
+    return {"files": [asdict(f) for f in files], "index_files": [asdict(f) for f in index_files],
+            "touched": [t.to_dict() for t in touched],
+            "changes": {p: asdict(c) for p, c in changes.items()},
             "metrics": [m.to_dict() for m in shard_metrics]}
 
 
@@ -212,32 +217,6 @@ def data_rows(tagged: pa.Table, options: TagOptions, instant: str) -> pa.Table:
     return rows.append_column(datafiles.DELETED_COLUMN, tagged.column(TAG_IS_DELETE))
 
 
-def index_entries(tagged: pa.Table, options: TagOptions) -> pa.Table:
-    """Index changes of a tagged batch: inserts of new keys, tombstones of deleted ones, moves (global mode).
-
-    Updates in place change nothing in the index: a key's location is immutable.
-    """
-    is_update = tagged.column(TAG_IS_UPDATE).to_numpy()
-    is_delete = tagged.column(TAG_IS_DELETE).to_numpy()
-    part = tagged.column(TAG_PARTITION).combine_chunks()
-    old_part = tagged.column(TAG_OLD_PARTITION).combine_chunks()
-    moved = is_update & ~is_delete & pc.fill_null(pc.not_equal(part, old_part), False).to_numpy(zero_copy_only=False)
-    ops = np.full(tagged.num_rows, None, dtype=object)
-    ops[~is_update & ~is_delete] = OP_INSERT
-    ops[is_update & is_delete] = OP_DELETE
-    ops[moved] = OP_MOVE
-    keep = np.not_equal(ops, None)
-    idx = pa.array(np.flatnonzero(keep))
-    return pa.table({
-        "op": pa.array(ops[keep].tolist(), pa.string()),
-        "key": options.keys_of(tagged).take(idx),
-        "partition": part.take(idx),
-        "file_group": tagged.column(TAG_FILE_GROUP).combine_chunks().take(idx),
-        "old_partition": old_part.take(idx),
-        "old_file_group": tagged.column(TAG_OLD_FILE_GROUP).combine_chunks().take(idx),
-    }, schema=ENTRY_SCHEMA)
-
-
 def pack_result(shard: int, attempt: int, result: dict[str, Any]) -> pa.RecordBatch:
     """The one-row Arrow batch a task returns to the driver."""
     payload = msgpack.packb(result, use_bin_type=True)
@@ -245,20 +224,6 @@ def pack_result(shard: int, attempt: int, result: dict[str, Any]) -> pa.RecordBa
                                        "payload": pa.array([payload], pa.binary())})
 
 
-def unpack_result(payload: bytes) -> tuple[list[datafiles.DataFile], pa.Table, list[dict[str, Any]]]:
-    """Inverse of pack_result's payload: (data files, index entries, shard metrics)."""
-    result = msgpack.unpackb(payload, raw=False)
-    files = [datafiles.DataFile(**f) for f in result["files"]]
-    entries = _from_ipc(result["entries"]) if result["entries"] else ENTRY_SCHEMA.empty_table()
-    return files, entries, result["metrics"]
-
-
-def _to_ipc(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
-
-
-def _from_ipc(data: bytes) -> pa.Table:
-    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+def unpack_result(payload: bytes) -> dict[str, Any]:
+    """Inverse of pack_result's payload (plain dicts; the driver parses each record strictly)."""
+    return msgpack.unpackb(payload, raw=False)

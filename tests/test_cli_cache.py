@@ -10,7 +10,7 @@ from dbidx.cache.catchup import load_from_snapshot
 from dbidx.cache.inspect import find_cache_dirs, open_cache_dir
 from dbidx.cli import main
 
-from tests.cache_helpers import DAY1, DAY2, DAY3, make_table, open_cache
+from tests.cache_helpers import DAY1, DAY2, make_table, open_cache
 
 
 @pytest.fixture()

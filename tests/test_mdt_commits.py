@@ -79,14 +79,10 @@ def test_crashed_writer_is_rolled_back_by_another_process(table):
     writer = table.new_commit()
     writer.insert("p", [f"k{i}" for i in range(50)], "fg")
     # Simulate a crash after the files were written but before the publish.
-    groups = {g: pa.concat_tables(parts) for g, parts in writer._groups.items()}
+    groups = writer.buffer.sorted_groups()
     paths = [layout.delta_file(g[0], g[1], writer.instant) for g in groups]
     table.timeline.mark_inflight(writer.started, paths)
-    from dbidx.mdt import rli_files
-
-    for g, t in groups.items():
-        rli_files.write_rli_file(table.io, layout.delta_file(g[0], g[1], writer.instant),
-                                 rli_files.sort_entries(t), 64)
+    writer.buffer.write(table.io, groups)
     other = Table.open(table.uri)
     assert other.timeline.pending() == [writer.instant]
     assert other.snapshot("p").num_rows == 0

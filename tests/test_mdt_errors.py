@@ -70,7 +70,7 @@ def test_rli_file_replaced_by_a_shorter_valid_file_is_detected(table):
         w.insert("p", [f"k{i}" for i in range(1000)], "fg")
     path = _first_rli_file(table)
     pq.write_table(pq.read_table(path).slice(0, 10), path)
-    with pytest.raises(CorruptFileError, match="rows but its commit recorded"):
+    with pytest.raises(CorruptFileError, match="bytes but its commit recorded"):
         Table.open(table.uri).snapshot("p")
 
 

@@ -55,9 +55,11 @@ def test_attempt_failing_after_writing_is_retried_without_duplicates(spark, setu
     summary = upsert(spark.createDataFrame(batch, SCHEMA), table, cache_config=config,
                      on_task_written=fail_first_attempt)
     assert (summary.updates, summary.inserts) == (60, 40)
-    # The failed attempts' files were announced, never listed, and deleted after the commit.
-    assert summary.orphans_deleted == summary.data_files > 0
+    # The failed attempts' files (data, index, touched keys) were announced, never listed, and deleted after the commit.
+    assert summary.orphans_deleted > summary.data_files > 0
     assert parquet_on_disk(table) == {p for p, _, _ in committed_data_files(table)}
+    index_on_disk = {rel for rel, _ in table.io.list_files_recursive(".dbidx/rli")}
+    assert index_on_disk == {f.path for rec in table.timeline.completed() for f in rec.files}
     assert not table.io.list_names(datafiles.marker_dir(summary.instant))
     expected = {(k, d, v) for k, d, v, _ in rows_of(100)} - {(k, d, v) for k, d, v, _ in rows_of(60)}
     expected |= {(k, d, v) for k, d, v, _ in batch}
@@ -107,11 +109,16 @@ def test_speculative_duplicate_attempts_leave_one_version(setup) -> None:
     for t in threads:
         t.join()
     assert [f["file_group"] for f in results[11]["files"]] == [f["file_group"] for f in results[12]["files"]]
+    empty = task.upsert_batches([], table, options, writer.instant, 13)  # shard 1 has no rows in this batch
     winner = task.pack_result(0, 12, results[12]).column("payload")[0].as_py()
-    record, summary, files = commit_results(writer, [winner], options)
-    deleted = datafiles.discard_unlisted(table.io, writer.instant, keep=[f.path for f in files])
-    assert sorted(deleted) == sorted(f["path"] for f in results[11]["files"])
-    assert parquet_on_disk(table) == {f.path for f in files}
+    record, summary = commit_results(writer, [(0, 12, winner), (1, 13, task.msgpack.packb(empty))], options,
+                                     expected_tasks=2)
+    keep = [f.path for f in record.data_files] + [f.path for f in record.files]
+    deleted = datafiles.discard_unlisted(table.io, writer.instant, keep=keep)
+    loser = [f["path"] for f in results[11]["files"] + results[11]["index_files"]]
+    assert sorted(deleted) == sorted(loser + [t["path"] for t in results[11]["touched"] if t["path"] not in loser]
+                                     + [t["path"] for t in results[12]["touched"] if t["path"] not in keep])
+    assert parquet_on_disk(table) == {f.path for f in record.data_files}
     assert summary.inserts == shard0.num_rows and len(index_state(table)) == shard0.num_rows
 
 

@@ -1,0 +1,111 @@
+"""Optimistic concurrency on keys: does a commit that completed meanwhile touch a key this instant relied on?
+
+An instant records, per index group (partition and shard; in global mode the shard), the keys it *touched*: every
+key it inserted, deleted or moved, and for an upsert also every key it only tagged (an update writes no index entry
+but relies on the key still living where the index said; a delete of a missing key relies on it still being
+absent). At publish time, every commit or build_index that completed after the instant's tags were computed and
+wrote index entries (inserts, tombstones, moves) in the same group is compared key by key with the touched set.
+Any common key is a ConflictError: the instant publishes nothing and its batch must be re-tagged. Which pairs
+conflict, and why, is the table in docs/DESIGN.md section 3.
+
+Only groups with overlapping key ranges are read, one at a time, so the publisher's memory is bounded by one
+group's keys, not by the batch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from dbidx.errors import ConflictError, CorruptFileError
+from dbidx.mdt import rli_files
+from dbidx.mdt.fileio import FileIO, file_checksum
+from dbidx.mdt.records import ACTION_BUILD_INDEX, ACTION_COMMIT, CompletedInstant
+
+GroupKey = tuple[str | None, int]
+
+
+@dataclass(frozen=True)
+class TouchedKeys:
+    """The keys an instant touched in one index group, where to find them, and since when they must hold.
+
+    `since_seq`: the completion seq the keys were tagged against; commits at or before it were already seen.
+    `path`/`size`/`checksum`: a sorted Parquet file with a `key` column (an upsert task's touched file, or its delta
+    file when every touched key has an entry); `keys`: the sorted keys in memory instead (the library writer).
+    """
+
+    partition: str | None
+    shard: int
+    min_key: str
+    max_key: str
+    since_seq: int
+    path: str | None = None
+    size: int = 0
+    checksum: str = ""
+    keys: pa.Array | None = None
+
+    def to_dict(self) -> dict:
+        """Plain form for task results (keys in memory are never shipped)."""
+        return {"partition": self.partition, "shard": self.shard, "min_key": self.min_key, "max_key": self.max_key,
+                "since_seq": self.since_seq, "path": self.path, "size": self.size, "checksum": self.checksum}
+
+    def load(self, io: FileIO) -> pa.Array:
+        """The touched keys (read and verified from the file if they are not in memory)."""
+        if self.keys is not None:
+            return self.keys
+        assert self.path is not None
+        data = io.read_verified(self.path, self.size, self.checksum, "touched-keys file")
+        try:
+            return pq.read_table(pa.BufferReader(data), columns=[rli_files.KEY]).column(rli_files.KEY).combine_chunks()
+        except (pa.ArrowException, OSError) as exc:
+            raise CorruptFileError(f"touched-keys file {io.path(self.path)} is unreadable: {exc}") from exc
+
+
+def write_touched(io: FileIO, rel: str, keys: pa.Array, partition: str | None, shard: int,
+                  since_seq: int) -> TouchedKeys:
+    """Write the sorted distinct keys a task tagged in one group; returns the record the task reports."""
+    keys = pc.unique(keys).sort() if len(keys) else keys
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.table({rli_files.KEY: keys}), sink, compression="zstd", use_dictionary=False)
+    data = sink.getvalue()
+    io.write_file(rel, data)
+    return TouchedKeys(partition, shard, keys[0].as_py(), keys[-1].as_py(), since_seq, rel, data.size,
+                       file_checksum(data))
+
+
+def check_conflicts(io: FileIO, instant: str, news: list[CompletedInstant],
+                    touched: dict[GroupKey, TouchedKeys]) -> None:
+    """Raise ConflictError if a commit in `news` wrote index entries for a key this instant touched."""
+    loaded: dict[GroupKey, pa.Array] = {}
+    for rec in news:
+        if rec.action not in (ACTION_COMMIT, ACTION_BUILD_INDEX):
+            continue  # compaction, clean and rollback change no live entry
+        for f in rec.files:
+            group = (f.partition, f.shard)
+            mine = touched.get(group)
+            if mine is None or rec.seq <= mine.since_seq or f.min_key is None:
+                continue
+            if mine.max_key < f.min_key or mine.min_key > f.max_key:
+                continue
+            keys = loaded.get(group)
+            if keys is None:
+                keys = loaded[group] = mine.load(io)
+            theirs = rli_files.read_rli_file(io, f, columns=[rli_files.KEY]).column(rli_files.KEY)
+            clash = keys.filter(pc.is_in(keys, value_set=theirs))
+            if len(clash):
+                where = "the global index" if f.partition is None else f"partition {f.partition!r}"
+                sample = ", ".join(repr(k) for k in clash.slice(0, 5).to_pylist())
+                raise ConflictError(
+                    f"instant {instant} conflicts with instant {rec.instant} (completed at seq {rec.seq} while this "
+                    f"one ran): it inserted, deleted or moved {len(clash)} key(s) this instant also wrote or tagged, "
+                    f"in {where}, shard {f.shard}, e.g. {sample}. Nothing was published; re-tag the batch against "
+                    "the new index and retry."
+                )
+
+
+def touched_in_memory(sorted_keys_by_group: dict[GroupKey, pa.Array], since_seq: int) -> dict[GroupKey, TouchedKeys]:
+    """TouchedKeys for keys held in memory (each array sorted, non-empty)."""
+    return {g: TouchedKeys(g[0], g[1], k[0].as_py(), k[-1].as_py(), since_seq, keys=k)
+            for g, k in sorted_keys_by_group.items() if len(k)}
+

@@ -1,0 +1,63 @@
+"""Markers: every file an instant's tasks write is announced under `.dbidx/markers/<instant>/` before it is written.
+
+Why: a task attempt that dies, or a speculative duplicate that loses, leaves files the committing process never
+hears of. A marker is an empty file named by the quoted table-relative path of the file it announces; the commit
+lists the files of the winning attempts only, and everything else a marker names is deleted after the commit (or
+all of it after a rollback). Readers only read files a completed commit lists, so an unlisted file is never visible,
+even before it is cleaned.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+from urllib.parse import quote, unquote
+
+from dbidx.errors import CorruptFileError, InvalidInputError
+from dbidx.mdt import layout
+from dbidx.mdt.fileio import FileIO
+
+MARKERS_DIR = f"{layout.META_DIR}/markers"
+
+
+def marker_dir(instant: str) -> str:
+    """Where the markers of one instant live."""
+    return f"{MARKERS_DIR}/{layout.validate_instant(instant)}"
+
+
+def marker_of(instant: str, rel: str) -> str:
+    """The marker path announcing one file."""
+    return f"{marker_dir(instant)}/{quote(rel, safe='')}"
+
+
+def announce(io: FileIO, instant: str, rel: str) -> None:
+    """Create the marker of a file about to be written (before the first byte of it)."""
+    io.write_atomic(marker_of(instant, rel), b"")
+
+
+def announced_files(io: FileIO, instant: str) -> list[str]:
+    """Every file some attempt of an instant announced (it may or may not exist); crafted names that would leave
+    the table are refused, never followed."""
+    out = []
+    for name in io.list_names(marker_dir(instant)):
+        if name.startswith(".tmp-"):
+            continue
+        try:
+            out.append(layout.validate_table_path(unquote(name)))
+        except InvalidInputError as exc:
+            raise CorruptFileError(f"marker {io.path(marker_dir(instant))}/{name} is not valid: {exc}") from exc
+    return sorted(out)
+
+
+def discard_unlisted(io: FileIO, instant: str, keep: Iterable[str]) -> list[str]:
+    """Delete the announced files of an instant that are not in `keep`, then its markers; returns the deleted."""
+    keep_set = set(keep)
+    deleted = [rel for rel in announced_files(io, instant) if rel not in keep_set and io.delete(rel)]
+    io.delete_dir(marker_dir(instant))
+    return deleted
+
+
+def withdraw(io: FileIO, instant: str, written: Iterable[str], listed: set[str]) -> None:
+    """Delete this attempt's files that a settled instant did not list, with their markers."""
+    for rel in written:
+        if rel not in listed:
+            io.delete(rel)
+            io.delete(marker_of(instant, rel))

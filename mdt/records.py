@@ -1,0 +1,205 @@
+"""The completion log's record types and their strict parsing.
+
+Everything read back from storage is untrusted input: a completion record is parsed field by field against the
+types FORMAT.md section 7 gives, and any difference (a missing field, a string where a number belongs, an unknown
+field, a path that leaves the table) is a CorruptFileError naming the file, never a TypeError later on or, worse, a
+silently different table.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field, fields
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+from dbidx.errors import CorruptFileError, InvalidInputError
+from dbidx.mdt import layout
+
+ACTION_COMMIT = "commit"
+ACTION_COMPACTION = "compaction"
+ACTION_CLEAN = "clean"
+ACTION_ROLLBACK = "rollback"
+ACTION_BUILD_INDEX = "build_index"
+ACTIONS = (ACTION_COMMIT, ACTION_COMPACTION, ACTION_CLEAN, ACTION_ROLLBACK, ACTION_BUILD_INDEX)
+FILE_KINDS = ("delta", "base")
+_CHECKSUM_RE = re.compile(r"^xxh64:[0-9a-f]{16}$")
+
+
+class _Bad(ValueError):
+    """A field of a record does not have the type or value the format requires."""
+
+
+def _int(value: Any, name: str, minimum: int = 0) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise _Bad(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _str(value: Any, name: str, nullable: bool = False) -> str | None:
+    if value is None and nullable:
+        return None
+    if not isinstance(value, str):
+        raise _Bad(f"{name} must be a string, got {value!r}")
+    return value
+
+
+def _path(value: Any, name: str) -> str:
+    try:
+        return layout.validate_table_path(value)
+    except InvalidInputError as exc:
+        raise _Bad(f"{name}: {exc}") from exc
+
+
+def _checksum(value: Any, name: str) -> str:
+    if not isinstance(value, str) or not _CHECKSUM_RE.match(value):
+        raise _Bad(f"{name} must look like 'xxh64:<16 hex digits>', got {value!r}")
+    return value
+
+
+def _list(value: Any, name: str, item: Callable[[Any, str], Any]) -> tuple:
+    if not isinstance(value, list):
+        raise _Bad(f"{name} must be a list, got {type(value).__name__}")
+    return tuple(item(v, f"{name}[{i}]") for i, v in enumerate(value))
+
+
+def _object(value: Any, name: str, expected: set[str], optional: set[str] = frozenset()) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _Bad(f"{name} must be an object, got {type(value).__name__}")
+    missing = expected - optional - set(value)
+    unknown = set(value) - expected
+    if missing or unknown:
+        raise _Bad(f"{name} has missing fields {sorted(missing)} / unknown fields {sorted(unknown)}")
+    return value
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    """One RLI file an instant added: where it is, what it holds, and how to verify it."""
+
+    path: str
+    partition: str | None
+    shard: int
+    kind: str  # "delta" or "base"
+    rows: int
+    inserts: int
+    tombstones: int
+    min_key: str | None
+    max_key: str | None
+    size: int
+    checksum: str
+
+    @classmethod
+    def parse(cls, data: Any, name: str) -> "FileRecord":
+        """Rebuild a record from its JSON form, checking every field."""
+        d = _object(data, name, {f.name for f in fields(cls)})
+        if d["kind"] not in FILE_KINDS:
+            raise _Bad(f"{name}.kind must be one of {FILE_KINDS}, got {d['kind']!r}")
+        record = cls(path=_path(d["path"], f"{name}.path"), partition=_str(d["partition"], f"{name}.partition", True),
+                     shard=_int(d["shard"], f"{name}.shard"), kind=d["kind"], rows=_int(d["rows"], f"{name}.rows"),
+                     inserts=_int(d["inserts"], f"{name}.inserts"), tombstones=_int(d["tombstones"],
+                                                                                    f"{name}.tombstones"),
+                     min_key=_str(d["min_key"], f"{name}.min_key", True),
+                     max_key=_str(d["max_key"], f"{name}.max_key", True), size=_int(d["size"], f"{name}.size"),
+                     checksum=_checksum(d["checksum"], f"{name}.checksum"))
+        if record.inserts + record.tombstones != record.rows or (record.rows > 0) != (record.min_key is not None):
+            raise _Bad(f"{name}: rows, inserts, tombstones and key range do not agree")
+        return record
+
+
+@dataclass(frozen=True)
+class DataFileRecord:
+    """One data file an upsert published: its file group, row count, size and checksum."""
+
+    path: str
+    partition: str
+    file_group: str
+    rows: int
+    size: int
+    checksum: str
+
+    @classmethod
+    def parse(cls, data: Any, name: str) -> "DataFileRecord":
+        """Rebuild a record from its JSON form, checking every field."""
+        d = _object(data, name, {f.name for f in fields(cls)})
+        return cls(path=_path(d["path"], f"{name}.path"), partition=_str(d["partition"], f"{name}.partition"),
+                   file_group=_str(d["file_group"], f"{name}.file_group"), rows=_int(d["rows"], f"{name}.rows"),
+                   size=_int(d["size"], f"{name}.size"), checksum=_checksum(d["checksum"], f"{name}.checksum"))
+
+
+@dataclass(frozen=True)
+class PartitionChange:
+    """What an instant changed in one data partition: live key delta and per-file-group fill deltas."""
+
+    live: int = 0
+    fills: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, data: Any, name: str) -> "PartitionChange":
+        """Rebuild from JSON (both fields optional)."""
+        d = _object(data, name, {"live", "fills"}, optional={"live", "fills"})
+        fills = _object(d.get("fills", {}), f"{name}.fills", set(d.get("fills", {}) or {}))
+        for fg, n in fills.items():
+            _int(n, f"{name}.fills[{fg!r}]", minimum=-(2 ** 62))
+        return cls(live=_int(d.get("live", 0), f"{name}.live", minimum=-(2 ** 62)), fills=dict(fills))
+
+
+@dataclass(frozen=True)
+class CompletedInstant:
+    """One entry of the completion log."""
+
+    seq: int
+    instant: str
+    action: str
+    completed_at_ms: int
+    start_seq: int
+    table_id: str = ""
+    files: tuple[FileRecord, ...] = ()
+    data_files: tuple[DataFileRecord, ...] = ()
+    replaced: tuple[str, ...] = ()
+    deleted: tuple[str, ...] = ()
+    rolled_back: str | None = None
+    partitions: dict[str, PartitionChange] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> bytes:
+        """Serialize for the completion file."""
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+    @classmethod
+    def from_json(cls, raw: bytes, where: str) -> "CompletedInstant":
+        """Parse a completion file; anything malformed is a CorruptFileError naming the file."""
+        try:
+            d = _object(json.loads(raw), "record", {f.name for f in fields(cls)}, optional={"rolled_back", "extra"})
+            if d["action"] not in ACTIONS:
+                raise _Bad(f"action must be one of {ACTIONS}, got {d['action']!r}")
+            extra = d.get("extra", {})
+            if not isinstance(extra, dict):
+                raise _Bad("extra must be an object")
+            rolled_back = d.get("rolled_back")
+            partitions = _object(d["partitions"], "partitions", set(d["partitions"] or {}))
+            return cls(
+                seq=_int(d["seq"], "seq", minimum=1), instant=_instant(d["instant"], "instant"), action=d["action"],
+                completed_at_ms=_int(d["completed_at_ms"], "completed_at_ms"),
+                start_seq=_int(d["start_seq"], "start_seq"), table_id=_str(d["table_id"], "table_id"),
+                files=_list(d["files"], "files", FileRecord.parse),
+                data_files=_list(d["data_files"], "data_files", DataFileRecord.parse),
+                replaced=_list(d["replaced"], "replaced", _path), deleted=_list(d["deleted"], "deleted", _path),
+                rolled_back=None if rolled_back is None else _instant(rolled_back, "rolled_back"),
+                partitions={_str(p, "partition"): PartitionChange.parse(c, f"partitions[{p!r}]")
+                            for p, c in partitions.items()},
+                extra=extra)
+        except (_Bad, ValueError, TypeError, RecursionError) as exc:
+            raise CorruptFileError(f"completion record {where} is not valid: {exc}") from exc
+
+    @property
+    def completed_at(self) -> datetime:
+        """Wall-clock completion time (UTC)."""
+        return datetime.fromtimestamp(self.completed_at_ms / 1000, tz=timezone.utc)
+
+
+def _instant(value: Any, name: str) -> str:
+    try:
+        return layout.validate_instant(value)
+    except InvalidInputError as exc:
+        raise _Bad(f"{name}: {exc}") from exc

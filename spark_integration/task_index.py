@@ -1,0 +1,94 @@
+"""The index side of an upsert task: its shard's delta files, its touched keys and its partition stats.
+
+One task serves one key shard, so it owns every index group (partition, shard) its rows fall in: it writes those
+groups' sorted delta files itself (through the MDT's EntryBuffer) and reports only their records. The driver then
+holds per task a few hundred bytes per file, never a key. Every key the task tagged is also kept, per group, for the
+publish-time conflict check (mdt/conflicts.py): the delta file serves when every tagged key of the group has an
+entry (an initial load), else a small `touched-*.parquet` file holds them.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from dbidx.mdt import layout, markers
+from dbidx.mdt.conflicts import TouchedKeys, write_touched
+from dbidx.mdt.records import FileRecord, PartitionChange
+from dbidx.mdt.table import Table
+from dbidx.mdt.writer import EntryBuffer
+from dbidx.spark_integration.tagger import (
+    TAG_FILE_GROUP, TAG_IS_DELETE, TAG_IS_UPDATE, TAG_OLD_FILE_GROUP, TAG_OLD_PARTITION, TAG_PARTITION, TagOptions,
+)
+
+
+def write_task_index(table: Table, tagged: pa.Table, options: TagOptions, instant: str, attempt: int,
+                     since_seq: dict[int, int]) -> tuple[list[FileRecord], list[TouchedKeys],
+                                                         dict[str, PartitionChange]]:
+    """Write the delta and touched-keys files of a task's tagged rows; returns their records and the stats change.
+
+    `since_seq[shard]` is the completion seq the shard's rows were tagged against (its cache's watermark).
+    """
+    if tagged.num_rows == 0:
+        return [], [], {}
+    keys = options.keys_of(tagged)
+    shards = table.shard_of(keys)
+    buffer = EntryBuffer(table, instant)
+    _buffer_entries(buffer, tagged, keys)
+    groups = buffer.sorted_groups()
+    files = buffer.write(table.io, groups, attempt=attempt, announce=True)
+    by_group = {(f.partition, f.shard): f for f in files}
+    # Touched keys per group: every tagged key (updates and deletes of missing keys included).
+    touched = []
+    group_part = None if table.global_index else tagged.column(TAG_PARTITION).combine_chunks()
+    for shard in np.unique(shards).tolist():
+        in_shard = shards == shard
+        partitions = [None] if group_part is None else pc.unique(group_part.filter(pa.array(in_shard))).to_pylist()
+        for partition in partitions:
+            mask = in_shard if partition is None else in_shard & pc.equal(group_part, partition).to_numpy(
+                zero_copy_only=False)
+            group_keys = pc.unique(keys.filter(pa.array(mask))).sort()
+            delta = by_group.get((partition, shard))
+            if delta is not None and delta.rows == len(group_keys):  # the delta's keys are exactly the touched ones
+                touched.append(TouchedKeys(partition, shard, delta.min_key or "", delta.max_key or "",
+                                           since_seq[shard], delta.path, delta.size, delta.checksum))
+                continue
+            rel = layout.touched_file(partition, shard, instant, attempt)
+            markers.announce(table.io, instant, rel)
+            touched.append(write_touched(table.io, rel, group_keys, partition, shard, since_seq[shard]))
+    return files, touched, buffer.changes()
+
+
+def _buffer_entries(buffer: EntryBuffer, tagged: pa.Table, keys: pa.Array) -> None:
+    """Index entries of a tagged batch: inserts of new keys, tombstones of deleted ones, moves (global mode).
+
+    Updates in place add no entry: a key's location is immutable.
+    """
+    is_update = tagged.column(TAG_IS_UPDATE).to_numpy()
+    is_delete = tagged.column(TAG_IS_DELETE).to_numpy()
+    part = tagged.column(TAG_PARTITION).combine_chunks()
+    old_part = tagged.column(TAG_OLD_PARTITION).combine_chunks()
+    fg = tagged.column(TAG_FILE_GROUP).combine_chunks()
+    old_fg = tagged.column(TAG_OLD_FILE_GROUP).combine_chunks()
+    moved = is_update & ~is_delete & pc.fill_null(pc.not_equal(part, old_part), False).to_numpy(zero_copy_only=False)
+    kinds: list[tuple[np.ndarray, bool, int]] = [(~is_update & ~is_delete, False, +1), (is_update & is_delete, True, -1),
+                                                 (moved, False, +1)]
+    for rows, deleted, live in kinds:
+        if not rows.any():
+            continue
+        idx = pa.array(np.flatnonzero(rows))
+        sub_keys, sub_part, sub_fg = keys.take(idx), part.take(idx), fg.take(idx)
+        if rows is moved:  # the old location loses the key in the stats (the new entry replaces it in the index)
+            sub_old_part, sub_old_fg = old_part.take(idx), old_fg.take(idx)
+            for p in pc.unique(sub_old_part).to_pylist():
+                buffer.count(p, sub_old_fg.filter(pc.equal(sub_old_part, p)), -1)
+        for p in pc.unique(sub_part).to_pylist():
+            mask = pc.equal(sub_part, p)
+            buffer.add(p, sub_keys.filter(mask), sub_fg.filter(mask), deleted=deleted, live=live)
+
+
+def written_paths(data_files: list[Any], index_files: list[FileRecord], touched: list[TouchedKeys]) -> list[str]:
+    """Every file a task attempt wrote (what it withdraws if its instant settled without it)."""
+    return [f.path for f in data_files] + [f.path for f in index_files] + [t.path for t in touched if t.path]
