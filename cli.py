@@ -1,8 +1,9 @@
 """The `dbidx` command line: each command is a few lines over a library call, printed as text or JSON.
 
 Exit codes: 0 ok, 1 unexpected dbidx error, 2 bad input or config, 3 table missing/exists, 4 corrupt data or
-history compacted away, 5 concurrency conflict or bad instant state, 6 cache problem (busy, of another table,
-missing or damaged). `verify` and `lookup` exit 1 when the answer is "differs" or "not found".
+history compacted away, 5 concurrency conflict, incomplete commit or bad instant state, 6 cache problem (busy, of
+another table, missing or damaged). `verify --cache-dir` and `lookup` exit 1 when the answer is "differs" or "not
+found"; `verify` without `--cache-dir` exits 4 when a table file is damaged.
 """
 from __future__ import annotations
 
@@ -305,17 +306,43 @@ def sync_cmd(uri: str, cache_dir: str, as_json: bool) -> None:
 
 @main.command("verify")
 @click.option("--table", "uri", required=True, help="Base URI of the dbidx table.")
-@click.option("--cache-dir", required=True, help="A shard cache dir or a base path holding several.")
+@click.option("--cache-dir", default=None, help="Compare the cache(s) in this shard dir or base path with the "
+              "index; without it, check every file of the table against its recorded size and checksum.")
 @json_option
 @catch_exception
-def verify_cmd(uri: str, cache_dir: str, as_json: bool) -> None:
-    """Compare every ready cache partition with the MDT at the cache's watermark; exit 1 on any difference."""
-    from dbidx.cache.inspect import open_cache_dir
-    from dbidx.cache.verify import verify
-    from dbidx.errors import HistoryCompactedError
+def verify_cmd(uri: str, cache_dir: str | None, as_json: bool) -> None:
+    """Check the table's files (exit 4 on damage), or compare caches with the index (exit 1 on a difference)."""
     from dbidx.mdt.table import Table
 
     table = Table.open(uri)
+    if cache_dir is None:
+        _verify_table_files(table, as_json)
+    else:
+        _verify_caches(table, cache_dir, as_json)
+
+
+def _verify_table_files(table: Any, as_json: bool) -> None:
+    from dbidx.mdt.verify_table import verify_table
+
+    with _progress("verify", as_json) as update:
+        check = verify_table(table, progress=update)
+
+    def text(p: dict[str, Any]) -> str:
+        lines = [f"DAMAGED {d['path']}: {d['problem']}" for d in p["damaged"]]
+        lines.append(f"seq {p['seq']}: {p['index_files']} index files and {p['data_files']} data files intact "
+                     f"({p['bytes_checked']:,} bytes checked), {len(p['damaged'])} damaged")
+        return "\n".join(lines)
+
+    Output(as_json).emit(check.to_dict(), text)
+    if not check.ok:
+        sys.exit(4)
+
+
+def _verify_caches(table: Any, cache_dir: str, as_json: bool) -> None:
+    from dbidx.cache.inspect import open_cache_dir
+    from dbidx.cache.verify import verify
+    from dbidx.errors import HistoryCompactedError
+
     results = []
     for path in _table_caches(table, cache_dir):
         with open_cache_dir(path, _cli_cache_config()) as cache:

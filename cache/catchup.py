@@ -96,6 +96,13 @@ def sync(cache: RecordIndexCache, table: Table, max_catchup_entries: int | None 
     # 1. The target: the latest completion the MDT has published.
     table.refresh()
     latest = table.timeline.latest_seq
+    if cache.watermark > latest:
+        # The cache saw completions the table no longer has: a restored backup, a copy, or lost records. Serving
+        # it would answer from a history that is not the table's; never silently.
+        raise CacheMismatchError(
+            f"cache {cache.path} reflects completion seq {cache.watermark} of table {table.props.table_id}, but the "
+            f"table at {table.uri} ends at seq {latest} (restored from a backup or copied?); delete the cache "
+            "directory so it is rebuilt from the table")
     result = CatchUpResult(from_seq=cache.watermark, to_seq=latest)
     # 2. Group ready partitions by how far they already are (usually all at the watermark).
     by_start: dict[int, list[str]] = defaultdict(list)

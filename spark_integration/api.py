@@ -180,22 +180,31 @@ def upsert(df: Any, table: Table, key: str = "id", partition: str = "dt", orderi
     Raises ConflictError if a commit that completed meanwhile touched one of the batch's keys (nothing is
     published: run the upsert again), CommitError if the job's results are incomplete.
     """
-    started = time.perf_counter()
     options = make_options(table, key, partition, ordering, delete_column, hive_style, buckets, cache_options,
                            cache_config, df.sparkSession.conf)
     options.check_columns(df.columns, "the upsert DataFrame")
-    _check_buckets(table, options.buckets)
     from pyspark.sql import functions as F
 
+    def job(instant: str) -> list[tuple[int, int, bytes]]:
+        shuffled = _by_shard(df.withColumn(ROW_ID, F.monotonically_increasing_id()), table, options)
+        return _collect_results(shuffled.mapInArrow(
+            partial(_upsert_partition, table=table, options=options, instant=instant,
+                    on_task_written=on_task_written), task.RESULT_DDL))
+
+    return run_upsert(table, options, job)
+
+
+def run_upsert(table: Table, options: TagOptions, job: Callable[[str], list[tuple[int, int, bytes]]]) -> CommitSummary:
+    """One upsert instant around a job that runs the shard tasks and returns their results (Spark, or in-process
+    for `upsert_arrow`): start, publish after the checks, or roll back and delete every announced file."""
+    started = time.perf_counter()
+    _check_buckets(table, options.buckets)
     datafiles.sweep_settled(table.io, table.timeline)  # leftovers of attempts killed after their job ended
     writer = table.new_commit()
     instant = writer.instant
     try:
         # 1. One job: tag and write data and index files per shard; one result per task, of its winning attempt.
-        shuffled = _by_shard(df.withColumn(ROW_ID, F.monotonically_increasing_id()), table, options)
-        results = _collect_results(shuffled.mapInArrow(
-            partial(_upsert_partition, table=table, options=options, instant=instant,
-                    on_task_written=on_task_written), task.RESULT_DDL))
+        results = job(instant)
         # 2. Check that every task reported and every listed file is there, then publish data and index together.
         record, summary = commit_results(writer, results, options, expected_tasks=table.num_shards)
     except BaseException as exc:

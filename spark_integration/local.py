@@ -1,0 +1,41 @@
+"""`upsert_arrow`: the upsert of `api.upsert` for an Arrow table, run in this process without Spark.
+
+The same task code (`task.upsert_batches`: dedupe, tag against the shard caches, write data and index files) runs
+for each shard one after another, and the same publish step checks and commits the results. For tests, tools and
+small batches where a Spark session is not worth its start-up; a Spark pipeline uses `api.upsert`.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+import pyarrow as pa
+
+from dbidx.buckets.assigner import BucketSpec
+from dbidx.config import CacheConfig
+from dbidx.mdt.table import Table
+from dbidx.spark_integration import task
+from dbidx.spark_integration.api import CommitSummary, make_options, run_upsert
+from dbidx.spark_integration.tagger import ROW_ID
+
+
+def upsert_arrow(data: pa.Table, table: Table, key: str = "id", partition: str = "dt", ordering: str | None = None,
+                 delete_column: str | None = "_dbidx_delete", hive_style: bool = True,
+                 buckets: BucketSpec | None = None, cache_options: Mapping[str, Any] | None = None,
+                 cache_config: CacheConfig | None = None) -> CommitSummary:
+    """Insert, update and delete the rows of an Arrow table as one atomic instant (semantics of `api.upsert`)."""
+    options = make_options(table, key, partition, ordering, delete_column, hive_style, buckets, cache_options,
+                           cache_config)
+    options.check_columns(data.column_names, "the upsert table")
+    data = data.append_column(ROW_ID, pa.array(np.arange(data.num_rows, dtype=np.int64)))
+    shards = table.shard_of(options.keys_of(data)) if data.num_rows else np.zeros(0, dtype=np.int64)
+
+    def job(instant: str) -> list[tuple[int, int, bytes]]:
+        results = []
+        for shard in range(table.num_shards):
+            rows = data.filter(pa.array(shards == shard)) if data.num_rows else data
+            result = task.upsert_batches(rows.to_batches(), table, options, instant, attempt=shard)
+            results.append((shard, shard, task.pack_result(shard, shard, result).column("payload")[0].as_py()))
+        return results
+
+    return run_upsert(table, options, job)
