@@ -4,13 +4,17 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench bench-smoke bench-mdt bench-cache bench-bootstrap bench-spark bench-footprint bench-skew bench-restart check-java clean
+.PHONY: demo test test-fast bench bench-smoke bench-mdt bench-cache bench-bootstrap bench-spark bench-commit bench-footprint bench-skew bench-restart check-java clean
 
 demo: check-java $(STAMP)
 	$(BIN)/dbidx demo
 
 test: check-java $(STAMP)
 	$(BIN)/python -m pytest
+
+# Day-to-day tier: no Spark, nothing marked slow (about a minute).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not spark and not slow"
 
 # Every benchmark at full size (tens of minutes); rewrites benchmarks/RESULTS.md and benchmarks/results/*.png.
 bench: check-java $(STAMP)
@@ -22,6 +26,7 @@ bench: check-java $(STAMP)
 	$(BIN)/python benchmarks/skew_bench.py --write-results
 	$(BIN)/python benchmarks/restart_bench.py --write-results
 	$(BIN)/python benchmarks/spark_bench.py --write-results
+	$(BIN)/python benchmarks/commit_bench.py --write-results
 	$(BIN)/python benchmarks/projection.py
 
 # Every benchmark at smoke size (under a minute); the test suite runs the same.
@@ -48,6 +53,9 @@ bench-bootstrap: $(STAMP)
 
 bench-spark: check-java $(STAMP)
 	$(BIN)/python benchmarks/spark_bench.py --write-results
+
+bench-commit: check-java $(STAMP)
+	$(BIN)/python benchmarks/commit_bench.py --write-results
 
 check-java:
 	@command -v java >/dev/null 2>&1 || { \

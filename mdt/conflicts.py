@@ -18,8 +18,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from dbidx.errors import ConflictError, CorruptFileError
-from dbidx.mdt import rli_files
+from dbidx.errors import ConflictError, CorruptFileError, DbidxError
+from dbidx.mdt import layout, rli_files
 from dbidx.mdt.fileio import FileIO, file_checksum
 from dbidx.mdt.records import ACTION_BUILD_INDEX, ACTION_COMMIT, CompletedInstant
 
@@ -49,6 +49,23 @@ class TouchedKeys:
         """Plain form for task results (keys in memory are never shipped)."""
         return {"partition": self.partition, "shard": self.shard, "min_key": self.min_key, "max_key": self.max_key,
                 "since_seq": self.since_seq, "path": self.path, "size": self.size, "checksum": self.checksum}
+
+    @classmethod
+    def parse(cls, data: dict, since_limit: int) -> "TouchedKeys":
+        """Rebuild a task's report strictly: typed fields, a path inside the table, a seq that exists."""
+        try:
+            t = cls(**data)
+            ok = (isinstance(t.shard, int) and isinstance(t.min_key, str) and isinstance(t.max_key, str)
+                  and t.min_key <= t.max_key and isinstance(t.since_seq, int) and 0 <= t.since_seq <= since_limit
+                  and (t.partition is None or isinstance(t.partition, str)) and isinstance(t.path, str)
+                  and isinstance(t.size, int) and isinstance(t.checksum, str))
+            if ok:
+                layout.validate_table_path(t.path)
+        except (TypeError, DbidxError) as exc:
+            raise ValueError(f"touched-keys record {data!r} is not valid: {exc}") from exc
+        if not ok:
+            raise ValueError(f"touched-keys record {data!r} is not valid")
+        return t
 
     def load(self, io: FileIO) -> pa.Array:
         """The touched keys (read and verified from the file if they are not in memory)."""

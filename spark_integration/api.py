@@ -241,17 +241,19 @@ def commit_results(writer: Any, results: list[tuple[int, int, bytes]], options: 
     # 2. Parse every record strictly (task results are input like any other) and check the files exist.
     files, index_files, touched, per_shard = [], [], [], []
     changes: dict[str, PartitionChange] = {}
+    writer.table.refresh()  # tasks tagged against seqs up to the latest; none can be newer
     try:
         for shard, _attempt, payload in results:
             result = task.unpack_result(payload)
             files += [DataFileRecord.parse(f, "data file") for f in result["files"]]
             index_files += [FileRecord.parse(f, "index file") for f in result["index_files"]]
-            touched += [TouchedKeys(**t) for t in result["touched"]]
+            touched += [TouchedKeys.parse(t, writer.table.timeline.latest_seq) for t in result["touched"]]
             for p, c in result["changes"].items():
                 changes = merge_changes(changes, {p: PartitionChange.parse(c, p)})
             per_shard += result["metrics"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise CommitError(f"instant {writer.instant}: a task result is malformed ({exc}); nothing was published")
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CommitError(f"instant {writer.instant}: a task result is malformed ({exc}); nothing was "
+                          "published") from exc
     _check_files_exist(writer.table.io, writer.instant, [(f.path, f.size) for f in files + index_files]
                        + [(t.path, t.size) for t in touched if t.path])
     writer.add_written(index_files, files, changes, touched)

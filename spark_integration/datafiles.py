@@ -22,7 +22,6 @@ from dbidx.mdt.records import ACTION_COMMIT, DataFileRecord
 
 INSTANT_COLUMN = "_dbidx_instant"
 DELETED_COLUMN = "_dbidx_deleted"
-DataFile = DataFileRecord
 
 
 def data_file_path(partition: str, file_group: str, instant: str, attempt: int) -> str:
