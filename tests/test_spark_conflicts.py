@@ -129,3 +129,16 @@ def test_a_lost_task_result_publishes_nothing(spark, tmp_path: Path, monkeypatch
     summary = upsert(spark.createDataFrame(batch, SCHEMA), table, cache_config=config)
     assert (summary.updates, summary.inserts) == (25, 50)
     assert len(index_state(table)) == 100
+
+
+def test_read_table_fails_loudly_on_a_damaged_data_file(spark, tmp_path: Path) -> None:
+    table = Table.create(str(tmp_path / "t"), num_shards=2)
+    config = CacheConfig(base_path=str(tmp_path / "cache"))
+    upsert(spark.createDataFrame([(f"k{i}", D1, i, False) for i in range(40)], SCHEMA), table, cache_config=config)
+    record = table.timeline.completed()[-1].data_files[0]
+    path = Path(table.io.path(record.path))
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 0x40
+    path.write_bytes(bytes(raw))
+    with pytest.raises(Exception, match=f"CorruptFileError: data file .*{record.path}.* fails its checksum"):
+        read_table(spark, table).collect()
