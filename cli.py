@@ -7,9 +7,11 @@ found"; `verify` without `--cache-dir` exits 4 when a table file is damaged.
 """
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import sys
+import traceback
 from dataclasses import asdict, is_dataclass
 from typing import Any, Callable, TypeVar
 
@@ -40,6 +42,16 @@ class Output:
             click.echo(json.dumps({"error": type(exc).__name__, "message": str(exc)}))
         click.echo(f"Error: {exc}", err=True)
 
+    def fail(self, kind: str, message: str, code: int, usage: click.ClickException | None = None) -> None:
+        """Report a failure caught at the top level and exit with its code."""
+        if self.as_json:
+            click.echo(json.dumps({"error": kind, "message": message}))
+        if usage is not None and not self.as_json:
+            usage.show()
+        else:
+            click.echo(f"Error: {message}", err=True)
+        sys.exit(code)
+
 
 def _jsonable(value: Any) -> Any:
     if is_dataclass(value):
@@ -65,9 +77,44 @@ def catch_exception(func: F) -> F:
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class DbidxGroup(click.Group):
+    """The top-level command group: one place that turns every failure into a line (or one JSON object with
+    --json) and an exit code, never a traceback, unless --verbose asks for it or the failure is a bug.
+
+    DbidxError -> its exit code; OSError (not a directory, permission denied, ...) -> 2, out of disk space -> 6;
+    click usage errors -> 2; anything else -> 1 with "please report" (the traceback with --verbose).
+    """
+
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        argv = list(sys.argv[1:] if args is None else args)
+        out = Output("--json" in argv)
+        try:
+            result = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.exceptions.Exit as exc:
+            sys.exit(exc.exit_code)
+        except click.ClickException as exc:
+            out.fail(type(exc).__name__, exc.format_message(), exc.exit_code, usage=exc)
+        except click.Abort:
+            out.fail("Aborted", "aborted", 1)
+        except DbidxError as exc:
+            out.fail(type(exc).__name__, str(exc), exc.exit_code)
+        except OSError as exc:
+            code = 6 if exc.errno in (errno.ENOSPC, errno.EDQUOT) else 2
+            where = f": {exc.filename}" if getattr(exc, "filename", None) else ""
+            out.fail(type(exc).__name__, f"{exc.strerror or exc}{where}", code)
+        except Exception as exc:  # noqa: BLE001 - the last line of defence: a bug, reported as one
+            if "--verbose" in argv:
+                traceback.print_exc()
+            out.fail(type(exc).__name__, f"unexpected {type(exc).__name__}: {exc}. This is a bug in dbidx; please "
+                     "report it with the output of the same command run with --verbose", 1)
+        sys.exit(result if isinstance(result, int) else 0)
+
+
+@click.group(cls=DbidxGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="dbidx")
-def main() -> None:
+@click.option("--verbose", is_flag=True, help="Print the traceback of an unexpected error (for a bug report).")
+def main(verbose: bool) -> None:
     """dbidx: executor-local RocksDB record-index cache for PySpark upserts, over a persisted record index."""
 
 
@@ -151,8 +198,8 @@ def _commits_text(payload: dict[str, Any]) -> str:
     lines = []
     for c in payload["commits"]:
         m = c["metrics"]
-        what = (f"{m['rows']:,} rows, {m['inserts']:,} inserts, {m['updates']:,} updates, {m['deletes']:,} deletes, "
-                f"hit rate {m['hit_rate']:.1%}, {m['on_demand_loads']} on-demand loads "
+        what = (f"{m['rows']:,} rows, {m['inserts']:,} inserts, {m['updates']:,} updates, {m['deletes']:,} deletes"
+                f" ({m['deletes_missing']:,} more of keys not in the index: nothing to delete), hit rate {m['hit_rate']:.1%}, {m['on_demand_loads']} on-demand loads "
                 f"({m['stall_seconds']:.2f} s), {m['catchup_entries']:,} catch-up entries, {m['seconds']:.1f} s"
                 if m else f"rolled back {c['rolled_back']}" if c["rolled_back"] else "")
         lines.append(f"{c['seq']:>5} {c['instant']} {c['action']:<11} {what}".rstrip())
@@ -373,9 +420,10 @@ def _table_caches(table: Any, cache_dir: str) -> list[Any]:
     from pathlib import Path
 
     from dbidx.cache.inspect import find_cache_dirs
+    from dbidx.cache.record_cache import table_cache_dir_name
 
     root = Path(cache_dir)
-    nested = root / table.props.table_id
+    nested = root / table_cache_dir_name(table)
     return find_cache_dirs(nested if nested.is_dir() else root)
 
 
@@ -423,19 +471,22 @@ def rollback_cmd(uri: str, instant: str | None, all_pending: bool, as_json: bool
 
 @main.command("demo")
 @click.option("--dir", "workdir", default="demo-output", show_default=True,
-              help="Where the demo table, caches and Spark scratch go (replaced on every run).")
+              help="Where the demo table, caches and Spark scratch go (replaced on every run; a non-empty directory "
+                   "the demo did not create is refused).")
 @click.option("--keys", default=200_000, show_default=True, help="Keys of the initial load.")
 @click.option("--days", default=10, show_default=True, help="Daily partitions of the initial load.")
 @click.option("--batches", default=6, show_default=True, help="Change batches after the initial load.")
 @click.option("--batch-rows", type=int, default=None, help="Rows per change batch [default: keys / 4].")
+@click.option("--force", is_flag=True, help="Use --dir even if it holds files the demo did not create (deleted).")
 @json_option
 @catch_exception
-def demo_cmd(workdir: str, keys: int, days: int, batches: int, batch_rows: int | None, as_json: bool) -> None:
+def demo_cmd(workdir: str, keys: int, days: int, batches: int, batch_rows: int | None, force: bool,
+             as_json: bool) -> None:
     """End-to-end demo: a change stream upserted through Spark (batch and streaming), warm restart, checked."""
     from dbidx.spark_integration.demo import run_demo
 
     report = run_demo(workdir, keys=keys, days=days, batches=batches, batch_rows=batch_rows,
-                      echo=None if as_json else click.echo)
+                      echo=None if as_json else click.echo, force=force)
     if as_json:
         Output(True).emit(report, lambda p: "")
 

@@ -121,11 +121,25 @@ def default_base_path(spark_local_dir: str | None = None, environ: Mapping[str, 
     return Path(xdg) / "dbidx"
 
 
+def make_private_dirs(path: Path) -> None:
+    """Create a directory and its missing parents, each private to the user (0700, whatever the umask); existing
+    directories are left as they are (they are the user's)."""
+    missing = []
+    probe = Path(path)
+    while not probe.exists():
+        missing.append(probe)
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    for directory in reversed(missing):
+        directory.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(directory, 0o700)
+
+
 def prepare_dir(path: Path, min_free_mb: int = 64) -> Path:
     """Create a private (0700) cache directory and check it is usable: writable and not full."""
     try:
-        path.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(path, 0o700)
+        make_private_dirs(path)
     except OSError as exc:
         raise ConfigError(f"cache directory {path} cannot be created: {exc.strerror or exc}") from exc
     if not os.access(path, os.W_OK | os.X_OK):

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 from dbidx.bootstrap.loader import LoadJob, PartitionLoader, ProgressCallback
 from dbidx.bootstrap.selection import Selection, select_partitions
 from dbidx.cache import catchup
-from dbidx.cache.record_cache import GLOBAL_PARTITION, RecordIndexCache
+from dbidx.cache.record_cache import GLOBAL_PARTITION, RecordIndexCache, table_cache_dir_name
 from dbidx.config import CacheConfig
 from dbidx.cache.inspect import is_cache_dir
 from dbidx.errors import CacheMismatchError, InvalidInputError
@@ -154,14 +154,16 @@ def bootstrap_caches(caches: Sequence[RecordIndexCache], table: Table, days: int
 def check_base_path(base: Path, table: Table) -> None:
     """Refuse a --cache-dir that is a shard's or a table's cache directory instead of a base path.
 
-    Caches live at <base>/<table id>/shard-NNNNN-of-NNNNN; handing a deeper directory would silently nest a second
+    Caches live at <base>/<table id>-<location hash>/shard-NNNNN-of-NNNNN; handing a deeper directory would
+    silently nest a second
     set of caches inside it (and, for another table's directory, mix two tables' caches).
     """
     if is_cache_dir(base):
         raise CacheMismatchError(f"{base} is the cache directory of one shard (table {base.parent.name}); pass the "
-                                 f"base path that holds <table id>/shard-* directories, e.g. {base.parent.parent}")
+                                 f"base path that holds <table id>-<hash>/shard-* directories, e.g. "
+                                 f"{base.parent.parent}")
     if any(is_cache_dir(p) for p in base.glob("shard-*")):
-        owner = "this table" if base.name == table.props.table_id else f"table {base.name}, not {table.uri}"
+        owner = "this table" if base.name == table_cache_dir_name(table) else f"table {base.name}, not {table.uri}"
         raise CacheMismatchError(f"{base} holds the shard caches of {owner}; pass its parent {base.parent} as the "
                                  "base path")
 

@@ -33,6 +33,7 @@ class CatchUpResult:
     applied_partitions: list[str] = field(default_factory=list)
     reloaded_partitions: list[str] = field(default_factory=list)
     finished_instants: list[str] = field(default_factory=list)
+    dropped_partitions: list[str] = field(default_factory=list)  # the cache was ahead of its table: rebuilt
     seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
@@ -55,9 +56,11 @@ def check_table(cache: RecordIndexCache, table: Table) -> None:
     """Refuse to sync a cache from a table it does not replicate."""
     ident = cache.identity
     if (ident.table_id, ident.num_shards, ident.index_mode) != (table.props.table_id, table.num_shards,
-                                                                 table.props.index_mode):
-        raise CacheMismatchError(f"cache {cache.path} replicates table {ident.table_id} ({ident.num_shards} shards, "
-                                 f"{ident.index_mode}), not {table.uri} ({table.props.table_id})")
+                                                                 table.props.index_mode) or \
+            ident.location not in ("", table.location):
+        raise CacheMismatchError(f"cache {cache.path} replicates table {ident.table_id} at {ident.location or '?'} "
+                                 f"({ident.num_shards} shards, {ident.index_mode}), not {table.location} "
+                                 f"({table.props.table_id})")
 
 
 def snapshot_entries(table: Table, shard: int, partition: str, as_of_seq: int,
@@ -96,14 +99,14 @@ def sync(cache: RecordIndexCache, table: Table, max_catchup_entries: int | None 
     # 1. The target: the latest completion the MDT has published.
     table.refresh()
     latest = table.timeline.latest_seq
-    if cache.watermark > latest:
-        # The cache saw completions the table no longer has: a restored backup, a copy, or lost records. Serving
-        # it would answer from a history that is not the table's; never silently.
-        raise CacheMismatchError(
-            f"cache {cache.path} reflects completion seq {cache.watermark} of table {table.props.table_id}, but the "
-            f"table at {table.uri} ends at seq {latest} (restored from a backup or copied?); delete the cache "
-            "directory so it is rebuilt from the table")
     result = CatchUpResult(from_seq=cache.watermark, to_seq=latest)
+    if cache.watermark > latest:
+        # The cache saw completions the table no longer has (the table was restored from a backup): what it holds
+        # is another history. Never served: every partition is dropped and loads again from the table.
+        result.dropped_partitions = sorted(cache.partitions())
+        for partition in result.dropped_partitions:
+            cache.drop_partition(partition)
+        cache.set_watermark(0)
     # 2. Group ready partitions by how far they already are (usually all at the watermark).
     by_start: dict[int, list[str]] = defaultdict(list)
     for partition, state in cache.partitions().items():

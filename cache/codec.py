@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from dbidx.errors import InvalidKeyError
+from dbidx.errors import CacheError, InvalidKeyError
 
 TAG_RAW = 0x00
 TAG_UUID = 0x01
@@ -138,15 +138,24 @@ def encode_keys_binary(keys: Any) -> pa.Array:
 
 
 def decode_key(encoded: bytes) -> str:
-    """The record key of an encoded cache key."""
-    tag = encoded[0]
-    if tag == TAG_UUID:
+    """The record key of an encoded cache key; bytes that no encoder produces are a CacheError (the cache is
+    damaged), never a wrong key."""
+    tag = encoded[0] if encoded else -1
+    if tag == TAG_UUID and len(encoded) == 17:
         h = encoded[1:17].hex()
         return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
-    if TAG_DIGITS < tag <= TAG_DIGITS + 20:
+    if TAG_DIGITS < tag <= TAG_DIGITS + 20 and len(encoded) == 11:
         value = int.from_bytes(encoded[1:6], "big") * 10**10 + int.from_bytes(encoded[6:11], "big")
-        return str(value).zfill(tag - TAG_DIGITS)
-    return encoded[1:].decode("utf-8")
+        text = str(value).zfill(tag - TAG_DIGITS)
+        if len(text) == tag - TAG_DIGITS:
+            return text
+    if tag == TAG_RAW and len(encoded) > 1:
+        try:
+            return encoded[1:].decode("utf-8")
+        except UnicodeDecodeError:
+            pass
+    raise CacheError(f"cache key {bytes(encoded[:40])!r} is not an encoded record key: the cache is damaged, delete "
+                     "it to rebuild")
 
 
 def encode_index(index: int) -> bytes:

@@ -16,7 +16,7 @@ def is_cache_dir(path: Path) -> bool:
 
 
 def find_cache_dirs(path: str | Path) -> list[Path]:
-    """A shard cache directory itself, or every shard cache under a base path (<base>/<table id>/shard-*)."""
+    """A shard cache directory itself, or every shard cache under a base path (<base>/<table dir>/shard-*)."""
     root = Path(path)
     if not root.is_dir():
         raise CacheError(f"cache directory {root} does not exist")
@@ -25,7 +25,8 @@ def find_cache_dirs(path: str | Path) -> list[Path]:
     found = sorted(p for p in root.glob("shard-*") if is_cache_dir(p))
     found += sorted(p for p in root.glob("*/shard-*") if is_cache_dir(p))
     if not found:
-        raise CacheError(f"no dbidx cache under {root}: expected <base>/<table id>/shard-NNNNN-of-NNNNN directories")
+        raise CacheError(f"no dbidx cache under {root}: expected <base>/<table id>-<location hash>/"
+                         "shard-NNNNN-of-NNNNN directories")
     return found
 
 

@@ -11,6 +11,7 @@ does not point at are dropped, and after an unclean shutdown the counters are re
 """
 from __future__ import annotations
 
+import contextlib
 import shutil
 import threading
 import time
@@ -32,6 +33,7 @@ from dbidx.cache.sst_builder import LOCATIONS_KEY, PreparedLoad, build_sst
 from dbidx.cache.store import Store, multi_get
 from dbidx.config import CacheConfig, default_base_path, prepare_dir
 from dbidx.errors import CacheError, InvalidInputError, PartitionNotReadyError
+from dbidx.mdt.keys import normalize_keys
 from dbidx.mdt.layout import partition_dir_name, validate_partition
 
 OVERLAY_CF = "_overlay"
@@ -42,6 +44,12 @@ INFO_PREFIX = b"i:"
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def table_cache_dir_name(table: Any) -> str:
+    """The directory under a base path that holds one table's shard caches (table id + location hash)."""
+    return CacheIdentity(table.props.table_id, table.num_shards, 0, table.props.index_mode,
+                         location=table.location).dir_name
 
 
 class RecordIndexCache:
@@ -69,7 +77,7 @@ class RecordIndexCache:
     @staticmethod
     def path_for(base: str | Path, identity: CacheIdentity) -> Path:
         """Where the cache of (table, shard) lives under a base path."""
-        return Path(base) / identity.table_id / f"shard-{identity.shard:05d}-of-{identity.num_shards:05d}"
+        return Path(base) / identity.dir_name / f"shard-{identity.shard:05d}-of-{identity.num_shards:05d}"
 
     @classmethod
     def for_table(cls, table: Any, shard: int, config: CacheConfig | None = None,
@@ -78,7 +86,8 @@ class RecordIndexCache:
         config = config or CacheConfig()
         if not 0 <= shard < table.num_shards:
             raise InvalidInputError(f"shard {shard} is out of range 0..{table.num_shards - 1} for {table.uri}")
-        identity = CacheIdentity(table.props.table_id, table.num_shards, shard, table.props.index_mode)
+        identity = CacheIdentity(table.props.table_id, table.num_shards, shard, table.props.index_mode,
+                                 location=table.location)
         base = Path(base_path or config.base_path or default_base_path())
         return cls(cls.path_for(base, identity), identity, config)
 
@@ -125,7 +134,7 @@ class RecordIndexCache:
         raw_meta = db.get(registry.META_KEY)
         if raw_meta is None and self.identity is None:
             raise CacheError(f"{self.path} is not a dbidx cache (its registry has no identity); pass the cache "
-                             "directory of one shard, e.g. <base>/<table id>/shard-00000-of-00004")
+                             "directory of one shard, e.g. <base>/<table id>-<location hash>/shard-00000-of-00004")
         if raw_meta is None:
             db[registry.META_KEY] = registry.pack(self.identity)
         elif self.identity is None:  # opened by path only (CLI tools): adopt what the directory says
@@ -169,13 +178,23 @@ class RecordIndexCache:
                 helper.close()
         self.attachments.clear()
         with self._lock:
-            batch = self.store.batch()
-            for state in self._states.values():
-                batch.put(registry.partition_key(state.partition), registry.pack(state))
-            batch.put(registry.SESSION_KEY, registry.SESSION_CLOSED)
-            self.store.write(batch)
-            self.store.close()
-            self.store = None
+            store, self.store = self.store, None
+            try:
+                batch = store.batch()
+                for state in self._states.values():
+                    batch.put(registry.partition_key(state.partition), registry.pack(state))
+                batch.put(registry.SESSION_KEY, registry.SESSION_CLOSED)
+                store.write(batch)
+            except Exception as exc:  # rocksdict raises a bare Exception (e.g. no space left on the device)
+                with contextlib.suppress(Exception):
+                    store.close()
+                raise CacheError(f"closing cache {self.path} failed (disk full?): {exc}; the lock is released and "
+                                 "the next open repairs the cache from the index") from exc
+            try:
+                store.close()
+            except Exception as exc:
+                raise CacheError(f"closing cache {self.path} failed (disk full?): {exc}; the lock is released and "
+                                 "the next open repairs the cache from the index") from exc
 
     def _db(self) -> Any:
         if self.store is None or self.store.db is None:
@@ -221,6 +240,7 @@ class RecordIndexCache:
         Builds the SST in this thread (see sst_builder for building elsewhere) and installs it.
         """
         validate_partition(partition)
+        keys = normalize_keys(keys)
         sst = (tmp_dir or self.scratch_dir) / f"load-{uuid.uuid4().hex[:12]}.sst"
         try:
             prepared = build_sst(partition, keys, locations, sst, self.config)
@@ -312,7 +332,7 @@ class RecordIndexCache:
             view = store.cf(state.cf)
             decoder = self._decoders[state.cf]
             cf_name = state.cf
-        binary = codec.encode_keys_binary(keys)
+        binary = codec.encode_keys_binary(normalize_keys(keys))
         n = len(binary)
         result: list[str | None] = [None] * n
         pending_hits = 0
@@ -359,7 +379,7 @@ class RecordIndexCache:
                     locations: Sequence[str], attempt: str = "") -> int:
         """Record locations assigned by an instant that has not completed, so later lookups see them."""
         validate_partition(partition)
-        encoded = codec.encode_keys(keys)
+        encoded = codec.encode_keys(normalize_keys(keys))
         if len(encoded) != len(locations):
             raise InvalidInputError(f"{len(encoded)} keys but {len(locations)} locations")
         store = self._require_store()
@@ -442,7 +462,8 @@ class RecordIndexCache:
                 return 0
             store = self._require_store()
             # 1. One final entry per key, keys sorted; then what the family holds for them now.
-            unique_keys, final_locations, final_deleted = last_per_key(codec.encode_keys_binary(keys), locations,
+            unique_keys, final_locations, final_deleted = last_per_key(codec.encode_keys_binary(normalize_keys(keys)),
+                                                                       locations,
                                                                        deleted)
             family, handle = store.cf(state.cf), store.handle(state.cf)
             old_values = multi_get(family, unique_keys)

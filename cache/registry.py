@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import msgpack
+import xxhash
 
 from dbidx.errors import CacheMismatchError
 
@@ -34,15 +35,26 @@ class CacheIdentity:
     shard: int
     index_mode: str
     format: int = FORMAT
+    location: str = ""  # where the table lives ("<fs type>://<root>"); "" when built by hand (benchmarks)
+
+    @property
+    def dir_name(self) -> str:
+        """The per-table directory under a base path: the table id plus a hash of its location, so a copy of a
+        table (same id, other place) never shares, reads or poisons the original's caches."""
+        if not self.location:
+            return self.table_id
+        return f"{self.table_id}-{xxhash.xxh64_hexdigest(self.location.encode('utf-8'))[:8]}"
 
     def check(self, stored: "CacheIdentity", where: str) -> None:
-        """Refuse a directory that belongs to another table, shard count, shard or format."""
+        """Refuse a directory that belongs to another table, table location, shard count, shard or format."""
         if stored != self:
+            copy = (" (the same table id at another location: a copy of the table?)"
+                    if stored.table_id == self.table_id and stored.location != self.location else "")
             raise CacheMismatchError(
-                f"cache directory {where} belongs to table {stored.table_id} shard {stored.shard}/{stored.num_shards} "
-                f"({stored.index_mode}, format {stored.format}), not table {self.table_id} shard "
-                f"{self.shard}/{self.num_shards} ({self.index_mode}, format {self.format}); use another cache dir "
-                "or delete this one"
+                f"cache directory {where} belongs to table {stored.table_id} at {stored.location or '?'} shard "
+                f"{stored.shard}/{stored.num_shards} ({stored.index_mode}, format {stored.format}), not table "
+                f"{self.table_id} at {self.location or '?'} shard {self.shard}/{self.num_shards} ({self.index_mode}, "
+                f"format {self.format}){copy}; use another cache dir or delete this one"
             )
 
 

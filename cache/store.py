@@ -8,6 +8,7 @@ once ("While lock file"), the flock lets a second process wait its turn instead.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -18,7 +19,7 @@ from typing import Any
 
 import rocksdict as rd
 
-from dbidx.config import CacheConfig
+from dbidx.config import CacheConfig, make_private_dirs
 from dbidx.errors import CacheBusyError, CacheError
 
 DEFAULT_CF = "default"
@@ -95,7 +96,7 @@ class Store:
     # ---- lifecycle ---------------------------------------------------------------------------------------
     def open(self) -> "Store":
         """Take the directory lock (waiting up to lock_timeout_s) and open RocksDB with all its column families."""
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        make_private_dirs(self.path.parent)
         self._lock_fd = _acquire_flock(Path(str(self.path) + ".lock"), self.config.lock_timeout_s)
         try:
             existing = rd.Rdict.list_cf(str(self.path), self.options) if (self.path / "CURRENT").exists() else []
@@ -105,6 +106,7 @@ class Store:
             write_opts.disable_wal = True
             self.db.set_write_options(write_opts)
             os.chmod(self.path, 0o700)
+            self._make_files_private()
         except Exception as exc:
             self._release()
             raise CacheError(f"cannot open RocksDB cache at {self.path}: {exc}") from exc
@@ -119,9 +121,20 @@ class Store:
         finally:
             self._cfs.clear()
             self._handles.clear()
-            self.db.close()
-            self.db = None
-            self._release()
+            try:
+                self.db.close()
+            finally:
+                self.db = None
+                with contextlib.suppress(OSError):
+                    self._make_files_private()
+                self._release()
+
+    def _make_files_private(self) -> None:
+        """chmod 0600 every file RocksDB created (it creates them 0644 less the umask; changing the process umask
+        would also change the table's data files a task writes). The directory is 0700 in any case."""
+        for entry in os.scandir(self.path):
+            if entry.is_file(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_mode & 0o077:
+                os.chmod(entry.path, 0o600)
 
     def _release(self) -> None:
         if self._lock_fd is not None:

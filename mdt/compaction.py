@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Iterable
 
-from dbidx.errors import ConflictError
+from dbidx.errors import ConflictError, CorruptFileError
 from dbidx.mdt import layout, rli_files
 from dbidx.mdt.table import Table
 from dbidx.mdt.timeline import ACTION_CLEAN, ACTION_COMPACTION, CompletedInstant, FileRecord
@@ -93,6 +93,10 @@ def clean(table: Table, retain_completions: int = 10) -> CompletedInstant | None
     view = table.refresh()
     horizon = table.timeline.latest_seq - max(retain_completions, 0)
     doomed = [path for path, _ in view.replaced_files(horizon)]
+    outside = [path for path in doomed if not path.startswith(layout.RLI_DIR + "/")]
+    if outside:
+        raise CorruptFileError(f"compaction records of {table.uri} replace files outside {layout.RLI_DIR}, e.g. "
+                               f"{outside[0]!r}; refusing to clean")
     if not doomed:
         return None
     writer = table.timeline.start(ACTION_CLEAN)

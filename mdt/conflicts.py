@@ -13,7 +13,9 @@ group's keys, not by the batch.
 """
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
+from typing import Callable
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -21,7 +23,7 @@ import pyarrow.parquet as pq
 from dbidx.errors import ConflictError, CorruptFileError, DbidxError
 from dbidx.mdt import layout, rli_files
 from dbidx.mdt.fileio import FileIO, file_checksum
-from dbidx.mdt.records import ACTION_BUILD_INDEX, ACTION_COMMIT, CompletedInstant
+from dbidx.mdt.records import ACTION_BUILD_INDEX, ACTION_COMMIT, CompletedInstant, FileRecord
 
 GroupKey = tuple[str | None, int]
 
@@ -51,12 +53,12 @@ class TouchedKeys:
                 "since_seq": self.since_seq, "path": self.path, "size": self.size, "checksum": self.checksum}
 
     @classmethod
-    def parse(cls, data: dict, since_limit: int) -> "TouchedKeys":
+    def parse(cls, data: dict, since_min: int, since_max: int) -> "TouchedKeys":
         """Rebuild a task's report strictly: typed fields, a path inside the table, a seq that exists."""
         try:
             t = cls(**data)
             ok = (isinstance(t.shard, int) and isinstance(t.min_key, str) and isinstance(t.max_key, str)
-                  and t.min_key <= t.max_key and isinstance(t.since_seq, int) and 0 <= t.since_seq <= since_limit
+                  and t.min_key <= t.max_key and isinstance(t.since_seq, int) and since_min <= t.since_seq <= since_max
                   and (t.partition is None or isinstance(t.partition, str)) and isinstance(t.path, str)
                   and isinstance(t.size, int) and isinstance(t.checksum, str))
             if ok:
@@ -91,27 +93,39 @@ def write_touched(io: FileIO, rel: str, keys: pa.Array, partition: str | None, s
                        file_checksum(data))
 
 
-def check_conflicts(io: FileIO, instant: str, news: list[CompletedInstant],
-                    touched: dict[GroupKey, TouchedKeys]) -> None:
-    """Raise ConflictError if a commit in `news` wrote index entries for a key this instant touched."""
-    loaded: dict[GroupKey, pa.Array] = {}
+def check_conflicts(io: FileIO, instant: str, news: list[CompletedInstant], touched: dict[GroupKey, TouchedKeys],
+                    cleaned: Callable[[str], bool] = lambda path: False) -> None:
+    """Raise ConflictError if a commit in `news` wrote index entries for a key this instant touched.
+
+    Groups are checked one at a time (their touched keys are dropped before the next group is read), so memory is
+    bounded by one group, not by the batch. `cleaned(path)` says whether a clean removed a file since: then the
+    keys it held cannot be compared, and the instant conservatively conflicts.
+    """
+    # 1. Which of the new commits' files can overlap which of our groups (key ranges only, nothing read yet).
+    candidates: dict[GroupKey, list[tuple[CompletedInstant, FileRecord]]] = defaultdict(list)
     for rec in news:
         if rec.action not in (ACTION_COMMIT, ACTION_BUILD_INDEX):
             continue  # compaction, clean and rollback change no live entry
         for f in rec.files:
-            group = (f.partition, f.shard)
-            mine = touched.get(group)
-            if mine is None or rec.seq <= mine.since_seq or f.min_key is None:
+            mine = touched.get((f.partition, f.shard))
+            if mine is None or rec.seq <= mine.since_seq or f.min_key is None or f.max_key is None:
                 continue
             if mine.max_key < f.min_key or mine.min_key > f.max_key:
                 continue
-            keys = loaded.get(group)
-            if keys is None:
-                keys = loaded[group] = mine.load(io)
+            candidates[(f.partition, f.shard)].append((rec, f))
+    # 2. Per group: our keys against each overlapping file's keys.
+    for group, items in candidates.items():
+        keys = touched[group].load(io)
+        for rec, f in items:
+            where = "the global index" if f.partition is None else f"partition {f.partition!r}"
+            if cleaned(f.path):
+                raise ConflictError(
+                    f"instant {instant} cannot be checked against instant {rec.instant} (seq {rec.seq}): its index "
+                    f"file for {where}, shard {f.shard} was compacted and cleaned while this instant ran. Nothing "
+                    "was published; re-tag the batch against the new index and retry.")
             theirs = rli_files.read_rli_file(io, f, columns=[rli_files.KEY]).column(rli_files.KEY)
             clash = keys.filter(pc.is_in(keys, value_set=theirs))
             if len(clash):
-                where = "the global index" if f.partition is None else f"partition {f.partition!r}"
                 sample = ", ".join(repr(k) for k in clash.slice(0, 5).to_pylist())
                 raise ConflictError(
                     f"instant {instant} conflicts with instant {rec.instant} (completed at seq {rec.seq} while this "
@@ -119,6 +133,7 @@ def check_conflicts(io: FileIO, instant: str, news: list[CompletedInstant],
                     f"in {where}, shard {f.shard}, e.g. {sample}. Nothing was published; re-tag the batch against "
                     "the new index and retry."
                 )
+        del keys
 
 
 def touched_in_memory(sorted_keys_by_group: dict[GroupKey, pa.Array], since_seq: int) -> dict[GroupKey, TouchedKeys]:

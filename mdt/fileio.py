@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import xxhash
 
-from dbidx.errors import CorruptFileError, DbidxError
+from dbidx.errors import CorruptFileError, DbidxError, InvalidInputError
 
 CHECKSUM_PREFIX = "xxh64:"
 
@@ -46,16 +46,21 @@ class FileIO:
     def from_uri(cls, uri: str, fs: pafs.FileSystem | None = None) -> "FileIO":
         """Resolve a table URI (or a path inside an injected filesystem) to a FileIO."""
         if not uri:
-            raise DbidxError("table URI is empty; pass a local path or a URI such as s3://bucket/table")
+            raise InvalidInputError("table URI is empty; pass a local path or a URI such as s3://bucket/table")
         if fs is not None:
             return cls(fs=fs, root=uri.rstrip("/") or "/")
         if "://" not in uri:
             uri = os.path.abspath(os.path.expanduser(uri))
         try:
             resolved, path = pafs.FileSystem.from_uri(uri)
-        except (pa.ArrowInvalid, ValueError) as exc:
-            raise DbidxError(f"cannot open table URI {uri!r}: {exc}") from exc
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
+            raise InvalidInputError(f"cannot open table URI {uri!r}: {exc}") from exc
         return cls(fs=resolved, root=path.rstrip("/") or "/")
+
+    def check_not_a_file(self) -> None:
+        """A table is a directory: a regular file at the root is a clear error, not an OS error later."""
+        if self.fs.get_file_info(self.root).type == pafs.FileType.File:
+            raise InvalidInputError(f"{self.root} is a file; a dbidx table is a directory (pass the table's root)")
 
     def __post_init__(self) -> None:
         self._local_root = _local_path_of(self.fs, self.root)
@@ -208,8 +213,27 @@ class FileIO:
                 out.write(data)
             return True
 
+    def guard(self, rel: str) -> str:
+        """The one path guard for destructive operations: `rel` must be a table-relative path that stays inside
+        the table, also after resolving symlinks on a local filesystem; else a CorruptFileError naming it (the path
+        came from metadata or a marker, which are untrusted)."""
+        from dbidx.mdt.layout import validate_table_path
+
+        try:
+            validate_table_path(rel)
+        except DbidxError as exc:
+            raise CorruptFileError(f"refusing to touch {rel!r} under {self.root}: {exc}") from exc
+        if self._local_root is not None:
+            root = os.path.realpath(self._local_root)
+            target = os.path.realpath(os.path.join(self._local_root, rel))
+            if os.path.commonpath([root, target]) != root:
+                raise CorruptFileError(f"refusing to touch {rel!r}: it resolves to {target}, outside the table "
+                                       f"{root} (a symlink out of the table?)")
+        return rel
+
     def delete(self, rel: str) -> bool:
-        """Delete a file; False if it was already gone."""
+        """Delete a file inside the table (guarded); False if it was already gone."""
+        self.guard(rel)
         try:
             self.fs.delete_file(self.path(rel))
             return True
@@ -221,7 +245,8 @@ class FileIO:
             raise
 
     def delete_dir(self, rel_dir: str) -> None:
-        """Delete a directory tree if it exists."""
+        """Delete a directory tree inside the table (guarded) if it exists."""
+        self.guard(rel_dir)
         if self.exists(rel_dir):
             self.fs.delete_dir(self.path(rel_dir))
 

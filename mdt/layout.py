@@ -22,20 +22,25 @@ GLOBAL_PARTITION_DIR = "_global"
 _MAX_DIR_NAME = 200
 _SAFE_CHARS = "=-.,+@"
 _INSTANT_RE = re.compile(r"^\d{17}$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def validate_partition(partition: object) -> str:
     """Return the partition path if it is a safe relative path inside the table, else raise naming it.
 
-    Rejected: non-strings, NUL bytes, absolute paths, backslashes, `.`/`..` segments, empty segments and paths that
-    would land inside the metadata folder. The empty string is the single partition of a non-partitioned table.
+    Rejected: non-strings, control characters (NUL, newline, tab, CR, ...), absolute paths, backslashes, `.`/`..`
+    segments, empty segments and any `.dbidx` segment (the metadata folder's name). The empty string is the single
+    partition of a non-partitioned table.
     """
     if not isinstance(partition, str):
         raise InvalidPartitionError(f"partition path must be a string, got {type(partition).__name__}: {partition!r}")
     if partition == "":
         return partition
-    if "\x00" in partition:
-        raise InvalidPartitionError(f"partition path {partition!r} contains a NUL byte")
+    control = _CONTROL.search(partition)
+    if control:
+        raise InvalidPartitionError(f"partition path {partition!r} contains the control character "
+                                    f"{control.group(0)!r} at position {control.start()}; partition values must be "
+                                    "printable (a newline or tab would become part of a directory name)")
     if partition.startswith("/") or re.match(r"^[A-Za-z]:", partition):
         raise InvalidPartitionError(f"partition path {partition!r} is absolute; use a path relative to the table")
     if "\\" in partition:
@@ -46,8 +51,9 @@ def validate_partition(partition: object) -> str:
             raise InvalidPartitionError(
                 f"partition path {partition!r} has an empty, '.' or '..' segment; it must stay inside the table"
             )
-    if segments[0] == META_DIR:
-        raise InvalidPartitionError(f"partition path {partition!r} points into the metadata folder {META_DIR}")
+    if META_DIR in segments:
+        raise InvalidPartitionError(f"partition path {partition!r} has a {META_DIR!r} segment, the name of the "
+                                    "metadata folder")
     return partition
 
 
@@ -63,16 +69,26 @@ def validate_key(key: object) -> str:
 def validate_table_path(rel: object) -> str:
     """Return a table-relative file path read from metadata if it stays inside the table, else raise naming it.
 
-    Rejected: non-strings, empty paths, NUL bytes, absolute paths, drive letters, backslashes and empty, `.` or `..`
-    segments. Every path dbidx deletes or reads because a metadata file named it goes through here first.
+    Rejected: non-strings, empty paths, control characters, absolute paths, drive letters, backslashes and empty,
+    `.` or `..` segments. Every path dbidx deletes or reads because a metadata file named it goes through here.
     """
     if not isinstance(rel, str) or not rel:
         raise InvalidInputError(f"file path {rel!r} is not a non-empty string")
-    if "\x00" in rel or "\\" in rel or rel.startswith("/") or re.match(r"^[A-Za-z]:", rel):
+    if _CONTROL.search(rel) or "\\" in rel or rel.startswith("/") or re.match(r"^[A-Za-z]:", rel):
         raise InvalidInputError(f"file path {rel!r} is not a relative path inside the table")
     if any(segment in ("", ".", "..") for segment in rel.split("/")):
         raise InvalidInputError(f"file path {rel!r} has an empty, '.' or '..' segment; it must stay inside the table")
     return rel
+
+
+def validate_instant_file(rel: object, instant: str) -> str:
+    """A file an instant may own (and a rollback or cleanup may delete): inside the table, named with the instant's
+    id, and either an index file under `.dbidx/rli/` or a data file outside `.dbidx/`. Never the table's metadata."""
+    path = validate_table_path(rel)
+    if instant not in path.rsplit("/", 1)[-1] or (path.startswith(META_DIR + "/") and
+                                                  not path.startswith(RLI_DIR + "/")):
+        raise InvalidInputError(f"file path {path!r} is not a file instant {instant} can have written")
+    return path
 
 
 def validate_instant(instant: object) -> str:
@@ -130,7 +146,12 @@ def inflight_file(instant: str) -> str:
     return f"{TIMELINE_DIR}/{instant}.inflight"
 
 
-LATEST_FILE = f"{TIMELINE_DIR}/latest.json"
+LATEST_DIR = f"{TIMELINE_DIR}/latest"
+
+
+def latest_file(seq: int) -> str:
+    """The latest-seq pointer marker for seq (an empty file; the largest one present is the pointer)."""
+    return f"{LATEST_DIR}/{seq:012d}"
 
 
 def completed_file(seq: int) -> str:

@@ -41,7 +41,7 @@ def announced_files(io: FileIO, instant: str) -> list[str]:
         if name.startswith(".tmp-"):
             continue
         try:
-            out.append(layout.validate_table_path(unquote(name)))
+            out.append(layout.validate_instant_file(unquote(name), instant))
         except InvalidInputError as exc:
             raise CorruptFileError(f"marker {io.path(marker_dir(instant))}/{name} is not valid: {exc}") from exc
     return sorted(out)

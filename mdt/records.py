@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from typing import Any, Callable
 
+import xxhash
+
 from dbidx.errors import CorruptFileError, InvalidInputError
 from dbidx.mdt import layout
 
@@ -102,7 +104,9 @@ class FileRecord:
                      min_key=_str(d["min_key"], f"{name}.min_key", True),
                      max_key=_str(d["max_key"], f"{name}.max_key", True), size=_int(d["size"], f"{name}.size"),
                      checksum=_checksum(d["checksum"], f"{name}.checksum"))
-        if record.inserts + record.tombstones != record.rows or (record.rows > 0) != (record.min_key is not None):
+        if record.inserts + record.tombstones != record.rows or (record.rows > 0) != (record.min_key is not None) \
+                or (record.min_key is None) != (record.max_key is None) \
+                or (record.min_key is not None and record.min_key > record.max_key):
             raise _Bad(f"{name}: rows, inserts, tombstones and key range do not agree")
         return record
 
@@ -163,14 +167,23 @@ class CompletedInstant:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
-        """Serialize for the completion file."""
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":")).encode("utf-8")
+        """Serialize for the completion file, with a checksum over the canonical form of every other field (a
+        flipped byte in a key range or a path would otherwise still be valid JSON, and silently wrong)."""
+        data = asdict(self)
+        data["checksum"] = _record_checksum(data)
+        return json.dumps(data, sort_keys=True, separators=(",", ":")).encode("utf-8")
 
     @classmethod
     def from_json(cls, raw: bytes, where: str) -> "CompletedInstant":
         """Parse a completion file; anything malformed is a CorruptFileError naming the file."""
         try:
-            d = _object(json.loads(raw), "record", {f.name for f in fields(cls)}, optional={"rolled_back", "extra"})
+            d = json.loads(raw)
+            if not isinstance(d, dict) or "checksum" not in d:
+                raise _Bad("the record has no checksum")
+            stored = d.pop("checksum")
+            if stored != _record_checksum(d):
+                raise _Bad(f"its checksum {stored!r} does not match its content (the record is damaged)")
+            d = _object(d, "record", {f.name for f in fields(cls)}, optional={"rolled_back", "extra"})
             if d["action"] not in ACTIONS:
                 raise _Bad(f"action must be one of {ACTIONS}, got {d['action']!r}")
             extra = d.get("extra", {})
@@ -189,13 +202,19 @@ class CompletedInstant:
                 partitions={_str(p, "partition"): PartitionChange.parse(c, f"partitions[{p!r}]")
                             for p, c in partitions.items()},
                 extra=extra)
-        except (_Bad, ValueError, TypeError, RecursionError) as exc:
+        except (_Bad, ValueError, TypeError, RecursionError, UnicodeError) as exc:
             raise CorruptFileError(f"completion record {where} is not valid: {exc}") from exc
 
     @property
     def completed_at(self) -> datetime:
         """Wall-clock completion time (UTC)."""
         return datetime.fromtimestamp(self.completed_at_ms / 1000, tz=timezone.utc)
+
+
+def _record_checksum(data: dict[str, Any]) -> str:
+    """XXH64 of a record's canonical JSON (sorted keys, compact, ASCII), without the checksum field itself."""
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    return "xxh64:" + xxhash.xxh64(canonical).hexdigest()
 
 
 def _instant(value: Any, name: str) -> str:

@@ -31,6 +31,8 @@ GLOBAL_SCHEMA = pa.schema(
      (INSTANT, pa.string(), False), (DELETED, pa.bool_(), False)]
 )
 _ORD = "__ord"
+# What decoding a damaged Parquet file can raise (footer statistics that are not UTF-8 surface as UnicodeError).
+_DECODE_ERRORS = (pa.ArrowException, OSError, ValueError, UnicodeError, IndexError)
 
 # Default chosen by benchmarks/mdt_bench.py: the fraction of a file's row groups a lookup must touch above which
 # one sequential read of the key column beats reading the touched row groups one by one.
@@ -75,7 +77,7 @@ def open_rli_file(io: FileIO, record: FileRecord) -> pq.ParquetFile:
     data = io.read_verified(record.path, record.size, record.checksum, "RLI file")
     try:
         handle = pq.ParquetFile(pa.BufferReader(data))
-    except (pa.ArrowException, OSError, ValueError) as exc:
+    except _DECODE_ERRORS as exc:
         raise CorruptFileError(f"RLI file {where} is unreadable (truncated or corrupt?): {exc}") from exc
     if handle.metadata.num_rows != record.rows:
         raise CorruptFileError(
@@ -92,7 +94,7 @@ def read_rli_file(io: FileIO, record: FileRecord, columns: list[str] | None = No
     handle = open_rli_file(io, record)
     try:
         return handle.read(columns=columns)
-    except (pa.ArrowException, OSError) as exc:
+    except _DECODE_ERRORS as exc:
         raise CorruptFileError(f"RLI file {io.path(record.path)} is corrupt: {exc}") from exc
 
 
@@ -134,7 +136,7 @@ def read_matching(
                 how, table = "scan", handle.read()
             else:
                 how, table = "seek", handle.read_row_groups(groups) if groups else handle.schema_arrow.empty_table()
-    except (pa.ArrowException, OSError) as exc:
+    except _DECODE_ERRORS as exc:
         raise CorruptFileError(f"RLI file {io.path(record.path)} is corrupt: {exc}") from exc
     return table.filter(pc.is_in(table.column(KEY), value_set=key_set)), how
 

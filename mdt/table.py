@@ -11,19 +11,22 @@ import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
-from dbidx.errors import CorruptFileError, InvalidInputError, InvalidKeyError, TableExistsError, TableNotFoundError
+from dbidx.errors import (
+    CorruptFileError, HistoryCompactedError, InvalidInputError, TableExistsError, TableNotFoundError,
+)
 from dbidx.mdt import layout, rli_files
 from dbidx.mdt.file_view import FileView, PartitionStats
 from dbidx.mdt.fileio import FileIO
 from dbidx.mdt.keyhash import HASH_NAME, shard_of
-from dbidx.mdt.timeline import CompletedInstant, Timeline, latest_pointer
+from dbidx.mdt.keys import normalize_keys
+from dbidx.mdt.timeline import CompletedInstant, FileRecord, Timeline
 
 if TYPE_CHECKING:
     from dbidx.mdt.writer import CommitWriter
@@ -98,6 +101,7 @@ class Table:
         if not isinstance(row_group_size, int) or row_group_size < 64:
             raise InvalidInputError(f"row_group_size must be an integer >= 64, got {row_group_size!r}")
         io = FileIO.from_uri(uri, fs)
+        io.check_not_a_file()
         props = TableProperties(
             table_id=uuid.uuid4().hex, num_shards=num_shards,
             index_mode=INDEX_GLOBAL if global_index else INDEX_PARTITIONED, key_hash=HASH_NAME,
@@ -107,13 +111,14 @@ class Table:
         if not io.create_exclusive(layout.PROPERTIES_FILE, payload):
             raise TableExistsError(f"a dbidx table already exists at {io.path(layout.PROPERTIES_FILE)}")
         io.makedirs(layout.COMPLETED_DIR)
-        io.write_atomic(layout.LATEST_FILE, latest_pointer(props.table_id, 0))
+        io.create_exclusive(layout.latest_file(0), b"")
         return cls(io, props)
 
     @classmethod
     def open(cls, uri: str, fs: pafs.FileSystem | None = None) -> "Table":
         """Open an existing table; a missing or unreadable table is a clear error naming the path."""
         io = FileIO.from_uri(uri, fs)
+        io.check_not_a_file()
         if not io.exists(layout.PROPERTIES_FILE):
             raise TableNotFoundError(
                 f"no dbidx table at {io.root} ({layout.PROPERTIES_FILE} not found); create one with "
@@ -148,6 +153,11 @@ class Table:
         return self.io.root
 
     @property
+    def location(self) -> str:
+        """Where the table lives, as `<filesystem type>://<root>`: with the table id, what caches are keyed by."""
+        return f"{self.io.fs.type_name}://{self.io.root}"
+
+    @property
     def num_shards(self) -> int:
         """Number of key shards (fixed at creation)."""
         return self.props.num_shards
@@ -171,8 +181,20 @@ class Table:
         """Bring the timeline and file view up to date with everything completed so far."""
         with self._view_lock:
             records = self.timeline.refresh()
-            self._view.apply(records[self._view.applied_seq:])
+            news = records[self._view.applied_seq:]
+            for rec in news:
+                self._check_record(rec)
+            self._view.apply(news)
             return self._view
+
+    def _check_record(self, rec: CompletedInstant) -> None:
+        """What a record may only say about this table: shards in range, a partition exactly in partitioned mode."""
+        for f in rec.files:
+            if f.shard >= self.num_shards or (f.partition is None) != self.global_index:
+                raise CorruptFileError(
+                    f"completion record {self.io.path(layout.completed_file(rec.seq))} lists {f.path} for shard "
+                    f"{f.shard} / partition {f.partition!r}, impossible in this {self.props.index_mode} table of "
+                    f"{self.num_shards} shards")
 
     def latest(self) -> CompletedInstant | None:
         """The newest completion record (None for an empty table)."""
@@ -206,7 +228,7 @@ class Table:
         pieces = []
         for s in shards:
             files = self._view.files(None if self.global_index else partition, s, upto)
-            merged = rli_files.resolve_latest([rli_files.read_rli_file(self.io, f) for f in files], self.schema)
+            merged = rli_files.resolve_latest([self._read(f) for f in files], self.schema)
             if self.global_index and partition is not None:
                 merged = merged.filter(pc.equal(merged.column(rli_files.PARTITION), partition))
             pieces.append(merged)
@@ -233,7 +255,7 @@ class Table:
                 continue
             if wanted is not None and record.partition is not None and record.partition not in wanted:
                 continue
-            table = rli_files.read_rli_file(self.io, record)
+            table = self._read(record)
             if record.partition is not None:
                 table = table.add_column(1, rli_files.PARTITION, pa.array([record.partition] * table.num_rows,
                                                                          pa.string()))
@@ -279,14 +301,9 @@ class Table:
         if partition is not None:
             layout.validate_partition(partition)
         self.refresh()
-        array = keys if isinstance(keys, (pa.Array, pa.ChunkedArray)) else pa.array(list(keys), pa.string())
-        if isinstance(array, pa.ChunkedArray):
-            array = array.combine_chunks()
+        array = normalize_keys(keys, "lookup key")
         if len(array) == 0:
             return self.schema.empty_table()
-        for bad in (pc.is_null(array), pc.equal(pc.utf8_length(array), 0)):
-            if pc.any(bad).as_py():
-                raise InvalidKeyError("lookup keys must be non-empty strings; got a null or empty key")
         shards = self.shard_of(array)
         pieces = []
         for s in np.unique(shards):
@@ -294,7 +311,8 @@ class Table:
             sorted_keys = sorted(mine.to_pylist())
             found = []
             for record in self._view.files(None if self.global_index else partition, int(s)):
-                rows, how = rli_files.read_matching(self.io, record, sorted_keys, mine, mode, seek_threshold)
+                rows, how = self._read(record, lambda: rli_files.read_matching(self.io, record, sorted_keys, mine, mode,
+                                                                                    seek_threshold))
                 if plan is not None:
                     plan[how] = plan.get(how, 0) + 1
                 found.append(rows)
@@ -317,6 +335,17 @@ class Table:
     def partitions(self) -> list[PartitionStats]:
         """Every partition with its last commit instant and time, live key count and file-group fills."""
         return self.refresh().partition_stats()
+
+    def _read(self, record: FileRecord, read: Callable[[], Any] | None = None) -> Any:
+        """Read one index file (verified); a file that a clean removed since this reader planned the read is
+        HistoryCompactedError (reload from a newer snapshot), any other missing or damaged file CorruptFileError."""
+        try:
+            return read() if read is not None else rli_files.read_rli_file(self.io, record)
+        except CorruptFileError as exc:
+            if not self.io.exists(record.path) and self.refresh().is_cleaned(record.path):
+                raise HistoryCompactedError(f"index file {record.path} was removed by a clean while it was being "
+                                            "read; read a newer snapshot (caches reload the partition)") from exc
+            raise
 
     def _shards(self, shard: int | None) -> list[int]:
         if shard is None:

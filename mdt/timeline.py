@@ -14,6 +14,7 @@ import os
 import socket
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Callable, Iterable
@@ -61,6 +62,12 @@ class Timeline:
             # 1. The latest-seq pointer first: it is written after its record, so the listing below must reach it.
             floor = self._read_latest()
             names = self.io.list_names(layout.COMPLETED_DIR)
+            if known and layout.completed_file(known).rsplit("/", 1)[1] not in names:
+                raise CorruptFileError(
+                    f"completion record {self.io.path(layout.completed_file(known))}, read earlier by this process, "
+                    "is gone: the completion log shrank (the table was restored from a backup, or records were "
+                    "deleted); open the table again to read it as it is now"
+                )
             for name in names:
                 if not name.endswith(".json") or name.startswith("."):
                     continue
@@ -90,35 +97,35 @@ class Timeline:
             # 2. A log shorter than a pointer once written says records were lost: never a smaller table.
             if len(self._records) < floor:
                 raise CorruptFileError(
-                    f"the completion log of {self.io.root} ends at seq {len(self._records)}, but "
-                    f"{self.io.path(layout.LATEST_FILE)} says seq {floor} was published: completion records "
+                    f"the completion log of {self.io.root} ends at seq {len(self._records)}, but the pointer "
+                    f"{self.io.path(layout.latest_file(floor))} says seq {floor} was published: completion records "
                     f"{len(self._records) + 1}..{floor} are missing (deleted or not yet visible?); refusing to "
                     "read a shorter history"
                 )
             return list(self._records)
 
     def _read_latest(self) -> int:
-        """The latest-seq pointer (a lower bound of the log's length); a missing pointer is a damaged table."""
-        if not self.io.exists(layout.LATEST_FILE):
+        """The latest-seq pointer: the largest `timeline/latest/<seq>` marker (a lower bound of the log's length).
+
+        Why empty marker files named by seq, created exclusively and never overwritten: the pointer can only move
+        forward whatever the race between publishers, and no filesystem (HDFS renames delete the target first)
+        ever shows a moment without it. A missing pointer is accepted only while the log is empty.
+        """
+        seqs = [int(n) for n in self.io.list_names(layout.LATEST_DIR) if n.isdigit()]
+        if not seqs:
             if self.io.list_names(layout.COMPLETED_DIR):
-                raise CorruptFileError(f"latest-seq pointer {self.io.path(layout.LATEST_FILE)} is missing while the "
-                                       "completion log has records: the table's metadata was damaged")
+                raise CorruptFileError(f"latest-seq pointer {self.io.path(layout.LATEST_DIR)}/<seq> is missing while "
+                                       "the completion log has records: the table's metadata was damaged")
             return 0  # a table that never completed anything (or one whose creation was cut short)
-        raw = self.io.read_bytes(layout.LATEST_FILE)
-        try:
-            data = json.loads(raw)
-            seq = data["seq"]
-            if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0 or data["table_id"] != self.table_id:
-                raise ValueError(f"seq {seq!r}, table_id {data.get('table_id')!r}")
-        except (ValueError, KeyError, TypeError) as exc:
-            raise CorruptFileError(f"latest-seq pointer {self.io.path(layout.LATEST_FILE)} is not valid for table "
-                                   f"{self.table_id!r}: {exc}") from exc
-        return seq
+        return max(seqs)
 
     def _advance_latest(self, seq: int) -> None:
-        """Move the pointer forward after publishing seq (best effort: it is only ever a lower bound)."""
-        if seq > self._read_latest():
-            self.io.write_atomic(layout.LATEST_FILE, latest_pointer(self.table_id, seq))
+        """Create the pointer of seq after publishing it, then remove older pointers (best effort: a pointer that
+        lags only weakens the check, it never fails a reader)."""
+        if self.io.create_exclusive(layout.latest_file(seq), b""):
+            for name in self.io.list_names(layout.LATEST_DIR):
+                if name.isdigit() and int(name) < seq:
+                    self.io.delete(f"{layout.LATEST_DIR}/{name}")
 
     def completed(self, after_seq: int = 0, upto_seq: int | None = None) -> list[CompletedInstant]:
         """Completion records with after_seq < seq <= upto_seq (cached; call refresh() for new ones)."""
@@ -160,7 +167,7 @@ class Timeline:
             return []
         try:
             data = json.loads(self.io.read_bytes(rel))
-            return [layout.validate_table_path(f) for f in data["files"]]
+            return [layout.validate_instant_file(f, instant) for f in data["files"]]
         except (ValueError, KeyError, TypeError, DbidxError) as exc:
             raise CorruptFileError(f"rollback plan {self.io.path(rel)} is not valid: {exc}") from exc
 
@@ -219,13 +226,12 @@ class Timeline:
             # 2. Try to take the next sequence number; losing the race means someone else completed: look again.
             record = build(checked + 1)
             if self.io.create_exclusive(layout.completed_file(record.seq), record.to_json()):
-                self._advance_latest(record.seq)
-                self.refresh()
-                self._forget_markers(started.instant)
+                self._after_publish(record, started.instant)
                 return record
 
     def rollback(self, instant: str, action_files: Iterable[str] = ()) -> CompletedInstant:
-        """Abort an unfinished instant: publish a rollback record first (so it can never complete), then delete files."""
+        """Abort an unfinished instant: publish a rollback record first (so it can never complete), then delete its
+        files."""
         layout.validate_instant(instant)
         self.refresh()
         existing = self._by_instant.get(instant)
@@ -259,6 +265,17 @@ class Timeline:
         return record
 
     # ---- helpers -----------------------------------------------------------------------------------------
+    def _after_publish(self, record: CompletedInstant, instant: str) -> None:
+        """Housekeeping once a record is published. The instant has completed whatever happens here, so a failure
+        is a warning, never an error that would make the caller roll back (and fail to roll back) a committed
+        instant."""
+        for step in (lambda: self._advance_latest(record.seq), self.refresh, lambda: self._forget_markers(instant)):
+            try:
+                step()
+            except (OSError, DbidxError) as exc:
+                warnings.warn(f"instant {instant} completed at seq {record.seq}, but a housekeeping step failed: "
+                              f"{exc}", RuntimeWarning, stacklevel=3)
+
     def _forget_markers(self, instant: str) -> None:
         self.io.delete(layout.inflight_file(instant))
         self.io.delete(layout.requested_file(instant))
@@ -278,8 +295,3 @@ def _now_instant() -> int:
 def _format_instant(value: int) -> str:
     """Instant ids are 17 digits; +1 ms arithmetic on the integer form may produce e.g. ...60 seconds, still ordered."""
     return f"{value:017d}"
-
-
-def latest_pointer(table_id: str, seq: int) -> bytes:
-    """Content of the latest-seq pointer file."""
-    return json.dumps({"seq": seq, "table_id": table_id}).encode()

@@ -23,6 +23,7 @@ from dbidx.errors import CommitError, DuplicateKeyError, InstantStateError, Inva
 from dbidx.mdt import layout, markers, rli_files
 from dbidx.mdt.conflicts import GroupKey, TouchedKeys, check_conflicts, touched_in_memory
 from dbidx.mdt.fileio import FileIO
+from dbidx.mdt.keys import normalize_keys
 from dbidx.mdt.records import ACTION_COMMIT, CompletedInstant, DataFileRecord, FileRecord, PartitionChange
 from dbidx.mdt.table import Table
 from dbidx.mdt.timeline import StartedInstant
@@ -31,20 +32,8 @@ Keys = Sequence[str] | pa.Array | pa.ChunkedArray
 
 
 def as_key_array(keys: Keys, what: str = "key") -> pa.Array:
-    """Validate record keys (strings, not null, not empty) and return them as one Arrow string array."""
-    array = keys if isinstance(keys, (pa.Array, pa.ChunkedArray)) else pa.array(list(keys), pa.string())
-    if isinstance(array, pa.ChunkedArray):
-        array = array.combine_chunks()
-    if not pa.types.is_string(array.type):
-        array = array.cast(pa.string()) if pa.types.is_large_string(array.type) else array
-    if not pa.types.is_string(array.type):
-        raise InvalidKeyError(f"{what}s must be strings, got Arrow type {array.type}")
-    if array.null_count:
-        raise InvalidKeyError(f"{what} at position {pc.index(pc.is_null(array), True).as_py()} is null")
-    empty = pc.equal(pc.utf8_length(array), 0)
-    if pc.any(empty).as_py():
-        raise InvalidKeyError(f"{what} at position {pc.index(empty, True).as_py()} is empty")
-    return array
+    """Validate record keys (mdt/keys.py: strings, not null, not empty, not a bare string) as one Arrow array."""
+    return normalize_keys(keys, what)
 
 
 def _as_values(values: Keys | str, n: int, what: str) -> pa.Array:
@@ -246,8 +235,11 @@ class CommitWriter:
                                     data_files=tuple(self._data_files), partitions=changes, extra=dict(self.extra))
 
         # 2. Conflict check against everything completed meanwhile, then the atomic publish.
-        return table.timeline.publish(self.started, build, lambda news: check_conflicts(io, self.instant, news,
-                                                                                         touched))
+        def check(news: list[CompletedInstant]) -> None:
+            view = table.refresh()
+            check_conflicts(io, self.instant, news, touched, cleaned=view.is_cleaned)
+
+        return table.timeline.publish(self.started, build, check)
 
     def rollback(self) -> None:
         """Abort the instant and delete whatever it wrote (idempotent)."""

@@ -97,6 +97,13 @@ def _by_shard(df: Any, table: Table, options: TagOptions) -> Any:
     return df.repartition(table.num_shards, F.col(options.key).cast("string"))
 
 
+def _boolean_columns(df: Any) -> dict[str, bool]:
+    """Column name -> whether its Spark type is boolean (read from the schema on the driver, no job)."""
+    from pyspark.sql.types import BooleanType
+
+    return {f.name: isinstance(f.dataType, BooleanType) for f in df.schema.fields}
+
+
 def retyped(exc: BaseException) -> BaseException:
     """A dbidx error raised inside a Spark task comes back as a Py4J/Python exception: raise it as its own type."""
     if isinstance(exc, DbidxError):
@@ -121,7 +128,7 @@ def tag(df: Any, table: Table, key: str = "id", partition: str = "dt", ordering:
     """
     options = make_options(table, key, partition, ordering, delete_column, hive_style, buckets, cache_options,
                            cache_config, df.sparkSession.conf)
-    options.check_columns(df.columns, "the DataFrame to tag")
+    options.check_columns(df.columns, "the DataFrame to tag", _boolean_columns(df))
     from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
     schema = from_arrow_schema(pa.schema(list(to_arrow_schema(df.schema)) + TAG_FIELDS))
@@ -182,7 +189,7 @@ def upsert(df: Any, table: Table, key: str = "id", partition: str = "dt", orderi
     """
     options = make_options(table, key, partition, ordering, delete_column, hive_style, buckets, cache_options,
                            cache_config, df.sparkSession.conf)
-    options.check_columns(df.columns, "the upsert DataFrame")
+    options.check_columns(df.columns, "the upsert DataFrame", _boolean_columns(df))
     from pyspark.sql import functions as F
 
     def job(instant: str) -> list[tuple[int, int, bytes]]:
@@ -208,7 +215,10 @@ def run_upsert(table: Table, options: TagOptions, job: Callable[[str], list[tupl
         # 2. Check that every task reported and every listed file is there, then publish data and index together.
         record, summary = commit_results(writer, results, options, expected_tasks=table.num_shards)
     except BaseException as exc:
-        writer.rollback()  # also deletes every file any attempt announced
+        try:
+            writer.rollback()  # also deletes every file any attempt announced
+        except Exception as cleanup:  # noqa: BLE001 - reported with the error that caused the rollback
+            exc.add_note(f"rolling back instant {instant} failed too: {type(cleanup).__name__}: {cleanup}")
         raise retyped(exc) from exc
     # 3. Files of failed or losing attempts (and the touched-key files) were never listed; now they go.
     listed = [f.path for f in record.data_files] + [f.path for f in record.files]
@@ -247,7 +257,8 @@ def commit_results(writer: Any, results: list[tuple[int, int, bytes]], options: 
             result = task.unpack_result(payload)
             files += [DataFileRecord.parse(f, "data file") for f in result["files"]]
             index_files += [FileRecord.parse(f, "index file") for f in result["index_files"]]
-            touched += [TouchedKeys.parse(t, writer.table.timeline.latest_seq) for t in result["touched"]]
+            touched += [TouchedKeys.parse(t, writer.started.start_seq, writer.table.timeline.latest_seq)
+                        for t in result["touched"]]
             for p, c in result["changes"].items():
                 changes = merge_changes(changes, {p: PartitionChange.parse(c, p)})
             per_shard += result["metrics"]

@@ -25,8 +25,10 @@ DELETED_COLUMN = "_dbidx_deleted"
 
 
 def data_file_path(partition: str, file_group: str, instant: str, attempt: int) -> str:
-    """`<partition>/<file group>_<instant>_<attempt>.parquet` (build_index recognises the file group in it)."""
-    return f"{partition}/{file_group}_{instant}_{attempt}.parquet"
+    """`<partition>/<file group>_<instant>_<attempt>.parquet` (build_index recognises the file group in it); at the
+    table root for the single partition "" of a non-partitioned table."""
+    name = f"{file_group}_{instant}_{attempt}.parquet"
+    return f"{partition}/{name}" if partition else name
 
 
 def write_group(io: FileIO, rel: str, rows: pa.Table, instant: str) -> DataFileRecord:
@@ -37,7 +39,7 @@ def write_group(io: FileIO, rel: str, rows: pa.Table, instant: str) -> DataFileR
     pq.write_table(rows, sink, compression="zstd")
     data = sink.getvalue()
     io.write_file(rel, data)
-    partition, name = rel.rsplit("/", 1)
+    partition, _, name = rel.rpartition("/")
     return DataFileRecord(path=rel, partition=partition, file_group=name.split("_", 1)[0], rows=rows.num_rows,
                           size=data.size, checksum=file_checksum(data))
 
@@ -68,7 +70,7 @@ def read_data_file(io: FileIO, record: DataFileRecord) -> pa.Table:
     data = io.read_verified(record.path, record.size, record.checksum, "data file")
     try:
         table = pq.read_table(pa.BufferReader(data))
-    except (pa.ArrowException, OSError) as exc:
+    except (pa.ArrowException, OSError, ValueError, UnicodeError) as exc:
         raise CorruptFileError(f"data file {io.path(record.path)} is unreadable: {exc}") from exc
     if table.num_rows != record.rows:
         raise CorruptFileError(f"data file {io.path(record.path)} holds {table.num_rows} rows but its commit "

@@ -23,7 +23,7 @@ import pandas as pd
 
 from dbidx.buckets.assigner import BucketSpec
 from dbidx.config import CacheConfig
-from dbidx.errors import DbidxError
+from dbidx.errors import DbidxError, InvalidInputError
 from dbidx.mdt.compaction import clean, compact
 from dbidx.mdt.table import Table
 from dbidx.spark_integration.api import CommitSummary, read_table, upsert
@@ -31,6 +31,7 @@ from dbidx.spark_integration.api import CommitSummary, read_table, upsert
 Echo = Callable[[str], None] | None
 FIRST_DAY = date(2025, 6, 1)
 COLUMNS = ["id", "dt", "seq", "amount", "_dbidx_delete"]
+DEMO_MARKER = ".dbidx-demo"
 
 
 @dataclass
@@ -80,9 +81,12 @@ class ChangeStream:
         n_upd, n_late, n_del = int(rows * 0.70), int(rows * 0.05), int(rows * 0.05)
         pool = recent if len(recent) >= n_upd else live
         upd = self.rng.choice(pool, min(n_upd, len(pool)), replace=False)
-        late = self.rng.choice(old if len(old) else live, n_late, replace=False)
-        dels = self.rng.choice(np.setdiff1d(live, np.concatenate([upd, late])), n_del, replace=False)
+        late_pool = old if len(old) else live
+        late = self.rng.choice(late_pool, min(n_late, len(late_pool)), replace=False)
+        del_pool = np.setdiff1d(live, np.concatenate([upd, late]))  # small tables: fewer deletes than asked
+        dels = self.rng.choice(del_pool, min(n_del, len(del_pool)), replace=False)
         self.alive[dels] = False
+        n_late, n_del = len(late), len(dels)
         new = self._new(rows - len(upd) - n_late - n_del, newest)
         repeats = self.rng.choice(upd, max(1, rows // 100))  # a few keys twice in one batch: the later row wins
         ids = np.concatenate([upd, late, dels, new, repeats])
@@ -117,15 +121,29 @@ def _line(number: int | str, how: str, s: CommitSummary) -> str:
             f"on-demand {s.on_demand_loads:>2} ({s.stall_seconds:4.2f} s)  catch-up {s.catchup_entries:>6,}")
 
 
+def prepare_workdir(root: Path, force: bool = False) -> None:
+    """Empty the demo's directory for a new run, but only one the demo created (it leaves a marker file) or an
+    empty one: a directory holding anything else is refused unless `force` (the demo deletes what it holds)."""
+    marker = root / DEMO_MARKER
+    if root.exists() and not root.is_dir():
+        raise InvalidInputError(f"--dir {root} is a file, not a directory")
+    if root.is_dir() and any(root.iterdir()) and not marker.exists() and not force:
+        raise InvalidInputError(f"--dir {root} is not empty and was not created by `dbidx demo`; the demo replaces "
+                                "its directory on every run, so choose another --dir (or pass --force to let it "
+                                "delete what is there)")
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    marker.write_text("created by `dbidx demo`; the next run replaces this directory\n")
+
+
 def run_demo(workdir: str | Path, keys: int = 200_000, days: int = 10, batches: int = 6,
-             batch_rows: int | None = None, echo: Echo = print) -> dict[str, Any]:
+             batch_rows: int | None = None, echo: Echo = print, force: bool = False) -> dict[str, Any]:
     """Run the demo; returns the report (also printed through `echo` unless None)."""
     say = echo or (lambda _msg: None)
     if keys < 100 or days < 2 or batches < 2:
-        raise DbidxError("the demo needs --keys >= 100, --days >= 2 and --batches >= 2")
+        raise InvalidInputError("the demo needs --keys >= 100, --days >= 2 and --batches >= 2")
     root = Path(workdir)
-    shutil.rmtree(root, ignore_errors=True)
-    root.mkdir(parents=True)
+    prepare_workdir(root, force)
     started = time.perf_counter()
     table = Table.create(str(root / "table"), num_shards=2)
     config = CacheConfig(base_path=str(root / "_cache"))

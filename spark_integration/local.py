@@ -26,7 +26,8 @@ def upsert_arrow(data: pa.Table, table: Table, key: str = "id", partition: str =
     """Insert, update and delete the rows of an Arrow table as one atomic instant (semantics of `api.upsert`)."""
     options = make_options(table, key, partition, ordering, delete_column, hive_style, buckets, cache_options,
                            cache_config)
-    options.check_columns(data.column_names, "the upsert table")
+    options.check_columns(data.column_names, "the upsert table",
+                          {f.name: pa.types.is_boolean(f.type) for f in data.schema})
     data = data.append_column(ROW_ID, pa.array(np.arange(data.num_rows, dtype=np.int64)))
     shards = table.shard_of(options.keys_of(data)) if data.num_rows else np.zeros(0, dtype=np.int64)
 

@@ -7,6 +7,7 @@ tagger remembers the buckets it gave to new keys, so a key repeated across batch
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -28,6 +29,7 @@ TAG_OLD_PARTITION = "_dbidx_old_partition"  # where the key lives now (None for 
 TAG_OLD_FILE_GROUP = "_dbidx_old_file_group"
 TAG_IS_DELETE = "_dbidx_is_delete"  # the row deletes the key
 ROW_ID = "_dbidx_row"  # arrival order (monotonically_increasing_id), the tie-breaker of same-key rows
+DEFAULT_DELETE_COLUMN = "_dbidx_delete"
 TAG_FIELDS = [
     pa.field(TAG_PARTITION, pa.string()),
     pa.field(TAG_FILE_GROUP, pa.string()),
@@ -45,16 +47,31 @@ class TagOptions:
     key: str = "id"
     partition: str = "dt"
     ordering: str | None = None  # same-key rows of a batch: highest value wins (ties: latest arrival)
-    delete_column: str | None = "_dbidx_delete"  # a true value deletes the key; the column is optional
+    delete_column: str | None = DEFAULT_DELETE_COLUMN  # a true value deletes the key; this default is optional
     hive_style: bool = True  # partition path "dt=2025-01-15" (True) or "2025-01-15" (False)
     buckets: BucketSpec = field(default_factory=BucketSpec)
     cache: CacheConfig = field(default_factory=CacheConfig)
 
-    def check_columns(self, names: list[str], where: str) -> None:
-        """Fail early, on the driver, naming the missing column and the ones that exist."""
+    def check_columns(self, names: list[str], where: str, boolean: Mapping[str, bool] | None = None) -> None:
+        """Fail early, on the driver, naming the missing column and the ones that exist.
+
+        `boolean` (column -> is its type boolean) checks the delete column: a delete column named explicitly must
+        exist (a typo would silently turn every delete into an update and store the flag as data), and whichever
+        delete column is present must be boolean. The default `_dbidx_delete` may be absent (no deletes).
+        """
         for role, column in (("key", self.key), ("partition", self.partition), ("ordering", self.ordering)):
             if column is not None and column not in names:
                 raise InvalidInputError(f"{where} has no {role} column {column!r}; its columns are {names}")
+        column = self.delete_column
+        if column is None:
+            return
+        if column not in names:
+            if column != DEFAULT_DELETE_COLUMN:
+                raise InvalidInputError(f"{where} has no delete column {column!r}; its columns are {names} (pass "
+                                        "delete_column=None for a batch without deletes)")
+            return
+        if boolean is not None and not boolean.get(column, False):
+            raise InvalidInputError(f"delete column {column!r} of {where} must be boolean (true deletes the key)")
 
     def keys_of(self, batch: pa.Table) -> pa.Array:
         """The record keys as strings (numbers are formatted; nulls and empty strings are errors)."""

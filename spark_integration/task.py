@@ -24,6 +24,7 @@ from dbidx.bootstrap.on_demand import ensure_loaded
 from dbidx.cache.catchup import sync
 from dbidx.cache.reaper import reap
 from dbidx.cache.record_cache import RecordIndexCache
+from dbidx.errors import CorruptFileError
 from dbidx.mdt.table import Table
 from dbidx.spark_integration import datafiles
 from dbidx.spark_integration.tagger import (
@@ -79,6 +80,11 @@ def warm_table(table: Table) -> Table:
     with _TABLES_LOCK:
         key = (table.props.table_id, table.uri)
         known = _TABLES.get(key)
+        if known is not None:
+            try:
+                known.refresh()
+            except CorruptFileError:  # its log shrank (a restored table): start over from the task's own copy,
+                known = None          # which reports real damage again if there is any
         if known is None:
             known = _TABLES[key] = table
         return known

@@ -14,7 +14,7 @@ import pytest
 from dbidx.bootstrap.on_demand import OnDemandLoader, ensure_loaded
 from dbidx.bootstrap.time_bounded import INFO_NAME, bootstrap
 from dbidx.cache.catchup import global_location
-from dbidx.cache.record_cache import GLOBAL_PARTITION, RecordIndexCache
+from dbidx.cache.record_cache import GLOBAL_PARTITION, RecordIndexCache, table_cache_dir_name
 from dbidx.cache.verify import verify
 from dbidx.config import CacheConfig
 from dbidx.errors import CacheMismatchError, InvalidInputError
@@ -76,7 +76,7 @@ def test_bootstrap_loads_the_window_and_each_shard_exactly_its_keys(table, tmp_p
 def test_a_single_shard_bootstrap_touches_no_other_shard(table, tmp_path):
     base = tmp_path / "caches"
     bootstrap(table, days=2, shards=[1], now=NOW, base_path=base)
-    assert [p.name for p in (base / table.props.table_id).iterdir() if p.name.startswith("shard-") and
+    assert [p.name for p in (base / table_cache_dir_name(table)).iterdir() if p.name.startswith("shard-") and
             p.is_dir() and not p.name.endswith(".tmp")] == ["shard-00001-of-00003"]
 
 
@@ -147,7 +147,7 @@ def test_bad_shards_and_foreign_cache_dirs_are_refused(table, tmp_path):
         bootstrap(table, days=1, base_path=shard_dir)
     other = make_daily_table(tmp_path / "other", keys_per_day=10)
     with pytest.raises(CacheMismatchError, match=f"table {table.props.table_id}"):
-        bootstrap(other, days=1, base_path=base / table.props.table_id)
+        bootstrap(other, days=1, base_path=base / table_cache_dir_name(table))
 
 
 # ---- on-demand ---------------------------------------------------------------------------------------------

@@ -108,19 +108,21 @@ def test_init_and_rollback_of_a_crashed_writer(runner, tmp_path):
 def test_demo_runs(tmp_path):
     """The README's main command, in its own process (it starts and restarts its own Spark application)."""
     workdir = tmp_path / "demo"
-    result = subprocess.run([sys.executable, "-m", "dbidx.cli", "demo", "--dir", str(workdir), "--keys", "4000",
-                             "--days", "3", "--batches", "3", "--json"], capture_output=True, text=True, timeout=600)
+    # The smallest sizes the demo allows (small tables get fewer deletes and late updates than asked).
+    result = subprocess.run([sys.executable, "-m", "dbidx.cli", "demo", "--dir", str(workdir), "--keys", "100",
+                             "--days", "2", "--batches", "2", "--json"], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout)
-    assert report["rows_checked"] == report["live_keys"] > 4000
-    assert [b["via"] for b in report["batches"]] == ["batch", "streaming", "batch", "batch"]
-    assert report["batches"][0]["inserts"] == 4000 and all(b["updates"] > 0 for b in report["batches"][1:])
+    assert report["rows_checked"] == report["live_keys"] > 100
+    assert [b["via"] for b in report["batches"]] == ["batch", "streaming", "batch"]
+    assert report["batches"][0]["inserts"] == 100 and all(b["updates"] > 0 for b in report["batches"][1:])
     runner = CliRunner()
     history = runner.invoke(main, ["commits", str(workdir / "table"), "--json"])
     assert history.exit_code == 0, history.output
     upserts = [c for c in json.loads(history.output)["commits"] if c["action"] == "commit"]
     assert [c["metrics"]["rows"] for c in reversed(upserts)] == [b["rows"] for b in report["batches"]]
-    assert "hit rate" in runner.invoke(main, ["commits", str(workdir / "table")]).output
+    text = runner.invoke(main, ["commits", str(workdir / "table")]).output
+    assert "hit rate" in text and "of keys not in the index: nothing to delete" in text
     # The demo's caches are left on disk, behind the final compaction + clean: verify says so, sync reloads what
     # was cleaned, and then the caches verify against the index.
     table = Table.open(str(workdir / "table"))
@@ -132,3 +134,16 @@ def test_demo_runs(tmp_path):
     verified = runner.invoke(main, ["verify", "--table", table.uri, "--cache-dir", str(workdir / "_cache"), "--json"])
     assert verified.exit_code == 0, verified.output
     assert len(json.loads(verified.output)["caches"]) == table.num_shards
+
+
+def test_demo_refuses_a_directory_it_did_not_create(tmp_path):
+    notes = tmp_path / "mine" / "notes.txt"
+    notes.parent.mkdir()
+    notes.write_text("keep me")
+    result = CliRunner().invoke(main, ["demo", "--dir", str(notes.parent), "--keys", "100", "--days", "2",
+                                       "--batches", "2", "--json"])
+    assert result.exit_code == 2, result.output
+    assert "not created by `dbidx demo`" in json.loads(result.stdout)["message"]
+    assert notes.read_text() == "keep me"
+    too_small = CliRunner().invoke(main, ["demo", "--dir", str(tmp_path / "new"), "--keys", "99"])
+    assert too_small.exit_code == 2 and "--keys >= 100" in too_small.output

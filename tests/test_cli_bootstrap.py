@@ -5,6 +5,7 @@ import json
 
 from click.testing import CliRunner
 
+from dbidx.cache.record_cache import table_cache_dir_name
 from dbidx.cache.verify import verify
 from dbidx.cli import main
 
@@ -63,6 +64,7 @@ def test_bootstrap_error_exits(tmp_path):
     # a cache dir that belongs to another table
     assert invoke(["bootstrap", "--table", table.uri, "--days", "1", "--cache-dir", str(base)]).exit_code == 0
     other = make_daily_table(tmp_path / "other", keys_per_day=20, num_shards=2)
-    foreign = invoke(["bootstrap", "--table", other.uri, "--cache-dir", str(base / table.props.table_id), "--json"])
+    foreign = invoke(["bootstrap", "--table", other.uri, "--cache-dir", str(base / table_cache_dir_name(table)),
+                      "--json"])
     assert foreign.exit_code == 6, foreign.output
     assert json.loads(foreign.stdout)["error"] == "CacheMismatchError"

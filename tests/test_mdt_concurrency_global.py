@@ -126,4 +126,4 @@ def test_same_key_twice_in_one_commit_is_rejected(tmp_path):
     with pytest.raises(DuplicateKeyError, match="'a'"):
         writer.commit()
     assert table.snapshot("p").num_rows == 0
-    assert sorted(os.listdir(table.io.path(".dbidx/timeline"))) == ["completed", "latest.json"]
+    assert sorted(os.listdir(table.io.path(".dbidx/timeline"))) == ["completed", "latest"]

@@ -186,6 +186,11 @@ def test_bad_input_gets_typed_errors_and_leaves_nothing(spark, setup) -> None:
     with pytest.raises(InvalidInputError, match="no key column 'user_id'"):
         upsert(spark.createDataFrame(rows_of(3), SCHEMA), table, key="user_id", cache_config=config)
     assert table.timeline.pending() == [] and table.timeline.completed() == []
+    with pytest.raises(InvalidInputError, match="no delete column 'deleted'"):
+        upsert(spark.createDataFrame(rows_of(3), SCHEMA), table, delete_column="deleted", cache_config=config)
+    with pytest.raises(InvalidInputError, match="must be boolean"):
+        upsert(spark.createDataFrame(rows_of(3), SCHEMA), table, delete_column="v", cache_config=config)
+    assert table.timeline.pending() == [] and table.timeline.completed() == []
     nulls = spark.createDataFrame([("a", "2025-03-01", 1, False), (None, "2025-03-01", 2, False)], SCHEMA)
     with pytest.raises(InvalidKeyError, match="null"):
         upsert(nulls, table, cache_config=config)

@@ -1,0 +1,78 @@
+"""The one key normalizer: every public entry that takes record keys (the writer, lookups, the cache, the Spark
+driver) turns them into an Arrow string array here, with the same rules everywhere.
+
+Rules: keys come as a list (or any iterable) of `str`, or an Arrow `string` / `large_string` array. A bare `str` or
+`bytes` where keys are expected is refused (iterating it would silently make one key per character); so are
+non-string elements (bytes, numbers, NaN, None), strings that are not valid UTF-8 (lone surrogates), nulls and empty
+keys. The error names the first bad key and its position. Why so strict: a key that is silently converted (bytes to
+text, 1 to "1", NaN to "nan") can look up or overwrite another record.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from dbidx.errors import InvalidKeyError
+
+_SCALARS = (str, bytes, bytearray, memoryview)
+
+
+def normalize_keys(keys: Any, what: str = "key") -> pa.Array:
+    """Validate record keys and return them as one Arrow string array (raises InvalidKeyError)."""
+    # 1. A single string or bytes value where a collection is expected.
+    if isinstance(keys, _SCALARS):
+        raise InvalidKeyError(f"{what}s must be a list of keys, got a single {type(keys).__name__} {keys!r:.80}; "
+                              f"pass a list, e.g. [{keys!r:.40}]")
+    # 2. Arrow input: a string type, no nulls, no empty values.
+    if isinstance(keys, pa.ChunkedArray):
+        keys = keys.combine_chunks() if keys.num_chunks != 1 else keys.chunk(0)
+    if isinstance(keys, pa.Array):
+        if pa.types.is_large_string(keys.type):
+            keys = keys.cast(pa.string())
+        if not pa.types.is_string(keys.type):
+            raise InvalidKeyError(f"{what}s must be strings, got an Arrow array of type {keys.type}; cast the "
+                                  "column to string first if its values are meant as text")
+        return _check_values(keys, what)
+    # 3. Python (or numpy) collections: every element must be a str that encodes as UTF-8.
+    if isinstance(keys, np.ndarray) and keys.dtype.kind not in "OU":
+        raise InvalidKeyError(f"{what}s must be strings, got a numpy array of dtype {keys.dtype}")
+    try:
+        values = list(keys)
+    except TypeError as exc:
+        raise InvalidKeyError(f"{what}s must be a list of strings, got {type(keys).__name__}") from exc
+    for i, key in enumerate(values):
+        if not isinstance(key, str):
+            raise InvalidKeyError(f"{what} at position {i} is {_describe(key)}, not a string")
+    try:
+        array = pa.array(values, pa.string())
+    except (UnicodeEncodeError, pa.ArrowException):
+        for i, key in enumerate(values):
+            try:
+                key.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise InvalidKeyError(f"{what} at position {i} ({key!r:.80}) is not valid UTF-8 text: {exc.reason}"
+                                      ) from exc
+        raise
+    return _check_values(array, what)
+
+
+def _check_values(array: pa.Array, what: str) -> pa.Array:
+    if array.null_count:
+        raise InvalidKeyError(f"{what} at position {pc.index(pc.is_null(array), True).as_py()} is null")
+    if len(array):
+        empty = pc.equal(pc.binary_length(array), 0)
+        if pc.any(empty).as_py():
+            raise InvalidKeyError(f"{what} at position {pc.index(empty, True).as_py()} is empty; every record "
+                                  "needs a non-empty key")
+    return array
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "None"
+    if isinstance(value, float) and value != value:
+        return "NaN"
+    return f"of type {type(value).__name__} ({value!r:.60})"

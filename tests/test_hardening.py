@@ -1,0 +1,208 @@
+"""Crafted metadata never reaches outside the table, bad keys and partitions get typed errors, and a copied table
+never shares caches with its original."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from urllib.parse import quote
+
+import pyarrow as pa
+import pytest
+from click.testing import CliRunner
+
+from dbidx.cache.record_cache import RecordIndexCache
+from dbidx.cli import main
+from dbidx.config import CacheConfig
+from dbidx.errors import ConflictError, CorruptFileError, InvalidKeyError, InvalidPartitionError
+from dbidx.mdt import compaction, layout, markers
+from dbidx.mdt.table import Table
+from dbidx.spark_integration import datafiles
+from dbidx.spark_integration.local import upsert_arrow
+
+DAY = "dt=2025-03-01"
+
+
+@pytest.fixture()
+def table(tmp_path: Path) -> Table:
+    return Table.create(str(tmp_path / "t"), num_shards=2)
+
+
+def victim(tmp_path: Path, name: str = "victim.txt") -> Path:
+    path = tmp_path / name
+    path.write_text("precious")
+    return path
+
+
+def test_a_crafted_rollback_plan_leaves_files_outside_the_table_intact(table: Table, tmp_path: Path) -> None:
+    target = victim(tmp_path)
+    started = table.timeline.start("commit")
+    plan = {"action": "commit", "files": ["../victim.txt"]}
+    table.io.write_atomic(layout.inflight_file(started.instant), json.dumps(plan).encode())
+    result = CliRunner().invoke(main, ["rollback", table.uri, started.instant])
+    assert result.exit_code == 4, result.output
+    assert "../victim.txt" in result.output and "Traceback" not in result.output
+    assert target.read_text() == "precious"
+    # The table's own metadata is not fair game either.
+    plan["files"] = [layout.PROPERTIES_FILE]
+    table.io.write_atomic(layout.inflight_file(started.instant), json.dumps(plan).encode())
+    with pytest.raises(CorruptFileError, match="table.json"):
+        table.rollback(started.instant)
+    assert table.io.exists(layout.PROPERTIES_FILE)
+
+
+@pytest.mark.parametrize("crafted", ["..%2Fvictim2.txt", "%2E%2E%2Fvictim2.txt", quote(".dbidx/table.json", safe=""),
+                                     quote("dt=x/../../victim2.txt", safe="")])
+def test_a_crafted_marker_is_refused_by_the_sweep_every_upsert_runs(table: Table, tmp_path: Path,
+                                                                     crafted: str) -> None:
+    target = victim(tmp_path, "victim2.txt")
+    config = CacheConfig(base_path=str(tmp_path / "cache"))
+    upsert_arrow(pa.table({"id": ["a"], "dt": ["2025-03-01"]}), table, cache_config=config)
+    settled = table.timeline.completed()[-1].instant
+    table.io.write_atomic(f"{markers.marker_dir(settled)}/{crafted}", b"")
+    with pytest.raises(CorruptFileError, match="marker"):
+        datafiles.sweep_settled(table.io, table.timeline)
+    assert target.read_text() == "precious" and table.io.exists(layout.PROPERTIES_FILE)
+
+
+def test_a_symlink_out_of_the_table_is_not_followed_by_a_delete(table: Table, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    started = table.timeline.start("commit")
+    kept = outside / f"fg_{started.instant}_0.parquet"
+    kept.write_text("precious")
+    os.symlink(outside, Path(table.uri) / "dt=x")
+    markers.announce(table.io, started.instant, f"dt=x/fg_{started.instant}_0.parquet")
+    with pytest.raises(CorruptFileError, match="outside the table"):
+        table.rollback(started.instant)
+    assert kept.read_text() == "precious"
+
+
+def test_keys_are_lists_of_strings_everywhere(table: Table, tmp_path: Path) -> None:
+    writer = table.new_commit()
+    with pytest.raises(InvalidKeyError, match="pass a list"):
+        writer.insert(DAY, "ord-1", "fg")
+    with pytest.raises(InvalidKeyError, match="pass a list"):
+        writer.delete(DAY, "ord-1")
+    for bad, message in [([1, 2], "position 0 is of type int"), (["a", b"b"], "position 1 is of type bytes"),
+                         (["a", "\ud800"], "position 1 .* not valid UTF-8"), ([float("nan")], "position 0 is NaN"),
+                         (["a", None], "position 1 is None"), (["a", ""], "position 1 is empty"),
+                         (pa.array([1, 2]), "type int64"), (pa.array([b"a"]), "type binary")]:
+        with pytest.raises(InvalidKeyError, match=message):
+            writer.insert(DAY, bad, "fg")
+        with pytest.raises(InvalidKeyError, match=message):
+            table.lookup(bad, DAY)
+    writer.rollback()
+    with RecordIndexCache.for_table(table, 0, CacheConfig(base_path=str(tmp_path / "c"))) as cache:
+        with pytest.raises(InvalidKeyError, match="empty"):
+            cache.load_partition(DAY, ["a", ""], ["fg", "fg"], synced_seq=0)
+        cache.load_partition(DAY, ["a"], ["fg"], synced_seq=0)
+        with pytest.raises(InvalidKeyError, match="pass a list"):
+            cache.lookup(DAY, "a")
+        with pytest.raises(InvalidKeyError, match="empty"):
+            cache.lookup(DAY, [""])
+
+
+@pytest.mark.parametrize("bad", ["dt=1\n", "dt=1\t2", "dt=1\r", ".dbidx", "a/.dbidx/b", "dt=\x7f"])
+def test_partition_values_with_control_characters_or_a_metadata_segment_are_refused(table: Table, bad: str) -> None:
+    with pytest.raises(InvalidPartitionError):
+        layout.validate_partition(bad)
+    with pytest.raises(InvalidPartitionError):
+        with table.new_commit() as writer:
+            writer.insert(bad, ["k"], "fg")
+
+
+def test_a_non_partitioned_table_writes_its_data_at_the_root(tmp_path: Path) -> None:
+    table = Table.create(str(tmp_path / "t"), num_shards=2)
+    config = CacheConfig(base_path=str(tmp_path / "cache"))
+    first = upsert_arrow(pa.table({"id": ["a", "b"], "p": ["", ""]}), table, partition="p", hive_style=False,
+                         cache_config=config)
+    again = upsert_arrow(pa.table({"id": ["a", "c"], "p": ["", ""]}), table, partition="p", hive_style=False,
+                         cache_config=config)
+    assert (first.inserts, again.updates, again.inserts) == (2, 1, 1)
+    assert all("/" not in f.path for rec in table.timeline.completed() for f in rec.data_files)
+    assert sorted(table.snapshot("").column("key").to_pylist()) == ["a", "b", "c"]
+
+
+def test_a_copied_table_never_shares_caches_with_its_original(tmp_path: Path) -> None:
+    import shutil
+
+    original = Table.create(str(tmp_path / "orig"), num_shards=1)
+    config = CacheConfig(base_path=str(tmp_path / "cache"))
+    upsert_arrow(pa.table({"id": ["a"], "dt": ["2025-03-01"]}), original, cache_config=config)
+    shutil.copytree(original.uri, tmp_path / "copy")
+    copy = Table.open(str(tmp_path / "copy"))
+    assert copy.props.table_id == original.props.table_id
+    upsert_arrow(pa.table({"id": ["only-in-copy"], "dt": ["2025-03-01"]}), copy, cache_config=config)
+    summary = upsert_arrow(pa.table({"id": ["only-in-copy", "a"], "dt": ["2025-03-01"] * 2}), original,
+                           cache_config=config)
+    assert (summary.inserts, summary.updates) == (1, 1)  # the copy's key is new to the original
+    assert RecordIndexCache.for_table(copy, 0, config).path != RecordIndexCache.for_table(original, 0, config).path
+    result = CliRunner().invoke(main, ["verify", "--table", original.uri, "--cache-dir", str(tmp_path / "cache")])
+    assert result.exit_code == 0, result.output
+
+
+def test_a_check_that_needs_cleaned_history_conflicts_instead_of_failing_as_corrupt(table: Table) -> None:
+    later = table.new_commit()
+    later.insert(DAY, ["k1", "k2"], "fg-b")
+    with table.new_commit() as first:
+        first.insert(DAY, ["k1"], "fg-a")
+    compaction.compact(table, min_files=1)
+    assert compaction.clean(table, retain_completions=0) is not None
+    with pytest.raises(ConflictError, match="compacted and cleaned"):
+        later.commit()
+
+
+def test_the_delete_column_is_checked_before_anything_starts(table: Table, tmp_path: Path) -> None:
+    from dbidx.errors import InvalidInputError
+
+    config = CacheConfig(base_path=str(tmp_path / "cache"))
+    data = pa.table({"id": ["a"], "dt": ["2025-03-01"], "is_deleted": [True]})
+    with pytest.raises(InvalidInputError, match="no delete column 'is_delted'"):
+        upsert_arrow(data, table, delete_column="is_delted", cache_config=config)
+    with pytest.raises(InvalidInputError, match="must be boolean"):
+        upsert_arrow(pa.table({"id": ["a"], "dt": ["2025-03-01"], "_dbidx_delete": ["yes"]}), table,
+                     cache_config=config)
+    assert table.timeline.completed() == [] and table.timeline.pending() == []
+    # A delete whose partition does not hold the key deletes nothing, and says so.
+    upsert_arrow(data, table, delete_column=None, cache_config=config)
+    summary = upsert_arrow(pa.table({"id": ["a"], "dt": ["2025-03-02"], "is_deleted": [True]}), table,
+                           delete_column="is_deleted", cache_config=config)
+    assert (summary.deletes, summary.deletes_missing) == (0, 1)
+    assert table.snapshot(DAY).column("key").to_pylist() == ["a"]
+
+
+def test_caches_are_private_whatever_the_umask(table: Table, tmp_path: Path) -> None:
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        base = tmp_path / "deep" / "base"
+        config = CacheConfig(base_path=str(base))
+        upsert_arrow(pa.table({"id": ["a", "b"], "dt": ["2025-03-01"] * 2}), table, cache_config=config)
+    finally:
+        os.umask(old)
+    for path in [tmp_path / "deep", base, *base.rglob("*")]:
+        mode = stat.S_IMODE(path.lstat().st_mode)
+        expected = 0o700 if path.is_dir() else 0o600
+        assert mode == expected, (path, oct(mode))
+
+
+def test_a_failing_close_is_a_cache_error_and_releases_the_lock(table: Table, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from dbidx.cache.store import Store
+    from dbidx.errors import CacheError
+
+    config = CacheConfig(base_path=str(tmp_path / "cache"), lock_timeout_s=1.0)
+    cache = RecordIndexCache.for_table(table, 0, config).open()
+    cache.load_partition(DAY, ["a"], ["fg"], synced_seq=0)
+
+    def full(*_args, **_kwargs):
+        raise Exception("IO error: No space left on device")  # what rocksdict raises
+
+    monkeypatch.setattr(Store, "write", full)
+    with pytest.raises(CacheError, match="disk full"):
+        cache.close()
+    monkeypatch.undo()
+    with RecordIndexCache.for_table(table, 0, config) as again:  # the lock was released
+        assert again.lookup(DAY, ["a"]) == ["fg"]
