@@ -114,8 +114,26 @@ class DbidxGroup(click.Group):
 @click.group(cls=DbidxGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="dbidx")
 @click.option("--verbose", is_flag=True, help="Print the traceback of an unexpected error (for a bug report).")
-def main(verbose: bool) -> None:
+@click.option("--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
+              help="Object-store option for the table (endpoint, region, access_key_id, secret_access_key, "
+                   "allow_http, ...; repeatable). The AWS_*/GOOGLE_*/AZURE_* environment variables work too.")
+@click.pass_context
+def main(ctx: click.Context, verbose: bool, storage_options: tuple[str, ...]) -> None:
     """dbidx: executor-local RocksDB record-index cache for PySpark upserts, over a persisted record index."""
+    options = {}
+    for item in storage_options:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--storage-option")
+        options[key.strip()] = value
+    ctx.obj = {"storage_options": options}
+
+
+def _storage_options() -> dict[str, str]:
+    """The --storage-option values given to the top-level command."""
+    ctx = click.get_current_context(silent=True)
+    root = ctx.find_root() if ctx is not None else None
+    return dict((root.obj or {}).get("storage_options", {})) if root is not None else {}
 
 
 @main.command("init")
@@ -128,7 +146,7 @@ def init_cmd(uri: str, num_shards: int, global_index: bool, as_json: bool) -> No
     """Create an empty dbidx table (its metadata folder) at URI."""
     from dbidx.mdt.table import Table
 
-    table = Table.create(uri, num_shards=num_shards, global_index=global_index)
+    table = Table.create(uri, num_shards=num_shards, global_index=global_index, storage_options=_storage_options())
     Output(as_json).emit(asdict(table.props) | {"uri": table.uri},
                          lambda p: f"created {p['index_mode']} table {p['uri']} with {p['num_shards']} shards")
 
@@ -148,7 +166,8 @@ def build_index_cmd(uri: str, key_column: str, partition_columns: tuple[str, ...
     from dbidx.mdt.build_index import build_index
     from dbidx.mdt.table import Table
 
-    table = Table.open_or_create(uri, num_shards=num_shards, global_index=global_index)
+    table = Table.open_or_create(uri, num_shards=num_shards, global_index=global_index,
+                                 storage_options=_storage_options())
     with _progress("indexing data files", as_json) as progress:
         result = build_index(table, key_column, partition_columns or None, progress=progress)
     payload = {"instant": result.instant, "files": result.files, "partitions": result.partitions,
@@ -168,7 +187,7 @@ def lookup_cmd(keys: tuple[str, ...], uri: str, partition: str | None, mode: str
     """Print the location of KEYS in the persisted index (missing keys are reported as new)."""
     from dbidx.mdt.table import Table
 
-    found = Table.open(uri).lookup(list(keys), partition, mode=mode).to_pylist()
+    found = Table.open(uri, storage_options=_storage_options()).lookup(list(keys), partition, mode=mode).to_pylist()
     by_key = {row["key"]: row for row in found}
     payload = {"found": [by_key[k] for k in keys if k in by_key], "missing": [k for k in keys if k not in by_key]}
 
@@ -191,7 +210,8 @@ def commits_cmd(uri: str, last: int, as_json: bool) -> None:
     from dbidx.mdt.table import Table
     from dbidx.spark_integration.api import commit_history
 
-    Output(as_json).emit({"commits": commit_history(Table.open(uri), last)}, _commits_text)
+    table = Table.open(uri, storage_options=_storage_options())
+    Output(as_json).emit({"commits": commit_history(table, last)}, _commits_text)
 
 
 def _commits_text(payload: dict[str, Any]) -> str:
@@ -199,7 +219,8 @@ def _commits_text(payload: dict[str, Any]) -> str:
     for c in payload["commits"]:
         m = c["metrics"]
         what = (f"{m['rows']:,} rows, {m['inserts']:,} inserts, {m['updates']:,} updates, {m['deletes']:,} deletes"
-                f" ({m['deletes_missing']:,} more of keys not in the index: nothing to delete), hit rate {m['hit_rate']:.1%}, {m['on_demand_loads']} on-demand loads "
+                f" ({m['deletes_missing']:,} more of keys not in the index: nothing to delete), "
+                f"hit rate {m['hit_rate']:.1%}, {m['on_demand_loads']} on-demand loads "
                 f"({m['stall_seconds']:.2f} s), {m['catchup_entries']:,} catch-up entries, {m['seconds']:.1f} s"
                 if m else f"rolled back {c['rolled_back']}" if c["rolled_back"] else "")
         lines.append(f"{c['seq']:>5} {c['instant']} {c['action']:<11} {what}".rstrip())
@@ -220,7 +241,7 @@ def stats_cmd(uri: str | None, table_uri: str | None, cache_dir: str | None, as_
         return _cache_stats(cache_dir, as_json)
     if not (uri or table_uri):
         raise click.UsageError("name a table (URI or --table) or a --cache-dir")
-    table = Table.open(uri or table_uri)  # type: ignore[arg-type]
+    table = Table.open(uri or table_uri, storage_options=_storage_options())  # type: ignore[arg-type]
     parts = [{"partition": s.partition, "last_instant": s.last_instant, "last_commit": s.last_commit_time.isoformat(),
               "live_keys": s.live_keys, "file_groups": len(s.bucket_fills), "bucket_fills": s.bucket_fills}
              for s in table.partitions()]
@@ -316,7 +337,7 @@ def bootstrap_cmd(uri: str, days: int | None, shards: tuple[int, ...], num_shard
 
     if all_shards and shards:
         raise InvalidInputError("use either --shard or --all-shards, not both")
-    table = Table.open(uri)
+    table = Table.open(uri, storage_options=_storage_options())
     chosen = resolve_shards(table, list(shards) or None, num_shards)
     with _progress("bootstrap", quiet=as_json) as progress:
         result = bootstrap(table, days, chosen, now, _cli_cache_config(), cache_dir, partition_pattern,
@@ -341,7 +362,7 @@ def sync_cmd(uri: str, cache_dir: str, as_json: bool) -> None:
     from dbidx.cache.inspect import open_cache_dir
     from dbidx.mdt.table import Table
 
-    table = Table.open(uri)
+    table = Table.open(uri, storage_options=_storage_options())
     results = []
     for path in _table_caches(table, cache_dir):
         with open_cache_dir(path, _cli_cache_config()) as cache:
@@ -361,7 +382,7 @@ def verify_cmd(uri: str, cache_dir: str | None, as_json: bool) -> None:
     """Check the table's files (exit 4 on damage), or compare caches with the index (exit 1 on a difference)."""
     from dbidx.mdt.table import Table
 
-    table = Table.open(uri)
+    table = Table.open(uri, storage_options=_storage_options())
     if cache_dir is None:
         _verify_table_files(table, as_json)
     else:
@@ -441,7 +462,7 @@ def compact_cmd(uri: str, partitions: tuple[str, ...], min_files: int, clean: bo
     from dbidx.mdt import compaction
     from dbidx.mdt.table import Table
 
-    table = Table.open(uri)
+    table = Table.open(uri, storage_options=_storage_options())
     result = compaction.compact(table, partitions or None, min_files=min_files)
     cleaned = compaction.clean(table, retain_completions=retain) if clean else None
     payload = {"instant": result.record.instant if result.record else None, "groups": result.groups,
@@ -461,7 +482,7 @@ def rollback_cmd(uri: str, instant: str | None, all_pending: bool, as_json: bool
     """Roll back an unfinished instant (e.g. of a crashed writer) and delete its files."""
     from dbidx.mdt.table import Table
 
-    table = Table.open(uri)
+    table = Table.open(uri, storage_options=_storage_options())
     targets = table.timeline.pending() if all_pending else [instant] if instant else []
     if not targets:
         raise click.UsageError("name an INSTANT or pass --all-pending")

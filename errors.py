@@ -62,6 +62,13 @@ class CommitError(DbidxError):
     exit_code = 5
 
 
+class UnsafeConcurrencyError(DbidxError):
+    """A second writer is active on a filesystem where dbidx cannot publish atomically beside it (no exclusive
+    create, no conditional put, no commit lock): refused instead of risking a lost commit."""
+
+    exit_code = 5
+
+
 class InstantStateError(DbidxError):
     """An instant was used in a state that does not allow it (e.g. committing a rolled-back instant)."""
 

@@ -8,10 +8,10 @@ Two write primitives carry the table's atomicity:
 - `write_atomic`: readers see the old state or the whole new file, never a prefix (temp file + rename on local and
   HDFS; object stores publish a PUT atomically anyway).
 - `create_exclusive`: publish a file only if nothing exists at that path. The commit timeline relies on it to give
-  completions a gap-free total order. Local filesystems do it with `link(2)`, which fails if the target exists. For
-  object stores it needs a conditional PUT (S3 `If-None-Match: *`, GCS `ifGenerationMatch=0`), which `pyarrow.fs`
-  does not expose: there dbidx falls back to check-then-write, which is only safe with a single writer process or an
-  external commit lock (see docs/FORMAT.md, "Atomicity on object stores").
+  completions a gap-free total order. Local filesystems do it with `link(2)`, which fails if the target exists;
+  S3, GCS and Azure with a conditional PUT (`If-None-Match: *`) through obstore (`object_store.py`), since
+  `pyarrow.fs` has none; any other filesystem with a user-supplied commit lock (`commit_lock.py`). Without any of
+  the three the timeline refuses to run beside a second writer (docs/FORMAT.md, "Atomicity per store").
 """
 from __future__ import annotations
 
@@ -19,43 +19,75 @@ import os
 import threading
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import xxhash
 
 from dbidx.errors import CorruptFileError, DbidxError, InvalidInputError
+from dbidx.mdt.commit_lock import CommitLock
+from dbidx.mdt.object_store import CONDITIONAL_PUT_SCHEMES, ConditionalPut, normalize_options, pyarrow_filesystem
 
 CHECKSUM_PREFIX = "xxh64:"
 
-# A process-wide lock makes the check-then-write fallback atomic among threads of one process (e.g. the in-memory
-# filesystem in tests, or one driver running several writers).
-_FALLBACK_LOCK = threading.Lock()
+# Serializes the check-then-write of a commit lock among the threads of one process (the lock itself serializes
+# processes).
+_THREAD_LOCK = threading.Lock()
+EXCLUSIVE_LINK = "link(2)"
+EXCLUSIVE_CONDITIONAL_PUT = "conditional put"
+EXCLUSIVE_LOCK = "commit lock"
+EXCLUSIVE_NONE = "none"
 
 
 @dataclass
 class FileIO:
-    """A `pyarrow.fs` filesystem plus the table's root path inside it."""
+    """A `pyarrow.fs` filesystem plus the table's root path inside it, and how it creates a file exactly once."""
 
     fs: pafs.FileSystem
     root: str
     _local_root: str | None = field(default=None, repr=False)
+    conditional_put: ConditionalPut | None = field(default=None, repr=False)
+    commit_lock: CommitLock | None = field(default=None, repr=False)
 
     @classmethod
-    def from_uri(cls, uri: str, fs: pafs.FileSystem | None = None) -> "FileIO":
-        """Resolve a table URI (or a path inside an injected filesystem) to a FileIO."""
+    def from_uri(cls, uri: str, fs: pafs.FileSystem | None = None,
+                 storage_options: Mapping[str, Any] | None = None,
+                 commit_lock: CommitLock | None = None) -> "FileIO":
+        """Resolve a table URI (or a path inside an injected filesystem) to a FileIO.
+
+        storage_options (endpoint, region, credentials, allow_http, ...) configure both pyarrow and, on S3, GCS and
+        Azure, the conditional-put client; commit_lock is for filesystems that have neither primitive.
+        """
         if not uri:
             raise InvalidInputError("table URI is empty; pass a local path or a URI such as s3://bucket/table")
+        if commit_lock is not None and not isinstance(commit_lock, CommitLock):
+            raise InvalidInputError(f"commit_lock must be a context manager (e.g. FileCommitLock), got {commit_lock!r}")
+        options = normalize_options(storage_options)
         if fs is not None:
-            return cls(fs=fs, root=uri.rstrip("/") or "/")
+            return cls(fs=fs, root=uri.rstrip("/") or "/", commit_lock=commit_lock)
         if "://" not in uri:
             uri = os.path.abspath(os.path.expanduser(uri))
         try:
-            resolved, path = pafs.FileSystem.from_uri(uri)
+            resolved, path = pyarrow_filesystem(uri, options)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
             raise InvalidInputError(f"cannot open table URI {uri!r}: {exc}") from exc
-        return cls(fs=resolved, root=path.rstrip("/") or "/")
+        scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
+        conditional = ConditionalPut(uri, options) if scheme in CONDITIONAL_PUT_SCHEMES and commit_lock is None \
+            else None
+        return cls(fs=resolved, root=path.rstrip("/") or "/", conditional_put=conditional, commit_lock=commit_lock)
+
+    @property
+    def exclusive_create(self) -> str:
+        """How this table creates a file exactly once: link(2), conditional put, commit lock, or none (unsafe
+        with a second writer: the timeline then refuses to run beside one)."""
+        if self._local_root is not None:
+            return EXCLUSIVE_LINK
+        if self.commit_lock is not None:
+            return EXCLUSIVE_LOCK
+        if self.conditional_put is not None:
+            return EXCLUSIVE_CONDITIONAL_PUT
+        return EXCLUSIVE_NONE
 
     def check_not_a_file(self) -> None:
         """A table is a directory: a regular file at the root is a clear error, not an OS error later."""
@@ -66,11 +98,14 @@ class FileIO:
         self._local_root = _local_path_of(self.fs, self.root)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"fs": self.fs, "root": self.root}
+        return {"fs": self.fs, "root": self.root, "conditional_put": self.conditional_put,
+                "commit_lock": self.commit_lock}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.fs = state["fs"]
         self.root = state["root"]
+        self.conditional_put = state["conditional_put"]
+        self.commit_lock = state["commit_lock"]
         self.__post_init__()
 
     @property
@@ -206,12 +241,21 @@ class FileIO:
                 return False
             finally:
                 os.unlink(tmp)
-        with _FALLBACK_LOCK:
-            if self.exists(rel):
-                return False
-            with self.fs.open_output_stream(self.path(rel)) as out:
-                out.write(data)
-            return True
+        if self.commit_lock is not None:
+            with _THREAD_LOCK, self.commit_lock:
+                return self._check_then_write(rel, data)
+        if self.conditional_put is not None:
+            return self.conditional_put.create(rel, data)
+        # No primitive: check-then-write, which the timeline only uses when no other writer is active (it checks
+        # for other writers' pending instants before claiming and before publishing, and refuses to run beside one).
+        return self._check_then_write(rel, data)
+
+    def _check_then_write(self, rel: str, data: bytes) -> bool:
+        if self.exists(rel):
+            return False
+        with self.fs.open_output_stream(self.path(rel)) as out:
+            out.write(data)
+        return True
 
     def guard(self, rel: str) -> str:
         """The one path guard for destructive operations: `rel` must be a table-relative path that stays inside

@@ -147,6 +147,7 @@ def inflight_file(instant: str) -> str:
 
 
 LATEST_DIR = f"{TIMELINE_DIR}/latest"
+WRITERS_DIR = f"{TIMELINE_DIR}/writers"  # presence files of active writers, only without an exclusive create
 
 
 def latest_file(seq: int) -> str:

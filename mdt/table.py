@@ -11,7 +11,7 @@ import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -22,6 +22,7 @@ from dbidx.errors import (
     CorruptFileError, HistoryCompactedError, InvalidInputError, TableExistsError, TableNotFoundError,
 )
 from dbidx.mdt import layout, rli_files
+from dbidx.mdt.commit_lock import CommitLock
 from dbidx.mdt.file_view import FileView, PartitionStats
 from dbidx.mdt.fileio import FileIO
 from dbidx.mdt.keyhash import HASH_NAME, shard_of
@@ -94,13 +95,20 @@ class Table:
         global_index: bool = False,
         row_group_size: int = 8192,
         fs: pafs.FileSystem | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        commit_lock: CommitLock | None = None,
     ) -> "Table":
-        """Create an empty table (its metadata folder) at `uri`; fails if one exists there."""
+        """Create an empty table (its metadata folder) at `uri`; fails if one exists there.
+
+        storage_options: endpoint, region, credentials, allow_http, ... for object stores (delta-rs style names;
+        the environment is read for anything not given). commit_lock: for filesystems with neither an exclusive
+        create nor a conditional put (see mdt/commit_lock.py); every writer of the table must use the same one.
+        """
         if not isinstance(num_shards, int) or not 1 <= num_shards <= 65536:
             raise InvalidInputError(f"num_shards must be an integer in 1..65536, got {num_shards!r}")
         if not isinstance(row_group_size, int) or row_group_size < 64:
             raise InvalidInputError(f"row_group_size must be an integer >= 64, got {row_group_size!r}")
-        io = FileIO.from_uri(uri, fs)
+        io = FileIO.from_uri(uri, fs, storage_options, commit_lock)
         io.check_not_a_file()
         props = TableProperties(
             table_id=uuid.uuid4().hex, num_shards=num_shards,
@@ -115,9 +123,11 @@ class Table:
         return cls(io, props)
 
     @classmethod
-    def open(cls, uri: str, fs: pafs.FileSystem | None = None) -> "Table":
-        """Open an existing table; a missing or unreadable table is a clear error naming the path."""
-        io = FileIO.from_uri(uri, fs)
+    def open(cls, uri: str, fs: pafs.FileSystem | None = None, storage_options: Mapping[str, Any] | None = None,
+             commit_lock: CommitLock | None = None) -> "Table":
+        """Open an existing table; a missing or unreadable table is a clear error naming the path (storage_options
+        and commit_lock as in `create`)."""
+        io = FileIO.from_uri(uri, fs, storage_options, commit_lock)
         io.check_not_a_file()
         if not io.exists(layout.PROPERTIES_FILE):
             raise TableNotFoundError(
@@ -139,7 +149,8 @@ class Table:
         try:
             return cls.create(uri, **create_args)
         except TableExistsError:
-            return cls.open(uri, fs=create_args.get("fs"))
+            return cls.open(uri, fs=create_args.get("fs"), storage_options=create_args.get("storage_options"),
+                            commit_lock=create_args.get("commit_lock"))
 
     def __getstate__(self) -> dict[str, Any]:
         return {"io": self.io, "props": self.props}

@@ -14,14 +14,15 @@ import os
 import socket
 import threading
 import time
+import uuid
 import warnings
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Callable, Iterable
 
-from dbidx.errors import CorruptFileError, DbidxError, InstantStateError
+from dbidx.errors import CorruptFileError, DbidxError, InstantStateError, UnsafeConcurrencyError
 from dbidx.mdt import layout, markers
-from dbidx.mdt.fileio import FileIO
+from dbidx.mdt.fileio import EXCLUSIVE_NONE, FileIO
 from dbidx.mdt.records import (  # noqa: F401 - re-exported: the record types are part of the timeline's API
     ACTION_BUILD_INDEX,
     ACTION_CLEAN,
@@ -172,8 +173,12 @@ class Timeline:
             raise CorruptFileError(f"rollback plan {self.io.path(rel)} is not valid: {exc}") from exc
 
     # ---- writing -----------------------------------------------------------------------------------------
-    def start(self, action: str) -> StartedInstant:
-        """Claim a new instant id, unique among all writers, and record it as requested."""
+    def start(self, action: str, ignore: Iterable[str] = ()) -> StartedInstant:
+        """Claim a new instant id, unique among all writers, and record it as requested.
+
+        On a filesystem without an exclusive create (no link, no conditional put, no commit lock) the writer also
+        announces itself and refuses to run beside another active writer (`ignore`: instants a rollback ends).
+        """
         if action not in ACTIONS:
             raise InstantStateError(f"unknown action {action!r}; expected one of {ACTIONS}")
         self.refresh()
@@ -187,6 +192,8 @@ class Timeline:
                 self.refresh()
                 # 2. Ids of finished instants are never reused, even if their marker was removed meanwhile.
                 if instant not in self._by_instant:
+                    if self.io.exclusive_create == EXCLUSIVE_NONE:
+                        self._refuse_second_writer(instant, set(ignore))
                     return StartedInstant(instant=instant, action=action, start_seq=json.loads(marker)["start_seq"])
                 self.io.delete(layout.requested_file(instant))
             candidate = max(candidate + 1, self._max_known_instant() + 1)
@@ -241,7 +248,7 @@ class Timeline:
             raise InstantStateError(f"instant {instant} completed at seq {existing.seq}; a completed instant "
                                     "cannot be rolled back")
         files = sorted(set(self.planned_files(instant)) | set(action_files))
-        me = self.start(ACTION_ROLLBACK)
+        me = self.start(ACTION_ROLLBACK, ignore={instant})
 
         def check(news: list[CompletedInstant]) -> None:
             for rec in news:
@@ -279,6 +286,29 @@ class Timeline:
     def _forget_markers(self, instant: str) -> None:
         self.io.delete(layout.inflight_file(instant))
         self.io.delete(layout.requested_file(instant))
+        if self.io.exclusive_create == EXCLUSIVE_NONE:
+            for name in self.io.list_names(layout.WRITERS_DIR):
+                if name.startswith(instant + "-"):
+                    self.io.delete(f"{layout.WRITERS_DIR}/{name}")
+
+    def _refuse_second_writer(self, instant: str, ignore: set[str]) -> None:
+        """Without an exclusive create, two writers could both publish seq N and one commit would vanish. Each
+        writer therefore leaves a uniquely named presence file and then lists the others: of two writers that
+        overlap, at least one sees the other (whatever the timing), and it refuses loudly instead of racing."""
+        own = f"{instant}-{uuid.uuid4().hex}"
+        self.io.write_atomic(f"{layout.WRITERS_DIR}/{own}", json.dumps(
+            {"host": socket.gethostname(), "pid": os.getpid()}).encode())
+        others = [n for n in self.io.list_names(layout.WRITERS_DIR) if n != own and not n.startswith(".")
+                  and n.split("-")[0] not in ignore and self._by_instant.get(n.split("-")[0]) is None]
+        if others:
+            self.io.delete(f"{layout.WRITERS_DIR}/{own}")
+            self.io.delete(layout.requested_file(instant))
+            raise UnsafeConcurrencyError(
+                f"the table at {self.io.root} is on a filesystem ({self.io.fs.type_name}) with neither an exclusive "
+                f"create nor a conditional put, and another writer is active (instant {others[0].split('-')[0]}): "
+                "two writers there could both publish the same completion and one commit would be lost. Give "
+                "every writer the same commit_lock (e.g. dbidx.mdt.commit_lock.FileCommitLock on a shared path), "
+                "or, if that writer died, roll its instant back (`dbidx rollback`).")
 
     def _max_known_instant(self) -> int:
         ids = [int(r.instant) for r in self._records]
