@@ -21,8 +21,9 @@ from dbidx.mdt.records import CompletedInstant, _record_checksum
 from dbidx.mdt.timeline import Timeline
 
 pytestmark = pytest.mark.slow
-MANY = settings(max_examples=10_000, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                            HealthCheck.function_scoped_fixture])
+# derandomize: the same 10 000 examples in every run, so CI on a fresh clone sees what the last local run saw.
+MANY = settings(max_examples=10_000, deadline=None, derandomize=True, database=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner,
                                                                                 max_size=4), max_leaves=12)
@@ -139,23 +140,29 @@ RLI = _rli_bytes()
 @MANY
 @given(st.lists(st.tuples(st.integers(0, len(RLI) - 1), st.integers(1, 255)), min_size=1, max_size=4),
        st.integers(0, 40))
-def test_the_rli_reader_on_crafted_bytes(scratch: FileIO, flips, cut: int) -> None:
-    """Damaged bytes whose size and checksum were recorded as they are (so the parser, not the checksum, is what
-    meets them): the reader returns entries or raises CorruptFileError, nothing else."""
+def test_the_rli_reader_on_damaged_bytes(scratch: FileIO, flips, cut: int) -> None:
+    """Damaged bytes (flips anywhere, a truncation) under the record written for the intact file: every read path
+    raises CorruptFileError naming the file, and no byte of the damaged file reaches the Parquet decoder.
+
+    Why not fuzz the decoder itself with forged checksums: pyarrow's C++ reader can abort the process on crafted
+    footers (found by this fuzzer in an earlier version), which no Python handler can catch; the checksum in the
+    (itself checksummed) completion record is what keeps damaged bytes away from it.
+    """
     raw = bytearray(RLI)
     for offset, mask in flips:
         raw[offset] ^= mask
     data = bytes(raw[:len(raw) - cut])
+    if data == RLI:
+        return
     rel = "rli/fuzz.parquet"
     scratch.write_file(rel, data)
     record = rli_files.FileRecord(path=rel, partition="p", shard=0, kind="delta", rows=300, inserts=300,
-                                  tombstones=0, min_key="k0000", max_key="k0299", size=len(data),
-                                  checksum=file_checksum(data))
-    try:
-        rli_files.read_rli_file(scratch, record)
-        rli_files.read_matching(scratch, record, ["k0010", "k0200"], pa.array(["k0010", "k0200"]), "seek", 0.25)
-    except DbidxError:
-        pass
+                                  tombstones=0, min_key="k0000", max_key="k0299", size=len(RLI),
+                                  checksum=file_checksum(RLI))
+    for read in (lambda: rli_files.read_rli_file(scratch, record),
+                 lambda: rli_files.read_matching(scratch, record, ["k0010"], pa.array(["k0010"]), "seek", 0.25)):
+        with pytest.raises(DbidxError, match="fuzz.parquet"):
+            read()
 
 
 def test_the_fuzzed_reader_still_reads_the_undamaged_file(scratch: FileIO) -> None:
