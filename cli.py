@@ -88,6 +88,8 @@ class DbidxGroup(click.Group):
     def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
              standalone_mode: bool = True, **extra: Any) -> Any:
         argv = list(sys.argv[1:] if args is None else args)
+        if "--verbose" in argv[1:]:  # accepted anywhere, as the bug hint says "run it again with --verbose"
+            argv = ["--verbose"] + [a for a in argv if a != "--verbose"]
         out = Output("--json" in argv)
         try:
             result = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
@@ -486,7 +488,7 @@ def rollback_cmd(uri: str, instant: str | None, all_pending: bool, as_json: bool
     targets = table.timeline.pending() if all_pending else [instant] if instant else []
     if not targets:
         raise click.UsageError("name an INSTANT or pass --all-pending")
-    done = [table.rollback(t).rolled_back for t in targets]
+    done = [table.rollback(t, also_dead=targets if all_pending else ()).rolled_back for t in targets]
     Output(as_json).emit({"rolled_back": done}, lambda p: "\n".join(f"rolled back {i}" for i in p["rolled_back"]))
 
 

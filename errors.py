@@ -55,6 +55,13 @@ class ConflictError(DbidxError):
     exit_code = 5
 
 
+class StoreUnavailableError(DbidxError):
+    """A request to the table's storage failed (network, throttling, server error): whether it took effect is
+    unknown to the caller, which re-reads the state before deciding anything."""
+
+    exit_code = 5
+
+
 class CommitError(DbidxError):
     """An instant cannot be published as it stands (a task result is missing or repeated, a listed file is missing
     or has another size): it was rolled back, nothing is visible, and the batch can be run again."""

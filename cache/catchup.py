@@ -104,6 +104,8 @@ def sync(cache: RecordIndexCache, table: Table, max_catchup_entries: int | None 
         # The cache saw completions the table no longer has (the table was restored from a backup): what it holds
         # is another history. Never served: every partition is dropped and loads again from the table.
         result.dropped_partitions = sorted(cache.partitions())
+        for instant in cache.pending_instants():  # staged by a history that no longer exists: garbage
+            cache.finish_instant(instant)
         for partition in result.dropped_partitions:
             cache.drop_partition(partition)
         cache.set_watermark(0)

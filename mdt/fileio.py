@@ -27,7 +27,9 @@ import xxhash
 
 from dbidx.errors import CorruptFileError, DbidxError, InvalidInputError
 from dbidx.mdt.commit_lock import CommitLock
-from dbidx.mdt.object_store import CONDITIONAL_PUT_SCHEMES, ConditionalPut, normalize_options, pyarrow_filesystem
+from dbidx.mdt.object_store import (
+    CONDITIONAL_PUT_SCHEMES, ConditionalPut, endpoint_url, normalize_options, pyarrow_filesystem,
+)
 
 CHECKSUM_PREFIX = "xxh64:"
 
@@ -49,6 +51,8 @@ class FileIO:
     _local_root: str | None = field(default=None, repr=False)
     conditional_put: ConditionalPut | None = field(default=None, repr=False)
     commit_lock: CommitLock | None = field(default=None, repr=False)
+    endpoint: str = ""  # the object-store endpoint the options name ("" = the default one): part of the location
+    uri: str = ""  # the URI the table was opened with, scheme included (what Table.open takes back)
 
     @classmethod
     def from_uri(cls, uri: str, fs: pafs.FileSystem | None = None,
@@ -73,9 +77,12 @@ class FileIO:
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
             raise InvalidInputError(f"cannot open table URI {uri!r}: {exc}") from exc
         scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
-        conditional = ConditionalPut(uri, options) if scheme in CONDITIONAL_PUT_SCHEMES and commit_lock is None \
-            else None
-        return cls(fs=resolved, root=path.rstrip("/") or "/", conditional_put=conditional, commit_lock=commit_lock)
+        root = path.rstrip("/") or "/"
+        conditional = ConditionalPut(scheme, root, options) if scheme in CONDITIONAL_PUT_SCHEMES and \
+            commit_lock is None else None
+        full = f"{scheme}://{root}" if scheme and scheme != "file" else root
+        return cls(fs=resolved, root=root, conditional_put=conditional, commit_lock=commit_lock,
+                   endpoint=endpoint_url(options) or "", uri=full)
 
     @property
     def exclusive_create(self) -> str:
@@ -99,13 +106,15 @@ class FileIO:
 
     def __getstate__(self) -> dict[str, Any]:
         return {"fs": self.fs, "root": self.root, "conditional_put": self.conditional_put,
-                "commit_lock": self.commit_lock}
+                "commit_lock": self.commit_lock, "endpoint": self.endpoint, "uri": self.uri}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.fs = state["fs"]
         self.root = state["root"]
         self.conditional_put = state["conditional_put"]
         self.commit_lock = state["commit_lock"]
+        self.endpoint = state["endpoint"]
+        self.uri = state["uri"]
         self.__post_init__()
 
     @property

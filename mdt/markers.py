@@ -11,11 +11,14 @@ from __future__ import annotations
 from typing import Iterable
 from urllib.parse import quote, unquote
 
+import xxhash
+
 from dbidx.errors import CorruptFileError, InvalidInputError
 from dbidx.mdt import layout
 from dbidx.mdt.fileio import FileIO
 
 MARKERS_DIR = f"{layout.META_DIR}/markers"
+_MAX_NAME = 200  # common filesystems allow 255 bytes per name
 
 
 def marker_dir(instant: str) -> str:
@@ -23,14 +26,22 @@ def marker_dir(instant: str) -> str:
     return f"{MARKERS_DIR}/{layout.validate_instant(instant)}"
 
 
+def marker_name(rel: str) -> str:
+    """The marker's file name: the percent-encoded path, or for a path too long for one name (deep partitions) an
+    XXH64 of it prefixed `h-`, the path then being the marker's content."""
+    name = quote(rel, safe="")
+    return name if len(name) <= _MAX_NAME else "h-" + xxhash.xxh64_hexdigest(rel.encode("utf-8"))
+
+
 def marker_of(instant: str, rel: str) -> str:
     """The marker path announcing one file."""
-    return f"{marker_dir(instant)}/{quote(rel, safe='')}"
+    return f"{marker_dir(instant)}/{marker_name(rel)}"
 
 
 def announce(io: FileIO, instant: str, rel: str) -> None:
     """Create the marker of a file about to be written (before the first byte of it)."""
-    io.write_atomic(marker_of(instant, rel), b"")
+    name = marker_name(rel)
+    io.write_atomic(f"{marker_dir(instant)}/{name}", rel.encode("utf-8") if name.startswith("h-") else b"")
 
 
 def announced_files(io: FileIO, instant: str) -> list[str]:
@@ -41,8 +52,10 @@ def announced_files(io: FileIO, instant: str) -> list[str]:
         if name.startswith(".tmp-"):
             continue
         try:
-            out.append(layout.validate_instant_file(unquote(name), instant))
-        except InvalidInputError as exc:
+            rel = io.read_bytes(f"{marker_dir(instant)}/{name}").decode("utf-8") if name.startswith("h-") \
+                else unquote(name)
+            out.append(layout.validate_instant_file(rel, instant))
+        except (InvalidInputError, UnicodeDecodeError) as exc:
             raise CorruptFileError(f"marker {io.path(marker_dir(instant))}/{name} is not valid: {exc}") from exc
     return sorted(out)
 

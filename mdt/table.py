@@ -6,6 +6,7 @@ holds the table identity and the read paths: snapshot, incremental, lookup and p
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 import time
@@ -32,7 +33,7 @@ from dbidx.mdt.timeline import CompletedInstant, FileRecord, Timeline
 if TYPE_CHECKING:
     from dbidx.mdt.writer import CommitWriter
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: checksums in records, data files listed, latest-seq pointer, task-written deltas
 INDEX_PARTITIONED = "partitioned"
 INDEX_GLOBAL = "global"
 
@@ -160,13 +161,18 @@ class Table:
 
     @property
     def uri(self) -> str:
-        """The table's root path inside its filesystem."""
-        return self.io.root
+        """The table's URI with its scheme (`s3://bucket/t`; a plain absolute path for a local table): what
+        Table.open takes back. `io.root` is the path inside the filesystem."""
+        return self.io.uri or self.io.root
 
     @property
     def location(self) -> str:
-        """Where the table lives, as `<filesystem type>://<root>`: with the table id, what caches are keyed by."""
-        return f"{self.io.fs.type_name}://{self.io.root}"
+        """Where the table lives, as `<filesystem type>://[<endpoint>/]<root>`, local paths with symlinks resolved
+        (one table, one location however its path is spelled): with the table id, what caches are keyed by."""
+        if self.io.is_local:
+            return f"local://{os.path.realpath(self.io._local_root or self.io.root)}"
+        endpoint = f"{self.io.endpoint}/" if self.io.endpoint else ""
+        return f"{self.io.fs.type_name}://{endpoint}{self.io.root}"
 
     @property
     def num_shards(self) -> int:
@@ -339,9 +345,11 @@ class Table:
 
         return CommitWriter(self)
 
-    def rollback(self, instant: str) -> CompletedInstant:
-        """Roll back an unfinished instant (e.g. of a crashed writer) and delete its files."""
-        return self.timeline.rollback(instant)
+    def rollback(self, instant: str, also_dead: Iterable[str] = ()) -> CompletedInstant:
+        """Roll back an unfinished instant (e.g. of a crashed writer) and delete its files. `also_dead`: other
+        pending instants the caller knows are dead (e.g. all of them, when no writer runs), which then do not count
+        as active writers on a filesystem without an exclusive create."""
+        return self.timeline.rollback(instant, ignore=also_dead)
 
     def partitions(self) -> list[PartitionStats]:
         """Every partition with its last commit instant and time, live key count and file-group fills."""

@@ -20,9 +20,11 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Callable, Iterable
 
-from dbidx.errors import CorruptFileError, DbidxError, InstantStateError, UnsafeConcurrencyError
+from dbidx.errors import (
+    CorruptFileError, DbidxError, InstantStateError, StoreUnavailableError, UnsafeConcurrencyError,
+)
 from dbidx.mdt import layout, markers
-from dbidx.mdt.fileio import EXCLUSIVE_NONE, FileIO
+from dbidx.mdt.fileio import EXCLUSIVE_LOCK, EXCLUSIVE_NONE, FileIO
 from dbidx.mdt.records import (  # noqa: F401 - re-exported: the record types are part of the timeline's API
     ACTION_BUILD_INDEX,
     ACTION_CLEAN,
@@ -192,6 +194,8 @@ class Timeline:
                 self.refresh()
                 # 2. Ids of finished instants are never reused, even if their marker was removed meanwhile.
                 if instant not in self._by_instant:
+                    if self.io.exclusive_create == EXCLUSIVE_LOCK:
+                        self._announce_writer(instant)  # so a writer without the lock sees this one and refuses
                     if self.io.exclusive_create == EXCLUSIVE_NONE:
                         self._refuse_second_writer(instant, set(ignore))
                     return StartedInstant(instant=instant, action=action, start_seq=json.loads(marker)["start_seq"])
@@ -232,11 +236,21 @@ class Timeline:
             checked = self.latest_seq
             # 2. Try to take the next sequence number; losing the race means someone else completed: look again.
             record = build(checked + 1)
-            if self.io.create_exclusive(layout.completed_file(record.seq), record.to_json()):
+            try:
+                created = self.io.create_exclusive(layout.completed_file(record.seq), record.to_json())
+            except StoreUnavailableError:
+                # The request failed in a way that leaves it unknown whether the record was stored: read it back.
+                self.refresh()
+                mine = self._by_instant.get(started.instant)
+                if mine is not None and mine.action == started.action:
+                    self._after_publish(mine, started.instant)
+                    return mine
+                raise
+            if created:
                 self._after_publish(record, started.instant)
                 return record
 
-    def rollback(self, instant: str, action_files: Iterable[str] = ()) -> CompletedInstant:
+    def rollback(self, instant: str, action_files: Iterable[str] = (), ignore: Iterable[str] = ()) -> CompletedInstant:
         """Abort an unfinished instant: publish a rollback record first (so it can never complete), then delete its
         files."""
         layout.validate_instant(instant)
@@ -248,7 +262,7 @@ class Timeline:
             raise InstantStateError(f"instant {instant} completed at seq {existing.seq}; a completed instant "
                                     "cannot be rolled back")
         files = sorted(set(self.planned_files(instant)) | set(action_files))
-        me = self.start(ACTION_ROLLBACK, ignore={instant})
+        me = self.start(ACTION_ROLLBACK, ignore={instant, *ignore})
 
         def check(news: list[CompletedInstant]) -> None:
             for rec in news:
@@ -279,25 +293,30 @@ class Timeline:
         for step in (lambda: self._advance_latest(record.seq), self.refresh, lambda: self._forget_markers(instant)):
             try:
                 step()
-            except (OSError, DbidxError) as exc:
+            except Exception as exc:  # noqa: BLE001 - the instant is committed; nothing here may say otherwise
                 warnings.warn(f"instant {instant} completed at seq {record.seq}, but a housekeeping step failed: "
                               f"{exc}", RuntimeWarning, stacklevel=3)
 
     def _forget_markers(self, instant: str) -> None:
         self.io.delete(layout.inflight_file(instant))
         self.io.delete(layout.requested_file(instant))
-        if self.io.exclusive_create == EXCLUSIVE_NONE:
+        if self.io.exclusive_create in (EXCLUSIVE_NONE, EXCLUSIVE_LOCK):
             for name in self.io.list_names(layout.WRITERS_DIR):
                 if name.startswith(instant + "-"):
                     self.io.delete(f"{layout.WRITERS_DIR}/{name}")
+
+    def _announce_writer(self, instant: str) -> str:
+        """Leave a uniquely named presence file for an active writer; returns its name."""
+        own = f"{instant}-{uuid.uuid4().hex}"
+        self.io.write_atomic(f"{layout.WRITERS_DIR}/{own}", json.dumps(
+            {"host": socket.gethostname(), "pid": os.getpid()}).encode())
+        return own
 
     def _refuse_second_writer(self, instant: str, ignore: set[str]) -> None:
         """Without an exclusive create, two writers could both publish seq N and one commit would vanish. Each
         writer therefore leaves a uniquely named presence file and then lists the others: of two writers that
         overlap, at least one sees the other (whatever the timing), and it refuses loudly instead of racing."""
-        own = f"{instant}-{uuid.uuid4().hex}"
-        self.io.write_atomic(f"{layout.WRITERS_DIR}/{own}", json.dumps(
-            {"host": socket.gethostname(), "pid": os.getpid()}).encode())
+        own = self._announce_writer(instant)
         others = [n for n in self.io.list_names(layout.WRITERS_DIR) if n != own and not n.startswith(".")
                   and n.split("-")[0] not in ignore and self._by_instant.get(n.split("-")[0]) is None]
         if others:

@@ -73,8 +73,8 @@ def _buffer_entries(buffer: EntryBuffer, tagged: pa.Table, keys: pa.Array) -> No
     fg = tagged.column(TAG_FILE_GROUP).combine_chunks()
     old_fg = tagged.column(TAG_OLD_FILE_GROUP).combine_chunks()
     moved = is_update & ~is_delete & pc.fill_null(pc.not_equal(part, old_part), False).to_numpy(zero_copy_only=False)
-    kinds: list[tuple[np.ndarray, bool, int]] = [(~is_update & ~is_delete, False, +1), (is_update & is_delete, True, -1),
-                                                 (moved, False, +1)]
+    kinds: list[tuple[np.ndarray, bool, int]] = [(~is_update & ~is_delete, False, +1),
+                                                 (is_update & is_delete, True, -1), (moved, False, +1)]
     for rows, deleted, live in kinds:
         if not rows.any():
             continue

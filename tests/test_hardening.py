@@ -206,3 +206,32 @@ def test_a_failing_close_is_a_cache_error_and_releases_the_lock(table: Table, tm
     monkeypatch.undo()
     with RecordIndexCache.for_table(table, 0, config) as again:  # the lock was released
         assert again.lookup(DAY, ["a"]) == ["fg"]
+
+
+def test_one_table_one_cache_however_its_path_is_spelled(table: Table, tmp_path: Path) -> None:
+    link = tmp_path / "link"
+    os.symlink(table.uri, link)
+    via_link = Table.open(str(link))
+    config = CacheConfig(base_path=str(tmp_path / "cache"))
+    assert RecordIndexCache.for_table(via_link, 0, config).path == RecordIndexCache.for_table(table, 0, config).path
+
+
+def test_a_table_of_the_previous_format_is_refused_by_name(table: Table) -> None:
+    props = json.loads(Path(table.io.path(layout.PROPERTIES_FILE)).read_text())
+    props["format_version"] = 1
+    Path(table.io.path(layout.PROPERTIES_FILE)).write_text(json.dumps(props))
+    with pytest.raises(CorruptFileError, match="uses format 1 .* reads format 2"):
+        Table.open(table.uri)
+
+
+def test_deep_partitions_get_hashed_marker_names(table: Table, tmp_path: Path) -> None:
+    day = "x" * 180
+    summary = upsert_arrow(pa.table({"id": ["a", "b"], "dt": [day, day]}), table,
+                           cache_config=CacheConfig(base_path=str(tmp_path / "cache")))
+    assert summary.inserts == 2 and table.io.list_dirs(markers.MARKERS_DIR) == []
+    assert markers.marker_name(f"dt={day}/{'0' * 8}-fg_{'1' * 17}_0.parquet").startswith("h-")
+
+
+def test_verbose_is_accepted_anywhere(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["stats", str(tmp_path / "missing"), "--verbose"])
+    assert result.exit_code == 3, result.output

@@ -231,3 +231,19 @@ def test_a_cache_ahead_of_its_table_is_dropped_and_rebuilt(tmp_path: Path) -> No
     summary = upsert_arrow(pa.table({"id": ["later", "k00002"], "dt": ["2025-03-01"] * 2, "v": [1, 2]}), restored,
                            cache_config=config)
     assert (summary.inserts, summary.updates, summary.on_demand_loads) == (1, 1, 1)
+
+
+def test_a_restored_table_clears_staged_overlay_entries_too(tmp_path: Path) -> None:
+    table, config = make_table(tmp_path)
+    backup = tmp_path / "backup"
+    shutil.copytree(table.uri, backup)
+    upsert_arrow(pa.table({"id": ["later"], "dt": ["2025-03-01"], "v": [1]}), table, cache_config=config)
+    with RecordIndexCache.for_table(table, 0, config) as cache:
+        sync(cache, table)
+        cache.put_pending("29990101000000000", DAY, ["staged"], ["fg-x"])
+    shutil.rmtree(table.uri)
+    shutil.copytree(backup, table.uri)
+    restored = Table.open(table.uri)
+    with RecordIndexCache.for_table(restored, 0, config) as cache:
+        assert sync(cache, restored).dropped_partitions == [DAY]
+        assert cache.pending_instants() == {} and cache.partitions() == {}

@@ -141,3 +141,53 @@ def test_two_spark_upserts_on_s3_with_overlapping_new_keys(spark, s3: dict[str, 
     rows = sorted((r.id, r.v) for r in read_table(spark, table).select("id", "v").collect())
     assert rows == [("base", 0), ("new-1", 2), ("new-2", 2)]
     assert sorted(table.snapshot(PART).column("key").to_pylist()) == ["base", "new-1", "new-2"]
+
+
+def test_store_errors_around_a_publish_never_misreport_a_commit(s3: dict[str, str],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    import obstore
+    from obstore.exceptions import GenericError
+
+    table = Table.create(f"s3://dbidx-test/flaky-{uuid.uuid4().hex[:8]}", storage_options=s3)
+    real_put = obstore.put
+
+    def flaky(store, key, data, **kwargs):
+        if "/latest/" in key:  # housekeeping after the publish: a warning, the commit stands
+            raise GenericError("connection reset")
+        if "/completed/" in key:  # the record is stored, but the answer is lost: read back, not reported failed
+            real_put(store, key, data, **kwargs)
+            raise GenericError("timeout after the request was sent")
+        return real_put(store, key, data, **kwargs)
+
+    monkeypatch.setattr(obstore, "put", flaky)
+    with pytest.warns(RuntimeWarning, match="housekeeping"):
+        with table.new_commit() as writer:
+            writer.insert(PART, ["a"], "fg")
+    monkeypatch.undo()
+    assert Table.open(table.uri, storage_options=s3).lookup(["a"], PART).num_rows == 1
+
+
+def test_endpoint_without_scheme_and_an_encoded_path(s3: dict[str, str]) -> None:
+    options = dict(s3, endpoint=s3["endpoint"].removeprefix("http://"))  # host:port, allow_http=true
+    uri = f"s3://dbidx-test/with%20space-{uuid.uuid4().hex[:6]}"
+    table = Table.create(uri, storage_options=options)
+    with table.new_commit() as writer:
+        writer.insert(PART, ["a"], "fg")
+    assert " " in table.io.root and table.io.conditional_put.prefix == table.io.root.split("/", 1)[1]
+    assert Table.open(uri, storage_options=s3).lookup(["a"], PART).num_rows == 1
+
+
+def test_dead_writers_can_all_be_rolled_back_without_an_exclusive_create() -> None:
+    fs = pafs._MockFileSystem()
+    table = Table.create("mem/t", num_shards=1, fs=fs)
+    crashed = table.new_commit()  # a writer that died
+    rollback_started = table.timeline.start("rollback", ignore={crashed.instant})  # a rollback that died too
+    assert sorted(table.timeline.pending()) == sorted([crashed.instant, rollback_started.instant])
+    with pytest.raises(UnsafeConcurrencyError):
+        Table.open("mem/t", fs=fs).new_commit()
+    reopened = Table.open("mem/t", fs=fs)
+    pending = reopened.timeline.pending()
+    for instant in pending:  # what `dbidx rollback --all-pending` does
+        reopened.rollback(instant, also_dead=pending)
+    with Table.open("mem/t", fs=fs).new_commit() as writer:
+        writer.insert(PART, ["a"], "fg")
