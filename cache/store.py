@@ -106,7 +106,8 @@ class Store:
             write_opts.disable_wal = True
             self.db.set_write_options(write_opts)
             os.chmod(self.path, 0o700)
-            self._make_files_private()
+            with contextlib.suppress(OSError):  # best effort: the 0700 directory keeps the files private anyway
+                self._make_files_private()
         except Exception as exc:
             self._release()
             raise CacheError(f"cannot open RocksDB cache at {self.path}: {exc}") from exc
@@ -133,8 +134,11 @@ class Store:
         """chmod 0600 every file RocksDB created (it creates them 0644 less the umask; changing the process umask
         would also change the table's data files a task writes). The directory is 0700 in any case."""
         for entry in os.scandir(self.path):
-            if entry.is_file(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_mode & 0o077:
-                os.chmod(entry.path, 0o600)
+            try:  # RocksDB's background threads create and delete files meanwhile: a vanished file is fine
+                if entry.is_file(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_mode & 0o077:
+                    os.chmod(entry.path, 0o600)
+            except FileNotFoundError:
+                continue
 
     def _release(self) -> None:
         if self._lock_fd is not None:

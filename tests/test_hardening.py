@@ -235,3 +235,25 @@ def test_deep_partitions_get_hashed_marker_names(table: Table, tmp_path: Path) -
 def test_verbose_is_accepted_anywhere(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["stats", str(tmp_path / "missing"), "--verbose"])
     assert result.exit_code == 3, result.output
+
+
+def test_files_vanishing_under_the_permission_pass_do_not_fail_an_open(table: Table, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """RocksDB compacts in the background: an SST listed a moment ago may be gone when it is chmod-ed (found by
+    benchmarks/commit_bench.py at 10 M keys)."""
+    config = CacheConfig(base_path=str(tmp_path / "cache"))
+    with RecordIndexCache.for_table(table, 0, config) as cache:
+        cache.load_partition(DAY, ["a"], ["fg"], synced_seq=0)
+    real_chmod = os.chmod
+
+    def racing_chmod(path, mode, *args, **kwargs):
+        if str(path).endswith(".sst") or "OPTIONS" in str(path):
+            raise FileNotFoundError(2, "No such file or directory", str(path))
+        return real_chmod(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(os, "chmod", racing_chmod)
+    for entry in (tmp_path / "cache").rglob("*"):
+        if entry.is_file():
+            real_chmod(entry, 0o644)  # as RocksDB leaves new files
+    with RecordIndexCache.for_table(table, 0, config) as cache:
+        assert cache.lookup(DAY, ["a"]) == ["fg"]
