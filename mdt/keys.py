@@ -43,9 +43,10 @@ def normalize_keys(keys: Any, what: str = "key") -> pa.Array:
         values = list(keys)
     except TypeError as exc:
         raise InvalidKeyError(f"{what}s must be a list of strings, got {type(keys).__name__}") from exc
-    for i, key in enumerate(values):
-        if not isinstance(key, str):
-            raise InvalidKeyError(f"{what} at position {i} is {_describe(key)}, not a string")
+    if not all(type(key) is str for key in values):  # the fast check; find the culprit only on failure
+        for i, key in enumerate(values):
+            if not isinstance(key, str):
+                raise InvalidKeyError(f"{what} at position {i} is {_describe(key)}, not a string")
     try:
         array = pa.array(values, pa.string())
     except (UnicodeEncodeError, pa.ArrowException):
