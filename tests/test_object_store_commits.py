@@ -191,3 +191,22 @@ def test_dead_writers_can_all_be_rolled_back_without_an_exclusive_create() -> No
         reopened.rollback(instant, also_dead=pending)
     with Table.open("mem/t", fs=fs).new_commit() as writer:
         writer.insert(PART, ["a"], "fg")
+
+
+if __name__ == "__main__":  # `python -m tests.test_object_store_commits`: the race with and without the safe path
+    import tempfile
+
+    for unsafe in (True, False):
+        servers = s3_server()
+        opts = next(servers)
+        race_uri = f"s3://dbidx-test/race-{uuid.uuid4().hex[:8]}"
+        Table.create(race_uri, num_shards=2, storage_options=opts)
+        outcome = race_processes(race_uri, opts, Path(tempfile.mkdtemp()), rounds=50, force_unsafe=unsafe)
+        raced = Table.open(race_uri, storage_options=opts)
+        raced.refresh()
+        seen = {r.instant for r in raced.timeline.completed()}
+        ok = [p for r in outcome for p in r["published"]]
+        print(f"check-then-write forced={unsafe}: {len(ok)} commits reported success, "
+              f"{sum(p['instant'] not in seen for p in ok)} of them missing from the timeline, "
+              f"{sum(r['conflicts'] for r in outcome)} conflicts retried")
+        servers.close()
