@@ -77,18 +77,17 @@ class TouchedKeys:
         data = io.read_verified(self.path, self.size, self.checksum, "touched-keys file")
         try:
             return pq.read_table(pa.BufferReader(data), columns=[rli_files.KEY]).column(rli_files.KEY).combine_chunks()
-        except (pa.ArrowException, OSError) as exc:
+        except rli_files.DECODE_ERRORS as exc:
             raise CorruptFileError(f"touched-keys file {io.path(self.path)} is unreadable: {exc}") from exc
 
 
 def write_touched(io: FileIO, rel: str, keys: pa.Array, partition: str | None, shard: int,
                   since_seq: int) -> TouchedKeys:
-    """Write the sorted distinct keys a task tagged in one group; returns the record the task reports."""
-    keys = pc.unique(keys).sort() if len(keys) else keys
+    """Write the sorted distinct keys (non-empty) a task tagged in one group; returns the record the task reports."""
     sink = pa.BufferOutputStream()
     pq.write_table(pa.table({rli_files.KEY: keys}), sink, compression="zstd", use_dictionary=False)
     data = sink.getvalue()
-    io.write_file(rel, data)
+    io.write_atomic(rel, data)
     return TouchedKeys(partition, shard, keys[0].as_py(), keys[-1].as_py(), since_seq, rel, data.size,
                        file_checksum(data))
 

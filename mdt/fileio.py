@@ -27,6 +27,7 @@ import xxhash
 
 from dbidx.errors import CorruptFileError, DbidxError, InvalidInputError
 from dbidx.mdt.commit_lock import CommitLock
+from dbidx.mdt.layout import validate_table_path
 from dbidx.mdt.object_store import (
     CONDITIONAL_PUT_SCHEMES, ConditionalPut, endpoint_url, normalize_options, pyarrow_filesystem,
 )
@@ -162,21 +163,6 @@ class FileIO:
                                    "the file is damaged")
         return data
 
-    def write_file(self, rel: str, data: bytes | pa.Buffer) -> None:
-        """Write a whole file under a name no reader looks at until a commit lists it: temp name + rename where
-        renames exist (so a crash never leaves a prefix under the final name), one PUT on object stores."""
-        parent = rel.rsplit("/", 1)[0] if "/" in rel else ""
-        self.makedirs(parent)
-        if not self.is_local:
-            with self.fs.open_output_stream(self.path(rel)) as out:
-                out.write(data)
-            return
-        name = rel.rsplit("/", 1)[-1]
-        tmp = f"{parent}/.tmp-{name}" if parent else f".tmp-{name}"
-        with self.fs.open_output_stream(self.path(tmp)) as out:
-            out.write(data)
-        self.fs.move(self.path(tmp), self.path(rel))
-
     def size(self, rel: str) -> int:
         """Size in bytes of a file (0 if missing)."""
         info = self.fs.get_file_info(self.path(rel))
@@ -217,8 +203,9 @@ class FileIO:
         """Create a directory and its parents (no-op on object stores without directories)."""
         self.fs.create_dir(self.path(rel_dir), recursive=True)
 
-    def write_atomic(self, rel: str, data: bytes) -> None:
-        """Write a whole file so that readers see either nothing/the old file or all of the new one."""
+    def write_atomic(self, rel: str, data: bytes | pa.Buffer) -> None:
+        """Write a whole file so that readers see either nothing/the old file or all of the new one (and a crash
+        never leaves a prefix under the final name)."""
         parent = rel.rsplit("/", 1)[0] if "/" in rel else ""
         self.makedirs(parent)
         if not self.is_local and self.fs.type_name != "hdfs":
@@ -255,8 +242,8 @@ class FileIO:
                 return self._check_then_write(rel, data)
         if self.conditional_put is not None:
             return self.conditional_put.create(rel, data)
-        # No primitive: check-then-write, which the timeline only uses when no other writer is active (it checks
-        # for other writers' pending instants before claiming and before publishing, and refuses to run beside one).
+        # No primitive: check-then-write, which is safe only without a second writer; the timeline makes sure of that
+        # (every writer leaves a presence file when it claims an instant and refuses to run beside another one).
         return self._check_then_write(rel, data)
 
     def _check_then_write(self, rel: str, data: bytes) -> bool:
@@ -270,8 +257,6 @@ class FileIO:
         """The one path guard for destructive operations: `rel` must be a table-relative path that stays inside
         the table, also after resolving symlinks on a local filesystem; else a CorruptFileError naming it (the path
         came from metadata or a marker, which are untrusted)."""
-        from dbidx.mdt.layout import validate_table_path
-
         try:
             validate_table_path(rel)
         except DbidxError as exc:
@@ -315,10 +300,6 @@ class FileIO:
         parent = rel.rsplit("/", 1)[0] if "/" in rel else ""
         self.makedirs(parent)
         return self.fs.open_output_stream(self.path(rel))
-
-    def move(self, src_rel: str, dst_rel: str) -> None:
-        """Rename a file inside the table (atomic on local filesystems and HDFS)."""
-        self.fs.move(self.path(src_rel), self.path(dst_rel))
 
 
 def _local_path_of(fs: pafs.FileSystem, root: str) -> str | None:

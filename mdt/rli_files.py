@@ -32,7 +32,7 @@ GLOBAL_SCHEMA = pa.schema(
 )
 _ORD = "__ord"
 # What decoding a damaged Parquet file can raise (footer statistics that are not UTF-8 surface as UnicodeError).
-_DECODE_ERRORS = (pa.ArrowException, OSError, ValueError, UnicodeError, IndexError)
+DECODE_ERRORS = (pa.ArrowException, OSError, ValueError, UnicodeError, IndexError)
 
 # Default chosen by benchmarks/mdt_bench.py: the fraction of a file's row groups a lookup must touch above which
 # one sequential read of the key column beats reading the touched row groups one by one.
@@ -60,8 +60,8 @@ def write_rli_file(io: FileIO, rel: str, table: pa.Table, row_group_size: int, p
     pq.write_table(table, sink, row_group_size=row_group_size, compression="zstd", compression_level=3,
                    use_dictionary=dict_cols, write_statistics=[KEY], sorting_columns=[pq.SortingColumn(0)])
     data = sink.getvalue()
-    io.write_file(rel, data)
-    tombstones = int(pc.sum(table.column(DELETED)).as_py() or 0) if DELETED in table.column_names else 0
+    io.write_atomic(rel, data)
+    tombstones = int(pc.sum(table.column(DELETED)).as_py() or 0)
     keys = table.column(KEY)
     return FileRecord(
         path=rel, partition=partition, shard=shard, kind=kind, rows=table.num_rows,
@@ -77,7 +77,7 @@ def open_rli_file(io: FileIO, record: FileRecord) -> pq.ParquetFile:
     data = io.read_verified(record.path, record.size, record.checksum, "RLI file")
     try:
         handle = pq.ParquetFile(pa.BufferReader(data))
-    except _DECODE_ERRORS as exc:
+    except DECODE_ERRORS as exc:
         raise CorruptFileError(f"RLI file {where} is unreadable (truncated or corrupt?): {exc}") from exc
     if handle.metadata.num_rows != record.rows:
         raise CorruptFileError(
@@ -94,7 +94,7 @@ def read_rli_file(io: FileIO, record: FileRecord, columns: list[str] | None = No
     handle = open_rli_file(io, record)
     try:
         return handle.read(columns=columns)
-    except _DECODE_ERRORS as exc:
+    except DECODE_ERRORS as exc:
         raise CorruptFileError(f"RLI file {io.path(record.path)} is corrupt: {exc}") from exc
 
 
@@ -136,7 +136,7 @@ def read_matching(
                 how, table = "scan", handle.read()
             else:
                 how, table = "seek", handle.read_row_groups(groups) if groups else handle.schema_arrow.empty_table()
-    except _DECODE_ERRORS as exc:
+    except DECODE_ERRORS as exc:
         raise CorruptFileError(f"RLI file {io.path(record.path)} is corrupt: {exc}") from exc
     return table.filter(pc.is_in(table.column(KEY), value_set=key_set)), how
 

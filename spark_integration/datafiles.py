@@ -19,6 +19,7 @@ from dbidx.mdt import markers
 from dbidx.mdt.fileio import FileIO, file_checksum
 from dbidx.mdt.markers import MARKERS_DIR, announced_files, discard_unlisted, marker_dir, marker_of  # noqa: F401
 from dbidx.mdt.records import ACTION_COMMIT, DataFileRecord
+from dbidx.mdt.rli_files import DECODE_ERRORS
 
 INSTANT_COLUMN = "_dbidx_instant"
 DELETED_COLUMN = "_dbidx_deleted"
@@ -38,7 +39,7 @@ def write_group(io: FileIO, rel: str, rows: pa.Table, instant: str) -> DataFileR
     sink = pa.BufferOutputStream()
     pq.write_table(rows, sink, compression="zstd")
     data = sink.getvalue()
-    io.write_file(rel, data)
+    io.write_atomic(rel, data)
     partition, _, name = rel.rpartition("/")
     return DataFileRecord(path=rel, partition=partition, file_group=name.split("_", 1)[0], rows=rows.num_rows,
                           size=data.size, checksum=file_checksum(data))
@@ -70,7 +71,7 @@ def read_data_file(io: FileIO, record: DataFileRecord) -> pa.Table:
     data = io.read_verified(record.path, record.size, record.checksum, "data file")
     try:
         table = pq.read_table(pa.BufferReader(data))
-    except (pa.ArrowException, OSError, ValueError, UnicodeError) as exc:
+    except DECODE_ERRORS as exc:
         raise CorruptFileError(f"data file {io.path(record.path)} is unreadable: {exc}") from exc
     if table.num_rows != record.rows:
         raise CorruptFileError(f"data file {io.path(record.path)} holds {table.num_rows} rows but its commit "

@@ -155,7 +155,7 @@ def test_the_rli_reader_on_damaged_bytes(scratch: FileIO, flips, cut: int) -> No
     if data == RLI:
         return
     rel = "rli/fuzz.parquet"
-    scratch.write_file(rel, data)
+    scratch.write_atomic(rel, data)
     record = rli_files.FileRecord(path=rel, partition="p", shard=0, kind="delta", rows=300, inserts=300,
                                   tombstones=0, min_key="k0000", max_key="k0299", size=len(RLI),
                                   checksum=file_checksum(RLI))
@@ -166,7 +166,7 @@ def test_the_rli_reader_on_damaged_bytes(scratch: FileIO, flips, cut: int) -> No
 
 
 def test_the_fuzzed_reader_still_reads_the_undamaged_file(scratch: FileIO) -> None:
-    scratch.write_file("rli/ok.parquet", RLI)
+    scratch.write_atomic("rli/ok.parquet", RLI)
     record = rli_files.FileRecord(path="rli/ok.parquet", partition="p", shard=0, kind="delta", rows=300,
                                   inserts=300, tombstones=0, min_key="k0000", max_key="k0299", size=len(RLI),
                                   checksum=file_checksum(RLI))
