@@ -215,14 +215,10 @@ class CommitWriter:
         table, io = self.table, self.table.io
         # 1. The buffered entries: one sorted delta per group, declared (inflight) before they are written.
         groups = self.buffer.sorted_groups()
-        overlap = set(groups) & {(f.partition, f.shard) for f in self._written}
-        if overlap:
-            raise CommitError(f"instant {self.instant} has entries for {sorted(overlap, key=str)[:3]} both "
-                              "buffered and written by tasks")
+        _reject_repeated_groups(list(groups) + [(f.partition, f.shard) for f in self._written], self.instant)
         paths = [layout.delta_file(g[0], g[1], self.instant) for g in groups]
         table.timeline.mark_inflight(self.started, paths)
         files = self.buffer.write(io, groups) + self._written
-        _reject_repeated_groups(files, self.instant)
         changes = merge_changes(self.buffer.changes(), self._written_changes)
         touched = dict(self._touched)
         touched.update(touched_in_memory({g: t.column(rli_files.KEY).combine_chunks() for g, t in groups.items()},
@@ -250,6 +246,7 @@ class CommitWriter:
 
 
 def merge_changes(a: dict[str, PartitionChange], b: dict[str, PartitionChange]) -> dict[str, PartitionChange]:
+    """Per-partition stats changes summed (fill deltas per file group; zero entries dropped)."""
     out = dict(a)
     for partition, change in b.items():
         old = out.get(partition, PartitionChange())
@@ -260,14 +257,15 @@ def merge_changes(a: dict[str, PartitionChange], b: dict[str, PartitionChange]) 
     return dict(sorted(out.items()))
 
 
-def _reject_repeated_groups(files: list[FileRecord], instant: str) -> None:
-    """At most one delta per group and instant: two would make the merge order inside the instant ambiguous."""
+def _reject_repeated_groups(groups: list[GroupKey], instant: str) -> None:
+    """At most one delta per group and instant (buffered here or written by a task): two would make the merge
+    order inside the instant ambiguous. Checked before anything is written."""
     seen: set[GroupKey] = set()
-    for f in files:
-        if (f.partition, f.shard) in seen:
-            raise CommitError(f"instant {instant} has two index files for partition {f.partition!r}, shard "
-                              f"{f.shard}: every group is written by exactly one task")
-        seen.add((f.partition, f.shard))
+    for partition, shard in groups:
+        if (partition, shard) in seen:
+            raise CommitError(f"instant {instant} has two index files for partition {partition!r}, shard "
+                              f"{shard}: every group is written by exactly one task")
+        seen.add((partition, shard))
 
 
 def _reject_repeated_keys(entries: pa.Table, partition: str | None, shard: int, instant: str) -> None:

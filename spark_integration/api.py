@@ -23,7 +23,6 @@ from dbidx.errors import CommitError, ConfigError, DbidxError, InvalidInputError
 from dbidx.mdt.conflicts import TouchedKeys
 from dbidx.mdt.records import ACTION_COMMIT, DataFileRecord, FileRecord, PartitionChange
 from dbidx.mdt.table import Table
-from dbidx.mdt.writer import merge_changes
 from dbidx.spark_integration import datafiles, task
 from dbidx.spark_integration.tagger import ROW_ID, TAG_FIELDS, TagOptions
 
@@ -250,24 +249,25 @@ def commit_results(writer: Any, results: list[tuple[int, int, bytes]], options: 
                           "while collecting them (out of memory?). Nothing was published; run the upsert again.")
     # 2. Parse every record strictly (task results are input like any other) and check the files exist.
     files, index_files, touched, per_shard = [], [], [], []
-    changes: dict[str, PartitionChange] = {}
     writer.table.refresh()  # tasks tagged against seqs up to the latest; none can be newer
     try:
         for shard, _attempt, payload in results:
             result = task.unpack_result(payload)
-            files += [DataFileRecord.parse(f, "data file") for f in result["files"]]
-            index_files += [FileRecord.parse(f, "index file") for f in result["index_files"]]
-            touched += [TouchedKeys.parse(t, writer.started.start_seq, writer.table.timeline.latest_seq)
-                        for t in result["touched"]]
-            for p, c in result["changes"].items():
-                changes = merge_changes(changes, {p: PartitionChange.parse(c, p)})
+            task_files = [DataFileRecord.parse(f, "data file") for f in result["files"]]
+            task_index = [FileRecord.parse(f, "index file") for f in result["index_files"]]
+            task_touched = [TouchedKeys.parse(t, writer.started.start_seq, writer.table.timeline.latest_seq)
+                            for t in result["touched"]]
+            writer.add_written(task_index, task_files,
+                               {p: PartitionChange.parse(c, p) for p, c in result["changes"].items()}, task_touched)
+            files += task_files
+            index_files += task_index
+            touched += task_touched
             per_shard += result["metrics"]
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CommitError(f"instant {writer.instant}: a task result is malformed ({exc}); nothing was "
                           "published") from exc
     _check_files_exist(writer.table.io, writer.instant, [(f.path, f.size) for f in files + index_files]
                        + [(t.path, t.size) for t in touched if t.path])
-    writer.add_written(index_files, files, changes, touched)
     summary = _summarize(writer.instant, files, index_files, per_shard)
     writer.extra[UPSERT_EXTRA] = {"key": options.key, "partition": options.partition,
                                   "hive_style": options.hive_style, "ordering": options.ordering,

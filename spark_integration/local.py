@@ -36,7 +36,7 @@ def upsert_arrow(data: pa.Table, table: Table, key: str = "id", partition: str =
         for shard in range(table.num_shards):
             rows = data.filter(pa.array(shards == shard)) if data.num_rows else data
             result = task.upsert_batches(rows.to_batches(), table, options, instant, attempt=shard)
-            results.append((shard, shard, task.pack_result(shard, shard, result).column("payload")[0].as_py()))
+            results.append((shard, shard, task.pack_payload(result)))
         return results
 
     return run_upsert(table, options, job)

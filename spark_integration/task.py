@@ -223,13 +223,17 @@ def data_rows(tagged: pa.Table, options: TagOptions, instant: str) -> pa.Table:
     return rows.append_column(datafiles.DELETED_COLUMN, tagged.column(TAG_IS_DELETE))
 
 
+def pack_payload(result: dict[str, Any]) -> bytes:
+    """A task's result as the bytes the driver receives."""
+    return msgpack.packb(result, use_bin_type=True)
+
+
 def pack_result(shard: int, attempt: int, result: dict[str, Any]) -> pa.RecordBatch:
     """The one-row Arrow batch a task returns to the driver."""
-    payload = msgpack.packb(result, use_bin_type=True)
     return pa.RecordBatch.from_pydict({"shard": pa.array([shard], pa.int32()), "attempt": pa.array([attempt]),
-                                       "payload": pa.array([payload], pa.binary())})
+                                       "payload": pa.array([pack_payload(result)], pa.binary())})
 
 
 def unpack_result(payload: bytes) -> dict[str, Any]:
-    """Inverse of pack_result's payload (plain dicts; the driver parses each record strictly)."""
+    """Inverse of pack_payload (plain dicts; the driver parses each record strictly)."""
     return msgpack.unpackb(payload, raw=False)

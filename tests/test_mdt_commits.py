@@ -188,3 +188,20 @@ def test_any_pyarrow_filesystem_works_through_the_same_code(tmp_path):
     found = reopened.lookup(["k5", "k1"], "dt=2025-01-01")
     assert found.column("key").to_pylist() == ["k5"]
     assert not pc.any(snap.column("deleted")).as_py()
+
+
+def test_a_group_written_twice_in_one_instant_is_refused_before_anything_is_written(table):
+    from dbidx.errors import CommitError
+    from dbidx.mdt import rli_files as rf
+
+    writer = table.new_commit()
+    writer.insert("p", ["a"], "fg")
+    shard = int(table.shard_of(["a"])[0])
+    entries = rf.sort_entries(pa.table({"key": ["a"], "file_group": ["fg"], "instant": [writer.instant],
+                                        "deleted": [False]}, schema=table.schema))
+    task_file = rf.write_rli_file(table.io, layout.delta_file("p", shard, writer.instant, 7), entries, 64, "p", shard)
+    writer.add_written([task_file], [], {}, [])
+    with pytest.raises(CommitError, match="two index files for partition 'p'"):
+        writer.commit()
+    assert not os.path.exists(table.io.path(layout.delta_file("p", shard, writer.instant)))
+    assert table.latest().action == ACTION_ROLLBACK

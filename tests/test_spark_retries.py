@@ -110,8 +110,8 @@ def test_speculative_duplicate_attempts_leave_one_version(setup) -> None:
         t.join()
     assert [f["file_group"] for f in results[11]["files"]] == [f["file_group"] for f in results[12]["files"]]
     empty = task.upsert_batches([], table, options, writer.instant, 13)  # shard 1 has no rows in this batch
-    winner = task.pack_result(0, 12, results[12]).column("payload")[0].as_py()
-    record, summary = commit_results(writer, [(0, 12, winner), (1, 13, task.msgpack.packb(empty))], options,
+    winner = task.pack_payload(results[12])
+    record, summary = commit_results(writer, [(0, 12, winner), (1, 13, task.pack_payload(empty))], options,
                                      expected_tasks=2)
     keep = [f.path for f in record.data_files] + [f.path for f in record.files]
     deleted = datafiles.discard_unlisted(table.io, writer.instant, keep=keep)
