@@ -8,20 +8,16 @@ found"; `verify` without `--cache-dir` exits 4 when a table file is damaged.
 from __future__ import annotations
 
 import errno
-import functools
 import json
 import sys
 import traceback
 from dataclasses import asdict, is_dataclass
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable
 
 import click
 
 from dbidx import __version__
 from dbidx.errors import DbidxError, InvalidInputError
-
-F = TypeVar("F", bound=Callable[..., Any])
-
 
 class Output:
     """Prints a command's result as human text or as one JSON object (`--json`)."""
@@ -35,12 +31,6 @@ class Output:
             click.echo(json.dumps(payload, indent=2, sort_keys=True, default=_jsonable))
         else:
             click.echo(text(payload))
-
-    def error(self, exc: DbidxError) -> None:
-        """Report an error on stderr (and as JSON on stdout with --json)."""
-        if self.as_json:
-            click.echo(json.dumps({"error": type(exc).__name__, "message": str(exc)}))
-        click.echo(f"Error: {exc}", err=True)
 
     def fail(self, kind: str, message: str, code: int, usage: click.ClickException | None = None) -> None:
         """Report a failure caught at the top level and exit with its code."""
@@ -57,21 +47,6 @@ def _jsonable(value: Any) -> Any:
     if is_dataclass(value):
         return asdict(value)  # type: ignore[arg-type]
     return str(value)
-
-
-def catch_exception(func: F) -> F:
-    """Turn DbidxError into a one-line message and the error's exit code, instead of a traceback."""
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        ctx = click.get_current_context()
-        try:
-            return func(*args, **kwargs)
-        except DbidxError as exc:
-            Output(bool(ctx.params.get("as_json"))).error(exc)
-            ctx.exit(exc.exit_code)
-
-    return wrapper  # type: ignore[return-value]
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
@@ -143,7 +118,6 @@ def _storage_options() -> dict[str, str]:
 @click.option("--num-shards", default=4, show_default=True, help="Key shards of the index (fixed forever).")
 @click.option("--global-index", is_flag=True, help="One index across all partitions (keys unique table-wide).")
 @json_option
-@catch_exception
 def init_cmd(uri: str, num_shards: int, global_index: bool, as_json: bool) -> None:
     """Create an empty dbidx table (its metadata folder) at URI."""
     from dbidx.mdt.table import Table
@@ -161,7 +135,6 @@ def init_cmd(uri: str, num_shards: int, global_index: bool, as_json: bool) -> No
 @click.option("--num-shards", default=4, show_default=True, help="Key shards of the new index.")
 @click.option("--global-index", is_flag=True, help="Build a global index (keys unique table-wide).")
 @json_option
-@catch_exception
 def build_index_cmd(uri: str, key_column: str, partition_columns: tuple[str, ...], num_shards: int,
                     global_index: bool, as_json: bool) -> None:
     """Build the record-level index of the Parquet data set at URI."""
@@ -184,7 +157,6 @@ def build_index_cmd(uri: str, key_column: str, partition_columns: tuple[str, ...
 @click.option("--partition", default=None, help="Partition path of the keys (required unless global index).")
 @click.option("--mode", type=click.Choice(["auto", "seek", "scan"]), default="auto", show_default=True)
 @json_option
-@catch_exception
 def lookup_cmd(keys: tuple[str, ...], uri: str, partition: str | None, mode: str, as_json: bool) -> None:
     """Print the location of KEYS in the persisted index (missing keys are reported as new)."""
     from dbidx.mdt.table import Table
@@ -206,7 +178,6 @@ def lookup_cmd(keys: tuple[str, ...], uri: str, partition: str | None, mode: str
 @click.argument("uri")
 @click.option("--last", default=20, show_default=True, help="How many completions to show, newest first.")
 @json_option
-@catch_exception
 def commits_cmd(uri: str, last: int, as_json: bool) -> None:
     """Recent completions of a table, with each upsert's metrics (rows, inserts, hit rate, on-demand loads...)."""
     from dbidx.mdt.table import Table
@@ -234,7 +205,6 @@ def _commits_text(payload: dict[str, Any]) -> str:
 @click.option("--table", "table_uri", default=None, help="Base URI of the dbidx table (same as URI).")
 @click.option("--cache-dir", default=None, help="Report the cache(s) in this shard dir or base path instead.")
 @json_option
-@catch_exception
 def stats_cmd(uri: str | None, table_uri: str | None, cache_dir: str | None, as_json: bool) -> None:
     """Per-partition stats of the persisted index (last commit, live keys, file groups) or of local caches."""
     from dbidx.mdt.table import Table
@@ -299,7 +269,6 @@ def _cli_cache_config() -> Any:
 @click.option("--max-disk-mb", type=int, default=None, help="Then drop LRU partitions above this size [config].")
 @click.option("--dry-run", is_flag=True, help="Only report what would be dropped.")
 @json_option
-@catch_exception
 def reap_cmd(cache_dir: str, ttl_hours: float | None, max_disk_mb: int | None, dry_run: bool, as_json: bool) -> None:
     """Drop expired and over-budget partitions from local caches (never ones with uncommitted entries)."""
     from dbidx.cache.inspect import find_cache_dirs, open_cache_dir
@@ -329,7 +298,6 @@ def reap_cmd(cache_dir: str, ttl_hours: float | None, max_disk_mb: int | None, d
 @click.option("--parallelism", type=click.Choice(["auto", "threads", "processes", "serial"]), default="auto",
               show_default=True, help="How partitions are built in parallel.")
 @json_option
-@catch_exception
 def bootstrap_cmd(uri: str, days: int | None, shards: tuple[int, ...], num_shards: int | None, all_shards: bool,
                   cache_dir: str | None, partition_pattern: str | None, now: str | None, parallelism: str,
                   as_json: bool) -> None:
@@ -357,7 +325,6 @@ def bootstrap_cmd(uri: str, days: int | None, shards: tuple[int, ...], num_shard
 @click.option("--table", "uri", required=True, help="Base URI of the dbidx table.")
 @click.option("--cache-dir", required=True, help="A shard cache dir or a base path holding several.")
 @json_option
-@catch_exception
 def sync_cmd(uri: str, cache_dir: str, as_json: bool) -> None:
     """Catch local caches up to the table's latest completed instant."""
     from dbidx.cache.catchup import sync
@@ -379,7 +346,6 @@ def sync_cmd(uri: str, cache_dir: str, as_json: bool) -> None:
 @click.option("--cache-dir", default=None, help="Compare the cache(s) in this shard dir or base path with the "
               "index; without it, check every file of the table against its recorded size and checksum.")
 @json_option
-@catch_exception
 def verify_cmd(uri: str, cache_dir: str | None, as_json: bool) -> None:
     """Check the table's files (exit 4 on damage), or compare caches with the index (exit 1 on a difference)."""
     from dbidx.mdt.table import Table
@@ -457,7 +423,6 @@ def _table_caches(table: Any, cache_dir: str) -> list[Any]:
 @click.option("--clean/--no-clean", default=True, show_default=True, help="Then delete replaced files.")
 @click.option("--retain", default=10, show_default=True, help="Completions of history kept by the clean.")
 @json_option
-@catch_exception
 def compact_cmd(uri: str, partitions: tuple[str, ...], min_files: int, clean: bool, retain: int,
                 as_json: bool) -> None:
     """Merge RLI deltas into base files (dropping tombstones), then clean old files."""
@@ -479,7 +444,6 @@ def compact_cmd(uri: str, partitions: tuple[str, ...], min_files: int, clean: bo
 @click.argument("instant", required=False)
 @click.option("--all-pending", is_flag=True, help="Roll back every unfinished instant (only when no writer runs).")
 @json_option
-@catch_exception
 def rollback_cmd(uri: str, instant: str | None, all_pending: bool, as_json: bool) -> None:
     """Roll back an unfinished instant (e.g. of a crashed writer) and delete its files."""
     from dbidx.mdt.table import Table
@@ -502,7 +466,6 @@ def rollback_cmd(uri: str, instant: str | None, all_pending: bool, as_json: bool
 @click.option("--batch-rows", type=int, default=None, help="Rows per change batch [default: keys / 4].")
 @click.option("--force", is_flag=True, help="Use --dir even if it holds files the demo did not create (deleted).")
 @json_option
-@catch_exception
 def demo_cmd(workdir: str, keys: int, days: int, batches: int, batch_rows: int | None, force: bool,
              as_json: bool) -> None:
     """End-to-end demo: a change stream upserted through Spark (batch and streaming), warm restart, checked."""
