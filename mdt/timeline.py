@@ -65,6 +65,11 @@ class Timeline:
             # 1. The latest-seq pointer first: it is written after its record, so the listing below must reach it.
             floor = self._read_latest()
             names = self.io.list_names(layout.COMPLETED_DIR)
+            if floor is None:
+                if any(n.endswith(".json") and not n.startswith(".") for n in names):
+                    raise CorruptFileError(f"latest-seq pointer {self.io.path(layout.LATEST_DIR)}/<seq> is missing "
+                                           "while the completion log has records: the table's metadata was damaged")
+                floor = 0  # a table that never completed anything (or one whose creation was cut short)
             if known and layout.completed_file(known).rsplit("/", 1)[1] not in names:
                 raise CorruptFileError(
                     f"completion record {self.io.path(layout.completed_file(known))}, read earlier by this process, "
@@ -107,20 +112,15 @@ class Timeline:
                 )
             return list(self._records)
 
-    def _read_latest(self) -> int:
-        """The latest-seq pointer: the largest `timeline/latest/<seq>` marker (a lower bound of the log's length).
+    def _read_latest(self) -> int | None:
+        """The latest-seq pointer: the largest `timeline/latest/<seq>` marker (a lower bound of the log's length),
+        None if there is none (refresh accepts that only while the log is empty).
 
         Why empty marker files named by seq, created exclusively and never overwritten: the pointer can only move
         forward whatever the race between publishers, and no filesystem (HDFS renames delete the target first)
-        ever shows a moment without it. A missing pointer is accepted only while the log is empty.
+        ever shows a moment without it.
         """
-        seqs = [int(n) for n in self.io.list_names(layout.LATEST_DIR) if n.isdigit()]
-        if not seqs:
-            if self.io.list_names(layout.COMPLETED_DIR):
-                raise CorruptFileError(f"latest-seq pointer {self.io.path(layout.LATEST_DIR)}/<seq> is missing while "
-                                       "the completion log has records: the table's metadata was damaged")
-            return 0  # a table that never completed anything (or one whose creation was cut short)
-        return max(seqs)
+        return max((int(n) for n in self.io.list_names(layout.LATEST_DIR) if n.isdigit()), default=None)
 
     def _advance_latest(self, seq: int) -> None:
         """Create the pointer of seq after publishing it, then remove older pointers (best effort: a pointer that

@@ -161,6 +161,14 @@ def test_deleting_the_newest_completion_record_is_an_error_not_a_smaller_table(t
         Table.open(table.uri).partitions()
 
 
+
+def test_a_missing_pointer_beside_records_is_damage(tmp_path: Path) -> None:
+    table, _config = make_table(tmp_path)
+    shutil.rmtree(table.io.path(layout.LATEST_DIR))
+    with pytest.raises(CorruptFileError, match="pointer .* is missing while the completion log has records"):
+        Table.open(table.uri).refresh()
+
+
 @pytest.mark.parametrize("damage", ["seq as string", "rows as string", "unknown action", "path outside",
                                     "bad checksum", "other table", "missing field"])
 def test_wrongly_typed_completion_records_are_named(tmp_path: Path, damage: str) -> None:
