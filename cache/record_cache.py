@@ -11,7 +11,6 @@ does not point at are dropped, and after an unclean shutdown the counters are re
 """
 from __future__ import annotations
 
-import contextlib
 import shutil
 import threading
 import time
@@ -180,19 +179,15 @@ class RecordIndexCache:
         with self._lock:
             store, self.store = self.store, None
             try:
-                batch = store.batch()
-                for state in self._states.values():
-                    batch.put(registry.partition_key(state.partition), registry.pack(state))
-                batch.put(registry.SESSION_KEY, registry.SESSION_CLOSED)
-                store.write(batch)
+                try:
+                    batch = store.batch()
+                    for state in self._states.values():
+                        batch.put(registry.partition_key(state.partition), registry.pack(state))
+                    batch.put(registry.SESSION_KEY, registry.SESSION_CLOSED)
+                    store.write(batch)
+                finally:
+                    store.close()  # releases the directory lock whatever happened
             except Exception as exc:  # rocksdict raises a bare Exception (e.g. no space left on the device)
-                with contextlib.suppress(Exception):
-                    store.close()
-                raise CacheError(f"closing cache {self.path} failed (disk full?): {exc}; the lock is released and "
-                                 "the next open repairs the cache from the index") from exc
-            try:
-                store.close()
-            except Exception as exc:
                 raise CacheError(f"closing cache {self.path} failed (disk full?): {exc}; the lock is released and "
                                  "the next open repairs the cache from the index") from exc
 
