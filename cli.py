@@ -12,12 +12,13 @@ import json
 import sys
 import traceback
 from dataclasses import asdict, is_dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import click
 
 from dbidx import __version__
-from dbidx.errors import DbidxError, InvalidInputError
+from dbidx.errors import CacheError, DbidxError, InvalidInputError
 
 class Output:
     """Prints a command's result as human text or as one JSON object (`--json`)."""
@@ -270,18 +271,31 @@ def _cli_cache_config() -> Any:
 @click.option("--dry-run", is_flag=True, help="Only report what would be dropped.")
 @json_option
 def reap_cmd(cache_dir: str, ttl_hours: float | None, max_disk_mb: int | None, dry_run: bool, as_json: bool) -> None:
-    """Drop expired and over-budget partitions from local caches (never ones with uncommitted entries)."""
-    from dbidx.cache.inspect import find_cache_dirs, open_cache_dir
-    from dbidx.cache.reaper import reap
+    """Remove abandoned shard caches under a base path, then drop expired and over-budget partitions from the
+    others (never ones with uncommitted entries)."""
+    from dbidx.cache.inspect import find_cache_dirs, is_cache_dir, open_cache_dir
+    from dbidx.cache.reaper import abandoned_to_dict, reap, sweep_abandoned
 
+    config = _cli_cache_config()
+    ttl = config.partition_ttl_hours if ttl_hours is None else ttl_hours
+    # First, before opening any cache (an open counts as a use): caches no process holds, idle for the TTL.
+    abandoned = [] if is_cache_dir(Path(cache_dir)) else sweep_abandoned(cache_dir, ttl, dry_run=dry_run)
+    try:
+        paths = find_cache_dirs(cache_dir)
+    except CacheError:
+        if not abandoned:
+            raise
+        paths = []  # the sweep removed every cache there was
     results = []
-    for path in find_cache_dirs(cache_dir):
-        with open_cache_dir(path, _cli_cache_config()) as cache:
+    for path in paths:
+        with open_cache_dir(path, config) as cache:
             results.append({"path": str(path)} | reap(cache, ttl_hours, max_disk_mb, dry_run=dry_run).to_dict())
     verb = "would drop" if dry_run else "dropped"
-    Output(as_json).emit({"caches": results}, lambda p: "\n".join(
-        f"{r['path']}: {verb} {len(r['dropped'])} partitions {r['dropped'] or ''} ({r['bytes_before']} -> "
-        f"{r['bytes_after']} bytes), kept {len(r['kept_pending'])} with pending entries" for r in p["caches"]))
+    Output(as_json).emit({"abandoned": abandoned_to_dict(abandoned), "caches": results}, lambda p: "\n".join(
+        [f"{a['path']}: {'would remove' if dry_run else 'removed'} abandoned cache (idle {a['idle_hours']} h, "
+         f"{a['disk_bytes']} bytes)" for a in p["abandoned"]]
+        + [f"{r['path']}: {verb} {len(r['dropped'])} partitions {r['dropped'] or ''} ({r['bytes_before']} -> "
+           f"{r['bytes_after']} bytes), kept {len(r['kept_pending'])} with pending entries" for r in p["caches"]]))
 
 
 @main.command("bootstrap")

@@ -8,6 +8,7 @@ Defaults and the reasons for them are in docs/CONFIG.md.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -46,6 +47,19 @@ class CacheConfig:
         return {PREFIX + f.name.replace("_", "."): f.name for f in fields(cls)}
 
     @classmethod
+    def field_for(cls, key: str) -> str:
+        """The field a key names, in any documented form: full (`hoodie.index.cache.rocksdb.base.path`), short
+        dotted (`base.path`) or field name (`base_path`); ConfigError listing the forms otherwise."""
+        names = {f.name for f in fields(cls)}
+        short = key.removeprefix(PREFIX)
+        name = short.replace(".", "_")
+        if name in names and (short == name or short == name.replace("_", ".")):
+            return name
+        raise ConfigError(f"unknown cache config key {key!r}: give a key as the full name "
+                          f"({PREFIX}base.path), the short dotted name (base.path) or the field name (base_path); "
+                          f"known short names: {', '.join(sorted(k[len(PREFIX):] for k in cls.keys()))}")
+
+    @classmethod
     def from_sources(
         cls,
         mapping: Mapping[str, Any] | None = None,
@@ -55,6 +69,7 @@ class CacheConfig:
         """Merge the sources (mapping > Spark conf > environment) over the defaults, validating every value."""
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {}
+        seen: dict[str, str] = {}
         for key, name in cls.keys().items():
             env_name = ENV_PREFIX + key[len(PREFIX):].replace(".", "_").upper()
             if env_name in env:
@@ -65,13 +80,19 @@ class CacheConfig:
                 if value is not None:
                     values[name] = (value, f"Spark conf {key}")
         for key, value in (mapping or {}).items():
-            name = cls.keys().get(key) or (key if key in {f.name for f in fields(cls)} else None)
-            if name is None:
-                raise ConfigError(f"unknown cache config key {key!r}; known keys: {', '.join(sorted(cls.keys()))}")
+            name = cls.field_for(key)
+            if name in seen:
+                raise ConfigError(f"cache config keys {seen[name]!r} and {key!r} set the same setting {name}; "
+                                  "give it once")
+            seen[name] = key
             values[name] = (value, f"key {key}")
         return replace(cls(), **{n: _coerce(n, v, where) for n, (v, where) in values.items()})
 
     def __post_init__(self) -> None:
+        if not self.enabled:
+            raise ConfigError(f"{PREFIX}enabled=false: dbidx has no cache-less tagging path, so it refuses the "
+                              "setting rather than ignore it; remove the key (true is accepted for Hudi-style "
+                              "config blocks) or tag this table with another index")
         if self.compression not in COMPRESSIONS:
             raise ConfigError(f"compression {self.compression!r} is not one of {COMPRESSIONS}")
         if self.compaction_style not in COMPACTION_STYLES:
@@ -105,18 +126,38 @@ def _coerce(name: str, value: Any, where: str) -> Any:
         raise ConfigError(f"{where}: cannot read {value!r} as {kind} for {name}") from exc
 
 
-def default_base_path(spark_local_dir: str | None = None, environ: Mapping[str, str] | None = None) -> Path:
-    """Where caches live by default: the executor's local dirs, else the user's cache dir, never a bare /tmp.
+_SPARK_OWNED_DIR = re.compile(r"^(blockmgr|executor|spark)-[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}$")
 
-    Why: SPARK_LOCAL_DIRS is the disk the cluster manager provisions for executor scratch data (sized, cleaned
-    with the executor); a shared /tmp is often small, tmpfs, noexec or wiped.
+
+def node_local_root(spark_dir: str) -> Path:
+    """The node's own local dir above the Spark-owned scratch directories of one executor or application.
+
+    Why: inside a Python worker SPARK_LOCAL_DIRS is the executor's block-manager dir, e.g.
+    `<local dir>/spark-<uuid>/executor-<uuid>/blockmgr-<uuid>` (standalone) or `<spark.local.dir>/spark-<uuid>/
+    blockmgr-<uuid>` (local mode). Spark deletes those when the executor or application ends, so a cache under them
+    would be cold in every new application; the directory above them is the disk the cluster provisions for the node
+    and outlives both. Only components named like Spark's own (prefix + UUID) are stripped.
+    """
+    path = Path(spark_dir)
+    while _SPARK_OWNED_DIR.match(path.name) and path.parent != path:
+        path = path.parent
+    return path
+
+
+def default_base_path(spark_local_dir: str | None = None, environ: Mapping[str, str] | None = None) -> Path:
+    """Where caches live by default: the node's Spark local dir (above the per-executor and per-application
+    directories, see node_local_root), else the user's cache dir, never a bare /tmp.
+
+    Why: SPARK_LOCAL_DIRS is the disk the cluster manager provisions for executor scratch data (sized for it, local
+    to the node); a shared /tmp is often small, tmpfs, noexec or wiped. Caches a dead executor left behind are
+    removed by the abandoned-cache sweep (cache/reaper.py). docs/DEPLOY.md has the per-cluster-manager caveats.
     """
     env = os.environ if environ is None else environ
     for candidate in (env.get("SPARK_LOCAL_DIRS"), spark_local_dir):
         if candidate:
             first = candidate.split(",")[0].strip()
             if first:
-                return Path(first) / "dbidx-cache"
+                return node_local_root(first) / "dbidx-cache"
     xdg = env.get("XDG_CACHE_HOME") or str(Path(env.get("HOME") or Path.home()) / ".cache")
     return Path(xdg) / "dbidx"
 

@@ -9,12 +9,17 @@ A dropped partition is simply reloaded on demand the next time a batch touches i
 from __future__ import annotations
 
 import logging
+import os
+import re
+import shutil
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 from dbidx.cache.record_cache import RecordIndexCache
+from dbidx.cache.store import lock_path, release_flock, try_flock
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +87,101 @@ def reap(
         cache.metrics.add(evictions=len(result.dropped))
     result.bytes_after = cache.disk_bytes() if not dry_run else result.bytes_before
     return result
+
+
+_SHARD_DIR = re.compile(r"^shard-\d{5}-of-\d{5}$")
+
+
+@dataclass
+class AbandonedCache:
+    """A shard cache no live process holds and nobody opened for the TTL (a dead executor's leftover)."""
+
+    path: str
+    idle_hours: float
+    disk_bytes: int
+
+
+def _last_use_s(shard_dir: Path) -> float:
+    """When a cache was last opened: the lock file is touched at every open; the directory's own mtime covers
+    caches made before that (and a crash between mkdir and the first lock)."""
+    times = []
+    for probe in (lock_path(shard_dir), shard_dir):
+        try:
+            times.append(probe.stat().st_mtime)
+        except FileNotFoundError:
+            continue
+    return max(times, default=0.0)
+
+
+def _dir_bytes(path: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except FileNotFoundError:
+                continue
+    return total
+
+
+def sweep_abandoned(base_path: str | Path, ttl_hours: float, dry_run: bool = False,
+                    now_s: float | None = None) -> list[AbandonedCache]:
+    """Remove whole shard caches under a base path (`<base>/<table dir>/shard-*`) that no live process holds and
+    nobody has opened for `ttl_hours`, then the table directories left empty.
+
+    Why: an executor that died (or an application whose executors moved elsewhere) leaves its caches on the node's
+    disk, and no task of theirs will ever open them again to run the per-partition TTL. A cache idle for the TTL
+    would have lost every partition to that TTL anyway, so removing it whole loses nothing. "Held" is decided by
+    the flock every opener takes: we take it ourselves, non-blocking, before deleting, so a cache in use (or one
+    whose owner just came back) is never touched.
+    """
+    base = Path(base_path)
+    now = time.time() if now_s is None else now_s
+    cutoff = now - ttl_hours * 3600
+    removed: list[AbandonedCache] = []
+    if not base.is_dir():
+        return removed
+    for table_dir in sorted(p for p in base.iterdir() if p.is_dir() and not p.is_symlink()):
+        for shard_dir in sorted(p for p in table_dir.iterdir() if p.is_dir() and _SHARD_DIR.match(p.name)):
+            # 1. Cheap filter first: recently opened caches are not candidates (no lock attempt needed).
+            if _last_use_s(shard_dir) >= cutoff:
+                continue
+            if not ((shard_dir / "CURRENT").exists() or lock_path(shard_dir).exists()):
+                continue  # not a cache dbidx made: never delete what we cannot recognise
+            # 2. Take its lock without waiting: a live opener holds it, and then the cache is not abandoned.
+            had_lock_file = lock_path(shard_dir).exists()
+            fd = try_flock(lock_path(shard_dir))
+            if fd is None:
+                continue
+            try:
+                last = _last_use_s(shard_dir)  # re-read under the lock: an opener may have come and gone
+                if last >= cutoff:
+                    continue
+                found = AbandonedCache(str(shard_dir), round((now - last) / 3600, 2), _dir_bytes(shard_dir))
+                if not dry_run:
+                    # 3. Delete the directory, then the lock file while still holding it (openers re-check the
+                    #    inode they locked, see store.try_flock).
+                    shutil.rmtree(shard_dir)
+                    shutil.rmtree(str(shard_dir) + ".tmp", ignore_errors=True)  # SST staging of its loads
+                    lock_path(shard_dir).unlink(missing_ok=True)
+                elif not had_lock_file:
+                    lock_path(shard_dir).unlink(missing_ok=True)  # a dry run leaves no trace
+                removed.append(found)
+            finally:
+                release_flock(fd)
+        if not dry_run:
+            try:
+                table_dir.rmdir()  # only succeeds when empty
+            except OSError:
+                pass
+    if removed and not dry_run:
+        log.info("dbidx removed %d abandoned shard caches under %s", len(removed), base)
+    return removed
+
+
+def abandoned_to_dict(found: list[AbandonedCache]) -> list[dict[str, Any]]:
+    """JSON-friendly form."""
+    return [asdict(a) for a in found]
 
 
 class BackgroundReaper:

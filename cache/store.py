@@ -97,7 +97,7 @@ class Store:
     def open(self) -> "Store":
         """Take the directory lock (waiting up to lock_timeout_s) and open RocksDB with all its column families."""
         make_private_dirs(self.path.parent)
-        self._lock_fd = _acquire_flock(Path(str(self.path) + ".lock"), self.config.lock_timeout_s)
+        self._lock_fd = _acquire_flock(lock_path(self.path), self.config.lock_timeout_s)
         try:
             existing = rd.Rdict.list_cf(str(self.path), self.options) if (self.path / "CURRENT").exists() else []
             families = {name: self.options for name in existing if name != DEFAULT_CF}
@@ -142,8 +142,7 @@ class Store:
 
     def _release(self) -> None:
         if self._lock_fd is not None:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-            os.close(self._lock_fd)
+            release_flock(self._lock_fd)
             self._lock_fd = None
 
     # ---- column families ---------------------------------------------------------------------------------
@@ -270,25 +269,60 @@ def _has_memtable_data(view: rd.Rdict) -> bool:
     return bool(active or deletes or immutable)
 
 
+def lock_path(cache_dir: Path) -> Path:
+    """The side file whose flock guards a cache directory (`<dir>.lock`); its mtime is the cache's last open."""
+    return Path(str(cache_dir) + ".lock")
+
+
+def try_flock(path: Path) -> int | None:
+    """Take the exclusive flock on `path` without waiting: the open fd, or None if someone holds it.
+
+    The lock is on the file's inode, so a lock file removed and recreated by the abandoned-cache sweep between our
+    open and our flock would leave us holding a lock nobody else can see: re-check that the path still names the
+    inode we locked, and start over if not.
+    """
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EAGAIN, errno.EACCES):
+                return None
+            raise CacheError(f"cannot lock cache directory {path}: {exc}") from exc
+        try:
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def release_flock(fd: int) -> None:
+    """Give back a lock taken by try_flock."""
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+
+
 def _acquire_flock(path: Path, timeout_s: float) -> int:
-    """Exclusive flock on a side file; waits up to timeout_s for another process to finish with the cache."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    """Exclusive flock on a side file; waits up to timeout_s for another process to finish with the cache.
+
+    Touches the file once locked: its mtime is when the cache was last opened, which is what the abandoned-cache
+    sweep ages caches by.
+    """
     deadline = time.monotonic() + max(timeout_s, 0)
     delay = 0.005
     while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fd = try_flock(path)
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.utime(fd)
             return fd
-        except OSError as exc:
-            if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                os.close(fd)
-                raise CacheError(f"cannot lock cache directory {path}: {exc}") from exc
-            if time.monotonic() >= deadline:
-                os.close(fd)
-                raise CacheBusyError(
-                    f"cache {path.with_suffix('')} is in use by another opener (process or thread) for more than "
-                    f"{timeout_s:g} s: another task on this executor holding the same shard? Raise "
-                    "hoodie.index.cache.rocksdb.lock.timeout.s or give each job its own base.path"
-                ) from exc
-            time.sleep(delay)
-            delay = min(delay * 2, 0.2)
+        if time.monotonic() >= deadline:
+            raise CacheBusyError(
+                f"cache {path.with_suffix('')} is in use by another opener (process or thread) for more than "
+                f"{timeout_s:g} s: another task on this executor holding the same shard? Raise "
+                "hoodie.index.cache.rocksdb.lock.timeout.s or give each job its own base.path")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.2)

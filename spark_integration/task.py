@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from dbidx.bootstrap.on_demand import ensure_loaded
 from dbidx.cache.catchup import sync
-from dbidx.cache.reaper import reap
+from dbidx.cache.reaper import reap, sweep_abandoned
 from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.errors import CorruptFileError
 from dbidx.mdt.table import Table
@@ -122,7 +122,10 @@ def reap_if_due(cache: RecordIndexCache, now_ms: int | None = None) -> bool:
     if now - last < cache.config.reaper_interval_s * 1000:
         return False
     result = reap(cache, now_ms=now)
-    cache.set_info(REAPER_INFO, {"last_ms": now, "dropped": result.dropped})
+    # Whole caches of other shards or tables nobody opened for the TTL (dead executors' leftovers) go too.
+    abandoned = sweep_abandoned(cache.path.parent.parent, cache.config.partition_ttl_hours, now_s=now / 1000)
+    cache.set_info(REAPER_INFO, {"last_ms": now, "dropped": result.dropped,
+                                 "abandoned": [a.path for a in abandoned]})
     return True
 
 

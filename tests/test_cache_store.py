@@ -139,6 +139,15 @@ def test_base_path_defaults_and_directory_errors(tmp_path):
     assert str(default_base_path("/spark/local", environ={"HOME": "/h"})) == "/spark/local/dbidx-cache"
     assert str(default_base_path(environ={"HOME": "/home/u"})) == "/home/u/.cache/dbidx"
     assert str(default_base_path(environ={"XDG_CACHE_HOME": "/x", "HOME": "/h"})) == "/x/dbidx"
+    # Inside a Python worker SPARK_LOCAL_DIRS is the executor's block-manager dir, which Spark deletes with the
+    # executor: the default climbs above the Spark-owned (prefix + UUID) directories to the node's local dir.
+    uid = "0b5e8f0e-3c1d-4c56-9d7a-2f1e0c9b8a71"
+    worker = f"/disk1/spark-{uid}/executor-{uid}/blockmgr-{uid}"
+    assert str(default_base_path(environ={"SPARK_LOCAL_DIRS": f"{worker},/disk2/x"})) == "/disk1/dbidx-cache"
+    assert str(default_base_path(environ={"SPARK_LOCAL_DIRS": f"/l/spark-{uid}/blockmgr-{uid}"})) == \
+        "/l/dbidx-cache"
+    assert str(default_base_path(environ={"SPARK_LOCAL_DIRS": "/data/spark-local/blockmgr-x"})) == \
+        "/data/spark-local/blockmgr-x/dbidx-cache"  # not Spark's naming: left alone
     made = prepare_dir(tmp_path / "a" / "b")
     assert oct(made.stat().st_mode & 0o777) == "0o700"
     if os.geteuid() != 0:
@@ -157,8 +166,23 @@ def test_config_from_dict_env_and_spark_conf():
         environ={"DBIDX_CACHE_MAX_DISK_MB": "500", "DBIDX_CACHE_COMPRESSION": "LZ4"},
     )
     assert (conf.block_cache_mb, conf.partition_ttl_hours, conf.max_disk_mb, conf.compression) == (128, 12.0, 500, "lz4")
-    with pytest.raises(ConfigError, match="unknown cache config key"):
+    with pytest.raises(ConfigError, match=r"unknown cache config key .*full name .*short dotted .*field name"):
         CacheConfig.from_sources({"hoodie.index.cache.rocksdb.nope": 1}, environ={})
+
+
+def test_config_keys_in_every_documented_form():
+    for key in ("hoodie.index.cache.rocksdb.base.path", "base.path", "base_path"):
+        assert CacheConfig.from_sources({key: "/mnt/c"}, environ={}).base_path == "/mnt/c", key
+    assert CacheConfig.from_sources({"partition.ttl.hours": "6"}, environ={}).partition_ttl_hours == 6.0
+    for wrong in ("base-path", "basepath", "hoodie.index.cache.rocksdb.base", "base.path_x", "ttl"):
+        with pytest.raises(ConfigError, match="base.path"):
+            CacheConfig.from_sources({wrong: "/mnt/c"}, environ={})
+    with pytest.raises(ConfigError, match="same setting base_path"):
+        CacheConfig.from_sources({"base.path": "/a", "base_path": "/b"}, environ={})
+    # `enabled` is RFC-107's: true is accepted (Hudi-style blocks), false is refused rather than ignored.
+    assert CacheConfig.from_sources({"enabled": "true"}, environ={}).enabled is True
+    with pytest.raises(ConfigError, match="no cache-less tagging path"):
+        CacheConfig.from_sources(spark_conf={"hoodie.index.cache.rocksdb.enabled": "false"}, environ={})
     with pytest.raises(ConfigError, match="DBIDX_CACHE_BLOCK_CACHE_MB"):
         CacheConfig.from_sources(environ={"DBIDX_CACHE_BLOCK_CACHE_MB": "lots"})
     with pytest.raises(ConfigError, match="compression"):

@@ -2,12 +2,16 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 
 import pytest
 from click.testing import CliRunner
 
 from dbidx.cache.catchup import load_from_snapshot
 from dbidx.cache.inspect import find_cache_dirs, open_cache_dir
+from dbidx.cache.reaper import sweep_abandoned
+from dbidx.cache.store import lock_path
 from dbidx.cli import main
 
 from tests.cache_helpers import DAY1, DAY2, make_table, open_cache
@@ -57,17 +61,58 @@ def test_sync_then_verify(setup):
     assert result.exit_code == 1 and "ghost" in result.output and "MISMATCH" in result.output
 
 
+def _touch_locks(base, seconds_from_now: float) -> None:
+    """Set every shard cache's last-use time (the mtimes of its lock file and its directory)."""
+    stamp = time.time() + seconds_from_now
+    for path in find_cache_dirs(base):
+        os.utime(lock_path(path), (stamp, stamp))
+        os.utime(path, (stamp, stamp))
+
+
 def test_reap_dry_run_then_for_real(setup):
     table, base = setup
+    _touch_locks(base, 3600)  # opened "recently": not abandoned, so only their partitions' own TTL applies
     dry = run(["reap", "--cache-dir", str(base), "--ttl-hours", "0.0000001", "--dry-run", "--json"])
-    assert all(sorted(c["dropped"]) == [DAY1, DAY2] for c in dry["caches"])
+    assert dry["abandoned"] == [] and all(sorted(c["dropped"]) == [DAY1, DAY2] for c in dry["caches"])
     for path in find_cache_dirs(base):
         with open_cache_dir(path) as cache:
             assert len(cache.partitions()) == 2
+    _touch_locks(base, 3600)
     run(["reap", "--cache-dir", str(base), "--ttl-hours", "0.0000001", "--json"])
     for path in find_cache_dirs(base):
         with open_cache_dir(path) as cache:
             assert cache.partitions() == {}
+
+
+def test_reap_removes_abandoned_caches_but_never_a_held_one(setup):
+    table, base = setup
+    held, idle = find_cache_dirs(base)
+    _touch_locks(base, -7200)  # nobody opened either for two hours
+    with open_cache(table, 0, base):  # ... but shard 0 is open right now (its flock is held)
+        _touch_locks(base, -7200)
+        dry = sweep_abandoned(base, ttl_hours=1, dry_run=True)
+        assert [a.path for a in dry] == [str(idle)] and idle.exists()
+        assert dry[0].idle_hours >= 2 and dry[0].disk_bytes > 0
+        assert [a.path for a in sweep_abandoned(base, ttl_hours=1)] == [str(idle)]
+    assert find_cache_dirs(base) == [held] and not idle.exists() and not lock_path(idle).exists()
+    with open_cache_dir(held) as cache:  # the held cache kept its partitions
+        assert len(cache.partitions()) == 2
+    # The CLI: a cache opened a minute ago stays; one idle past the TTL goes, and the table dir with it.
+    assert run(["reap", "--cache-dir", str(base), "--ttl-hours", "1", "--json"])["abandoned"] == []
+    _touch_locks(base, -7200)
+    text = CliRunner().invoke(main, ["reap", "--cache-dir", str(base), "--ttl-hours", "1"])
+    assert text.exit_code == 0, text.output
+    assert f"{held}: removed abandoned cache" in text.output
+    assert list(base.iterdir()) == []
+
+
+def test_sweep_leaves_what_it_does_not_recognise(tmp_path):
+    stranger = tmp_path / "base" / "some-table" / "shard-00000-of-00001"
+    stranger.mkdir(parents=True)
+    (stranger / "notes.txt").write_text("not a cache")
+    os.utime(stranger, (0, 0))
+    assert sweep_abandoned(tmp_path / "base", ttl_hours=1) == [] and (stranger / "notes.txt").exists()
+    assert sweep_abandoned(tmp_path / "nowhere", ttl_hours=1) == []
 
 
 def test_cache_command_errors(setup, tmp_path):

@@ -2,6 +2,9 @@
 metrics) never runs for a task that raised, and the cache is closed either way."""
 from __future__ import annotations
 
+import os
+import time
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -46,3 +49,21 @@ def test_a_clean_task_runs_the_epilogue(setup) -> None:
     assert rows[0].column("_dbidx_is_update").to_pylist() == [True, False]
     with RecordIndexCache.for_table(table, 0, config) as cache:
         assert cache.info(task.REAPER_INFO)["last_ms"] > 0
+
+
+def test_the_task_reaper_removes_caches_a_dead_executor_left(setup, tmp_path: Path) -> None:
+    """A shard cache of another table, last opened two hours ago and held by nobody, goes at the end of a task;
+    the task's own cache stays."""
+    table, config = setup
+    config = replace(config, partition_ttl_hours=1.0)
+    other = Table.create(str(tmp_path / "other"), num_shards=1)
+    with RecordIndexCache.for_table(other, 0, config) as dead:
+        dead_path = dead.path
+    old = time.time() - 7200
+    for path in (dead_path, Path(str(dead_path) + ".lock")):
+        os.utime(path, (old, old))
+    upsert_arrow(pa.table({"id": ["c"], "dt": ["2025-03-01"]}), table, key="id", partition="dt", cache_config=config)
+    assert not dead_path.exists() and not dead_path.parent.exists()
+    with RecordIndexCache.for_table(table, 0, config) as cache:
+        assert cache.info(task.REAPER_INFO)["abandoned"] == [str(dead_path)]
+        assert None not in cache.lookup("dt=2025-03-01", ["a", "b"])  # its own partition is still loaded
