@@ -43,11 +43,14 @@ class OnDemandLoader:
     """Loads cold partitions of one open shard cache from the MDT, concurrently and at most once at a time."""
 
     def __init__(self, cache: RecordIndexCache, table: Table, workers: int = 8,
-                 on_build_start: Callable[[str], None] | None = None) -> None:
-        """on_build_start(partition) is called in the loading thread before the read: an instrumentation hook."""
+                 on_build_start: Callable[[str], None] | None = None,
+                 on_join: Callable[[str], None] | None = None) -> None:
+        """Instrumentation hooks: on_build_start(partition) runs in the loading thread before the read;
+        on_join(partition) runs in a caller that found the partition's load already in flight, before it waits."""
         self.cache = cache
         self.table = table
         self.on_build_start = on_build_start
+        self.on_join = on_join
         self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="dbidx-on-demand")
         self._inflight: dict[str, Future] = {}
         self._lock = threading.Lock()
@@ -78,6 +81,9 @@ class OnDemandLoader:
                 else:
                     report.joined.append(partition)
                 futures[partition] = future
+        if self.on_join is not None:
+            for partition in report.joined:
+                self.on_join(partition)
         # 2. Wait once for all of them; the batch stalls for the slowest load, not for their sum.
         wait(list(futures.values()))
         errors = []

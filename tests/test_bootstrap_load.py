@@ -169,6 +169,7 @@ def test_cold_partitions_of_a_batch_load_concurrently(table, tmp_path):
 
 def test_two_callers_asking_for_one_cold_partition_trigger_one_load(table, tmp_path):
     started = threading.Event()
+    joined = threading.Event()
     release = threading.Event()
     builds: list[str] = []
 
@@ -178,14 +179,14 @@ def test_two_callers_asking_for_one_cold_partition_trigger_one_load(table, tmp_p
         release.wait(20)
 
     with open_cache(table, 1, tmp_path / "c") as cache:
-        loader = OnDemandLoader(cache, table, on_build_start=slow_start)
+        loader = OnDemandLoader(cache, table, on_build_start=slow_start, on_join=lambda p: joined.set())
         reports = []
         first = threading.Thread(target=lambda: reports.append(loader.ensure_loaded([DAYS[2]])))
         first.start()
         assert started.wait(20)
         second = threading.Thread(target=lambda: reports.append(loader.ensure_loaded([DAYS[2]])))
         second.start()
-        time.sleep(0.2)  # the second caller is now waiting on the first load
+        assert joined.wait(20)  # the second caller found the first load in flight and waits on it
         release.set()
         first.join(20)
         second.join(20)
@@ -239,8 +240,7 @@ def test_a_bootstrap_killed_midway_leaves_no_partial_partition_and_the_next_one_
     for line in proc.stdout:  # type: ignore[union-attr]
         if line.startswith("LOADED"):
             seen += 1
-            if seen == 3:
-                time.sleep(0.02)  # land inside the next partition's build or ingest
+            if seen == 3:  # kill while the next partition is being built or ingested
                 proc.send_signal(signal.SIGKILL)
                 break
     proc.wait(30)

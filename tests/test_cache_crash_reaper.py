@@ -168,6 +168,7 @@ def test_lookups_loads_and_the_reaper_share_one_cache_across_threads(warm):
     stop = threading.Event()
     errors: list[BaseException] = []
     answers = [0]
+    rounds = {"loader": 0, "reaper": 0}
 
     def guarded(fn):
         def run():
@@ -176,6 +177,7 @@ def test_lookups_loads_and_the_reaper_share_one_cache_across_threads(warm):
                     fn()
             except BaseException as exc:  # noqa: BLE001 - the test reports any failure
                 errors.append(exc)
+                stop.set()
         return threading.Thread(target=run)
 
     def tagger():
@@ -190,16 +192,23 @@ def test_lookups_loads_and_the_reaper_share_one_cache_across_threads(warm):
 
     def loader():
         load_from_snapshot(cache, table, DAY1, table.timeline.latest_seq)
+        rounds["loader"] += 1
 
     def reaper():
         set_access(cache, DAY2, 0)
         reap(cache, ttl_hours=1)
+        rounds["reaper"] += 1
         time.sleep(0.01)
 
     threads = [guarded(tagger), guarded(tagger), guarded(loader), guarded(reaper)]
     for t in threads:
         t.start()
-    time.sleep(2.0)
+    # Run until every role has done its share many times over (not for a fixed window), or something failed.
+    deadline = time.monotonic() + 60
+    while not stop.is_set() and time.monotonic() < deadline:
+        if answers[0] > 50 and min(rounds.values()) > 10:
+            break
+        time.sleep(0.01)
     stop.set()
     for t in threads:
         t.join(30)
