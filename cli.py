@@ -12,6 +12,7 @@ import json
 import sys
 import traceback
 from dataclasses import asdict, is_dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -485,8 +486,9 @@ def demo_cmd(workdir: str, keys: int, days: int, batches: int, batch_rows: int |
     """End-to-end demo: a change stream upserted through Spark (batch and streaming), warm restart, checked."""
     from dbidx.spark_integration.demo import run_demo
 
+    # With --json the narrative goes to stderr, so stdout stays one JSON document.
     report = run_demo(workdir, keys=keys, days=days, batches=batches, batch_rows=batch_rows,
-                      echo=None if as_json else click.echo, force=force)
+                      echo=partial(click.echo, err=as_json), force=force)
     if as_json:
         Output(True).emit(report, lambda p: "")
 

@@ -103,15 +103,41 @@ def expected_state(batches: list[pd.DataFrame]) -> pd.DataFrame:
     return latest[~latest["_dbidx_delete"]].drop(columns="_dbidx_delete")
 
 
+_QUIET_LOG4J = """# Written by `dbidx demo`: Spark's own log at ERROR from the JVM's first line (setLogLevel comes too late for
+# the start-up warnings).
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n%ex
+"""
+
+
 def _spark(local_dir: Path) -> Any:
+    """A local[2] session whose log is at ERROR from the start (the demo's own lines are the output)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
+    local_dir.mkdir(parents=True, exist_ok=True)
+    log4j = local_dir / "log4j2-demo.properties"
+    log4j.write_text(_QUIET_LOG4J)
     spark = (SparkSession.builder.master("local[2]").appName("dbidx-demo")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").config("spark.sql.shuffle.partitions", "2")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", "2")
+             .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}")
              .config("spark.sql.execution.arrow.pyspark.enabled", "true")
              .config("spark.local.dir", str(local_dir)).config("spark.driver.memory", "2g").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def _start_spark(local_dir: Path, say: Callable[[str], None], why: str) -> Any:
+    say(f"  starting Spark ({why}; a JVM start takes 5-15 s) ...")
+    started = time.perf_counter()
+    spark = _spark(local_dir)
+    say(f"  Spark is up in {time.perf_counter() - started:.1f} s")
     return spark
 
 
@@ -153,7 +179,13 @@ def run_demo(workdir: str | Path, keys: int = 200_000, days: int = 10, batches: 
     generated: list[pd.DataFrame] = []
     report: dict[str, Any] = {"table": table.uri, "keys": keys, "days": days, "batches": []}
     say(f"dbidx demo: table {table.uri}, 2 key shards, dynamic buckets of {spec.capacity:,} keys, Spark local[2]")
-    spark = _spark(root / "_spark")
+    say(f"  change stream: an initial load of {keys:,} keys over {days} daily partitions, then {batches} batches of "
+        f"{rows:,} rows (updates of recent days, late updates, deletes, new keys, repeats)")
+    say("  per batch: 'catch-up' = index entries committed since a shard's local cache last saw the table, applied "
+        "to it before tagging (batch 1 applies the whole initial load, which upserts never write to caches)")
+    say("             'on-demand' = partitions a batch touched that were not in the local cache yet, loaded from "
+        "the persisted index while the batch waited (the 'stall' seconds)")
+    spark = _start_spark(root / "_spark", say, "the first application")
     try:
         # 1. The initial load, then B change batches; the middle one arrives through Structured Streaming.
         streamed_at, restart_at = batches // 2, batches // 2 + 1
@@ -163,8 +195,9 @@ def run_demo(workdir: str | Path, keys: int = 200_000, days: int = 10, batches: 
             if number == restart_at:
                 # 2. Warm restart: a new Spark application; the cache directories on local disk are reused.
                 spark.stop()
-                spark = _spark(root / "_spark")
-                say("  -- Spark restarted: the next batch reopens the caches left on local disk (warm restart)")
+                spark = _start_spark(root / "_spark", say, "a second application: a warm restart")
+                say("  -- the next batch reopens the caches the first application left on local disk")
+            say(f"  batch {number:>2} running ({len(frame):,} rows) ...")
             if number == streamed_at:
                 summary, how = _streamed(spark, root, frame, table, config, spec, number), "streaming"
             else:
@@ -177,9 +210,12 @@ def run_demo(workdir: str | Path, keys: int = 200_000, days: int = 10, batches: 
             raise DbidxError(f"demo check failed: after the restart {warm['on_demand_loads']} partitions were "
                              "loaded again; the warm restart should have reused them")
         # 3. Footprint: the cache's bytes per entry vs the MDT's (compacted) bytes per entry.
-        report.update(_footprint(table, summary))
-        say(f"  footprint: cache {report['cache_bytes_per_entry']:.1f} B/entry on local disk vs index "
-            f"{report['mdt_bytes_per_entry']:.1f} B/entry in the MDT after compaction ({report['live_keys']:,} keys)")
+        report.update(_footprint(table, summary, root / "_cache"))
+        say(f"  footprint ({report['live_keys']:,} keys): cache {report['cache_bytes_per_entry']:.1f} B/entry on "
+            f"local disk ({report['cache_sst_bytes_per_entry']:.1f} in SST files, the rest RocksDB's fixed files), "
+            f"index {report['mdt_bytes_per_entry']:.1f} B/entry in the MDT after compaction")
+        say("    (same definitions as benchmarks/footprint_bench.py; the demo's sequential 'user-NNNNNNNNN' keys "
+            "compress far better than the README's 10 M UUID keys, and fixed files weigh more at this size)")
         # 4. The check: the table's rows equal an independent pandas computation of the expected state.
         expected = expected_state(generated)
         actual = read_table(spark, table).select("id", "dt", "seq", "amount").toPandas()
@@ -209,15 +245,19 @@ def _streamed(spark: Any, root: Path, frame: pd.DataFrame, table: Table, config:
     return summaries[0]
 
 
-def _footprint(table: Table, last: CommitSummary) -> dict[str, Any]:
+def _footprint(table: Table, last: CommitSummary, cache_base: Path) -> dict[str, Any]:
+    """Bytes per entry as benchmarks/footprint_bench.py defines them: the whole shard directory (and, apart, its
+    SST files) over the cache's entries; the MDT's RLI files after compaction and cleaning over its live keys."""
     compact(table, min_files=2)
     clean(table, retain_completions=0)
     live = sum(p.live_keys for p in table.partitions())
     rli = sum(size for rel, size in table.io.list_files_recursive(".dbidx/rli"))
     cache_bytes = sum(m["cache_disk_bytes"] for m in last.per_shard)
     cache_entries = sum(m["cache_entries"] for m in last.per_shard)
+    sst_bytes = sum(f.stat().st_size for f in cache_base.glob("*/shard-*/*.sst"))
     return {"live_keys": live, "mdt_bytes_per_entry": round(rli / max(live, 1), 2),
-            "cache_bytes_per_entry": round(cache_bytes / max(cache_entries, 1), 2)}
+            "cache_bytes_per_entry": round(cache_bytes / max(cache_entries, 1), 2),
+            "cache_sst_bytes_per_entry": round(sst_bytes / max(cache_entries, 1), 2)}
 
 
 def _compare(actual: pd.DataFrame, expected: pd.DataFrame) -> None:

@@ -113,6 +113,13 @@ def test_demo_runs(tmp_path):
                              "--days", "2", "--batches", "2", "--json"], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout)
+    # The narrative (on stderr with --json) starts before Spark does and explains itself; Spark's log stays at
+    # ERROR from the JVM's first line.
+    narrative = result.stderr.splitlines()
+    assert narrative[0].startswith("dbidx demo: table") and "starting Spark" in result.stderr
+    assert "'catch-up' =" in result.stderr and "'on-demand' =" in result.stderr and "footprint" in result.stderr
+    assert not [line for line in narrative if " WARN " in line], result.stderr[-3000:]  # (the JVM's own
+    # "WARNING: Using incubator modules" line is printed by java itself, before any logger exists)
     assert report["rows_checked"] == report["live_keys"] > 100
     assert [b["via"] for b in report["batches"]] == ["batch", "streaming", "batch"]
     assert report["batches"][0]["inserts"] == 100 and all(b["updates"] > 0 for b in report["batches"][1:])
