@@ -145,14 +145,17 @@ def node_local_root(spark_dir: str) -> Path:
 
 
 def default_base_path(spark_local_dir: str | None = None, environ: Mapping[str, str] | None = None) -> Path:
-    """Where caches live by default: the node's Spark local dir (above the per-executor and per-application
-    directories, see node_local_root), else the user's cache dir, never a bare /tmp.
+    """Where caches live when no config names a base path: DBIDX_CACHE_BASE_PATH of the process (an executor's own
+    environment), else the node's Spark local dir (above the per-executor and per-application directories, see
+    node_local_root), else the user's cache dir; never a bare /tmp.
 
     Why: SPARK_LOCAL_DIRS is the disk the cluster manager provisions for executor scratch data (sized for it, local
     to the node); a shared /tmp is often small, tmpfs, noexec or wiped. Caches a dead executor left behind are
     removed by the abandoned-cache sweep (cache/reaper.py). docs/DEPLOY.md has the per-cluster-manager caveats.
     """
     env = os.environ if environ is None else environ
+    if env.get(ENV_PREFIX + "BASE_PATH"):  # set per node, e.g. spark.executorEnv.DBIDX_CACHE_BASE_PATH
+        return Path(env[ENV_PREFIX + "BASE_PATH"])
     for candidate in (env.get("SPARK_LOCAL_DIRS"), spark_local_dir):
         if candidate:
             first = candidate.split(",")[0].strip()

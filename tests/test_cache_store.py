@@ -148,6 +148,8 @@ def test_base_path_defaults_and_directory_errors(tmp_path):
         "/l/dbidx-cache"
     assert str(default_base_path(environ={"SPARK_LOCAL_DIRS": "/data/spark-local/blockmgr-x"})) == \
         "/data/spark-local/blockmgr-x/dbidx-cache"  # not Spark's naming: left alone
+    # The executor's own environment can name it (the driver's config, if it has base.path, still wins).
+    assert str(default_base_path(environ={"DBIDX_CACHE_BASE_PATH": "/ssd/c", "SPARK_LOCAL_DIRS": worker})) == "/ssd/c"
     made = prepare_dir(tmp_path / "a" / "b")
     assert oct(made.stat().st_mode & 0o777) == "0o700"
     if os.geteuid() != 0:
