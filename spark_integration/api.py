@@ -115,7 +115,7 @@ def retyped(exc: BaseException) -> BaseException:
     return exc
 
 
-def tag(df: Any, table: Table, key: str = "id", partition: str = "dt", ordering: str | None = None,
+def tag(df: Any, table: Table, *, key: str, partition: str, ordering: str | None = None,
         delete_column: str | None = "_dbidx_delete", hive_style: bool = True, buckets: BucketSpec | None = None,
         cache_options: Mapping[str, Any] | None = None, cache_config: CacheConfig | None = None,
         use_rdd: bool = False) -> Any:
@@ -123,7 +123,8 @@ def tag(df: Any, table: Table, key: str = "id", partition: str = "dt", ordering:
 
     Lazy like any transformation. Rows are tagged against the index as of the latest commit when the task runs;
     a key repeated in the batch gets one location (use `upsert` to also collapse the repeats). use_rdd=True runs
-    the same tagger through `mapPartitions` for pipelines built on RDDs.
+    the same tagger through `mapPartitions` for pipelines built on RDDs. `key` and `partition` name the record-key
+    and partition columns, as keywords and without defaults, as for `upsert`.
     """
     options = make_options(table, key, partition, ordering, delete_column, hive_style, buckets, cache_options,
                            cache_config, df.sparkSession.conf)
@@ -175,12 +176,15 @@ def _collect_results(results: Any) -> list[tuple[int, int, bytes]]:
     return [(row.shard, row.attempt, row.payload) for row in results.collect()]
 
 
-def upsert(df: Any, table: Table, key: str = "id", partition: str = "dt", ordering: str | None = None,
+def upsert(df: Any, table: Table, *, key: str, partition: str, ordering: str | None = None,
            delete_column: str | None = "_dbidx_delete", hive_style: bool = True, buckets: BucketSpec | None = None,
            cache_options: Mapping[str, Any] | None = None, cache_config: CacheConfig | None = None,
            on_task_written: TaskHook | None = None) -> CommitSummary:
     """Insert, update and delete the rows of `df` in `table` as one atomic instant; returns its summary.
 
+    `key` and `partition` name the record-key and partition columns. They are required keywords: a guessed default
+    such as "id" (or a swapped positional pair) may name a column that exists but is not the one meant, and the rows
+    would be written under the wrong identity or layout without any error.
     on_task_written(spark partition id, attempt number) runs in each task after its files are written and
     before it reports back: an instrumentation hook (fault injection in tests, progress in tools).
     Raises ConflictError if a commit that completed meanwhile touched one of the batch's keys (nothing is
