@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.cli import main
 from dbidx.config import CacheConfig
-from dbidx.errors import ConflictError, CorruptFileError, InvalidKeyError, InvalidPartitionError
+from dbidx.errors import ConflictError, CorruptFileError, HookError, InvalidKeyError, InvalidPartitionError
 from dbidx.mdt import compaction, layout, markers
 from dbidx.mdt.table import Table
 from dbidx.spark_integration import datafiles
@@ -126,6 +126,27 @@ def test_key_and_partition_are_required_keywords_of_upsert_arrow_and_tag_options
     with pytest.raises(TypeError, match="missing 2 required positional arguments: 'key' and 'partition'"):
         TagOptions(cache=config)
     assert table.timeline.pending() == [] and table.timeline.completed() == []
+
+
+def test_a_hook_error_marker_carries_any_message_and_rebuilds_only_exception_types() -> None:
+    """The text a failing on_task_written leaves in a task's error brings back its type and exact message; a marker
+    naming something that is not an Exception subclass, or nothing importable, is reported as HookError."""
+    from dbidx.spark_integration.api import hook_error, run_hook
+
+    def hook(partition_id: int, attempt_number: int) -> None:
+        raise ValueError('two\nlines, "quotes" and a ] bracket')
+
+    with pytest.raises(RuntimeError, match=r"^dbidx-hook-error\[builtins:ValueError\] shard=3 attempt=1 ") as raised:
+        run_hook(hook, 3, 1)
+    error = hook_error(raised.value)
+    assert type(error) is ValueError and str(error) == 'two\nlines, "quotes" and a ] bracket'
+    assert error.__notes__[0].startswith("raised by on_task_written in the task of shard 3, attempt 1")
+    for named in ("os:system", "builtins:SystemExit", "builtins:int", "no_such_module_xyz:Error"):
+        crafted = RuntimeError(f'Traceback ... dbidx-hook-error[{named}] shard=0 attempt=0 "what it said"\n ...')
+        error = hook_error(crafted)
+        assert type(error) is HookError and str(error).startswith(f"on_task_written raised {named.replace(':', '.')}: "
+                                                                  "what it said (that type cannot be"), error
+    assert hook_error(RuntimeError("a task failed without a marker")) is None
 
 
 def test_a_non_partitioned_table_writes_its_data_at_the_root(tmp_path: Path) -> None:

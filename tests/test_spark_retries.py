@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 
 from dbidx.buckets.assigner import BucketSpec
 from dbidx.config import CacheConfig
-from dbidx.errors import InvalidInputError, InvalidKeyError
+from dbidx.errors import HookError, InvalidInputError, InvalidKeyError
 from dbidx.mdt.table import Table
 from dbidx.mdt.timeline import ACTION_ROLLBACK
 from dbidx.spark_integration import datafiles, task
@@ -89,6 +90,46 @@ def test_failed_job_is_rolled_back_and_the_batch_can_be_replayed(spark, setup) -
     assert not table.timeline.pending()
     replay = upsert(batch, table, key="id", partition="dt", cache_config=config)
     assert (replay.updates, replay.inserts, replay.orphans_deleted) == (30, 30, 0)
+
+
+class LedgerClosedError(Exception):
+    """A hook's own exception type, defined in an importable module (this one)."""
+
+
+def closed_ledger(partition_id: int, attempt_number: int) -> None:
+    raise LedgerClosedError(f"ledger of shard {partition_id} is closed")
+
+
+def missing_entry(partition_id: int, attempt_number: int) -> None:
+    raise KeyError(f"entry-{partition_id}")
+
+
+def local_failure(partition_id: int, attempt_number: int) -> None:
+    class NotImportable(Exception):
+        """Defined in a function: the driver cannot reach it by module path."""
+
+    raise NotImportable(f"local failure in shard {partition_id}")
+
+
+@pytest.mark.parametrize(("hook", "kind", "message"), [
+    (closed_ledger, LedgerClosedError, r"ledger of shard [01] is closed"),
+    (missing_entry, KeyError, r"'entry-[01]'"),
+    (local_failure, HookError, (r"on_task_written raised tests\.test_spark_retries\.local_failure\.<locals>\."
+                                r"NotImportable: local failure in shard [01] \(that type cannot be imported .*")),
+], ids=["custom", "builtin", "not-importable"])
+def test_an_exception_of_the_hook_comes_back_with_its_own_type(spark, setup, hook, kind, message) -> None:
+    """What on_task_written raises in a task reaches the caller as its own type and message, not as a Spark error."""
+    table, config = setup
+    batch = spark.createDataFrame(rows_of(20), SCHEMA)
+    with pytest.raises(kind) as raised:
+        upsert(batch, table, key="id", partition="dt", cache_config=config, on_task_written=hook)
+    assert type(raised.value) is kind and re.fullmatch(message, str(raised.value)), repr(raised.value)
+    # Spark gave up after its third attempt (local[2,3]): the note names the shard and the attempt.
+    assert any(re.fullmatch(r"raised by on_task_written in the task of shard [01], attempt 2, and re-raised on the "
+                            r"driver; the Spark error that carried it is its __cause__", note)
+               for note in raised.value.__notes__), raised.value.__notes__
+    assert "dbidx-hook-error[" in str(raised.value.__cause__)
+    assert [r.action for r in table.timeline.completed()] == [ACTION_ROLLBACK]
 
 
 def test_speculative_duplicate_attempts_leave_one_version(setup) -> None:
