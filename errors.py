@@ -76,6 +76,11 @@ class UnsafeConcurrencyError(DbidxError):
     exit_code = 5
 
 
+class HookError(DbidxError):
+    """A user hook (`upsert`'s on_task_written) raised, in a Spark task, an exception whose own type the driver
+    cannot rebuild: the message names that type and carries the hook's message."""
+
+
 class InstantStateError(DbidxError):
     """An instant was used in a state that does not allow it (e.g. committing a rolled-back instant)."""
 

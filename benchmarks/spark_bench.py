@@ -97,11 +97,13 @@ def run_size(spark, work: Path, keys: int, args: argparse.Namespace) -> dict:
     # 1. dbidx: the first batch loads the shard caches on demand (the cold cost); a second one warms the Python
     #    workers (imports, the worker's Table); then the steady-state batches are timed.
     first = make_batch(spark, keys, args.batch_rows, rng, serial)
-    cold_s = time_action(lambda: noop(tag(first, table, cache_config=config)))
-    noop(tag(first, table, cache_config=config))
+    cold_s = time_action(lambda: noop(tag(first, table, key="id", partition="dt", cache_config=config)))
+    noop(tag(first, table, key="id", partition="dt", cache_config=config))
     batches = [make_batch(spark, keys, args.batch_rows, rng, serial) for _ in range(args.repeats)]
-    dbidx_s = statistics.median(time_action(lambda b=b: noop(tag(b, table, cache_config=config))) for b in batches)
-    found = tag(batches[0], table, cache_config=config).filter(F.col("_dbidx_is_update")).count()
+    dbidx_s = statistics.median(time_action(lambda b=b: noop(tag(b, table, key="id", partition="dt",
+                                                                 cache_config=config))) for b in batches)
+    found = tag(batches[0], table, key="id", partition="dt",
+                cache_config=config).filter(F.col("_dbidx_is_update")).count()
     # 2. The join a user writes without dbidx: the batch against every live RLI entry, read from Parquet.
     paths = rli_paths(table)
 

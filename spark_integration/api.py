@@ -8,6 +8,8 @@ the instant back and deletes every file any attempt announced. Callable from `fo
 """
 from __future__ import annotations
 
+import importlib
+import json
 import re
 import time
 from dataclasses import asdict, dataclass, field
@@ -19,7 +21,7 @@ import pyarrow as pa
 from dbidx import errors
 from dbidx.buckets.assigner import BucketSpec
 from dbidx.config import CacheConfig
-from dbidx.errors import CommitError, ConfigError, DbidxError, InvalidInputError
+from dbidx.errors import CommitError, ConfigError, DbidxError, HookError, InvalidInputError
 from dbidx.mdt.conflicts import TouchedKeys
 from dbidx.mdt.records import ACTION_COMMIT, DataFileRecord, FileRecord, PartitionChange
 from dbidx.mdt.table import Table
@@ -29,6 +31,9 @@ from dbidx.spark_integration.tagger import ROW_ID, TAG_FIELDS, TagOptions
 UPSERT_EXTRA = "upsert"
 TaskHook = Callable[[int, int], None]
 _TASK_ERROR = re.compile(r"dbidx\.errors\.(\w+): (.+)")
+HOOK_ERROR_MARKER = "dbidx-hook-error"
+_HOOK_ERROR = re.compile(re.escape(HOOK_ERROR_MARKER)
+                         + r"\[([^\s:\]]+):([^\s\]]+)\] shard=(-?\d+) attempt=(\d+) (\"(?:[^\"\\]|\\.)*\")")
 
 
 @dataclass
@@ -115,7 +120,59 @@ def retyped(exc: BaseException) -> BaseException:
     return exc
 
 
-def tag(df: Any, table: Table, key: str = "id", partition: str = "dt", ordering: str | None = None,
+def run_hook(hook: TaskHook, shard: int, attempt: int) -> None:
+    """Run on_task_written in a task; an exception it raises leaves the task as a RuntimeError whose message carries
+    a marker (`dbidx-hook-error[module:qualname] shard=N attempt=M "message"`) that `hook_error` turns back into
+    the hook's own type on the driver.
+
+    Why text and not pickle: Spark hands a task's failure to the driver as text (a Python traceback inside a Java
+    exception), and unpickling bytes from a task on the driver would run whatever they say; the marker names only
+    the class's import path and carries the message as a JSON string.
+    """
+    try:
+        hook(shard, attempt)
+    except Exception as exc:
+        kind = type(exc)
+        message = exc.args[0] if len(exc.args) == 1 and isinstance(exc.args[0], str) else str(exc)
+        raise RuntimeError(f"{HOOK_ERROR_MARKER}[{kind.__module__}:{kind.__qualname__}] shard={shard} "
+                           f"attempt={attempt} {json.dumps(message)}") from exc
+
+
+def hook_error(exc: BaseException) -> Exception | None:
+    """The exception on_task_written raised in a task, rebuilt from the marker `run_hook` put in the Spark error that
+    carried it (None if there is none): the hook's own type with its message when the driver can import the type and
+    build it from a message, else a HookError naming the type. A note says which task attempt raised it."""
+    match = _HOOK_ERROR.search(str(exc))
+    if match is None:
+        return None
+    module, qualname, shard, attempt, encoded = match.groups()
+    try:
+        message = json.loads(encoded)
+    except ValueError:  # cut short on the way: keep the text as it came
+        message = encoded
+    error = _rebuilt(module, qualname, message) or HookError(
+        f"on_task_written raised {module}.{qualname}: {message} (that type cannot be imported or built from a "
+        "message on the driver, so it is reported as HookError)")
+    error.add_note(f"raised by on_task_written in the task of shard {shard}, attempt {attempt}, and re-raised on the "
+                   "driver; the Spark error that carried it is its __cause__")
+    return error
+
+
+def _rebuilt(module: str, qualname: str, message: str) -> Exception | None:
+    """An instance of the exception class `module:qualname` made from its message, or None if there is no such
+    importable Exception subclass or it cannot be built from one string."""
+    try:
+        kind: Any = importlib.import_module(module)
+        for name in qualname.split("."):
+            kind = getattr(kind, name)
+        if isinstance(kind, type) and issubclass(kind, Exception):
+            return kind(message)
+    except Exception:  # noqa: BLE001 - not importable, a local class, or another constructor: HookError instead
+        return None
+    return None
+
+
+def tag(df: Any, table: Table, *, key: str, partition: str, ordering: str | None = None,
         delete_column: str | None = "_dbidx_delete", hive_style: bool = True, buckets: BucketSpec | None = None,
         cache_options: Mapping[str, Any] | None = None, cache_config: CacheConfig | None = None,
         use_rdd: bool = False) -> Any:
@@ -123,7 +180,8 @@ def tag(df: Any, table: Table, key: str = "id", partition: str = "dt", ordering:
 
     Lazy like any transformation. Rows are tagged against the index as of the latest commit when the task runs;
     a key repeated in the batch gets one location (use `upsert` to also collapse the repeats). use_rdd=True runs
-    the same tagger through `mapPartitions` for pipelines built on RDDs.
+    the same tagger through `mapPartitions` for pipelines built on RDDs. `key` and `partition` name the record-key
+    and partition columns, as keywords and without defaults, as for `upsert`.
     """
     options = make_options(table, key, partition, ordering, delete_column, hive_style, buckets, cache_options,
                            cache_config, df.sparkSession.conf)
@@ -163,7 +221,7 @@ def _upsert_partition(batches: Iterator[pa.RecordBatch], table: Table, options: 
     attempt = context.taskAttemptId() if context is not None else 0
     result = task.upsert_batches(batches, table, options, instant, attempt)
     if on_task_written is not None and context is not None:
-        on_task_written(context.partitionId(), context.attemptNumber())
+        run_hook(on_task_written, context.partitionId(), context.attemptNumber())
     yield task.pack_result(context.partitionId() if context is not None else -1, attempt, result)
 
 
@@ -175,14 +233,19 @@ def _collect_results(results: Any) -> list[tuple[int, int, bytes]]:
     return [(row.shard, row.attempt, row.payload) for row in results.collect()]
 
 
-def upsert(df: Any, table: Table, key: str = "id", partition: str = "dt", ordering: str | None = None,
+def upsert(df: Any, table: Table, *, key: str, partition: str, ordering: str | None = None,
            delete_column: str | None = "_dbidx_delete", hive_style: bool = True, buckets: BucketSpec | None = None,
            cache_options: Mapping[str, Any] | None = None, cache_config: CacheConfig | None = None,
            on_task_written: TaskHook | None = None) -> CommitSummary:
     """Insert, update and delete the rows of `df` in `table` as one atomic instant; returns its summary.
 
+    `key` and `partition` name the record-key and partition columns. They are required keywords: a guessed default
+    such as "id" (or a swapped positional pair) may name a column that exists but is not the one meant, and the rows
+    would be written under the wrong identity or layout without any error.
     on_task_written(spark partition id, attempt number) runs in each task after its files are written and
-    before it reports back: an instrumentation hook (fault injection in tests, progress in tools).
+    before it reports back: an instrumentation hook (fault injection in tests, progress in tools). If it raises in
+    the task attempt Spark gives up on, upsert raises that exception's type with its message (a HookError naming the
+    type if the driver cannot import or build it), after rolling the instant back.
     Raises ConflictError if a commit that completed meanwhile touched one of the batch's keys (nothing is
     published: run the upsert again), CommitError if the job's results are incomplete.
     """
@@ -193,9 +256,17 @@ def upsert(df: Any, table: Table, key: str = "id", partition: str = "dt", orderi
 
     def job(instant: str) -> list[tuple[int, int, bytes]]:
         shuffled = _by_shard(df.withColumn(ROW_ID, F.monotonically_increasing_id()), table, options)
-        return _collect_results(shuffled.mapInArrow(
-            partial(_upsert_partition, table=table, options=options, instant=instant,
-                    on_task_written=on_task_written), task.RESULT_DDL))
+        try:
+            return _collect_results(shuffled.mapInArrow(
+                partial(_upsert_partition, table=table, options=options, instant=instant,
+                        on_task_written=on_task_written), task.RESULT_DDL))
+        except Exception as exc:
+            # Only a run with a hook looks for its marker: without one, row data quoted in an error's text cannot
+            # pass for a hook's failure.
+            error = hook_error(exc) if on_task_written is not None else None
+            if error is None:
+                raise
+            raise error from exc
 
     return run_upsert(table, options, job)
 
@@ -218,7 +289,10 @@ def run_upsert(table: Table, options: TagOptions, job: Callable[[str], list[tupl
             writer.rollback()  # also deletes every file any attempt announced
         except Exception as cleanup:  # noqa: BLE001 - reported with the error that caused the rollback
             exc.add_note(f"rolling back instant {instant} failed too: {type(cleanup).__name__}: {cleanup}")
-        raise retyped(exc) from exc
+        error = retyped(exc)
+        if error is exc:
+            raise  # as it is, with its own cause (`raise exc from exc` would replace that cause by itself)
+        raise error from exc
     # 3. Files of failed or losing attempts (and the touched-key files) were never listed; now they go.
     listed = [f.path for f in record.data_files] + [f.path for f in record.files]
     scratch = {t.path for t in writer.touched() if t.path}

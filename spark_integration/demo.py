@@ -201,7 +201,8 @@ def run_demo(workdir: str | Path, keys: int = 200_000, days: int = 10, batches: 
             if number == streamed_at:
                 summary, how = _streamed(spark, root, frame, table, config, spec, number), "streaming"
             else:
-                summary, how = upsert(spark.createDataFrame(frame), table, buckets=spec, cache_config=config), "batch"
+                summary, how = upsert(spark.createDataFrame(frame), table, key="id", partition="dt", buckets=spec,
+                                      cache_config=config), "batch"
             say(_line(number, how, summary))
             report["batches"].append({"batch": number, "via": how, **{k: v for k, v in summary.to_dict().items()
                                                                       if k != "per_shard"}})
@@ -237,7 +238,8 @@ def _streamed(spark: Any, root: Path, frame: pd.DataFrame, table: Table, config:
     summaries: list[CommitSummary] = []
     schema = spark.read.parquet(str(incoming)).schema
     query = (spark.readStream.schema(schema).parquet(str(incoming)).writeStream
-             .foreachBatch(lambda df, _id: summaries.append(upsert(df, table, buckets=spec, cache_config=config)))
+             .foreachBatch(lambda df, _id: summaries.append(upsert(df, table, key="id", partition="dt", buckets=spec,
+                                                                   cache_config=config)))
              .option("checkpointLocation", str(root / "_checkpoint")).trigger(availableNow=True).start())
     query.awaitTermination()
     if len(summaries) != 1:

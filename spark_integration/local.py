@@ -19,11 +19,12 @@ from dbidx.spark_integration.api import CommitSummary, make_options, run_upsert
 from dbidx.spark_integration.tagger import ROW_ID
 
 
-def upsert_arrow(data: pa.Table, table: Table, key: str = "id", partition: str = "dt", ordering: str | None = None,
+def upsert_arrow(data: pa.Table, table: Table, *, key: str, partition: str, ordering: str | None = None,
                  delete_column: str | None = "_dbidx_delete", hive_style: bool = True,
                  buckets: BucketSpec | None = None, cache_options: Mapping[str, Any] | None = None,
                  cache_config: CacheConfig | None = None) -> CommitSummary:
-    """Insert, update and delete the rows of an Arrow table as one atomic instant (semantics of `api.upsert`)."""
+    """Insert, update and delete the rows of an Arrow table as one atomic instant (semantics of `api.upsert`,
+    including its required `key` and `partition` keywords)."""
     options = make_options(table, key, partition, ordering, delete_column, hive_style, buckets, cache_options,
                            cache_config)
     options.check_columns(data.column_names, "the upsert table",

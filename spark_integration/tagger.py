@@ -44,8 +44,8 @@ TAG_FIELDS = [
 class TagOptions:
     """What the rows look like and how new keys are routed; picklable (shipped to every task)."""
 
-    key: str = "id"
-    partition: str = "dt"
+    key: str  # no defaults: a guessed column name that happens to exist would silently be the wrong one
+    partition: str
     ordering: str | None = None  # same-key rows of a batch: highest value wins (ties: latest arrival)
     delete_column: str | None = DEFAULT_DELETE_COLUMN  # a true value deletes the key; this default is optional
     hive_style: bool = True  # partition path "dt=2025-01-15" (True) or "2025-01-15" (False)

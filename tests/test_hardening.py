@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.cli import main
 from dbidx.config import CacheConfig
-from dbidx.errors import ConflictError, CorruptFileError, InvalidKeyError, InvalidPartitionError
+from dbidx.errors import ConflictError, CorruptFileError, HookError, InvalidKeyError, InvalidPartitionError
 from dbidx.mdt import compaction, layout, markers
 from dbidx.mdt.table import Table
 from dbidx.spark_integration import datafiles
@@ -57,7 +57,7 @@ def test_a_crafted_marker_is_refused_by_the_sweep_every_upsert_runs(table: Table
                                                                      crafted: str) -> None:
     target = victim(tmp_path, "victim2.txt")
     config = CacheConfig(base_path=str(tmp_path / "cache"))
-    upsert_arrow(pa.table({"id": ["a"], "dt": ["2025-03-01"]}), table, cache_config=config)
+    upsert_arrow(pa.table({"id": ["a"], "dt": ["2025-03-01"]}), table, key="id", partition="dt", cache_config=config)
     settled = table.timeline.completed()[-1].instant
     table.io.write_atomic(f"{markers.marker_dir(settled)}/{crafted}", b"")
     with pytest.raises(CorruptFileError, match="marker"):
@@ -112,12 +112,49 @@ def test_partition_values_with_control_characters_or_a_metadata_segment_are_refu
             writer.insert(bad, ["k"], "fg")
 
 
+def test_key_and_partition_are_required_keywords_of_upsert_arrow_and_tag_options(table: Table,
+                                                                                 tmp_path: Path) -> None:
+    """No guessed defaults ("id", "dt"): naming the key and partition columns is part of every call."""
+    from dbidx.spark_integration.tagger import TagOptions
+
+    config = CacheConfig(base_path=str(tmp_path / "cache"))
+    data = pa.table({"id": ["a"], "dt": ["2025-03-01"]})
+    with pytest.raises(TypeError, match="missing 2 required keyword-only arguments: 'key' and 'partition'"):
+        upsert_arrow(data, table, cache_config=config)
+    with pytest.raises(TypeError, match="takes 2 positional arguments but 4"):
+        upsert_arrow(data, table, "id", "dt", cache_config=config)
+    with pytest.raises(TypeError, match="missing 2 required positional arguments: 'key' and 'partition'"):
+        TagOptions(cache=config)
+    assert table.timeline.pending() == [] and table.timeline.completed() == []
+
+
+def test_a_hook_error_marker_carries_any_message_and_rebuilds_only_exception_types() -> None:
+    """The text a failing on_task_written leaves in a task's error brings back its type and exact message; a marker
+    naming something that is not an Exception subclass, or nothing importable, is reported as HookError."""
+    from dbidx.spark_integration.api import hook_error, run_hook
+
+    def hook(partition_id: int, attempt_number: int) -> None:
+        raise ValueError('two\nlines, "quotes" and a ] bracket')
+
+    with pytest.raises(RuntimeError, match=r"^dbidx-hook-error\[builtins:ValueError\] shard=3 attempt=1 ") as raised:
+        run_hook(hook, 3, 1)
+    error = hook_error(raised.value)
+    assert type(error) is ValueError and str(error) == 'two\nlines, "quotes" and a ] bracket'
+    assert error.__notes__[0].startswith("raised by on_task_written in the task of shard 3, attempt 1")
+    for named in ("os:system", "builtins:SystemExit", "builtins:int", "no_such_module_xyz:Error"):
+        crafted = RuntimeError(f'Traceback ... dbidx-hook-error[{named}] shard=0 attempt=0 "what it said"\n ...')
+        error = hook_error(crafted)
+        assert type(error) is HookError and str(error).startswith(f"on_task_written raised {named.replace(':', '.')}: "
+                                                                  "what it said (that type cannot be"), error
+    assert hook_error(RuntimeError("a task failed without a marker")) is None
+
+
 def test_a_non_partitioned_table_writes_its_data_at_the_root(tmp_path: Path) -> None:
     table = Table.create(str(tmp_path / "t"), num_shards=2)
     config = CacheConfig(base_path=str(tmp_path / "cache"))
-    first = upsert_arrow(pa.table({"id": ["a", "b"], "p": ["", ""]}), table, partition="p", hive_style=False,
+    first = upsert_arrow(pa.table({"id": ["a", "b"], "p": ["", ""]}), table, key="id", partition="p", hive_style=False,
                          cache_config=config)
-    again = upsert_arrow(pa.table({"id": ["a", "c"], "p": ["", ""]}), table, partition="p", hive_style=False,
+    again = upsert_arrow(pa.table({"id": ["a", "c"], "p": ["", ""]}), table, key="id", partition="p", hive_style=False,
                          cache_config=config)
     assert (first.inserts, again.updates, again.inserts) == (2, 1, 1)
     assert all("/" not in f.path for rec in table.timeline.completed() for f in rec.data_files)
@@ -129,13 +166,14 @@ def test_a_copied_table_never_shares_caches_with_its_original(tmp_path: Path) ->
 
     original = Table.create(str(tmp_path / "orig"), num_shards=1)
     config = CacheConfig(base_path=str(tmp_path / "cache"))
-    upsert_arrow(pa.table({"id": ["a"], "dt": ["2025-03-01"]}), original, cache_config=config)
+    upsert_arrow(pa.table({"id": ["a"], "dt": ["2025-03-01"]}), original, key="id", partition="dt", cache_config=config)
     shutil.copytree(original.uri, tmp_path / "copy")
     copy = Table.open(str(tmp_path / "copy"))
     assert copy.props.table_id == original.props.table_id
-    upsert_arrow(pa.table({"id": ["only-in-copy"], "dt": ["2025-03-01"]}), copy, cache_config=config)
+    upsert_arrow(pa.table({"id": ["only-in-copy"], "dt": ["2025-03-01"]}), copy, key="id", partition="dt",
+                 cache_config=config)
     summary = upsert_arrow(pa.table({"id": ["only-in-copy", "a"], "dt": ["2025-03-01"] * 2}), original,
-                           cache_config=config)
+                           key="id", partition="dt", cache_config=config)
     assert (summary.inserts, summary.updates) == (1, 1)  # the copy's key is new to the original
     assert RecordIndexCache.for_table(copy, 0, config).path != RecordIndexCache.for_table(original, 0, config).path
     result = CliRunner().invoke(main, ["verify", "--table", original.uri, "--cache-dir", str(tmp_path / "cache")])
@@ -159,15 +197,15 @@ def test_the_delete_column_is_checked_before_anything_starts(table: Table, tmp_p
     config = CacheConfig(base_path=str(tmp_path / "cache"))
     data = pa.table({"id": ["a"], "dt": ["2025-03-01"], "is_deleted": [True]})
     with pytest.raises(InvalidInputError, match="no delete column 'is_delted'"):
-        upsert_arrow(data, table, delete_column="is_delted", cache_config=config)
+        upsert_arrow(data, table, key="id", partition="dt", delete_column="is_delted", cache_config=config)
     with pytest.raises(InvalidInputError, match="must be boolean"):
         upsert_arrow(pa.table({"id": ["a"], "dt": ["2025-03-01"], "_dbidx_delete": ["yes"]}), table,
-                     cache_config=config)
+                     key="id", partition="dt", cache_config=config)
     assert table.timeline.completed() == [] and table.timeline.pending() == []
     # A delete whose partition does not hold the key deletes nothing, and says so.
-    upsert_arrow(data, table, delete_column=None, cache_config=config)
+    upsert_arrow(data, table, key="id", partition="dt", delete_column=None, cache_config=config)
     summary = upsert_arrow(pa.table({"id": ["a"], "dt": ["2025-03-02"], "is_deleted": [True]}), table,
-                           delete_column="is_deleted", cache_config=config)
+                           key="id", partition="dt", delete_column="is_deleted", cache_config=config)
     assert (summary.deletes, summary.deletes_missing) == (0, 1)
     assert table.snapshot(DAY).column("key").to_pylist() == ["a"]
 
@@ -179,7 +217,8 @@ def test_caches_are_private_whatever_the_umask(table: Table, tmp_path: Path) -> 
     try:
         base = tmp_path / "deep" / "base"
         config = CacheConfig(base_path=str(base))
-        upsert_arrow(pa.table({"id": ["a", "b"], "dt": ["2025-03-01"] * 2}), table, cache_config=config)
+        upsert_arrow(pa.table({"id": ["a", "b"], "dt": ["2025-03-01"] * 2}), table, key="id", partition="dt",
+                     cache_config=config)
     finally:
         os.umask(old)
     for path in [tmp_path / "deep", base, *base.rglob("*")]:
@@ -226,7 +265,7 @@ def test_a_table_of_the_previous_format_is_refused_by_name(table: Table) -> None
 
 def test_deep_partitions_get_hashed_marker_names(table: Table, tmp_path: Path) -> None:
     day = "x" * 180
-    summary = upsert_arrow(pa.table({"id": ["a", "b"], "dt": [day, day]}), table,
+    summary = upsert_arrow(pa.table({"id": ["a", "b"], "dt": [day, day]}), table, key="id", partition="dt",
                            cache_config=CacheConfig(base_path=str(tmp_path / "cache")))
     assert summary.inserts == 2 and table.io.list_dirs(markers.MARKERS_DIR) == []
     assert markers.marker_name(f"dt={day}/{'0' * 8}-fg_{'1' * 17}_0.parquet").startswith("h-")

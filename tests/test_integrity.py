@@ -33,9 +33,9 @@ def make_table(root: Path, keys: int = 3000) -> tuple[Table, CacheConfig]:
     table = Table.create(str(root / "t"), num_shards=1, row_group_size=64)
     config = CacheConfig(base_path=str(root / "cache"))
     upsert_arrow(pa.table({"id": [f"k{i:05d}" for i in range(keys)], "dt": ["2025-03-01"] * keys,
-                           "v": list(range(keys))}), table, cache_config=config)
+                           "v": list(range(keys))}), table, key="id", partition="dt", cache_config=config)
     upsert_arrow(pa.table({"id": ["k00001", "new-1"], "dt": ["2025-03-01"] * 2, "v": [7, 8]}), table,
-                 cache_config=config)
+                 key="id", partition="dt", cache_config=config)
     return table, config
 
 
@@ -227,7 +227,8 @@ def restored_after_one_more_commit(tmp_path: Path, staged: bool = False) -> tupl
     table, config = make_table(tmp_path)
     backup = tmp_path / "backup"
     shutil.copytree(table.uri, backup)
-    upsert_arrow(pa.table({"id": ["later"], "dt": ["2025-03-01"], "v": [1]}), table, cache_config=config)
+    upsert_arrow(pa.table({"id": ["later"], "dt": ["2025-03-01"], "v": [1]}), table, key="id", partition="dt",
+                 cache_config=config)
     with RecordIndexCache.for_table(table, 0, config) as cache:
         assert sync(cache, table).to_seq == 3 and cache.watermark == 3
         if staged:
@@ -244,7 +245,7 @@ def test_a_cache_ahead_of_its_table_is_dropped_and_rebuilt(tmp_path: Path) -> No
         result = sync(cache, restored)
         assert result.dropped_partitions == [DAY] and cache.partitions() == {} and cache.watermark == 2
     summary = upsert_arrow(pa.table({"id": ["later", "k00002"], "dt": ["2025-03-01"] * 2, "v": [1, 2]}), restored,
-                           cache_config=config)
+                           key="id", partition="dt", cache_config=config)
     assert (summary.inserts, summary.updates, summary.on_demand_loads) == (1, 1, 1)
 
 

@@ -132,12 +132,14 @@ def test_two_spark_upserts_on_s3_with_overlapping_new_keys(spark, s3: dict[str, 
 
     table = Table.create(f"s3://dbidx-test/spark-{uuid.uuid4().hex[:8]}", num_shards=2, storage_options=s3)
     config = CacheConfig(base_path=str(tmp_path / "cache"))
-    upsert(spark.createDataFrame([("base", "2025-03-01", 0, False)], SCHEMA), table, cache_config=config)
+    upsert(spark.createDataFrame([("base", "2025-03-01", 0, False)], SCHEMA), table, key="id", partition="dt",
+           cache_config=config)
     later = [("new-1", "2025-03-01", 2, False), ("new-2", "2025-03-01", 2, False)]
     first = [("new-1", "2025-03-01", 1, False)]
     error = race(spark, table, config, tmp_path, later, first, key="new-1")
     assert isinstance(error, ConflictError), error
-    upsert(spark.createDataFrame(later, SCHEMA), table, cache_config=config)  # the retry lands
+    # The retry lands.
+    upsert(spark.createDataFrame(later, SCHEMA), table, key="id", partition="dt", cache_config=config)
     rows = sorted((r.id, r.v) for r in read_table(spark, table).select("id", "v").collect())
     assert rows == [("base", 0), ("new-1", 2), ("new-2", 2)]
     assert sorted(table.snapshot(PART).column("key").to_pylist()) == ["base", "new-1", "new-2"]

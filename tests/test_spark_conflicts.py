@@ -48,7 +48,7 @@ def race(spark, table: Table, config: CacheConfig, tmp_path: Path, later: list[t
 
     def run_later() -> None:
         try:
-            upsert(spark.createDataFrame(later, SCHEMA), table, cache_config=config,
+            upsert(spark.createDataFrame(later, SCHEMA), table, key="id", partition="dt", cache_config=config,
                    on_task_written=partial(wait_in_task, flags=str(flags), shard=int(table.shard_of([key])[0])))
             outcome.append(None)
         except BaseException as exc:  # noqa: BLE001 - handed to the test
@@ -60,7 +60,7 @@ def race(spark, table: Table, config: CacheConfig, tmp_path: Path, later: list[t
     while not (flags / "written").exists():
         assert time.monotonic() < deadline and thread.is_alive(), outcome
         time.sleep(0.02)
-    upsert(spark.createDataFrame(first, SCHEMA), table, cache_config=config)
+    upsert(spark.createDataFrame(first, SCHEMA), table, key="id", partition="dt", cache_config=config)
     (flags / "go").touch()
     thread.join(180)
     return outcome[0]
@@ -93,7 +93,7 @@ def test_racing_writers_on_one_key(spark, tmp_path: Path, case: str) -> None:
     config = CacheConfig(base_path=str(tmp_path / "cache"))
     other = [("other", D1, 1, False)]  # a second key so every commit has data
     for row in [other] + [[r] for r in existing]:
-        upsert(spark.createDataFrame(row, SCHEMA), table, cache_config=config)
+        upsert(spark.createDataFrame(row, SCHEMA), table, key="id", partition="dt", cache_config=config)
     before = table.timeline.latest_seq
     error = race(spark, table, config, tmp_path, later, first, key=later[0][0])
     assert isinstance(error, ConflictError), error
@@ -102,7 +102,7 @@ def test_racing_writers_on_one_key(spark, tmp_path: Path, case: str) -> None:
     assert [r.action for r in table.timeline.completed()[before:]] == ["commit", ACTION_ROLLBACK]
     assert table.io.list_dirs(markers.MARKERS_DIR) == []
     # Its retry re-tags against the new state and lands.
-    upsert(spark.createDataFrame(later, SCHEMA), table, cache_config=config)
+    upsert(spark.createDataFrame(later, SCHEMA), table, key="id", partition="dt", cache_config=config)
     rows = {(r.id, r.dt, r.v) for r in read_table(spark, table).select("id", "dt", "v").collect()}
     assert rows == expected | {("other", D1, 1)}
     index = index_state(table)
@@ -115,18 +115,19 @@ def test_racing_writers_on_one_key(spark, tmp_path: Path, case: str) -> None:
 def test_a_lost_task_result_publishes_nothing(spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     table = Table.create(str(tmp_path / "t"), num_shards=2)
     config = CacheConfig(base_path=str(tmp_path / "cache"))
-    upsert(spark.createDataFrame([(f"k{i}", D1, i, False) for i in range(50)], SCHEMA), table, cache_config=config)
+    upsert(spark.createDataFrame([(f"k{i}", D1, i, False) for i in range(50)], SCHEMA), table, key="id",
+           partition="dt", cache_config=config)
     files_before = {rel for rel, _ in table.io.list_files_recursive("") if not rel.startswith(".dbidx/timeline")}
     collect = api._collect_results
     monkeypatch.setattr(api, "_collect_results", lambda results: collect(results)[:-1])  # one result lost
     batch = [(f"k{i}", D1, 100 + i, False) for i in range(25, 100)]
     with pytest.raises(CommitError, match="returned 1 task results for 2 shard tasks"):
-        upsert(spark.createDataFrame(batch, SCHEMA), table, cache_config=config)
+        upsert(spark.createDataFrame(batch, SCHEMA), table, key="id", partition="dt", cache_config=config)
     assert table.timeline.completed()[-1].action == ACTION_ROLLBACK
     files_after = {rel for rel, _ in table.io.list_files_recursive("") if not rel.startswith(".dbidx/timeline")}
     assert files_after == files_before  # no data, index, touched or marker file of the instant remains
     monkeypatch.setattr(api, "_collect_results", collect)
-    summary = upsert(spark.createDataFrame(batch, SCHEMA), table, cache_config=config)
+    summary = upsert(spark.createDataFrame(batch, SCHEMA), table, key="id", partition="dt", cache_config=config)
     assert (summary.updates, summary.inserts) == (25, 50)
     assert len(index_state(table)) == 100
 
@@ -134,7 +135,8 @@ def test_a_lost_task_result_publishes_nothing(spark, tmp_path: Path, monkeypatch
 def test_read_table_fails_loudly_on_a_damaged_data_file(spark, tmp_path: Path) -> None:
     table = Table.create(str(tmp_path / "t"), num_shards=2)
     config = CacheConfig(base_path=str(tmp_path / "cache"))
-    upsert(spark.createDataFrame([(f"k{i}", D1, i, False) for i in range(40)], SCHEMA), table, cache_config=config)
+    upsert(spark.createDataFrame([(f"k{i}", D1, i, False) for i in range(40)], SCHEMA), table, key="id",
+           partition="dt", cache_config=config)
     record = table.timeline.completed()[-1].data_files[0]
     path = Path(table.io.path(record.path))
     raw = bytearray(path.read_bytes())

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 
 from dbidx.buckets.assigner import BucketSpec
 from dbidx.config import CacheConfig
-from dbidx.errors import InvalidInputError, InvalidKeyError
+from dbidx.errors import HookError, InvalidInputError, InvalidKeyError
 from dbidx.mdt.table import Table
 from dbidx.mdt.timeline import ACTION_ROLLBACK
 from dbidx.spark_integration import datafiles, task
@@ -45,14 +46,14 @@ def setup(tmp_path: Path):
 
 def test_attempt_failing_after_writing_is_retried_without_duplicates(spark, setup) -> None:
     table, config = setup
-    upsert(spark.createDataFrame(rows_of(100), SCHEMA), table, cache_config=config)
+    upsert(spark.createDataFrame(rows_of(100), SCHEMA), table, key="id", partition="dt", cache_config=config)
 
     def fail_first_attempt(partition_id: int, attempt_number: int) -> None:
         if attempt_number == 0:
             raise RuntimeError(f"injected failure of task {partition_id} after its data files were written")
 
     batch = rows_of(60, value=1000) + rows_of(40, start=100, value=1000)  # 60 updates, 40 inserts
-    summary = upsert(spark.createDataFrame(batch, SCHEMA), table, cache_config=config,
+    summary = upsert(spark.createDataFrame(batch, SCHEMA), table, key="id", partition="dt", cache_config=config,
                      on_task_written=fail_first_attempt)
     assert (summary.updates, summary.inserts) == (60, 40)
     # The failed attempts' files (data, index, touched keys) were announced, never listed, and deleted after the commit.
@@ -69,7 +70,7 @@ def test_attempt_failing_after_writing_is_retried_without_duplicates(spark, setu
 
 def test_failed_job_is_rolled_back_and_the_batch_can_be_replayed(spark, setup) -> None:
     table, config = setup
-    upsert(spark.createDataFrame(rows_of(50), SCHEMA), table, cache_config=config)
+    upsert(spark.createDataFrame(rows_of(50), SCHEMA), table, key="id", partition="dt", cache_config=config)
     before_index, before_files = index_state(table), parquet_on_disk(table)
 
     def always_fail(partition_id: int, attempt_number: int) -> None:
@@ -77,7 +78,7 @@ def test_failed_job_is_rolled_back_and_the_batch_can_be_replayed(spark, setup) -
 
     batch = spark.createDataFrame(rows_of(30, value=7) + rows_of(30, start=50), SCHEMA)
     with pytest.raises(Exception, match="injected failure on every attempt"):
-        upsert(batch, table, cache_config=config, on_task_written=always_fail)
+        upsert(batch, table, key="id", partition="dt", cache_config=config, on_task_written=always_fail)
     last = table.timeline.completed()[-1]
     assert last.action == ACTION_ROLLBACK
     assert index_state(table) == before_index
@@ -87,14 +88,54 @@ def test_failed_job_is_rolled_back_and_the_batch_can_be_replayed(spark, setup) -
         time.sleep(0.2)
     assert parquet_on_disk(table) == before_files
     assert not table.timeline.pending()
-    replay = upsert(batch, table, cache_config=config)
+    replay = upsert(batch, table, key="id", partition="dt", cache_config=config)
     assert (replay.updates, replay.inserts, replay.orphans_deleted) == (30, 30, 0)
+
+
+class LedgerClosedError(Exception):
+    """A hook's own exception type, defined in an importable module (this one)."""
+
+
+def closed_ledger(partition_id: int, attempt_number: int) -> None:
+    raise LedgerClosedError(f"ledger of shard {partition_id} is closed")
+
+
+def missing_entry(partition_id: int, attempt_number: int) -> None:
+    raise KeyError(f"entry-{partition_id}")
+
+
+def local_failure(partition_id: int, attempt_number: int) -> None:
+    class NotImportable(Exception):
+        """Defined in a function: the driver cannot reach it by module path."""
+
+    raise NotImportable(f"local failure in shard {partition_id}")
+
+
+@pytest.mark.parametrize(("hook", "kind", "message"), [
+    (closed_ledger, LedgerClosedError, r"ledger of shard [01] is closed"),
+    (missing_entry, KeyError, r"'entry-[01]'"),
+    (local_failure, HookError, (r"on_task_written raised tests\.test_spark_retries\.local_failure\.<locals>\."
+                                r"NotImportable: local failure in shard [01] \(that type cannot be imported .*")),
+], ids=["custom", "builtin", "not-importable"])
+def test_an_exception_of_the_hook_comes_back_with_its_own_type(spark, setup, hook, kind, message) -> None:
+    """What on_task_written raises in a task reaches the caller as its own type and message, not as a Spark error."""
+    table, config = setup
+    batch = spark.createDataFrame(rows_of(20), SCHEMA)
+    with pytest.raises(kind) as raised:
+        upsert(batch, table, key="id", partition="dt", cache_config=config, on_task_written=hook)
+    assert type(raised.value) is kind and re.fullmatch(message, str(raised.value)), repr(raised.value)
+    # Spark gave up after its third attempt (local[2,3]): the note names the shard and the attempt.
+    assert any(re.fullmatch(r"raised by on_task_written in the task of shard [01], attempt 2, and re-raised on the "
+                            r"driver; the Spark error that carried it is its __cause__", note)
+               for note in raised.value.__notes__), raised.value.__notes__
+    assert "dbidx-hook-error[" in str(raised.value.__cause__)
+    assert [r.action for r in table.timeline.completed()] == [ACTION_ROLLBACK]
 
 
 def test_speculative_duplicate_attempts_leave_one_version(setup) -> None:
     """Two attempts of the same task run at once (speculation): both write, one wins, the other leaves nothing."""
     table, config = setup
-    options = TagOptions(buckets=BucketSpec(capacity=25), cache=config)
+    options = TagOptions(key="id", partition="dt", buckets=BucketSpec(capacity=25), cache=config)
     batch = pa.RecordBatch.from_pylist([{"id": k, "dt": d, "v": v} for k, d, v, _ in rows_of(80)])
     shard0 = pa.Table.from_batches([batch]).filter(pa.array(table.shard_of([r["id"] for r in batch.to_pylist()]) == 0))
     writer = table.new_commit()
@@ -125,7 +166,7 @@ def test_speculative_duplicate_attempts_leave_one_version(setup) -> None:
 def test_late_attempts_withdraw_and_leftovers_are_swept(setup) -> None:
     """An attempt that finishes writing after its instant settled removes its files; a killed one is swept."""
     table, config = setup
-    options = TagOptions(cache=config)
+    options = TagOptions(key="id", partition="dt", cache=config)
     batch = pa.RecordBatch.from_pylist([{"id": k, "dt": d, "v": v} for k, d, v, _ in rows_of(20)])
     writer = table.new_commit()
     instant = writer.instant
@@ -142,13 +183,15 @@ def test_late_attempts_withdraw_and_leftovers_are_swept(setup) -> None:
 
 def test_shard_served_by_other_processes_and_writers_stays_correct(spark, setup) -> None:
     table, config = setup
-    upsert(spark.createDataFrame(rows_of(100), SCHEMA), table, cache_config=config)  # Arrow workers
+    # Arrow workers.
+    upsert(spark.createDataFrame(rows_of(100), SCHEMA), table, key="id", partition="dt", cache_config=config)
     # Another writer (another job, another executor) commits behind the caches' back, into a loaded partition.
     with table.new_commit() as writer:
         writer.insert("dt=2025-03-01", [f"ext{i}" for i in range(30)], "external-fg")
     probe = rows_of(10) + [(f"ext{i}", "2025-03-01", 0, False) for i in range(10)] + rows_of(10, start=500)
     # An RDD worker (a different Python process from the Arrow workers) tags against the same shard caches.
-    tagged = tag(spark.createDataFrame(probe, SCHEMA), table, cache_config=config, use_rdd=True).collect()
+    tagged = tag(spark.createDataFrame(probe, SCHEMA), table, key="id", partition="dt", cache_config=config,
+                 use_rdd=True).collect()
     flags = {r.id: (r._dbidx_is_update, r._dbidx_file_group) for r in tagged}
     assert all(flags[f"k{i:05d}"][0] for i in range(10)) and not any(flags[f"k{i:05d}"][0] for i in range(500, 510))
     assert all(flags[f"ext{i}"] == (True, "external-fg") for i in range(10))
@@ -156,7 +199,7 @@ def test_shard_served_by_other_processes_and_writers_stays_correct(spark, setup)
         writer.insert("dt=2025-03-01", [f"ext{i}" for i in range(30, 60)], "external-fg")
     probe += [(f"ext{i}", "2025-03-01", 0, False) for i in range(30, 40)]
     # And the Arrow path again: it catches up on the second external commit and counts it.
-    summary = upsert(spark.createDataFrame(probe, SCHEMA), table, cache_config=config)
+    summary = upsert(spark.createDataFrame(probe, SCHEMA), table, key="id", partition="dt", cache_config=config)
     assert (summary.updates, summary.inserts) == (30, 10)
     assert summary.catchup_entries == 30
 
@@ -174,7 +217,8 @@ def test_streaming_foreach_batch(spark, tmp_path: Path, setup) -> None:
         oracle.apply(batch)
     summaries = []
     query = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(source)).writeStream
-             .foreachBatch(lambda df, _id: summaries.append(upsert(df, table, cache_config=config)))
+             .foreachBatch(lambda df, _id: summaries.append(upsert(df, table, key="id", partition="dt",
+                                                                   cache_config=config)))
              .option("checkpointLocation", str(tmp_path / "checkpoint")).trigger(availableNow=True).start())
     query.awaitTermination(180)
     assert [(s.inserts, s.updates, s.deletes) for s in summaries] == [(40, 0, 0), (10, 20, 0), (0, 0, 1)]
@@ -184,16 +228,18 @@ def test_streaming_foreach_batch(spark, tmp_path: Path, setup) -> None:
 def test_bad_input_gets_typed_errors_and_leaves_nothing(spark, setup) -> None:
     table, config = setup
     with pytest.raises(InvalidInputError, match="no key column 'user_id'"):
-        upsert(spark.createDataFrame(rows_of(3), SCHEMA), table, key="user_id", cache_config=config)
+        upsert(spark.createDataFrame(rows_of(3), SCHEMA), table, key="user_id", partition="dt", cache_config=config)
     assert table.timeline.pending() == [] and table.timeline.completed() == []
     with pytest.raises(InvalidInputError, match="no delete column 'deleted'"):
-        upsert(spark.createDataFrame(rows_of(3), SCHEMA), table, delete_column="deleted", cache_config=config)
+        upsert(spark.createDataFrame(rows_of(3), SCHEMA), table, key="id", partition="dt", delete_column="deleted",
+               cache_config=config)
     with pytest.raises(InvalidInputError, match="must be boolean"):
-        upsert(spark.createDataFrame(rows_of(3), SCHEMA), table, delete_column="v", cache_config=config)
+        upsert(spark.createDataFrame(rows_of(3), SCHEMA), table, key="id", partition="dt", delete_column="v",
+               cache_config=config)
     assert table.timeline.pending() == [] and table.timeline.completed() == []
     nulls = spark.createDataFrame([("a", "2025-03-01", 1, False), (None, "2025-03-01", 2, False)], SCHEMA)
     with pytest.raises(InvalidKeyError, match="null"):
-        upsert(nulls, table, cache_config=config)
+        upsert(nulls, table, key="id", partition="dt", cache_config=config)
     assert [r.action for r in table.timeline.completed()] == [ACTION_ROLLBACK]
     assert parquet_on_disk(table) == set()
 
@@ -203,15 +249,16 @@ def test_tasks_reap_expired_partitions_when_due(spark, tmp_path: Path) -> None:
     table = Table.create(str(tmp_path / "t"), num_shards=1)
     config = CacheConfig(base_path=str(tmp_path / "cache"), partition_ttl_hours=1.0, reaper_interval_s=0.0)
     old_days = [(f"k{i}", f"2025-03-0{1 + i % 3}", i, False) for i in range(30)]
-    upsert(spark.createDataFrame(old_days, SCHEMA), table, cache_config=config)
+    upsert(spark.createDataFrame(old_days, SCHEMA), table, key="id", partition="dt", cache_config=config)
     from dbidx.cache.record_cache import RecordIndexCache
     with RecordIndexCache.for_table(table, 0, config) as cache:  # age the three days by two hours
         for partition in cache.partitions():
             cache.touch(partition, at_ms=cache.partitions()[partition].last_access_ms - 2 * 3600 * 1000)
-    summary = upsert(spark.createDataFrame([("new", "2025-03-09", 1, False)], SCHEMA), table, cache_config=config)
+    summary = upsert(spark.createDataFrame([("new", "2025-03-09", 1, False)], SCHEMA), table, key="id", partition="dt",
+                     cache_config=config)
     assert summary.evictions == 3
     with RecordIndexCache.for_table(table, 0, config) as cache:
         assert sorted(cache.partitions()) == ["dt=2025-03-09"]
     # An evicted day is loaded on demand again when a batch touches it, and answers correctly.
-    again = upsert(spark.createDataFrame(old_days[:3], SCHEMA), table, cache_config=config)
+    again = upsert(spark.createDataFrame(old_days[:3], SCHEMA), table, key="id", partition="dt", cache_config=config)
     assert (again.updates, again.on_demand_loads) == (3, 3)

@@ -52,7 +52,8 @@ def test_random_batches_match_the_oracle_warm_and_cold(spark, tmp_path: Path, gl
         for name, table in tables.items():
             if name == "cold":  # a fresh executor every batch: the whole cache is rebuilt from the MDT
                 shutil.rmtree(tmp_path / "cache-cold", ignore_errors=True)
-            summaries[name] = upsert(df, table, buckets=BucketSpec(capacity=capacity), cache_config=configs[name])
+            summaries[name] = upsert(df, table, key="id", partition="dt", buckets=BucketSpec(capacity=capacity),
+                                     cache_config=configs[name])
         oracle.apply(batch)
         for name, summary in summaries.items():
             assert {c: getattr(summary, c) for c in COUNTS} == expected, (n, name)
@@ -75,41 +76,58 @@ def test_random_batches_match_the_oracle_warm_and_cold(spark, tmp_path: Path, gl
     assert summaries["cold"].on_demand_loads > summaries["warm"].on_demand_loads
 
 
+def test_key_and_partition_are_required_keywords(spark, tmp_path: Path) -> None:
+    """No guessed defaults: a call that does not name the key and partition columns fails before anything runs."""
+    table = Table.create(str(tmp_path / "t"), num_shards=2)
+    config = CacheConfig(base_path=str(tmp_path / "cache"))
+    df = spark.createDataFrame([("a", "2025-03-01", 1, False)], SCHEMA)
+    for call in (upsert, tag):
+        with pytest.raises(TypeError, match="missing 2 required keyword-only arguments: 'key' and 'partition'"):
+            call(df, table, cache_config=config)
+        with pytest.raises(TypeError, match="missing 1 required keyword-only argument: 'partition'"):
+            call(df, table, key="id", cache_config=config)
+        with pytest.raises(TypeError, match="takes 2 positional arguments but 4"):
+            call(df, table, "id", "dt", cache_config=config)
+    assert table.timeline.pending() == [] and table.timeline.completed() == []
+
+
 def test_simple_buckets_route_by_hash_and_keep_existing_keys(spark, tmp_path: Path) -> None:
     table = Table.create(str(tmp_path / "t"), num_shards=2)
     config = CacheConfig(base_path=str(tmp_path / "cache"))
     rows = [(f"user-{i}", "2025-03-01", i, False) for i in range(200)]
-    summary = upsert(spark.createDataFrame(rows, SCHEMA), table, buckets=BucketSpec(mode="simple", num_buckets=6),
-                     cache_config=config)
+    summary = upsert(spark.createDataFrame(rows, SCHEMA), table, key="id", partition="dt",
+                     buckets=BucketSpec(mode="simple", num_buckets=6), cache_config=config)
     assert summary.inserts == 200
     state = index_state(table)
     keys = [ident[1] for ident in state]
     assert [bucket_of(state[(p, k)]) for p, k in state] == shard_of(keys, 6).tolist()
     assert len({bucket_of(fg) for fg in state.values()}) == 6
     # The table remembers its routing: a second upsert without buckets= keeps simple mode; asking for dynamic fails.
-    again = upsert(spark.createDataFrame(rows[:50], SCHEMA), table, cache_config=config)
+    again = upsert(spark.createDataFrame(rows[:50], SCHEMA), table, key="id", partition="dt", cache_config=config)
     assert (again.updates, again.inserts, again.hits) == (50, 0, 50)
     from dbidx.errors import ConfigError
     with pytest.raises(ConfigError, match="routes new keys"):
-        upsert(spark.createDataFrame(rows[:5], SCHEMA), table, buckets=BucketSpec(), cache_config=config)
+        upsert(spark.createDataFrame(rows[:5], SCHEMA), table, key="id", partition="dt", buckets=BucketSpec(),
+               cache_config=config)
 
 
 def test_ordering_field_decides_between_repeats_and_global_tag_reports_moves(spark, tmp_path: Path) -> None:
     table = Table.create(str(tmp_path / "g"), num_shards=2, global_index=True)
     config = CacheConfig(base_path=str(tmp_path / "cache"))
     first = upsert(spark.createDataFrame([("a", "2025-03-01", 5, False), ("b", "2025-03-01", 1, False)], SCHEMA),
-                   table, cache_config=config)
+                   table, key="id", partition="dt", cache_config=config)
     assert first.inserts == 2
     # Two rows for "a": the earlier one carries the higher ordering value (v) and must win.
     batch = [("a", "2025-03-02", 9, False), ("a", "2025-03-01", 7, False)]
-    summary = upsert(spark.createDataFrame(batch, SCHEMA), table, ordering="v", cache_config=config)
+    summary = upsert(spark.createDataFrame(batch, SCHEMA), table, key="id", partition="dt", ordering="v",
+                     cache_config=config)
     assert (summary.duplicates_dropped, summary.moves, summary.updates) == (1, 1, 1)
     assert {(r.id, r.dt, r.v) for r in read_table(spark, table).collect()} == {("a", "2025-03-02", 9),
                                                                                 ("b", "2025-03-01", 1)}
     # tag() in global mode: where the key lives now, and the new file group when the row's partition differs.
     probe = spark.createDataFrame([("a", "2025-03-05", 0, False), ("b", "2025-03-01", 0, False),
                                    ("c", "2025-03-01", 0, False)], SCHEMA)
-    rows = {r.id: r for r in tag(probe, table, cache_config=config).collect()}
+    rows = {r.id: r for r in tag(probe, table, key="id", partition="dt", cache_config=config).collect()}
     assert (rows["a"]._dbidx_is_update, rows["a"]._dbidx_old_partition) == (True, "dt=2025-03-02")
     assert rows["a"]._dbidx_partition == "dt=2025-03-05" and rows["a"]._dbidx_file_group != \
         rows["a"]._dbidx_old_file_group

@@ -27,7 +27,8 @@ def batch(keys: list) -> pa.RecordBatch:
 def setup(tmp_path: Path):
     table = Table.create(str(tmp_path / "t"), num_shards=1)
     config = CacheConfig(base_path=str(tmp_path / "cache"), reaper_interval_s=0.0)
-    upsert_arrow(pa.table({"id": ["a", "b"], "dt": ["2025-03-01"] * 2}), table, cache_config=config)
+    upsert_arrow(pa.table({"id": ["a", "b"], "dt": ["2025-03-01"] * 2}), table, key="id", partition="dt",
+                 cache_config=config)
     with RecordIndexCache.for_table(table, 0, config) as cache:
         cache.set_info(task.REAPER_INFO, {"last_ms": 0, "dropped": []})
     return table, config
@@ -35,7 +36,8 @@ def setup(tmp_path: Path):
 
 def test_a_failing_batch_skips_the_session_epilogue_and_releases_the_cache(setup) -> None:
     table, config = setup
-    tagged = task.tag_batches([batch(["a", "x"]), batch(["b", None])], table, TagOptions(cache=config))
+    options = TagOptions(key="id", partition="dt", cache=config)
+    tagged = task.tag_batches([batch(["a", "x"]), batch(["b", None])], table, options)
     assert next(tagged).num_rows == 2
     with pytest.raises(InvalidKeyError, match="null"):
         list(tagged)
@@ -45,7 +47,7 @@ def test_a_failing_batch_skips_the_session_epilogue_and_releases_the_cache(setup
 
 def test_a_clean_task_runs_the_epilogue(setup) -> None:
     table, config = setup
-    rows = list(task.tag_batches([batch(["a", "x"])], table, TagOptions(cache=config)))
+    rows = list(task.tag_batches([batch(["a", "x"])], table, TagOptions(key="id", partition="dt", cache=config)))
     assert rows[0].column("_dbidx_is_update").to_pylist() == [True, False]
     with RecordIndexCache.for_table(table, 0, config) as cache:
         assert cache.info(task.REAPER_INFO)["last_ms"] > 0

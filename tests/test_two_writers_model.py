@@ -75,7 +75,7 @@ def test_two_writers_keep_data_and_index_in_agreement(tmp_path: Path, global_ind
             barrier.wait()
             for _attempt in range(10):
                 try:
-                    summary = upsert_arrow(as_arrow(rows), table, cache_config=config)
+                    summary = upsert_arrow(as_arrow(rows), table, key="id", partition="dt", cache_config=config)
                     committed.append((summary.seq, rows))
                     return
                 except ConflictError:
