@@ -6,6 +6,7 @@ from typing import Any
 
 from dbidx.cache.catchup import check_table, global_location
 from dbidx.cache.record_cache import RecordIndexCache
+from dbidx.errors import HistoryCompactedError
 from dbidx.mdt.rli_files import FILE_GROUP, KEY, PARTITION
 from dbidx.mdt.table import Table
 
@@ -50,7 +51,21 @@ class VerifyResult:
 
 
 def verify(cache: RecordIndexCache, table: Table) -> VerifyResult:
-    """Read each ready partition fully and diff it with the MDT snapshot of the cache's shard at its synced seq."""
+    """Read each ready partition fully and diff it with the MDT snapshot of the cache's shard at its synced seq.
+
+    A cache synced to a seq whose index files a clean has removed since cannot be compared: HistoryCompactedError,
+    saying to sync the cache first (`dbidx.cache.catchup.sync(cache, table)` or `dbidx sync`).
+    """
+    try:
+        return _verify(cache, table)
+    except HistoryCompactedError as exc:
+        raise HistoryCompactedError(
+            f"{exc}. The cache {cache.path} is behind a clean of the index, so its state at its synced seq cannot "
+            "be rebuilt to compare with: sync it first (dbidx.cache.catchup.sync(cache, table), or `dbidx sync "
+            f"--table {table.uri} --cache-dir <dir>`), then verify") from exc
+
+
+def _verify(cache: RecordIndexCache, table: Table) -> VerifyResult:
     check_table(cache, table)
     shard = cache.identity.shard
     diffs = []

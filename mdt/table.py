@@ -31,6 +31,7 @@ from dbidx.mdt.keys import normalize_keys
 from dbidx.mdt.timeline import CompletedInstant, FileRecord, Timeline
 
 if TYPE_CHECKING:
+    from dbidx.mdt.compaction import CompactionResult
     from dbidx.mdt.writer import CommitWriter
 
 FORMAT_VERSION = 2  # 2: checksums in records, data files listed, latest-seq pointer, task-written deltas
@@ -350,6 +351,20 @@ class Table:
         pending instants the caller knows are dead (e.g. all of them, when no writer runs), which then do not count
         as active writers on a filesystem without an exclusive create."""
         return self.timeline.rollback(instant, ignore=also_dead)
+
+    def compact(self, partitions: Iterable[str] | None = None, min_files: int = 2) -> "CompactionResult":
+        """Merge each (partition, shard) with at least `min_files` index files into one base without tombstones,
+        as one compaction instant; concurrent commits are not in conflict with it (see mdt.compaction)."""
+        from dbidx.mdt.compaction import compact
+
+        return compact(self, partitions, min_files=min_files)
+
+    def clean(self, retain_completions: int = 10) -> CompletedInstant | None:
+        """Delete index files that compactions replaced at least `retain_completions` completions ago; returns the
+        clean's completion record, or None when nothing was old enough. Caches behind it reload (`dbidx sync`)."""
+        from dbidx.mdt.compaction import clean
+
+        return clean(self, retain_completions=retain_completions)
 
     def partitions(self) -> list[PartitionStats]:
         """Every partition with its last commit instant and time, live key count and file-group fills."""

@@ -38,7 +38,12 @@ _HOOK_ERROR = re.compile(re.escape(HOOK_ERROR_MARKER)
 
 @dataclass
 class CommitSummary(task.TaskCounts):
-    """What one upsert did (F30): the instant, row kinds, files, timings and per-shard cache metrics."""
+    """What one upsert did (F30): the instant, row kinds, files, timings and per-shard cache metrics.
+
+    input_rows counts the rows the DataFrame held; rows counts the records written after repeats of a key were
+    collapsed (input_rows - duplicates_dropped). seconds is the whole call; the copy stored in the completion
+    record (`dbidx commits`) runs from the start to the publish.
+    """
 
     instant: str = ""
     seq: int = 0
@@ -283,7 +288,8 @@ def run_upsert(table: Table, options: TagOptions, job: Callable[[str], list[tupl
         # 1. One job: tag and write data and index files per shard; one result per task, of its winning attempt.
         results = job(instant)
         # 2. Check that every task reported and every listed file is there, then publish data and index together.
-        record, summary = commit_results(writer, results, options, expected_tasks=table.num_shards)
+        record, summary = commit_results(writer, results, options, expected_tasks=table.num_shards,
+                                         started=started)
     except BaseException as exc:
         try:
             writer.rollback()  # also deletes every file any attempt announced
@@ -299,13 +305,16 @@ def run_upsert(table: Table, options: TagOptions, job: Callable[[str], list[tupl
     deleted = datafiles.discard_unlisted(table.io, instant, keep=listed)
     summary.orphans_deleted = len([rel for rel in deleted if rel not in scratch])
     summary.seq = record.seq
-    summary.seconds = time.perf_counter() - started
+    summary.seconds = time.perf_counter() - started  # returned: the whole call, cleanup of orphans included
     return summary
 
 
 def commit_results(writer: Any, results: list[tuple[int, int, bytes]], options: TagOptions,
-                   expected_tasks: int) -> tuple[Any, CommitSummary]:
+                   expected_tasks: int, started: float | None = None) -> tuple[Any, CommitSummary]:
     """Publish the task results of the winning attempts as the writer's instant, or raise and publish nothing.
+
+    started: the upsert's perf_counter start; the completion record then stores the seconds from there to the
+    publish (what `dbidx commits` shows), measured just before the record is written.
 
     The driver holds per task only the records of the files it wrote (a few hundred bytes per file), its
     touched-key ranges and its metrics. It publishes only what it has checked is complete: exactly one result per
@@ -346,6 +355,8 @@ def commit_results(writer: Any, results: list[tuple[int, int, bytes]], options: 
     writer.extra[UPSERT_EXTRA] = {"key": options.key, "partition": options.partition,
                                   "hive_style": options.hive_style, "ordering": options.ordering,
                                   "buckets": options.buckets.to_dict()}
+    if started is not None:
+        summary.seconds = time.perf_counter() - started  # stored: start to publish (cleanup after is not in it)
     writer.extra["metrics"] = {k: v for k, v in summary.to_dict().items() if k != "per_shard"}
     # 3. Publish: data and index become visible together, or not at all.
     return writer.commit(), summary

@@ -24,7 +24,6 @@ import pandas as pd
 from dbidx.buckets.assigner import BucketSpec
 from dbidx.config import CacheConfig
 from dbidx.errors import DbidxError, InvalidInputError
-from dbidx.mdt.compaction import clean, compact
 from dbidx.mdt.table import Table
 from dbidx.spark_integration.api import CommitSummary, read_table, upsert
 
@@ -250,8 +249,8 @@ def _streamed(spark: Any, root: Path, frame: pd.DataFrame, table: Table, config:
 def _footprint(table: Table, last: CommitSummary, cache_base: Path) -> dict[str, Any]:
     """Bytes per entry as benchmarks/footprint_bench.py defines them: the whole shard directory (and, apart, its
     SST files) over the cache's entries; the MDT's RLI files after compaction and cleaning over its live keys."""
-    compact(table, min_files=2)
-    clean(table, retain_completions=0)
+    table.compact(min_files=2)
+    table.clean(retain_completions=0)
     live = sum(p.live_keys for p in table.partitions())
     rli = sum(size for rel, size in table.io.list_files_recursive(".dbidx/rli"))
     cache_bytes = sum(m["cache_disk_bytes"] for m in last.per_shard)

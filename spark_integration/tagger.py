@@ -109,7 +109,8 @@ class TagOptions:
 class TagCounts:
     """What tagging saw in one shard: rows and their kinds."""
 
-    rows: int = 0
+    input_rows: int = 0  # rows received, before repeats of a key were collapsed (upsert counts them; tag does not)
+    rows: int = 0  # rows tagged: one per record key after repeats were collapsed
     inserts: int = 0
     updates: int = 0
     deletes: int = 0

@@ -183,11 +183,14 @@ def upsert_batches(batches: Iterable[pa.RecordBatch], table: Table, options: Tag
     if not received:
         return {"files": [], "index_files": [], "touched": [], "changes": {}, "metrics": []}
     batch = pa.Table.from_batches(received)
+    received_rows = batch.num_rows
     # 1. One row per record: ordering field first, then arrival.
     batch, dropped = latest_per_key(batch, options, table.global_index)
     tagged_parts, shard_metrics = [], []
     for shard, rows in _shard_slices(table, batch, options):
-        metrics = ShardMetrics(shard=shard, duplicates_dropped=dropped if not shard_metrics else 0)
+        first = not shard_metrics  # the task-wide counts go to its first shard, once
+        metrics = ShardMetrics(shard=shard, duplicates_dropped=dropped if first else 0,
+                               input_rows=received_rows if first else 0)
         # 2. Tag against the shard's cache, caught up to the latest commit, cold partitions loaded on demand.
         with shard_session(table, shard, options, metrics) as cache:
             started = time.perf_counter()

@@ -7,7 +7,7 @@ from dbidx.cache import catchup
 from dbidx.cache.catchup import global_location, load_from_snapshot, sync
 from dbidx.cache.record_cache import GLOBAL_PARTITION
 from dbidx.cache.verify import verify
-from dbidx.errors import CacheError, InstantStateError
+from dbidx.errors import CacheError, HistoryCompactedError, InstantStateError
 from dbidx.mdt.compaction import clean, compact
 from dbidx.mdt.table import Table
 
@@ -125,6 +125,9 @@ def test_catch_up_across_compaction_and_cleaning(table, tmp_path):
             w.insert(DAY1, shard_keys(table, [f"y-{i}" for i in range(40)], 0), "fg-y")
         compact(table)
         clean(table, retain_completions=0)
+        # verify cannot rebuild the state the cache claims (its files are cleaned): it says to sync first.
+        with pytest.raises(HistoryCompactedError, match=r"behind a clean.*sync it first"):
+            verify(cache, table)
         result = sync(cache, table)
         assert DAY1 in result.reloaded_partitions
         assert dict(cache.items(DAY1)) == truth(table, DAY1, 0)

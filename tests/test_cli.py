@@ -128,6 +128,7 @@ def test_demo_runs(tmp_path):
     assert history.exit_code == 0, history.output
     upserts = [c for c in json.loads(history.output)["commits"] if c["action"] == "commit"]
     assert [c["metrics"]["rows"] for c in reversed(upserts)] == [b["rows"] for b in report["batches"]]
+    assert all(c["metrics"]["seconds"] > 0 for c in upserts)  # measured before it is stored, not 0.0
     text = runner.invoke(main, ["commits", str(workdir / "table")]).output
     assert "hit rate" in text and "of keys not in the index: nothing to delete" in text
     # The demo's caches are left on disk, behind the final compaction + clean: verify says so, sync reloads what

@@ -13,7 +13,7 @@ from dbidx.buckets.naming import bucket_of
 from dbidx.config import CacheConfig
 from dbidx.mdt.keyhash import shard_of
 from dbidx.mdt.table import Table
-from dbidx.spark_integration.api import read_table, tag, upsert
+from dbidx.spark_integration.api import commit_history, read_table, tag, upsert
 
 from tests.spark_helpers import SCHEMA, Oracle, as_expected_index, bucket_layout, hive, index_state, random_batch
 
@@ -58,6 +58,7 @@ def test_random_batches_match_the_oracle_warm_and_cold(spark, tmp_path: Path, gl
         for name, summary in summaries.items():
             assert {c: getattr(summary, c) for c in COUNTS} == expected, (n, name)
             assert summary.rows == len(batch) - expected["duplicates_dropped"]
+            assert summary.input_rows == len(batch)  # what the DataFrame held, repeats included
         states = {name: index_state(table) for name, table in tables.items()}
         # 1. The index holds exactly the live records, each once, in the right partition.
         assert set(states["warm"]) == as_expected_index(oracle), n
@@ -122,6 +123,10 @@ def test_ordering_field_decides_between_repeats_and_global_tag_reports_moves(spa
     summary = upsert(spark.createDataFrame(batch, SCHEMA), table, key="id", partition="dt", ordering="v",
                      cache_config=config)
     assert (summary.duplicates_dropped, summary.moves, summary.updates) == (1, 1, 1)
+    assert (summary.input_rows, summary.rows) == (2, 1)  # rows in vs records written
+    stored = commit_history(table, 1)[0]["metrics"]
+    assert (stored["input_rows"], stored["rows"]) == (2, 1)
+    assert 0 < stored["seconds"] <= summary.seconds  # measured up to the publish, before it was stored
     assert {(r.id, r.dt, r.v) for r in read_table(spark, table).collect()} == {("a", "2025-03-02", 9),
                                                                                 ("b", "2025-03-01", 1)}
     # tag() in global mode: where the key lives now, and the new file group when the row's partition differs.
