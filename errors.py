@@ -31,6 +31,10 @@ class InvalidPartitionError(InvalidInputError):
     """A partition path is absolute, escapes the table, or holds forbidden characters."""
 
 
+class SchemaError(InvalidInputError):
+    """Data does not match the table's recorded schema (a column's type differs, a column is missing)."""
+
+
 class TableNotFoundError(DbidxError):
     """No dbidx table exists at the given base URI."""
 

@@ -366,6 +366,13 @@ class Table:
 
         return clean(self, retain_completions=retain_completions)
 
+    def data_schema(self) -> pa.Schema | None:
+        """The data columns the table's writes recorded (mdt/data_schema.py); None before the first write."""
+        from dbidx.mdt.data_schema import recorded_schema
+
+        self.refresh()
+        return recorded_schema(self.timeline.completed())
+
     def partitions(self) -> list[PartitionStats]:
         """Every partition with its last commit instant and time, live key count and file-group fills."""
         return self.refresh().partition_stats()

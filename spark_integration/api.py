@@ -14,14 +14,15 @@ import re
 import time
 from dataclasses import asdict, dataclass, field
 from functools import partial
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 
 from dbidx import errors
 from dbidx.buckets.assigner import BucketSpec
 from dbidx.config import CacheConfig
-from dbidx.errors import CommitError, ConfigError, DbidxError, HookError, InvalidInputError
+from dbidx.errors import CommitError, ConfigError, DbidxError, HookError
+from dbidx.mdt import data_reader, data_schema
 from dbidx.mdt.conflicts import TouchedKeys
 from dbidx.mdt.records import ACTION_COMMIT, DataFileRecord, FileRecord, PartitionChange
 from dbidx.mdt.table import Table
@@ -258,6 +259,9 @@ def upsert(df: Any, table: Table, *, key: str, partition: str, ordering: str | N
                            cache_config, df.sparkSession.conf)
     options.check_columns(df.columns, "the upsert DataFrame", _boolean_columns(df))
     from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    input_schema = to_arrow_schema(df.schema)
 
     def job(instant: str) -> list[tuple[int, int, bytes]]:
         shuffled = _by_shard(df.withColumn(ROW_ID, F.monotonically_increasing_id()), table, options)
@@ -273,14 +277,22 @@ def upsert(df: Any, table: Table, *, key: str, partition: str, ordering: str | N
                 raise
             raise error from exc
 
-    return run_upsert(table, options, job)
+    return run_upsert(table, options, job, input_schema, "the upsert DataFrame")
 
 
-def run_upsert(table: Table, options: TagOptions, job: Callable[[str], list[tuple[int, int, bytes]]]) -> CommitSummary:
+def run_upsert(table: Table, options: TagOptions, job: Callable[[str], list[tuple[int, int, bytes]]],
+               input_schema: pa.Schema, where: str) -> CommitSummary:
     """One upsert instant around a job that runs the shard tasks and returns their results (Spark, or in-process
-    for `upsert_arrow`): start, publish after the checks, or roll back and delete every announced file."""
+    for `upsert_arrow`): start, publish after the checks, or roll back and delete every announced file.
+
+    input_schema: the input's Arrow schema, checked against the table's data schema before anything runs
+    (SchemaError); a first write or a new column records the schema in this instant's completion.
+    """
     started = time.perf_counter()
     _check_buckets(table, options.buckets)
+    consumed = [c for c in (options.delete_column,) if c]
+    new_schema = data_schema.evolve(table.data_schema(), data_schema.data_columns(input_schema, consumed), where,
+                                    consumed)
     datafiles.sweep_settled(table.io, table.timeline)  # leftovers of attempts killed after their job ended
     writer = table.new_commit()
     instant = writer.instant
@@ -288,6 +300,8 @@ def run_upsert(table: Table, options: TagOptions, job: Callable[[str], list[tupl
         # 1. One job: tag and write data and index files per shard; one result per task, of its winning attempt.
         results = job(instant)
         # 2. Check that every task reported and every listed file is there, then publish data and index together.
+        if new_schema is not None:
+            writer.extra[data_schema.SCHEMA_EXTRA] = data_schema.encode_schema(new_schema)
         record, summary = commit_results(writer, results, options, expected_tasks=table.num_shards,
                                          started=started)
     except BaseException as exc:
@@ -409,62 +423,46 @@ def committed_data_records(table: Table) -> list[tuple[DataFileRecord, int, str]
             if rec.action == ACTION_COMMIT for f in rec.data_files]
 
 
-def _read_verified_files(rows: Iterator[pa.RecordBatch], table: Table, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-    """mapInArrow body of `read_table`: each listed data file read through the table's FileIO, its size and checksum
-    checked first, with its completion seq; columns aligned to the newest file's schema."""
-    for batch in rows:
-        for r in batch.to_pylist():
-            record = DataFileRecord(**{k: r[k] for k in ("path", "partition", "file_group", "rows", "size",
-                                                         "checksum")})
-            data = datafiles.read_data_file(table.io, record)
-            columns = []
-            for field_ in schema:
-                if field_.name == _SEQ:
-                    columns.append(pa.array([r["seq"]] * data.num_rows, pa.int64()))
-                elif field_.name in data.column_names:
-                    try:
-                        columns.append(data.column(field_.name).cast(field_.type))
-                    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                        raise InvalidInputError(f"column {field_.name!r} of data file {table.io.path(record.path)} "
-                                                f"is {data.schema.field(field_.name).type}, the table reads "
-                                                f"{field_.type}: {exc}") from exc
-                else:
-                    columns.append(pa.nulls(data.num_rows, field_.type))
-            yield from pa.Table.from_arrays(columns, schema=schema).to_batches()
+def _read_unit_groups(ids: Iterator[pa.RecordBatch], io: Any, groups: list[list[data_reader.ReadUnit]], key: str,
+                      schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """mapInArrow body of `read_table`: the live rows of this task's file groups (data_reader.read_unit)."""
+    for batch in ids:
+        for task_id in batch.column(0).to_pylist():
+            yield from data_reader.read_units(io, groups[task_id], key, schema)
 
 
-_SEQ = "_dbidx_seq"
+def _balanced(units: Sequence[data_reader.ReadUnit], tasks: int) -> list[list[data_reader.ReadUnit]]:
+    """Units spread over at most `tasks` groups of about equal bytes (largest first, each to the lightest group)."""
+    groups: list[list[data_reader.ReadUnit]] = [[] for _ in range(max(1, min(tasks, len(units))))]
+    loads = [0] * len(groups)
+    for unit in sorted(units, key=lambda u: u.bytes, reverse=True):
+        lightest = loads.index(min(loads))
+        groups[lightest].append(unit)
+        loads[lightest] += unit.bytes
+    return groups
 
 
-def read_table(spark: Any, table: Table, ordering: str | None = None) -> Any:
-    """The table's current rows: per record the latest version (commit order; `ordering` first if given),
-    deleted records dropped. One row per key (global mode) or per (partition, key).
+def read_table(spark: Any, table: Table, partitions: Iterable[str] | None = None,
+               columns: Sequence[str] | None = None, with_meta: bool = False) -> Any:
+    """The table's current rows as a DataFrame: per record the version of the latest commit, deletes dropped.
 
-    Data files are read by tasks through the table's FileIO, each verified against the size and checksum its
-    commit recorded: a damaged file fails the read with CorruptFileError naming it, never a silently smaller table.
+    Planned per file group (a record lives in one), so the read needs no shuffle: each task merges whole file
+    groups (mdt/data_reader.py). partitions: partition paths to read (e.g. ["dt=2025-01-15"]); columns: the data
+    columns to return; with_meta adds `_dbidx_file_group` and `_dbidx_instant`. An empty table reads as an empty
+    DataFrame with the table's schema. Files are read through the table's FileIO (any pyarrow filesystem, S3
+    included) and verified against their recorded size and checksum: a damaged file fails the read with
+    CorruptFileError naming it, never a silently smaller table.
     """
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    records = committed_data_records(table)
-    layout_info = next((rec.extra[UPSERT_EXTRA] for rec in reversed(table.timeline.completed())
-                        if UPSERT_EXTRA in rec.extra), None)
-    if not records or layout_info is None:
-        raise InvalidInputError(f"table {table.uri} has no data written by upsert yet")
-    key, partition = layout_info["key"], layout_info["partition"]
-    # 1. The schema of the newest data file (read and verified here), plus the commit seq of each row.
-    newest = datafiles.read_data_file(table.io, records[-1][0]).schema.remove_metadata()
-    schema = newest.append(pa.field(_SEQ, pa.int64()))
-    listing = spark.createDataFrame(
-        [(f.path, f.partition, f.file_group, f.rows, f.size, f.checksum, seq) for f, seq, _ in records],
-        "path string, partition string, file_group string, rows long, size long, checksum string, seq long")
-    slices = max(1, min(len(records), spark.sparkContext.defaultParallelism * 4))
-    # 2. Read every file in tasks (verified), then keep the latest version of each record.
-    data = listing.repartition(slices).mapInArrow(partial(_read_verified_files, table=table, schema=schema),
-                                                  from_arrow_schema(schema))
-    ident = [key] if table.global_index else [partition, key]
-    order = ([F.col(ordering).desc_nulls_last()] if ordering else []) + [F.col(_SEQ).desc()]
-    latest = data.withColumn("_dbidx_rank", F.row_number().over(Window.partitionBy(*ident).orderBy(*order)))
-    return (latest.filter((F.col("_dbidx_rank") == 1) & ~F.col(datafiles.DELETED_COLUMN))
-            .drop("_dbidx_rank", _SEQ, datafiles.DELETED_COLUMN, datafiles.INSTANT_COLUMN))
+    plan = data_reader.plan_read(table, partitions)
+    schema = data_reader.output_schema(plan, columns, with_meta)
+    spark_schema = from_arrow_schema(schema)
+    if plan.key is None or not plan.units:
+        return spark.createDataFrame([], spark_schema)
+    # 1. File groups balanced by bytes over a few tasks per core; each task gets its groups' ids.
+    groups = _balanced(plan.units, spark.sparkContext.defaultParallelism * 2)
+    ids = spark.range(0, len(groups), numPartitions=len(groups)).selectExpr("cast(id as int) as id")
+    # 2. Each task reads and merges its file groups: no shuffle.
+    return ids.mapInArrow(partial(_read_unit_groups, io=table.io, groups=groups, key=plan.key, schema=schema),
+                          spark_schema)

@@ -14,15 +14,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from dbidx.errors import CorruptFileError
 from dbidx.mdt import markers
 from dbidx.mdt.fileio import FileIO, file_checksum
 from dbidx.mdt.markers import MARKERS_DIR, announced_files, discard_unlisted, marker_dir, marker_of  # noqa: F401
+from dbidx.mdt.data_reader import DELETED_COLUMN, INSTANT_COLUMN, read_data_file  # noqa: F401 - used by tasks, tests
 from dbidx.mdt.records import ACTION_COMMIT, DataFileRecord
-from dbidx.mdt.rli_files import DECODE_ERRORS
 
-INSTANT_COLUMN = "_dbidx_instant"
-DELETED_COLUMN = "_dbidx_deleted"
 
 
 def data_file_path(partition: str, file_group: str, instant: str, attempt: int) -> str:
@@ -64,19 +61,6 @@ def write_groups(io: FileIO, rows: pa.Table, partitions: pa.Array, file_groups: 
         group = rows.take(order.slice(start, end - start))
         written.append(write_group(io, data_file_path(partition, file_group, instant, attempt), group, instant))
     return written
-
-
-def read_data_file(io: FileIO, record: DataFileRecord) -> pa.Table:
-    """One published data file, its bytes verified against the commit record first."""
-    data = io.read_verified(record.path, record.size, record.checksum, "data file")
-    try:
-        table = pq.read_table(pa.BufferReader(data))
-    except DECODE_ERRORS as exc:
-        raise CorruptFileError(f"data file {io.path(record.path)} is unreadable: {exc}") from exc
-    if table.num_rows != record.rows:
-        raise CorruptFileError(f"data file {io.path(record.path)} holds {table.num_rows} rows but its commit "
-                               f"recorded {record.rows}")
-    return table
 
 
 def settled_files(record: Any) -> set[str] | None:

@@ -29,6 +29,7 @@ def upsert_arrow(data: pa.Table, table: Table, *, key: str, partition: str, orde
                            cache_config)
     options.check_columns(data.column_names, "the upsert table",
                           {f.name: pa.types.is_boolean(f.type) for f in data.schema})
+    schema = data.schema
     data = data.append_column(ROW_ID, pa.array(np.arange(data.num_rows, dtype=np.int64)))
     shards = table.shard_of(options.keys_of(data)) if data.num_rows else np.zeros(0, dtype=np.int64)
 
@@ -40,4 +41,4 @@ def upsert_arrow(data: pa.Table, table: Table, *, key: str, partition: str, orde
             results.append((shard, shard, task.pack_payload(result)))
         return results
 
-    return run_upsert(table, options, job)
+    return run_upsert(table, options, job, schema, "the upsert table")

@@ -19,6 +19,7 @@ from typing import Any, Iterable, Iterator
 import msgpack
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from dbidx.bootstrap.on_demand import ensure_loaded
 from dbidx.cache.catchup import sync
@@ -203,9 +204,10 @@ def upsert_batches(batches: Iterable[pa.RecordBatch], table: Table, options: Tag
     tagged = pa.concat_tables(tagged_parts)
     # 3. Data files, one per (partition, file group) of this attempt, each announced by a marker first.
     started = time.perf_counter()
-    files = datafiles.write_groups(table.io, data_rows(tagged, options, instant),
-                                   tagged.column(TAG_PARTITION).combine_chunks(),
-                                   tagged.column(TAG_FILE_GROUP).combine_chunks(), instant, attempt)
+    to_write = pa.concat_tables([tagged, move_tombstones(tagged)])
+    files = datafiles.write_groups(table.io, data_rows(to_write, options, instant),
+                                   to_write.column(TAG_PARTITION).combine_chunks(),
+                                   to_write.column(TAG_FILE_GROUP).combine_chunks(), instant, attempt)
     # 4. The shard's index delta files and touched keys, announced the same way.
     index_files, touched, changes = write_task_index(table, tagged, options, instant, attempt,
                                                      {m.shard: m.tagged_seq for m in shard_metrics})
@@ -218,6 +220,22 @@ def upsert_batches(batches: Iterable[pa.RecordBatch], table: Table, options: Tag
             "touched": [t.to_dict() for t in touched],
             "changes": {p: asdict(c) for p, c in changes.items()},
             "metrics": [m.to_dict() for m in shard_metrics]}
+
+
+def move_tombstones(tagged: pa.Table) -> pa.Table:
+    """Delete rows for the old file groups of records that moved partition (global index): readers merge one file
+    group at a time (mdt/data_reader.py), so the old group must itself say that the record left it."""
+    old_part = tagged.column(TAG_OLD_PARTITION)
+    moved = pc.and_(pc.fill_null(tagged.column(TAG_IS_UPDATE), False),
+                    pc.fill_null(pc.not_equal(old_part, tagged.column(TAG_PARTITION)), False))
+    gone = tagged.filter(moved)
+    if gone.num_rows == 0:
+        return gone
+    gone = gone.set_column(gone.schema.get_field_index(TAG_PARTITION), TAG_PARTITION, gone.column(TAG_OLD_PARTITION))
+    gone = gone.set_column(gone.schema.get_field_index(TAG_FILE_GROUP), TAG_FILE_GROUP,
+                           gone.column(TAG_OLD_FILE_GROUP))
+    flag = pa.array([True] * gone.num_rows, tagged.schema.field(TAG_IS_DELETE).type)
+    return gone.set_column(gone.schema.get_field_index(TAG_IS_DELETE), TAG_IS_DELETE, flag)
 
 
 def data_rows(tagged: pa.Table, options: TagOptions, instant: str) -> pa.Table:

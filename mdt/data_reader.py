@@ -1,0 +1,227 @@
+"""Reading the table's data: the latest version of every record, one file group at a time, in pure Arrow.
+
+Why per file group: a record lives in exactly one file group (the index says which), so every version of it is in
+that group's files and the latest one can be chosen without looking anywhere else - no shuffle, no global sort, any
+number of file groups read in parallel by any engine. A record that moved partition (global index) leaves a delete
+row in its old file group, so the old group drops it too.
+
+Which version wins: the one of the latest commit (completion order); within one commit a key has one row (the
+writer collapsed repeats, its `ordering` column deciding). The reader never compares ordering values across
+commits: it returns what the writer decided, so every reader (Spark, Arrow, DuckDB) agrees with the index.
+
+Every file is read through the table's FileIO (any pyarrow filesystem: local, S3, GCS, HDFS) and verified against
+the size and checksum its commit recorded before a byte of it is used.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from dbidx.errors import CorruptFileError, InvalidInputError, SchemaError
+from dbidx.mdt.fileio import FileIO
+from dbidx.mdt.records import ACTION_COMMIT, DataFileRecord
+from dbidx.mdt.rli_files import DECODE_ERRORS
+
+INSTANT_COLUMN = "_dbidx_instant"  # written in every data file: the instant that wrote the row
+DELETED_COLUMN = "_dbidx_deleted"  # written in every data file: the row deletes its record
+FILE_GROUP_COLUMN = "_dbidx_file_group"  # optional in reads: the file group a row lives in
+LAYOUT_EXTRA = "upsert"  # the completion record's extra that names key and partition columns
+_ORDER = "_dbidx_order"
+
+
+@dataclass(frozen=True)
+class ReadUnit:
+    """One file group's data files, oldest first, with the completion seq and instant of each: merged alone."""
+
+    partition: str
+    file_group: str
+    files: tuple[DataFileRecord, ...]
+    seqs: tuple[int, ...]
+    instants: tuple[str, ...]
+
+    @property
+    def bytes(self) -> int:
+        """What reading the unit costs (for balancing units over tasks)."""
+        return sum(f.size for f in self.files)
+
+
+@dataclass(frozen=True)
+class ReadPlan:
+    """What a read of the table's current state must merge: its units, key column and output schema."""
+
+    seq: int
+    key: str | None  # None: nothing written yet
+    schema: pa.Schema  # the table's data columns (no _dbidx_ columns)
+    units: tuple[ReadUnit, ...]
+
+
+def read_data_file(io: FileIO, record: DataFileRecord, columns: Sequence[str] | None = None) -> pa.Table:
+    """One published data file, its bytes verified against the commit record first."""
+    data = io.read_verified(record.path, record.size, record.checksum, "data file")
+    try:
+        handle = pq.ParquetFile(pa.BufferReader(data))
+        names = handle.schema_arrow.names
+        table = handle.read(columns=None if columns is None else [c for c in columns if c in names])
+        rows = handle.metadata.num_rows
+    except DECODE_ERRORS as exc:
+        raise CorruptFileError(f"data file {io.path(record.path)} is unreadable: {exc}") from exc
+    if rows != record.rows:
+        raise CorruptFileError(f"data file {io.path(record.path)} holds {rows} rows but its commit recorded "
+                               f"{record.rows}")
+    return table
+
+
+def layout_of(table: Any) -> dict[str, Any] | None:
+    """The key/partition layout the latest writing commit recorded (None before the first write)."""
+    for rec in reversed(table.timeline.completed()):
+        if LAYOUT_EXTRA in rec.extra:
+            return rec.extra[LAYOUT_EXTRA]
+    return None
+
+
+def plan_read(table: Any, partitions: Iterable[str] | None = None) -> ReadPlan:
+    """Group every published data file by (partition, file group), in commit order; `partitions` prunes."""
+    table.refresh()
+    wanted = None if partitions is None else set(partitions)
+    groups: dict[tuple[str, str], list[tuple[DataFileRecord, int, str]]] = {}
+    for rec in table.timeline.completed():
+        if rec.action != ACTION_COMMIT:
+            continue
+        for f in rec.data_files:
+            if wanted is None or f.partition in wanted:
+                groups.setdefault((f.partition, f.file_group), []).append((f, rec.seq, rec.instant))
+    units = tuple(ReadUnit(p, fg, tuple(f for f, _, _ in fs), tuple(s for _, s, _ in fs), tuple(i for _, _, i in fs))
+                  for (p, fg), fs in sorted(groups.items()))
+    layout = layout_of(table)
+    schema = table.data_schema()
+    if schema is None:
+        schema = _newest_file_schema(table.io, table.timeline.completed())
+    return ReadPlan(table.timeline.latest_seq, layout["key"] if layout else None, schema, units)
+
+
+def _newest_file_schema(io: FileIO, completed: Sequence[Any]) -> pa.Schema:
+    """The data columns of the newest data file (tables written before schemas were recorded)."""
+    for rec in reversed(completed):
+        if rec.action == ACTION_COMMIT and rec.data_files:
+            newest = read_data_file(io, rec.data_files[-1])
+            return pa.schema([f for f in newest.schema.remove_metadata()
+                              if f.name not in (INSTANT_COLUMN, DELETED_COLUMN)])
+    return pa.schema([])
+
+
+def output_schema(plan: ReadPlan, columns: Sequence[str] | None = None, with_meta: bool = False) -> pa.Schema:
+    """The columns a read returns: the table's (or the chosen ones, in the table's order), then optional metadata."""
+    fields = list(plan.schema)
+    if columns is not None:
+        unknown = [c for c in columns if c not in plan.schema.names]
+        if unknown:
+            raise InvalidInputError(f"column(s) {unknown} are not in the table (columns: {plan.schema.names})")
+        fields = [f for f in fields if f.name in set(columns)]
+    if with_meta:
+        fields += [pa.field(FILE_GROUP_COLUMN, pa.string()), pa.field(INSTANT_COLUMN, pa.string())]
+    return pa.schema(fields)
+
+
+def read_unit(io: FileIO, unit: ReadUnit, key: str, schema: pa.Schema) -> pa.Table:
+    """The live rows of one file group: per key the row of the latest commit, deleted records dropped.
+
+    schema: the output columns (output_schema); files lacking a column (written before it was added) read nulls.
+    """
+    # 1. Read each file's needed columns, verified, aligned to the output schema; rows numbered in commit order.
+    wanted = {f.name for f in schema} - {FILE_GROUP_COLUMN, INSTANT_COLUMN} | {key}
+    pieces = []
+    for record, instant in zip(unit.files, unit.instants):
+        data = read_data_file(io, record, [*wanted, DELETED_COLUMN])
+        pieces.append(_aligned(data, schema, key, record, instant, io))
+    merged = pa.concat_tables(pieces)
+    # 2. Per key the highest row number wins (later files are later commits; a file has one row per key).
+    numbered = merged.append_column(_ORDER, pa.array(np.arange(merged.num_rows, dtype=np.int64)))
+    latest = numbered.group_by("_dbidx_key").aggregate([(_ORDER, "max")]).column(f"{_ORDER}_max")
+    kept = merged.take(pa.array(np.sort(latest.to_numpy())))  # in file order: deterministic output
+    # 3. Deleted records go; the helper columns go.
+    kept = kept.filter(pc.invert(kept.column(DELETED_COLUMN)))
+    return kept.select([f.name for f in schema])
+
+
+def _aligned(data: pa.Table, schema: pa.Schema, key: str, record: DataFileRecord, instant: str,
+             io: FileIO) -> pa.Table:
+    """One file's rows as the output schema plus the merge's helper columns (key, deleted flag)."""
+    if key not in data.column_names:
+        raise CorruptFileError(f"data file {io.path(record.path)} has no key column {key!r}")
+    n = data.num_rows
+    columns, names = [], []
+    for field_ in schema:
+        if field_.name == FILE_GROUP_COLUMN:
+            column = pa.array([record.file_group] * n, pa.string())
+        elif field_.name == INSTANT_COLUMN:
+            column = pa.array([instant] * n, pa.string())
+        elif field_.name in data.column_names:
+            column = data.column(field_.name)
+            if column.type != field_.type:
+                try:
+                    column = column.cast(field_.type)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                    raise SchemaError(f"column {field_.name!r} of data file {io.path(record.path)} is "
+                                      f"{column.type}, the table's schema says {field_.type}: {exc}") from exc
+        elif (value := _hive_value(record.partition, field_.name)) is not None:
+            column = _repeat(value, n, field_, record, io)  # a migrated file keeps it in its directory name only
+        else:
+            column = pa.nulls(n, field_.type)  # a column added after this file was written
+        columns.append(column)
+        names.append(field_.name)
+    deleted = data.column(DELETED_COLUMN) if DELETED_COLUMN in data.column_names else pa.array([False] * n)
+    columns += [pc.cast(data.column(key), pa.string()), pc.fill_null(deleted, False)]
+    names += ["_dbidx_key", DELETED_COLUMN]
+    return pa.Table.from_arrays(columns, names=names)
+
+
+def _hive_value(partition: str, column: str) -> str | None:
+    """The value of `column` in a hive partition path (`dt=2025-01-15/region=eu`), if it names it."""
+    for segment in partition.split("/") if partition else []:
+        name, sep, value = segment.partition("=")
+        if sep and name == column:
+            return value
+    return None
+
+
+def _repeat(value: str, n: int, field_: pa.Field, record: DataFileRecord, io: FileIO) -> pa.Array:
+    """A partition value from the path, typed as the table's schema says."""
+    try:
+        return pa.array([value] * n, pa.string()).cast(field_.type)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise SchemaError(f"partition value {value!r} in the path of {io.path(record.path)} is not a "
+                          f"{field_.type} (column {field_.name!r}): {exc}") from exc
+
+
+def read_units(io: FileIO, units: Iterable[ReadUnit], key: str, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """The live rows of several units as record batches (what a Spark task or a dataset scan yields)."""
+    for unit in units:
+        yield from read_unit(io, unit, key, schema).to_batches()
+
+
+def read_arrow(table: Any, partitions: Iterable[str] | None = None, columns: Sequence[str] | None = None,
+               with_meta: bool = False) -> pa.Table:
+    """The table's current rows as one `pyarrow.Table` (for DuckDB, Polars, pandas): one row per record.
+
+    partitions: partition paths to read (e.g. ["dt=2025-01-15"]), default all; columns: data columns to return,
+    default all; with_meta: add `_dbidx_file_group` and `_dbidx_instant` (the commit that wrote the row).
+    """
+    plan = plan_read(table, partitions)
+    schema = output_schema(plan, columns, with_meta)
+    if plan.key is None or not plan.units:
+        return schema.empty_table()
+    return pa.Table.from_batches(list(read_units(table.io, plan.units, plan.key, schema)), schema=schema)
+
+
+def record_batch_reader(table: Any, partitions: Iterable[str] | None = None, columns: Sequence[str] | None = None,
+                        with_meta: bool = False) -> pa.RecordBatchReader:
+    """Like read_arrow, streamed one file group at a time (memory bounded by the largest file group)."""
+    plan = plan_read(table, partitions)
+    schema = output_schema(plan, columns, with_meta)
+    units = plan.units if plan.key is not None else ()
+    return pa.RecordBatchReader.from_batches(schema, read_units(table.io, units, plan.key or "", schema))

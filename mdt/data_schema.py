@@ -1,0 +1,75 @@
+"""The table's data schema: recorded at the first write, checked on every later one, evolved by new columns only.
+
+Why recorded and checked before writing: a data file whose column has another type than the table's other files
+(a `long` key, a `string` payload in a `long` column) is accepted by Parquet and breaks every later read of the
+whole table. The writer compares its input with the record on the driver, before any task runs, and raises
+SchemaError naming the column and both types; nothing is written.
+
+Rules (docs/FORMAT.md, "Data schema"): the same type for every existing column (the key column included); a new
+column is allowed and must be nullable in effect (older files read it as null); a column of the table missing from
+the input is an error (its rows would silently lose the value). The schema is stored as an Arrow IPC schema
+message, base64, in the `schema` extra of the completion that first wrote it or changed it.
+"""
+from __future__ import annotations
+
+import base64
+from typing import Any, Iterable, Sequence
+
+import pyarrow as pa
+
+from dbidx.errors import CorruptFileError, SchemaError
+
+SCHEMA_EXTRA = "schema"
+
+
+def encode_schema(schema: pa.Schema) -> str:
+    """The record's form: an Arrow IPC schema message, base64 (exact types, timezones and all)."""
+    return base64.b64encode(schema.remove_metadata().serialize().to_pybytes()).decode("ascii")
+
+
+def decode_schema(text: Any, where: str) -> pa.Schema:
+    """Inverse of encode_schema; anything else is a CorruptFileError naming the record."""
+    try:
+        return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text, validate=True)))
+    except (TypeError, ValueError, pa.ArrowException) as exc:
+        raise CorruptFileError(f"{where}: the recorded data schema is unreadable ({exc})") from exc
+
+
+def recorded_schema(completed: Iterable[Any]) -> pa.Schema | None:
+    """The newest schema any completion recorded (None before the first write)."""
+    for rec in reversed(list(completed)):
+        if SCHEMA_EXTRA in rec.extra:
+            return decode_schema(rec.extra[SCHEMA_EXTRA], f"completion {rec.seq} ({rec.instant})")
+    return None
+
+
+def data_columns(schema: pa.Schema, drop: Sequence[str] = ()) -> pa.Schema:
+    """The user's columns of an input schema: without dbidx's own `_dbidx_*` columns and the named ones."""
+    return pa.schema([f for f in schema if f.name not in drop and not f.name.startswith("_dbidx_")])
+
+
+def evolve(recorded: pa.Schema | None, incoming: pa.Schema, where: str,
+           consumed: Sequence[str] = ()) -> pa.Schema | None:
+    """Check an input's data columns against the table's schema; the schema to record, or None if unchanged.
+
+    consumed: columns this write uses up and does not store (its delete flag); a table column of that name may be
+    absent from the input (its rows read null there). Raises SchemaError for a column whose type differs or another
+    table column the input lacks.
+    """
+    incoming = pa.schema([f.with_nullable(True) for f in incoming])
+    if recorded is None:
+        return incoming
+    # 1. Every existing column, with its type.
+    for field_ in recorded:
+        if field_.name not in incoming.names and field_.name in consumed:
+            continue
+        if field_.name not in incoming.names:
+            raise SchemaError(f"{where} has no column {field_.name!r} ({field_.type}), which the table has; "
+                              "add it (null where unknown): an upsert replaces whole rows")
+        got = incoming.field(field_.name).type
+        if got != field_.type:
+            raise SchemaError(f"{where}: column {field_.name!r} is {got}, the table's schema says {field_.type}; "
+                              f"cast it (e.g. df.withColumn({field_.name!r}, col({field_.name!r}).cast(...)))")
+    # 2. New columns are appended (schema evolution): older files read them as null.
+    added = [f for f in incoming if f.name not in recorded.names]
+    return pa.schema(list(recorded) + added) if added else None
