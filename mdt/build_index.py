@@ -1,12 +1,14 @@
 """Migration (F7): build the record-level index of an existing Parquet data set.
 
 The data set is a plain directory of Parquet files, hive-partitioned (`dt=2025-01-15/part-...parquet`) or flat, as
-Spark or pyarrow write it. Each data file becomes one file group; its partition path is its directory relative to
-the table root. The index is written as one `build_index` instant, so a failed build leaves nothing behind.
+Spark or pyarrow write it. Each data file becomes one file group, named by its whole file name; its partition path
+is its directory relative to the table root. The files become the table's first data by reference (not copied):
+the `build_index` instant lists each with its size and checksum, and records the data schema (the files' columns
+plus hive partition columns, which read as strings) and the key column, so `read_table` returns their rows and
+later upserts update and delete them. One instant: a failed build leaves nothing behind.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -15,15 +17,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from dbidx.errors import CorruptFileError, DuplicateKeyError, InvalidInputError, InvalidKeyError
+from dbidx.errors import CorruptFileError, DuplicateKeyError, InvalidInputError, InvalidKeyError, SchemaError
 from dbidx.mdt import layout
+from dbidx.mdt.data_reader import LAYOUT_EXTRA
+from dbidx.mdt.data_schema import SCHEMA_EXTRA, encode_schema
+from dbidx.mdt.fileio import file_checksum
+from dbidx.mdt.records import DataFileRecord
 from dbidx.mdt.table import Table
 from dbidx.mdt.timeline import ACTION_BUILD_INDEX, ACTION_COMMIT, CompletedInstant
 from dbidx.mdt.writer import CommitWriter, as_key_array
 
 Progress = Callable[[int, int], None]
-# dbidx's own data files are `<file group>_<instant>.parquet`; anything else is its own file group (its stem).
-_OWN_DATA_FILE = re.compile(r"^(?P<fg>\d{8}-[0-9a-f]+)_\d{17}")
+PARQUET_SUFFIX = ".parquet"
 
 
 @dataclass(frozen=True)
@@ -38,9 +43,9 @@ class BuildIndexResult:
 
 
 def file_group_of(file_name: str) -> str:
-    """The file group id a data file belongs to."""
-    own = _OWN_DATA_FILE.match(file_name)
-    return own.group("fg") if own else file_name.split(".", 1)[0]
+    """The file group of a migrated file: its whole name without `.parquet` (unique in its directory, stable), so
+    `events.2026-11-22.parquet` and `events.2026-11-23.parquet` are two file groups."""
+    return file_name[:-len(PARQUET_SUFFIX)] if file_name.endswith(PARQUET_SUFFIX) else file_name
 
 
 def list_data_files(table: Table) -> dict[str, list[str]]:
@@ -48,7 +53,7 @@ def list_data_files(table: Table) -> dict[str, list[str]]:
     by_partition: dict[str, list[str]] = {}
     for rel, _size in table.io.list_files_recursive(""):
         parts = rel.split("/")
-        if any(p.startswith((".", "_")) for p in parts) or not parts[-1].endswith(".parquet"):
+        if any(p.startswith((".", "_")) for p in parts) or not parts[-1].endswith(PARQUET_SUFFIX):
             continue
         by_partition.setdefault("/".join(parts[:-1]), []).append(rel)
     return by_partition
@@ -65,23 +70,53 @@ def _check_partition_columns(partition: str, columns: Sequence[str], where: str)
         )
 
 
-def _read_keys(table: Table, rel: str, key_column: str) -> pa.Array:
-    """The key column of one data file, validated."""
+@dataclass(frozen=True)
+class SourceFile:
+    """One migrated Parquet file: its record in the table (by reference), its keys and its schema."""
+
+    record: DataFileRecord
+    keys: pa.Array
+    schema: pa.Schema
+
+
+def _read_source(table: Table, rel: str, partition: str, key_column: str) -> SourceFile:
+    """Read a data file once: its bytes' size and checksum (readers verify them later), row count, key column."""
+    where = table.io.path(rel)
     try:
-        handle = pq.ParquetFile(table.io.open_input_file(rel))
-        if key_column not in handle.schema_arrow.names:
-            raise InvalidInputError(
-                f"data file {table.io.path(rel)} has no column {key_column!r} (columns: {handle.schema_arrow.names})"
-            )
+        data = table.io.read_bytes(rel)
+        handle = pq.ParquetFile(pa.BufferReader(data))
+        schema = handle.schema_arrow.remove_metadata()
+        if key_column not in schema.names:
+            raise InvalidInputError(f"data file {where} has no column {key_column!r} (columns: {schema.names})")
         keys = handle.read(columns=[key_column]).column(0)
     except (pa.ArrowException, OSError) as exc:
-        raise CorruptFileError(f"data file {table.io.path(rel)} is unreadable: {exc}") from exc
+        raise CorruptFileError(f"data file {where} is unreadable: {exc}") from exc
     if not pa.types.is_string(keys.type) and not pa.types.is_large_string(keys.type):
         keys = pc.cast(keys, pa.string())
     try:
-        return as_key_array(keys, f"key in {table.io.path(rel)}")
+        keys = as_key_array(keys, f"key in {where}")
     except InvalidKeyError as exc:
         raise InvalidKeyError(str(exc)) from None
+    record = DataFileRecord(path=rel, partition=partition, file_group=file_group_of(rel.rsplit("/", 1)[-1]),
+                            rows=len(keys), size=len(data), checksum=file_checksum(data))
+    return SourceFile(record, keys, schema)
+
+
+def _with_partition_columns(schema: pa.Schema, partition: str) -> pa.Schema:
+    """A migrated file's columns plus the hive partition columns only its directory names (read as strings)."""
+    names = [seg.split("=", 1)[0] for seg in (partition.split("/") if partition else []) if "=" in seg]
+    return pa.schema(list(schema) + [pa.field(n, pa.string()) for n in names if n not in schema.names])
+
+
+def _unify(schema: pa.Schema | None, incoming: pa.Schema, where: str) -> pa.Schema:
+    """The table schema over all migrated files: the union of their columns, each with one type."""
+    if schema is None:
+        return incoming
+    for field_ in incoming:
+        if field_.name in schema.names and schema.field(field_.name).type != field_.type:
+            raise SchemaError(f"data file {where}: column {field_.name!r} is {field_.type}, while earlier files "
+                              f"have {schema.field(field_.name).type}; the table needs one type per column")
+    return pa.schema(list(schema) + [f for f in incoming if f.name not in schema.names])
 
 
 def _reject_duplicates(keys: pa.Array, file_ids: np.ndarray, files: list[str], scope: str) -> None:
@@ -122,6 +157,8 @@ def build_index(
     all_keys: list[pa.Array] = []
     all_ids: list[np.ndarray] = []
     files: list[str] = []
+    records: list[DataFileRecord] = []
+    schema: pa.Schema | None = None
     with CommitWriter(table, ACTION_BUILD_INDEX) as writer:
         for partition in sorted(by_partition):
             # 1. Validate the partition path and read each file's keys; one file = one file group.
@@ -130,11 +167,14 @@ def build_index(
                 _check_partition_columns(partition, partition_columns, table.io.path(by_partition[partition][0]))
             part_keys, part_ids = [], []
             for rel in by_partition[partition]:
-                keys = _read_keys(table, rel, key_column)
+                source = _read_source(table, rel, partition, key_column)
+                keys = source.keys
                 files.append(table.io.path(rel))
                 part_keys.append(keys)
                 part_ids.append(np.full(len(keys), len(files) - 1, dtype=np.int64))
-                writer.insert(partition, keys, file_group_of(rel.rsplit("/", 1)[-1]))
+                writer.insert(partition, keys, source.record.file_group)
+                records.append(source.record)  # the file itself becomes table data, by reference
+                schema = _unify(schema, _with_partition_columns(source.schema, partition), files[-1])
                 keys_total += len(keys)
                 done += 1
                 if progress is not None:
@@ -148,7 +188,13 @@ def build_index(
                                    f"partition {partition!r}")
         if table.global_index:
             _reject_duplicates(pa.concat_arrays(all_keys), np.concatenate(all_ids), files, "the table")
+        # 3. The files are the table's first data (read_table returns them; upserts update their records), with
+        #    their schema and the key column recorded as an upsert records them.
+        writer.add_written([], records, {}, [])
         writer.extra["source_files"] = total
+        writer.extra[LAYOUT_EXTRA] = {"key": key_column, "partition_columns": list(partition_columns or [])}
+        if schema is not None:
+            writer.extra[SCHEMA_EXTRA] = encode_schema(pa.schema([f.with_nullable(True) for f in schema]))
     record = table.timeline.record_of(writer.instant)
     assert record is not None
     return BuildIndexResult(writer.instant, total, len(by_partition), keys_total, record)

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from dbidx.errors import CorruptFileError, InvalidInputError, SchemaError
 from dbidx.mdt.fileio import FileIO
-from dbidx.mdt.records import ACTION_COMMIT, DataFileRecord
+from dbidx.mdt.records import DATA_ACTIONS, DataFileRecord
 from dbidx.mdt.rli_files import DECODE_ERRORS
 
 INSTANT_COLUMN = "_dbidx_instant"  # written in every data file: the instant that wrote the row
@@ -80,7 +80,11 @@ def layout_of(table: Any) -> dict[str, Any] | None:
     """The key/partition layout the latest writing commit recorded (None before the first write)."""
     for rec in reversed(table.timeline.completed()):
         if LAYOUT_EXTRA in rec.extra:
-            return rec.extra[LAYOUT_EXTRA]
+            layout = rec.extra[LAYOUT_EXTRA]
+            if not isinstance(layout, dict) or not isinstance(layout.get("key"), str) or not layout["key"]:
+                raise CorruptFileError(f"completion {rec.seq} ({rec.instant}) of {table.uri} records no valid key "
+                                       f"column in its {LAYOUT_EXTRA!r} extra: {layout!r}")
+            return layout
     return None
 
 
@@ -90,7 +94,7 @@ def plan_read(table: Any, partitions: Iterable[str] | None = None) -> ReadPlan:
     wanted = None if partitions is None else set(partitions)
     groups: dict[tuple[str, str], list[tuple[DataFileRecord, int, str]]] = {}
     for rec in table.timeline.completed():
-        if rec.action != ACTION_COMMIT:
+        if rec.action not in DATA_ACTIONS:
             continue
         for f in rec.data_files:
             if wanted is None or f.partition in wanted:
@@ -107,7 +111,7 @@ def plan_read(table: Any, partitions: Iterable[str] | None = None) -> ReadPlan:
 def _newest_file_schema(io: FileIO, completed: Sequence[Any]) -> pa.Schema:
     """The data columns of the newest data file (tables written before schemas were recorded)."""
     for rec in reversed(completed):
-        if rec.action == ACTION_COMMIT and rec.data_files:
+        if rec.action in DATA_ACTIONS and rec.data_files:
             newest = read_data_file(io, rec.data_files[-1])
             return pa.schema([f for f in newest.schema.remove_metadata()
                               if f.name not in (INSTANT_COLUMN, DELETED_COLUMN)])

@@ -24,6 +24,7 @@ ACTION_CLEAN = "clean"
 ACTION_ROLLBACK = "rollback"
 ACTION_BUILD_INDEX = "build_index"
 ACTIONS = (ACTION_COMMIT, ACTION_COMPACTION, ACTION_CLEAN, ACTION_ROLLBACK, ACTION_BUILD_INDEX)
+DATA_ACTIONS = (ACTION_COMMIT, ACTION_BUILD_INDEX)  # completions that add data files (upserts; migrated files)
 FILE_KINDS = ("delta", "base")
 _CHECKSUM_RE = re.compile(r"^xxh64:[0-9a-f]{16}$")
 

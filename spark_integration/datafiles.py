@@ -29,16 +29,17 @@ def data_file_path(partition: str, file_group: str, instant: str, attempt: int) 
     return f"{partition}/{name}" if partition else name
 
 
-def write_group(io: FileIO, rel: str, rows: pa.Table, instant: str) -> DataFileRecord:
+def write_group(io: FileIO, partition: str, file_group: str, rows: pa.Table, instant: str,
+                attempt: int) -> DataFileRecord:
     """Write one file group's rows of an instant: the marker first, so no file is ever written unannounced; the
     bytes are serialized in memory, so the recorded checksum covers exactly what was written."""
+    rel = data_file_path(partition, file_group, instant, attempt)
     markers.announce(io, instant, rel)
     sink = pa.BufferOutputStream()
     pq.write_table(rows, sink, compression="zstd")
     data = sink.getvalue()
     io.write_atomic(rel, data)
-    partition, _, name = rel.rpartition("/")
-    return DataFileRecord(path=rel, partition=partition, file_group=name.split("_", 1)[0], rows=rows.num_rows,
+    return DataFileRecord(path=rel, partition=partition, file_group=file_group, rows=rows.num_rows,
                           size=data.size, checksum=file_checksum(data))
 
 
@@ -59,7 +60,7 @@ def write_groups(io: FileIO, rows: pa.Table, partitions: pa.Array, file_groups: 
         if not file_group:
             continue
         group = rows.take(order.slice(start, end - start))
-        written.append(write_group(io, data_file_path(partition, file_group, instant, attempt), group, instant))
+        written.append(write_group(io, partition, file_group, group, instant, attempt))
     return written
 
 

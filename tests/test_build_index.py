@@ -22,7 +22,7 @@ def write_dataset(root: Path, layout: dict[str, list[list[str]]]) -> dict[tuple[
         for keys in files:
             name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
             pq.write_table(pa.table({"id": keys, "v": list(range(len(keys)))}), folder / name)
-            expected.update({(partition, k): name.split(".")[0] for k in keys})
+            expected.update({(partition, k): name.removesuffix(".parquet") for k in keys})
     (root / "_SUCCESS").write_text("")
     return expected
 
@@ -62,6 +62,21 @@ def test_duplicate_keys_name_both_files(tmp_path):
         build_index(table, "id")
     assert table.snapshot("dt=2025-01-01").num_rows == 0  # nothing published
     assert table.timeline.pending() == []
+    assert len(list((root / "dt=2025-01-01").glob("*.parquet"))) == 2  # the source files are never touched
+
+
+def test_files_of_two_types_for_one_column_are_a_schema_error(tmp_path):
+    from dbidx.errors import SchemaError
+
+    root = tmp_path / "data"
+    (root / "dt=1").mkdir(parents=True)
+    pq.write_table(pa.table({"id": ["a"], "v": pa.array([1], pa.int64())}), root / "dt=1" / "a.parquet")
+    pq.write_table(pa.table({"id": ["b"], "v": ["one"]}), root / "dt=1" / "b.parquet")
+    table = Table.create(str(root), num_shards=2)
+    with pytest.raises(SchemaError, match=r"b.parquet: column 'v' is string, while earlier files have int64"):
+        build_index(table, "id")
+    assert [r.action for r in table.timeline.completed()] == ["rollback"]  # nothing published
+    assert len(list((root / "dt=1").glob("*.parquet"))) == 2
 
 
 def test_global_mode_rejects_a_key_in_two_partitions(tmp_path):
@@ -105,8 +120,9 @@ def test_build_index_refuses_a_non_empty_index(tmp_path):
 
 
 def test_file_group_naming():
-    assert file_group_of("part-00003-1b2c-c000.snappy.parquet") == "part-00003-1b2c-c000"
-    assert file_group_of("00000007-a1b2c3d4e5f6_20250101000000000.parquet") == "00000007-a1b2c3d4e5f6"
+    """The whole file name (without .parquet): stable, and unique within the directory."""
+    assert file_group_of("part-00003-1b2c-c000.snappy.parquet") == "part-00003-1b2c-c000.snappy"
+    assert file_group_of("events.2026-11-22.parquet") != file_group_of("events.2026-11-23.parquet")
 
 
 @pytest.mark.spark

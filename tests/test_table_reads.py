@@ -131,3 +131,50 @@ def test_spark_read_table_empty_pruned_and_schema_error(spark, tmp_path: Path) -
                                      "_dbidx_delete boolean"), table, key="id", partition="dt", cache_config=config)
     table.refresh()
     assert table.timeline.latest_seq == seq  # raised on the driver before a job: not even a rollback
+
+
+@pytest.mark.spark
+def test_a_migrated_table_is_table_data(spark, tmp_path: Path) -> None:
+    """build-index lists the source files as the table's data: reads return them, upserts update and delete them."""
+    import pandas as pd
+    import pyarrow.parquet as pq
+
+    from dbidx.mdt.build_index import build_index
+    from dbidx.spark_integration.api import read_table, upsert
+
+    # 1. A hive-partitioned data set as a pipeline left it: dt only in the directory names, two files per day,
+    #    names that differ only after their first dot.
+    root = tmp_path / "events"
+    source = []
+    for day in ("2026-11-22", "2026-11-23"):
+        (root / f"dt={day}").mkdir(parents=True)
+        for part in range(2):
+            ids = [f"{day}-{part}-{i}" for i in range(50)]
+            pq.write_table(pa.table({"id": ids, "v": pa.array(range(50), pa.int64())}),
+                           root / f"dt={day}" / f"events.{day}.{part}.parquet")
+            source += [(k, day, i) for i, k in enumerate(ids)]
+    table = Table.create(str(root), num_shards=2)
+    result = build_index(table, "id", ["dt"])
+    assert result.keys == 200
+    assert table.data_schema() == pa.schema([("id", pa.string()), ("v", pa.int64()), ("dt", pa.string())])
+    # 2. Five updates, five deletes of migrated keys, five inserts.
+    schema = "id string, dt string, v long, _dbidx_delete boolean"
+    updates = [(k, day, 1000 + i, False) for i, (k, day, _) in enumerate(source[:5])]
+    deletes = [(k, day, 0, True) for k, day, _ in source[100:105]]
+    inserts = [(f"new-{i}", "2026-11-23", i, False) for i in range(5)]
+    summary = upsert(spark.createDataFrame(updates + deletes + inserts, schema), table, key="id", partition="dt",
+                     cache_config=CacheConfig(base_path=str(tmp_path / "cache")))
+    assert (summary.updates, summary.deletes, summary.inserts) == (5, 5, 5)
+    # 3. The expected table, computed independently with pandas.
+    frame = pd.DataFrame(source, columns=["id", "dt", "v"])
+    change = pd.DataFrame(updates + deletes + inserts, columns=["id", "dt", "v", "gone"])
+    merged = pd.concat([frame.assign(gone=False, order=0), change.assign(order=1)])
+    merged = merged.sort_values("order").drop_duplicates(["dt", "id"], keep="last")
+    expected = {tuple(r) for r in merged[~merged.gone][["id", "dt", "v"]].itertuples(index=False)}
+    assert len(expected) == 200
+    got = {(r.id, r.dt, r.v) for r in read_table(spark, table).select("id", "dt", "v").collect()}
+    assert got == expected
+    assert as_set(data_reader.read_arrow(table), "id", "dt", "v") == expected
+    # The source files were listed by reference, not copied; each is its own file group, named by its whole name.
+    groups = {s for s in data_reader.read_arrow(table, with_meta=True).column("_dbidx_file_group").to_pylist()}
+    assert {"events.2026-11-22.0", "events.2026-11-22.1", "events.2026-11-23.0"} <= groups
