@@ -9,7 +9,6 @@ from hypothesis import strategies as st
 from dbidx.buckets.assigner import BucketSpec, DynamicBucketAssigner, SimpleBucketAssigner
 from dbidx.buckets.naming import bucket_of, file_group_id
 from dbidx.errors import ConfigError, InvalidInputError
-from dbidx.mdt.build_index import file_group_of
 from dbidx.mdt.keyhash import shard_of
 
 
@@ -23,7 +22,6 @@ def test_file_group_id_is_stable_named_and_parsable() -> None:
     assert fg.startswith("00000007-") and len(fg) == 8 + 1 + 24
     assert fg != file_group_id("table-a", "dt=2025-01-02", 7) != file_group_id("table-b", "dt=2025-01-01", 7)
     assert bucket_of(fg) == 7 and bucket_of("part-0001") is None
-    assert file_group_of(f"{fg}_20250101000000000_12.parquet") == fg  # build_index finds the file group again
     with pytest.raises(InvalidInputError, match="bucket id"):
         file_group_id("t", "p", -1)
 
