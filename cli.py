@@ -432,20 +432,34 @@ def _table_caches(table: Any, cache_dir: str) -> list[Any]:
 @click.option("--min-files", default=2, show_default=True, help="Compact groups with at least this many files.")
 @click.option("--clean/--no-clean", default=True, show_default=True, help="Then delete replaced files.")
 @click.option("--retain", default=10, show_default=True, help="Completions of history kept by the clean.")
+@click.option("--data", is_flag=True, help="Also rewrite each data file group with at least --min-files files "
+              "into one base of its live rows.")
 @json_option
-def compact_cmd(uri: str, partitions: tuple[str, ...], min_files: int, clean: bool, retain: int,
+def compact_cmd(uri: str, partitions: tuple[str, ...], min_files: int, clean: bool, retain: int, data: bool,
                 as_json: bool) -> None:
-    """Merge RLI deltas into base files (dropping tombstones), then clean old files."""
+    """Merge RLI deltas into base files (dropping tombstones), with --data also data files, then clean old files."""
     from dbidx.mdt.table import Table
 
     table = Table.open(uri, storage_options=_storage_options())
     result = table.compact(partitions or None, min_files=min_files)
+    data_result = table.compact_data(partitions or None, min_files=min_files) if data else None
     cleaned = table.clean(retain_completions=retain) if clean else None
     payload = {"instant": result.record.instant if result.record else None, "groups": result.groups,
                "files_replaced": result.files_replaced, "entries_written": result.entries_written,
+               "data": vars(data_result) | {"record": None, "instant": data_result.record.instant
+                                             if data_result.record else None} if data_result else None,
                "files_deleted": len(cleaned.deleted) if cleaned else 0}
-    Output(as_json).emit(payload, lambda p: f"compacted {p['groups']} groups ({p['files_replaced']} files -> "
-                                            f"{p['entries_written']} entries), deleted {p['files_deleted']} old files")
+    Output(as_json).emit(payload, _compact_text)
+
+
+def _compact_text(p: dict[str, Any]) -> str:
+    lines = [f"compacted {p['groups']} index groups ({p['files_replaced']} files -> {p['entries_written']} entries)"]
+    if p["data"]:
+        d = p["data"]
+        lines.append(f"compacted {d['file_groups']} data file groups ({d['files_replaced']} files, "
+                     f"{d['bytes_before']:,} bytes -> {d['rows_written']:,} live rows, {d['bytes_after']:,} bytes)")
+    lines.append(f"deleted {p['files_deleted']} old files")
+    return "\n".join(lines)
 
 
 @main.command("rollback")

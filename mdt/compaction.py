@@ -85,11 +85,14 @@ def compact(
 
 
 def clean(table: Table, retain_completions: int = 10) -> CompletedInstant | None:
-    """Delete files replaced by compactions at least `retain_completions` completions ago.
+    """Delete index files replaced by compactions, and data files replaced by data compactions, at least
+    `retain_completions` completions ago.
 
     Incremental reads reaching back further than that get HistoryCompactedError (a cache then reloads the
     partition); snapshots of older instants likewise. Returns the clean's completion record, or None.
     """
+    from dbidx.mdt.data_compaction import replaced_data_files
+
     view = table.refresh()
     horizon = table.timeline.latest_seq - max(retain_completions, 0)
     doomed = [path for path, _ in view.replaced_files(horizon)]
@@ -97,6 +100,7 @@ def clean(table: Table, retain_completions: int = 10) -> CompletedInstant | None
     if outside:
         raise CorruptFileError(f"compaction records of {table.uri} replace files outside {layout.RLI_DIR}, e.g. "
                                f"{outside[0]!r}; refusing to clean")
+    doomed += replaced_data_files(table.timeline.completed(), horizon)
     if not doomed:
         return None
     writer = table.timeline.start(ACTION_CLEAN)

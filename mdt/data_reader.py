@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from dbidx.errors import CorruptFileError, InvalidInputError, SchemaError
 from dbidx.mdt.fileio import FileIO
-from dbidx.mdt.records import DATA_ACTIONS, DataFileRecord
+from dbidx.mdt.records import ACTION_DATA_COMPACTION, DATA_ACTIONS, DataFileRecord
 from dbidx.mdt.rli_files import DECODE_ERRORS
 
 INSTANT_COLUMN = "_dbidx_instant"  # written in every data file: the instant that wrote the row
@@ -60,6 +60,14 @@ class ReadPlan:
     units: tuple[ReadUnit, ...]
 
 
+def data_file_path(partition: str, file_group: str, instant: str, attempt: int) -> str:
+    """`<partition>/<file group>_<instant>_<attempt>.parquet`: where an upsert (attempt = the task attempt) or a
+    data compaction (attempt 0) writes a file group's file; at the table root for the partition "" of a
+    non-partitioned table. Nothing parses the name back: commit records say which file is which."""
+    name = f"{file_group}_{instant}_{attempt}.parquet"
+    return f"{partition}/{name}" if partition else name
+
+
 def read_data_file(io: FileIO, record: DataFileRecord, columns: Sequence[str] | None = None) -> pa.Table:
     """One published data file, its bytes verified against the commit record first."""
     data = io.read_verified(record.path, record.size, record.checksum, "data file")
@@ -92,30 +100,54 @@ def plan_read(table: Any, partitions: Iterable[str] | None = None) -> ReadPlan:
     """Group every published data file by (partition, file group), in commit order; `partitions` prunes."""
     table.refresh()
     wanted = None if partitions is None else set(partitions)
-    groups: dict[tuple[str, str], list[tuple[DataFileRecord, int, str]]] = {}
-    for rec in table.timeline.completed():
-        if rec.action not in DATA_ACTIONS:
-            continue
-        for f in rec.data_files:
-            if wanted is None or f.partition in wanted:
-                groups.setdefault((f.partition, f.file_group), []).append((f, rec.seq, rec.instant))
-    units = tuple(ReadUnit(p, fg, tuple(f for f, _, _ in fs), tuple(s for _, s, _ in fs), tuple(i for _, _, i in fs))
-                  for (p, fg), fs in sorted(groups.items()))
+    live = live_data_files(table.timeline.completed())
+    groups: dict[tuple[str, str], list[tuple[tuple[int, int], DataFileRecord, int, str]]] = {}
+    for f, order, seq, instant in live:
+        if wanted is None or f.partition in wanted:
+            groups.setdefault((f.partition, f.file_group), []).append((order, f, seq, instant))
+    units = []
+    for (p, fg), entries in sorted(groups.items()):
+        entries.sort(key=lambda e: e[0])
+        units.append(ReadUnit(p, fg, tuple(e[1] for e in entries), tuple(e[2] for e in entries),
+                              tuple(e[3] for e in entries)))
     layout = layout_of(table)
     schema = table.data_schema()
     if schema is None:
         schema = _newest_file_schema(table.io, table.timeline.completed())
-    return ReadPlan(table.timeline.latest_seq, layout["key"] if layout else None, schema, units)
+    return ReadPlan(table.timeline.latest_seq, layout["key"] if layout else None, schema, tuple(units))
+
+
+def live_data_files(completed: Sequence[Any]) -> list[tuple[DataFileRecord, tuple[int, int], int, str]]:
+    """Every data file of the current state with its merge order, seq and instant, from the completion log.
+
+    Upserts and build-index add files (order: their seq). A data compaction removes the files it replaced and adds
+    bases that stand where the newest replaced file of their group stood: a file committed while it ran (not
+    replaced, seq below the compaction's) stays newer than the base.
+    """
+    live: dict[str, tuple[DataFileRecord, tuple[int, int], int, str]] = {}
+    for rec in completed:
+        if rec.action in DATA_ACTIONS:
+            for f in rec.data_files:
+                live[f.path] = (f, (rec.seq, 0), rec.seq, rec.instant)
+        elif rec.action == ACTION_DATA_COMPACTION:
+            covered: dict[tuple[str, str], int] = {}
+            for path in rec.replaced:
+                gone = live.pop(path, None)
+                if gone is not None:
+                    group = (gone[0].partition, gone[0].file_group)
+                    covered[group] = max(covered.get(group, 0), gone[1][0])
+            for f in rec.data_files:
+                live[f.path] = (f, (covered.get((f.partition, f.file_group), rec.seq), 1), rec.seq, rec.instant)
+    return list(live.values())
 
 
 def _newest_file_schema(io: FileIO, completed: Sequence[Any]) -> pa.Schema:
     """The data columns of the newest data file (tables written before schemas were recorded)."""
-    for rec in reversed(completed):
-        if rec.action in DATA_ACTIONS and rec.data_files:
-            newest = read_data_file(io, rec.data_files[-1])
-            return pa.schema([f for f in newest.schema.remove_metadata()
-                              if f.name not in (INSTANT_COLUMN, DELETED_COLUMN)])
-    return pa.schema([])
+    live = live_data_files(completed)
+    if not live:
+        return pa.schema([])
+    newest = read_data_file(io, max(live, key=lambda e: e[1])[0])
+    return pa.schema([f for f in newest.schema.remove_metadata() if f.name not in (INSTANT_COLUMN, DELETED_COLUMN)])
 
 
 def output_schema(plan: ReadPlan, columns: Sequence[str] | None = None, with_meta: bool = False) -> pa.Schema:
@@ -137,7 +169,7 @@ def read_unit(io: FileIO, unit: ReadUnit, key: str, schema: pa.Schema) -> pa.Tab
     schema: the output columns (output_schema); files lacking a column (written before it was added) read nulls.
     """
     # 1. Read each file's needed columns, verified, aligned to the output schema; rows numbered in commit order.
-    wanted = {f.name for f in schema} - {FILE_GROUP_COLUMN, INSTANT_COLUMN} | {key}
+    wanted = {f.name for f in schema} - {FILE_GROUP_COLUMN} | {key}
     pieces = []
     for record, instant in zip(unit.files, unit.instants):
         data = read_data_file(io, record, [*wanted, DELETED_COLUMN])
@@ -162,8 +194,9 @@ def _aligned(data: pa.Table, schema: pa.Schema, key: str, record: DataFileRecord
     for field_ in schema:
         if field_.name == FILE_GROUP_COLUMN:
             column = pa.array([record.file_group] * n, pa.string())
-        elif field_.name == INSTANT_COLUMN:
-            column = pa.array([instant] * n, pa.string())
+        elif field_.name == INSTANT_COLUMN:  # the row's own (kept by compaction), else the file's commit
+            column = data.column(INSTANT_COLUMN) if INSTANT_COLUMN in data.column_names else \
+                pa.array([instant] * n, pa.string())
         elif field_.name in data.column_names:
             column = data.column(field_.name)
             if column.type != field_.type:

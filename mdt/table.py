@@ -32,6 +32,7 @@ from dbidx.mdt.timeline import CompletedInstant, FileRecord, Timeline
 
 if TYPE_CHECKING:
     from dbidx.mdt.compaction import CompactionResult
+    from dbidx.mdt.data_compaction import DataCompactionResult
     from dbidx.mdt.writer import CommitWriter
 
 FORMAT_VERSION = 2  # 2: checksums in records, data files listed, latest-seq pointer, task-written deltas
@@ -359,9 +360,17 @@ class Table:
 
         return compact(self, partitions, min_files=min_files)
 
+    def compact_data(self, partitions: Iterable[str] | None = None, min_files: int = 2) -> "DataCompactionResult":
+        """Rewrite each file group with at least `min_files` data files into one base of its live rows, as one
+        data compaction instant that concurrent upserts do not conflict with (see mdt.data_compaction)."""
+        from dbidx.mdt.data_compaction import compact_data
+
+        return compact_data(self, partitions, min_files=min_files)
+
     def clean(self, retain_completions: int = 10) -> CompletedInstant | None:
-        """Delete index files that compactions replaced at least `retain_completions` completions ago; returns the
-        clean's completion record, or None when nothing was old enough. Caches behind it reload (`dbidx sync`)."""
+        """Delete index and data files that compactions replaced at least `retain_completions` completions ago;
+        returns the clean's completion record, or None when nothing was old enough. Caches behind it reload
+        (`dbidx sync`)."""
         from dbidx.mdt.compaction import clean
 
         return clean(self, retain_completions=retain_completions)

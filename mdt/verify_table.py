@@ -12,7 +12,8 @@ from typing import Any, Callable
 
 from dbidx.errors import CorruptFileError, HistoryCompactedError
 from dbidx.mdt import rli_files
-from dbidx.mdt.records import DATA_ACTIONS, FileRecord
+from dbidx.mdt.data_reader import live_data_files
+from dbidx.mdt.records import FileRecord
 from dbidx.mdt.table import Table
 
 Progress = Callable[[int, int], None]
@@ -49,7 +50,7 @@ def verify_table(table: Table, progress: Progress | None = None) -> TableCheck:
             index_records += view.files(partition, shard)
         except HistoryCompactedError as exc:  # a live file was cleaned: that is damage too
             check.damaged.append({"path": f"{partition}/{shard}", "problem": str(exc)})
-    data_records = [f for rec in table.timeline.completed() if rec.action in DATA_ACTIONS for f in rec.data_files]
+    data_records = [f for f, _, _, _ in live_data_files(table.timeline.completed())]
     total = len(index_records) + len(data_records)
     for i, record in enumerate(index_records + data_records):
         try:

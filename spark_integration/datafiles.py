@@ -17,16 +17,11 @@ import pyarrow.parquet as pq
 from dbidx.mdt import markers
 from dbidx.mdt.fileio import FileIO, file_checksum
 from dbidx.mdt.markers import MARKERS_DIR, announced_files, discard_unlisted, marker_dir, marker_of  # noqa: F401
-from dbidx.mdt.data_reader import DELETED_COLUMN, INSTANT_COLUMN, read_data_file  # noqa: F401 - used by tasks, tests
+from dbidx.mdt.data_reader import (  # noqa: F401 - used by tasks and tests
+    DELETED_COLUMN, INSTANT_COLUMN, data_file_path, read_data_file,
+)
 from dbidx.mdt.records import ACTION_COMMIT, DataFileRecord
 
-
-
-def data_file_path(partition: str, file_group: str, instant: str, attempt: int) -> str:
-    """`<partition>/<file group>_<instant>_<attempt>.parquet` (build_index recognises the file group in it); at the
-    table root for the single partition "" of a non-partitioned table."""
-    name = f"{file_group}_{instant}_{attempt}.parquet"
-    return f"{partition}/{name}" if partition else name
 
 
 def write_group(io: FileIO, partition: str, file_group: str, rows: pa.Table, instant: str,
