@@ -145,6 +145,37 @@ def test_two_spark_upserts_on_s3_with_overlapping_new_keys(spark, s3: dict[str, 
     assert sorted(table.snapshot(PART).column("key").to_pylist()) == ["base", "new-1", "new-2"]
 
 
+@pytest.mark.spark
+def test_s3_end_to_end_create_upsert_read_compact_read(spark, s3: dict[str, str], tmp_path: Path) -> None:
+    """A table on S3 (a local S3-protocol server): Spark upserts, read_table, index and data compaction, clean,
+    and reads again, through Spark and through Arrow; the table's URI keeps its scheme."""
+    from dbidx.mdt import data_reader
+    from dbidx.spark_integration.api import read_table, upsert
+    from tests.spark_helpers import SCHEMA
+
+    uri = f"s3://dbidx-test/e2e-{uuid.uuid4().hex[:8]}"
+    table = Table.create(uri, num_shards=2, storage_options=s3)
+    assert table.uri == uri
+    config = CacheConfig(base_path=str(tmp_path / "cache"))
+    batches = [[(f"k{i}", "2025-03-01", v, False) for i in range(30)] for v in range(3)]
+    batches.append([("k0", "2025-03-01", 0, True), ("k1", "2025-03-02", 9, False)])
+    for batch in batches:
+        upsert(spark.createDataFrame(batch, SCHEMA), table, key="id", partition="dt", cache_config=config)
+    expected = {(f"k{i}", "2025-03-01", 2) for i in range(1, 30)} | {("k1", "2025-03-02", 9)}
+
+    def spark_rows() -> set[tuple]:
+        return {(r.id, r.dt, r.v) for r in read_table(spark, table).select("id", "dt", "v").collect()}
+
+    assert spark_rows() == expected
+    reopened = Table.open(uri, storage_options=s3)
+    assert reopened.compact().record is not None
+    assert reopened.compact_data().files_replaced >= 3
+    assert reopened.clean(retain_completions=0) is not None
+    assert spark_rows() == expected
+    arrow = data_reader.read_arrow(reopened, columns=["id", "dt", "v"])
+    assert set(zip(*(arrow.column(c).to_pylist() for c in ("id", "dt", "v")))) == expected
+
+
 def test_store_errors_around_a_publish_never_misreport_a_commit(s3: dict[str, str],
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     import obstore
