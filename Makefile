@@ -18,13 +18,14 @@ test-fast: $(STAMP)
 
 # Every benchmark at full size (tens of minutes); rewrites benchmarks/RESULTS.md and benchmarks/results/*.png.
 bench: check-java $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench,peers]'
 	$(BIN)/python benchmarks/mdt_bench.py --write-results
 	$(BIN)/python benchmarks/cache_bench.py --write-results
 	$(BIN)/python benchmarks/bootstrap_bench.py --write-results
 	$(BIN)/python benchmarks/footprint_bench.py --write-results
 	$(BIN)/python benchmarks/skew_bench.py --write-results
 	$(BIN)/python benchmarks/restart_bench.py --write-results
+	$(BIN)/python benchmarks/table_bench.py --write-results
 	$(BIN)/python benchmarks/spark_bench.py --write-results
 	$(BIN)/python benchmarks/commit_bench.py --write-results
 	$(BIN)/python benchmarks/projection.py
