@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast bench bench-smoke bench-mdt bench-cache bench-bootstrap bench-spark bench-commit bench-footprint bench-skew bench-restart check-java clean
+.PHONY: demo test test-fast test-cluster pack-env bench bench-smoke bench-mdt bench-cache bench-bootstrap bench-spark bench-commit bench-footprint bench-skew bench-restart check-java clean
 
 demo: check-java $(STAMP)
 	$(BIN)/dbidx demo
@@ -15,6 +15,14 @@ test: check-java $(STAMP)
 # Day-to-day tier: no Spark, nothing marked slow (about a minute).
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not spark and not slow"
+
+# The standalone-cluster tests alone (a master and two workers in subprocesses; docs/DEPLOY.md). `make test` runs them too.
+test-cluster: check-java $(STAMP)
+	$(BIN)/python -m pytest -m cluster
+
+# dbidx and its runtime dependencies (not pyspark) as a packed virtualenv for spark.archives (docs/DEPLOY.md).
+pack-env: $(STAMP)
+	$(BIN)/python -m dbidx.spark_integration.packing --out dist/dbidx-env.tar.gz
 
 # Every benchmark at full size (tens of minutes); rewrites benchmarks/RESULTS.md and benchmarks/results/*.png.
 bench: check-java $(STAMP)
