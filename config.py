@@ -136,10 +136,12 @@ def node_local_root(spark_dir: str) -> Path:
     `<local dir>/spark-<uuid>/executor-<uuid>/blockmgr-<uuid>` (standalone) or `<spark.local.dir>/spark-<uuid>/
     blockmgr-<uuid>` (local mode). Spark deletes those when the executor or application ends, so a cache under them
     would be cold in every new application; the directory above them is the disk the cluster provisions for the node
-    and outlives both. Only components named like Spark's own (prefix + UUID) are stripped.
+    and outlives both. Only components named like Spark's own (prefix + UUID) are stripped, and never past a mount
+    point: on Kubernetes the pod's volume is mounted at `/var/data/spark-<uuid>` itself, and the directory above it
+    is the container's own filesystem (small, maybe not writable), so the mount is the node's local dir there.
     """
     path = Path(spark_dir)
-    while _SPARK_OWNED_DIR.match(path.name) and path.parent != path:
+    while _SPARK_OWNED_DIR.match(path.name) and path.parent != path and not os.path.ismount(path):
         path = path.parent
     return path
 

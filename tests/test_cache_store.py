@@ -133,7 +133,7 @@ def test_a_second_opener_waits_then_gets_a_clear_error(tmp_path):
         pass  # released on close
 
 
-def test_base_path_defaults_and_directory_errors(tmp_path):
+def test_base_path_defaults_and_directory_errors(tmp_path, monkeypatch):
     assert default_base_path(environ={"SPARK_LOCAL_DIRS": "/disk1,/disk2", "HOME": "/h"}) == \
         default_base_path(environ={"SPARK_LOCAL_DIRS": "/disk1"}).parent / "dbidx-cache"
     assert str(default_base_path("/spark/local", environ={"HOME": "/h"})) == "/spark/local/dbidx-cache"
@@ -148,6 +148,13 @@ def test_base_path_defaults_and_directory_errors(tmp_path):
         "/l/dbidx-cache"
     assert str(default_base_path(environ={"SPARK_LOCAL_DIRS": "/data/spark-local/blockmgr-x"})) == \
         "/data/spark-local/blockmgr-x/dbidx-cache"  # not Spark's naming: left alone
+    # Kubernetes mounts the pod's volume at /var/data/spark-<uuid> itself: the climb stops at the mount point.
+    k8s_mount = f"/var/data/spark-{uid}"
+    real_ismount = os.path.ismount
+    monkeypatch.setattr(os.path, "ismount", lambda p: str(p) == k8s_mount or real_ismount(p))
+    assert str(default_base_path(environ={"SPARK_LOCAL_DIRS": f"{k8s_mount}/blockmgr-{uid}"})) == \
+        f"{k8s_mount}/dbidx-cache"
+    monkeypatch.undo()
     # The executor's own environment can name it (the driver's config, if it has base.path, still wins).
     assert str(default_base_path(environ={"DBIDX_CACHE_BASE_PATH": "/ssd/c", "SPARK_LOCAL_DIRS": worker})) == "/ssd/c"
     made = prepare_dir(tmp_path / "a" / "b")
