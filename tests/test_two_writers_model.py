@@ -41,18 +41,29 @@ def as_arrow(rows: list[tuple[str, str, int, bool]]) -> pa.Table:
 
 def live_rows(table: Table) -> dict[tuple[str, ...], tuple[str, int, str]]:
     """Identity -> (partition, value, file group) of the latest committed row per record, read from the data files
-    (verified) by commit order; deleted records dropped. Independent of read_table and of the index."""
+    (verified) by commit order; deleted records dropped. Independent of read_table and of the index.
+
+    A commit holds one row per record, except that a record that moved partition (global mode) also leaves a
+    delete row in its old file group: then the live row is the commit's row."""
     table.refresh()
     latest: dict[tuple[str, ...], tuple[int, str, int, str, bool]] = {}
     for rec in table.timeline.completed():
         if rec.action != ACTION_COMMIT:
             continue
+        seen: dict[tuple[str, ...], list[bool]] = {}
         for f in rec.data_files:
             data = datafiles.read_data_file(table.io, f).to_pylist()
             for row in data:
                 ident = (row["id"],) if table.global_index else (f.partition, row["id"])
-                assert latest.get(ident, (0,))[0] < rec.seq, f"two rows for {ident} in one commit"
-                latest[ident] = (rec.seq, f.partition, row["v"], f.file_group, row[datafiles.DELETED_COLUMN])
+                deleted = row[datafiles.DELETED_COLUMN]
+                seen.setdefault(ident, []).append(deleted)
+                if ident in latest and latest[ident][0] == rec.seq and deleted:
+                    continue  # the move's leftover in its old file group: the commit's live row stands
+                latest[ident] = (rec.seq, f.partition, row["v"], f.file_group, deleted)
+        # One row per record per commit; only in global mode a move's live row plus its leftover delete row.
+        for ident, flags in seen.items():
+            assert len(flags) == 1 or (table.global_index and sorted(flags) == [False, True]), \
+                f"rows {flags} for {ident} in commit {rec.seq}"
     return {ident: (part, v, fg) for ident, (_seq, part, v, fg, deleted) in latest.items() if not deleted}
 
 
