@@ -133,7 +133,7 @@ def _spark(local_dir: Path) -> Any:
 
 
 def _start_spark(local_dir: Path, say: Callable[[str], None], why: str) -> Any:
-    say(f"  starting Spark ({why}; a JVM start takes 5-15 s) ...")
+    say(f"  starting Spark ({why}) ...")
     started = time.perf_counter()
     spark = _spark(local_dir)
     say(f"  Spark is up in {time.perf_counter() - started:.1f} s")
@@ -184,7 +184,7 @@ def run_demo(workdir: str | Path, keys: int = 200_000, days: int = 10, batches: 
         "to it before tagging (batch 1 applies the whole initial load, which upserts never write to caches)")
     say("             'on-demand' = partitions a batch touched that were not in the local cache yet, loaded from "
         "the persisted index while the batch waited (the 'stall' seconds)")
-    spark = _start_spark(root / "_spark", say, "the first application")
+    spark = _start_spark(root / "_spark", say, "the first application; a JVM start takes 5-15 s")
     try:
         # 1. The initial load, then B change batches; the middle one arrives through Structured Streaming.
         streamed_at, restart_at = batches // 2, batches // 2 + 1
@@ -194,7 +194,7 @@ def run_demo(workdir: str | Path, keys: int = 200_000, days: int = 10, batches: 
             if number == restart_at:
                 # 2. Warm restart: a new Spark application; the cache directories on local disk are reused.
                 spark.stop()
-                spark = _start_spark(root / "_spark", say, "a second application: a warm restart")
+                spark = _start_spark(root / "_spark", say, "a second application in the same JVM: a warm restart")
                 say("  -- the next batch reopens the caches the first application left on local disk")
             say(f"  batch {number:>2} running ({len(frame):,} rows) ...")
             if number == streamed_at:
