@@ -156,7 +156,7 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     body = "\n\n".join([
-        "## Table reads: dbidx vs delta-rs, before and after data compaction",
+        f"## Table reads at {args.keys:,} keys: dbidx vs delta-rs, before and after data compaction",
         f"Machine: {_report.machine()}. Command: `{_report.command()}`. {args.keys:,} UUID keys in 30 daily "
         f"partitions, {args.shards} shards; commits of {args.batch:,} rows (80% recent updates, 5% late updates, 15% "
         f"new keys). Initial load: dbidx upsert_arrow {load_s:.1f} s"
@@ -167,7 +167,7 @@ def main() -> None:
                        "delta read s", "delta data B/row"], rows),
     ])
     if args.write_results and not args.smoke:
-        _report.write_section("table", body)
+        _report.write_section(f"table-{args.keys}", body)  # one section per size: 1 M and 10 M side by side
     print(body)
 
 

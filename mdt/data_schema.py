@@ -48,6 +48,15 @@ def data_columns(schema: pa.Schema, drop: Sequence[str] = ()) -> pa.Schema:
     return pa.schema([f for f in schema if f.name not in drop and not f.name.startswith("_dbidx_")])
 
 
+_LARGE = {pa.large_string(): pa.string(), pa.large_binary(): pa.binary()}
+
+
+def same_type(a: pa.DataType, b: pa.DataType) -> bool:
+    """Equal types, counting string and large_string (binary, large_binary) as one: they differ only in offset
+    width, Arrow casts between them losslessly, and Spark, Polars and pandas pick either."""
+    return _LARGE.get(a, a) == _LARGE.get(b, b)
+
+
 def evolve(recorded: pa.Schema | None, incoming: pa.Schema, where: str,
            consumed: Sequence[str] = ()) -> pa.Schema | None:
     """Check an input's data columns against the table's schema; the schema to record, or None if unchanged.
@@ -67,7 +76,7 @@ def evolve(recorded: pa.Schema | None, incoming: pa.Schema, where: str,
             raise SchemaError(f"{where} has no column {field_.name!r} ({field_.type}), which the table has; "
                               "add it (null where unknown): an upsert replaces whole rows")
         got = incoming.field(field_.name).type
-        if got != field_.type:
+        if not same_type(got, field_.type):
             raise SchemaError(f"{where}: column {field_.name!r} is {got}, the table's schema says {field_.type}; "
                               f"cast it (e.g. df.withColumn({field_.name!r}, col({field_.name!r}).cast(...)))")
     # 2. New columns are appended (schema evolution): older files read them as null.
