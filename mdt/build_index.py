@@ -9,6 +9,7 @@ later upserts update and delete them. One instant: a failed build leaves nothing
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -102,6 +103,23 @@ def _read_source(table: Table, rel: str, partition: str, key_column: str) -> Sou
     return SourceFile(record, keys, schema)
 
 
+_ESCAPED = re.compile(r"%[0-9A-Fa-f]{2}")
+
+
+def _check_source(schema: pa.Schema, partition: str, where: str) -> None:
+    """What would make a migrated file's rows read wrong: dbidx's own column names, percent-escaped directories."""
+    own = [n for n in schema.names if n.startswith("_dbidx_")]
+    if own:
+        raise SchemaError(f"data file {where} has column(s) {own} in dbidx's own `_dbidx_` namespace; data files "
+                          "use such names for the writing instant and the delete flag (is this a directory dbidx "
+                          "wrote? build-index only migrates other data); rename them first")
+    if _ESCAPED.search(partition):
+        raise InvalidInputError(f"data file {where} is under {partition!r}, a percent-escaped directory name (as "
+                                "Spark and pyarrow write values with special characters): upserts name partitions by "
+                                "their raw values, so the same record would live in two partitions; rewrite the data "
+                                "set with values that need no escaping")
+
+
 def _with_partition_columns(schema: pa.Schema, partition: str) -> pa.Schema:
     """A migrated file's columns plus the hive partition columns only its directory names (read as strings)."""
     names = [seg.split("=", 1)[0] for seg in (partition.split("/") if partition else []) if "=" in seg]
@@ -168,6 +186,7 @@ def build_index(
             part_keys, part_ids = [], []
             for rel in by_partition[partition]:
                 source = _read_source(table, rel, partition, key_column)
+                _check_source(source.schema, partition, table.io.path(rel))
                 keys = source.keys
                 files.append(table.io.path(rel))
                 part_keys.append(keys)

@@ -84,9 +84,9 @@ def compact(
     return CompactionResult(record, len(todo), len(replaced), sum(b.rows for b in bases))
 
 
-def clean(table: Table, retain_completions: int = 10) -> CompletedInstant | None:
+def clean(table: Table, retain_completions: int = 10, delete_migrated: bool = False) -> CompletedInstant | None:
     """Delete index files replaced by compactions, and data files replaced by data compactions, at least
-    `retain_completions` completions ago.
+    `retain_completions` completions ago. Source files build-index listed stay unless delete_migrated=True.
 
     Incremental reads reaching back further than that get HistoryCompactedError (a cache then reloads the
     partition); snapshots of older instants likewise. Returns the clean's completion record, or None.
@@ -100,7 +100,7 @@ def clean(table: Table, retain_completions: int = 10) -> CompletedInstant | None
     if outside:
         raise CorruptFileError(f"compaction records of {table.uri} replace files outside {layout.RLI_DIR}, e.g. "
                                f"{outside[0]!r}; refusing to clean")
-    doomed += replaced_data_files(table.timeline.completed(), horizon)
+    doomed += replaced_data_files(table.timeline.completed(), horizon, migrated=delete_migrated)
     if not doomed:
         return None
     writer = table.timeline.start(ACTION_CLEAN)

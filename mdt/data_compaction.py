@@ -25,7 +25,9 @@ from dbidx.errors import ConflictError, CorruptFileError
 from dbidx.mdt import layout
 from dbidx.mdt.data_reader import DELETED_COLUMN, INSTANT_COLUMN, ReadUnit, data_file_path, plan_read, read_unit
 from dbidx.mdt.fileio import file_checksum
-from dbidx.mdt.records import ACTION_CLEAN, ACTION_DATA_COMPACTION, CompletedInstant, DataFileRecord
+from dbidx.mdt.records import (
+    ACTION_BUILD_INDEX, ACTION_CLEAN, ACTION_DATA_COMPACTION, CompletedInstant, DataFileRecord,
+)
 from dbidx.mdt.table import Table
 
 
@@ -52,7 +54,17 @@ def compact_data(table: Table, partitions: Iterable[str] | None = None, min_file
     writer = table.timeline.start(ACTION_DATA_COMPACTION)
     replaced = [f.path for u in todo for f in u.files]
     bases: list[DataFileRecord] = []
+
+    def check(news: list[CompletedInstant]) -> None:
+        mine = set(replaced)
+        for rec in news:
+            if rec.action == ACTION_DATA_COMPACTION and mine.intersection(rec.replaced):
+                raise ConflictError(f"data compaction {writer.instant} overlaps data compaction {rec.instant} "
+                                    f"(seq {rec.seq}) on the same files; nothing was published, run it again")
+
     try:
+        # 1b. A compaction that published between the snapshot and this instant's start counts too.
+        check(table.timeline.completed(after_seq=plan.seq, upto_seq=writer.start_seq))
         # 2. Declare the bases (a rollback finds them after a crash), then write each: live rows only, each row
         #    keeping the instant that wrote it.
         paths = {(u.partition, u.file_group): data_file_path(u.partition, u.file_group, writer.instant, 0)
@@ -62,13 +74,6 @@ def compact_data(table: Table, partitions: Iterable[str] | None = None, min_file
             base = _write_base(table, unit, plan.key or "", schema, paths[(unit.partition, unit.file_group)])
             if base is not None:
                 bases.append(base)
-
-        def check(news: list[CompletedInstant]) -> None:
-            mine = set(replaced)
-            for rec in news:
-                if rec.action == ACTION_DATA_COMPACTION and mine.intersection(rec.replaced):
-                    raise ConflictError(f"data compaction {writer.instant} overlaps data compaction {rec.instant} "
-                                        f"(seq {rec.seq}) on the same files; nothing was published, run it again")
 
         def build(seq: int) -> CompletedInstant:
             return CompletedInstant(seq=seq, instant=writer.instant, action=ACTION_DATA_COMPACTION,
@@ -99,13 +104,16 @@ def _write_base(table: Table, unit: ReadUnit, key: str, schema: pa.Schema, rel: 
                           size=data.size, checksum=file_checksum(data))
 
 
-def replaced_data_files(completed: list[CompletedInstant], upto_seq: int) -> list[str]:
+def replaced_data_files(completed: list[CompletedInstant], upto_seq: int, migrated: bool = False) -> list[str]:
     """Data files replaced by data compactions at or before `upto_seq` and not cleaned yet, for `clean`.
 
-    Every path must be a data file an earlier completion listed and lie outside the metadata directory: a record
-    that names anything else is damaged or crafted, and nothing is deleted (CorruptFileError).
+    migrated: also the user's own files that build-index made table data (kept by default: they are the source
+    data set, and deleting them is the user's decision). Every path must be a data file an earlier completion
+    listed and lie outside the metadata directory: a record that names anything else is damaged or crafted, and
+    nothing is deleted (CorruptFileError).
     """
     listed: set[str] = set()
+    sources: set[str] = set()
     cleaned: set[str] = set()
     doomed: list[str] = []
     for rec in completed:
@@ -116,7 +124,9 @@ def replaced_data_files(completed: list[CompletedInstant], upto_seq: int) -> lis
                 if path not in listed or path.startswith(layout.META_DIR + "/"):
                     raise CorruptFileError(f"data compaction {rec.instant} (seq {rec.seq}) replaces {path!r}, which "
                                            "no earlier completion listed as a data file; refusing to clean")
-                if rec.seq <= upto_seq:
+                if rec.seq <= upto_seq and (migrated or path not in sources):
                     doomed.append(path)
         listed.update(f.path for f in rec.data_files)
+        if rec.action == ACTION_BUILD_INDEX:
+            sources.update(f.path for f in rec.data_files)
     return [p for p in dict.fromkeys(doomed) if p not in cleaned]

@@ -133,11 +133,17 @@ def live_data_files(completed: Sequence[Any]) -> list[tuple[DataFileRecord, tupl
             covered: dict[tuple[str, str], int] = {}
             for path in rec.replaced:
                 gone = live.pop(path, None)
-                if gone is not None:
-                    group = (gone[0].partition, gone[0].file_group)
-                    covered[group] = max(covered.get(group, 0), gone[1][0])
+                if gone is None:  # two compactions of one file never both publish: the log is damaged
+                    raise CorruptFileError(f"data compaction {rec.instant} (seq {rec.seq}) replaces {path!r}, which "
+                                           "is not a live data file at that point of the log")
+                group = (gone[0].partition, gone[0].file_group)
+                covered[group] = max(covered.get(group, 0), gone[1][0])
             for f in rec.data_files:
-                live[f.path] = (f, (covered.get((f.partition, f.file_group), rec.seq), 1), rec.seq, rec.instant)
+                if (f.partition, f.file_group) not in covered:
+                    raise CorruptFileError(f"data compaction {rec.instant} (seq {rec.seq}) writes a base for file "
+                                           f"group {f.file_group!r} of {f.partition!r} without replacing any of its "
+                                           "files")
+                live[f.path] = (f, (covered[(f.partition, f.file_group)], 1), rec.seq, rec.instant)
     return list(live.values())
 
 

@@ -52,9 +52,25 @@ _LARGE = {pa.large_string(): pa.string(), pa.large_binary(): pa.binary()}
 
 
 def same_type(a: pa.DataType, b: pa.DataType) -> bool:
-    """Equal types, counting string and large_string (binary, large_binary) as one: they differ only in offset
-    width, Arrow casts between them losslessly, and Spark, Polars and pandas pick either."""
-    return _LARGE.get(a, a) == _LARGE.get(b, b)
+    """Equal types up to what does not change a value: string vs large_string (binary vs large_binary, list vs
+    large_list), the time zone label of a zoned timestamp (the instant is stored in UTC either way; Spark labels it
+    with the session's zone), and nullability at any nesting level (Spark's plans differ in it)."""
+    return _canonical(a) == _canonical(b)
+
+
+def _canonical(t: pa.DataType) -> pa.DataType:
+    """One representative per class of types same_type treats as equal."""
+    if t in _LARGE:
+        return _LARGE[t]
+    if pa.types.is_timestamp(t) and t.tz is not None:
+        return pa.timestamp(t.unit, tz="UTC")
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return pa.list_(_canonical(t.value_type))
+    if pa.types.is_map(t):
+        return pa.map_(_canonical(t.key_type), _canonical(t.item_type))
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f.name, _canonical(f.type), nullable=True) for f in t])
+    return t
 
 
 def evolve(recorded: pa.Schema | None, incoming: pa.Schema, where: str,

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from dbidx.mdt.data_compaction import DataCompactionResult
     from dbidx.mdt.writer import CommitWriter
 
-FORMAT_VERSION = 2  # 2: checksums in records, data files listed, latest-seq pointer, task-written deltas
+FORMAT_VERSION = 3  # 3: data files merge per file group (move delete rows, migrated files listed, data schema)
 INDEX_PARTITIONED = "partitioned"
 INDEX_GLOBAL = "global"
 
@@ -367,13 +367,13 @@ class Table:
 
         return compact_data(self, partitions, min_files=min_files)
 
-    def clean(self, retain_completions: int = 10) -> CompletedInstant | None:
-        """Delete index and data files that compactions replaced at least `retain_completions` completions ago;
-        returns the clean's completion record, or None when nothing was old enough. Caches behind it reload
-        (`dbidx sync`)."""
+    def clean(self, retain_completions: int = 10, delete_migrated: bool = False) -> CompletedInstant | None:
+        """Delete index and data files that compactions replaced at least `retain_completions` completions ago
+        (the user's source files build-index listed only with delete_migrated=True); returns the clean's record,
+        or None when nothing was old enough. Caches behind it reload (`dbidx sync`)."""
         from dbidx.mdt.compaction import clean
 
-        return clean(self, retain_completions=retain_completions)
+        return clean(self, retain_completions=retain_completions, delete_migrated=delete_migrated)
 
     def data_schema(self) -> pa.Schema | None:
         """The data columns the table's writes recorded (mdt/data_schema.py); None before the first write."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -129,6 +129,9 @@ class CommitWriter:
         self._touched: dict[GroupKey, TouchedKeys] = {}
         self._done = False
         self.extra: dict[str, Any] = {}
+        # More publish checks over the completions that landed meanwhile (e.g. the data schema an upsert relies on);
+        # each raises ConflictError to publish nothing.
+        self.checks: list[Callable[[list[CompletedInstant]], None]] = []
 
     @property
     def instant(self) -> str:
@@ -234,6 +237,8 @@ class CommitWriter:
         def check(news: list[CompletedInstant]) -> None:
             view = table.refresh()
             check_conflicts(io, self.instant, news, touched, cleaned=view.is_cleaned)
+            for extra_check in self.checks:
+                extra_check(news)
 
         return table.timeline.publish(self.started, build, check)
 

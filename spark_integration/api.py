@@ -21,7 +21,7 @@ import pyarrow as pa
 from dbidx import errors
 from dbidx.buckets.assigner import BucketSpec
 from dbidx.config import CacheConfig
-from dbidx.errors import CommitError, ConfigError, DbidxError, HookError
+from dbidx.errors import CommitError, ConfigError, ConflictError, DbidxError, HookError, SchemaError
 from dbidx.mdt import data_reader, data_schema
 from dbidx.mdt.conflicts import TouchedKeys
 from dbidx.mdt.records import ACTION_COMMIT, DataFileRecord, FileRecord, PartitionChange
@@ -98,6 +98,13 @@ def _check_buckets(table: Table, spec: BucketSpec) -> None:
         raise ConfigError(f"table {table.uri} routes new keys with buckets {recorded.to_dict()}, but this upsert "
                           f"asked for {spec.to_dict()}; changing the bucket mode of a written table would put keys "
                           "of one bucket in two layouts")
+
+
+def arrow_schema_of(df: Any) -> pa.Schema:
+    """The Arrow schema Spark hands tasks for `df` (timestamps carry the session's time zone, as in mapInArrow)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(df.schema, timezone=df.sparkSession.conf.get("spark.sql.session.timeZone"))
 
 
 def _by_shard(df: Any, table: Table, options: TagOptions) -> Any:
@@ -192,9 +199,9 @@ def tag(df: Any, table: Table, *, key: str, partition: str, ordering: str | None
     options = make_options(table, key, partition, ordering, delete_column, hive_style, buckets, cache_options,
                            cache_config, df.sparkSession.conf)
     options.check_columns(df.columns, "the DataFrame to tag", _boolean_columns(df))
-    from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+    from pyspark.sql.pandas.types import from_arrow_schema
 
-    schema = from_arrow_schema(pa.schema(list(to_arrow_schema(df.schema)) + TAG_FIELDS))
+    schema = from_arrow_schema(pa.schema(list(arrow_schema_of(df)) + TAG_FIELDS))
     shuffled = _by_shard(df, table, options)
     if use_rdd:
         body = partial(_tag_rows, table=table, options=options, names=df.columns)
@@ -259,9 +266,7 @@ def upsert(df: Any, table: Table, *, key: str, partition: str, ordering: str | N
                            cache_config, df.sparkSession.conf)
     options.check_columns(df.columns, "the upsert DataFrame", _boolean_columns(df))
     from pyspark.sql import functions as F
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    input_schema = to_arrow_schema(df.schema)
+    input_schema = arrow_schema_of(df)
 
     def job(instant: str) -> list[tuple[int, int, bytes]]:
         shuffled = _by_shard(df.withColumn(ROW_ID, F.monotonically_increasing_id()), table, options)
@@ -290,13 +295,14 @@ def run_upsert(table: Table, options: TagOptions, job: Callable[[str], list[tupl
     """
     started = time.perf_counter()
     _check_buckets(table, options.buckets)
-    consumed = [c for c in (options.delete_column,) if c]
-    new_schema = data_schema.evolve(table.data_schema(), data_schema.data_columns(input_schema, consumed), where,
-                                    consumed)
+    new_schema, schema_seq = _check_layout_and_schema(table, options, input_schema, where)
     datafiles.sweep_settled(table.io, table.timeline)  # leftovers of attempts killed after their job ended
     writer = table.new_commit()
     instant = writer.instant
+    guard = partial(_schema_unchanged, instant=instant)
+    writer.checks.append(guard)  # also at publish: the schema this upsert was checked against still stands
     try:
+        guard(table.timeline.completed(after_seq=schema_seq))
         # 1. One job: tag and write data and index files per shard; one result per task, of its winning attempt.
         results = job(instant)
         # 2. Check that every task reported and every listed file is there, then publish data and index together.
@@ -321,6 +327,38 @@ def run_upsert(table: Table, options: TagOptions, job: Callable[[str], list[tupl
     summary.seq = record.seq
     summary.seconds = time.perf_counter() - started  # returned: the whole call, cleanup of orphans included
     return summary
+
+
+def _check_layout_and_schema(table: Table, options: TagOptions, input_schema: pa.Schema,
+                             where: str) -> tuple[pa.Schema | None, int]:
+    """The driver's checks before any task: the same key/partition layout as the table's earlier writes, no input
+    column in dbidx's own `_dbidx_` namespace, and the data schema (mdt/data_schema.py). Returns the schema to
+    record (None if unchanged) and the seq it was checked at."""
+    recorded = table.data_schema()  # refreshes the timeline
+    seq = table.timeline.latest_seq
+    layout = data_reader.layout_of(table)
+    if layout is not None:
+        for name, mine in (("key", options.key), ("partition", options.partition), ("hive_style", options.hive_style)):
+            if name in layout and layout[name] != mine:
+                raise ConfigError(f"table {table.uri} was written with {name}={layout[name]!r}, but this upsert "
+                                  f"passes {name}={mine!r}: records would be merged or placed under another identity "
+                                  "than before")
+    own = [f.name for f in input_schema if f.name.startswith("_dbidx_") and f.name != options.delete_column]
+    if own:
+        raise SchemaError(f"{where} has column(s) {own} in dbidx's own `_dbidx_` namespace (data files use such "
+                          "names for the writing instant and the delete flag); rename them")
+    consumed = [c for c in (options.delete_column,) if c]
+    new_schema = data_schema.evolve(recorded, data_schema.data_columns(input_schema, consumed), where, consumed)
+    return new_schema, seq
+
+
+def _schema_unchanged(news: list[Any], instant: str) -> None:
+    """Publish check: no completion since the upsert's schema check recorded another data schema."""
+    for rec in news:
+        if data_schema.SCHEMA_EXTRA in rec.extra:
+            raise ConflictError(f"instant {instant}: {rec.action} {rec.instant} (seq {rec.seq}) changed the table's "
+                                "data schema while this upsert ran; nothing was published: run it again (it is "
+                                "checked against the new schema)")
 
 
 def commit_results(writer: Any, results: list[tuple[int, int, bytes]], options: TagOptions,

@@ -142,3 +142,37 @@ def test_build_index_from_a_spark_written_dataset(spark, tmp_path):
     for key, fg in zip(sample.column("key").to_pylist(), sample.column("file_group").to_pylist()):
         files = list((Path(out) / "dt=2025-01-02").glob(f"{fg}*.parquet"))
         assert len(files) == 1 and key in pq.read_table(files[0]).column("id").to_pylist()
+
+
+def test_sources_that_would_read_wrong_are_refused(tmp_path):
+    from dbidx.errors import SchemaError
+
+    root = tmp_path / "escaped"
+    (root / "dt=2025-01-01%2010%3A00").mkdir(parents=True)
+    pq.write_table(pa.table({"id": ["a"]}), root / "dt=2025-01-01%2010%3A00" / "f.parquet")
+    with pytest.raises(InvalidInputError, match="percent-escaped"):
+        build_index(Table.create(str(root), num_shards=1), "id")
+    own = tmp_path / "own"
+    (own / "dt=1").mkdir(parents=True)
+    pq.write_table(pa.table({"id": ["a"], "_dbidx_deleted": [True]}), own / "dt=1" / "f.parquet")
+    with pytest.raises(SchemaError, match="_dbidx_deleted"):
+        build_index(Table.create(str(own), num_shards=1), "id")
+
+
+def test_clean_keeps_migrated_source_files_unless_asked(tmp_path):
+    from dbidx.config import CacheConfig
+    from dbidx.spark_integration.local import upsert_arrow
+
+    root = tmp_path / "data"
+    (root / "dt=a").mkdir(parents=True)
+    source = root / "dt=a" / "part-0.parquet"
+    pq.write_table(pa.table({"id": ["k"], "v": pa.array([1], pa.int64())}), source)
+    table = Table.create(str(root), num_shards=1)
+    build_index(table, "id", ["dt"])
+    upsert_arrow(pa.table({"id": ["k"], "dt": ["dt=a"], "v": pa.array([2], pa.int64())}), table, key="id",
+                 partition="dt", hive_style=False, cache_config=CacheConfig(base_path=str(tmp_path / "cache")))
+    assert table.compact_data().files_replaced == 2
+    table.clean(retain_completions=0)
+    assert source.exists()  # the user's file: replaced, but kept
+    table.clean(retain_completions=0, delete_migrated=True)
+    assert not source.exists()

@@ -121,3 +121,31 @@ def test_cli_compact_data(tmp_path: Path) -> None:
     assert current(table) == before and len(before) == 20
     text = CliRunner().invoke(main, ["compact", table.uri, "--data"])
     assert text.exit_code == 0 and "compacted 0 data file groups" in text.output
+
+
+def test_a_compaction_published_between_snapshot_and_start_is_a_conflict(tmp_path: Path, monkeypatch) -> None:
+    """Another compaction (and an upsert) landing after this compaction planned, before it started: this one must
+    publish nothing, and the upsert's newer row must stay the answer."""
+    from dbidx.errors import ConflictError
+    from dbidx.mdt import timeline as timeline_module
+
+    table = Table.create(str(tmp_path / "t"), num_shards=1)
+    other = Table.open(table.uri)
+    config = CacheConfig(base_path=str(tmp_path / "cache"))
+    for v in (1, 2):
+        upsert_arrow(as_arrow([("k", "a", v, False)]), table, key="id", partition="dt", cache_config=config)
+    real_start = timeline_module.Timeline.start
+    done = []
+
+    def start_after_another_compaction(self, action, ignore=()):
+        if action == "data_compaction" and not done:
+            done.append(1)
+            assert other.compact_data().files_replaced == 2
+            upsert_arrow(as_arrow([("k", "a", 3, False)]), other, key="id", partition="dt", cache_config=config)
+        return real_start(self, action, ignore)
+
+    monkeypatch.setattr(timeline_module.Timeline, "start", start_after_another_compaction)
+    with pytest.raises(ConflictError, match="overlaps data compaction"):
+        table.compact_data()
+    monkeypatch.undo()
+    assert current(Table.open(table.uri)) == {("k", "a", 3)}

@@ -257,10 +257,11 @@ def test_one_table_one_cache_however_its_path_is_spelled(table: Table, tmp_path:
 
 def test_a_table_of_the_previous_format_is_refused_by_name(table: Table) -> None:
     props = json.loads(Path(table.io.path(layout.PROPERTIES_FILE)).read_text())
-    props["format_version"] = 1
-    Path(table.io.path(layout.PROPERTIES_FILE)).write_text(json.dumps(props))
-    with pytest.raises(CorruptFileError, match="uses format 1 .* reads format 2"):
-        Table.open(table.uri)
+    for old in (1, 2):
+        props["format_version"] = old
+        Path(table.io.path(layout.PROPERTIES_FILE)).write_text(json.dumps(props))
+        with pytest.raises(CorruptFileError, match=f"uses format {old} .* reads format 3"):
+            Table.open(table.uri)
 
 
 def test_deep_partitions_get_hashed_marker_names(table: Table, tmp_path: Path) -> None:

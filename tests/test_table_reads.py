@@ -180,3 +180,73 @@ def test_a_migrated_table_is_table_data(spark, tmp_path: Path) -> None:
     # The source files were listed by reference, not copied; each is its own file group, named by its whole name.
     groups = {s for s in data_reader.read_arrow(table, with_meta=True).column("_dbidx_file_group").to_pylist()}
     assert {"events.2026-11-22.0", "events.2026-11-22.1", "events.2026-11-23.0"} <= groups
+
+
+def test_the_layout_and_dbidx_names_are_checked_before_anything_runs(table: Table, tmp_path: Path) -> None:
+    from dbidx.errors import ConfigError
+
+    write(table, rows(["a"], "d1", 1), tmp_path)
+    seq = table.timeline.latest_seq
+    data = rows(["a"], "d1", 2).append_column("name", pa.array(["n"]))
+    with pytest.raises(ConfigError, match=r"written with key='id', but this upsert passes key='name'"):
+        upsert_arrow(data, table, key="name", partition="dt", cache_config=CacheConfig(base_path=str(tmp_path / "c")))
+    with pytest.raises(SchemaError, match=r"\['_dbidx_note'\] in dbidx's own"):
+        write(table, rows(["a"], "d1", 2).append_column("_dbidx_note", pa.array(["x"])), tmp_path)
+    table.refresh()
+    assert table.timeline.latest_seq == seq
+
+
+def test_two_upserts_that_change_the_schema_at_once_do_not_both_publish(table: Table, tmp_path: Path,
+                                                                        monkeypatch) -> None:
+    """B adds column y and publishes while A (which adds x, checked against the schema before y) runs: A must not
+    publish a schema without y."""
+    from dbidx.errors import ConflictError
+    from dbidx.spark_integration import task
+
+    write(table, rows(["a"], "d1", 1), tmp_path)
+    real = task.upsert_batches
+    once = []
+
+    def meanwhile(*args, **kwargs):
+        if not once:
+            once.append(1)
+            write(Table.open(table.uri), rows(["b"], "d1", 1).append_column("y", pa.array(["why"])), tmp_path)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(task, "upsert_batches", meanwhile)
+    with pytest.raises(ConflictError, match="changed the table's data schema"):
+        write(table, rows(["c"], "d1", 1).append_column("x", pa.array(["ex"])), tmp_path)
+    monkeypatch.undo()
+    assert table.data_schema().names == ["id", "dt", "v", "y"]
+    assert as_set(data_reader.read_arrow(table), "id", "y") == {("a", None), ("b", "why")}
+    # The retry is checked against the new schema: it must carry y now.
+    with pytest.raises(SchemaError, match="no column 'y'"):
+        write(table, rows(["c"], "d1", 1).append_column("x", pa.array(["ex"])), tmp_path)
+
+
+def test_schema_types_equal_up_to_what_does_not_change_a_value() -> None:
+    from dbidx.mdt.data_schema import same_type
+
+    assert same_type(pa.timestamp("us", tz="UTC"), pa.timestamp("us", tz="Etc/UTC"))
+    assert not same_type(pa.timestamp("us", tz="UTC"), pa.timestamp("us"))
+    assert not same_type(pa.timestamp("us", tz="UTC"), pa.timestamp("ns", tz="UTC"))
+    assert same_type(pa.struct([pa.field("a", pa.int64(), nullable=False)]), pa.struct([("a", pa.int64())]))
+    assert same_type(pa.list_(pa.large_string()), pa.large_list(pa.string()))
+    assert not same_type(pa.int32(), pa.int64())
+
+
+@pytest.mark.spark
+def test_spark_upsert_with_a_timestamp_column(spark, tmp_path: Path) -> None:
+    import datetime as dt
+
+    from dbidx.spark_integration.api import read_table, upsert
+
+    table = Table.create(str(tmp_path / "t"), num_shards=2)
+    config = CacheConfig(base_path=str(tmp_path / "cache"))
+    schema = "id string, dt string, ts timestamp"
+    when = dt.datetime(2026, 11, 23, 12, 0, 0)
+    for minutes in (0, 5):
+        upsert(spark.createDataFrame([("a", "d1", when + dt.timedelta(minutes=minutes))], schema), table, key="id",
+               partition="dt", cache_config=config)
+    assert [r.ts for r in read_table(spark, table).collect()] == [when + dt.timedelta(minutes=5)]
+    assert pa.types.is_timestamp(table.data_schema().field("ts").type)
