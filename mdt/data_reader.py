@@ -24,9 +24,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from dbidx.errors import CorruptFileError, InvalidInputError, SchemaError
+from dbidx.errors import CorruptFileError, HistoryCompactedError, InvalidInputError, SchemaError
 from dbidx.mdt.fileio import FileIO
-from dbidx.mdt.records import ACTION_DATA_COMPACTION, DATA_ACTIONS, DataFileRecord
+from dbidx.mdt.records import ACTION_CLEAN, ACTION_DATA_COMPACTION, DATA_ACTIONS, DataFileRecord
 from dbidx.mdt.rli_files import DECODE_ERRORS
 
 INSTANT_COLUMN = "_dbidx_instant"  # written in every data file: the instant that wrote the row
@@ -172,16 +172,25 @@ def output_schema(plan: ReadPlan, columns: Sequence[str] | None = None, with_met
     return pa.schema(fields)
 
 
-def read_unit(io: FileIO, unit: ReadUnit, key: str, schema: pa.Schema) -> pa.Table:
+def read_unit(io: FileIO, unit: ReadUnit, key: str, schema: pa.Schema, table: Any = None) -> pa.Table:
     """The live rows of one file group: per key the row of the latest commit, deleted records dropped.
 
     schema: the output columns (output_schema); files lacking a column (written before it was added) read nulls.
+    table: the table the plan came from; with it, a file a clean removed after the read was planned is a
+    HistoryCompactedError (plan the read again) instead of a damaged table.
     """
     # 1. Read each file's needed columns, verified, aligned to the output schema; rows numbered in commit order.
     wanted = {f.name for f in schema} - {FILE_GROUP_COLUMN} | {key}
     pieces = []
     for record, instant in zip(unit.files, unit.instants):
-        data = read_data_file(io, record, [*wanted, DELETED_COLUMN])
+        try:
+            data = read_data_file(io, record, [*wanted, DELETED_COLUMN])
+        except CorruptFileError as exc:
+            if table is not None and not io.exists(record.path) and _cleaned(table, record.path):
+                raise HistoryCompactedError(f"data file {io.path(record.path)} was removed by a clean after this "
+                                            "read was planned (its data was compacted meanwhile); read the table "
+                                            "again") from exc
+            raise
         pieces.append(_aligned(data, schema, key, record, instant, io))
     merged = pa.concat_tables(pieces)
     # 2. Per key the highest row number wins (later files are later commits; a file has one row per key).
@@ -191,6 +200,12 @@ def read_unit(io: FileIO, unit: ReadUnit, key: str, schema: pa.Schema) -> pa.Tab
     # 3. Deleted records go; the helper columns go.
     kept = kept.filter(pc.invert(kept.column(DELETED_COLUMN)))
     return kept.select([f.name for f in schema])
+
+
+def _cleaned(table: Any, path: str) -> bool:
+    """Whether a completed clean deleted this path (read on the error path only)."""
+    table.refresh()
+    return any(rec.action == ACTION_CLEAN and path in rec.deleted for rec in table.timeline.completed())
 
 
 def _aligned(data: pa.Table, schema: pa.Schema, key: str, record: DataFileRecord, instant: str,
@@ -244,10 +259,11 @@ def _repeat(value: str, n: int, field_: pa.Field, record: DataFileRecord, io: Fi
                           f"{field_.type} (column {field_.name!r}): {exc}") from exc
 
 
-def read_units(io: FileIO, units: Iterable[ReadUnit], key: str, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+def read_units(io: FileIO, units: Iterable[ReadUnit], key: str, schema: pa.Schema,
+               table: Any = None) -> Iterator[pa.RecordBatch]:
     """The live rows of several units as record batches (what a Spark task or a dataset scan yields)."""
     for unit in units:
-        yield from read_unit(io, unit, key, schema).to_batches()
+        yield from read_unit(io, unit, key, schema, table).to_batches()
 
 
 def read_arrow(table: Any, partitions: Iterable[str] | None = None, columns: Sequence[str] | None = None,
@@ -265,7 +281,7 @@ def read_arrow(table: Any, partitions: Iterable[str] | None = None, columns: Seq
     # release the GIL), keeping the plan's order in the result.
     workers = max(1, min(len(plan.units), os.cpu_count() or 1, MAX_READ_THREADS))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dbidx-read") as pool:
-        parts = list(pool.map(lambda unit: read_unit(table.io, unit, plan.key or "", schema), plan.units))
+        parts = list(pool.map(lambda unit: read_unit(table.io, unit, plan.key or "", schema, table), plan.units))
     return pa.concat_tables(parts).cast(schema)
 
 
@@ -275,4 +291,4 @@ def record_batch_reader(table: Any, partitions: Iterable[str] | None = None, col
     plan = plan_read(table, partitions)
     schema = output_schema(plan, columns, with_meta)
     units = plan.units if plan.key is not None else ()
-    return pa.RecordBatchReader.from_batches(schema, read_units(table.io, units, plan.key or "", schema))
+    return pa.RecordBatchReader.from_batches(schema, read_units(table.io, units, plan.key or "", schema, table))

@@ -461,12 +461,12 @@ def committed_data_records(table: Table) -> list[tuple[DataFileRecord, int, str]
             if rec.action == ACTION_COMMIT for f in rec.data_files]
 
 
-def _read_unit_groups(ids: Iterator[pa.RecordBatch], io: Any, groups: list[list[data_reader.ReadUnit]], key: str,
-                      schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+def _read_unit_groups(ids: Iterator[pa.RecordBatch], table: Table, groups: list[list[data_reader.ReadUnit]],
+                      key: str, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     """mapInArrow body of `read_table`: the live rows of this task's file groups (data_reader.read_unit)."""
     for batch in ids:
         for task_id in batch.column(0).to_pylist():
-            yield from data_reader.read_units(io, groups[task_id], key, schema)
+            yield from data_reader.read_units(table.io, groups[task_id], key, schema, table)
 
 
 def _balanced(units: Sequence[data_reader.ReadUnit], tasks: int) -> list[list[data_reader.ReadUnit]]:
@@ -502,5 +502,5 @@ def read_table(spark: Any, table: Table, partitions: Iterable[str] | None = None
     groups = _balanced(plan.units, spark.sparkContext.defaultParallelism * 2)
     ids = spark.range(0, len(groups), numPartitions=len(groups)).selectExpr("cast(id as int) as id")
     # 2. Each task reads and merges its file groups: no shuffle.
-    return ids.mapInArrow(partial(_read_unit_groups, io=table.io, groups=groups, key=plan.key, schema=schema),
+    return ids.mapInArrow(partial(_read_unit_groups, table=table, groups=groups, key=plan.key, schema=schema),
                           spark_schema)

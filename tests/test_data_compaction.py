@@ -149,3 +149,20 @@ def test_a_compaction_published_between_snapshot_and_start_is_a_conflict(tmp_pat
         table.compact_data()
     monkeypatch.undo()
     assert current(Table.open(table.uri)) == {("k", "a", 3)}
+
+
+def test_a_read_planned_before_a_clean_says_so(tmp_path: Path) -> None:
+    """A reader whose plan predates a compaction + clean gets HistoryCompactedError (read again), not 'damaged'."""
+    from dbidx.errors import HistoryCompactedError
+
+    table = Table.create(str(tmp_path / "t"), num_shards=1)
+    config = CacheConfig(base_path=str(tmp_path / "cache"))
+    for v in range(2):
+        upsert_arrow(as_arrow([("a", "d", v, False)]), table, key="id", partition="dt", cache_config=config)
+    plan = data_reader.plan_read(table)
+    schema = data_reader.output_schema(plan)
+    table.compact_data()
+    table.clean(retain_completions=0)
+    with pytest.raises(HistoryCompactedError, match="removed by a clean after this read was planned"):
+        list(data_reader.read_units(table.io, plan.units, plan.key, schema, table))
+    assert current(table) == {("a", "d", 1)}  # planned again: fine
