@@ -9,7 +9,6 @@ A dropped partition is simply reloaded on demand the next time a batch touches i
 from __future__ import annotations
 
 import logging
-import os
 import re
 import shutil
 import threading
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from dbidx.cache.record_cache import RecordIndexCache
-from dbidx.cache.store import lock_path, release_flock, try_flock
+from dbidx.cache.store import directory_bytes, lock_path, release_flock, try_flock
 
 log = logging.getLogger(__name__)
 
@@ -113,17 +112,6 @@ def _last_use_s(shard_dir: Path) -> float:
     return max(times, default=0.0)
 
 
-def _dir_bytes(path: Path) -> int:
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(root, name)).st_size
-            except FileNotFoundError:
-                continue
-    return total
-
-
 def sweep_abandoned(base_path: str | Path, ttl_hours: float, dry_run: bool = False,
                     now_s: float | None = None) -> list[AbandonedCache]:
     """Remove whole shard caches under a base path (`<base>/<table dir>/shard-*`) that no live process holds and
@@ -157,7 +145,7 @@ def sweep_abandoned(base_path: str | Path, ttl_hours: float, dry_run: bool = Fal
                 last = _last_use_s(shard_dir)  # re-read under the lock: an opener may have come and gone
                 if last >= cutoff:
                     continue
-                found = AbandonedCache(str(shard_dir), round((now - last) / 3600, 2), _dir_bytes(shard_dir))
+                found = AbandonedCache(str(shard_dir), round((now - last) / 3600, 2), directory_bytes(shard_dir))
                 if not dry_run:
                     # 3. Delete the directory, then the lock file while still holding it (openers re-check the
                     #    inode they locked, see store.try_flock).

@@ -232,14 +232,7 @@ class Store:
     def disk_bytes(self, name: str | None = None) -> int:
         """SST bytes on disk of one column family, or of the whole directory."""
         if name is None:
-            total = 0
-            for entry in os.scandir(self.path):
-                try:  # RocksDB deletes obsolete files concurrently (compaction, dropped families)
-                    if entry.is_file():
-                        total += entry.stat().st_size
-                except FileNotFoundError:
-                    continue
-            return total
+            return directory_bytes(self.path)
         value = self.cf(name).property_int_value("rocksdb.total-sst-files-size")
         return int(value or 0)
 
@@ -267,6 +260,19 @@ def _has_memtable_data(view: rd.Rdict) -> bool:
     deletes = view.property_int_value("rocksdb.num-deletes-active-mem-table") or 0
     immutable = view.property_int_value("rocksdb.num-immutable-mem-table") or 0
     return bool(active or deletes or immutable)
+
+
+def directory_bytes(path: Path) -> int:
+    """Bytes of the files in a cache directory (RocksDB keeps it flat), tolerating files that vanish meanwhile:
+    RocksDB deletes obsolete files concurrently (compaction, dropped families)."""
+    total = 0
+    for entry in os.scandir(path):
+        try:
+            if entry.is_file(follow_symlinks=False):
+                total += entry.stat(follow_symlinks=False).st_size
+        except FileNotFoundError:
+            continue
+    return total
 
 
 def lock_path(cache_dir: Path) -> Path:

@@ -100,7 +100,7 @@ def clean(table: Table, retain_completions: int = 10, delete_migrated: bool = Fa
     if outside:
         raise CorruptFileError(f"compaction records of {table.uri} replace files outside {layout.RLI_DIR}, e.g. "
                                f"{outside[0]!r}; refusing to clean")
-    doomed += replaced_data_files(table.timeline.completed(), horizon, migrated=delete_migrated)
+    doomed += replaced_data_files(table.timeline.completed(), horizon, view.is_cleaned, migrated=delete_migrated)
     if not doomed:
         return None
     writer = table.timeline.start(ACTION_CLEAN)

@@ -1,4 +1,5 @@
-"""Reading the table's data: the latest version of every record, one file group at a time, in pure Arrow.
+"""The table's data files (naming, writing, verified reading) and reads of the latest version of every record,
+one file group at a time, in pure Arrow.
 
 Why per file group: a record lives in exactly one file group (the index says which), so every version of it is in
 that group's files and the latest one can be chosen without looking anywhere else - no shuffle, no global sort, any
@@ -25,8 +26,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dbidx.errors import CorruptFileError, HistoryCompactedError, InvalidInputError, SchemaError
-from dbidx.mdt.fileio import FileIO
-from dbidx.mdt.records import ACTION_CLEAN, ACTION_DATA_COMPACTION, DATA_ACTIONS, DataFileRecord
+from dbidx.mdt.data_schema import recorded_schema
+from dbidx.mdt.fileio import FileIO, file_checksum
+from dbidx.mdt.records import ACTION_DATA_COMPACTION, DATA_ACTIONS, DataFileRecord
 from dbidx.mdt.rli_files import DECODE_ERRORS
 
 INSTANT_COLUMN = "_dbidx_instant"  # written in every data file: the instant that wrote the row
@@ -71,6 +73,17 @@ def data_file_path(partition: str, file_group: str, instant: str, attempt: int) 
     return f"{partition}/{name}" if partition else name
 
 
+def write_data_file(io: FileIO, rel: str, rows: pa.Table, partition: str, file_group: str) -> DataFileRecord:
+    """Write one data file and return its record; the bytes are serialized in memory first, so the recorded size and
+    checksum cover exactly what was written (and readers verify them before use)."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(rows, sink, compression="zstd")
+    data = sink.getvalue()
+    io.write_atomic(rel, data)
+    return DataFileRecord(path=rel, partition=partition, file_group=file_group, rows=rows.num_rows,
+                          size=data.size, checksum=file_checksum(data))
+
+
 def read_data_file(io: FileIO, record: DataFileRecord, columns: Sequence[str] | None = None) -> pa.Table:
     """One published data file, its bytes verified against the commit record first."""
     data = io.read_verified(record.path, record.size, record.checksum, "data file")
@@ -102,8 +115,9 @@ def layout_of(table: Any) -> dict[str, Any] | None:
 def plan_read(table: Any, partitions: Iterable[str] | None = None) -> ReadPlan:
     """Group every published data file by (partition, file group), in commit order; `partitions` prunes."""
     table.refresh()
+    completed = table.timeline.completed()
     wanted = None if partitions is None else set(partitions)
-    live = live_data_files(table.timeline.completed())
+    live = live_data_files(completed)
     groups: dict[tuple[str, str], list[tuple[tuple[int, int], DataFileRecord, int, str]]] = {}
     for f, order, seq, instant in live:
         if wanted is None or f.partition in wanted:
@@ -114,9 +128,9 @@ def plan_read(table: Any, partitions: Iterable[str] | None = None) -> ReadPlan:
         units.append(ReadUnit(p, fg, tuple(e[1] for e in entries), tuple(e[2] for e in entries),
                               tuple(e[3] for e in entries)))
     layout = layout_of(table)
-    schema = table.data_schema()
+    schema = recorded_schema(completed)
     if schema is None:
-        schema = _newest_file_schema(table.io, table.timeline.completed())
+        schema = _newest_file_schema(table.io, live)
     return ReadPlan(table.timeline.latest_seq, layout["key"] if layout else None, schema, tuple(units))
 
 
@@ -150,9 +164,8 @@ def live_data_files(completed: Sequence[Any]) -> list[tuple[DataFileRecord, tupl
     return list(live.values())
 
 
-def _newest_file_schema(io: FileIO, completed: Sequence[Any]) -> pa.Schema:
-    """The data columns of the newest data file (tables written before schemas were recorded)."""
-    live = live_data_files(completed)
+def _newest_file_schema(io: FileIO, live: Sequence[tuple[DataFileRecord, tuple[int, int], int, str]]) -> pa.Schema:
+    """The data columns of the newest live data file (tables written before schemas were recorded)."""
     if not live:
         return pa.schema([])
     newest = read_data_file(io, max(live, key=lambda e: e[1])[0])
@@ -186,7 +199,7 @@ def read_unit(io: FileIO, unit: ReadUnit, key: str, schema: pa.Schema, table: An
         try:
             data = read_data_file(io, record, [*wanted, DELETED_COLUMN])
         except CorruptFileError as exc:
-            if table is not None and not io.exists(record.path) and _cleaned(table, record.path):
+            if table is not None and not io.exists(record.path) and table.refresh().is_cleaned(record.path):
                 raise HistoryCompactedError(f"data file {io.path(record.path)} was removed by a clean after this "
                                             "read was planned (its data was compacted meanwhile); read the table "
                                             "again") from exc
@@ -200,12 +213,6 @@ def read_unit(io: FileIO, unit: ReadUnit, key: str, schema: pa.Schema, table: An
     # 3. Deleted records go; the helper columns go.
     kept = kept.filter(pc.invert(kept.column(DELETED_COLUMN)))
     return kept.select([f.name for f in schema])
-
-
-def _cleaned(table: Any, path: str) -> bool:
-    """Whether a completed clean deleted this path (read on the error path only)."""
-    table.refresh()
-    return any(rec.action == ACTION_CLEAN and path in rec.deleted for rec in table.timeline.completed())
 
 
 def _aligned(data: pa.Table, schema: pa.Schema, key: str, record: DataFileRecord, instant: str,

@@ -29,7 +29,6 @@ from dbidx.mdt.table import Table
 from dbidx.spark_integration import datafiles, task
 from dbidx.spark_integration.tagger import ROW_ID, TAG_FIELDS, TagOptions
 
-UPSERT_EXTRA = "upsert"
 TaskHook = Callable[[int, int], None]
 _TASK_ERROR = re.compile(r"dbidx\.errors\.(\w+): (.+)")
 HOOK_ERROR_MARKER = "dbidx-hook-error"
@@ -86,7 +85,7 @@ def recorded_buckets(table: Table) -> BucketSpec | None:
     """The bucket spec the table's last upsert used (a table must keep routing new keys the same way)."""
     table.refresh()
     for record in reversed(table.timeline.completed()):
-        spec = record.extra.get(UPSERT_EXTRA, {}).get("buckets") if record.action == ACTION_COMMIT else None
+        spec = record.extra.get(data_reader.LAYOUT_EXTRA, {}).get("buckets") if record.action == ACTION_COMMIT else None
         if spec:
             return BucketSpec(**spec)
     return None
@@ -404,7 +403,7 @@ def commit_results(writer: Any, results: list[tuple[int, int, bytes]], options: 
     _check_files_exist(writer.table.io, writer.instant, [(f.path, f.size) for f in files + index_files]
                        + [(t.path, t.size) for t in touched if t.path])
     summary = _summarize(writer.instant, files, index_files, per_shard)
-    writer.extra[UPSERT_EXTRA] = {"key": options.key, "partition": options.partition,
+    writer.extra[data_reader.LAYOUT_EXTRA] = {"key": options.key, "partition": options.partition,
                                   "hive_style": options.hive_style, "ordering": options.ordering,
                                   "buckets": options.buckets.to_dict()}
     if started is not None:

@@ -12,13 +12,12 @@ from typing import Any, Iterable
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from dbidx.mdt import markers
-from dbidx.mdt.fileio import FileIO, file_checksum
+from dbidx.mdt.fileio import FileIO
 from dbidx.mdt.markers import MARKERS_DIR, announced_files, discard_unlisted, marker_dir, marker_of  # noqa: F401
 from dbidx.mdt.data_reader import (  # noqa: F401 - used by tasks and tests
-    DELETED_COLUMN, INSTANT_COLUMN, data_file_path, read_data_file,
+    DELETED_COLUMN, INSTANT_COLUMN, data_file_path, read_data_file, write_data_file,
 )
 from dbidx.mdt.records import ACTION_COMMIT, DataFileRecord
 
@@ -30,12 +29,7 @@ def write_group(io: FileIO, partition: str, file_group: str, rows: pa.Table, ins
     bytes are serialized in memory, so the recorded checksum covers exactly what was written."""
     rel = data_file_path(partition, file_group, instant, attempt)
     markers.announce(io, instant, rel)
-    sink = pa.BufferOutputStream()
-    pq.write_table(rows, sink, compression="zstd")
-    data = sink.getvalue()
-    io.write_atomic(rel, data)
-    return DataFileRecord(path=rel, partition=partition, file_group=file_group, rows=rows.num_rows,
-                          size=data.size, checksum=file_checksum(data))
+    return write_data_file(io, rel, rows, partition, file_group)
 
 
 def write_groups(io: FileIO, rows: pa.Table, partitions: pa.Array, file_groups: pa.Array, instant: str,

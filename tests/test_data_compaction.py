@@ -97,7 +97,8 @@ def test_clean_refuses_a_replaced_path_no_commit_listed(tmp_path: Path) -> None:
     record = table.compact_data().record
     crafted = replace(record, replaced=record.replaced + ("dt=d/someone-elses.parquet",))
     with pytest.raises(CorruptFileError, match="no earlier completion listed"):
-        data_compaction.replaced_data_files(table.timeline.completed()[:-1] + [crafted], crafted.seq)
+        data_compaction.replaced_data_files(table.timeline.completed()[:-1] + [crafted], crafted.seq,
+                                            table.refresh().is_cleaned)
 
 
 def test_cli_compact_data(tmp_path: Path) -> None:
