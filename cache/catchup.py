@@ -117,9 +117,10 @@ def sync(cache: RecordIndexCache, table: Table, max_catchup_entries: int | None 
     for start, partitions in sorted(by_start.items()):
         # 3. Decide per partition from the file records alone: apply the deltas, or reload.
         plan = table.incremental_plan(start, latest, shard=shard)
+        stale = table.history_before(start)  # opened from a checkpoint past cleaned history: nothing to apply
         apply_now, reload = [], []
         for partition in partitions:
-            rows, cleaned = plan.get(None if cache.global_mode else partition, (0, False))
+            rows, cleaned = plan.get(None if cache.global_mode else partition, (0, stale))
             (reload if cleaned or rows > bound else apply_now).append(partition)
         # 4. Apply committed entries in commit order (the cache's apply() is idempotent).
         if apply_now:

@@ -25,7 +25,7 @@ from dbidx.mdt.data_schema import SCHEMA_EXTRA, encode_schema
 from dbidx.mdt.fileio import file_checksum
 from dbidx.mdt.records import DataFileRecord
 from dbidx.mdt.table import Table
-from dbidx.mdt.timeline import ACTION_BUILD_INDEX, ACTION_COMMIT, CompletedInstant
+from dbidx.mdt.timeline import ACTION_BUILD_INDEX, CompletedInstant
 from dbidx.mdt.writer import CommitWriter, as_key_array
 
 Progress = Callable[[int, int], None]
@@ -160,11 +160,10 @@ def build_index(
     progress: Progress | None = None,
 ) -> BuildIndexResult:
     """Index every record key of the Parquet files under the table root, as one `build_index` instant."""
-    table.refresh()
-    writes = [r for r in table.timeline.completed() if r.action in (ACTION_COMMIT, ACTION_BUILD_INDEX)]
-    if writes:
+    view = table.data_view()
+    if view.writes:
         raise InvalidInputError(
-            f"table {table.uri} already has {len(writes)} committed instant(s), the last {writes[-1].instant}; "
+            f"table {table.uri} already has {view.writes} committed instant(s), the last {view.last_write}; "
             "build-index only initialises an empty index"
         )
     by_partition = list_data_files(table)

@@ -91,8 +91,6 @@ def clean(table: Table, retain_completions: int = 10, delete_migrated: bool = Fa
     Incremental reads reaching back further than that get HistoryCompactedError (a cache then reloads the
     partition); snapshots of older instants likewise. Returns the clean's completion record, or None.
     """
-    from dbidx.mdt.data_compaction import replaced_data_files
-
     view = table.refresh()
     horizon = table.timeline.latest_seq - max(retain_completions, 0)
     doomed = [path for path, _ in view.replaced_files(horizon)]
@@ -100,7 +98,7 @@ def clean(table: Table, retain_completions: int = 10, delete_migrated: bool = Fa
     if outside:
         raise CorruptFileError(f"compaction records of {table.uri} replace files outside {layout.RLI_DIR}, e.g. "
                                f"{outside[0]!r}; refusing to clean")
-    doomed += replaced_data_files(table.timeline.completed(), horizon, view.is_cleaned, migrated=delete_migrated)
+    doomed += table.data_view().replaced(horizon, migrated=delete_migrated)
     if not doomed:
         return None
     writer = table.timeline.start(ACTION_CLEAN)

@@ -15,17 +15,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Iterable
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dbidx.errors import ConflictError, CorruptFileError
+from dbidx.errors import ConflictError
 from dbidx.mdt import layout
 from dbidx.mdt.data_reader import (
     DELETED_COLUMN, INSTANT_COLUMN, ReadUnit, data_file_path, plan_read, read_unit, write_data_file,
 )
-from dbidx.mdt.records import ACTION_BUILD_INDEX, ACTION_DATA_COMPACTION, CompletedInstant, DataFileRecord
+from dbidx.mdt.records import ACTION_DATA_COMPACTION, CompletedInstant, DataFileRecord
 from dbidx.mdt.table import Table
 
 
@@ -95,30 +95,3 @@ def _write_base(table: Table, unit: ReadUnit, key: str, schema: pa.Schema, rel: 
     live = live.append_column(DELETED_COLUMN, pa.array([False] * live.num_rows))
     live = live.take(pc.sort_indices(live, [(key, "ascending")]))  # sorted by key: tighter statistics per row group
     return write_data_file(table.io, layout.validate_table_path(rel), live, unit.partition, unit.file_group)
-
-
-def replaced_data_files(completed: list[CompletedInstant], upto_seq: int, is_cleaned: Callable[[str], bool],
-                        migrated: bool = False) -> list[str]:
-    """Data files replaced by data compactions at or before `upto_seq` and not cleaned yet (`is_cleaned`: the
-    table's FileView), for `clean`.
-
-    migrated: also the user's own files that build-index made table data (kept by default: they are the source
-    data set, and deleting them is the user's decision). Every path must be a data file an earlier completion
-    listed and lie outside the metadata directory: a record that names anything else is damaged or crafted, and
-    nothing is deleted (CorruptFileError).
-    """
-    listed: set[str] = set()
-    sources: set[str] = set()
-    doomed: list[str] = []
-    for rec in completed:
-        if rec.action == ACTION_DATA_COMPACTION:
-            for path in rec.replaced:
-                if path not in listed or path.startswith(layout.META_DIR + "/"):
-                    raise CorruptFileError(f"data compaction {rec.instant} (seq {rec.seq}) replaces {path!r}, which "
-                                           "no earlier completion listed as a data file; refusing to clean")
-                if rec.seq <= upto_seq and (migrated or path not in sources):
-                    doomed.append(path)
-        listed.update(f.path for f in rec.data_files)
-        if rec.action == ACTION_BUILD_INDEX:
-            sources.update(f.path for f in rec.data_files)
-    return [p for p in dict.fromkeys(doomed) if not is_cleaned(p)]

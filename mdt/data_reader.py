@@ -28,13 +28,13 @@ import pyarrow.parquet as pq
 from dbidx.errors import CorruptFileError, HistoryCompactedError, InvalidInputError, SchemaError
 from dbidx.mdt.data_schema import recorded_schema
 from dbidx.mdt.fileio import FileIO, file_checksum
-from dbidx.mdt.records import ACTION_DATA_COMPACTION, DATA_ACTIONS, DataFileRecord
+from dbidx.mdt.data_view import LAYOUT_EXTRA, LiveDataFile  # noqa: F401 - LAYOUT_EXTRA: part of this module's API
+from dbidx.mdt.records import DataFileRecord
 from dbidx.mdt.rli_files import DECODE_ERRORS
 
 INSTANT_COLUMN = "_dbidx_instant"  # written in every data file: the instant that wrote the row
 DELETED_COLUMN = "_dbidx_deleted"  # written in every data file: the row deletes its record
 FILE_GROUP_COLUMN = "_dbidx_file_group"  # optional in reads: the file group a row lives in
-LAYOUT_EXTRA = "upsert"  # the completion record's extra that names key and partition columns
 _ORDER = "_dbidx_order"
 MAX_READ_THREADS = 8
 
@@ -102,73 +102,42 @@ def read_data_file(io: FileIO, record: DataFileRecord, columns: Sequence[str] | 
 
 def layout_of(table: Any) -> dict[str, Any] | None:
     """The key/partition layout the latest writing commit recorded (None before the first write)."""
-    for rec in reversed(table.timeline.completed()):
-        if LAYOUT_EXTRA in rec.extra:
-            layout = rec.extra[LAYOUT_EXTRA]
-            if not isinstance(layout, dict) or not isinstance(layout.get("key"), str) or not layout["key"]:
-                raise CorruptFileError(f"completion {rec.seq} ({rec.instant}) of {table.uri} records no valid key "
-                                       f"column in its {LAYOUT_EXTRA!r} extra: {layout!r}")
-            return layout
-    return None
+    recorded = table.data_view().layout
+    if recorded is None:
+        return None
+    layout = recorded.value
+    if not isinstance(layout, dict) or not isinstance(layout.get("key"), str) or not layout["key"]:
+        raise CorruptFileError(f"completion {recorded.seq} ({recorded.instant}) of {table.uri} records no valid key "
+                               f"column in its {LAYOUT_EXTRA!r} extra: {layout!r}")
+    return layout
 
 
 def plan_read(table: Any, partitions: Iterable[str] | None = None) -> ReadPlan:
-    """Group every published data file by (partition, file group), in commit order; `partitions` prunes."""
-    table.refresh()
-    completed = table.timeline.completed()
+    """Group the live data files by (partition, file group), in commit order; `partitions` prunes."""
+    view = table.data_view()
     wanted = None if partitions is None else set(partitions)
-    live = live_data_files(completed)
-    groups: dict[tuple[str, str], list[tuple[tuple[int, int], DataFileRecord, int, str]]] = {}
-    for f, order, seq, instant in live:
-        if wanted is None or f.partition in wanted:
-            groups.setdefault((f.partition, f.file_group), []).append((order, f, seq, instant))
+    live = view.live()
+    groups: dict[tuple[str, str], list[LiveDataFile]] = {}
+    for f in live:
+        if wanted is None or f.record.partition in wanted:
+            groups.setdefault((f.record.partition, f.record.file_group), []).append(f)
     units = []
     for (p, fg), entries in sorted(groups.items()):
-        entries.sort(key=lambda e: e[0])
-        units.append(ReadUnit(p, fg, tuple(e[1] for e in entries), tuple(e[2] for e in entries),
-                              tuple(e[3] for e in entries)))
+        entries.sort(key=lambda e: e.order)
+        units.append(ReadUnit(p, fg, tuple(e.record for e in entries), tuple(e.seq for e in entries),
+                              tuple(e.instant for e in entries)))
     layout = layout_of(table)
-    schema = recorded_schema(completed)
+    schema = recorded_schema(view.schema)
     if schema is None:
         schema = _newest_file_schema(table.io, live)
-    return ReadPlan(table.timeline.latest_seq, layout["key"] if layout else None, schema, tuple(units))
+    return ReadPlan(view.applied_seq, layout["key"] if layout else None, schema, tuple(units))
 
 
-def live_data_files(completed: Sequence[Any]) -> list[tuple[DataFileRecord, tuple[int, int], int, str]]:
-    """Every data file of the current state with its merge order, seq and instant, from the completion log.
-
-    Upserts and build-index add files (order: their seq). A data compaction removes the files it replaced and adds
-    bases that stand where the newest replaced file of their group stood: a file committed while it ran (not
-    replaced, seq below the compaction's) stays newer than the base.
-    """
-    live: dict[str, tuple[DataFileRecord, tuple[int, int], int, str]] = {}
-    for rec in completed:
-        if rec.action in DATA_ACTIONS:
-            for f in rec.data_files:
-                live[f.path] = (f, (rec.seq, 0), rec.seq, rec.instant)
-        elif rec.action == ACTION_DATA_COMPACTION:
-            covered: dict[tuple[str, str], int] = {}
-            for path in rec.replaced:
-                gone = live.pop(path, None)
-                if gone is None:  # two compactions of one file never both publish: the log is damaged
-                    raise CorruptFileError(f"data compaction {rec.instant} (seq {rec.seq}) replaces {path!r}, which "
-                                           "is not a live data file at that point of the log")
-                group = (gone[0].partition, gone[0].file_group)
-                covered[group] = max(covered.get(group, 0), gone[1][0])
-            for f in rec.data_files:
-                if (f.partition, f.file_group) not in covered:
-                    raise CorruptFileError(f"data compaction {rec.instant} (seq {rec.seq}) writes a base for file "
-                                           f"group {f.file_group!r} of {f.partition!r} without replacing any of its "
-                                           "files")
-                live[f.path] = (f, (covered[(f.partition, f.file_group)], 1), rec.seq, rec.instant)
-    return list(live.values())
-
-
-def _newest_file_schema(io: FileIO, live: Sequence[tuple[DataFileRecord, tuple[int, int], int, str]]) -> pa.Schema:
+def _newest_file_schema(io: FileIO, live: Sequence[LiveDataFile]) -> pa.Schema:
     """The data columns of the newest live data file (tables written before schemas were recorded)."""
     if not live:
         return pa.schema([])
-    newest = read_data_file(io, max(live, key=lambda e: e[1])[0])
+    newest = read_data_file(io, max(live, key=lambda e: e.order).record)
     return pa.schema([f for f in newest.schema.remove_metadata() if f.name not in (INSTANT_COLUMN, DELETED_COLUMN)])
 
 
@@ -199,7 +168,7 @@ def read_unit(io: FileIO, unit: ReadUnit, key: str, schema: pa.Schema, table: An
         try:
             data = read_data_file(io, record, [*wanted, DELETED_COLUMN])
         except CorruptFileError as exc:
-            if table is not None and not io.exists(record.path) and table.refresh().is_cleaned(record.path):
+            if table is not None and not io.exists(record.path) and not table.data_view().is_live(record.path):
                 raise HistoryCompactedError(f"data file {io.path(record.path)} was removed by a clean after this "
                                             "read was planned (its data was compacted meanwhile); read the table "
                                             "again") from exc

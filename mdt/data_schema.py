@@ -13,13 +13,13 @@ message, base64, in the `schema` extra of the completion that first wrote it or 
 from __future__ import annotations
 
 import base64
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import pyarrow as pa
 
 from dbidx.errors import CorruptFileError, SchemaError
 
-SCHEMA_EXTRA = "schema"
+from dbidx.mdt.data_view import SCHEMA_EXTRA, Recorded  # noqa: F401 - SCHEMA_EXTRA: part of this module's API
 
 
 def encode_schema(schema: pa.Schema) -> str:
@@ -35,12 +35,11 @@ def decode_schema(text: Any, where: str) -> pa.Schema:
         raise CorruptFileError(f"{where}: the recorded data schema is unreadable ({exc})") from exc
 
 
-def recorded_schema(completed: Iterable[Any]) -> pa.Schema | None:
-    """The newest schema any completion recorded (None before the first write)."""
-    for rec in reversed(list(completed)):
-        if SCHEMA_EXTRA in rec.extra:
-            return decode_schema(rec.extra[SCHEMA_EXTRA], f"completion {rec.seq} ({rec.instant})")
-    return None
+def recorded_schema(recorded: Recorded | None) -> pa.Schema | None:
+    """The schema the newest schema-setting completion recorded (DataView.schema; None before the first write)."""
+    if recorded is None:
+        return None
+    return decode_schema(recorded.value, f"completion {recorded.seq} ({recorded.instant})")
 
 
 def data_columns(schema: pa.Schema, drop: Sequence[str] = ()) -> pa.Schema:

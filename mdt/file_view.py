@@ -5,10 +5,12 @@ cleans mark files as physically gone), so a snapshot "as of seq S" is a pure fun
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
+from typing import Any
 
-from dbidx.errors import HistoryCompactedError
+from dbidx.errors import CorruptFileError, HistoryCompactedError
+from dbidx.mdt.records import FieldError, parse_instant, parse_int, parse_object, parse_str
 from dbidx.mdt.timeline import (
     ACTION_BUILD_INDEX,
     ACTION_CLEAN,
@@ -50,6 +52,9 @@ class FileView:
 
     def __init__(self) -> None:
         self.applied_seq = 0
+        # Reads as of a seq below this one, or incremental reads from below it, lack files a checkpoint dropped
+        # (replaced and cleaned): they raise HistoryCompactedError. 0 for a view replayed from the first record.
+        self.history_floor = 0
         self._groups: dict[GroupKey, list[_Added]] = {}
         self._by_path: dict[str, _Added] = {}
         self._cleaned: dict[str, int] = {}
@@ -108,6 +113,10 @@ class FileView:
     def files(self, partition: str | None, shard: int, upto_seq: int | None = None) -> list[FileRecord]:
         """Live files of a (partition, shard) as of `upto_seq`, oldest first (base before the deltas after it)."""
         upto = self.applied_seq if upto_seq is None else upto_seq
+        if upto < self.history_floor:
+            raise HistoryCompactedError(
+                f"a read as of seq {upto} needs index files a clean removed before seq {self.history_floor} (the "
+                "table was opened from a checkpoint past them); read a newer snapshot (caches reload the partition)")
         live = [
             a for a in self._groups.get((partition, shard), [])
             if a.seq <= upto and (a.replaced_at is None or a.replaced_at > upto)
@@ -120,6 +129,10 @@ class FileView:
                 )
         return [a.record for a in sorted(live, key=lambda a: a.order)]
 
+    def all_files(self) -> list[FileRecord]:
+        """Every file the view knows (live, replaced, cleaned)."""
+        return [a.record for a in self._by_path.values()]
+
     def is_cleaned(self, path: str) -> bool:
         """Whether a clean has deleted this file."""
         return path in self._cleaned
@@ -129,6 +142,11 @@ class FileView:
 
         strict: raise HistoryCompactedError if one of them was cleaned (else the caller checks is_cleaned()).
         """
+        if strict and after_seq < self.history_floor:
+            raise HistoryCompactedError(
+                f"incremental read ({after_seq}, {upto_seq}] reaches back before seq {self.history_floor}, whose "
+                "replaced files a clean removed (the table was opened from a checkpoint past them); reload from a "
+                "snapshot instead")
         out = []
         for added in self._by_path.values():
             if after_seq < added.seq <= upto_seq and added.record.kind == "delta":
@@ -150,3 +168,59 @@ class FileView:
     def partition_stats(self) -> list[PartitionStats]:
         """Stats of every partition that has had a commit, sorted by partition path."""
         return [self._stats[p] for p in sorted(self._stats)]
+
+    # ---- checkpoint form ---------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """The view as a checkpoint stores it. Files that were replaced and then cleaned are left out (they can
+        never be read again); `history_floor` then says which older reads must fail instead of missing them."""
+        floor = self.history_floor
+        files = []
+        for path, a in sorted(self._by_path.items(), key=lambda item: (item[1].seq, item[0])):
+            if a.replaced_at is not None and path in self._cleaned:
+                floor = max(floor, a.replaced_at)
+                continue
+            files.append({"file": asdict(a.record), "seq": a.seq, "order": list(a.order),
+                          "replaced_at": a.replaced_at, "cleaned_at": self._cleaned.get(path)})
+        return {"applied_seq": self.applied_seq, "history_floor": floor, "files": files,
+                "stats": [asdict(self._stats[p]) for p in sorted(self._stats)]}
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> "FileView":
+        """Rebuild from a checkpoint, checking every field (read back from storage: untrusted)."""
+        try:
+            d = parse_object(data, "index", {"applied_seq", "history_floor", "files", "stats"})
+            view = cls()
+            view.applied_seq = parse_int(d["applied_seq"], "index.applied_seq")
+            view.history_floor = parse_int(d["history_floor"], "index.history_floor")
+            for i, item in enumerate(_list_of(d["files"], "index.files")):
+                name = f"index.files[{i}]"
+                e = parse_object(item, name, {"file", "seq", "order", "replaced_at", "cleaned_at"})
+                order = e["order"]
+                if not isinstance(order, list) or len(order) != 2 or order[1] not in (0, 1):
+                    raise FieldError(f"{name}.order must be [seq, 0 or 1], got {order!r}")
+                replaced_at = None if e["replaced_at"] is None else parse_int(e["replaced_at"], f"{name}.replaced_at")
+                added = _Added(parse_int(e["seq"], f"{name}.seq", 1), FileRecord.parse(e["file"], f"{name}.file"),
+                               (parse_int(order[0], f"{name}.order"), int(order[1])), replaced_at)
+                view._add(added)
+                if e["cleaned_at"] is not None:
+                    view._cleaned[added.record.path] = parse_int(e["cleaned_at"], f"{name}.cleaned_at", 1)
+            for i, item in enumerate(_list_of(d["stats"], "index.stats")):
+                name = f"index.stats[{i}]"
+                e = parse_object(item, name, {"partition", "last_instant", "last_commit_ms", "live_keys",
+                                              "bucket_fills"})
+                fills = parse_object(e["bucket_fills"], f"{name}.bucket_fills", set(e["bucket_fills"] or {}))
+                stats = PartitionStats(parse_str(e["partition"], f"{name}.partition"),
+                                       parse_instant(e["last_instant"], f"{name}.last_instant"),
+                                       parse_int(e["last_commit_ms"], f"{name}.last_commit_ms"),
+                                       parse_int(e["live_keys"], f"{name}.live_keys", -(2 ** 62)),
+                                       {fg: parse_int(n, f"{name}.bucket_fills", -(2 ** 62)) for fg, n in fills.items()})
+                view._stats[stats.partition] = stats
+            return view
+        except (FieldError, ValueError, TypeError) as exc:
+            raise CorruptFileError(f"checkpoint {where}: its index view is not valid: {exc}") from exc
+
+
+def _list_of(value: Any, name: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise FieldError(f"{name} must be a list, got {type(value).__name__}")
+    return value

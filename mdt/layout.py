@@ -158,3 +158,17 @@ def latest_file(seq: int) -> str:
 def completed_file(seq: int) -> str:
     """The completion record with sequence number `seq` (exclusive-create gives completions a total order)."""
     return f"{COMPLETED_DIR}/{seq:012d}.json"
+
+
+CHECKPOINT_DIR = f"{TIMELINE_DIR}/checkpoints"  # the folded table state at a seq (mdt/checkpoint.py)
+ARCHIVE_DIR = f"{TIMELINE_DIR}/archive"  # bundles of older completion records
+
+
+def checkpoint_file(seq: int) -> str:
+    """Path of the checkpoint of the state right after completion seq."""
+    return f"{CHECKPOINT_DIR}/{seq:012d}.ckpt"
+
+
+def archive_file(first: int, last: int) -> str:
+    """Path of the bundle holding completion records first..last."""
+    return f"{ARCHIVE_DIR}/{first:012d}-{last:012d}.arch"

@@ -224,3 +224,12 @@ def _instant(value: Any, name: str) -> str:
         return layout.validate_instant(value)
     except InvalidInputError as exc:
         raise _Bad(f"{name}: {exc}") from exc
+
+
+# The strict field parsers, shared with the other formats read back from storage (checkpoints, mdt/checkpoint.py).
+FieldError = _Bad
+parse_int = _int
+parse_str = _str
+parse_object = _object
+parse_path = _path
+parse_instant = _instant

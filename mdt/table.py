@@ -23,7 +23,9 @@ from dbidx.errors import (
     CorruptFileError, HistoryCompactedError, InvalidInputError, TableExistsError, TableNotFoundError,
 )
 from dbidx.mdt import layout, rli_files
+from dbidx.mdt.checkpoint import Checkpoint
 from dbidx.mdt.commit_lock import CommitLock
+from dbidx.mdt.data_view import DataView
 from dbidx.mdt.file_view import FileView, PartitionStats
 from dbidx.mdt.fileio import FileIO
 from dbidx.mdt.keyhash import HASH_NAME, shard_of
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
     from dbidx.mdt.writer import CommitWriter
 
 FORMAT_VERSION = 3  # 3: data files merge per file group (move delete rows, migrated files listed, data schema)
+DEFAULT_CHECKPOINT_INTERVAL = 100
 INDEX_PARTITIONED = "partitioned"
 INDEX_GLOBAL = "global"
 
@@ -51,6 +54,7 @@ class TableProperties:
     row_group_size: int
     format_version: int = FORMAT_VERSION
     created_at_ms: int = 0
+    checkpoint_interval: int = DEFAULT_CHECKPOINT_INTERVAL  # a checkpoint every N completions; 0: none
 
     @property
     def global_index(self) -> bool:
@@ -61,7 +65,7 @@ class TableProperties:
 def parse_properties(raw: bytes, where: str) -> TableProperties:
     """Parse table.json strictly: every field with its type (FORMAT.md section 3), else a CorruptFileError."""
     types = {"table_id": str, "num_shards": int, "index_mode": str, "key_hash": str, "row_group_size": int,
-             "format_version": int, "created_at_ms": int}
+             "format_version": int, "created_at_ms": int, "checkpoint_interval": int}
     try:
         data = json.loads(raw)
         if not isinstance(data, dict):
@@ -72,7 +76,8 @@ def parse_properties(raw: bytes, where: str) -> TableProperties:
                 raise ValueError(f"field {name!r} = {value!r} is unknown or not a {getattr(kind, '__name__', '?')}")
         props = TableProperties(**data)
         if not re.fullmatch(r"[0-9a-f]{32}", props.table_id) or not 1 <= props.num_shards <= 65536 \
-                or props.index_mode not in (INDEX_PARTITIONED, INDEX_GLOBAL) or props.row_group_size < 64:
+                or props.index_mode not in (INDEX_PARTITIONED, INDEX_GLOBAL) or props.row_group_size < 64 \
+                or props.checkpoint_interval < 0:
             raise ValueError(f"values out of range: {data}")
     except (ValueError, TypeError) as exc:
         raise CorruptFileError(f"table properties {where} are invalid: {exc}") from exc
@@ -86,8 +91,10 @@ class Table:
         self.io = io
         self.props = props
         self.timeline = Timeline(io, props.table_id)
+        self.timeline.after_publish.append(self._after_publish)
         self._view = FileView()
-        self._view_lock = threading.Lock()
+        self._data = DataView()
+        self._view_lock = threading.RLock()
 
     # ---- identity ----------------------------------------------------------------------------------------
     @classmethod
@@ -100,8 +107,12 @@ class Table:
         fs: pafs.FileSystem | None = None,
         storage_options: Mapping[str, Any] | None = None,
         commit_lock: CommitLock | None = None,
+        checkpoint_interval: int = DEFAULT_CHECKPOINT_INTERVAL,
     ) -> "Table":
         """Create an empty table (its metadata folder) at `uri`; fails if one exists there.
+
+        checkpoint_interval: every this many completions the publishing writer saves the folded table state, so
+        opening the table reads a checkpoint and the records after it instead of the whole log (0: never).
 
         storage_options: endpoint, region, credentials, allow_http, ... for object stores (delta-rs style names;
         the environment is read for anything not given). commit_lock: for filesystems with neither an exclusive
@@ -111,12 +122,15 @@ class Table:
             raise InvalidInputError(f"num_shards must be an integer in 1..65536, got {num_shards!r}")
         if not isinstance(row_group_size, int) or row_group_size < 64:
             raise InvalidInputError(f"row_group_size must be an integer >= 64, got {row_group_size!r}")
+        if not isinstance(checkpoint_interval, int) or isinstance(checkpoint_interval, bool) or checkpoint_interval < 0:
+            raise InvalidInputError(f"checkpoint_interval must be an integer >= 0, got {checkpoint_interval!r}")
         io = FileIO.from_uri(uri, fs, storage_options, commit_lock)
         io.check_not_a_file()
         props = TableProperties(
             table_id=uuid.uuid4().hex, num_shards=num_shards,
             index_mode=INDEX_GLOBAL if global_index else INDEX_PARTITIONED, key_hash=HASH_NAME,
             row_group_size=row_group_size, created_at_ms=int(time.time() * 1000),
+            checkpoint_interval=checkpoint_interval,
         )
         payload = json.dumps(asdict(props), indent=2, sort_keys=True).encode()
         if not io.create_exclusive(layout.PROPERTIES_FILE, payload):
@@ -197,28 +211,90 @@ class Table:
 
     # ---- timeline view -----------------------------------------------------------------------------------
     def refresh(self) -> FileView:
-        """Bring the timeline and file view up to date with everything completed so far."""
+        """Bring the timeline and the index and data views up to date with everything completed so far (from the
+        newest checkpoint on the first call, then record by record)."""
         with self._view_lock:
-            records = self.timeline.refresh()
-            news = records[self._view.applied_seq:]
+            self.timeline.refresh()
+            cp = self.timeline.checkpoint
+            if cp is not None and self._view.applied_seq < cp.seq:
+                self._view, self._data = self._views_of(cp)
+                self.timeline.checkpoint = None  # consumed: its dict form is not kept twice
+            news = self.timeline.completed(after_seq=self._view.applied_seq)
             for rec in news:
-                self._check_record(rec)
+                self._check_files(rec.files, self.io.path(layout.completed_file(rec.seq)))
             self._view.apply(news)
+            self._data.apply(news)
             return self._view
 
-    def _check_record(self, rec: CompletedInstant) -> None:
-        """What a record may only say about this table: shards in range, a partition exactly in partitioned mode."""
-        for f in rec.files:
+    def data_view(self) -> DataView:
+        """The data files of the current state, with the recorded schema and layout (refreshed first)."""
+        with self._view_lock:
+            self.refresh()
+            return self._data
+
+    def _views_of(self, cp: Checkpoint) -> tuple[FileView, DataView]:
+        """Index and data views rebuilt from a checkpoint, checked like records are."""
+        view, data = FileView.from_dict(cp.index, cp.where), DataView.from_dict(cp.data, cp.where)
+        if view.applied_seq != cp.seq or data.applied_seq != cp.seq:
+            raise CorruptFileError(f"{cp.where} holds views at seqs {view.applied_seq} / {data.applied_seq}, not at "
+                                   f"its own seq {cp.seq}")
+        self._check_files(view.all_files(), cp.where)
+        return view, data
+
+    # ---- checkpoints -------------------------------------------------------------------------------------
+    def checkpoint(self) -> int | None:
+        """Save the folded table state at the latest completion as a checkpoint (FORMAT.md 7a); returns its seq,
+        or None if the table is empty or that checkpoint exists already. Writers call this every
+        `checkpoint_interval` completions; then older records are bundled into an archive and old checkpoints go."""
+        from dbidx.mdt.checkpoint import write_checkpoint
+
+        with self._view_lock:
+            self.refresh()
+            seq = self._view.applied_seq
+            if seq == 0:
+                return None
+            index, data = self._view.to_dict(), self._data.to_dict()
+        created = write_checkpoint(self.io, self.props.table_id, seq, self.timeline.max_instant(seq), index, data)
+        self._archive_before(seq)
+        return seq if created else None
+
+    def _archive_before(self, seq: int) -> None:
+        """Bundle the records up to the checkpoint before `seq` (those after it stay files, for readers that
+        started from it) and remove checkpoints older than that one."""
+        from dbidx.mdt.checkpoint import archive_ranges, checkpoint_seqs, write_archive
+
+        older = [s for s in checkpoint_seqs(self.io) if s < seq]
+        if not older:
+            return
+        upto = older[-1]
+        first = max((last for _, last in archive_ranges(self.io)), default=0) + 1
+        if first <= upto:
+            raw = [self.io.read_bytes(layout.completed_file(s)) for s in range(first, upto + 1)]
+            write_archive(self.io, self.props.table_id, first, raw)
+            for s in range(first, upto + 1):
+                self.io.delete(layout.completed_file(s))
+        for s in older[:-1]:
+            self.io.delete(layout.checkpoint_file(s))
+
+    def _after_publish(self, record: CompletedInstant) -> None:
+        interval = self.props.checkpoint_interval
+        if interval and record.seq % interval == 0:
+            self.checkpoint()
+
+    def _check_files(self, files: Iterable[FileRecord], where: str) -> None:
+        """What a record (or checkpoint) may only say about this table: shards in range, a partition exactly in
+        partitioned mode."""
+        for f in files:
             if f.shard >= self.num_shards or (f.partition is None) != self.global_index:
                 raise CorruptFileError(
-                    f"completion record {self.io.path(layout.completed_file(rec.seq))} lists {f.path} for shard "
+                    f"{where} lists {f.path} for shard "
                     f"{f.shard} / partition {f.partition!r}, impossible in this {self.props.index_mode} table of "
                     f"{self.num_shards} shards")
 
     def latest(self) -> CompletedInstant | None:
         """The newest completion record (None for an empty table)."""
         self.refresh()
-        done = self.timeline.completed()
+        done = self.timeline.completed(after_seq=self.timeline.latest_seq - 1)
         return done[-1] if done else None
 
     def _seq(self, point: int | str | None) -> int:
@@ -292,12 +368,19 @@ class Table:
         some of that history). Lets a cache decide, per partition and before reading, to catch up or reload."""
         self.refresh()
         shards = set(self._shards(shard))
+        stale = self.history_before(start_exclusive)
         plan: dict[str | None, tuple[int, bool]] = {}
         for _seq, record in self._view.delta_files_between(start_exclusive, end_inclusive, strict=False):
             if record.shard in shards:
                 rows, cleaned = plan.get(record.partition, (0, False))
-                plan[record.partition] = (rows + record.rows, cleaned or self._view.is_cleaned(record.path))
+                plan[record.partition] = (rows + record.rows, cleaned or stale or self._view.is_cleaned(record.path))
         return plan
+
+    def history_before(self, seq: int) -> bool:
+        """True if history after `seq` is incomplete in this reader: it opened from a checkpoint that left out
+        files replaced and cleaned after seq. Every partition behind it must reload (incremental_plan says so for
+        the partitions it lists; a caller asks this for the others)."""
+        return seq < self.refresh().history_floor
 
     def lookup(
         self,
@@ -379,8 +462,7 @@ class Table:
         """The data columns the table's writes recorded (mdt/data_schema.py); None before the first write."""
         from dbidx.mdt.data_schema import recorded_schema
 
-        self.refresh()
-        return recorded_schema(self.timeline.completed())
+        return recorded_schema(self.data_view().schema)
 
     def partitions(self) -> list[PartitionStats]:
         """Every partition with its last commit instant and time, live key count and file-group fills."""

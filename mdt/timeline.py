@@ -23,7 +23,7 @@ from typing import Callable, Iterable
 from dbidx.errors import (
     CorruptFileError, DbidxError, InstantStateError, StoreUnavailableError, UnsafeConcurrencyError,
 )
-from dbidx.mdt import layout, markers
+from dbidx.mdt import checkpoint, layout, markers
 from dbidx.mdt.fileio import EXCLUSIVE_LOCK, EXCLUSIVE_NONE, FileIO
 from dbidx.mdt.records import (  # noqa: F401 - re-exported: the record types are part of the timeline's API
     ACTION_BUILD_INDEX,
@@ -55,62 +55,148 @@ class Timeline:
         self.table_id = table_id
         self._records: list[CompletedInstant] = []
         self._by_instant: dict[str, CompletedInstant] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+        self.use_checkpoints = True  # False: replay the whole log (verification compares the two)
+        self.checkpoint: checkpoint.Checkpoint | None = None  # the one the first refresh started from
+        self.base_seq = 0  # records up to here are summed up by that checkpoint, read only on demand
+        self._base_max_instant = ""
+        self._history: list[CompletedInstant] | None = None
+        self._started = False
+        # Run after every publish of this process (housekeeping: a failure is a warning); the table registers
+        # its checkpoint writer here.
+        self.after_publish: list[Callable[[CompletedInstant], None]] = []
 
     # ---- reading -----------------------------------------------------------------------------------------
     def refresh(self) -> list[CompletedInstant]:
-        """Load completion records published since the last refresh; returns the whole log."""
+        """Load completion records published since the last refresh; returns those loaded (the records after the
+        checkpoint the first refresh started from: `completed()` reaches further back on demand)."""
         with self._lock:
-            known = self._records[-1].seq if self._records else 0
+            known = self.latest_seq
             # 1. The latest-seq pointer first: it is written after its record, so the listing below must reach it.
             floor = self._read_latest()
             names = self.io.list_names(layout.COMPLETED_DIR)
+            listed = self._listed_seqs(names)
             if floor is None:
-                if any(n.endswith(".json") and not n.startswith(".") for n in names):
+                if listed:
                     raise CorruptFileError(f"latest-seq pointer {self.io.path(layout.LATEST_DIR)}/<seq> is missing "
                                            "while the completion log has records: the table's metadata was damaged")
                 floor = 0  # a table that never completed anything (or one whose creation was cut short)
-            if known and layout.completed_file(known).rsplit("/", 1)[1] not in names:
+            # 2. The first refresh starts from the newest checkpoint (records before it are read only on demand).
+            if not self._started:
+                self._start_from_checkpoint(listed)
+                self._started = True
+                known = self.latest_seq
+            elif known and known not in listed and not self._archived(known):
                 raise CorruptFileError(
                     f"completion record {self.io.path(layout.completed_file(known))}, read earlier by this process, "
                     "is gone: the completion log shrank (the table was restored from a backup, or records were "
                     "deleted); open the table again to read it as it is now"
                 )
-            for name in names:
-                if not name.endswith(".json") or name.startswith("."):
-                    continue
-                if not name[:-5].isdigit():
-                    raise CorruptFileError(f"unexpected file {self.io.path(layout.COMPLETED_DIR)}/{name} in the "
-                                           "completion log (names are <seq>.json); remove it")
-                seq = int(name[:-5])
-                if seq <= known:
-                    continue
-                rel = layout.completed_file(seq)
-                record = CompletedInstant.from_json(self.io.read_bytes(rel), self.io.path(rel))
-                if record.seq != seq or record.seq != len(self._records) + 1:
-                    raise CorruptFileError(
-                        f"completion log gap or mismatch at {self.io.path(rel)}: expected seq "
-                        f"{len(self._records) + 1}, file says {record.seq}"
-                    )
-                if self.table_id and record.table_id != self.table_id:
-                    raise CorruptFileError(
-                        f"completion record {self.io.path(rel)} belongs to table {record.table_id!r}, not to "
-                        f"{self.table_id!r} of {self.io.path(layout.PROPERTIES_FILE)}: the table's metadata is mixed up"
-                    )
+            # 3. Every record after the ones known, from its file or (if archived meanwhile) from its bundle.
+            newest = max(listed, default=0)
+            if newest < floor:  # records archived since the listing (or lost): the bundles reach further
+                newest = max([newest] + [last for _, last in checkpoint.archive_ranges(self.io)])
+            for record in self._read_records(range(known + 1, newest + 1), listed):
                 self._records.append(record)
-                self._by_instant.setdefault(record.instant, record)
-                if record.rolled_back:
-                    # record_of(failed instant) must say "rolled back" in every process, not only the one that did it
-                    self._by_instant.setdefault(record.rolled_back, record)
-            # 2. A log shorter than a pointer once written says records were lost: never a smaller table.
-            if len(self._records) < floor:
+                self._index(record)
+            # 4. A log shorter than a pointer once written says records were lost: never a smaller table.
+            if self.latest_seq < floor:
                 raise CorruptFileError(
-                    f"the completion log of {self.io.root} ends at seq {len(self._records)}, but the pointer "
+                    f"the completion log of {self.io.root} ends at seq {self.latest_seq}, but the pointer "
                     f"{self.io.path(layout.latest_file(floor))} says seq {floor} was published: completion records "
-                    f"{len(self._records) + 1}..{floor} are missing (deleted or not yet visible?); refusing to "
+                    f"{self.latest_seq + 1}..{floor} are missing (deleted or not yet visible?); refusing to "
                     "read a shorter history"
                 )
             return list(self._records)
+
+    def _listed_seqs(self, names: list[str]) -> set[int]:
+        seqs = set()
+        for name in names:
+            if not name.endswith(".json") or name.startswith("."):
+                continue
+            if not name[:-5].isdigit():
+                raise CorruptFileError(f"unexpected file {self.io.path(layout.COMPLETED_DIR)}/{name} in the "
+                                       "completion log (names are <seq>.json); remove it")
+            seqs.add(int(name[:-5]))
+        return seqs
+
+    def _start_from_checkpoint(self, listed: set[int]) -> None:
+        """Take the newest checkpoint as the base: its seq must be a record the log has (listed or archived)."""
+        if not self.use_checkpoints:
+            return
+        seqs = checkpoint.checkpoint_seqs(self.io)
+        if not seqs:
+            return
+        try:
+            cp = checkpoint.read_checkpoint(self.io, seqs[-1], self.table_id)
+        except FileNotFoundError:  # a newer checkpoint replaced it meanwhile (older ones are removed): look again
+            seqs = checkpoint.checkpoint_seqs(self.io)
+            cp = checkpoint.read_checkpoint(self.io, seqs[-1], self.table_id)
+        if cp.seq not in listed and not self._archived(cp.seq) and cp.seq > max(listed, default=0):
+            raise CorruptFileError(f"{cp.where} is for seq {cp.seq}, beyond the end of the completion log; remove "
+                                   "it (the table then opens from an older checkpoint or from the log)")
+        self.checkpoint = cp
+        self.base_seq = cp.seq
+        self._base_max_instant = cp.max_instant
+
+    def _read_records(self, seqs: range, listed: set[int]) -> list[CompletedInstant]:
+        """Records of consecutive seqs, each from its file if listed, else from an archive bundle; each checked."""
+        out: list[CompletedInstant] = []
+        bundles: dict[int, bytes] | None = None
+        for seq in seqs:
+            rel = layout.completed_file(seq)
+            raw = None
+            if seq in listed:
+                try:
+                    raw = self.io.read_bytes(rel)
+                except FileNotFoundError:
+                    raw = None  # archived and removed since the listing: the bundle has it
+            if raw is None:
+                if bundles is None or seq not in bundles:
+                    bundles = self._archived_records(seq)
+                raw = bundles.get(seq)
+                if raw is None:
+                    raise CorruptFileError(f"completion log gap at {self.io.path(rel)}: seq {seq} is neither in the "
+                                           "completion folder nor in an archive bundle")
+            record = CompletedInstant.from_json(raw, self.io.path(rel))
+            expected = (out[-1].seq + 1) if out else seqs.start
+            if record.seq != seq or seq != expected:
+                raise CorruptFileError(f"completion log gap or mismatch at {self.io.path(rel)}: expected seq "
+                                       f"{expected}, file says {record.seq}")
+            if self.table_id and record.table_id != self.table_id:
+                raise CorruptFileError(
+                    f"completion record {self.io.path(rel)} belongs to table {record.table_id!r}, not to "
+                    f"{self.table_id!r} of {self.io.path(layout.PROPERTIES_FILE)}: the table's metadata is mixed up"
+                )
+            out.append(record)
+        return out
+
+    def _archived(self, seq: int) -> bool:
+        return any(first <= seq <= last for first, last in checkpoint.archive_ranges(self.io))
+
+    def _archived_records(self, seq: int) -> dict[int, bytes]:
+        """The records of the archive bundle that holds seq ({} if none does)."""
+        for first, last in checkpoint.archive_ranges(self.io):
+            if first <= seq <= last:
+                return checkpoint.read_archive(self.io, first, last, self.table_id)
+        return {}
+
+    def _index(self, record: CompletedInstant) -> None:
+        self._by_instant.setdefault(record.instant, record)
+        if record.rolled_back:
+            # record_of(failed instant) must say "rolled back" in every process, not only the one that did it
+            self._by_instant.setdefault(record.rolled_back, record)
+
+    def _load_history(self) -> list[CompletedInstant]:
+        """Records 1..base_seq (before the checkpoint this timeline started from), read once on demand."""
+        with self._lock:
+            if self._history is None:
+                listed = self._listed_seqs(self.io.list_names(layout.COMPLETED_DIR))
+                history = self._read_records(range(1, self.base_seq + 1), listed)
+                for record in history:
+                    self._index(record)
+                self._history = history
+            return self._history
 
     def _read_latest(self) -> int | None:
         """The latest-seq pointer: the largest `timeline/latest/<seq>` marker (a lower bound of the log's length),
@@ -131,23 +217,43 @@ class Timeline:
                     self.io.delete(f"{layout.LATEST_DIR}/{name}")
 
     def completed(self, after_seq: int = 0, upto_seq: int | None = None) -> list[CompletedInstant]:
-        """Completion records with after_seq < seq <= upto_seq (cached; call refresh() for new ones)."""
-        end = len(self._records) if upto_seq is None else min(upto_seq, len(self._records))
-        return self._records[after_seq:end]
+        """Completion records with after_seq < seq <= upto_seq (cached; call refresh() for new ones). Records
+        before the checkpoint the timeline started from are read (from files or archive bundles) on first use."""
+        base = self.base_seq
+        end = self.latest_seq if upto_seq is None else min(upto_seq, self.latest_seq)
+        out: list[CompletedInstant] = []
+        if after_seq < base and after_seq < end:
+            out += self._load_history()[after_seq:min(end, base)]
+        if end > base:
+            out += self._records[max(after_seq - base, 0):end - base]
+        return out
 
     @property
     def latest_seq(self) -> int:
         """Sequence number of the newest known completion (0 for an empty table)."""
-        return len(self._records)
+        return self.base_seq + len(self._records)
+
+    def max_instant(self, upto_seq: int) -> str:
+        """The largest instant id any record up to upto_seq names (completed or rolled back); what a checkpoint
+        keeps so that new instant ids stay above every old one without reading old records."""
+        after = self.base_seq if upto_seq >= self.base_seq else 0
+        ids = [self._base_max_instant] if after else []
+        for rec in self.completed(after_seq=after, upto_seq=upto_seq):
+            ids += [rec.instant, rec.rolled_back or ""]
+        return max(ids, default="")
 
     def record_of(self, instant: str) -> CompletedInstant | None:
         """The completion record of an instant, if it completed (or was rolled back: then action == rollback)."""
-        return self._by_instant.get(instant)
+        record = self._by_instant.get(instant)
+        if record is None and self.base_seq and self._history is None and instant <= self._base_max_instant:
+            self._load_history()  # an instant older than the checkpoint: its record is in the history
+            record = self._by_instant.get(instant)
+        return record
 
     def seq_of(self, instant: str) -> int:
         """Sequence number at which a completed instant became visible; raises if it never completed."""
         self.refresh()
-        record = self._by_instant.get(instant)
+        record = self.record_of(instant)
         if record is None or record.action == ACTION_ROLLBACK:
             raise InstantStateError(f"instant {instant} is not a completed instant of {self.io.root}")
         return record.seq
@@ -159,7 +265,7 @@ class Timeline:
         for name in self.io.list_names(layout.TIMELINE_DIR):
             if name.endswith(".requested"):
                 instant = name.split(".")[0]
-                if instant not in self._by_instant:
+                if self.record_of(instant) is None:
                     out.append(instant)
         return out
 
@@ -255,7 +361,7 @@ class Timeline:
         files."""
         layout.validate_instant(instant)
         self.refresh()
-        existing = self._by_instant.get(instant)
+        existing = self.record_of(instant)
         if existing is not None:
             if existing.action == ACTION_ROLLBACK:
                 return existing
@@ -290,7 +396,9 @@ class Timeline:
         """Housekeeping once a record is published. The instant has completed whatever happens here, so a failure
         is a warning, never an error that would make the caller roll back (and fail to roll back) a committed
         instant."""
-        for step in (lambda: self._advance_latest(record.seq), self.refresh, lambda: self._forget_markers(instant)):
+        steps = [lambda: self._advance_latest(record.seq), self.refresh, lambda: self._forget_markers(instant)]
+        steps += [lambda hook=hook: hook(record) for hook in self.after_publish]
+        for step in steps:
             try:
                 step()
             except Exception as exc:  # noqa: BLE001 - the instant is committed; nothing here may say otherwise
@@ -318,7 +426,7 @@ class Timeline:
         overlap, at least one sees the other (whatever the timing), and it refuses loudly instead of racing."""
         own = self._announce_writer(instant)
         others = [n for n in self.io.list_names(layout.WRITERS_DIR) if n != own and not n.startswith(".")
-                  and n.split("-")[0] not in ignore and self._by_instant.get(n.split("-")[0]) is None]
+                  and n.split("-")[0] not in ignore and self.record_of(n.split("-")[0]) is None]
         if others:
             self.io.delete(f"{layout.WRITERS_DIR}/{own}")
             self.io.delete(layout.requested_file(instant))
@@ -330,7 +438,7 @@ class Timeline:
                 "or, if that writer died, roll its instant back (`dbidx rollback`).")
 
     def _max_known_instant(self) -> int:
-        ids = [int(r.instant) for r in self._records]
+        ids = [int(r.instant) for r in self._records] + [int(self._base_max_instant or 0)]
         ids += [int(n.split(".")[0]) for n in self.io.list_names(layout.TIMELINE_DIR) if n[:17].isdigit()]
         return max(ids, default=0)
 

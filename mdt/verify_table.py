@@ -3,7 +3,8 @@
 What `dbidx verify --table` runs. Unlike a read, which stops at the first damaged file, it looks at every live
 index file (the files the latest snapshot of each (partition, shard) merges) and every data file a completed
 upsert listed, and reports each problem, so an operator sees the whole extent of the damage at once. The timeline
-itself is parsed on the way (a damaged or missing completion record raises CorruptFileError).
+itself is parsed on the way (a damaged or missing completion record raises CorruptFileError), and the newest
+checkpoint is compared with a replay of every record up to it (archived ones included).
 """
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from dbidx.errors import CorruptFileError, HistoryCompactedError
-from dbidx.mdt import rli_files
-from dbidx.mdt.data_reader import live_data_files
+from dbidx.mdt import layout, rli_files
+from dbidx.mdt.checkpoint import checkpoint_seqs, read_checkpoint
+from dbidx.mdt.data_view import DataView
+from dbidx.mdt.file_view import FileView
 from dbidx.mdt.records import FileRecord
 from dbidx.mdt.table import Table
 
@@ -26,6 +29,7 @@ class TableCheck:
     seq: int
     index_files: int = 0
     data_files: int = 0
+    checkpoint_seq: int | None = None  # the checkpoint compared with a replay of the log, if any
     bytes_checked: int = 0
     damaged: list[dict[str, str]] = field(default_factory=list)
 
@@ -37,7 +41,7 @@ class TableCheck:
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form."""
         return {"seq": self.seq, "index_files": self.index_files, "data_files": self.data_files,
-                "bytes_checked": self.bytes_checked, "damaged": self.damaged, "ok": self.ok}
+                "checkpoint_seq": self.checkpoint_seq, "bytes_checked": self.bytes_checked, "damaged": self.damaged, "ok": self.ok}
 
 
 def verify_table(table: Table, progress: Progress | None = None) -> TableCheck:
@@ -50,7 +54,7 @@ def verify_table(table: Table, progress: Progress | None = None) -> TableCheck:
             index_records += view.files(partition, shard)
         except HistoryCompactedError as exc:  # a live file was cleaned: that is damage too
             check.damaged.append({"path": f"{partition}/{shard}", "problem": str(exc)})
-    data_records = [f for f, _, _, _ in live_data_files(table.timeline.completed())]
+    data_records = [f.record for f in table.data_view().live()]
     total = len(index_records) + len(data_records)
     for i, record in enumerate(index_records + data_records):
         try:
@@ -65,4 +69,28 @@ def verify_table(table: Table, progress: Progress | None = None) -> TableCheck:
             check.damaged.append({"path": record.path, "problem": str(exc)})
         if progress is not None:
             progress(i + 1, total)
+    _compare_checkpoint(table, check)
     return check
+
+
+def _compare_checkpoint(table: Table, check: TableCheck) -> None:
+    """The newest checkpoint must hold exactly what replaying records 1..its seq gives: a checkpoint whose
+    checksum is intact but whose content another writer got wrong (or crafted) is reported, not trusted."""
+    seqs = checkpoint_seqs(table.io)
+    if not seqs:
+        return
+    try:
+        cp = read_checkpoint(table.io, seqs[-1], table.props.table_id)
+    except CorruptFileError as exc:
+        check.damaged.append({"path": table.io.path(layout.checkpoint_file(seqs[-1])), "problem": str(exc)})
+        return
+    index, data = FileView(), DataView()
+    records = table.timeline.completed(upto_seq=cp.seq)
+    index.apply(records)
+    data.apply(records)
+    check.checkpoint_seq = cp.seq
+    for name, replayed, stored in (("index", index.to_dict(), cp.index), ("data", data.to_dict(), cp.data)):
+        if replayed != stored:
+            check.damaged.append({"path": cp.where, "problem": f"its {name} view differs from a replay of "
+                                  f"completions 1..{cp.seq}; remove the checkpoint (the table then opens from an "
+                                  "older one or from the log)"})

@@ -21,7 +21,7 @@ import pyarrow as pa
 from dbidx import errors
 from dbidx.buckets.assigner import BucketSpec
 from dbidx.config import CacheConfig
-from dbidx.errors import CommitError, ConfigError, ConflictError, DbidxError, HookError, SchemaError
+from dbidx.errors import CommitError, ConfigError, ConflictError, CorruptFileError, DbidxError, HookError, SchemaError
 from dbidx.mdt import data_reader, data_schema
 from dbidx.mdt.conflicts import TouchedKeys
 from dbidx.mdt.records import ACTION_COMMIT, DataFileRecord, FileRecord, PartitionChange
@@ -83,12 +83,14 @@ def make_options(table: Table, key: str, partition: str, ordering: str | None, d
 
 def recorded_buckets(table: Table) -> BucketSpec | None:
     """The bucket spec the table's last upsert used (a table must keep routing new keys the same way)."""
-    table.refresh()
-    for record in reversed(table.timeline.completed()):
-        spec = record.extra.get(data_reader.LAYOUT_EXTRA, {}).get("buckets") if record.action == ACTION_COMMIT else None
-        if spec:
-            return BucketSpec(**spec)
-    return None
+    recorded = table.data_view().buckets
+    if recorded is None:
+        return None
+    try:
+        return BucketSpec(**recorded.value)
+    except (TypeError, ConfigError) as exc:
+        raise CorruptFileError(f"completion {recorded.seq} ({recorded.instant}) of {table.uri} records an invalid "
+                               f"bucket spec {recorded.value!r}: {exc}") from exc
 
 
 def _check_buckets(table: Table, spec: BucketSpec) -> None:
@@ -333,8 +335,8 @@ def _check_layout_and_schema(table: Table, options: TagOptions, input_schema: pa
     """The driver's checks before any task: the same key/partition layout as the table's earlier writes, no input
     column in dbidx's own `_dbidx_` namespace, and the data schema (mdt/data_schema.py). Returns the schema to
     record (None if unchanged) and the seq it was checked at."""
-    recorded = table.data_schema()  # refreshes the timeline
-    seq = table.timeline.latest_seq
+    view = table.data_view()  # refreshed: schema, layout and seq agree
+    recorded, seq = data_schema.recorded_schema(view.schema), view.applied_seq
     layout = data_reader.layout_of(table)
     if layout is not None:
         for name, mine in (("key", options.key), ("partition", options.partition), ("hive_style", options.hive_style)):
@@ -441,7 +443,7 @@ def commit_history(table: Table, last: int = 20) -> list[dict[str, Any]]:
     """The last `last` completions (all actions), newest first, with the metrics upserts stored in them (F30)."""
     table.refresh()
     out = []
-    for rec in list(reversed(table.timeline.completed()))[:max(last, 0)]:
+    for rec in reversed(table.timeline.completed(after_seq=max(table.timeline.latest_seq - max(last, 0), 0))):
         out.append({"seq": rec.seq, "instant": rec.instant, "action": rec.action,
                     "completed_at_ms": rec.completed_at_ms, "rolled_back": rec.rolled_back,
                     "metrics": rec.extra.get("metrics")})

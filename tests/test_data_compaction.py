@@ -11,6 +11,7 @@ from dbidx.buckets.assigner import BucketSpec
 from dbidx.config import CacheConfig
 from dbidx.errors import CorruptFileError
 from dbidx.mdt import data_compaction, data_reader
+from dbidx.mdt.data_view import DataView
 from dbidx.mdt.table import Table
 from dbidx.mdt.verify_table import verify_table
 from dbidx.spark_integration.local import upsert_arrow
@@ -96,9 +97,8 @@ def test_clean_refuses_a_replaced_path_no_commit_listed(tmp_path: Path) -> None:
         upsert_arrow(as_arrow([("a", "d", v, False)]), table, key="id", partition="dt", cache_config=config)
     record = table.compact_data().record
     crafted = replace(record, replaced=record.replaced + ("dt=d/someone-elses.parquet",))
-    with pytest.raises(CorruptFileError, match="no earlier completion listed"):
-        data_compaction.replaced_data_files(table.timeline.completed()[:-1] + [crafted], crafted.seq,
-                                            table.refresh().is_cleaned)
+    with pytest.raises(CorruptFileError, match="not a live data file"):
+        DataView().apply(table.timeline.completed()[:-1] + [crafted])
 
 
 def test_cli_compact_data(tmp_path: Path) -> None:

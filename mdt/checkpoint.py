@@ -1,0 +1,164 @@
+"""Checkpoints and archive bundles: what keeps opening a table cheap however long its completion log grows.
+
+A checkpoint is the table's folded state at one seq - the index's file view, the data view (live data files,
+replaced files awaiting a clean, schema, layout) and partition statistics - so a reader starts from it and reads only
+the completions published after it, not every record ever written. An archive bundle holds older completion records
+(their exact bytes, each with its own checksum) in one file, so the completion folder stays short; the records stay
+readable for whoever asks for history (`dbidx commits`, an old instant's seq, a full verification).
+
+Both are written once (exclusive create) and never changed; both are read back as untrusted input: a checksum over
+the canonical JSON, the table id, every field parsed strictly by the view that owns it (file_view.py, data_view.py).
+Format: docs/FORMAT.md section 7a.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import xxhash
+
+from dbidx.errors import CorruptFileError
+from dbidx.mdt import layout
+from dbidx.mdt.fileio import FileIO
+from dbidx.mdt.records import FieldError, parse_instant, parse_int, parse_object, parse_str
+
+CHECKPOINT_FORMAT = 1
+_CHECKPOINT_NAME = re.compile(r"^(\d{12})\.ckpt$")
+_ARCHIVE_NAME = re.compile(r"^(\d{12})-(\d{12})\.arch$")
+MAX_DECOMPRESSED = 1 << 31  # a crafted file must not make a reader allocate without bound
+CODEC = "zstd"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """The folded table state at `seq`, as read back (views still in their dict form, parsed by their owners)."""
+
+    seq: int
+    max_instant: str  # the largest instant id any record up to seq names (new ids must stay above it)
+    index: dict[str, Any]
+    data: dict[str, Any]
+    where: str
+
+
+# ---- encoding -----------------------------------------------------------------------------------------------
+def _canonical(data: dict[str, Any]) -> bytes:
+    return json.dumps(data, sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+
+def _compress(data: bytes) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.CompressedOutputStream(sink, CODEC) as out:
+        out.write(data)
+    return sink.getvalue().to_pybytes()
+
+
+def _decompress(raw: bytes, where: str) -> bytes:
+    try:
+        data = pa.CompressedInputStream(pa.BufferReader(raw), CODEC).read(MAX_DECOMPRESSED + 1)
+    except (OSError, pa.ArrowException) as exc:
+        raise CorruptFileError(f"{where} is not a readable {CODEC} stream: {exc}") from exc
+    if len(data) > MAX_DECOMPRESSED:
+        raise CorruptFileError(f"{where} decompresses to more than {MAX_DECOMPRESSED} bytes; refusing it")
+    return data
+
+
+def _sealed(payload: dict[str, Any]) -> bytes:
+    """Payload + checksum over its canonical form, compressed."""
+    body = dict(payload, checksum="xxh64:" + xxhash.xxh64(_canonical(payload)).hexdigest())
+    return _compress(_canonical(body))
+
+
+def _unsealed(raw: bytes, where: str, table_id: str, fields: set[str]) -> dict[str, Any]:
+    """Decompress, parse, check the checksum, the format and the table id; returns the payload."""
+    try:
+        data = json.loads(_decompress(raw, where))
+        if not isinstance(data, dict) or "checksum" not in data:
+            raise FieldError("it has no checksum")
+        stored = data.pop("checksum")
+        if stored != "xxh64:" + xxhash.xxh64(_canonical(data)).hexdigest():
+            raise FieldError(f"its checksum {stored!r} does not match its content (the file is damaged)")
+        data = parse_object(data, "file", fields | {"format", "table_id"})
+        if data["format"] != CHECKPOINT_FORMAT:
+            raise FieldError(f"format {data['format']!r} is not {CHECKPOINT_FORMAT}")
+        if parse_str(data["table_id"], "table_id") != table_id and table_id:
+            raise FieldError(f"it belongs to table {data['table_id']!r}, not to {table_id!r}")
+        return data
+    except (FieldError, ValueError, TypeError, RecursionError) as exc:
+        raise CorruptFileError(f"{where} is not valid: {exc}") from exc
+
+
+# ---- checkpoints ----------------------------------------------------------------------------------------------
+def checkpoint_seqs(io: FileIO) -> list[int]:
+    """Seqs of the checkpoints present, ascending; an unexpected name is a CorruptFileError (temp files skipped)."""
+    return sorted(int(m.group(1)) for m in _names(io, layout.CHECKPOINT_DIR, _CHECKPOINT_NAME))
+
+
+def write_checkpoint(io: FileIO, table_id: str, seq: int, max_instant: str, index: dict[str, Any],
+                     data: dict[str, Any]) -> bool:
+    """Create the checkpoint of seq exclusively; False if one exists already (another writer made it)."""
+    payload = {"format": CHECKPOINT_FORMAT, "table_id": table_id, "seq": seq, "max_instant": max_instant,
+               "index": index, "data": data}
+    return io.create_exclusive(layout.checkpoint_file(seq), _sealed(payload))
+
+
+def read_checkpoint(io: FileIO, seq: int, table_id: str) -> Checkpoint:
+    """One checkpoint, verified; its seq must match its name."""
+    rel = layout.checkpoint_file(seq)
+    where = f"checkpoint {io.path(rel)}"
+    data = _unsealed(io.read_bytes(rel), where, table_id, {"seq", "max_instant", "index", "data"})
+    try:
+        if parse_int(data["seq"], "seq", 1) != seq:
+            raise FieldError(f"it says seq {data['seq']}, its name {seq}")
+        max_instant = parse_instant(data["max_instant"], "max_instant")
+    except FieldError as exc:
+        raise CorruptFileError(f"{where} is not valid: {exc}") from exc
+    return Checkpoint(seq, max_instant, data["index"], data["data"], where)
+
+
+# ---- archive bundles ------------------------------------------------------------------------------------------
+def archive_ranges(io: FileIO) -> list[tuple[int, int]]:
+    """(first, last) seq of every archive bundle present, ascending."""
+    ranges = []
+    for m in _names(io, layout.ARCHIVE_DIR, _ARCHIVE_NAME):
+        first, last = int(m.group(1)), int(m.group(2))
+        if not 1 <= first <= last:
+            raise CorruptFileError(f"archive bundle {io.path(layout.ARCHIVE_DIR)}/{m.group(0)} names an empty range")
+        ranges.append((first, last))
+    return sorted(ranges)
+
+
+def write_archive(io: FileIO, table_id: str, first: int, raw_records: list[bytes]) -> bool:
+    """Bundle the exact bytes of records first..first+n-1; False if that bundle exists already."""
+    last = first + len(raw_records) - 1
+    payload = {"format": CHECKPOINT_FORMAT, "table_id": table_id, "first": first, "last": last,
+               "records": [r.decode("utf-8") for r in raw_records]}
+    return io.create_exclusive(layout.archive_file(first, last), _sealed(payload))
+
+
+def read_archive(io: FileIO, first: int, last: int, table_id: str) -> dict[int, bytes]:
+    """The record bytes a bundle holds, by seq (each still carries and is checked against its own checksum when
+    parsed)."""
+    rel = layout.archive_file(first, last)
+    where = f"archive bundle {io.path(rel)}"
+    data = _unsealed(io.read_bytes(rel), where, table_id, {"first", "last", "records"})
+    records = data["records"]
+    if data["first"] != first or data["last"] != last or not isinstance(records, list) \
+            or len(records) != last - first + 1 or not all(isinstance(r, str) for r in records):
+        raise CorruptFileError(f"{where} is not valid: its range or record list does not match its name")
+    return {first + i: r.encode("utf-8") for i, r in enumerate(records)}
+
+
+def _names(io: FileIO, rel_dir: str, pattern: re.Pattern[str]) -> list[re.Match[str]]:
+    out = []
+    for name in io.list_names(rel_dir):
+        if name.startswith("."):
+            continue  # temp files of writers
+        m = pattern.match(name)
+        if m is None:
+            raise CorruptFileError(f"unexpected file {io.path(rel_dir)}/{name} (expected names like "
+                                   f"{pattern.pattern}); remove it")
+        out.append(m)
+    return out

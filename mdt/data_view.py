@@ -1,0 +1,197 @@
+"""The data view: which data files make up the table's current state, and what the writes recorded about it.
+
+Built by replaying completion records in order, like the index's FileView (file_view.py): commits and build-index
+add data files, data compactions swap the files they replace for bases, cleans forget replaced files they deleted.
+It also keeps the newest recorded data schema, key/partition layout and bucket spec, so nothing that plans a read
+or checks a write has to walk the whole completion log (a checkpoint stores this view; mdt/checkpoint.py).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from dbidx.errors import CorruptFileError
+from dbidx.mdt import layout
+from dbidx.mdt.records import (
+    ACTION_BUILD_INDEX, ACTION_CLEAN, ACTION_COMMIT, ACTION_DATA_COMPACTION, DATA_ACTIONS, CompletedInstant,
+    DataFileRecord, FieldError, parse_instant, parse_int, parse_object, parse_path,
+)
+
+LAYOUT_EXTRA = "upsert"  # the completion record's extra that names key and partition columns (and bucket spec)
+SCHEMA_EXTRA = "schema"  # the completion record's extra that holds the data schema (mdt/data_schema.py)
+
+
+@dataclass(frozen=True)
+class LiveDataFile:
+    """A data file of the current state: its record, merge order, the completion that added it, and whether it is a
+    user's source file that build-index listed by reference."""
+
+    record: DataFileRecord
+    order: tuple[int, int]  # (seq of the newest commit it reflects, 0 for a commit's file / 1 for a base)
+    seq: int
+    instant: str
+    source: bool = False
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """A value some completion's extra recorded (schema, layout, buckets), with where it came from."""
+
+    value: Any
+    seq: int
+    instant: str
+
+
+class DataView:
+    """Replays the completion log incrementally; answers live data files, replaced files, schema and layout."""
+
+    def __init__(self) -> None:
+        self.applied_seq = 0
+        self.writes = 0  # commits and build-indexes so far
+        self.last_write: str | None = None  # instant of the newest of them
+        self._live: dict[str, LiveDataFile] = {}
+        self._replaced: dict[str, tuple[int, bool]] = {}  # path -> (replacing seq, user's source file)
+        self.schema: Recorded | None = None
+        self.layout: Recorded | None = None
+        self.buckets: Recorded | None = None
+
+    def apply(self, records: list[CompletedInstant]) -> None:
+        """Fold newly published completion records (in seq order) into the view; an inconsistent log (a data file
+        under the metadata folder, a compaction of a file that is not live) is a CorruptFileError naming it."""
+        for rec in records:
+            if rec.seq <= self.applied_seq:
+                continue
+            if rec.action in DATA_ACTIONS:
+                self._add_written(rec)
+            elif rec.action == ACTION_DATA_COMPACTION:
+                self._swap(rec)
+            elif rec.action == ACTION_CLEAN:
+                for path in rec.deleted:
+                    self._replaced.pop(path, None)
+            if layout_value := rec.extra.get(LAYOUT_EXTRA):
+                self.layout = Recorded(layout_value, rec.seq, rec.instant)
+                if rec.action == ACTION_COMMIT and isinstance(layout_value, dict) and layout_value.get("buckets"):
+                    self.buckets = Recorded(layout_value["buckets"], rec.seq, rec.instant)
+            if SCHEMA_EXTRA in rec.extra:
+                self.schema = Recorded(rec.extra[SCHEMA_EXTRA], rec.seq, rec.instant)
+            self.applied_seq = rec.seq
+
+    def _add_written(self, rec: CompletedInstant) -> None:
+        self.writes += 1
+        self.last_write = rec.instant
+        for f in rec.data_files:
+            _check_outside_meta(f.path, rec)
+            self._live[f.path] = LiveDataFile(f, (rec.seq, 0), rec.seq, rec.instant, rec.action == ACTION_BUILD_INDEX)
+
+    def _swap(self, rec: CompletedInstant) -> None:
+        """A data compaction: its bases stand where the newest file they replaced stood, so a file committed while
+        it ran (not replaced, seq below the compaction's) stays newer than the base."""
+        covered: dict[tuple[str, str], int] = {}
+        for path in rec.replaced:
+            gone = self._live.pop(path, None)
+            if gone is None:  # two compactions of one file never both publish: the log is damaged or crafted
+                raise CorruptFileError(f"data compaction {rec.instant} (seq {rec.seq}) replaces {path!r}, which is "
+                                       "not a live data file at that point of the log")
+            self._replaced[path] = (rec.seq, gone.source)
+            group = (gone.record.partition, gone.record.file_group)
+            covered[group] = max(covered.get(group, 0), gone.order[0])
+        for f in rec.data_files:
+            _check_outside_meta(f.path, rec)
+            if (f.partition, f.file_group) not in covered:
+                raise CorruptFileError(f"data compaction {rec.instant} (seq {rec.seq}) writes a base for file group "
+                                       f"{f.file_group!r} of {f.partition!r} without replacing any of its files")
+            self._live[f.path] = LiveDataFile(f, (covered[(f.partition, f.file_group)], 1), rec.seq, rec.instant)
+
+    # ---- answers -----------------------------------------------------------------------------------------
+    def live(self) -> list[LiveDataFile]:
+        """Every data file of the current state."""
+        return list(self._live.values())
+
+    def is_live(self, path: str) -> bool:
+        """Whether the path is a data file of the current state."""
+        return path in self._live
+
+    def replaced(self, upto_seq: int, migrated: bool = False) -> list[str]:
+        """Data files replaced by data compactions at or before `upto_seq` and not cleaned yet (for `clean`);
+        the user's source files build-index listed only with `migrated` (deleting them is the user's decision)."""
+        return sorted(p for p, (seq, source) in self._replaced.items() if seq <= upto_seq and (migrated or not source))
+
+    # ---- checkpoint form ---------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """The view as a checkpoint stores it (deterministic: the same log gives the same dict)."""
+        return {
+            "applied_seq": self.applied_seq, "writes": self.writes, "last_write": self.last_write,
+            "live": [{"file": asdict(a.record), "order": list(a.order), "seq": a.seq, "instant": a.instant,
+                      "source": a.source} for a in sorted(self._live.values(), key=lambda a: a.record.path)],
+            "replaced": [{"path": p, "seq": s, "source": src} for p, (s, src) in sorted(self._replaced.items())],
+            "schema": _recorded_dict(self.schema), "layout": _recorded_dict(self.layout),
+            "buckets": _recorded_dict(self.buckets),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> "DataView":
+        """Rebuild from a checkpoint, checking every field (a checkpoint is read back from storage: untrusted)."""
+        try:
+            d = parse_object(data, "data", {"applied_seq", "writes", "last_write", "live", "replaced", "schema",
+                                            "layout", "buckets"})
+            view = cls()
+            view.applied_seq = parse_int(d["applied_seq"], "data.applied_seq")
+            view.writes = parse_int(d["writes"], "data.writes")
+            view.last_write = None if d["last_write"] is None else parse_instant(d["last_write"], "data.last_write")
+            for i, item in enumerate(_items(d["live"], "data.live")):
+                e = parse_object(item, f"data.live[{i}]", {"file", "order", "seq", "instant", "source"})
+                record = DataFileRecord.parse(e["file"], f"data.live[{i}].file")
+                _check_outside_meta(record.path, None)
+                order = _pair(e["order"], f"data.live[{i}].order")
+                view._live[record.path] = LiveDataFile(record, order, parse_int(e["seq"], f"data.live[{i}].seq", 1),
+                                                       parse_instant(e["instant"], f"data.live[{i}].instant"),
+                                                       _bool(e["source"], f"data.live[{i}].source"))
+            for i, item in enumerate(_items(d["replaced"], "data.replaced")):
+                e = parse_object(item, f"data.replaced[{i}]", {"path", "seq", "source"})
+                path = parse_path(e["path"], f"data.replaced[{i}].path")
+                _check_outside_meta(path, None)
+                view._replaced[path] = (parse_int(e["seq"], f"data.replaced[{i}].seq", 1),
+                                        _bool(e["source"], f"data.replaced[{i}].source"))
+            view.schema = _recorded(d["schema"], "data.schema")
+            view.layout = _recorded(d["layout"], "data.layout")
+            view.buckets = _recorded(d["buckets"], "data.buckets")
+            return view
+        except (FieldError, ValueError, TypeError) as exc:
+            raise CorruptFileError(f"checkpoint {where}: its data view is not valid: {exc}") from exc
+
+
+def _check_outside_meta(path: str, rec: CompletedInstant | None) -> None:
+    """A data file never lies under the metadata folder: a record that says so is crafted or damaged (a clean
+    would otherwise delete the table's own metadata)."""
+    if path.startswith(layout.META_DIR + "/"):
+        where = f"completion {rec.seq} ({rec.instant})" if rec is not None else "the checkpoint"
+        raise CorruptFileError(f"{where} lists {path!r} as a data file, inside the metadata folder {layout.META_DIR}")
+
+
+def _recorded_dict(recorded: Recorded | None) -> dict[str, Any] | None:
+    return None if recorded is None else {"value": recorded.value, "seq": recorded.seq, "instant": recorded.instant}
+
+
+def _recorded(data: Any, name: str) -> Recorded | None:
+    if data is None:
+        return None
+    d = parse_object(data, name, {"value", "seq", "instant"})
+    return Recorded(d["value"], parse_int(d["seq"], f"{name}.seq", 1), parse_instant(d["instant"], f"{name}.instant"))
+
+
+def _items(value: Any, name: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise FieldError(f"{name} must be a list, got {type(value).__name__}")
+    return value
+
+
+def _pair(value: Any, name: str) -> tuple[int, int]:
+    if not isinstance(value, list) or len(value) != 2 or value[1] not in (0, 1):
+        raise FieldError(f"{name} must be [seq, 0 or 1], got {value!r}")
+    return parse_int(value[0], name), int(value[1])
+
+
+def _bool(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise FieldError(f"{name} must be true or false, got {value!r}")
+    return value
