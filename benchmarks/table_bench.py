@@ -7,7 +7,11 @@ dbidx writes through `upsert_arrow` (in process, no Spark: the read side is what
 `data_reader.read_arrow`; delta-rs (the `peers` extra; skipped with a message if missing) writes the same load with
 `write_deltalake` and every batch with `merge` on (dt, id), and reads with `DeltaTable.to_pyarrow_table()`. Both
 reads are checked: one row per key, and the sum of `ver` equal to the expected one.
-Run: `python benchmarks/table_bench.py [--keys 2000000] [--batch 100000] [--smoke] [--write-results]`.
+Second part: the time to open a table and plan a read of its latest state after `--completions` small commits
+(default 10 000), with the completion log alone (checkpoint_interval 0: every record is read) and with a checkpoint
+and archive bundles (only the checkpoint and the records after it are read).
+Run: `python benchmarks/table_bench.py [--keys 2000000] [--batch 100000] [--completions 10000] [--part all|reads|open]
+[--smoke] [--write-results]`.
 """
 from __future__ import annotations
 
@@ -98,17 +102,64 @@ def timed(fn: Any) -> tuple[float, Any]:
     return time.perf_counter() - start, result
 
 
+def open_times(work: Path, completions: int) -> tuple[str, dict[str, Any]]:
+    """Open + refresh, and open + plan_read, of one table of `completions` one-key commits, without and with a
+    checkpoint (the same log copied, then checkpointed twice so that the older records are archived)."""
+    plain = Table.create(str(work / "plain"), num_shards=1, checkpoint_interval=0)
+    write_s, _ = timed(lambda: [_one_key_commit(plain, i) for i in range(completions)])
+    shutil.copytree(work / "plain", work / "checkpointed")
+    checkpointed = Table.open(str(work / "checkpointed"))
+    checkpointed.checkpoint()
+    _one_key_commit(checkpointed, completions)  # the newest checkpoint archives the records before the first
+    checkpointed.checkpoint()
+    rows, figures = [], {}
+    for name, path in (("log only", work / "plain"), ("checkpoint + archive", work / "checkpointed")):
+        open_s, _ = _report.median_time(lambda: Table.open(str(path)).refresh(), 3)
+        plan_s, _ = _report.median_time(lambda: data_reader.plan_read(Table.open(str(path))), 3)
+        files = len(list((path / ".dbidx" / "timeline" / "completed").iterdir()))
+        rows.append([name, f"{Table.open(str(path)).refresh().applied_seq:,}", files, f"{open_s * 1000:.1f}",
+                     f"{plan_s * 1000:.1f}"])
+        figures[name] = {"open_s": open_s, "plan_s": plan_s, "record_files": files}
+    body = "\n\n".join([
+        f"## Opening a table after {completions:,} completions, without and with a checkpoint",
+        f"Machine: {_report.machine()}. Command: `{_report.command()}`. One-key commits over 30 partitions through "
+        f"the library writer ({write_s / completions * 1000:.1f} ms per commit). Open = `Table.open(..).refresh()`; "
+        "plan = open + `data_reader.plan_read` (what a read of the latest state needs). Median of 3, local disk; on "
+        "an object store every record file read is a request, so the gap grows with the request latency.",
+        _report.table(["timeline", "completions", "record files listed", "open ms", "open + plan ms"], rows),
+    ])
+    return body, figures
+
+
+def _one_key_commit(table: Table, i: int) -> None:
+    with table.new_commit() as writer:
+        writer.insert(f"dt={DAYS[i % len(DAYS)]}", [f"k{i}"], "fg")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keys", type=int, default=2_000_000)
     parser.add_argument("--batch", type=int, default=100_000)
     parser.add_argument("--commits", type=int, default=30)
     parser.add_argument("--shards", type=int, default=8)
+    parser.add_argument("--completions", type=int, default=10_000)
+    parser.add_argument("--part", choices=("all", "reads", "open"), default="all")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, for the test suite")
     parser.add_argument("--write-results", action="store_true")
     args = parser.parse_args()
     if args.smoke:
-        args.keys, args.batch, args.commits = 3_000, 300, 10
+        args.keys, args.batch, args.commits, args.completions = 3_000, 300, 10, 40
+    if args.part in ("all", "open"):
+        work = Path(tempfile.mkdtemp(prefix="dbidx-open-bench-"))
+        try:
+            body, _figures = open_times(work, args.completions)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        if args.write_results and not args.smoke:
+            _report.write_section("table-open", body)
+        print(body)
+    if args.part == "open":
+        return
     try:
         import deltalake
     except ImportError:
