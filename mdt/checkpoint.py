@@ -23,7 +23,7 @@ import xxhash
 from dbidx.errors import CorruptFileError
 from dbidx.mdt import layout
 from dbidx.mdt.fileio import FileIO
-from dbidx.mdt.records import FieldError, parse_instant, parse_int, parse_object, parse_str
+from dbidx.mdt.records import CompletedInstant, FieldError, parse_instant, parse_int, parse_object, parse_str
 
 CHECKPOINT_FORMAT = 1
 _CHECKPOINT_NAME = re.compile(r"^(\d{12})\.ckpt$")
@@ -118,6 +118,22 @@ def read_checkpoint(io: FileIO, seq: int, table_id: str) -> Checkpoint:
     return Checkpoint(seq, max_instant, data["index"], data["data"], where)
 
 
+def archive_before(io: FileIO, table_id: str, seq: int) -> None:
+    """After the checkpoint of seq: bundle the records up to the checkpoint before it (those after that one stay
+    files, for readers that started from it), remove them, and remove checkpoints older than that one."""
+    older = [s for s in checkpoint_seqs(io) if s < seq]
+    if not older:
+        return
+    upto = older[-1]
+    first = max((last for _, last in archive_ranges(io)), default=0) + 1
+    if first <= upto:
+        write_archive(io, table_id, first, [io.read_bytes(layout.completed_file(s)) for s in range(first, upto + 1)])
+        for s in range(first, upto + 1):
+            io.delete(layout.completed_file(s))
+    for s in older[:-1]:
+        io.delete(layout.checkpoint_file(s))
+
+
 # ---- archive bundles ------------------------------------------------------------------------------------------
 def archive_ranges(io: FileIO) -> list[tuple[int, int]]:
     """(first, last) seq of every archive bundle present, ascending."""
@@ -149,6 +165,60 @@ def read_archive(io: FileIO, first: int, last: int, table_id: str) -> dict[int, 
             or len(records) != last - first + 1 or not all(isinstance(r, str) for r in records):
         raise CorruptFileError(f"{where} is not valid: its range or record list does not match its name")
     return {first + i: r.encode("utf-8") for i, r in enumerate(records)}
+
+
+# ---- the completion log's records, from their files or from bundles -------------------------------------------
+def listed_seqs(io: FileIO, names: list[str]) -> set[int]:
+    """Seqs of the record files among the names of the completion folder (temp files skipped; any other name is a
+    CorruptFileError)."""
+    seqs = set()
+    for name in names:
+        if not name.endswith(".json") or name.startswith("."):
+            continue
+        if not name[:-5].isdigit():
+            raise CorruptFileError(f"unexpected file {io.path(layout.COMPLETED_DIR)}/{name} in the completion log "
+                                   "(names are <seq>.json); remove it")
+        seqs.add(int(name[:-5]))
+    return seqs
+
+
+def read_records(io: FileIO, table_id: str, seqs: range, listed: set[int]) -> list[CompletedInstant]:
+    """Records of consecutive seqs, each from its file if listed, else from the archive bundle that holds it; each
+    checked (its own checksum, its seq, its table)."""
+    out: list[CompletedInstant] = []
+    bundle: dict[int, bytes] = {}
+    for seq in seqs:
+        rel = layout.completed_file(seq)
+        raw = None
+        if seq in listed:
+            try:
+                raw = io.read_bytes(rel)
+            except FileNotFoundError:
+                raw = None  # archived and removed since the listing: the bundle has it
+        if raw is None:
+            if seq not in bundle:
+                bundle = _bundle_holding(io, seq, table_id)
+            raw = bundle.get(seq)
+            if raw is None:
+                raise CorruptFileError(f"completion log gap at {io.path(rel)}: seq {seq} is neither in the "
+                                       "completion folder nor in an archive bundle")
+        record = CompletedInstant.from_json(raw, io.path(rel))
+        if record.seq != seq:
+            raise CorruptFileError(f"completion log gap or mismatch at {io.path(rel)}: expected seq {seq}, the record "
+                                   f"says {record.seq}")
+        if table_id and record.table_id != table_id:
+            raise CorruptFileError(
+                f"completion record {io.path(rel)} belongs to table {record.table_id!r}, not to {table_id!r} of "
+                f"{io.path(layout.PROPERTIES_FILE)}: the table's metadata is mixed up")
+        out.append(record)
+    return out
+
+
+def _bundle_holding(io: FileIO, seq: int, table_id: str) -> dict[int, bytes]:
+    for first, last in archive_ranges(io):
+        if first <= seq <= last:
+            return read_archive(io, first, last, table_id)
+    return {}
 
 
 def _names(io: FileIO, rel_dir: str, pattern: re.Pattern[str]) -> list[re.Match[str]]:

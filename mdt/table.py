@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import threading
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -30,59 +29,15 @@ from dbidx.mdt.file_view import FileView, PartitionStats
 from dbidx.mdt.fileio import FileIO
 from dbidx.mdt.keyhash import HASH_NAME, shard_of
 from dbidx.mdt.keys import normalize_keys
+from dbidx.mdt.properties import (  # noqa: F401 - re-exported: part of the table's API
+    DEFAULT_CHECKPOINT_INTERVAL, FORMAT_VERSION, INDEX_GLOBAL, INDEX_PARTITIONED, TableProperties, parse_properties,
+)
 from dbidx.mdt.timeline import CompletedInstant, FileRecord, Timeline
 
 if TYPE_CHECKING:
     from dbidx.mdt.compaction import CompactionResult
     from dbidx.mdt.data_compaction import DataCompactionResult
     from dbidx.mdt.writer import CommitWriter
-
-FORMAT_VERSION = 3  # 3: data files merge per file group (move delete rows, migrated files listed, data schema)
-DEFAULT_CHECKPOINT_INTERVAL = 100
-INDEX_PARTITIONED = "partitioned"
-INDEX_GLOBAL = "global"
-
-
-@dataclass(frozen=True)
-class TableProperties:
-    """Fixed at creation: identity, sharding and layout choices every reader and cache must agree on."""
-
-    table_id: str
-    num_shards: int
-    index_mode: str
-    key_hash: str
-    row_group_size: int
-    format_version: int = FORMAT_VERSION
-    created_at_ms: int = 0
-    checkpoint_interval: int = DEFAULT_CHECKPOINT_INTERVAL  # a checkpoint every N completions; 0: none
-
-    @property
-    def global_index(self) -> bool:
-        """True when one index spans all partitions (keys are unique table-wide)."""
-        return self.index_mode == INDEX_GLOBAL
-
-
-def parse_properties(raw: bytes, where: str) -> TableProperties:
-    """Parse table.json strictly: every field with its type (FORMAT.md section 3), else a CorruptFileError."""
-    types = {"table_id": str, "num_shards": int, "index_mode": str, "key_hash": str, "row_group_size": int,
-             "format_version": int, "created_at_ms": int, "checkpoint_interval": int}
-    try:
-        data = json.loads(raw)
-        if not isinstance(data, dict):
-            raise ValueError("not a JSON object")
-        for name, value in data.items():
-            kind = types.get(name)
-            if kind is None or not isinstance(value, kind) or isinstance(value, bool):
-                raise ValueError(f"field {name!r} = {value!r} is unknown or not a {getattr(kind, '__name__', '?')}")
-        props = TableProperties(**data)
-        if not re.fullmatch(r"[0-9a-f]{32}", props.table_id) or not 1 <= props.num_shards <= 65536 \
-                or props.index_mode not in (INDEX_PARTITIONED, INDEX_GLOBAL) or props.row_group_size < 64 \
-                or props.checkpoint_interval < 0:
-            raise ValueError(f"values out of range: {data}")
-    except (ValueError, TypeError) as exc:
-        raise CorruptFileError(f"table properties {where} are invalid: {exc}") from exc
-    return props
-
 
 class Table:
     """A dbidx table: FileIO + properties + timeline; picklable, so Spark tasks can receive it."""
@@ -246,7 +201,7 @@ class Table:
         """Save the folded table state at the latest completion as a checkpoint (FORMAT.md 7a); returns its seq,
         or None if the table is empty or that checkpoint exists already. Writers call this every
         `checkpoint_interval` completions; then older records are bundled into an archive and old checkpoints go."""
-        from dbidx.mdt.checkpoint import write_checkpoint
+        from dbidx.mdt.checkpoint import archive_before, write_checkpoint
 
         with self._view_lock:
             self.refresh()
@@ -255,26 +210,8 @@ class Table:
                 return None
             index, data = self._view.to_dict(), self._data.to_dict()
         created = write_checkpoint(self.io, self.props.table_id, seq, self.timeline.max_instant(seq), index, data)
-        self._archive_before(seq)
+        archive_before(self.io, self.props.table_id, seq)
         return seq if created else None
-
-    def _archive_before(self, seq: int) -> None:
-        """Bundle the records up to the checkpoint before `seq` (those after it stay files, for readers that
-        started from it) and remove checkpoints older than that one."""
-        from dbidx.mdt.checkpoint import archive_ranges, checkpoint_seqs, write_archive
-
-        older = [s for s in checkpoint_seqs(self.io) if s < seq]
-        if not older:
-            return
-        upto = older[-1]
-        first = max((last for _, last in archive_ranges(self.io)), default=0) + 1
-        if first <= upto:
-            raw = [self.io.read_bytes(layout.completed_file(s)) for s in range(first, upto + 1)]
-            write_archive(self.io, self.props.table_id, first, raw)
-            for s in range(first, upto + 1):
-                self.io.delete(layout.completed_file(s))
-        for s in older[:-1]:
-            self.io.delete(layout.checkpoint_file(s))
 
     def _after_publish(self, record: CompletedInstant) -> None:
         interval = self.props.checkpoint_interval

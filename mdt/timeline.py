@@ -75,7 +75,7 @@ class Timeline:
             # 1. The latest-seq pointer first: it is written after its record, so the listing below must reach it.
             floor = self._read_latest()
             names = self.io.list_names(layout.COMPLETED_DIR)
-            listed = self._listed_seqs(names)
+            listed = checkpoint.listed_seqs(self.io, names)
             if floor is None:
                 if listed:
                     raise CorruptFileError(f"latest-seq pointer {self.io.path(layout.LATEST_DIR)}/<seq> is missing "
@@ -109,17 +109,6 @@ class Timeline:
                 )
             return list(self._records)
 
-    def _listed_seqs(self, names: list[str]) -> set[int]:
-        seqs = set()
-        for name in names:
-            if not name.endswith(".json") or name.startswith("."):
-                continue
-            if not name[:-5].isdigit():
-                raise CorruptFileError(f"unexpected file {self.io.path(layout.COMPLETED_DIR)}/{name} in the "
-                                       "completion log (names are <seq>.json); remove it")
-            seqs.add(int(name[:-5]))
-        return seqs
-
     def _start_from_checkpoint(self, listed: set[int]) -> None:
         """Take the newest checkpoint as the base: its seq must be a record the log has (listed or archived)."""
         if not self.use_checkpoints:
@@ -140,46 +129,10 @@ class Timeline:
         self._base_max_instant = cp.max_instant
 
     def _read_records(self, seqs: range, listed: set[int]) -> list[CompletedInstant]:
-        """Records of consecutive seqs, each from its file if listed, else from an archive bundle; each checked."""
-        out: list[CompletedInstant] = []
-        bundles: dict[int, bytes] | None = None
-        for seq in seqs:
-            rel = layout.completed_file(seq)
-            raw = None
-            if seq in listed:
-                try:
-                    raw = self.io.read_bytes(rel)
-                except FileNotFoundError:
-                    raw = None  # archived and removed since the listing: the bundle has it
-            if raw is None:
-                if bundles is None or seq not in bundles:
-                    bundles = self._archived_records(seq)
-                raw = bundles.get(seq)
-                if raw is None:
-                    raise CorruptFileError(f"completion log gap at {self.io.path(rel)}: seq {seq} is neither in the "
-                                           "completion folder nor in an archive bundle")
-            record = CompletedInstant.from_json(raw, self.io.path(rel))
-            expected = (out[-1].seq + 1) if out else seqs.start
-            if record.seq != seq or seq != expected:
-                raise CorruptFileError(f"completion log gap or mismatch at {self.io.path(rel)}: expected seq "
-                                       f"{expected}, file says {record.seq}")
-            if self.table_id and record.table_id != self.table_id:
-                raise CorruptFileError(
-                    f"completion record {self.io.path(rel)} belongs to table {record.table_id!r}, not to "
-                    f"{self.table_id!r} of {self.io.path(layout.PROPERTIES_FILE)}: the table's metadata is mixed up"
-                )
-            out.append(record)
-        return out
+        return checkpoint.read_records(self.io, self.table_id, seqs, listed)
 
     def _archived(self, seq: int) -> bool:
         return any(first <= seq <= last for first, last in checkpoint.archive_ranges(self.io))
-
-    def _archived_records(self, seq: int) -> dict[int, bytes]:
-        """The records of the archive bundle that holds seq ({} if none does)."""
-        for first, last in checkpoint.archive_ranges(self.io):
-            if first <= seq <= last:
-                return checkpoint.read_archive(self.io, first, last, self.table_id)
-        return {}
 
     def _index(self, record: CompletedInstant) -> None:
         self._by_instant.setdefault(record.instant, record)
@@ -191,7 +144,7 @@ class Timeline:
         """Records 1..base_seq (before the checkpoint this timeline started from), read once on demand."""
         with self._lock:
             if self._history is None:
-                listed = self._listed_seqs(self.io.list_names(layout.COMPLETED_DIR))
+                listed = checkpoint.listed_seqs(self.io, self.io.list_names(layout.COMPLETED_DIR))
                 history = self._read_records(range(1, self.base_seq + 1), listed)
                 for record in history:
                     self._index(record)
