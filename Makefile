@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast test-cluster pack-env bench bench-smoke bench-mdt bench-cache bench-bootstrap bench-spark bench-commit bench-footprint bench-skew bench-restart check-java clean
+.PHONY: demo test test-fast test-cluster pack-env bench bench-smoke bench-mdt bench-cache bench-bootstrap bench-spark bench-commit bench-footprint bench-skew bench-restart bench-peers check-java clean
 
 demo: check-java $(STAMP)
 	$(BIN)/dbidx demo
@@ -65,6 +65,14 @@ bench-spark: check-java $(STAMP)
 
 bench-commit: check-java $(STAMP)
 	$(BIN)/python benchmarks/commit_bench.py --write-results
+
+# dbidx vs delta-rs, pyiceberg (and pypaimon if installed by hand) vs a Spark join, one process per system with a time
+# cap (hours at 10 M keys); writes one RESULTS.md section per size and the batch-time chart.
+bench-peers: check-java $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench,peers]'
+	$(BIN)/python benchmarks/peer_bench.py --keys 200000 --write-results
+	$(BIN)/python benchmarks/peer_bench.py --keys 2000000 --write-results
+	$(BIN)/python benchmarks/peer_bench.py --keys 10000000 --write-results
 
 check-java:
 	@command -v java >/dev/null 2>&1 || { \

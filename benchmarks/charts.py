@@ -149,9 +149,40 @@ def restart(plt: Any, data: dict) -> list[Figure]:
     return [(fig, f"{data['keys']:,} keys in 30 daily partitions, one shard", "restart.png")]
 
 
+def peers(plt: Any, data: dict) -> list[Figure]:
+    """Median seconds per change batch vs table size, one line per system (its finished runs); none below two
+    sizes."""
+    import statistics
+
+    runs = sorted(data["runs"].values(), key=lambda run: run["keys"])
+    if len(runs) < 2:
+        return []
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    names = dict.fromkeys(name for run in runs for name in run["systems"])
+    for name in names:
+        points = [(run["keys"] / 1e6, statistics.median(s["batch_s"][1:])) for run in runs
+                  if (s := run["systems"].get(name)) and s["status"] == "ok" and len(s["batch_s"]) > 1]
+        if points:
+            label = next(run["systems"][name]["label"] for run in runs if name in run["systems"])
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("table size (million keys)")
+    ax.set_ylabel("median seconds per change batch (batch 1 excluded)")
+    ax.set_title("Upsert batch time vs table size: dbidx and its peers")
+    ax.legend(fontsize=8)
+    shape = ("batch rows by size: " + ", ".join(f"{run['keys']:,} keys: {run['batch_rows']:,}" for run in runs)
+             + "; 80% recent updates, 5% late updates, 15% new keys; 30 daily partitions")
+    return [(fig, shape, "peers.png")]
+
+
 CHARTS: dict[str, Callable[[Any, dict], list[Figure]]] = {
     "footprint": footprint, "skew": skew, "spark": spark, "bootstrap": bootstrap, "restart": restart,
+    "peers": peers,
 }
+# Charts that draw nothing until their benchmark has written enough figures (peers: two --keys sizes or more,
+# `make bench-peers`); the suite checks the others always, these once they draw.
+DRAWN_ONCE_RUN = {"peers"}
 
 
 def draw(name: str, out_dir: Path = RESULTS_DIR) -> list[str]:

@@ -40,6 +40,8 @@ def test_benchmark_runs_at_smoke_size(script, tmp_path):
 SPARK_SMOKE = {  # Spark benchmarks -> lines their output must hold
     "spark_bench.py": ["| index keys | dbidx s/batch | Spark join s/batch |", "| 20,000 |"],
     "commit_bench.py": ["| step | seconds | inserts |", ": complete."],  # the final table is checked by the script
+    # Peers not installed show as skipped; a wrong read-back anywhere makes the script fail.
+    "peer_bench.py": ["| system | status | load s | median s/batch (excl. batch 1) |", "| dbidx | ok |"],
 }
 
 
@@ -79,6 +81,8 @@ def test_every_chart_is_drawn_from_the_committed_figures(tmp_path, monkeypatch):
     results = (BENCHMARKS / "RESULTS.md").read_text()
     for name in charts.CHARTS:
         written = charts.draw(name, out_dir=tmp_path)
+        if not written and name in charts.DRAWN_ONCE_RUN:
+            continue
         assert written, f"benchmarks/results/{name}.json is missing: run the {name} benchmark with --write-results"
         for link in written:
             assert (tmp_path / Path(link).name).stat().st_size > 10_000

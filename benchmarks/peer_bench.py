@@ -1,0 +1,572 @@
+"""Peer benchmark: one seeded upsert workload through dbidx and the tools users compare it with, each system in its
+own subprocess with a time cap, its process tree's peak memory sampled, and its final table checked.
+
+Data (generated once, as Parquet in a temp work dir, so every system reads identical input; the generator is
+table_bench.py's `Stream`): `--keys` UUID-shaped string keys `id` over 30 daily partitions `dt`, a 40-byte `payload`
+and a version column `ver`; an initial load of every key (ver 0), then `--batches` change batches of `--batch` rows
+(default min(100 000, keys / 10)): 80% updates to the last 7 days, 5% late updates to older days, 15% new keys,
+`ver` = batch number. Each system starts from the input already in memory (Arrow, or a cached Spark DataFrame).
+Systems (a system whose package is missing is skipped with a message, never failed):
+  dbidx: Spark `upsert` (dbidx.spark_integration.api) into a `--shards`-shard table, local[2]; read back with
+    `data_reader.read_arrow`.
+  delta-rs (deltalake): `write_deltalake` for the load, `DeltaTable.merge` for each batch, once on `id` alone and
+    once on (dt, id): two rows.
+  pyiceberg: `Table.upsert(join_cols=["id"])` on a SQLite SQL catalog, partitioned by dt (identity); its time cap
+    is `--iceberg-timeout` (it is slow, and is reported as a timeout when it runs over).
+  pypaimon: a primary-key (dt, id) table with `--shards` buckets, each batch written with the batch writer (the
+    primary key deduplicates); a version whose writer cannot write primary-key tables is reported as unsupported.
+    Not in the `peers` extra (pypaimon 2.x requires pyarrow<20): `pip install pypaimon` into a venv of its own and
+    run `--systems pypaimon` there.
+  Spark join (do it yourself): each batch LEFT JOIN a Parquet key index (id -> dt) tags inserts and updates, the
+    tagged batch is appended as Parquet and the new keys to the index; read back deduplicated by latest ver.
+Per system: initial load seconds, the median seconds of the batches after the first (batch 1 warms JVMs, JITs and
+caches, so it is excluded), rows/s of those steady batches, the peak RSS of the system's whole process tree (sampled
+every 0.2 s: the JVM and Python workers included), bytes of its table dir, and the check: rows read back == distinct
+keys and sum(ver) == the generator's expected sum.
+Run: `python benchmarks/peer_bench.py [--keys 2000000] [--batches 5] [--batch N] [--systems dbidx,delta-id,...]
+[--timeout 1800] [--smoke] [--write-results]`; one system alone: `--run-one SYSTEM --work DIR` (used internally).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any, Callable
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _report  # noqa: E402
+
+SEED = 20261123
+SAMPLE_S = 0.2
+HEADERS = ["system", "status", "load s", "median s/batch (excl. batch 1)", "steady rows/s", "peak RSS MiB",
+           "table MiB", "check"]
+
+
+class Unsupported(Exception):
+    """The installed version of a system cannot run this workload (reported as such, not as a failure)."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The data set: generated once, read by every system.
+
+def generate(work: Path, keys: int, batches: int, batch: int) -> dict[str, Any]:
+    """Write the load and the change batches as Parquet under work/data; returns the manifest (also saved)."""
+    import numpy as np
+    from table_bench import Stream  # beside this script; the same data shape as the table benchmark
+
+    data = work / "data"
+    data.mkdir(parents=True)
+    stream = Stream(keys, np.random.default_rng(SEED))
+    pq.write_table(stream.load(), data / "load.parquet")
+    paths = []
+    for number in range(1, batches + 1):
+        paths.append(str(data / f"batch-{number:03d}.parquet"))
+        pq.write_table(stream.batch(batch, number), paths[-1])
+    rows, sum_ver = stream.expected()
+    manifest = {"load": str(data / "load.parquet"), "batches": paths, "batch_rows": batch, "rows": rows,
+                "sum_ver": sum_ver}
+    (work / "manifest.json").write_text(json.dumps(manifest))
+    return manifest
+
+
+def arrow_counts(table: pa.Table) -> tuple[int, int]:
+    """(rows, sum of ver) of a table read back."""
+    return table.num_rows, int(pc.sum(table.column("ver")).as_py() or 0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The systems. Each has prepare(path) (untimed: the input in memory), load(data), upsert(data), release(data),
+# counts() -> (rows, sum of ver) and close().
+
+class ArrowInput:
+    """Systems fed with a pyarrow Table."""
+
+    def prepare(self, path: str) -> pa.Table:
+        return pq.read_table(path)
+
+    def release(self, data: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class DeltaPeer(ArrowInput):
+    def __init__(self, root: Path, predicate: str) -> None:
+        import deltalake
+
+        self.deltalake, self.uri, self.predicate = deltalake, str(root), predicate
+
+    def load(self, data: pa.Table) -> None:
+        self.deltalake.write_deltalake(self.uri, data, partition_by=["dt"])
+
+    def upsert(self, data: pa.Table) -> None:
+        (self.deltalake.DeltaTable(self.uri).merge(data, self.predicate, source_alias="s", target_alias="t")
+         .when_matched_update_all().when_not_matched_insert_all().execute())
+
+    def counts(self) -> tuple[int, int]:
+        return arrow_counts(self.deltalake.DeltaTable(self.uri).to_pyarrow_table(columns=["ver"]))
+
+
+class IcebergPeer(ArrowInput):
+    def __init__(self, root: Path) -> None:
+        from pyiceberg.catalog.sql import SqlCatalog
+
+        root.mkdir(parents=True)
+        self.catalog = SqlCatalog("bench", uri=f"sqlite:///{root / 'catalog.db'}", warehouse=f"file://{root}")
+        self.catalog.create_namespace("bench")
+        self.table: Any = None
+
+    def load(self, data: pa.Table) -> None:
+        self.table = self.catalog.create_table("bench.t", schema=data.schema)
+        with self.table.update_spec() as spec:
+            spec.add_identity("dt")
+        self.table.append(data)
+
+    def upsert(self, data: pa.Table) -> None:
+        self.table.upsert(data, join_cols=["id"])
+
+    def counts(self) -> tuple[int, int]:
+        return arrow_counts(self.catalog.load_table("bench.t").scan(selected_fields=("ver",)).to_arrow())
+
+
+class PaimonPeer(ArrowInput):
+    def __init__(self, root: Path, buckets: int) -> None:
+        from pypaimon import CatalogFactory
+
+        self.catalog = CatalogFactory.create({"warehouse": str(root)})
+        self.catalog.create_database("bench", False)
+        self.buckets = buckets
+
+    def load(self, data: pa.Table) -> None:
+        from pypaimon import Schema
+
+        schema = Schema.from_pyarrow_schema(data.schema, partition_keys=["dt"], primary_keys=["dt", "id"],
+                                            options={"bucket": str(self.buckets)})
+        self.catalog.create_table("bench.t", schema, False)
+        if not self.catalog.get_table("bench.t").is_primary_key_table:
+            raise Unsupported(f"pypaimon {version('pypaimon')} did not create a primary-key table")
+        self.upsert(data)
+
+    def upsert(self, data: pa.Table) -> None:
+        builder = self.catalog.get_table("bench.t").new_batch_write_builder()
+        writer, commit = builder.new_write(), builder.new_commit()
+        try:
+            writer.write_arrow(data)
+            commit.commit(writer.prepare_commit())
+        except NotImplementedError as exc:
+            raise Unsupported(f"pypaimon {version('pypaimon')} cannot write primary-key tables: {exc}") from exc
+        finally:
+            writer.close()
+            commit.close()
+
+    def counts(self) -> tuple[int, int]:
+        builder = self.catalog.get_table("bench.t").new_read_builder()
+        return arrow_counts(builder.new_read().to_arrow(builder.new_scan().plan().splits()))
+
+
+def spark_session(work: Path, shards: int) -> Any:
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    spark = (SparkSession.builder.master("local[2]").appName("dbidx-peer-bench")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", str(shards)).config("spark.driver.memory", "4g")
+             .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+             .config("spark.local.dir", str(work / "spark-local")).getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+class SparkInput:
+    """Systems fed with a cached Spark DataFrame."""
+
+    def __init__(self, work: Path, shards: int) -> None:
+        self.spark = spark_session(work, shards)
+
+    def prepare(self, path: str) -> Any:
+        frame = self.spark.read.parquet(path).cache()
+        frame.count()
+        return frame
+
+    def release(self, data: Any) -> None:
+        data.unpersist()
+
+    def close(self) -> None:
+        self.spark.stop()
+
+
+class DbidxPeer(SparkInput):
+    def __init__(self, root: Path, work: Path, shards: int) -> None:
+        super().__init__(work, shards)
+        from dbidx.config import CacheConfig
+        from dbidx.mdt.table import Table
+
+        self.table = Table.open_or_create(str(root), num_shards=shards)
+        self.config = CacheConfig(base_path=str(work / "dbidx-cache"))
+
+    def load(self, data: Any) -> None:
+        self.upsert(data)
+
+    def upsert(self, data: Any) -> None:
+        from dbidx.spark_integration.api import upsert
+
+        upsert(data, self.table, key="id", partition="dt", cache_config=self.config)
+
+    def counts(self) -> tuple[int, int]:
+        from dbidx.mdt import data_reader
+
+        return arrow_counts(data_reader.read_arrow(self.table, columns=["ver"]))
+
+
+class SparkJoinPeer(SparkInput):
+    """The do-it-yourself baseline: a Parquet key index (id -> dt) joined with each batch; merge on read."""
+
+    def __init__(self, root: Path, work: Path, shards: int) -> None:
+        super().__init__(work, shards)
+        self.data_dir, self.index_dir = str(root / "data"), str(root / "index")
+
+    def load(self, data: Any) -> None:
+        from pyspark.sql import functions as F
+
+        data.withColumn("_op", F.lit("insert")).write.mode("append").partitionBy("dt").parquet(self.data_dir)
+        data.select("id", "dt").write.mode("append").parquet(self.index_dir)
+
+    def upsert(self, data: Any) -> None:
+        from pyspark.sql import functions as F
+
+        index = self.spark.read.parquet(self.index_dir).select("id", F.col("dt").alias("_indexed_dt"))
+        tagged = (data.join(index, "id", "left")
+                  .withColumn("_op", F.when(F.col("_indexed_dt").isNull(), "insert").otherwise("update"))
+                  .drop("_indexed_dt").cache())
+        try:
+            tagged.write.mode("append").partitionBy("dt").parquet(self.data_dir)
+            tagged.filter(F.col("_op") == "insert").select("id", "dt").write.mode("append").parquet(self.index_dir)
+        finally:
+            tagged.unpersist()
+
+    def counts(self) -> tuple[int, int]:
+        from pyspark.sql import functions as F
+
+        latest = self.spark.read.parquet(self.data_dir).groupBy("id").agg(F.max("ver").alias("ver"))
+        row = latest.agg(F.count("*"), F.sum("ver")).first()
+        return int(row[0]), int(row[1] or 0)
+
+
+@dataclass(frozen=True)
+class System:
+    label: str  # as the results table names it
+    package: str  # the distribution that must be installed
+    make: Callable[[Path, Path, int], Any]  # (table dir, work dir, shards) -> the system's object
+
+
+SYSTEMS: dict[str, System] = {
+    "dbidx": System("dbidx", "pyspark", lambda root, work, shards: DbidxPeer(root, work, shards)),
+    "delta-id": System("delta-rs merge on id", "deltalake",
+                       lambda root, work, shards: DeltaPeer(root, "t.id = s.id")),
+    "delta-dt-id": System("delta-rs merge on (dt, id)", "deltalake",
+                          lambda root, work, shards: DeltaPeer(root, "t.dt = s.dt and t.id = s.id")),
+    "pyiceberg": System("pyiceberg upsert on id", "pyiceberg", lambda root, work, shards: IcebergPeer(root)),
+    "pypaimon": System("pypaimon primary key (dt, id)", "pypaimon",
+                       lambda root, work, shards: PaimonPeer(root, shards)),
+    "spark-join": System("Spark join + Parquet (DIY)", "pyspark",
+                         lambda root, work, shards: SparkJoinPeer(root, work, shards)),
+}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One system, in its own process: progress is saved after every step, so a timeout still shows what was done.
+
+@dataclass
+class Progress:
+    load_s: float | None = None
+    batch_s: list[float] = field(default_factory=list)
+    rows: int | None = None
+    sum_ver: int | None = None
+    table_bytes: int | None = None
+    unsupported: str | None = None
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self)))
+        tmp.replace(path)
+
+
+def timed_step(system: Any, path: str, step: Callable[[Any], None]) -> float:
+    data = system.prepare(path)
+    start = time.perf_counter()
+    step(data)
+    seconds = time.perf_counter() - start
+    system.release(data)
+    return seconds
+
+
+def run_one(name: str, work: Path, shards: int) -> None:
+    """Run one system over the generated data; its figures go to work/<name>.json."""
+    manifest = json.loads((work / "manifest.json").read_text())
+    out, progress = work / f"{name}.json", Progress()
+    system = SYSTEMS[name].make(work / name, work / f"{name}-scratch", shards)
+    try:
+        progress.load_s = timed_step(system, manifest["load"], system.load)
+        progress.save(out)
+        for path in manifest["batches"]:
+            progress.batch_s.append(timed_step(system, path, system.upsert))
+            progress.save(out)
+        progress.rows, progress.sum_ver = system.counts()
+        progress.table_bytes = _report.dir_bytes(work / name)
+    except Unsupported as exc:
+        progress.unsupported = str(exc)
+    finally:
+        progress.save(out)
+        system.close()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The parent: one child per system, a time cap, and the process tree's RSS sampled.
+
+def tree_rss(pid: int) -> int:
+    """Resident bytes of a process and all its descendants (psutil if installed, else /proc)."""
+    try:
+        import psutil
+    except ImportError:
+        return _proc_tree_rss(pid)
+    try:
+        root = psutil.Process(pid)
+        procs = [root] + root.children(recursive=True)
+    except psutil.Error:
+        return 0
+    total = 0
+    for proc in procs:
+        try:
+            total += proc.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
+def _proc_tree_rss(pid: int) -> int:
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+        except (ValueError, OSError, IndexError):
+            continue
+    tree, frontier = {pid}, [pid]
+    while frontier:
+        children = [child for child, parent in parents.items() if parent in frontier and child not in tree]
+        tree.update(children)
+        frontier = children
+    total = 0
+    for member in tree:
+        try:
+            total += int(Path(f"/proc/{member}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            pass
+    return total
+
+
+@dataclass
+class Outcome:
+    status: str
+    progress: Progress
+    peak_rss: int = 0
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """The child leads its own process group (start_new_session): end the group, JVM and workers included."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+def supervise(name: str, work: Path, args: argparse.Namespace, timeout: float) -> Outcome:
+    command = [sys.executable, str(Path(__file__).resolve()), "--run-one", name, "--work", str(work),
+               "--shards", str(args.shards)]
+    log = work / f"{name}.log"
+    with open(log, "w") as sink:
+        proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+        peak, start, timed_out = 0, time.monotonic(), False
+        try:
+            while proc.poll() is None:
+                peak = max(peak, tree_rss(proc.pid))
+                if time.monotonic() - start > timeout:
+                    timed_out = True
+                    break
+                time.sleep(SAMPLE_S)
+        finally:
+            kill_tree(proc)
+    result = work / f"{name}.json"
+    progress = Progress(**json.loads(result.read_text())) if result.exists() else Progress()
+    if timed_out:
+        status = f"timeout at {timeout:.0f} s ({len(progress.batch_s)}/{args.batches} batches)"
+    elif proc.returncode != 0:
+        status = f"failed (exit {proc.returncode}): {last_line(log)}"
+        print(f"--- {name} failed; the end of its log:\n{tail(log, 25)}", file=sys.stderr)
+    elif progress.unsupported:
+        status = f"unsupported: {progress.unsupported}"
+    else:
+        status = "ok"
+    return Outcome(status, progress, peak)
+
+
+def tail(path: Path, lines: int) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def last_line(path: Path) -> str:
+    lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    return (lines[-1][:160] if lines else "no output").replace("|", "/")
+
+
+def installed(package: str) -> bool:
+    return importlib.util.find_spec(package) is not None
+
+
+def check(progress: Progress, manifest: dict[str, Any]) -> str:
+    if progress.rows is None:
+        return "-"
+    got, expected = (progress.rows, progress.sum_ver), (manifest["rows"], manifest["sum_ver"])
+    return "ok" if got == expected else f"WRONG: (rows, sum ver) = {got}, expected {expected}"
+
+
+def row(name: str, outcome: Outcome, manifest: dict[str, Any]) -> list[Any]:
+    progress = outcome.progress
+    steady = progress.batch_s[1:]
+    median = statistics.median(steady) if steady else None
+    return [SYSTEMS[name].label, outcome.status, "-" if progress.load_s is None else progress.load_s,
+            "-" if median is None else median, "-" if not median else round(manifest["batch_rows"] / median),
+            round(outcome.peak_rss / (1 << 20)) if outcome.peak_rss else "-",
+            "-" if progress.table_bytes is None else round(progress.table_bytes / (1 << 20), 1),
+            check(progress, manifest)]
+
+
+def skipped_row(name: str, why: str) -> list[Any]:
+    return [SYSTEMS[name].label, f"skipped: {why}", "-", "-", "-", "-", "-", "-"]
+
+
+def versions() -> str:
+    names = ["pyspark", "deltalake", "pyiceberg", "pypaimon", "psutil"]
+    found = []
+    for name in names:
+        try:
+            found.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            found.append(f"{name} not installed")
+    return ", ".join(found)
+
+
+def run_all(args: argparse.Namespace, names: list[str]) -> tuple[list[list[Any]], dict[str, Any], float]:
+    """Generate the data, run every system; returns the table rows, the figures for the chart and the
+    generation seconds."""
+    work = Path(tempfile.mkdtemp(prefix="dbidx-peer-bench-"))
+    rows: list[list[Any]] = []
+    figures: dict[str, Any] = {}
+    try:
+        start = time.perf_counter()
+        manifest = generate(work, args.keys, args.batches, args.batch)
+        generate_s = time.perf_counter() - start
+        for name in names:
+            system = SYSTEMS[name]
+            if not installed(system.package):
+                hint = "pip install pypaimon (needs pyarrow<20)" if name == "pypaimon" else "pip install -e '.[peers]'"
+                print(f"{system.label}: {system.package} is not installed, skipped ({hint})", file=sys.stderr)
+                rows.append(skipped_row(name, f"{system.package} not installed"))
+                continue
+            timeout = args.iceberg_timeout if name == "pyiceberg" else args.timeout
+            outcome = supervise(name, work, args, timeout)
+            rows.append(row(name, outcome, manifest))
+            figures[name] = {"label": system.label, "status": outcome.status, "load_s": outcome.progress.load_s,
+                             "batch_s": outcome.progress.batch_s, "peak_rss": outcome.peak_rss,
+                             "check": rows[-1][-1]}
+            print(f"{system.label}: {outcome.status}", file=sys.stderr)
+            shutil.rmtree(work / name, ignore_errors=True)
+            shutil.rmtree(work / f"{name}-scratch", ignore_errors=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return rows, figures, generate_s
+
+
+def write_results(args: argparse.Namespace, body: str, systems: dict[str, Any]) -> str:
+    """This size's RESULTS.md section; its figures merged into results/peers.json with the other sizes; the chart
+    (seconds per batch by table size) once two sizes or more are there."""
+    import charts  # beside this script
+
+    _report.write_section(f"peers-{args.keys}", body)
+    saved = charts.RESULTS_DIR / "peers.json"
+    runs = json.loads(saved.read_text()).get("runs", {}) if saved.exists() else {}
+    runs[str(args.keys)] = {"keys": args.keys, "batch_rows": args.batch, "batches": args.batches,
+                            "command": _report.command(), "systems": systems}
+    _report.write_figures("peers", {"runs": runs})
+    drawn = charts.draw("peers")
+    if drawn:
+        _report.write_section("peers-chart", "## Peers: seconds per change batch by table size\n\n"
+                              + charts.links(drawn))
+    return body
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keys", type=int, default=2_000_000)
+    parser.add_argument("--batches", type=int, default=5)
+    parser.add_argument("--batch", type=int, default=None, help="rows per batch; default min(100000, keys / 10)")
+    parser.add_argument("--shards", type=int, default=2, help="dbidx key shards, paimon buckets, Spark partitions")
+    parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma separated, of {', '.join(SYSTEMS)}")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds per system")
+    parser.add_argument("--iceberg-timeout", type=float, default=600, help="seconds for pyiceberg")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, for the test suite")
+    parser.add_argument("--write-results", action="store_true")
+    parser.add_argument("--run-one", choices=sorted(SYSTEMS), help=argparse.SUPPRESS)
+    parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.run_one:
+        run_one(args.run_one, args.work, args.shards)
+        return
+    if args.smoke:
+        args.keys, args.batches, args.timeout, args.iceberg_timeout = 3_000, 3, 100, 100
+    args.batch = args.batch or min(100_000, args.keys // 10)
+    if args.batches < 2:
+        parser.error("--batches must be at least 2 (batch 1 is excluded from the median)")
+    names = [n.strip() for n in args.systems.split(",") if n.strip()]
+    unknown = set(names) - set(SYSTEMS)
+    if unknown:
+        parser.error(f"unknown systems {sorted(unknown)}; choose from {', '.join(SYSTEMS)}")
+    rows, systems, generate_s = run_all(args, names)
+    body = "\n\n".join([
+        f"## Upserts at {args.keys:,} keys: dbidx and its peers, each system in its own process",
+        f"Machine: {_report.machine()}; {versions()}. Command: `{_report.command()}`. {args.keys:,} UUID keys over 30 "
+        f"daily partitions loaded at once, then {args.batches} batches of {args.batch:,} rows (80% updates to the last "
+        f"7 days, 5% late updates, 15% new keys; generated once in {generate_s:.1f} s, identical for every system). "
+        f"Median s/batch leaves out batch 1 (warm-up); rows/s = batch rows / that median. Peak RSS: the system's "
+        f"whole process tree (JVM and Python workers included), sampled every {SAMPLE_S} s. Table MiB: the table "
+        f"dir (dbidx: data and index files; its executor-local cache is not counted). Check: rows read back == "
+        f"distinct keys and sum(ver) as generated. Spark systems run local[2] with {args.shards} shards; time cap "
+        f"{args.timeout:.0f} s per system, {args.iceberg_timeout:.0f} s for pyiceberg.",
+        _report.table(HEADERS, rows),
+    ])
+    if args.write_results and not args.smoke:
+        body = write_results(args, body, systems)
+    print(body)
+    if any(r[-1].startswith("WRONG") for r in rows):
+        raise SystemExit("a system read back a wrong table (see the check column)")
+
+
+if __name__ == "__main__":
+    main()
