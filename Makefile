@@ -9,14 +9,16 @@ STAMP := $(VENV)/.installed
 demo: check-java $(STAMP)
 	$(BIN)/dbidx demo
 
+# The full suite but the packed-environment cluster test (about 70 s, needs PyPI): `make test-cluster` runs that.
 test: check-java $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -m "not packing"
 
 # Day-to-day tier: no Spark, nothing marked slow (about a minute).
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not spark and not slow"
 
-# The standalone-cluster tests alone (a master and two workers in subprocesses; docs/DEPLOY.md). `make test` runs them too.
+# The standalone-cluster tests alone (a master and two workers in subprocesses; docs/DEPLOY.md), the packed-environment
+# one included. `make test` runs all but that one.
 test-cluster: check-java $(STAMP)
 	$(BIN)/python -m pytest -m cluster
 

@@ -8,7 +8,9 @@ Data, generated inside Spark (nothing passes through the driver's Python): keys 
 30 daily partitions by `id % 30`, payload `v = id`. Steps: an initial load of `--keys` new keys, then batches of
 `--new-keys` new keys each (plus 10 % as many updates of old keys, `v = v + 1`), then `read_table` count and sum.
 Peak RSS per step, of the driver JVM (in local mode it also runs the executors' tasks and the shuffle) and of the
-driver's Python process, from Linux's VmHWM, reset before each step (`/proc/<pid>/clear_refs`).
+driver's Python process, from Linux's VmHWM, reset before each step (`/proc/<pid>/clear_refs`); and, sampled every
+0.2 s with psutil, the largest RSS of any one process of the application (driver, JVM, Python workers) and the sum
+over all of them.
 Run: `python benchmarks/commit_bench.py [--keys 10000000] [--new-keys 10000,100000,1000000] [--driver-memory 4g]
 [--smoke] [--write-results]`.
 """
@@ -19,6 +21,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -63,12 +66,42 @@ def rows(spark, start: int, count: int, updates: int = 0, total: int = 0):
     return frame
 
 
+class TreeSampler(threading.Thread):
+    """Samples the RSS of a process and all its descendants until stopped: the largest one and the sum."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.largest, self.total = pid, 0, 0
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        import psutil
+
+        root = psutil.Process(self.pid)
+        while not self._done.wait(0.2):
+            sizes = []
+            for proc in [root, *root.children(recursive=True)]:
+                try:
+                    sizes.append(proc.memory_info().rss)
+                except psutil.Error:
+                    pass
+            self.largest, self.total = max(self.largest, max(sizes)), max(self.total, sum(sizes))
+
+    def stop(self) -> tuple[float, float]:
+        self._done.set()
+        self.join()
+        return self.largest / 2 ** 20, self.total / 2 ** 20
+
+
 def measure(spark, label: str, fn, pids: dict[str, int]) -> dict:
     for pid in pids.values():
         reset_peak(pid)
+    sampler = TreeSampler(os.getpid())
+    sampler.start()
     started = time.perf_counter()
     result = fn()
     out = {"step": label, "seconds": time.perf_counter() - started, "result": result}
+    out["largest_process_mb"], out["all_processes_mb"] = sampler.stop()
     out.update({f"{name}_peak_mb": peak_mb(pid) for name, pid in pids.items()})
     print(f"{label}: {out['seconds']:.1f} s, " + ", ".join(f"{n} {out[f'{n}_peak_mb']:.0f} MB" for n in pids),
           file=sys.stderr)
@@ -123,10 +156,12 @@ def main() -> None:
     got = check["result"]
     ok = got["n"] == total and got["s"] == expected_sum
     summaries = [s["result"] for s in steps]
-    table_rows = [[s["step"], s["seconds"], r.inserts, r.updates, r.data_files, r.index_entries,
-                   round(s["driver JVM_peak_mb"]), round(s["driver Python_peak_mb"])] for s, r in zip(steps, summaries)]
-    table_rows.append([check["step"], check["seconds"], got["n"], "", "", "", round(check["driver JVM_peak_mb"]),
-                       round(check["driver Python_peak_mb"])])
+    table_rows = [[s["step"], s["seconds"], f"{r.inserts / s['seconds']:,.0f}", r.inserts, r.updates, r.data_files,
+                   r.index_entries, round(s["driver JVM_peak_mb"]), round(s["driver Python_peak_mb"]),
+                   round(s["largest_process_mb"]), round(s["all_processes_mb"])] for s, r in zip(steps, summaries)]
+    table_rows.append([check["step"], check["seconds"], "", got["n"], "", "", "", round(check["driver JVM_peak_mb"]),
+                       round(check["driver Python_peak_mb"]), round(check["largest_process_mb"]),
+                       round(check["all_processes_mb"])])
     python_peaks = [s["driver Python_peak_mb"] for s in steps[1:]]
     verdict = (f"Final table: {got['n']:,} rows (expected {total:,}), payload sum {got['s']:,} (expected "
                f"{expected_sum:,}): {'complete' if ok else 'WRONG'}. Driver Python peak over the change batches: "
@@ -138,8 +173,9 @@ def main() -> None:
         "Spark. Peak RSS per step (VmHWM reset before each): the driver JVM (in local mode it also runs the tasks "
         "and the shuffle, so it follows the batch size and -Xmx) and the driver's Python process (which holds only "
         "the task results: the file records).",
-        _report.table(["step", "seconds", "inserts", "updates", "data files", "index entries",
-                       "driver JVM peak MB", "driver Python peak MB"], table_rows),
+        _report.table(["step", "seconds", "new keys/s", "inserts", "updates", "data files", "index entries",
+                       "driver JVM peak MB", "driver Python peak MB", "largest process MB", "all processes MB"],
+                      table_rows),
         verdict,
     ])
     if args.write_results and not args.smoke:

@@ -5,7 +5,11 @@ Data: 30 daily partitions of random UUID keys, one shard cache (one executor's v
 bootstrapped, K commits of `--commit-keys` entries each arrive (new keys on the latest days, 10% deletes of existing
 keys); then both ways of getting a serving cache are timed: `bootstrap()` over the intact caches (it only catches up)
 and `bootstrap()` into an emptied base path.
-Run: `python benchmarks/restart_bench.py [--keys 10000000] [--smoke] [--write-results]`.
+Second part, the catch-up crossover: one partition of `--held` keys in one shard cache, then one commit whose
+change is a fraction of it (half updates of held keys to another file group, half new keys); timed both ways a cache
+can take it: applying the entries (`sync`, read-before-write per key) and reloading the partition from the snapshot
+(the bulk SST path). The ratio where reloading wins is what `sync` uses to choose (cache/catchup.py).
+Run: `python benchmarks/restart_bench.py [--keys 10000000] [--held 300000] [--smoke] [--write-results]`.
 """
 from __future__ import annotations
 
@@ -22,6 +26,11 @@ import _report  # noqa: E402
 from bootstrap_bench import FIRST_DAY, build_table, partition_of, uuid_keys  # noqa: E402
 
 from dbidx.bootstrap.time_bounded import bootstrap  # noqa: E402
+from dbidx.cache import catchup  # noqa: E402
+from dbidx.cache.catchup import load_from_snapshot, sync  # noqa: E402
+from dbidx.cache.record_cache import RecordIndexCache  # noqa: E402
+from dbidx.config import CacheConfig  # noqa: E402
+from dbidx.mdt.table import Table  # noqa: E402
 
 DAYS = 30
 
@@ -36,17 +45,73 @@ def add_commits(table, count: int, commit_keys: int, rng: np.random.Generator) -
             writer.delete(partition_of(i % DAYS), victims)
 
 
+FRACTIONS = (0.01, 0.03, 0.1, 0.3, 1.0)
+
+
+def crossover(work: Path, held: int, repeats: int, rng: np.random.Generator) -> list[list[object]]:
+    """Per change fraction: seconds to apply the change vs to reload the partition (medians of `repeats`)."""
+    table = Table.create(str(work / "crossover"), num_shards=1, checkpoint_interval=0)
+    partition = partition_of(0)
+    keys = uuid_keys(held, rng)
+    with table.new_commit() as writer:
+        writer.insert(partition, keys, "fg-0")
+    chosen, catchup.RELOAD_FRACTION = catchup.RELOAD_FRACTION, float("inf")  # time applying even where it loses
+    try:
+        return _crossover_rows(work, table, partition, held, repeats, rng)
+    finally:
+        catchup.RELOAD_FRACTION = chosen
+
+
+def _crossover_rows(work: Path, table: Table, partition: str, held: int, repeats: int,
+                    rng: np.random.Generator) -> list[list[object]]:
+    import time
+
+    rows: list[list[object]] = []
+    for fraction in FRACTIONS:
+        n = max(2, int(held * fraction))
+        base = work / "crossover-cache"
+        shutil.rmtree(base, ignore_errors=True)
+        config = CacheConfig(max_catchup_entries=10 ** 12)
+        with RecordIndexCache.for_table(table, 0, config, base_path=base).open() as cache:
+            load_from_snapshot(cache, table, partition, table.timeline.latest_seq)
+            cache.set_watermark(table.timeline.latest_seq)
+        shutil.copytree(base, work / "behind")
+        current = table.snapshot(partition).column("key")
+        with table.new_commit() as writer:
+            writer.insert(partition, current.slice(0, n // 2), "fg-1")
+            writer.insert(partition, uuid_keys(n - n // 2, rng), "fg-1")
+        apply_s, reload_s = [], []
+        for _ in range(repeats):
+            for way, out in (("apply", apply_s), ("reload", reload_s)):
+                shutil.rmtree(base)
+                shutil.copytree(work / "behind", base)
+                with RecordIndexCache.for_table(table, 0, config, base_path=base).open() as cache:
+                    start = time.perf_counter()
+                    if way == "apply":
+                        result = sync(cache, table)  # RELOAD_FRACTION is lifted above: it always applies
+                        assert result.applied_partitions == [partition], result
+                    else:
+                        load_from_snapshot(cache, table, partition, table.timeline.latest_seq)
+                    out.append(time.perf_counter() - start)
+        shutil.rmtree(work / "behind")
+        apply_m, reload_m = sorted(apply_s)[len(apply_s) // 2], sorted(reload_s)[len(reload_s) // 2]
+        rows.append([f"{fraction:.0%}", f"{n:,}", f"{len(current):,}", f"{apply_m:.3f}", f"{reload_m:.3f}",
+                     "reload" if reload_m < apply_m else "apply", f"{n / apply_m:,.0f}"])
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keys", type=int, default=10_000_000)
     parser.add_argument("--commits", default="1,10,50", help="K values (cumulative), comma separated")
     parser.add_argument("--commit-keys", type=int, default=10_000)
+    parser.add_argument("--held", type=int, default=300_000, help="keys of the partition in the crossover part")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes (seconds; used by tests)")
     parser.add_argument("--write-results", action="store_true")
     args = parser.parse_args()
     if args.smoke:
-        args.keys, args.commits, args.commit_keys, args.repeats = 60_000, "1,2", 1_000, 1
+        args.keys, args.commits, args.commit_keys, args.repeats, args.held = 60_000, "1,2", 1_000, 1, 5_000
     work = Path(tempfile.mkdtemp(prefix="dbidx-restart-bench-", dir=str(Path.cwd())))
     rng = np.random.default_rng(21)
     now = str(FIRST_DAY + DAYS - 1)
@@ -76,6 +141,7 @@ def main() -> None:
             shutil.rmtree(work / "behind")
             rows.append([k, k * args.commit_keys, full.entries, warm.seconds, full.seconds,
                          f"{full.seconds / warm.seconds:.0f}x"])
+        cross = crossover(work, args.held, args.repeats, rng)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     ratios = [(r[0], r[1], float(r[5][:-1])) for r in rows]
@@ -98,9 +164,16 @@ def main() -> None:
         _report.table(["K commits", "entries to catch up", "entries in the window", "warm restart s",
                        "full re-bootstrap s", "full / warm"], rows),
         verdict,
+        f"### Catch-up crossover: applying a change vs reloading the partition ({args.held:,} keys, one shard)",
+        "One commit changes a fraction of the partition (half updates moving keys to another file group, half new "
+        "keys); the cache takes it by applying the entries (`sync`) or by reloading the partition's snapshot through "
+        "the SST bulk path. `sync` reloads when the change exceeds `catchup.RELOAD_FRACTION` of what the cache holds "
+        "for the partition (cache/catchup.py).",
+        _report.table(["change / held", "entries to apply", "keys held", "apply s", "reload s", "faster",
+                       "apply entries/s"], cross),
     ])
     if args.write_results and not args.smoke:
-        body = _report.publish("restart", body, {"keys": args.keys, "rows": rows})
+        body = _report.publish("restart", body, {"keys": args.keys, "rows": rows, "crossover": cross})
     print(body)
 
 

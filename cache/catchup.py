@@ -3,8 +3,11 @@
 The cache is a replica; the MDT is the truth. Whatever happened while this cache was not looking (another
 executor ran the shard, another writer committed, this process crashed with its memtable), the fix is the same:
 read the committed entries after each partition's synced seq for this shard, apply them in commit order, and
-reload a partition from a snapshot when its history has been cleaned away or the gap is larger than
-`max_catchup_entries`. Overlay entries of instants that have completed or been rolled back are then dropped.
+reload a partition from a snapshot when its history has been cleaned away, the gap is larger than
+`max_catchup_entries`, or the gap is large next to what the cache holds for the partition (more than
+RELOAD_FRACTION of it: applying costs a read and a write per entry, reloading streams the partition's snapshot into
+one SST, and the measured crossover is in benchmarks/RESULTS.md, "Catch-up crossover"). Overlay entries of instants
+that have completed or been rolled back are then dropped.
 """
 from __future__ import annotations
 
@@ -21,6 +24,17 @@ from dbidx.errors import CacheMismatchError, HistoryCompactedError, InstantState
 from dbidx.mdt.rli_files import DELETED, FILE_GROUP, KEY, PARTITION
 from dbidx.mdt.table import Table
 from dbidx.mdt.timeline import ACTION_ROLLBACK
+
+
+# Reload instead of apply when the entries to catch up exceed this fraction of the partition's cached entries (and
+# RELOAD_MIN_ENTRIES): benchmarks/restart_bench.py measures applying against reloading per change fraction.
+RELOAD_FRACTION = 0.1
+RELOAD_MIN_ENTRIES = 2_000
+
+
+def prefers_reload(pending: int, held: int, bound: int) -> bool:
+    """Whether a partition holding `held` entries takes `pending` new ones faster (or only) by a reload."""
+    return pending > bound or (pending > RELOAD_MIN_ENTRIES and pending > RELOAD_FRACTION * held)
 
 
 @dataclass
@@ -114,14 +128,17 @@ def sync(cache: RecordIndexCache, table: Table, max_catchup_entries: int | None 
     for partition, state in cache.partitions().items():
         if state.synced_seq < latest:
             by_start[state.synced_seq].append(partition)
+    states = cache.partitions()
     for start, partitions in sorted(by_start.items()):
-        # 3. Decide per partition from the file records alone: apply the deltas, or reload.
+        # 3. Decide per partition from the file records alone: apply the deltas, or reload (history cleaned away,
+        #    or a change so large next to what the cache holds that streaming the snapshot is cheaper).
         plan = table.incremental_plan(start, latest, shard=shard)
         stale = table.history_before(start)  # opened from a checkpoint past cleaned history: nothing to apply
         apply_now, reload = [], []
         for partition in partitions:
             rows, cleaned = plan.get(None if cache.global_mode else partition, (0, stale))
-            (reload if cleaned or rows > bound else apply_now).append(partition)
+            big = prefers_reload(rows, states[partition].entries, bound)
+            (reload if cleaned or big else apply_now).append(partition)
         # 4. Apply committed entries in commit order (the cache's apply() is idempotent).
         if apply_now:
             try:

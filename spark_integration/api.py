@@ -12,7 +12,7 @@ import importlib
 import json
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
@@ -266,6 +266,15 @@ def upsert(df: Any, table: Table, *, key: str, partition: str, ordering: str | N
     options = make_options(table, key, partition, ordering, delete_column, hive_style, buckets, cache_options,
                            cache_config, df.sparkSession.conf)
     options.check_columns(df.columns, "the upsert DataFrame", _boolean_columns(df))
+    from dbidx.spark_integration.bulk import empty_table_seq
+
+    # A table's first write cannot update anything: it takes the bulk path (tasks skip the caches).
+    return upsert_with_options(df, table, replace(options, bulk_seq=empty_table_seq(table)), on_task_written)
+
+
+def upsert_with_options(df: Any, table: Table, options: TagOptions,
+                        on_task_written: TaskHook | None = None) -> CommitSummary:
+    """`upsert` with its options made (and checked) already: what `upsert` and `bulk.bulk_insert` run."""
     from pyspark.sql import functions as F
     input_schema = arrow_schema_of(df)
 

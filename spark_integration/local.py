@@ -6,6 +6,7 @@ small batches where a Spark session is not worth its start-up; a Spark pipeline 
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Mapping
 
 import numpy as np
@@ -16,6 +17,7 @@ from dbidx.config import CacheConfig
 from dbidx.mdt.table import Table
 from dbidx.spark_integration import task
 from dbidx.spark_integration.api import CommitSummary, make_options, run_upsert
+from dbidx.spark_integration.bulk import empty_table_seq
 from dbidx.spark_integration.tagger import ROW_ID
 
 
@@ -29,6 +31,7 @@ def upsert_arrow(data: pa.Table, table: Table, *, key: str, partition: str, orde
                            cache_config)
     options.check_columns(data.column_names, "the upsert table",
                           {f.name: pa.types.is_boolean(f.type) for f in data.schema})
+    options = replace(options, bulk_seq=empty_table_seq(table))  # a first write takes the bulk path
     schema = data.schema
     data = data.append_column(ROW_ID, pa.array(np.arange(data.num_rows, dtype=np.int64)))
     shards = table.shard_of(options.keys_of(data)) if data.num_rows else np.zeros(0, dtype=np.int64)

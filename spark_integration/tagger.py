@@ -51,6 +51,9 @@ class TagOptions:
     hive_style: bool = True  # partition path "dt=2025-01-15" (True) or "2025-01-15" (False)
     buckets: BucketSpec = field(default_factory=BucketSpec)
     cache: CacheConfig = field(default_factory=CacheConfig)
+    # Set by the driver when no key of the batch can be in the index (an empty table, or partitions the table has
+    # never had): the completion seq that was checked at. Tasks then skip the cache (bulk path, ShardTagger.tag_new).
+    bulk_seq: int | None = None
 
     def check_columns(self, names: list[str], where: str, boolean: Mapping[str, bool] | None = None) -> None:
         """Fail early, on the driver, naming the missing column and the ones that exist.
@@ -167,6 +170,28 @@ class ShardTagger:
         columns = [out_part, out_fg, exists, old_part, old_fg, deletes]
         for spec, values in zip(TAG_FIELDS, columns):
             array = pa.array(values.tolist() if values.dtype == object else values, spec.type)
+            batch = batch.append_column(spec, array)
+        return batch
+
+    def tag_new(self, batch: pa.Table) -> pa.Table:
+        """Tag rows whose keys the driver knows are not in the index (TagOptions.bulk_seq): every row inserts a new
+        key, a delete row deletes nothing. No cache and no per-row Python objects: the bulk path of a first load.
+        Keys must be distinct per record (latest_per_key ran)."""
+        n = batch.num_rows
+        keys = self.options.keys_of(batch)
+        parts = self.options.partitions_of(batch)
+        deletes = self.options.deletes_of(batch)
+        fg = np.full(n, None, dtype=object)
+        inserts = np.flatnonzero(~deletes)
+        for partition in pc.unique(parts.take(pa.array(inserts))).to_pylist():
+            rows = inserts[pc.equal(parts.take(pa.array(inserts)), pa.scalar(partition)).to_numpy(
+                zero_copy_only=False)]
+            fg[rows] = self.assigner.assign(partition, keys.take(pa.array(rows)), lambda: {})
+        self.counts.add(TagCounts(rows=n, inserts=len(inserts), deletes_missing=n - len(inserts)))
+        nulls = pa.nulls(n, pa.string())
+        columns = [parts, pa.array(fg.tolist(), pa.string()), pa.array(np.zeros(n, dtype=bool)), nulls, nulls,
+                   pa.array(deletes)]
+        for spec, array in zip(TAG_FIELDS, columns):
             batch = batch.append_column(spec, array)
         return batch
 

@@ -192,13 +192,19 @@ def upsert_batches(batches: Iterable[pa.RecordBatch], table: Table, options: Tag
         first = not shard_metrics  # the task-wide counts go to its first shard, once
         metrics = ShardMetrics(shard=shard, duplicates_dropped=dropped if first else 0,
                                input_rows=received_rows if first else 0)
-        # 2. Tag against the shard's cache, caught up to the latest commit, cold partitions loaded on demand.
-        with shard_session(table, shard, options, metrics) as cache:
+        # 2. Tag against the shard's cache, caught up to the latest commit, cold partitions loaded on demand; or,
+        #    when the driver found that no key can be in the index yet, without the cache (the bulk path).
+        tagger = ShardTagger(table, shard, options)
+        if options.bulk_seq is not None:
             started = time.perf_counter()
-            tagger = ShardTagger(table, shard, options)
-            ensure_loaded(cache, table, tagger.partitions_needed(rows))
-            tagged_parts.append(tagger.tag(cache, rows))
-            metrics.tag_seconds = time.perf_counter() - started
+            tagged_parts.append(tagger.tag_new(rows))
+            metrics.tag_seconds, metrics.tagged_seq = time.perf_counter() - started, options.bulk_seq
+        else:
+            with shard_session(table, shard, options, metrics) as cache:
+                started = time.perf_counter()
+                ensure_loaded(cache, table, tagger.partitions_needed(rows))
+                tagged_parts.append(tagger.tag(cache, rows))
+                metrics.tag_seconds = time.perf_counter() - started
         _count_into(metrics, tagger.counts)
         shard_metrics.append(metrics)
     tagged = pa.concat_tables(tagged_parts)

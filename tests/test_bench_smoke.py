@@ -39,7 +39,7 @@ def test_benchmark_runs_at_smoke_size(script, tmp_path):
 
 SPARK_SMOKE = {  # Spark benchmarks -> lines their output must hold
     "spark_bench.py": ["| index keys | dbidx s/batch | Spark join s/batch |", "| 20,000 |"],
-    "commit_bench.py": ["| step | seconds | inserts |", ": complete."],  # the final table is checked by the script
+    "commit_bench.py": ["| step | seconds | new keys/s | inserts |", ": complete."],  # the final table is checked by the script
     # Peers not installed show as skipped; a wrong read-back anywhere makes the script fail.
     "peer_bench.py": ["| system | status | load s | median s/batch (excl. batch 1) |", "| dbidx | ok |"],
 }

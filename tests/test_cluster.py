@@ -311,6 +311,7 @@ def test_kill_an_executor_mid_job_then_a_second_application_finds_its_caches_war
 
 
 @pytest.mark.slow
+@pytest.mark.packing
 def test_packed_env_ships_dbidx_to_the_executors(cluster: StandaloneCluster, packed_env: Path,
                                                   tmp_path: Path) -> None:
     gen = StreamGenerator(seed=7)

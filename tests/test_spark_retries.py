@@ -249,6 +249,9 @@ def test_tasks_reap_expired_partitions_when_due(spark, tmp_path: Path) -> None:
     table = Table.create(str(tmp_path / "t"), num_shards=1)
     config = CacheConfig(base_path=str(tmp_path / "cache"), partition_ttl_hours=1.0, reaper_interval_s=0.0)
     old_days = [(f"k{i}", f"2025-03-0{1 + i % 3}", i, False) for i in range(30)]
+    # The table's first write takes the bulk path (no cache); the second one loads the three days into the cache.
+    upsert(spark.createDataFrame([("seed", "2025-03-01", 0, False)], SCHEMA), table, key="id", partition="dt",
+           cache_config=config)
     upsert(spark.createDataFrame(old_days, SCHEMA), table, key="id", partition="dt", cache_config=config)
     from dbidx.cache.record_cache import RecordIndexCache
     with RecordIndexCache.for_table(table, 0, config) as cache:  # age the three days by two hours

@@ -1,0 +1,69 @@
+"""The bulk path: writes whose keys cannot be in the index yet skip the caches altogether.
+
+A table's first write (and a load into partitions the table has never had, in partitioned mode) cannot update or
+delete anything, so looking every key up in a shard cache - opening it, loading empty partitions, reading before
+writing - is pure cost. The driver checks that no key can exist (from the table's folded state, no Spark job for an
+empty table) and records the completion seq it checked at in `TagOptions.bulk_seq`; the shard tasks then tag every
+row as an insert (`ShardTagger.tag_new`), write data and index files as usual, and report the checked seq as the
+one their keys were tagged against. A writer that commits the same keys meanwhile is a conflict at publish, as for
+any upsert; later batches' caches take the new partitions by loading their snapshots (the SST bulk path).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Iterable, Mapping
+
+from dbidx.buckets.assigner import BucketSpec
+from dbidx.config import CacheConfig
+from dbidx.errors import InvalidInputError
+from dbidx.mdt.table import Table
+from dbidx.spark_integration.api import CommitSummary, TaskHook, _boolean_columns, make_options, upsert_with_options
+
+
+def empty_table_seq(table: Table) -> int | None:
+    """The completion seq at which the table holds no record at all (no data write, no index file), else None."""
+    view = table.data_view()
+    if view.writes or table.refresh().groups():
+        return None
+    return view.applied_seq
+
+
+def new_partitions_seq(table: Table, partitions: Iterable[str]) -> int:
+    """The completion seq at which none of `partitions` has ever been written (partitioned mode); a partition that
+    has is an InvalidInputError naming it (a key there could exist: that write is an upsert)."""
+    if table.global_index:
+        seq = empty_table_seq(table)
+        if seq is None:
+            raise InvalidInputError(f"bulk_insert into the global-index table {table.uri} needs an empty table (a key "
+                                    "may live in any partition, so its keys must be looked up): use upsert")
+        return seq
+    view = table.refresh()
+    written = {stats.partition for stats in view.partition_stats()} | {g[0] for g in view.groups()}
+    clash = sorted(set(partitions) & written)
+    if clash:
+        raise InvalidInputError(f"bulk_insert writes only partitions table {table.uri} has never had; {clash[:5]} "
+                                f"({len(clash)} in all) already hold records: write them with upsert")
+    return view.applied_seq
+
+
+def bulk_insert(df: Any, table: Table, *, key: str, partition: str, ordering: str | None = None,
+                delete_column: str | None = "_dbidx_delete", hive_style: bool = True,
+                buckets: BucketSpec | None = None, cache_options: Mapping[str, Any] | None = None,
+                cache_config: CacheConfig | None = None, on_task_written: TaskHook | None = None) -> CommitSummary:
+    """Load rows into partitions the table has never had (any partition of an empty table), as one upsert instant
+    that skips the caches: the initial load of a table or a backfill of new days.
+
+    Contract: every partition of `df` is new to the table (checked: InvalidInputError names the ones that are not;
+    in global mode the table must be empty). Within `df`, repeats of a key collapse as in `upsert` (`ordering`,
+    then arrival) and delete rows delete nothing. Arguments as for `upsert`; `upsert` itself takes this path on a
+    table's first write.
+    """
+    options = make_options(table, key, partition, ordering, delete_column, hive_style, buckets, cache_options,
+                           cache_config, df.sparkSession.conf)
+    options.check_columns(df.columns, "the bulk_insert DataFrame", _boolean_columns(df))
+    values = [row[0] for row in df.select(partition).distinct().collect()]
+    import pyarrow as pa
+
+    paths = options.partitions_of(pa.table({partition: pa.array(values)})).to_pylist() if values else []
+    seq = new_partitions_seq(table, paths)
+    return upsert_with_options(df, table, replace(options, bulk_seq=seq), on_task_written)
