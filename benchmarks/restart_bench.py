@@ -45,7 +45,7 @@ def add_commits(table, count: int, commit_keys: int, rng: np.random.Generator) -
             writer.delete(partition_of(i % DAYS), victims)
 
 
-FRACTIONS = (0.01, 0.03, 0.1, 0.3, 1.0)
+FRACTIONS = (0.01, 0.1, 0.3, 1.0, 2.0, 4.0)
 
 
 def crossover(work: Path, held: int, repeats: int, rng: np.random.Generator) -> list[list[object]]:

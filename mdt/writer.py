@@ -63,8 +63,10 @@ class EntryBuffer:
         """New keys of a partition with their file group."""
         self.add(partition, keys, file_groups, deleted=False, live=+1)
 
-    def add(self, partition: str, keys: Keys, file_groups: Keys | str, deleted: bool, live: int) -> None:
-        """Entries (inserts or tombstones) of one partition; `live` is +1 / -1 per entry for the stats."""
+    def add(self, partition: str, keys: Keys, file_groups: Keys | str, deleted: bool, live: int,
+            shards: np.ndarray | None = None) -> None:
+        """Entries (inserts or tombstones) of one partition; `live` is +1 / -1 per entry for the stats. `shards`:
+        each key's shard when the caller computed it already (a task's keys are hashed once, not once per group)."""
         layout.validate_partition(partition)
         array = as_key_array(keys)
         if len(array) == 0:
@@ -78,7 +80,8 @@ class EntryBuffer:
         columns[rli_files.INSTANT] = pa.array([self.instant] * len(array), pa.string())
         columns[rli_files.DELETED] = pa.array(np.full(len(array), deleted))
         entries = pa.Table.from_pydict(columns, schema=self.table.schema)
-        shards = self.table.shard_of(array)
+        if shards is None or len(shards) != len(array):
+            shards = self.table.shard_of(array)
         group_partition = None if self.table.global_index else partition
         for s in np.unique(shards):
             self._groups[(group_partition, int(s))].append(entries.filter(pa.array(shards == s)))

@@ -36,32 +36,38 @@ def write_task_index(table: Table, tagged: pa.Table, options: TagOptions, instan
     keys = options.keys_of(tagged)
     shards = table.shard_of(keys)
     buffer = EntryBuffer(table, instant)
-    _buffer_entries(buffer, tagged, keys)
+    _buffer_entries(buffer, tagged, keys, shards)
     groups = buffer.sorted_groups()
     files = buffer.write(table.io, groups, attempt=attempt, announce=True)
     by_group = {(f.partition, f.shard): f for f in files}
     # Touched keys per group: every tagged key (updates and deletes of missing keys included).
     touched = []
-    group_part = None if table.global_index else tagged.column(TAG_PARTITION).combine_chunks()
+    # Group codes: one integer per row (its partition in partitioned mode), compared in numpy per group.
+    if table.global_index:
+        names, codes = [None], np.zeros(len(keys), dtype=np.int64)
+    else:
+        encoded = pc.dictionary_encode(tagged.column(TAG_PARTITION).combine_chunks())
+        names, codes = encoded.dictionary.to_pylist(), encoded.indices.to_numpy(zero_copy_only=False)
     for shard in np.unique(shards).tolist():
         in_shard = shards == shard
-        partitions = [None] if group_part is None else pc.unique(group_part.filter(pa.array(in_shard))).to_pylist()
-        for partition in partitions:
-            mask = in_shard if partition is None else in_shard & pc.equal(group_part, partition).to_numpy(
-                zero_copy_only=False)
-            group_keys = pc.unique(keys.filter(pa.array(mask))).sort()
+        for code in np.unique(codes[in_shard]).tolist():
+            partition = names[code]
+            mask = in_shard & (codes == code)
             delta = by_group.get((partition, shard))
-            if delta is not None and delta.rows == len(group_keys):  # the delta's keys are exactly the touched ones
+            # Rows are one per record after latest_per_key, so a group's keys are distinct: when the delta has as
+            # many entries as the group has rows, its keys are exactly the touched ones (no touched file needed).
+            if delta is not None and delta.rows == int(mask.sum()):
                 touched.append(TouchedKeys(partition, shard, delta.min_key or "", delta.max_key or "",
                                            since_seq[shard], delta.path, delta.size, delta.checksum))
                 continue
+            group_keys = pc.unique(keys.filter(pa.array(mask))).sort()
             rel = layout.touched_file(partition, shard, instant, attempt)
             markers.announce(table.io, instant, rel)
             touched.append(write_touched(table.io, rel, group_keys, partition, shard, since_seq[shard]))
     return files, touched, buffer.changes()
 
 
-def _buffer_entries(buffer: EntryBuffer, tagged: pa.Table, keys: pa.Array) -> None:
+def _buffer_entries(buffer: EntryBuffer, tagged: pa.Table, keys: pa.Array, shards: np.ndarray) -> None:
     """Index entries of a tagged batch: inserts of new keys, tombstones of deleted ones, moves (global mode).
 
     Updates in place add no entry: a key's location is immutable.
@@ -78,15 +84,17 @@ def _buffer_entries(buffer: EntryBuffer, tagged: pa.Table, keys: pa.Array) -> No
     for rows, deleted, live in kinds:
         if not rows.any():
             continue
-        idx = pa.array(np.flatnonzero(rows))
-        sub_keys, sub_part, sub_fg = keys.take(idx), part.take(idx), fg.take(idx)
+        positions = np.flatnonzero(rows)
+        idx = pa.array(positions)
+        sub_keys, sub_part, sub_fg, sub_shards = keys.take(idx), part.take(idx), fg.take(idx), shards[positions]
         if rows is moved:  # the old location loses the key in the stats (the new entry replaces it in the index)
             sub_old_part, sub_old_fg = old_part.take(idx), old_fg.take(idx)
             for p in pc.unique(sub_old_part).to_pylist():
                 buffer.count(p, sub_old_fg.filter(pc.equal(sub_old_part, p)), -1)
         for p in pc.unique(sub_part).to_pylist():
             mask = pc.equal(sub_part, p)
-            buffer.add(p, sub_keys.filter(mask), sub_fg.filter(mask), deleted=deleted, live=live)
+            buffer.add(p, sub_keys.filter(mask), sub_fg.filter(mask), deleted=deleted, live=live,
+                       shards=sub_shards[mask.to_numpy(zero_copy_only=False)])
 
 
 def written_paths(data_files: list[Any], index_files: list[FileRecord], touched: list[TouchedKeys]) -> list[str]:

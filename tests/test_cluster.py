@@ -261,7 +261,9 @@ def test_kill_an_executor_mid_job_then_a_second_application_finds_its_caches_war
     # 5. Caches are at the default location: <worker's SPARK_LOCAL_DIRS>/dbidx-cache, not in Spark's
     #    per-application or per-executor directories (which Spark deletes), and nowhere else.
     cached: dict[str, dict[int, set[str]]] = {w.name: defaultdict(set) for w in cluster.workers}
-    for probe in probes1:  # every attempt that reached its hook had loaded its partitions and closed its cache
+    for probe in probes1:  # every attempt that reached its hook had loaded its partitions and closed its cache,
+        if probe["batch"] == 0:  # but the table's first write (the initial load) takes the bulk path: no cache
+            continue
         cached[app1.worker_of(probe).name][probe["shard"]] |= partitions_needed(first[probe["batch"]])[probe["shard"]]
     table_dirs = set()
     for worker in cluster.workers:
