@@ -118,3 +118,20 @@ def publish(name: str, body: str, figures: dict[str, Any]) -> str:
     body = "\n\n".join([body, charts.links(charts.draw(name))])
     write_section(name, body)
     return body
+
+
+def spark_session(local_dir: Path, shards: int, app: str) -> Any:
+    """The benchmarks' local[2] SparkSession: no UI, `shards` shuffle partitions, a 4 GB driver, Arrow on."""
+    import os
+    import sys
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    spark = (SparkSession.builder.master("local[2]").appName(app)
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", str(shards)).config("spark.driver.memory", "4g")
+             .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+             .config("spark.local.dir", str(local_dir)).getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark

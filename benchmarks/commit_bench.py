@@ -11,7 +11,7 @@ Peak RSS per step, of the driver JVM (in local mode it also runs the executors' 
 driver's Python process, from Linux's VmHWM, reset before each step (`/proc/<pid>/clear_refs`); and, sampled every
 0.2 s with psutil, the largest RSS of any one process of the application (driver, JVM, Python workers) and the sum
 over all of them.
-Run: `python benchmarks/commit_bench.py [--keys 10000000] [--new-keys 10000,100000,1000000] [--driver-memory 4g]
+Run: `python benchmarks/commit_bench.py [--keys 10000000] [--new-keys 100000,100000,1000000] [--driver-memory 4g]
 [--smoke] [--write-results]`.
 """
 from __future__ import annotations
@@ -111,7 +111,8 @@ def measure(spark, label: str, fn, pids: dict[str, int]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keys", type=int, default=10_000_000, help="keys of the initial load")
-    parser.add_argument("--new-keys", default="10000,100000,1000000", help="new keys per change batch")
+    parser.add_argument("--new-keys", default="100000,100000,1000000",
+                        help="new keys per change batch (two equal first sizes: the first-batch-after-load ratio)")
     parser.add_argument("--shards", type=int, default=2)
     parser.add_argument("--driver-memory", default="4g")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes (seconds; used by tests)")
@@ -166,6 +167,14 @@ def main() -> None:
     verdict = (f"Final table: {got['n']:,} rows (expected {total:,}), payload sum {got['s']:,} (expected "
                f"{expected_sum:,}): {'complete' if ok else 'WRONG'}. Driver Python peak over the change batches: "
                f"{min(python_peaks):.0f}-{max(python_peaks):.0f} MB for {batches[0]:,} to {batches[-1]:,} new keys.")
+    load_rate = summaries[0].inserts / steps[0]["seconds"]
+    verdict += (f" Initial load: {load_rate:,.0f} new keys/s end to end (target >= 1,000,000); largest single "
+                f"process during it {steps[0]['largest_process_mb']:,.0f} MB (target <= 2,048).")
+    if len(batches) > 1 and batches[0] == batches[1]:
+        cold, warm = steps[1]["seconds"], steps[2]["seconds"]
+        verdict += (f" First batch after the load: {cold:.2f} s, the next one of the same size {warm:.2f} s: "
+                    f"{cold / warm:.1f}x (target <= 2x; the first batch loads every partition it touches into the "
+                    "shard caches).")
     body = "\n\n".join([
         "## Commit path: initial load and change batches, driver memory",
         f"Machine: {_report.machine()}; Spark local[2], spark.driver.memory={args.driver_memory}, {args.shards} key "

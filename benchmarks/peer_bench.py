@@ -180,17 +180,8 @@ class PaimonPeer(ArrowInput):
         return arrow_counts(builder.new_read().to_arrow(builder.new_scan().plan().splits()))
 
 
-def spark_session(work: Path, shards: int) -> Any:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
-    spark = (SparkSession.builder.master("local[2]").appName("dbidx-peer-bench")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", str(shards)).config("spark.driver.memory", "4g")
-             .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-             .config("spark.local.dir", str(work / "spark-local")).getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
+def spark_session(work: Path, shards: int):
+    return _report.spark_session(work / "spark-local", shards, "dbidx-peer-bench")
 
 
 class SparkInput:

@@ -13,7 +13,6 @@ Run: `python benchmarks/spark_bench.py [--sizes 1000000,3000000,10000000] [--smo
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
 import sys
@@ -142,16 +141,7 @@ def run_size(spark, work: Path, keys: int, args: argparse.Namespace) -> dict:
 
 
 def spark_session(work: Path, shards: int):
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
-    spark = (SparkSession.builder.master("local[2]").appName("dbidx-spark-bench")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", str(shards)).config("spark.driver.memory", "4g")
-             .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-             .config("spark.local.dir", str(work / "spark")).getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
+    return _report.spark_session(work / "spark", shards, "dbidx-spark-bench")
 
 
 def main() -> None:

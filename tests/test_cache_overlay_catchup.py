@@ -179,7 +179,7 @@ def test_pending_partitions_cannot_be_dropped(table, tmp_path):
 
 
 def test_a_change_large_next_to_what_the_cache_holds_reloads(tmp_path):
-    """Catch-up reloads a partition when its pending change exceeds RELOAD_FRACTION (1.0) of the entries the cache
+    """Catch-up reloads a partition when its pending change exceeds RELOAD_FRACTION (3x) of the entries the cache
     holds (and RELOAD_MIN_ENTRIES): a partition that was empty when loaded takes a bulk load by the SST path, not entry by
     entry; a small change next to a big partition is still applied."""
     table = make_table(tmp_path, num_shards=1, keys_per_day=3_000)
@@ -188,7 +188,7 @@ def test_a_change_large_next_to_what_the_cache_holds_reloads(tmp_path):
         with table.new_commit() as w:
             w.insert("dt=2025-01-09", [f"bulk-{i}" for i in range(catchup.RELOAD_MIN_ENTRIES + 1)], "fg-bulk")
             w.insert(DAY1, [f"more-{i}" for i in range(catchup.RELOAD_MIN_ENTRIES + 1)], "fg-more")  # 67% of DAY1
-            w.insert(DAY2, [f"big-{i}" for i in range(4_000)], "fg-big")  # 133% of DAY2
+            w.insert(DAY2, [f"big-{i}" for i in range(10_000)], "fg-big")  # 333% of DAY2
         result = sync(cache, table)
         assert sorted(result.reloaded_partitions) == sorted([DAY2, "dt=2025-01-09"])
         assert result.applied_partitions == [DAY1]
