@@ -193,7 +193,9 @@ def read_records(io: FileIO, table_id: str, seqs: range, listed: set[int]) -> li
         if seq in listed:
             try:
                 raw = io.read_bytes(rel)
-            except FileNotFoundError:
+            except CorruptFileError:
+                if io.exists(rel):
+                    raise  # there but unreadable: damage, not archiving
                 raw = None  # archived and removed since the listing: the bundle has it
         if raw is None:
             if seq not in bundle:

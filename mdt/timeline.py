@@ -56,7 +56,6 @@ class Timeline:
         self._records: list[CompletedInstant] = []
         self._by_instant: dict[str, CompletedInstant] = {}
         self._lock = threading.RLock()
-        self.use_checkpoints = True  # False: replay the whole log (verification compares the two)
         self.checkpoint: checkpoint.Checkpoint | None = None  # the one the first refresh started from
         self.base_seq = 0  # records up to here are summed up by that checkpoint, read only on demand
         self._base_max_instant = ""
@@ -111,14 +110,15 @@ class Timeline:
 
     def _start_from_checkpoint(self, listed: set[int]) -> None:
         """Take the newest checkpoint as the base: its seq must be a record the log has (listed or archived)."""
-        if not self.use_checkpoints:
-            return
         seqs = checkpoint.checkpoint_seqs(self.io)
         if not seqs:
             return
         try:
             cp = checkpoint.read_checkpoint(self.io, seqs[-1], self.table_id)
-        except FileNotFoundError:  # a newer checkpoint replaced it meanwhile (older ones are removed): look again
+        except CorruptFileError:
+            if self.io.exists(layout.checkpoint_file(seqs[-1])):
+                raise  # there but damaged
+            # Removed since the listing (newer checkpoints were written meanwhile, and old ones go): look again.
             seqs = checkpoint.checkpoint_seqs(self.io)
             cp = checkpoint.read_checkpoint(self.io, seqs[-1], self.table_id)
         if cp.seq not in listed and not self._archived(cp.seq) and cp.seq > max(listed, default=0):

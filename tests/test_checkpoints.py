@@ -235,3 +235,19 @@ def test_verify_compares_the_checkpoint_with_a_replay(tmp_path: Path) -> None:
     reseal(table, check.checkpoint_seq, lambda p: p["index"]["files"].pop(0))
     check = verify_table(Table.open(table.uri))
     assert not check.ok and "differs from a replay" in check.damaged[0]["problem"]
+
+
+def test_a_record_archived_between_listing_and_reading_comes_from_its_bundle(tmp_path: Path) -> None:
+    """A reader listed record files, then an archiver bundled and removed them: the reader takes them from the
+    bundle; a listed record that is there but damaged stays a CorruptFileError."""
+    table = small_table(tmp_path)
+    archived = checkpoint.archive_ranges(table.io)
+    assert archived and archived[0][0] == 1
+    first, last = archived[0]
+    stale_listing = set(range(1, table.timeline.latest_seq + 1))  # what a reader saw before the archiving
+    records = checkpoint.read_records(table.io, table.props.table_id, range(first, last + 1), stale_listing)
+    assert [r.seq for r in records] == list(range(first, last + 1))
+    newest = table.timeline.latest_seq
+    Path(table.io.path(layout.completed_file(newest))).write_bytes(b"{not json")
+    with pytest.raises(CorruptFileError, match="not valid"):
+        checkpoint.read_records(table.io, table.props.table_id, range(newest, newest + 1), stale_listing)
