@@ -38,6 +38,9 @@ from dbidx.mdt.records import (  # noqa: F401 - re-exported: the record types ar
     PartitionChange,
 )
 
+_POINTER_LOOKS = 3  # listings of the latest-seq pointer before a missing one is damage (see refresh)
+
+
 @dataclass(frozen=True)
 class StartedInstant:
     """An instant a writer owns: its id, its action, and the last completion it had seen when it started."""
@@ -72,9 +75,14 @@ class Timeline:
         with self._lock:
             known = self.latest_seq
             # 1. The latest-seq pointer first: it is written after its record, so the listing below must reach it.
-            floor = self._read_latest()
-            names = self.io.list_names(layout.COMPLETED_DIR)
-            listed = checkpoint.listed_seqs(self.io, names)
+            #    A writer moves the pointer by creating the new file and then deleting the older ones, so a listing
+            #    that crosses both can see neither: look again (pointer, then log) before calling it damage.
+            for _ in range(_POINTER_LOOKS):
+                floor = self._read_latest()
+                listed = checkpoint.listed_seqs(self.io, self.io.list_names(layout.COMPLETED_DIR))
+                if floor is not None or not listed:
+                    break
+                time.sleep(0.01)
             if floor is None:
                 if listed:
                     raise CorruptFileError(f"latest-seq pointer {self.io.path(layout.LATEST_DIR)}/<seq> is missing "
