@@ -135,3 +135,46 @@ def spark_session(local_dir: Path, shards: int, app: str) -> Any:
              .config("spark.local.dir", str(local_dir)).getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def tree_rss_each(pid: int) -> list[int]:
+    """Resident bytes of a process and of each of its descendants (psutil if installed, else /proc); [] if the
+    process is gone."""
+    try:
+        import psutil
+    except ImportError:
+        return _proc_tree_rss_each(pid)
+    try:
+        root = psutil.Process(pid)
+        procs = [root] + root.children(recursive=True)
+    except psutil.Error:
+        return []
+    sizes = []
+    for proc in procs:
+        try:
+            sizes.append(proc.memory_info().rss)
+        except psutil.Error:
+            pass
+    return sizes
+
+
+def _proc_tree_rss_each(pid: int) -> list[int]:
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+        except (ValueError, OSError, IndexError):
+            continue
+    tree, frontier = {pid}, [pid]
+    while frontier:
+        children = [child for child, parent in parents.items() if parent in frontier and child not in tree]
+        tree.update(children)
+        frontier = children
+    sizes = []
+    for member in tree:
+        try:
+            sizes.append(int(Path(f"/proc/{member}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE"))
+        except (OSError, ValueError, IndexError):
+            pass
+    return sizes

@@ -9,7 +9,7 @@ Data, generated inside Spark (nothing passes through the driver's Python): keys 
 `--new-keys` new keys each (plus 10 % as many updates of old keys, `v = v + 1`), then `read_table` count and sum.
 Peak RSS per step, of the driver JVM (in local mode it also runs the executors' tasks and the shuffle) and of the
 driver's Python process, from Linux's VmHWM, reset before each step (`/proc/<pid>/clear_refs`); and, sampled every
-0.2 s with psutil, the largest RSS of any one process of the application (driver, JVM, Python workers) and the sum
+0.2 s (psutil, else /proc), the largest RSS of any one process of the application (driver, JVM, Python workers) and the sum
 over all of them.
 Run: `python benchmarks/commit_bench.py [--keys 10000000] [--new-keys 100000,100000,1000000] [--driver-memory 4g]
 [--smoke] [--write-results]`.
@@ -75,16 +75,8 @@ class TreeSampler(threading.Thread):
         self._done = threading.Event()
 
     def run(self) -> None:
-        import psutil
-
-        root = psutil.Process(self.pid)
         while not self._done.wait(0.2):
-            sizes = []
-            for proc in [root, *root.children(recursive=True)]:
-                try:
-                    sizes.append(proc.memory_info().rss)
-                except psutil.Error:
-                    pass
+            sizes = _report.tree_rss_each(self.pid) or [0]
             self.largest, self.total = max(self.largest, max(sizes)), max(self.total, sum(sizes))
 
     def stop(self) -> tuple[float, float]:

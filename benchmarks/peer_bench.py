@@ -331,45 +331,8 @@ def run_one(name: str, work: Path, shards: int) -> None:
 # The parent: one child per system, a time cap, and the process tree's RSS sampled.
 
 def tree_rss(pid: int) -> int:
-    """Resident bytes of a process and all its descendants (psutil if installed, else /proc)."""
-    try:
-        import psutil
-    except ImportError:
-        return _proc_tree_rss(pid)
-    try:
-        root = psutil.Process(pid)
-        procs = [root] + root.children(recursive=True)
-    except psutil.Error:
-        return 0
-    total = 0
-    for proc in procs:
-        try:
-            total += proc.memory_info().rss
-        except psutil.Error:
-            pass
-    return total
-
-
-def _proc_tree_rss(pid: int) -> int:
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        try:
-            stat = (entry / "stat").read_text()
-            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-        except (ValueError, OSError, IndexError):
-            continue
-    tree, frontier = {pid}, [pid]
-    while frontier:
-        children = [child for child, parent in parents.items() if parent in frontier and child not in tree]
-        tree.update(children)
-        frontier = children
-    total = 0
-    for member in tree:
-        try:
-            total += int(Path(f"/proc/{member}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        except (OSError, ValueError, IndexError):
-            pass
-    return total
+    """Resident bytes of a process and all its descendants."""
+    return sum(_report.tree_rss_each(pid))
 
 
 @dataclass

@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 from dbidx.errors import CorruptFileError, HistoryCompactedError, InvalidInputError, SchemaError
 from dbidx.mdt.data_schema import recorded_schema
 from dbidx.mdt.fileio import FileIO, file_checksum
-from dbidx.mdt.data_view import LAYOUT_EXTRA, LiveDataFile  # noqa: F401 - LAYOUT_EXTRA: part of this module's API
+from dbidx.mdt.data_view import LAYOUT_EXTRA, DataView, LiveDataFile  # noqa: F401 - LAYOUT_EXTRA: part of this module's API
 from dbidx.mdt.records import DataFileRecord
 from dbidx.mdt.rli_files import DECODE_ERRORS
 
@@ -100,9 +100,10 @@ def read_data_file(io: FileIO, record: DataFileRecord, columns: Sequence[str] | 
     return table
 
 
-def layout_of(table: Any) -> dict[str, Any] | None:
-    """The key/partition layout the latest writing commit recorded (None before the first write)."""
-    recorded = table.data_view().layout
+def layout_of(table: Any, view: DataView | None = None) -> dict[str, Any] | None:
+    """The key/partition layout the latest writing commit recorded (None before the first write); `view`: the
+    table's data view when the caller refreshed it already."""
+    recorded = (view or table.data_view()).layout
     if recorded is None:
         return None
     layout = recorded.value
@@ -126,7 +127,7 @@ def plan_read(table: Any, partitions: Iterable[str] | None = None) -> ReadPlan:
         entries.sort(key=lambda e: e.order)
         units.append(ReadUnit(p, fg, tuple(e.record for e in entries), tuple(e.seq for e in entries),
                               tuple(e.instant for e in entries)))
-    layout = layout_of(table)
+    layout = layout_of(table, view)
     schema = recorded_schema(view.schema)
     if schema is None:
         schema = _newest_file_schema(table.io, live)

@@ -14,7 +14,7 @@ from dbidx.errors import CorruptFileError
 from dbidx.mdt import layout
 from dbidx.mdt.records import (
     ACTION_BUILD_INDEX, ACTION_CLEAN, ACTION_COMMIT, ACTION_DATA_COMPACTION, DATA_ACTIONS, CompletedInstant,
-    DataFileRecord, FieldError, parse_instant, parse_int, parse_object, parse_path,
+    DataFileRecord, FieldError, parse_instant, parse_int, parse_items, parse_object, parse_order, parse_path,
 )
 
 LAYOUT_EXTRA = "upsert"  # the completion record's extra that names key and partition columns (and bucket spec)
@@ -138,15 +138,15 @@ class DataView:
             view.applied_seq = parse_int(d["applied_seq"], "data.applied_seq")
             view.writes = parse_int(d["writes"], "data.writes")
             view.last_write = None if d["last_write"] is None else parse_instant(d["last_write"], "data.last_write")
-            for i, item in enumerate(_items(d["live"], "data.live")):
+            for i, item in enumerate(parse_items(d["live"], "data.live")):
                 e = parse_object(item, f"data.live[{i}]", {"file", "order", "seq", "instant", "source"})
                 record = DataFileRecord.parse(e["file"], f"data.live[{i}].file")
                 _check_outside_meta(record.path, None)
-                order = _pair(e["order"], f"data.live[{i}].order")
+                order = parse_order(e["order"], f"data.live[{i}].order")
                 view._live[record.path] = LiveDataFile(record, order, parse_int(e["seq"], f"data.live[{i}].seq", 1),
                                                        parse_instant(e["instant"], f"data.live[{i}].instant"),
                                                        _bool(e["source"], f"data.live[{i}].source"))
-            for i, item in enumerate(_items(d["replaced"], "data.replaced")):
+            for i, item in enumerate(parse_items(d["replaced"], "data.replaced")):
                 e = parse_object(item, f"data.replaced[{i}]", {"path", "seq", "source"})
                 path = parse_path(e["path"], f"data.replaced[{i}].path")
                 _check_outside_meta(path, None)
@@ -177,18 +177,6 @@ def _recorded(data: Any, name: str) -> Recorded | None:
         return None
     d = parse_object(data, name, {"value", "seq", "instant"})
     return Recorded(d["value"], parse_int(d["seq"], f"{name}.seq", 1), parse_instant(d["instant"], f"{name}.instant"))
-
-
-def _items(value: Any, name: str) -> list[Any]:
-    if not isinstance(value, list):
-        raise FieldError(f"{name} must be a list, got {type(value).__name__}")
-    return value
-
-
-def _pair(value: Any, name: str) -> tuple[int, int]:
-    if not isinstance(value, list) or len(value) != 2 or value[1] not in (0, 1):
-        raise FieldError(f"{name} must be [seq, 0 or 1], got {value!r}")
-    return parse_int(value[0], name), int(value[1])
 
 
 def _bool(value: Any, name: str) -> bool:

@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from dbidx.errors import CorruptFileError, HistoryCompactedError
-from dbidx.mdt.records import FieldError, parse_instant, parse_int, parse_object, parse_str
+from dbidx.mdt.records import FieldError, parse_instant, parse_int, parse_items, parse_object, parse_order, parse_str
 from dbidx.mdt.timeline import (
     ACTION_BUILD_INDEX,
     ACTION_CLEAN,
@@ -192,19 +192,16 @@ class FileView:
             view = cls()
             view.applied_seq = parse_int(d["applied_seq"], "index.applied_seq")
             view.history_floor = parse_int(d["history_floor"], "index.history_floor")
-            for i, item in enumerate(_list_of(d["files"], "index.files")):
+            for i, item in enumerate(parse_items(d["files"], "index.files")):
                 name = f"index.files[{i}]"
                 e = parse_object(item, name, {"file", "seq", "order", "replaced_at", "cleaned_at"})
-                order = e["order"]
-                if not isinstance(order, list) or len(order) != 2 or order[1] not in (0, 1):
-                    raise FieldError(f"{name}.order must be [seq, 0 or 1], got {order!r}")
                 replaced_at = None if e["replaced_at"] is None else parse_int(e["replaced_at"], f"{name}.replaced_at")
                 added = _Added(parse_int(e["seq"], f"{name}.seq", 1), FileRecord.parse(e["file"], f"{name}.file"),
-                               (parse_int(order[0], f"{name}.order"), int(order[1])), replaced_at)
+                               parse_order(e["order"], f"{name}.order"), replaced_at)
                 view._add(added)
                 if e["cleaned_at"] is not None:
                     view._cleaned[added.record.path] = parse_int(e["cleaned_at"], f"{name}.cleaned_at", 1)
-            for i, item in enumerate(_list_of(d["stats"], "index.stats")):
+            for i, item in enumerate(parse_items(d["stats"], "index.stats")):
                 name = f"index.stats[{i}]"
                 e = parse_object(item, name, {"partition", "last_instant", "last_commit_ms", "live_keys",
                                               "bucket_fills"})
@@ -218,9 +215,3 @@ class FileView:
             return view
         except (FieldError, ValueError, TypeError) as exc:
             raise CorruptFileError(f"checkpoint {where}: its index view is not valid: {exc}") from exc
-
-
-def _list_of(value: Any, name: str) -> list[Any]:
-    if not isinstance(value, list):
-        raise FieldError(f"{name} must be a list, got {type(value).__name__}")
-    return value

@@ -226,6 +226,19 @@ def _instant(value: Any, name: str) -> str:
         raise _Bad(f"{name}: {exc}") from exc
 
 
+def _items(value: Any, name: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise _Bad(f"{name} must be a list, got {type(value).__name__}")
+    return value
+
+
+def _order(value: Any, name: str) -> tuple[int, int]:
+    """A merge order as a checkpoint stores it: [seq, 0 for a commit's file / 1 for a base]."""
+    if not isinstance(value, list) or len(value) != 2 or value[1] not in (0, 1):
+        raise _Bad(f"{name} must be [seq, 0 or 1], got {value!r}")
+    return _int(value[0], name), int(value[1])
+
+
 # The strict field parsers, shared with the other formats read back from storage (checkpoints, mdt/checkpoint.py).
 FieldError = _Bad
 parse_int = _int
@@ -233,3 +246,5 @@ parse_str = _str
 parse_object = _object
 parse_path = _path
 parse_instant = _instant
+parse_items = _items
+parse_order = _order

@@ -314,10 +314,11 @@ class Table:
         return plan
 
     def history_before(self, seq: int) -> bool:
-        """True if history after `seq` is incomplete in this reader: it opened from a checkpoint that left out
-        files replaced and cleaned after seq. Every partition behind it must reload (incremental_plan says so for
-        the partitions it lists; a caller asks this for the others)."""
-        return seq < self.refresh().history_floor
+        """True if history after `seq` is incomplete in this reader (as of its last refresh): it opened from a
+        checkpoint that left out files replaced and cleaned after seq. Every partition behind it must reload
+        (incremental_plan says so for the partitions it lists; a caller asks this for the others). The floor only
+        comes from the checkpoint a reader starts from, so no refresh is needed to answer."""
+        return seq < self._view.history_floor
 
     def lookup(
         self,

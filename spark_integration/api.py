@@ -346,7 +346,7 @@ def _check_layout_and_schema(table: Table, options: TagOptions, input_schema: pa
     record (None if unchanged) and the seq it was checked at."""
     view = table.data_view()  # refreshed: schema, layout and seq agree
     recorded, seq = data_schema.recorded_schema(view.schema), view.applied_seq
-    layout = data_reader.layout_of(table)
+    layout = data_reader.layout_of(table, view)
     if layout is not None:
         for name, mine in (("key", options.key), ("partition", options.partition), ("hive_style", options.hive_style)):
             if name in layout and layout[name] != mine:

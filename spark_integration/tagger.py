@@ -183,9 +183,9 @@ class ShardTagger:
         deletes = self.options.deletes_of(batch)
         fg = np.full(n, None, dtype=object)
         inserts = np.flatnonzero(~deletes)
-        for partition in pc.unique(parts.take(pa.array(inserts))).to_pylist():
-            rows = inserts[pc.equal(parts.take(pa.array(inserts)), pa.scalar(partition)).to_numpy(
-                zero_copy_only=False)]
+        insert_parts = parts.take(pa.array(inserts))
+        for partition in pc.unique(insert_parts).to_pylist():
+            rows = inserts[pc.equal(insert_parts, pa.scalar(partition)).to_numpy(zero_copy_only=False)]
             fg[rows] = self.assigner.assign(partition, keys.take(pa.array(rows)), lambda: {})
         self.counts.add(TagCounts(rows=n, inserts=len(inserts), deletes_missing=n - len(inserts)))
         nulls = pa.nulls(n, pa.string())
