@@ -74,7 +74,17 @@ def column_family_options(config: CacheConfig, block_cache: rd.Cache | None) -> 
         table.set_block_cache(block_cache)
     else:
         table.disable_cache()
+    # Index and filter blocks live in the (bounded) block cache, partitioned in 4 KB pieces under a pinned top
+    # level. Why: a bulk-loaded partition is one SST whose whole-file filter (10 bits/key: 1.25 MB per M keys)
+    # and index compete with data blocks; once a partition's SST outgrows the cache, random lookups evicted and
+    # reloaded them over and over (measured, 64 MB cache, 100 k-key batch: 1 M-entry partition 0.6 s -> 0.17 s,
+    # 10 M entries 6.5 s -> 0.54 s; at 333 k entries, when all fits, ~10 % slower; +0.3 % disk). Reading the
+    # index type and filter layout from each SST's properties, RocksDB reads older whole-filter SSTs as before.
+    table.set_index_type(rd.BlockBasedIndexType.two_level_index_search())
+    table.set_partition_filters(True)
+    table.set_metadata_block_size(4096)
     table.set_cache_index_and_filter_blocks(True)
+    table.set_pin_top_level_index_and_filter(True)
     table.set_pin_l0_filter_and_index_blocks_in_cache(True)
     opts.set_block_based_table_factory(table)
     return opts
