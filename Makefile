@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast test-cluster pack-env bench bench-smoke bench-mdt bench-cache bench-bootstrap bench-spark bench-commit bench-footprint bench-skew bench-restart bench-peers check-java clean
+.PHONY: demo test test-fast test-cluster pack-env bench bench-smoke bench-mdt bench-cache bench-bootstrap bench-spark bench-commit bench-footprint bench-skew bench-restart bench-peers bench-scale check-java clean
 
 demo: check-java $(STAMP)
 	$(BIN)/dbidx demo
@@ -75,6 +75,12 @@ bench-peers: check-java $(STAMP)
 	$(BIN)/python benchmarks/peer_bench.py --keys 200000 --write-results
 	$(BIN)/python benchmarks/peer_bench.py --keys 2000000 --write-results
 	$(BIN)/python benchmarks/peer_bench.py --keys 10000000 --write-results
+
+# dbidx's curve on one machine: index build, one-shard bootstrap and Spark tagging at 10 M and 100 M UUID keys.
+# Estimated from 1 M / 10 M runs: ~10 min, ~4 GB of disk under the current directory at peak (the script wants 9 GB
+# free), ~10 GB of RAM at peak (the cold first batch loads both shards' caches on demand).
+bench-scale: check-java $(STAMP)
+	$(BIN)/python benchmarks/scale_bench.py --write-results
 
 check-java:
 	@command -v java >/dev/null 2>&1 || { \

@@ -2,7 +2,8 @@
 
 Inputs (written by `--write-results` runs): results/footprint.json (bytes per entry), results/bootstrap.json
 (per-core bootstrap rate), results/restart.json (catch-up), results/cache.json (lookup rate), results/spark.json
-(per-batch tagging). Every number in PROJECTION.md is either one of those figures or arithmetic on them and the
+(per-batch tagging), and, if present, results/scale.json (scale_bench: the largest size measured on this machine,
+a section of its own). Every number in PROJECTION.md is either one of those figures or arithmetic on them and the
 stated assumptions; nothing is typed by hand. It also rewrites the figures of the README's Performance section.
 Run: `python benchmarks/projection.py [--print-only]` (after `make bench`).
 """
@@ -35,6 +36,41 @@ def load(name: str) -> dict:
         raise SystemExit(f"{path} is missing: run `python benchmarks/{name}_bench.py --write-results` first "
                          "(or `make bench`)")
     return json.loads(path.read_text())
+
+
+def load_optional(name: str) -> dict | None:
+    """The figures of an optional benchmark, None when it has not been run with --write-results."""
+    path = HERE / "results" / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def scale_section(scale: dict) -> str:
+    """Measured scale: tagging and bootstrap at the largest index scale_bench ran on this machine (no arithmetic
+    beyond ratios)."""
+    sizes = sorted(scale["sizes"], key=lambda r: r["keys"])
+    small, large = sizes[0], sizes[-1]
+    full, window = large["full_bootstrap"], large["window_bootstrap"]
+    rows = [
+        [f"tagging a {scale['batch_rows']:,}-row batch, warm", f"{large['warm_s']:.2f} s",
+         f"median of {scale['repeats']} at {large['keys']:,} keys" + (
+             f"; {small['warm_s']:.2f} s at {small['keys']:,} keys ({large['warm_s'] / small['warm_s']:.2f}x)"
+             if small is not large else "")],
+        ["cold first batch (every touched partition loads on demand)", f"{large['cold_s']:.1f} s",
+         f"both shards' caches empty, at {large['keys']:,} keys"],
+        ["bootstrap rate, one shard, all 30 days", f"{full['entries_per_s']:,.0f} entries/s",
+         f"{full['entries']:,} entries in {full['seconds']:.1f} s ({full['parallelism']})"],
+        [f"bootstrap, one shard, {scale['window_days']}-day window", f"{window['seconds']:.1f} s",
+         f"{window['entries']:,} entries at {window['entries_per_s']:,.0f} entries/s ({window['parallelism']})"],
+        ["cache / MDT bytes per entry", f"{full['bytes_per_entry']:.1f} / {large['mdt_bytes_per_entry']:.1f} B",
+         f"the one-shard 30-day cache; the MDT's Parquet ({large['mdt_bytes'] / 1e9:.1f} GB)"],
+    ]
+    return "\n\n".join([
+        f"## Measured scale: {large['keys']:,} keys on this machine",
+        f"Measured, not projected: scale_bench ({scale['machine'].split(';')[0]}, Spark local[2], "
+        f"{scale['shards']} shards, {scale['partitions']} daily partitions). {scale['verdict']}",
+        _report.table(["quantity", "value", "from"], rows),
+        f"Input: scale: `{scale['command']}`",
+    ])
 
 
 def main() -> None:
@@ -105,6 +141,9 @@ def main() -> None:
                                (("footprint", footprint), ("bootstrap", boot), ("restart", restart),
                                 ("cache", cache), ("spark", spark)) if "command" in data),
     ])
+    scale = load_optional("scale")
+    if scale is not None:
+        body = "\n\n".join([body, scale_section(scale)])
     print(body)
     block = readme_block(footprint, spark, boot, restart, load("skew"), largest)
     print(block)

@@ -42,6 +42,9 @@ SPARK_SMOKE = {  # Spark benchmarks -> lines their output must hold
     "commit_bench.py": ["| step | seconds | new keys/s | inserts |", ": complete."],  # the final table is checked by the script
     # Peers not installed show as skipped; a wrong read-back anywhere makes the script fail.
     "peer_bench.py": ["| system | status | load s | median s/batch (excl. batch 1) |", "| dbidx | ok |"],
+    # Two tiny sizes: the per-size table, the disk/RAM table and the verdict comparing them.
+    "scale_bench.py": ["| index keys | MDT B/entry | build s | cache B/entry |", "| 60,000 |",
+                       "Warm s/batch (2,000 rows) at 60,000 keys is"],
 }
 
 
