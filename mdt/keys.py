@@ -43,7 +43,7 @@ def normalize_keys(keys: Any, what: str = "key") -> pa.Array:
         values = list(keys)
     except TypeError as exc:
         raise InvalidKeyError(f"{what}s must be a list of strings, got {type(keys).__name__}") from exc
-    if not all(type(key) is str for key in values):  # the fast check; find the culprit only on failure
+    if set(map(type, values)) != {str} and values:  # the fast check; find the culprit only on failure
         for i, key in enumerate(values):
             if not isinstance(key, str):
                 raise InvalidKeyError(f"{what} at position {i} is {_describe(key)}, not a string")
