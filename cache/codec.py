@@ -167,12 +167,14 @@ def encode_keys_binary(keys: Any) -> pa.Array:
 
 
 def lookup_order(encoded: pa.Array) -> np.ndarray:
-    """Positions of encoded keys in (nearly) ascending byte order: by their first 8 bytes.
+    """Positions of encoded keys in (nearly) ascending byte order: by 8 bytes from where the batch's keys first
+    differ.
 
     Why: multi-gets in key order run about twice as fast as in input order (block locality); an exact order is
-    not needed for correctness, and sorting a uint64 prefix costs ~1.5 ms per 100 k keys against ~20 ms for
-    Arrow's sort of the binary values. Keys shorter than 8 bytes read into their successors, which only blurs
-    the order among such keys.
+    not needed for correctness, and sorting a uint64 costs ~1.5 ms per 100 k keys against ~20 ms for Arrow's sort
+    of the binary values. Starting at the first byte that varies keeps the order exact for keys that share a
+    long prefix (sequential ids share their tag and high digits). Keys shorter than the window read into their
+    successors, which only blurs the order among such keys.
     """
     n = len(encoded)
     if not n:
@@ -180,10 +182,13 @@ def lookup_order(encoded: pa.Array) -> np.ndarray:
     buffers = encoded.buffers()
     width = 8 if pa.types.is_large_binary(encoded.type) else 4
     offsets = np.frombuffer(buffers[1], dtype=np.int32 if width == 4 else np.int64, count=n,
-                            offset=encoded.offset * width)
+                            offset=encoded.offset * width).astype(np.int64)
     data = np.frombuffer(buffers[2], dtype=np.uint8) if buffers[2] is not None else np.zeros(0, np.uint8)
-    padded = np.concatenate([data, np.zeros(8, np.uint8)])
-    prefix = np.ascontiguousarray(_matrix(padded, offsets.astype(np.int64), 8)).view(">u8").ravel()
+    heads = _matrix(np.concatenate([data, np.zeros(24, np.uint8)]), offsets, 24)
+    sample = heads[:: max(1, n // 1024), :16]  # where keys start to differ, judged on ~1 k of them
+    varying = np.flatnonzero((sample != sample[0]).any(axis=0))
+    first = int(varying[0]) if len(varying) else 0
+    prefix = np.ascontiguousarray(heads[:, first:first + 8]).view(">u8").ravel()
     return np.argsort(prefix)
 
 
