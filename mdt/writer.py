@@ -83,7 +83,11 @@ class EntryBuffer:
         if shards is None or len(shards) != len(array):
             shards = self.table.shard_of(array)
         group_partition = None if self.table.global_index else partition
-        for s in np.unique(shards):
+        distinct = np.unique(shards)
+        if len(distinct) == 1:  # one shard (an upsert task's rows): the entries as they are, no copy
+            self._groups[(group_partition, int(distinct[0]))].append(entries)
+            return
+        for s in distinct:
             self._groups[(group_partition, int(s))].append(entries.filter(pa.array(shards == s)))
 
     def count(self, partition: str, file_groups: pa.Array, sign: int) -> None:
@@ -105,6 +109,16 @@ class EntryBuffer:
         for (partition, shard), entries in groups.items():
             _reject_repeated_keys(entries, partition, shard, self.instant)
         return groups
+
+    def write_each(self, io: FileIO, attempt: int | None = None, announce: bool = False) -> list[FileRecord]:
+        """Sort, check and write one group at a time, letting go of its buffered entries before the next: what an
+        upsert task does, so a bulk task holds one sorted group beside its buffer, not a second copy of it all."""
+        files = []
+        for group in sorted(self._groups, key=lambda g: ("" if g[0] is None else g[0], g[1])):
+            entries = rli_files.sort_entries(pa.concat_tables(self._groups.pop(group)))
+            _reject_repeated_keys(entries, group[0], group[1], self.instant)
+            files += self.write(io, {group: entries}, attempt=attempt, announce=announce)
+        return files
 
     def write(self, io: FileIO, groups: dict[GroupKey, pa.Table], attempt: int | None = None,
               announce: bool = False) -> list[FileRecord]:

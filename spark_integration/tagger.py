@@ -183,9 +183,14 @@ class ShardTagger:
         deletes = self.options.deletes_of(batch)
         fg = np.full(n, None, dtype=object)
         inserts = np.flatnonzero(~deletes)
-        insert_parts = parts.take(pa.array(inserts))
-        for partition in pc.unique(insert_parts).to_pylist():
-            rows = inserts[pc.equal(insert_parts, pa.scalar(partition)).to_numpy(zero_copy_only=False)]
+        # Insert rows grouped by partition code (one stable sort, not one string comparison per partition).
+        encoded = pc.dictionary_encode(parts.take(pa.array(inserts)))
+        codes = encoded.indices.to_numpy(zero_copy_only=False)
+        order = np.argsort(codes, kind="stable")
+        bounds = np.flatnonzero(np.diff(codes[order])) + 1
+        for run in np.split(order, bounds) if len(order) else []:
+            rows = inserts[run]
+            partition = encoded.dictionary[int(codes[run[0]])].as_py()
             fg[rows] = self.assigner.assign(partition, keys.take(pa.array(rows)), lambda: {})
         self.counts.add(TagCounts(rows=n, inserts=len(inserts), deletes_missing=n - len(inserts)))
         nulls = pa.nulls(n, pa.string())
@@ -250,20 +255,29 @@ def latest_per_key(batch: pa.Table, options: TagOptions, global_mode: bool) -> t
     latest arrival (ROW_ID, else position). Returns the rows kept and how many were dropped."""
     if batch.num_rows < 2:
         return batch, 0
+    # 1. Sort (partition code, key, ordering desc, arrival desc): the first row of each record wins. The record's
+    #    partition is an integer code, so no per-row "partition + key" string is built (memory of bulk tasks).
     keys = options.keys_of(batch)
-    ident = keys if global_mode else pc.binary_join_element_wise(options.partitions_of(batch), keys, "\x00")
     arrival = batch.column(ROW_ID) if ROW_ID in batch.column_names else pa.array(np.arange(batch.num_rows))
-    helper = pa.table({"k": ident, "a": arrival, "i": pa.array(np.arange(batch.num_rows))})
+    helper = pa.table({"k": keys, "a": arrival})
     sort_keys: list[tuple[str, str]] = [("k", "ascending")]
+    if not global_mode:
+        helper = helper.append_column("p", pc.dictionary_encode(options.partitions_of(batch)).indices)
+        sort_keys.insert(0, ("p", "ascending"))
     if options.ordering is not None:
         helper = helper.append_column("o", batch.column(options.ordering))
         sort_keys.append(("o", "descending"))
     sort_keys.append(("a", "descending"))
-    ordered = helper.sort_by(sort_keys)
-    sorted_keys = ordered.column("k").combine_chunks()
+    order = pc.sort_indices(helper, sort_keys=sort_keys)
+    # 2. A row starts a record where its key (or partition) differs from the previous row's.
+    sorted_keys = keys.take(order)
     first = np.ones(len(sorted_keys), dtype=bool)
     first[1:] = pc.not_equal(sorted_keys[1:], sorted_keys[:-1]).to_numpy(zero_copy_only=False)
+    del sorted_keys
+    if not global_mode:
+        codes = helper.column("p").to_numpy().take(order.to_numpy())
+        first[1:] |= codes[1:] != codes[:-1]
     if first.all():
         return batch, 0
-    keep = np.sort(ordered.column("i").to_numpy()[first])
+    keep = np.sort(order.to_numpy()[first])
     return batch.take(pa.array(keep)), int(len(first) - first.sum())

@@ -188,7 +188,8 @@ def upsert_batches(batches: Iterable[pa.RecordBatch], table: Table, options: Tag
     # 1. One row per record: ordering field first, then arrival.
     batch, dropped = latest_per_key(batch, options, table.global_index)
     tagged_parts, shard_metrics = [], []
-    for shard, rows in _shard_slices(table, batch, options):
+    slices = _shard_slices(table, batch, options)
+    for shard, rows in slices:
         first = not shard_metrics  # the task-wide counts go to its first shard, once
         metrics = ShardMetrics(shard=shard, duplicates_dropped=dropped if first else 0,
                                input_rows=received_rows if first else 0)
@@ -211,12 +212,15 @@ def upsert_batches(batches: Iterable[pa.RecordBatch], table: Table, options: Tag
     # 3. Data files, one per (partition, file group) of this attempt, each announced by a marker first.
     started = time.perf_counter()
     to_write = pa.concat_tables([tagged, move_tombstones(tagged)])
-    files = datafiles.write_groups(table.io, data_rows(to_write, options, instant),
+    files = datafiles.write_groups(table.io, data_rows(to_write, options),
+                                   to_write.column(TAG_IS_DELETE).combine_chunks(),
                                    to_write.column(TAG_PARTITION).combine_chunks(),
                                    to_write.column(TAG_FILE_GROUP).combine_chunks(), instant, attempt)
+    del to_write
     # 4. The shard's index delta files and touched keys, announced the same way.
     index_files, touched, changes = write_task_index(table, tagged, options, instant, attempt,
-                                                     {m.shard: m.tagged_seq for m in shard_metrics})
+                                                     {m.shard: m.tagged_seq for m in shard_metrics},
+                                                     shard=slices[0][0] if len(slices) == 1 else None)
     # 5. An attempt that outlived its job (rolled back) or lost to another attempt (committed without it) withdraws.
     datafiles.withdraw_if_settled(table.io, table.timeline, instant, written_paths(files, index_files, touched))
     for metrics in shard_metrics:
@@ -244,13 +248,12 @@ def move_tombstones(tagged: pa.Table) -> pa.Table:
     return gone.set_column(gone.schema.get_field_index(TAG_IS_DELETE), TAG_IS_DELETE, flag)
 
 
-def data_rows(tagged: pa.Table, options: TagOptions, instant: str) -> pa.Table:
-    """What a data file stores: the user's columns (minus the delete flag), the instant and a deleted flag."""
+def data_rows(tagged: pa.Table, options: TagOptions) -> pa.Table:
+    """The user's columns of tagged rows (minus the delete flag): what a data file stores, before write_groups
+    appends the instant and deleted columns per file."""
     drop = {ROW_ID, TAG_PARTITION, TAG_FILE_GROUP, TAG_IS_UPDATE, TAG_OLD_PARTITION, TAG_OLD_FILE_GROUP,
             TAG_IS_DELETE, options.delete_column}
-    rows = tagged.select([c for c in tagged.column_names if c not in drop])
-    rows = rows.append_column(datafiles.INSTANT_COLUMN, pa.array([instant] * tagged.num_rows, pa.string()))
-    return rows.append_column(datafiles.DELETED_COLUMN, tagged.column(TAG_IS_DELETE))
+    return tagged.select([c for c in tagged.column_names if c not in drop])
 
 
 def pack_payload(result: dict[str, Any]) -> bytes:

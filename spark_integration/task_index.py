@@ -25,20 +25,21 @@ from dbidx.spark_integration.tagger import (
 
 
 def write_task_index(table: Table, tagged: pa.Table, options: TagOptions, instant: str, attempt: int,
-                     since_seq: dict[int, int]) -> tuple[list[FileRecord], list[TouchedKeys],
-                                                         dict[str, PartitionChange]]:
+                     since_seq: dict[int, int], shard: int | None = None) -> tuple[list[FileRecord],
+                                                                                  list[TouchedKeys],
+                                                                                  dict[str, PartitionChange]]:
     """Write the delta and touched-keys files of a task's tagged rows; returns their records and the stats change.
 
     `since_seq[shard]` is the completion seq the shard's rows were tagged against (its cache's watermark).
+    `shard`: the one shard every row belongs to, when the caller checked that already (keys are hashed once).
     """
     if tagged.num_rows == 0:
         return [], [], {}
     keys = options.keys_of(tagged)
-    shards = table.shard_of(keys)
+    shards = table.shard_of(keys) if shard is None else np.full(len(keys), shard, dtype=np.int32)
     buffer = EntryBuffer(table, instant)
     _buffer_entries(buffer, tagged, keys, shards)
-    groups = buffer.sorted_groups()
-    files = buffer.write(table.io, groups, attempt=attempt, announce=True)
+    files = buffer.write_each(table.io, attempt=attempt, announce=True)
     by_group = {(f.partition, f.shard): f for f in files}
     # Touched keys per group: every tagged key (updates and deletes of missing keys included).
     touched = []
@@ -85,10 +86,13 @@ def _buffer_entries(buffer: EntryBuffer, tagged: pa.Table, keys: pa.Array, shard
         if not rows.any():
             continue
         positions = np.flatnonzero(rows)
-        idx = pa.array(positions)
-        sub_keys, sub_part, sub_fg, sub_shards = keys.take(idx), part.take(idx), fg.take(idx), shards[positions]
+        if len(positions) == len(rows):  # every row (a bulk load's inserts): no copies
+            sub_keys, sub_part, sub_fg, sub_shards = keys, part, fg, shards
+        else:
+            idx = pa.array(positions)
+            sub_keys, sub_part, sub_fg, sub_shards = keys.take(idx), part.take(idx), fg.take(idx), shards[positions]
         if rows is moved:  # the old location loses the key in the stats (the new entry replaces it in the index)
-            sub_old_part, sub_old_fg = old_part.take(idx), old_fg.take(idx)
+            sub_old_part, sub_old_fg = old_part.take(pa.array(positions)), old_fg.take(pa.array(positions))
             for p in pc.unique(sub_old_part).to_pylist():
                 buffer.count(p, sub_old_fg.filter(pc.equal(sub_old_part, p)), -1)
         for p in pc.unique(sub_part).to_pylist():
