@@ -38,8 +38,16 @@ class CacheConfig:
     max_open_files: int = 256
     max_disk_mb: int = 0  # 0: no disk budget, TTL only
     max_catchup_entries: int = 2_000_000
+    load_threads: int = 0  # on-demand partition loads at once per open cache; 0: one per core, at most 8
     lock_timeout_s: float = 600.0
     reaper_interval_s: float = 300.0
+
+    @property
+    def on_demand_workers(self) -> int:
+        """Concurrent on-demand loads per open cache. Why not more by default: each load holds its partition's
+        snapshot and SST build in memory, and on a core already busy a second thread adds memory, not speed (at
+        100 M keys, 8 loads of 1.7 M-entry partitions peaked at ~4 GB in one worker)."""
+        return self.load_threads or max(1, min(8, os.cpu_count() or 1))
 
     @classmethod
     def keys(cls) -> dict[str, str]:
@@ -98,7 +106,7 @@ class CacheConfig:
         if self.compaction_style not in COMPACTION_STYLES:
             raise ConfigError(f"compaction.style {self.compaction_style!r} is not one of {COMPACTION_STYLES}")
         for name in ("bootstrap_days", "block_cache_mb", "block_size_kb", "max_open_files", "max_disk_mb",
-                     "max_catchup_entries"):
+                     "max_catchup_entries", "load_threads"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{PREFIX}{name.replace('_', '.')} must be >= 0, got {getattr(self, name)}")
         if self.partition_ttl_hours <= 0:

@@ -51,7 +51,8 @@ class OnDemandLoader:
         self.table = table
         self.on_build_start = on_build_start
         self.on_join = on_join
-        self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="dbidx-on-demand")
+        self.workers = max(1, workers)
+        self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="dbidx-on-demand")
         self._inflight: dict[str, Future] = {}
         self._lock = threading.Lock()
 
@@ -127,7 +128,7 @@ def loader_for(cache: RecordIndexCache, table: Table) -> OnDemandLoader:
     with _loaders_lock:
         loader = cache.attachments.get(ATTACHMENT)
         if loader is None or loader.table.props.table_id != table.props.table_id:
-            loader = cache.attachments[ATTACHMENT] = OnDemandLoader(cache, table)
+            loader = cache.attachments[ATTACHMENT] = OnDemandLoader(cache, table, cache.config.on_demand_workers)
         return loader
 
 

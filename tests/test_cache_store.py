@@ -249,3 +249,18 @@ def test_caches_written_with_whole_file_filters_stay_readable(tmp_path, monkeypa
         assert cache.lookup(DAY1, keys + ["absent"]) == [f"fg-{i % 3}" for i in range(len(keys))] + [None]
         cache.load_partition(DAY2, keys[:10], ["fg-new"] * 10, synced_seq=2)
         assert cache.lookup(DAY2, keys[:2]) == ["fg-new", "fg-new"]
+
+
+def test_on_demand_loads_at_once_follow_load_threads(tmp_path):
+    """load.threads bounds the concurrent on-demand loads of one open cache (memory); 0 = one per core, <= 8."""
+    from dbidx.bootstrap.on_demand import loader_for
+
+    assert CacheConfig.from_sources({"load.threads": "3"}, environ={}).on_demand_workers == 3
+    assert 1 <= CacheConfig().on_demand_workers == min(8, os.cpu_count() or 1)
+    with pytest.raises(ConfigError, match="load.threads"):
+        CacheConfig(load_threads=-1)
+    table = make_table(tmp_path)
+    with RecordIndexCache.for_table(table, 0, CacheConfig(base_path=str(tmp_path / "b"), load_threads=2)).open() \
+            as cache:
+        loader = loader_for(cache, table)
+        assert loader.workers == 2
