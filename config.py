@@ -12,14 +12,16 @@ import re
 import shutil
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping, get_args, get_origin, get_type_hints
 
 from dbidx.errors import ConfigError
 
 PREFIX = "hoodie.index.cache.rocksdb."
 ENV_PREFIX = "DBIDX_CACHE_"
-COMPRESSIONS = ("zstd", "lz4", "snappy", "none")
-COMPACTION_STYLES = ("level", "universal")
+Compression = Literal["zstd", "lz4", "snappy", "none"]
+CompactionStyle = Literal["level", "universal"]
+COMPRESSIONS = get_args(Compression)
+COMPACTION_STYLES = get_args(CompactionStyle)
 
 
 @dataclass(frozen=True)
@@ -31,8 +33,8 @@ class CacheConfig:
     bootstrap_days: int = 7
     partition_ttl_hours: float = 72.0
     block_cache_mb: int = 64
-    compaction_style: str = "level"
-    compression: str = "zstd"
+    compaction_style: CompactionStyle = "level"
+    compression: Compression = "zstd"
     block_size_kb: int = 16
     bloom_bits_per_key: float = 10.0
     max_open_files: int = 256
@@ -114,24 +116,34 @@ class CacheConfig:
 
 
 def _coerce(name: str, value: Any, where: str) -> Any:
-    """Convert a config value to the field's type, naming the source on failure."""
-    kind = {f.name: f.type for f in fields(CacheConfig)}[name]
+    """Convert a config value (often a string from the environment or a Spark conf) to the field's declared type,
+    naming the source on failure. The dataclass's annotations are the one source of the types."""
+    kind = get_type_hints(CacheConfig)[name]
     try:
-        if kind == "bool":
+        if kind is bool:
             if isinstance(value, str):
                 if value.strip().lower() not in ("true", "false", "1", "0", "yes", "no"):
                     raise ValueError(value)
                 return value.strip().lower() in ("true", "1", "yes")
             return bool(value)
-        if kind == "int":
-            return int(value)
-        if kind == "float":
-            return float(value)
-        if kind == "str | None":
+        if kind is int or kind is float:
+            return kind(value)
+        if get_origin(kind) is Literal:  # an enumeration: case-insensitive, one of its values
+            text = str(value).strip().lower()
+            if text not in get_args(kind):
+                raise ValueError(f"not one of {', '.join(get_args(kind))}")
+            return text
+        if kind == (str | None):
             return None if value in (None, "") else str(value)
-        return str(value).lower()
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{where}: cannot read {value!r} as {kind} for {name}") from exc
+        raise ConfigError(f"{where}: cannot read {value!r} as {_type_name(kind)} for {name} ({exc})") from exc
+    raise ConfigError(f"{where}: config field {name} has a type ({kind}) with no reader")
+
+
+def _type_name(kind: Any) -> str:
+    if get_origin(kind) is Literal:
+        return "one of " + ", ".join(get_args(kind))
+    return getattr(kind, "__name__", str(kind))
 
 
 _SPARK_OWNED_DIR = re.compile(r"^(blockmgr|executor|spark)-[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}$")

@@ -26,7 +26,7 @@ import _report  # noqa: E402
 from bootstrap_bench import uuid_keys  # noqa: E402
 
 from dbidx.cache import codec  # noqa: E402
-from dbidx.cache.catchup import snapshot_entries  # noqa: E402
+from dbidx.cache.loading import snapshot_entries  # noqa: E402
 from dbidx.cache.record_cache import RecordIndexCache  # noqa: E402
 from dbidx.cache.registry import CacheIdentity  # noqa: E402
 from dbidx.cache.store import MULTI_GET_CHUNK, multi_get  # noqa: E402

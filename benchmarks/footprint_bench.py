@@ -26,7 +26,7 @@ from bootstrap_bench import uuid_keys  # noqa: E402
 from cache_bench import load_cache, rss_of, seq_keys  # noqa: E402
 
 from dbidx.buckets.naming import file_group_id  # noqa: E402
-from dbidx.cache.catchup import snapshot_entries  # noqa: E402
+from dbidx.cache.loading import snapshot_entries  # noqa: E402
 from dbidx.cache.reaper import reap  # noqa: E402
 from dbidx.cache.record_cache import RecordIndexCache  # noqa: E402
 from dbidx.cache.registry import CacheIdentity  # noqa: E402

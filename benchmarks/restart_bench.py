@@ -27,7 +27,8 @@ from bootstrap_bench import FIRST_DAY, build_table, partition_of, uuid_keys  # n
 
 from dbidx.bootstrap.time_bounded import bootstrap  # noqa: E402
 from dbidx.cache import catchup  # noqa: E402
-from dbidx.cache.catchup import load_from_snapshot, sync  # noqa: E402
+from dbidx.cache.catchup import sync  # noqa: E402
+from dbidx.cache.loading import load_from_snapshot  # noqa: E402
 from dbidx.cache.record_cache import RecordIndexCache  # noqa: E402
 from dbidx.config import CacheConfig  # noqa: E402
 from dbidx.mdt.table import Table  # noqa: E402

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from dbidx.cache.catchup import snapshot_entries
+from dbidx.cache.loading import snapshot_entries
 from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.cache.sst_builder import PreparedLoad, build_sst
 from dbidx.config import CacheConfig

@@ -19,6 +19,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dbidx.cache.codec import global_location
+from dbidx.cache.loading import load_from_snapshot
 from dbidx.cache.record_cache import GLOBAL_PARTITION, RecordIndexCache
 from dbidx.errors import CacheMismatchError, HistoryCompactedError, InstantStateError
 from dbidx.mdt.rli_files import DELETED, FILE_GROUP, KEY, PARTITION
@@ -55,17 +57,6 @@ class CatchUpResult:
         return dict(vars(self))
 
 
-def global_location(partition: str, file_group: str) -> str:
-    """A global-mode cache value: the key's partition and file group in one string."""
-    return f"{partition}\x00{file_group}"
-
-
-def split_global_location(location: str) -> tuple[str, str]:
-    """Inverse of global_location."""
-    partition, _, file_group = location.partition("\x00")
-    return partition, file_group
-
-
 def check_table(cache: RecordIndexCache, table: Table) -> None:
     """Refuse to sync a cache from a table it does not replicate."""
     ident = cache.identity
@@ -75,33 +66,6 @@ def check_table(cache: RecordIndexCache, table: Table) -> None:
         raise CacheMismatchError(f"cache {cache.path} replicates table {ident.table_id} at {ident.location or '?'} "
                                  f"({ident.num_shards} shards, {ident.index_mode}), not {table.location} "
                                  f"({table.props.table_id})")
-
-
-def snapshot_entries(table: Table, shard: int, partition: str, as_of_seq: int,
-                     global_mode: bool) -> tuple[pa.Array, pa.Array]:
-    """(keys, cache locations) of one shard's slice of a partition (global mode: of the whole index) at a seq.
-
-    Reads only that shard's file group(s), never the whole partition. Picklable inputs: loaders call it in worker
-    processes too.
-    """
-    if global_mode:
-        snap = table.snapshot(None, shard=shard, as_of=as_of_seq)
-        locations = pc.binary_join_element_wise(snap.column(PARTITION), snap.column(FILE_GROUP), "\x00")
-    else:
-        snap = table.snapshot(partition, shard=shard, as_of=as_of_seq)
-        locations = snap.column(FILE_GROUP)
-    return _single_chunk(snap.column(KEY)), _single_chunk(locations)
-
-
-def _single_chunk(column: pa.ChunkedArray | pa.Array) -> pa.Array:
-    return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-
-
-def load_from_snapshot(cache: RecordIndexCache, table: Table, partition: str, as_of_seq: int) -> int:
-    """(Re)load one partition of the cache's shard from the MDT snapshot at a completion seq; returns entries."""
-    keys, locations = snapshot_entries(table, cache.identity.shard, partition, as_of_seq, cache.global_mode)
-    cache.load_partition(partition, keys, locations, synced_seq=as_of_seq)
-    return len(keys)
 
 
 def sync(cache: RecordIndexCache, table: Table, max_catchup_entries: int | None = None) -> CatchUpResult:

@@ -166,6 +166,20 @@ def encode_keys_binary(keys: Any) -> pa.Array:
     return pa.Array.from_buffers(pa.large_binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(out)])
 
 
+GLOBAL_SEPARATOR = "\x00"  # between partition and file group in a global-mode location (no partition holds NUL)
+
+
+def global_location(partition: str, file_group: str) -> str:
+    """A global-mode cache value: the key's partition and file group in one string."""
+    return f"{partition}{GLOBAL_SEPARATOR}{file_group}"
+
+
+def split_global_location(location: str) -> tuple[str, str]:
+    """Inverse of global_location."""
+    partition, _, file_group = location.partition(GLOBAL_SEPARATOR)
+    return partition, file_group
+
+
 def lookup_order(encoded: pa.Array) -> np.ndarray:
     """Positions of encoded keys in (nearly) ascending byte order: by 8 bytes from where the batch's keys first
     differ.

@@ -4,7 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dbidx.cache.catchup import check_table, global_location
+from dbidx.cache.catchup import check_table
+from dbidx.cache.codec import global_location
 from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.errors import HistoryCompactedError
 from dbidx.mdt.rli_files import FILE_GROUP, KEY, PARTITION

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dbidx.buckets.assigner import BucketSpec
-from dbidx.cache.catchup import split_global_location
+from dbidx.cache.codec import split_global_location
 from dbidx.cache.record_cache import GLOBAL_PARTITION, RecordIndexCache
 from dbidx.config import CacheConfig
 from dbidx.errors import InvalidInputError, InvalidPartitionError

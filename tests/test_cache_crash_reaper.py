@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from dbidx.cache.catchup import load_from_snapshot, sync
+from dbidx.cache.catchup import sync
+from dbidx.cache.loading import load_from_snapshot
 from dbidx.cache.reaper import BackgroundReaper, reap
 from dbidx.cache.verify import verify
 from dbidx.mdt.table import Table
@@ -23,7 +24,8 @@ REPO_PARENT = str(Path(__file__).resolve().parents[1])
 CHILD = textwrap.dedent("""
     import sys, itertools
     from pathlib import Path
-    from dbidx.cache.catchup import load_from_snapshot, sync
+    from dbidx.cache.catchup import sync
+    from dbidx.cache.loading import load_from_snapshot
     from dbidx.cache.record_cache import RecordIndexCache
     from dbidx.config import CacheConfig
     from dbidx.mdt.table import Table

@@ -4,7 +4,9 @@ from __future__ import annotations
 import pytest
 
 from dbidx.cache import catchup
-from dbidx.cache.catchup import global_location, load_from_snapshot, sync
+from dbidx.cache.catchup import sync
+from dbidx.cache.codec import global_location
+from dbidx.cache.loading import load_from_snapshot
 from dbidx.cache.record_cache import GLOBAL_PARTITION
 from dbidx.cache.verify import verify
 from dbidx.errors import CacheError, HistoryCompactedError, InstantStateError

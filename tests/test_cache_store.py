@@ -264,3 +264,15 @@ def test_on_demand_loads_at_once_follow_load_threads(tmp_path):
             as cache:
         loader = loader_for(cache, table)
         assert loader.workers == 2
+
+
+def test_config_values_are_read_by_their_declared_types():
+    """Coercion follows the dataclass's annotations: ints, floats, bools, optional strings and enumerations."""
+    conf = CacheConfig.from_sources({"compression": " LZ4 ", "compaction.style": "Universal", "enabled": "yes",
+                                     "partition.ttl.hours": "1.5", "base.path": ""}, environ={})
+    assert (conf.compression, conf.compaction_style, conf.enabled, conf.partition_ttl_hours, conf.base_path) == \
+        ("lz4", "universal", True, 1.5, None)
+    with pytest.raises(ConfigError, match=r"key compression: cannot read 'brotli' as one of zstd, lz4, snappy, none"):
+        CacheConfig.from_sources({"compression": "brotli"}, environ={})
+    with pytest.raises(ConfigError, match=r"DBIDX_CACHE_LOAD_THREADS: cannot read 'two' as int for load_threads"):
+        CacheConfig.from_sources(environ={"DBIDX_CACHE_LOAD_THREADS": "two"})

@@ -201,7 +201,8 @@ def test_an_explicit_checkpoint_and_an_empty_table(tmp_path: Path) -> None:
 def test_a_cache_behind_a_pruned_history_reloads_every_partition(tmp_path: Path) -> None:
     """Opened from a checkpoint that left out cleaned files, the table cannot tell which partitions changed
     after the cache's watermark: catch-up reloads them all, and the cache matches the table."""
-    from dbidx.cache.catchup import load_from_snapshot, sync
+    from dbidx.cache.catchup import sync
+    from dbidx.cache.loading import load_from_snapshot
     from dbidx.cache.verify import verify
 
     from tests.cache_helpers import DAY1, DAY2, DAY3, make_table, open_cache, truth

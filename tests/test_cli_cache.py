@@ -8,7 +8,8 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from dbidx.cache.catchup import load_from_snapshot
+from dbidx.cache.loading import load_from_snapshot
+
 from dbidx.cache.inspect import find_cache_dirs, open_cache_dir
 from dbidx.cache.reaper import sweep_abandoned
 from dbidx.cache.store import lock_path

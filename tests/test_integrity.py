@@ -13,7 +13,8 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dbidx.cache.catchup import load_from_snapshot, sync
+from dbidx.cache.catchup import sync
+from dbidx.cache.loading import load_from_snapshot
 from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.cli import main
 from dbidx.config import CacheConfig
