@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
+
+from dbidx.counters import Counters
 
 
 @dataclass
-class PartitionCounters:
+class PartitionCounters(Counters):
     """Counters of one partition."""
 
     hits: int = 0
@@ -21,7 +23,7 @@ class PartitionCounters:
 
 
 @dataclass
-class CacheMetrics:
+class CacheMetrics(Counters):
     """Counters of one cache instance since it was opened; thread-safe to update."""
 
     lookups: int = 0
@@ -49,29 +51,23 @@ class CacheMetrics:
             counters = self.per_partition.setdefault(name, PartitionCounters())
         return counters
 
-    def add(self, partition: str | None = None, **deltas: float) -> None:
-        """Add to totals and, when a partition is named, to its counters (same field names)."""
+    def add(self, *others: Counters, partition: str | None = None, **deltas: float) -> "CacheMetrics":
+        """Add to the totals and, when a partition is named, the deltas its counters also have to them."""
         with self._lock:
-            for name, delta in deltas.items():
-                setattr(self, name, getattr(self, name) + delta)
-            per_partition = {n: d for n, d in deltas.items() if hasattr(PartitionCounters, n)}
+            super().add(*others, **deltas)
+            per_partition = {n: d for n, d in deltas.items() if n in PartitionCounters._summed()}
             if partition is not None and per_partition:
-                self._bump(partition, per_partition)
+                self.partition(partition).add(**per_partition)
+        return self
 
     def add_to_partition(self, partition: str, **deltas: float) -> None:
         """Add to one partition's counters only (when the total is accounted differently, e.g. wall-clock stall)."""
         with self._lock:
-            self._bump(partition, deltas)
-
-    def _bump(self, partition: str, deltas: dict[str, float]) -> None:
-        """Add to a partition's counters (caller holds the lock)."""
-        counters = self.partition(partition)
-        for name, delta in deltas.items():
-            setattr(counters, name, getattr(counters, name) + delta)
+            self.partition(partition).add(**deltas)
 
     def to_dict(self) -> dict[str, Any]:
         """A plain dict (for JSON output and Spark job results)."""
         with self._lock:
-            data = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("_lock", "per_partition")}
-            data["per_partition"] = {name: asdict(c) for name, c in sorted(self.per_partition.items())}
+            data = super().to_dict()
+            data["per_partition"] = {name: c.to_dict() for name, c in sorted(self.per_partition.items())}
         return data

@@ -285,7 +285,7 @@ class RecordIndexCache:
             if old is not None:
                 self._forget_family(old.cf)
         elapsed = time.perf_counter() - started + prepared.seconds
-        self.metrics.add(partition, loads=1, load_seconds=elapsed)
+        self.metrics.add(partition=partition, loads=1, load_seconds=elapsed)
         self.metrics.add(loaded_entries=prepared.entries)
         return state
 
@@ -364,7 +364,7 @@ class RecordIndexCache:
         else:
             committed_hits = 0
         state.last_access_ms = _now_ms()
-        self.metrics.add(partition, lookups=n, hits=committed_hits, pending_hits=pending_hits,
+        self.metrics.add(partition=partition, lookups=n, hits=committed_hits, pending_hits=pending_hits,
                          misses=n - committed_hits - pending_hits)
         return result
 
@@ -486,7 +486,7 @@ class RecordIndexCache:
             batch.put(registry.partition_key(partition), registry.pack(state))
             store.write(batch)
             changed = plan.changed
-        self.metrics.add(partition, catchup_entries=changed)
+        self.metrics.add(partition=partition, catchup_entries=changed)
         return changed
 
     def set_watermark(self, seq: int) -> None:

@@ -12,7 +12,7 @@ import importlib
 import json
 import re
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
@@ -21,6 +21,7 @@ import pyarrow as pa
 from dbidx import errors
 from dbidx.buckets.assigner import BucketSpec
 from dbidx.config import CacheConfig
+from dbidx.counters import gauge
 from dbidx.errors import CommitError, ConfigError, ConflictError, CorruptFileError, DbidxError, HookError, SchemaError
 from dbidx.mdt import data_reader, data_schema
 from dbidx.mdt.conflicts import TouchedKeys
@@ -46,7 +47,7 @@ class CommitSummary(task.TaskCounts):
     """
 
     instant: str = ""
-    seq: int = 0
+    seq: int = gauge()
     partitions: list[str] = field(default_factory=list)
     data_files: int = 0
     data_bytes: int = 0
@@ -63,7 +64,7 @@ class CommitSummary(task.TaskCounts):
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form (also stored, without per_shard, in the commit's metadata)."""
-        data = asdict(self)
+        data = super().to_dict()
         data["hit_rate"] = round(self.hit_rate, 4)
         return data
 
@@ -393,7 +394,7 @@ def commit_results(writer: Any, results: list[tuple[int, int, bytes]], options: 
                           f"{sorted(set(seen) - set(range(expected_tasks)))[:10]}); the driver may have failed "
                           "while collecting them (out of memory?). Nothing was published; run the upsert again.")
     # 2. Parse every record strictly (task results are input like any other) and check the files exist.
-    files, index_files, touched, per_shard = [], [], [], []
+    files, index_files, touched, per_shard, counts = [], [], [], [], []
     writer.table.refresh()  # tasks tagged against seqs up to the latest; none can be newer
     try:
         for shard, _attempt, payload in results:
@@ -407,13 +408,14 @@ def commit_results(writer: Any, results: list[tuple[int, int, bytes]], options: 
             files += task_files
             index_files += task_index
             touched += task_touched
+            counts += [task.TaskCounts.from_dict(m) for m in result["metrics"]]  # strict: numbers, all present
             per_shard += result["metrics"]
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CommitError(f"instant {writer.instant}: a task result is malformed ({exc}); nothing was "
                           "published") from exc
     _check_files_exist(writer.table.io, writer.instant, [(f.path, f.size) for f in files + index_files]
                        + [(t.path, t.size) for t in touched if t.path])
-    summary = _summarize(writer.instant, files, index_files, per_shard)
+    summary = _summarize(writer.instant, files, index_files, per_shard, counts)
     writer.extra[data_reader.LAYOUT_EXTRA] = {"key": options.key, "partition": options.partition,
                                   "hive_style": options.hive_style, "ordering": options.ordering,
                                   "buckets": options.buckets.to_dict()}
@@ -436,11 +438,9 @@ def _check_files_exist(io: Any, instant: str, expected: list[tuple[str, int]]) -
 
 
 def _summarize(instant: str, files: list[DataFileRecord], index_files: list[FileRecord],
-               per_shard: list[dict[str, Any]]) -> CommitSummary:
+               per_shard: list[dict[str, Any]], counts: list[task.TaskCounts]) -> CommitSummary:
     summary = CommitSummary(instant=instant, seq=0, per_shard=sorted(per_shard, key=lambda m: m["shard"]))
-    for m in per_shard:
-        for name in task.TAG_COUNTS + task.CACHE_COUNTERS:
-            setattr(summary, name, getattr(summary, name) + m[name])
+    summary.add(*counts)
     summary.partitions = sorted({f.partition for f in files})
     summary.data_files = len(files)
     summary.data_bytes = sum(f.size for f in files)

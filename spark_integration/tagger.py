@@ -17,6 +17,7 @@ from dbidx.buckets.assigner import BucketSpec
 from dbidx.cache.codec import split_global_location
 from dbidx.cache.record_cache import GLOBAL_PARTITION, RecordIndexCache
 from dbidx.config import CacheConfig
+from dbidx.counters import Counters
 from dbidx.errors import InvalidInputError, InvalidPartitionError
 from dbidx.mdt.layout import validate_partition
 from dbidx.mdt.table import Table
@@ -109,7 +110,7 @@ class TagOptions:
 
 
 @dataclass
-class TagCounts:
+class TagCounts(Counters):
     """What tagging saw in one shard: rows and their kinds."""
 
     input_rows: int = 0  # rows received, before repeats of a key were collapsed (upsert counts them; tag does not)
@@ -120,11 +121,6 @@ class TagCounts:
     deletes_missing: int = 0  # deletes of keys that are not in the index (nothing to do)
     moves: int = 0  # global mode: existing keys that changed partition
     duplicates_dropped: int = 0
-
-    def add(self, other: "TagCounts") -> None:
-        """Sum another shard's or batch's counts into this one."""
-        for name, value in vars(other).items():
-            setattr(self, name, getattr(self, name) + value)
 
 
 class ShardTagger:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Iterator
 
 import msgpack
@@ -25,6 +25,7 @@ from dbidx.bootstrap.on_demand import ensure_loaded
 from dbidx.cache.catchup import sync
 from dbidx.cache.reaper import reap, sweep_abandoned
 from dbidx.cache.record_cache import RecordIndexCache
+from dbidx.counters import gauge
 from dbidx.errors import CorruptFileError
 from dbidx.mdt.table import Table
 from dbidx.spark_integration import datafiles
@@ -36,7 +37,6 @@ from dbidx.spark_integration.task_index import write_task_index, written_paths
 
 RESULT_DDL = "shard int, attempt long, payload binary"
 REAPER_INFO = "reaper"
-TAG_COUNTS = [f.name for f in fields(TagCounts)]
 _TABLES: dict[tuple[str, str], Table] = {}  # per worker process: Python workers are reused, timelines stay warm
 _TABLES_LOCK = threading.Lock()
 
@@ -54,26 +54,19 @@ class TaskCounts(TagCounts):
     evictions: int = 0
 
 
-CACHE_COUNTERS = [f.name for f in fields(TaskCounts) if f.name not in TAG_COUNTS]
-
-
 @dataclass
 class ShardMetrics(TaskCounts):
     """One shard's work in one task (F30): tagging counts, cache counters, catch-up and timings."""
 
-    shard: int = 0
+    shard: int = gauge()
     open_seconds: float = 0.0
-    sync_seconds: float = 0.0
+    sync_seconds: float = 0.0  # taken from the cache's counters, as its other counters
     tag_seconds: float = 0.0
     write_seconds: float = 0.0
-    cache_disk_bytes: int = 0
-    cache_entries: int = 0
-    tagged_seq: int = 0  # the completion seq the shard's rows were tagged against
+    cache_disk_bytes: int = gauge()
+    cache_entries: int = gauge()
+    tagged_seq: int = gauge()  # the completion seq the shard's rows were tagged against
     partitions: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain dict for msgpack and JSON."""
-        return asdict(self)
 
 
 def warm_table(table: Table) -> Table:
@@ -98,13 +91,10 @@ def shard_session(table: Table, shard: int, options: TagOptions, metrics: ShardM
     cache = RecordIndexCache.for_table(table, shard, options.cache).open()
     try:
         metrics.open_seconds += time.perf_counter() - started
-        result = sync(cache, table)
-        metrics.sync_seconds += result.seconds
-        metrics.tagged_seq = result.to_seq
+        metrics.tagged_seq = sync(cache, table).to_seq
         yield cache
         reap_if_due(cache)
-        for name in CACHE_COUNTERS:
-            setattr(metrics, name, getattr(metrics, name) + getattr(cache.metrics, name))
+        metrics.add(cache.metrics)  # hits, misses, loads and stalls, catch-up entries and seconds, evictions
         metrics.cache_entries = sum(s.entries for s in cache.partitions().values())
         metrics.cache_disk_bytes = cache.disk_bytes()
     finally:
@@ -128,11 +118,6 @@ def reap_if_due(cache: RecordIndexCache, now_ms: int | None = None) -> bool:
     cache.set_info(REAPER_INFO, {"last_ms": now, "dropped": result.dropped,
                                  "abandoned": [a.path for a in abandoned]})
     return True
-
-
-def _count_into(metrics: ShardMetrics, counts: TagCounts) -> None:
-    for name in TAG_COUNTS:
-        setattr(metrics, name, getattr(metrics, name) + getattr(counts, name))
 
 
 def _shard_slices(table: Table, batch: pa.Table, options: TagOptions) -> list[tuple[int, pa.Table]]:
@@ -206,7 +191,7 @@ def upsert_batches(batches: Iterable[pa.RecordBatch], table: Table, options: Tag
                 ensure_loaded(cache, table, tagger.partitions_needed(rows))
                 tagged_parts.append(tagger.tag(cache, rows))
                 metrics.tag_seconds = time.perf_counter() - started
-        _count_into(metrics, tagger.counts)
+        metrics.add(tagger.counts)
         shard_metrics.append(metrics)
     tagged = pa.concat_tables(tagged_parts)
     # 3. Data files, one per (partition, file group) of this attempt, each announced by a marker first.

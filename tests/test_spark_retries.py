@@ -13,7 +13,7 @@ import pytest
 
 from dbidx.buckets.assigner import BucketSpec
 from dbidx.config import CacheConfig
-from dbidx.errors import HookError, InvalidInputError, InvalidKeyError
+from dbidx.errors import CommitError, HookError, InvalidInputError, InvalidKeyError
 from dbidx.mdt.table import Table
 from dbidx.mdt.timeline import ACTION_ROLLBACK
 from dbidx.spark_integration import datafiles, task
@@ -161,6 +161,20 @@ def test_speculative_duplicate_attempts_leave_one_version(setup) -> None:
                                      + [t["path"] for t in results[12]["touched"] if t["path"] not in keep])
     assert parquet_on_disk(table) == {f.path for f in record.data_files}
     assert summary.inserts == shard0.num_rows and len(index_state(table)) == shard0.num_rows
+
+
+def test_a_task_result_with_malformed_metrics_publishes_nothing(setup) -> None:
+    """Task results are input: metrics that are not numbers (or are missing) are a CommitError, nothing published."""
+    table, config = setup
+    options = TagOptions(key="id", partition="dt", cache=config)
+    writer = table.new_commit()
+    results = [task.upsert_batches([], table, options, writer.instant, attempt=a) for a in (1, 2)]
+    results[0]["metrics"] = [task.ShardMetrics(shard=0).to_dict() | {"hits": "many"}]
+    with pytest.raises(CommitError, match="a task result is malformed"):
+        commit_results(writer, [(s, s + 1, task.pack_payload(r)) for s, r in enumerate(results)], options,
+                       expected_tasks=2)
+    writer.rollback()
+    assert [r.action for r in table.timeline.completed()] == [ACTION_ROLLBACK]
 
 
 def test_late_attempts_withdraw_and_leftovers_are_swept(setup) -> None:
