@@ -3,8 +3,9 @@
 RFC-107 loads a cold partition synchronously when the first record for it arrives, so a batch touching five old
 partitions stalls five times in a row (its review comment on stalls). Here the tagger hands over the batch's
 partitions once; all the cold ones load at the same time, and the batch waits once, for the slowest. Concurrent
-callers (threads tagging other batches of the same shard) that need a partition already being loaded wait for
-that load instead of starting a second one (single flight). Stalls are counted in the cache's metrics.
+callers sharing one loader (threads tagging other batches of the same shard) that need a partition already being
+loaded wait for that load instead of starting a second one (single flight). Stalls are counted in the cache's
+metrics. A loader belongs to whoever holds the cache open for a while (a Spark task session), not to the cache.
 """
 from __future__ import annotations
 
@@ -19,10 +20,6 @@ from typing import Any, Callable, Iterable
 from dbidx.bootstrap.loader import prepare_slice
 from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.mdt.table import Table
-
-ATTACHMENT = "on_demand_loader"
-_loaders_lock = threading.Lock()
-
 
 @dataclass
 class OnDemandReport:
@@ -59,6 +56,12 @@ class OnDemandLoader:
     def close(self) -> None:
         """Stop the loading threads (waits for running loads)."""
         self._pool.shutdown(wait=True)
+
+    def __enter__(self) -> "OnDemandLoader":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     def ensure_loaded(self, partitions: Iterable[str]) -> OnDemandReport:
         """Return once every given partition is ready; loads the cold ones concurrently. Raises a load's error."""
@@ -123,15 +126,12 @@ class OnDemandLoader:
                 self._inflight.pop(partition, None)
 
 
-def loader_for(cache: RecordIndexCache, table: Table) -> OnDemandLoader:
-    """The on-demand loader shared by every caller of one open cache (so single flight spans them all)."""
-    with _loaders_lock:
-        loader = cache.attachments.get(ATTACHMENT)
-        if loader is None or loader.table.props.table_id != table.props.table_id:
-            loader = cache.attachments[ATTACHMENT] = OnDemandLoader(cache, table, cache.config.on_demand_workers)
-        return loader
-
-
 def ensure_loaded(cache: RecordIndexCache, table: Table, partitions: Iterable[str]) -> OnDemandReport:
-    """Load every not-ready partition of a batch concurrently; returns when all are ready."""
-    return loader_for(cache, table).ensure_loaded(partitions)
+    """Load every not-ready partition of a batch concurrently; returns when all are ready.
+
+    A loader for this call only (`load.threads` at once). Callers that tag several batches of one open cache
+    concurrently share one `OnDemandLoader` instead, so that a partition two of them need loads once (a Spark task
+    session owns one: spark_integration/task.py).
+    """
+    with OnDemandLoader(cache, table, cache.config.on_demand_workers) as loader:
+        return loader.ensure_loaded(partitions)

@@ -25,7 +25,9 @@ import pyarrow as pa
 
 from dbidx.cache import codec, registry
 from dbidx.cache.changes import last_per_key, plan_changes
+from dbidx.cache.locations import LocationDictionary
 from dbidx.cache.metrics import CacheMetrics
+from dbidx.cache.overlay import OVERLAY_CF, Overlay
 from dbidx.cache.registry import CacheIdentity, PartitionState
 from dbidx.cache.sst_builder import LOCATIONS_KEY, PreparedLoad, build_sst
 from dbidx.cache.store import Store, multi_get
@@ -34,7 +36,6 @@ from dbidx.errors import CacheError, InvalidInputError, PartitionNotReadyError
 from dbidx.mdt.keys import normalize_keys
 from dbidx.mdt.layout import partition_dir_name, validate_partition
 
-OVERLAY_CF = "_overlay"
 GLOBAL_PARTITION = ""  # global mode keeps the whole shard in one partition entry
 WATERMARK_KEY = b"watermark"
 INFO_PREFIX = b"i:"
@@ -63,13 +64,9 @@ class RecordIndexCache:
         self.store: Store | None = None
         self.watermark = 0
         self._states: dict[str, PartitionState] = {}
-        self._locations: dict[str, list[str]] = {}
-        self._decoders: dict[str, dict[bytes, str]] = {}
-        self._encoders: dict[str, dict[str, bytes]] = {}
-        self._pending: dict[str, dict[str, int]] = defaultdict(dict)  # partition -> instant -> entries
+        self._dictionary = LocationDictionary(self.path)
+        self._overlay = Overlay()
         self._lock = threading.RLock()
-        # Helpers of upper layers bound to this open cache (e.g. the on-demand loader); closed and dropped on close.
-        self.attachments: dict[str, Any] = {}
 
     # ---- construction --------------------------------------------------------------------------------------
     @staticmethod
@@ -158,12 +155,12 @@ class RecordIndexCache:
         for name in families - wanted:
             self.store.drop(name)  # type: ignore[union-attr]
         for state in self._states.values():
-            self._load_locations(state.cf)
+            self._dictionary.load(self.store, state.cf)  # type: ignore[arg-type]
             if self.recovered:
                 self._recount(state)
         if self.recovered:
             self.metrics.add(recoveries=1)
-        self._scan_overlay()
+        self._overlay.scan(self.store)  # type: ignore[arg-type]
         db[registry.SESSION_KEY] = registry.SESSION_OPEN
         self.store.flush()  # type: ignore[union-attr]
 
@@ -171,10 +168,6 @@ class RecordIndexCache:
         """Persist counters and last-access times, mark the session closed and release the directory."""
         if self.store is None:
             return
-        for helper in list(self.attachments.values()):
-            if hasattr(helper, "close"):
-                helper.close()
-        self.attachments.clear()
         with self._lock:
             store, self.store = self.store, None
             try:
@@ -218,13 +211,7 @@ class RecordIndexCache:
     def pending_instants(self, partition: str | None = None) -> dict[str, int]:
         """Instants with uncommitted overlay entries (of one partition or all) -> entry count."""
         with self._lock:
-            if partition is not None:
-                return dict(self._pending.get(partition, {}))
-            total: dict[str, int] = defaultdict(int)
-            for per in self._pending.values():
-                for instant, n in per.items():
-                    total[instant] += n
-            return dict(total)
+            return self._overlay.instants(partition)
 
     # ---- loading -------------------------------------------------------------------------------------------
     def load_partition(self, partition: str, keys: Any, locations: Any, synced_seq: int,
@@ -277,7 +264,7 @@ class RecordIndexCache:
             batch.put(registry.partition_key(partition), registry.pack(state))
             store.write(batch)
             self._states[partition] = state
-            self._set_locations(cf, list(prepared.locations))
+            self._dictionary.set(cf, list(prepared.locations))
             # Durable flip (data first, registry last): a crash after this keeps the partition, and the old family
             # can only be dropped once nothing on disk points at it.
             if durable or old is not None:
@@ -292,9 +279,10 @@ class RecordIndexCache:
     def drop_partition(self, partition: str) -> bool:
         """Forget a partition (O(1): drop its column family). Refuses one with uncommitted entries."""
         with self._lock:
-            if self._pending.get(partition):
+            if self._overlay.has_pending(partition):
                 raise CacheError(f"partition {partition!r} has uncommitted entries of instants "
-                                 f"{sorted(self._pending[partition])}; it cannot be dropped until they finish")
+                                 f"{sorted(self._overlay.instants(partition))}; it cannot be dropped until they "
+                                 "finish")
             state = self._states.pop(partition, None)
             if state is None:
                 return False
@@ -324,7 +312,7 @@ class RecordIndexCache:
                     "first"
                 )
             view = store.cf(state.cf)
-            decoder = self._decoders[state.cf]
+            decoder = self._dictionary.decoder(state.cf)
             cf_name = state.cf
         binary = codec.encode_keys_binary(normalize_keys(keys))
         n = len(binary)
@@ -332,15 +320,13 @@ class RecordIndexCache:
         pending_hits = 0
         todo: np.ndarray | None = None  # positions still to look up; None = all of them
         # 1. Overlay: entries of instants that have not completed yet.
-        if self._pending.get(partition):
-            prefix = partition.encode("utf-8") + b"\x00"
-            found = multi_get(store.cf(OVERLAY_CF, create=True), [prefix + k for k in binary.to_pylist()])
+        if self._overlay.has_pending(partition):
             rest = []
-            for i, raw in enumerate(found):
-                if raw is None:
+            for i, location in enumerate(self._overlay.lookup(store, partition, binary.to_pylist())):
+                if location is None:
                     rest.append(i)
                 else:
-                    result[i] = msgpack.unpackb(raw, raw=False)[2]
+                    result[i] = location
                     pending_hits += 1
             todo = np.asarray(rest, dtype=np.int64)
         # 2. Committed entries: multi-get in key order (about twice as fast as input order; codec.lookup_order),
@@ -352,7 +338,7 @@ class RecordIndexCache:
             decoded = list(map(decoder.get, values))  # absent keys: dict.get(None) is None
             absent = values.count(None)
             if decoded.count(None) != absent:  # a stored value the dictionary does not hold as is: never "absent"
-                decoded = [None if raw is None else (loc or self._decode_slow(cf_name, raw))
+                decoded = [None if raw is None else (loc or self._dictionary.decode(cf_name, raw))
                            for raw, loc in zip(values, decoded)]
             committed_hits = len(values) - absent
             positions = order if todo is None else todo[order]
@@ -383,32 +369,8 @@ class RecordIndexCache:
         if len(encoded) != len(locations):
             raise InvalidInputError(f"{len(encoded)} keys but {len(locations)} locations")
         store = self._require_store()
-        prefix = partition.encode("utf-8") + b"\x00"
-        handle = store.handle(OVERLAY_CF)
         with self._lock:
-            batch = store.batch()
-            existing = multi_get(store.cf(OVERLAY_CF), [prefix + k for k in encoded])
-            # 1. Last write per key wins (within the batch too); count entries per owning instant exactly.
-            latest: dict[bytes, str] = {}
-            previous_owner: dict[bytes, str | None] = {}
-            for key, loc, old in zip(encoded, locations, existing):
-                latest[key] = loc
-                if key not in previous_owner:
-                    previous_owner[key] = None if old is None else msgpack.unpackb(old, raw=False)[0]
-            per = self._pending[partition]
-            added = 0
-            for key, loc in latest.items():
-                batch.put(prefix + key, msgpack.packb([instant, attempt, loc]), handle)
-                owner = previous_owner[key]
-                if owner == instant:
-                    continue
-                if owner is not None:  # the key moves from another pending instant to this one
-                    per[owner] -= 1
-                    if per[owner] <= 0:
-                        del per[owner]
-                added += 1
-            store.write(batch)
-            per[instant] = per.get(instant, 0) + added
+            added = self._overlay.put(store, instant, partition, encoded, locations, attempt)
             self.touch(partition)
         return added
 
@@ -416,37 +378,8 @@ class RecordIndexCache:
         """Remove an instant's overlay entries (all, or one task attempt's): after it completed in the MDT
         (catch-up has applied its committed entries) or after it was rolled back. Returns entries removed."""
         store = self._require_store()
-        overlay = store.cf(OVERLAY_CF, create=True)
-        handle = store.handle(OVERLAY_CF)
-        removed: dict[str, int] = defaultdict(int)
         with self._lock:
-            batch = store.batch()
-            for key, raw in overlay.items():
-                entry_instant, entry_attempt, _loc = msgpack.unpackb(raw, raw=False)
-                if entry_instant == instant and (attempt is None or entry_attempt == attempt):
-                    batch.delete(key, handle)
-                    removed[key.split(b"\x00", 1)[0].decode("utf-8")] += 1
-            store.write(batch)
-            for partition, n in removed.items():
-                per = self._pending.get(partition, {})
-                left = per.get(instant, 0) - n
-                if left > 0 and attempt is not None:
-                    per[instant] = left
-                else:
-                    per.pop(instant, None)
-                if not per:
-                    self._pending.pop(partition, None)
-        return sum(removed.values())
-
-    def _scan_overlay(self) -> None:
-        """Rebuild the in-memory pending counts from the overlay column family."""
-        store = self._require_store()
-        if OVERLAY_CF not in store.column_families():
-            return
-        for key, raw in store.cf(OVERLAY_CF).items():
-            instant = msgpack.unpackb(raw, raw=False)[0]
-            partition = key.split(b"\x00", 1)[0].decode("utf-8")
-            self._pending[partition][instant] = self._pending[partition].get(instant, 0) + 1
+            return self._overlay.finish(store, instant, attempt)
 
     # ---- committed changes (catch-up) ----------------------------------------------------------------------
     def apply(self, partition: str, keys: Sequence[str] | pa.Array, locations: Sequence[str | None],
@@ -467,12 +400,12 @@ class RecordIndexCache:
                                                                        deleted)
             family, handle = store.cf(state.cf), store.handle(state.cf)
             old_values = multi_get(family, unique_keys)
-            get = self._decoders[state.cf].get
             plan = plan_changes(unique_keys, final_locations, final_deleted, old_values,
-                                lambda raw: get(raw) or self._decode_slow(state.cf, raw))
+                                lambda raw: self._dictionary.decode(state.cf, raw))
             # 2. One write batch: new dictionary entries first, then the puts and deletes, then the registry.
             batch = store.batch()
-            values = {loc: self._encode_location(state.cf, loc, batch) for loc in dict.fromkeys(plan.put_locations)}
+            values = {loc: self._dictionary.encode(store, state.cf, loc, batch)
+                      for loc in dict.fromkeys(plan.put_locations)}
             put, delete = batch.put, batch.delete
             for key, loc in zip(plan.put_keys, plan.put_locations):
                 put(key, values[loc], handle)
@@ -526,11 +459,10 @@ class RecordIndexCache:
             state = self._states.get(partition)
             if state is None:
                 raise PartitionNotReadyError(f"partition {partition!r} is not loaded in cache {self.path}")
-            decoder = self._decoders[state.cf]
             view = self._require_store().cf(state.cf)
         for key, raw in view.items():
             if key != LOCATIONS_KEY:
-                yield codec.decode_key(key), decoder.get(raw) or self._decode_slow(state.cf, raw)
+                yield codec.decode_key(key), self._dictionary.decode(state.cf, raw)
 
     def flush(self) -> None:
         """Persist all memtables (data first, registry last)."""
@@ -541,36 +473,6 @@ class RecordIndexCache:
         if self.store is None:
             raise CacheError(f"cache {self.path} is not open")
         return self.store
-
-    def _load_locations(self, cf: str) -> None:
-        self._set_locations(cf, registry.unpack_list(self._require_store().cf(cf).get(LOCATIONS_KEY)))
-
-    def _set_locations(self, cf: str, locations: list[str]) -> None:
-        self._locations[cf] = locations
-        self._decoders[cf] = {codec.encode_index(i): loc for i, loc in enumerate(locations)}
-        self._encoders[cf] = {loc: value for value, loc in self._decoders[cf].items()}
-
-    def _decode_slow(self, cf: str, raw: bytes) -> str:
-        index = codec.decode_index(raw)
-        locations = self._locations.get(cf, [])
-        if index >= len(locations):
-            raise CacheError(f"cache {self.path}: column family {cf!r} has location #{index} but its dictionary "
-                             f"holds {len(locations)}; the cache is damaged, delete it to rebuild")
-        return locations[index]
-
-    def _encode_location(self, cf: str, location: str, batch: Any) -> bytes:
-        """The stored value of a location, extending the family's dictionary in the same write batch."""
-        known = self._encoders[cf].get(location)
-        if known is not None:
-            return known
-        locations = self._locations[cf]
-        locations.append(location)
-        value = codec.encode_index(len(locations) - 1)
-        self._decoders[cf][value] = location
-        self._encoders[cf][location] = value
-        store = self._require_store()
-        batch.put(LOCATIONS_KEY, registry.pack(locations), store.handle(cf))
-        return value
 
     @staticmethod
     def _bump_fill(state: PartitionState, location: str | None, delta: int) -> None:
@@ -584,18 +486,15 @@ class RecordIndexCache:
 
     def _forget_family(self, cf: str) -> None:
         self._require_store().drop(cf)
-        self._locations.pop(cf, None)
-        self._decoders.pop(cf, None)
-        self._encoders.pop(cf, None)
+        self._dictionary.forget(cf)
 
     def _recount(self, state: PartitionState) -> None:
         """After an unclean shutdown the data may be ahead of the registry: recount entries and fills."""
-        decoder = self._decoders[state.cf]
         fills: dict[str, int] = defaultdict(int)
         entries = 0
         for key, raw in self._require_store().cf(state.cf).items():
             if key != LOCATIONS_KEY:
-                fills[decoder.get(raw) or self._decode_slow(state.cf, raw)] += 1
+                fills[self._dictionary.decode(state.cf, raw)] += 1
                 entries += 1
         state.entries, state.fills = entries, dict(fills)
         self._db()[registry.partition_key(state.partition)] = registry.pack(state)

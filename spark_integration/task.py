@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dbidx.bootstrap.on_demand import ensure_loaded
+from dbidx.bootstrap.on_demand import OnDemandLoader
 from dbidx.cache.catchup import sync
 from dbidx.cache.reaper import reap, sweep_abandoned
 from dbidx.cache.record_cache import RecordIndexCache
@@ -84,15 +84,25 @@ def warm_table(table: Table) -> Table:
         return known
 
 
+@dataclass
+class OpenShard:
+    """A task's hold on one shard: its open cache and the on-demand loader serving it (both end with the session)."""
+
+    cache: RecordIndexCache
+    loader: OnDemandLoader
+
+
 @contextmanager
-def shard_session(table: Table, shard: int, options: TagOptions, metrics: ShardMetrics) -> Iterator[RecordIndexCache]:
-    """The shard's cache, opened under its lock and caught up to the latest commit; closed when the block ends."""
+def shard_session(table: Table, shard: int, options: TagOptions, metrics: ShardMetrics) -> Iterator[OpenShard]:
+    """The shard's cache, opened under its lock and caught up to the latest commit, with the session's on-demand
+    loader; both closed when the block ends (the loader first: no load outlives the cache it writes)."""
     started = time.perf_counter()
     cache = RecordIndexCache.for_table(table, shard, options.cache).open()
     try:
         metrics.open_seconds += time.perf_counter() - started
         metrics.tagged_seq = sync(cache, table).to_seq
-        yield cache
+        with OnDemandLoader(cache, table, cache.config.on_demand_workers) as loader:
+            yield OpenShard(cache, loader)
         reap_if_due(cache)
         metrics.add(cache.metrics)  # hits, misses, loads and stalls, catch-up entries and seconds, evictions
         metrics.cache_entries = sum(s.entries for s in cache.partitions().values())
@@ -138,7 +148,7 @@ def tag_batches(batches: Iterable[pa.RecordBatch], table: Table, options: TagOpt
     table = warm_table(table)
     taggers: dict[int, ShardTagger] = {}
     with ExitStack() as stack:
-        current: tuple[int, ExitStack, RecordIndexCache] | None = None
+        current: tuple[int, ExitStack, OpenShard] | None = None
         for record_batch in batches:
             batch = pa.Table.from_batches([record_batch])
             if batch.num_rows == 0:
@@ -149,11 +159,11 @@ def tag_batches(batches: Iterable[pa.RecordBatch], table: Table, options: TagOpt
                     if current is not None:
                         current[1].close()  # the previous shard finished cleanly: its epilogue runs
                     session = stack.enter_context(ExitStack())
-                    cache = session.enter_context(shard_session(table, shard, options, ShardMetrics(shard=shard)))
-                    current = (shard, session, cache)
+                    held = session.enter_context(shard_session(table, shard, options, ShardMetrics(shard=shard)))
+                    current = (shard, session, held)
                 tagger = taggers.setdefault(shard, ShardTagger(table, shard, options))
-                ensure_loaded(current[2], table, tagger.partitions_needed(rows))
-                yield from tagger.tag(current[2], rows).to_batches()
+                current[2].loader.ensure_loaded(tagger.partitions_needed(rows))
+                yield from tagger.tag(current[2].cache, rows).to_batches()
 
 
 def upsert_batches(batches: Iterable[pa.RecordBatch], table: Table, options: TagOptions, instant: str,
@@ -186,10 +196,10 @@ def upsert_batches(batches: Iterable[pa.RecordBatch], table: Table, options: Tag
             tagged_parts.append(tagger.tag_new(rows))
             metrics.tag_seconds, metrics.tagged_seq = time.perf_counter() - started, options.bulk_seq
         else:
-            with shard_session(table, shard, options, metrics) as cache:
+            with shard_session(table, shard, options, metrics) as held:
                 started = time.perf_counter()
-                ensure_loaded(cache, table, tagger.partitions_needed(rows))
-                tagged_parts.append(tagger.tag(cache, rows))
+                held.loader.ensure_loaded(tagger.partitions_needed(rows))
+                tagged_parts.append(tagger.tag(held.cache, rows))
                 metrics.tag_seconds = time.perf_counter() - started
         metrics.add(tagger.counts)
         shard_metrics.append(metrics)

@@ -253,17 +253,17 @@ def test_caches_written_with_whole_file_filters_stay_readable(tmp_path, monkeypa
 
 def test_on_demand_loads_at_once_follow_load_threads(tmp_path):
     """load.threads bounds the concurrent on-demand loads of one open cache (memory); 0 = one per core, <= 8."""
-    from dbidx.bootstrap.on_demand import loader_for
+    from dbidx.spark_integration.tagger import TagOptions
+    from dbidx.spark_integration.task import ShardMetrics, shard_session
 
     assert CacheConfig.from_sources({"load.threads": "3"}, environ={}).on_demand_workers == 3
     assert 1 <= CacheConfig().on_demand_workers == min(8, os.cpu_count() or 1)
     with pytest.raises(ConfigError, match="load.threads"):
         CacheConfig(load_threads=-1)
     table = make_table(tmp_path)
-    with RecordIndexCache.for_table(table, 0, CacheConfig(base_path=str(tmp_path / "b"), load_threads=2)).open() \
-            as cache:
-        loader = loader_for(cache, table)
-        assert loader.workers == 2
+    options = TagOptions(key="id", partition="dt", cache=CacheConfig(base_path=str(tmp_path / "b"), load_threads=2))
+    with shard_session(table, 0, options, ShardMetrics()) as held:  # a task session owns its loader
+        assert held.loader.workers == 2 and held.loader.cache is held.cache
 
 
 def test_config_values_are_read_by_their_declared_types():

@@ -1,0 +1,72 @@
+"""The location dictionary of each column family: file-group ids (global mode: "partition\\0file group") stored
+once per family, entries holding only the varint index of theirs (cache/codec.py).
+
+The list lives in the family itself under LOCATIONS_KEY (written by the SST builder for a load, extended in the
+same write batch as the entries that need a new location), so a family is self-describing; this class keeps its
+decode and encode maps in memory per open family.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from dbidx.cache import codec, registry
+from dbidx.cache.sst_builder import LOCATIONS_KEY
+from dbidx.cache.store import Store
+from dbidx.errors import CacheError
+
+
+class LocationDictionary:
+    """Per column family: location list, stored value -> location, location -> stored value."""
+
+    def __init__(self, cache_path: Path) -> None:
+        self.cache_path = cache_path
+        self._locations: dict[str, list[str]] = {}
+        self._decoders: dict[str, dict[bytes, str]] = {}
+        self._encoders: dict[str, dict[str, bytes]] = {}
+
+    def load(self, store: Store, cf: str) -> None:
+        """Read a family's stored dictionary (after open or ingest)."""
+        self.set(cf, registry.unpack_list(store.cf(cf).get(LOCATIONS_KEY)))
+
+    def set(self, cf: str, locations: list[str]) -> None:
+        """Adopt a family's dictionary as a list (a load's SST carries the same list)."""
+        self._locations[cf] = locations
+        self._decoders[cf] = {codec.encode_index(i): loc for i, loc in enumerate(locations)}
+        self._encoders[cf] = {loc: value for value, loc in self._decoders[cf].items()}
+
+    def decoder(self, cf: str) -> dict[bytes, str]:
+        """The stored value -> location map of a family (take it together with the family's view)."""
+        return self._decoders[cf]
+
+    def decode(self, cf: str, raw: bytes) -> str:
+        """The location of a stored value, also when it is not in the canonical map (a non-minimal varint); an
+        index past the dictionary is a damaged cache (CacheError), never a missing key."""
+        known = self._decoders[cf].get(raw)
+        if known is not None:
+            return known
+        index = codec.decode_index(raw)
+        locations = self._locations.get(cf, [])
+        if index >= len(locations):
+            raise CacheError(f"cache {self.cache_path}: column family {cf!r} has location #{index} but its "
+                             f"dictionary holds {len(locations)}; the cache is damaged, delete it to rebuild")
+        return locations[index]
+
+    def encode(self, store: Store, cf: str, location: str, batch: Any) -> bytes:
+        """The stored value of a location, extending the family's dictionary in the same write batch."""
+        known = self._encoders[cf].get(location)
+        if known is not None:
+            return known
+        locations = self._locations[cf]
+        locations.append(location)
+        value = codec.encode_index(len(locations) - 1)
+        self._decoders[cf][value] = location
+        self._encoders[cf][location] = value
+        batch.put(LOCATIONS_KEY, registry.pack(locations), store.handle(cf))
+        return value
+
+    def forget(self, cf: str) -> None:
+        """Drop a family's maps (the family was dropped or replaced)."""
+        self._locations.pop(cf, None)
+        self._decoders.pop(cf, None)
+        self._encoders.pop(cf, None)

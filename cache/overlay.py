@@ -1,0 +1,112 @@
+"""The overlay: entries assigned by instants that have not completed yet, served before committed ones (F10, F11).
+
+Stored in the `_overlay` column family as `<partition>\\0<encoded key>` -> msgpack [instant, task attempt,
+location], so they survive a reopen; per partition and instant, how many entries are pending is kept in memory
+(rebuilt by `scan` on open). An instant's entries go when the MDT settles it: completed (catch-up has applied its
+committed entries) or rolled back. The Spark upsert path does not stage entries here (tasks never write the cache:
+docs/DESIGN.md section 3); library callers that tag several batches before one commit do, and the reaper never
+drops a partition that still has some.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Sequence
+
+import msgpack
+
+from dbidx.cache.store import Store, multi_get
+
+OVERLAY_CF = "_overlay"
+
+
+class Overlay:
+    """Pending (uncommitted) entries of one open cache, and their counts per partition and instant."""
+
+    def __init__(self) -> None:
+        self._pending: dict[str, dict[str, int]] = defaultdict(dict)  # partition -> instant -> entries
+
+    @staticmethod
+    def _prefix(partition: str) -> bytes:
+        return partition.encode("utf-8") + b"\x00"
+
+    def scan(self, store: Store) -> None:
+        """Rebuild the in-memory counts from the column family (on open)."""
+        if OVERLAY_CF not in store.column_families():
+            return
+        for key, raw in store.cf(OVERLAY_CF).items():
+            instant = msgpack.unpackb(raw, raw=False)[0]
+            partition = key.split(b"\x00", 1)[0].decode("utf-8")
+            self._pending[partition][instant] = self._pending[partition].get(instant, 0) + 1
+
+    def has_pending(self, partition: str) -> bool:
+        """Whether a partition has entries of unsettled instants."""
+        return bool(self._pending.get(partition))
+
+    def instants(self, partition: str | None = None) -> dict[str, int]:
+        """Instants with pending entries (of one partition or all) -> entry count."""
+        if partition is not None:
+            return dict(self._pending.get(partition, {}))
+        total: dict[str, int] = defaultdict(int)
+        for per in self._pending.values():
+            for instant, n in per.items():
+                total[instant] += n
+        return dict(total)
+
+    def lookup(self, store: Store, partition: str, encoded: list[bytes]) -> list[str | None]:
+        """Pending location of each encoded key (None where no unsettled instant assigned one)."""
+        prefix = self._prefix(partition)
+        found = multi_get(store.cf(OVERLAY_CF, create=True), [prefix + k for k in encoded])
+        return [None if raw is None else msgpack.unpackb(raw, raw=False)[2] for raw in found]
+
+    def put(self, store: Store, instant: str, partition: str, encoded: Sequence[bytes], locations: Sequence[str],
+            attempt: str) -> int:
+        """Stage locations of an instant (the last per key wins); returns entries newly owned by the instant."""
+        prefix = self._prefix(partition)
+        handle = store.handle(OVERLAY_CF)
+        batch = store.batch()
+        existing = multi_get(store.cf(OVERLAY_CF), [prefix + k for k in encoded])
+        # 1. Last write per key wins (within the batch too); count entries per owning instant exactly.
+        latest: dict[bytes, str] = {}
+        previous_owner: dict[bytes, str | None] = {}
+        for key, loc, old in zip(encoded, locations, existing):
+            latest[key] = loc
+            if key not in previous_owner:
+                previous_owner[key] = None if old is None else msgpack.unpackb(old, raw=False)[0]
+        per = self._pending[partition]
+        added = 0
+        for key, loc in latest.items():
+            batch.put(prefix + key, msgpack.packb([instant, attempt, loc]), handle)
+            owner = previous_owner[key]
+            if owner == instant:
+                continue
+            if owner is not None:  # the key moves from another pending instant to this one
+                per[owner] -= 1
+                if per[owner] <= 0:
+                    del per[owner]
+            added += 1
+        store.write(batch)
+        per[instant] = per.get(instant, 0) + added
+        return added
+
+    def finish(self, store: Store, instant: str, attempt: str | None = None) -> int:
+        """Remove an instant's entries (all, or one task attempt's); returns how many."""
+        overlay = store.cf(OVERLAY_CF, create=True)
+        handle = store.handle(OVERLAY_CF)
+        removed: dict[str, int] = defaultdict(int)
+        batch = store.batch()
+        for key, raw in overlay.items():
+            entry_instant, entry_attempt, _loc = msgpack.unpackb(raw, raw=False)
+            if entry_instant == instant and (attempt is None or entry_attempt == attempt):
+                batch.delete(key, handle)
+                removed[key.split(b"\x00", 1)[0].decode("utf-8")] += 1
+        store.write(batch)
+        for partition, n in removed.items():
+            per = self._pending.get(partition, {})
+            left = per.get(instant, 0) - n
+            if left > 0 and attempt is not None:
+                per[instant] = left
+            else:
+                per.pop(instant, None)
+            if not per:
+                self._pending.pop(partition, None)
+        return sum(removed.values())
