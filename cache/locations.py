@@ -7,6 +7,7 @@ decode and encode maps in memory per open family.
 """
 from __future__ import annotations
 
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,16 @@ class LocationDictionary:
         self._encoders[cf][location] = value
         batch.put(LOCATIONS_KEY, registry.pack(locations), store.handle(cf))
         return value
+
+    def count(self, store: Store, cf: str) -> tuple[int, dict[str, int]]:
+        """(entries, live keys per location) of a family, read from its data (recovery after a crash)."""
+        fills: dict[str, int] = defaultdict(int)
+        entries = 0
+        for key, raw in store.cf(cf).items():
+            if key != LOCATIONS_KEY:
+                fills[self.decode(cf, raw)] += 1
+                entries += 1
+        return entries, dict(fills)
 
     def forget(self, cf: str) -> None:
         """Drop a family's maps (the family was dropped or replaced)."""

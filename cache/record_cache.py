@@ -15,11 +15,9 @@ import shutil
 import threading
 import time
 import uuid
-from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-import msgpack
 import numpy as np
 import pyarrow as pa
 
@@ -37,8 +35,6 @@ from dbidx.mdt.keys import normalize_keys
 from dbidx.mdt.layout import partition_dir_name, validate_partition
 
 GLOBAL_PARTITION = ""  # global mode keeps the whole shard in one partition entry
-WATERMARK_KEY = b"watermark"
-INFO_PREFIX = b"i:"
 
 
 def _now_ms() -> int:
@@ -126,30 +122,13 @@ class RecordIndexCache:
     def _open_registry(self) -> None:
         db = self._db()
         # 1. Identity: a directory never serves another table, shard count or shard.
-        raw_meta = db.get(registry.META_KEY)
-        if raw_meta is None and self.identity is None:
-            raise CacheError(f"{self.path} is not a dbidx cache (its registry has no identity); pass the cache "
-                             "directory of one shard, e.g. <base>/<table id>-<location hash>/shard-00000-of-00004")
-        if raw_meta is None:
-            db[registry.META_KEY] = registry.pack(self.identity)
-        elif self.identity is None:  # opened by path only (CLI tools): adopt what the directory says
-            self.identity = registry.unpack_identity(raw_meta)
-        else:
-            self.identity.check(registry.unpack_identity(raw_meta), str(self.path))
+        self.identity = registry.open_identity(db, self.identity, self.path)
         # 2. Crash detection: "open" still set means the last user did not close cleanly.
         self.recovered = db.get(registry.SESSION_KEY) == registry.SESSION_OPEN
         # 3. Registry entries; a ready partition whose column family is gone is not loaded.
         families = set(self.store.column_families())  # type: ignore[union-attr]
-        for key, raw in db.items(from_key=b"p:"):
-            if not key.startswith(b"p:"):
-                break
-            state = registry.unpack_state(raw)
-            if state.ready and state.cf in families:
-                self._states[state.partition] = state
-            else:
-                del db[key]
-        raw_wm = db.get(WATERMARK_KEY)
-        self.watermark = int(raw_wm.decode()) if raw_wm else 0
+        self._states = registry.ready_states(db, families, self.path)
+        self.watermark = registry.read_watermark(db, self.path)
         # 4. Families nobody points at are leftovers of interrupted loads or drops.
         wanted = {s.cf for s in self._states.values()} | {OVERLAY_CF}
         for name in families - wanted:
@@ -429,7 +408,7 @@ class RecordIndexCache:
                 state.synced_seq = max(state.synced_seq, seq)
             self.watermark = seq
             batch = self._require_store().batch()
-            batch.put(WATERMARK_KEY, str(seq).encode())
+            batch.put(registry.WATERMARK_KEY, str(seq).encode())
             for state in self._states.values():
                 batch.put(registry.partition_key(state.partition), registry.pack(state))
             self._require_store().write(batch)
@@ -437,12 +416,11 @@ class RecordIndexCache:
     def set_info(self, name: str, value: dict[str, Any]) -> None:
         """Store a small named record in the registry (e.g. the last bootstrap's window and instant)."""
         with self._lock:
-            self._db()[INFO_PREFIX + name.encode("utf-8")] = registry.pack(value)
+            self._db()[registry.info_key(name)] = registry.pack(value)
 
     def info(self, name: str) -> dict[str, Any] | None:
         """A named registry record written by set_info (None if never written)."""
-        raw = self._db().get(INFO_PREFIX + name.encode("utf-8"))
-        return None if raw is None else msgpack.unpackb(raw, raw=False)
+        return registry.read_info(self._db(), name, self.path)
 
     # ---- sizes and iteration -------------------------------------------------------------------------------
     def disk_bytes(self, partition: str | None = None) -> int:
@@ -490,11 +468,5 @@ class RecordIndexCache:
 
     def _recount(self, state: PartitionState) -> None:
         """After an unclean shutdown the data may be ahead of the registry: recount entries and fills."""
-        fills: dict[str, int] = defaultdict(int)
-        entries = 0
-        for key, raw in self._require_store().cf(state.cf).items():
-            if key != LOCATIONS_KEY:
-                fills[self._dictionary.decode(state.cf, raw)] += 1
-                entries += 1
-        state.entries, state.fills = entries, dict(fills)
+        state.entries, state.fills = self._dictionary.count(self._require_store(), state.cf)
         self._db()[registry.partition_key(state.partition)] = registry.pack(state)

@@ -4,18 +4,22 @@ Keys (msgpack values):
   b"meta"            cache identity: table id, num_shards, shard, index mode, format (a dir never serves another table)
   b"session"         b"open" while a process uses the cache, b"closed" after a clean close (crash detection)
   b"p:" + partition  PartitionState of one data partition (global mode: the single partition "")
+  b"watermark"       the completion seq the whole cache is caught up to (decimal text)
   b"i:" + name       small named records (e.g. "bootstrap": the last time-bounded load's window and instant)
+Every value is read back as untrusted: one that does not parse is a CacheError naming the cache (it is disposable:
+deleting it rebuilds it from the index).
 Each partition column family also holds its location dictionary (see sst_builder.LOCATIONS_KEY).
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import msgpack
 import xxhash
 
-from dbidx.errors import CacheMismatchError
+from dbidx.errors import CacheError, CacheMismatchError
 
 FORMAT = 1
 LOADING = "loading"
@@ -24,6 +28,9 @@ META_KEY = b"meta"
 SESSION_KEY = b"session"
 SESSION_OPEN = b"open"
 SESSION_CLOSED = b"closed"
+WATERMARK_KEY = b"watermark"
+PARTITION_PREFIX = b"p:"
+INFO_PREFIX = b"i:"
 
 
 @dataclass(frozen=True)
@@ -80,7 +87,12 @@ class PartitionState:
 
 def partition_key(partition: str) -> bytes:
     """Registry key of a partition."""
-    return b"p:" + partition.encode("utf-8")
+    return PARTITION_PREFIX + partition.encode("utf-8")
+
+
+def info_key(name: str) -> bytes:
+    """Registry key of a named record."""
+    return INFO_PREFIX + name.encode("utf-8")
 
 
 def pack(value: Any) -> bytes:
@@ -103,3 +115,64 @@ def unpack_identity(raw: bytes) -> CacheIdentity:
 def unpack_list(raw: bytes | None) -> list[str]:
     """Read a location dictionary."""
     return [] if raw is None else list(msgpack.unpackb(raw, raw=False))
+
+
+def _damaged(path: Path, what: str, exc: Exception) -> CacheError:
+    return CacheError(f"cache {path}: its registry's {what} is damaged ({type(exc).__name__}: {exc}); delete the "
+                      "cache directory to rebuild it from the index")
+
+
+def open_identity(db: Any, identity: CacheIdentity | None, path: Path) -> CacheIdentity:
+    """The identity a cache directory holds, written on first open and checked on every later one: a directory
+    never serves another table, shard count or shard. identity None: adopt what the directory says (CLI tools)."""
+    raw = db.get(META_KEY)
+    if raw is None and identity is None:
+        raise CacheError(f"{path} is not a dbidx cache (its registry has no identity); pass the cache directory of "
+                         "one shard, e.g. <base>/<table id>-<location hash>/shard-00000-of-00004")
+    if raw is None:
+        db[META_KEY] = pack(identity)
+        return identity  # type: ignore[return-value]
+    try:
+        stored = unpack_identity(raw)
+    except Exception as exc:  # noqa: BLE001 - any decode failure of stored bytes means damage
+        raise _damaged(path, "identity", exc) from exc
+    if identity is None:
+        return stored
+    identity.check(stored, str(path))
+    return identity
+
+
+def ready_states(db: Any, families: set[str], path: Path) -> dict[str, PartitionState]:
+    """The ready partitions whose column family exists; other partition entries are deleted (a load or drop that
+    did not finish)."""
+    states: dict[str, PartitionState] = {}
+    for key, raw in db.items(from_key=PARTITION_PREFIX):
+        if not key.startswith(PARTITION_PREFIX):
+            break
+        try:
+            state = unpack_state(raw)
+        except Exception as exc:  # noqa: BLE001
+            raise _damaged(path, f"entry {bytes(key[:80])!r}", exc) from exc
+        if state.ready and state.cf in families:
+            states[state.partition] = state
+        else:
+            del db[key]
+    return states
+
+
+def read_watermark(db: Any, path: Path) -> int:
+    """The completion seq the cache is caught up to (0 for a new cache)."""
+    raw = db.get(WATERMARK_KEY)
+    try:
+        return int(raw.decode("ascii")) if raw else 0
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise _damaged(path, "watermark", exc) from exc
+
+
+def read_info(db: Any, name: str, path: Path) -> dict[str, Any] | None:
+    """A named record (None if never written)."""
+    raw = db.get(info_key(name))
+    try:
+        return None if raw is None else msgpack.unpackb(raw, raw=False)
+    except Exception as exc:  # noqa: BLE001
+        raise _damaged(path, f"record {name!r}", exc) from exc

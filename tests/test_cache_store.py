@@ -12,7 +12,7 @@ from dbidx.cache import codec
 from dbidx.cache.record_cache import OVERLAY_CF, RecordIndexCache
 from dbidx.cache.registry import CacheIdentity
 from dbidx.config import CacheConfig, default_base_path, prepare_dir
-from dbidx.errors import (CacheBusyError, CacheMismatchError, ConfigError, InvalidInputError,
+from dbidx.errors import (CacheBusyError, CacheError, CacheMismatchError, ConfigError, InvalidInputError,
                           PartitionNotReadyError)
 
 from tests.cache_helpers import DAY1, DAY2, make_table, open_cache, truth
@@ -276,3 +276,21 @@ def test_config_values_are_read_by_their_declared_types():
         CacheConfig.from_sources({"compression": "brotli"}, environ={})
     with pytest.raises(ConfigError, match=r"DBIDX_CACHE_LOAD_THREADS: cannot read 'two' as int for load_threads"):
         CacheConfig.from_sources(environ={"DBIDX_CACHE_LOAD_THREADS": "two"})
+
+
+@pytest.mark.parametrize("key", [b"p:" + DAY1.encode(), b"watermark", b"meta"])
+def test_damaged_registry_bytes_are_a_cache_error_naming_the_cache(tmp_path, key):
+    """Registry values are read back as untrusted input: garbage is a CacheError that says to rebuild, never a
+    partition read with made-up counters or a crash with a bare TypeError."""
+    from dbidx.cache.store import Store
+
+    with RecordIndexCache(tmp_path / "c", ident()) as cache:
+        cache.load_partition(DAY1, ["k1"], ["fg-1"], synced_seq=1)
+        cache.set_watermark(1)
+    store = Store(tmp_path / "c", CacheConfig()).open()
+    try:
+        store.db[key] = b"\xc1 not msgpack" if key != b"watermark" else b"12x"
+    finally:
+        store.close()
+    with pytest.raises(CacheError, match=r"registry's .* is damaged .*delete the cache directory to rebuild"):
+        RecordIndexCache(tmp_path / "c", ident()).open()
