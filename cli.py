@@ -13,13 +13,12 @@ import sys
 import traceback
 from dataclasses import asdict, is_dataclass
 from functools import partial
-from pathlib import Path
 from typing import Any, Callable
 
 import click
 
-from dbidx import __version__
-from dbidx.errors import CacheError, DbidxError, InvalidInputError
+from dbidx import __version__, cli_cache
+from dbidx.errors import DbidxError
 
 class Output:
     """Prints a command's result as human text or as one JSON object (`--json`)."""
@@ -93,11 +92,13 @@ class DbidxGroup(click.Group):
 @click.group(cls=DbidxGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="dbidx")
 @click.option("--verbose", is_flag=True, help="Print the traceback of an unexpected error (for a bug report).")
+@click.option("--json", "as_json", is_flag=True, help="Print every result as one JSON object (as each command's "
+              "--json does).")
 @click.option("--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
               help="Object-store option for the table (endpoint, region, access_key_id, secret_access_key, "
                    "allow_http, ...; repeatable). The AWS_*/GOOGLE_*/AZURE_* environment variables work too.")
 @click.pass_context
-def main(ctx: click.Context, verbose: bool, storage_options: tuple[str, ...]) -> None:
+def main(ctx: click.Context, verbose: bool, as_json: bool, storage_options: tuple[str, ...]) -> None:
     """dbidx: executor-local RocksDB record-index cache for PySpark upserts, over a persisted record index."""
     options = {}
     for item in storage_options:
@@ -105,7 +106,7 @@ def main(ctx: click.Context, verbose: bool, storage_options: tuple[str, ...]) ->
         if not sep or not key:
             raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--storage-option")
         options[key.strip()] = value
-    ctx.obj = {"storage_options": options}
+    ctx.obj = {"storage_options": options, "json": as_json}
 
 
 def _storage_options() -> dict[str, str]:
@@ -125,7 +126,7 @@ def init_cmd(uri: str, num_shards: int, global_index: bool, as_json: bool) -> No
     from dbidx.mdt.table import Table
 
     table = Table.create(uri, num_shards=num_shards, global_index=global_index, storage_options=_storage_options())
-    Output(as_json).emit(asdict(table.props) | {"uri": table.uri},
+    output(as_json).emit(asdict(table.props) | {"uri": table.uri},
                          lambda p: f"created {p['index_mode']} table {p['uri']} with {p['num_shards']} shards")
 
 
@@ -145,11 +146,11 @@ def build_index_cmd(uri: str, key_column: str, partition_columns: tuple[str, ...
 
     table = Table.open_or_create(uri, num_shards=num_shards, global_index=global_index,
                                  storage_options=_storage_options())
-    with _progress("indexing data files", as_json) as progress:
+    with _progress("indexing data files", wants_json(as_json)) as progress:
         result = build_index(table, key_column, partition_columns or None, progress=progress)
     payload = {"instant": result.instant, "files": result.files, "partitions": result.partitions,
                "keys": result.keys, "uri": table.uri}
-    Output(as_json).emit(payload, lambda p: f"indexed {p['keys']} keys from {p['files']} files in "
+    output(as_json).emit(payload, lambda p: f"indexed {p['keys']} keys from {p['files']} files in "
                                             f"{p['partitions']} partitions (instant {p['instant']})")
 
 
@@ -171,7 +172,7 @@ def lookup_cmd(keys: tuple[str, ...], uri: str, partition: str | None, mode: str
         lines = [f"{r['key']}\t{r.get('partition', partition)}\t{r['file_group']}\t{r['instant']}" for r in p["found"]]
         return "\n".join(lines + [f"{k}\t(not in index: new key)" for k in p["missing"]])
 
-    Output(as_json).emit(payload, text)
+    output(as_json).emit(payload, text)
     if payload["missing"] and not payload["found"]:
         sys.exit(1)
 
@@ -186,7 +187,7 @@ def commits_cmd(uri: str, last: int, as_json: bool) -> None:
     from dbidx.spark_integration.api import commit_history
 
     table = Table.open(uri, storage_options=_storage_options())
-    Output(as_json).emit({"commits": commit_history(table, last)}, _commits_text)
+    output(as_json).emit({"commits": commit_history(table, last)}, _commits_text)
 
 
 def _commits_text(payload: dict[str, Any]) -> str:
@@ -212,7 +213,8 @@ def stats_cmd(uri: str | None, table_uri: str | None, cache_dir: str | None, as_
     from dbidx.mdt.table import Table
 
     if cache_dir is not None:
-        return _cache_stats(cache_dir, as_json)
+        cli_cache.renamed("dbidx cache stats")
+        return cli_cache.stats_cmd.callback(cache_dir=cache_dir, as_json=as_json)  # type: ignore[misc]
     if not (uri or table_uri):
         raise click.UsageError("name a table (URI or --table) or a --cache-dir")
     table = Table.open(uri or table_uri, storage_options=_storage_options())  # type: ignore[arg-type]
@@ -231,129 +233,7 @@ def stats_cmd(uri: str | None, table_uri: str | None, cache_dir: str | None, as_
                 f"last {r['last_instant']} ({r['last_commit']})" for r in p["partitions"]]
         return "\n".join([head] + rows)
 
-    Output(as_json).emit(payload, text)
-
-
-def _cache_stats(cache_dir: str, as_json: bool) -> None:
-    from dbidx.cache.inspect import cache_report, find_cache_dirs, open_cache_dir
-
-    reports = []
-    for path in find_cache_dirs(cache_dir):
-        with open_cache_dir(path, _cli_cache_config()) as cache:
-            reports.append(cache_report(cache))
-
-    def text(p: dict[str, Any]) -> str:
-        lines = []
-        for c in p["caches"]:
-            lines.append(f"{c['path']}: table {c['table_id']} shard {c['shard']}/{c['num_shards']}, watermark "
-                         f"{c['watermark']}, {c['entries']} entries, {c['disk_bytes']} bytes")
-            lines += [f"  {r['partition'] or '(global)'}\t{r['state']}\t{r['entries']} entries\t{r['disk_bytes']} B"
-                      f"\tlast access {r['last_access']}\tpending {r['pending_instants'] or '-'}"
-                      for r in c["partitions"]]
-        return "\n".join(lines)
-
-    Output(as_json).emit({"caches": reports}, text)
-
-
-def _cli_cache_config() -> Any:
-    """Cache settings for CLI tools: environment variables apply; wait at most 10 s for a busy cache."""
-    from dataclasses import replace
-
-    from dbidx.config import CacheConfig
-
-    config = CacheConfig.from_sources()
-    return replace(config, lock_timeout_s=min(config.lock_timeout_s, 10.0))
-
-
-@main.command("reap")
-@click.option("--cache-dir", required=True, help="A shard cache dir or a base path holding several.")
-@click.option("--ttl-hours", type=float, default=None, help="Drop partitions idle this long [config default].")
-@click.option("--max-disk-mb", type=int, default=None, help="Then drop LRU partitions above this size [config].")
-@click.option("--dry-run", is_flag=True, help="Only report what would be dropped.")
-@json_option
-def reap_cmd(cache_dir: str, ttl_hours: float | None, max_disk_mb: int | None, dry_run: bool, as_json: bool) -> None:
-    """Remove abandoned shard caches under a base path, then drop expired and over-budget partitions from the
-    others (never ones with uncommitted entries)."""
-    from dbidx.cache.inspect import find_cache_dirs, is_cache_dir, open_cache_dir
-    from dbidx.cache.reaper import abandoned_to_dict, reap, sweep_abandoned
-
-    config = _cli_cache_config()
-    ttl = config.partition_ttl_hours if ttl_hours is None else ttl_hours
-    # First, before opening any cache (an open counts as a use): caches no process holds, idle for the TTL.
-    abandoned = [] if is_cache_dir(Path(cache_dir)) else sweep_abandoned(cache_dir, ttl, dry_run=dry_run)
-    try:
-        paths = find_cache_dirs(cache_dir)
-    except CacheError:
-        if not abandoned:
-            raise
-        paths = []  # the sweep removed every cache there was
-    results = []
-    for path in paths:
-        with open_cache_dir(path, config) as cache:
-            results.append({"path": str(path)} | reap(cache, ttl_hours, max_disk_mb, dry_run=dry_run).to_dict())
-    verb = "would drop" if dry_run else "dropped"
-    Output(as_json).emit({"abandoned": abandoned_to_dict(abandoned), "caches": results}, lambda p: "\n".join(
-        [f"{a['path']}: {'would remove' if dry_run else 'removed'} abandoned cache (idle {a['idle_hours']} h, "
-         f"{a['disk_bytes']} bytes)" for a in p["abandoned"]]
-        + [f"{r['path']}: {verb} {len(r['dropped'])} partitions {r['dropped'] or ''} ({r['bytes_before']} -> "
-           f"{r['bytes_after']} bytes), kept {len(r['kept_pending'])} with pending entries" for r in p["caches"]]))
-
-
-@main.command("bootstrap")
-@click.option("--table", "uri", required=True, help="Base URI of the dbidx table.")
-@click.option("--days", type=int, default=None, help="Load the partitions of the last DAYS days [config: 7].")
-@click.option("--shard", "shards", type=int, multiple=True, help="Bootstrap this shard (repeatable).")
-@click.option("--num-shards", type=int, default=None, help="Expected shard count of the table (checked).")
-@click.option("--all-shards", is_flag=True, help="Bootstrap every shard (the default without --shard).")
-@click.option("--cache-dir", default=None, help="Base path of the caches [config base.path, else SPARK_LOCAL_DIRS "
-              "or the user cache dir].")
-@click.option("--partition-pattern", default=None, help="Date pattern of partition paths, strftime-like "
-              "(ds=%Y%m%d) or 're:' + regex with named groups year, month, day[, hour].")
-@click.option("--now", default=None, help="Treat this ISO date (or date-time, UTC) as today [the clock].")
-@click.option("--parallelism", type=click.Choice(["auto", "threads", "processes", "serial"]), default="auto",
-              show_default=True, help="How partitions are built in parallel.")
-@json_option
-def bootstrap_cmd(uri: str, days: int | None, shards: tuple[int, ...], num_shards: int | None, all_shards: bool,
-                  cache_dir: str | None, partition_pattern: str | None, now: str | None, parallelism: str,
-                  as_json: bool) -> None:
-    """Load the last DAYS days of partitions (global index: the shard's whole slice) into local shard caches."""
-    from dbidx.bootstrap.time_bounded import bootstrap, resolve_shards
-    from dbidx.mdt.table import Table
-
-    if all_shards and shards:
-        raise InvalidInputError("use either --shard or --all-shards, not both")
-    table = Table.open(uri, storage_options=_storage_options())
-    chosen = resolve_shards(table, list(shards) or None, num_shards)
-    with _progress("bootstrap", quiet=as_json) as progress:
-        result = bootstrap(table, days, chosen, now, _cli_cache_config(), cache_dir, partition_pattern,
-                           parallelism, progress=progress)
-    Output(as_json).emit(result.to_dict(), lambda p: (
-        f"bootstrapped {len(p['shards'])} shard(s) of {p['table']}: window {p['selection']['first_day']} .. "
-        f"{p['selection']['now'][:10]} ({p['days']} days), {p['partitions_loaded']} partition slices loaded, "
-        f"{p['entries']:,} entries, {p['disk_bytes']:,} bytes on disk, {p['seconds']:.2f} s, "
-        f"{p['entries_per_second']:,} entries/s ({p['parallelism']}); "
-        f"{sum(len(s['already_ready']) for s in p['shards'])} already ready (caught up "
-        f"{sum(s['caught_up_entries'] for s in p['shards']):,} entries)"))
-
-
-@main.command("sync")
-@click.option("--table", "uri", required=True, help="Base URI of the dbidx table.")
-@click.option("--cache-dir", required=True, help="A shard cache dir or a base path holding several.")
-@json_option
-def sync_cmd(uri: str, cache_dir: str, as_json: bool) -> None:
-    """Catch local caches up to the table's latest completed instant."""
-    from dbidx.cache.catchup import sync
-    from dbidx.cache.inspect import open_cache_dir
-    from dbidx.mdt.table import Table
-
-    table = Table.open(uri, storage_options=_storage_options())
-    results = []
-    for path in _table_caches(table, cache_dir):
-        with open_cache_dir(path, _cli_cache_config()) as cache:
-            results.append({"path": str(path)} | sync(cache, table).to_dict())
-    Output(as_json).emit({"caches": results}, lambda p: "\n".join(
-        f"{r['path']}: seq {r['from_seq']} -> {r['to_seq']}, applied {r['applied_entries']} entries, reloaded "
-        f"{len(r['reloaded_partitions'])} partitions" for r in p["caches"]))
+    output(as_json).emit(payload, text)
 
 
 @main.command("verify")
@@ -365,17 +245,16 @@ def verify_cmd(uri: str, cache_dir: str | None, as_json: bool) -> None:
     """Check the table's files (exit 4 on damage), or compare caches with the index (exit 1 on a difference)."""
     from dbidx.mdt.table import Table
 
-    table = Table.open(uri, storage_options=_storage_options())
-    if cache_dir is None:
-        _verify_table_files(table, as_json)
-    else:
-        _verify_caches(table, cache_dir, as_json)
+    if cache_dir is not None:
+        cli_cache.renamed("dbidx cache verify")
+        return cli_cache.verify_cmd.callback(uri=uri, cache_dir=cache_dir, as_json=as_json)  # type: ignore[misc]
+    _verify_table_files(Table.open(uri, storage_options=_storage_options()), as_json)
 
 
 def _verify_table_files(table: Any, as_json: bool) -> None:
     from dbidx.mdt.verify_table import verify_table
 
-    with _progress("verify", as_json) as update:
+    with _progress("verify", wants_json(as_json)) as update:
         check = verify_table(table, progress=update)
 
     def text(p: dict[str, Any]) -> str:
@@ -384,46 +263,9 @@ def _verify_table_files(table: Any, as_json: bool) -> None:
                      f"({p['bytes_checked']:,} bytes checked), {len(p['damaged'])} damaged")
         return "\n".join(lines)
 
-    Output(as_json).emit(check.to_dict(), text)
+    output(as_json).emit(check.to_dict(), text)
     if not check.ok:
         sys.exit(4)
-
-
-def _verify_caches(table: Any, cache_dir: str, as_json: bool) -> None:
-    from dbidx.cache.inspect import open_cache_dir
-    from dbidx.cache.verify import verify
-
-    results = []
-    for path in _table_caches(table, cache_dir):
-        with open_cache_dir(path, _cli_cache_config()) as cache:
-            results.append({"path": str(path)} | verify(cache, table).to_dict())
-    payload = {"ok": all(r["ok"] for r in results), "caches": results}
-
-    def text(p: dict[str, Any]) -> str:
-        lines = []
-        for c in p["caches"]:
-            for r in c["partitions"]:
-                verdict = "ok" if r["ok"] else (f"DIFF missing {r['missing']} extra {r['extra']} wrong location "
-                                                f"{r['wrong_location']}: " + "; ".join(r["examples"]))
-                lines.append(f"{c['path']} {r['partition'] or '(global)'} @ seq {r['synced_seq']}: "
-                             f"{r['cache_entries']} entries, {verdict}")
-        return "\n".join(lines + ["all caches match the index" if p["ok"] else "MISMATCH"])
-
-    Output(as_json).emit(payload, text)
-    if not payload["ok"]:
-        sys.exit(1)
-
-
-def _table_caches(table: Any, cache_dir: str) -> list[Any]:
-    """The shard caches of one table under a dir (a shard dir or a base path)."""
-    from pathlib import Path
-
-    from dbidx.cache.inspect import find_cache_dirs
-    from dbidx.cache.record_cache import table_cache_dir_name
-
-    root = Path(cache_dir)
-    nested = root / table_cache_dir_name(table)
-    return find_cache_dirs(nested if nested.is_dir() else root)
 
 
 @main.command("compact")
@@ -449,7 +291,7 @@ def compact_cmd(uri: str, partitions: tuple[str, ...], min_files: int, clean: bo
                "data": vars(data_result) | {"record": None, "instant": data_result.record.instant
                                              if data_result.record else None} if data_result else None,
                "files_deleted": len(cleaned.deleted) if cleaned else 0}
-    Output(as_json).emit(payload, _compact_text)
+    output(as_json).emit(payload, _compact_text)
 
 
 def _compact_text(p: dict[str, Any]) -> str:
@@ -476,7 +318,7 @@ def rollback_cmd(uri: str, instant: str | None, all_pending: bool, as_json: bool
     if not targets:
         raise click.UsageError("name an INSTANT or pass --all-pending")
     done = [table.rollback(t, also_dead=targets if all_pending else ()).rolled_back for t in targets]
-    Output(as_json).emit({"rolled_back": done}, lambda p: "\n".join(f"rolled back {i}" for i in p["rolled_back"]))
+    output(as_json).emit({"rolled_back": done}, lambda p: "\n".join(f"rolled back {i}" for i in p["rolled_back"]))
 
 
 @main.command("demo")
@@ -496,8 +338,8 @@ def demo_cmd(workdir: str, keys: int, days: int, batches: int, batch_rows: int |
 
     # With --json the narrative goes to stderr, so stdout stays one JSON document.
     report = run_demo(workdir, keys=keys, days=days, batches=batches, batch_rows=batch_rows,
-                      echo=partial(click.echo, err=as_json), force=force)
-    if as_json:
+                      echo=partial(click.echo, err=wants_json(as_json)), force=force)
+    if wants_json(as_json):
         Output(True).emit(report, lambda p: "")
 
 
@@ -526,6 +368,31 @@ class _progress:
     def __exit__(self, *exc: Any) -> None:
         if self.bar is not None:
             self.bar.__exit__(*exc)
+
+
+def output(as_json: bool) -> Output:
+    """The command's Output: JSON when the command or the group (`dbidx --json ...`) asked for it."""
+    return Output(wants_json(as_json))
+
+
+def wants_json(as_json: bool = False) -> bool:
+    """Whether this invocation prints JSON (`--json` on the command or on the group)."""
+    ctx = click.get_current_context(silent=True)
+    root = ctx.find_root() if ctx is not None else None
+    return as_json or bool(root is not None and (root.obj or {}).get("json"))
+
+
+def open_table(uri: str) -> Any:
+    """The table at URI, with the group's --storage-option values."""
+    from dbidx.mdt.table import Table
+
+    return Table.open(uri, storage_options=_storage_options())
+
+
+progress = _progress
+main.add_command(cli_cache.cache_group)
+for _name in ("sync", "reap", "bootstrap"):  # the pre-group spellings, for one release
+    main.add_command(cli_cache.alias(cli_cache.cache_group.commands[_name], f"dbidx cache {_name}"), _name)
 
 
 if __name__ == "__main__":  # pragma: no cover

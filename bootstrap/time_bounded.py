@@ -70,7 +70,7 @@ class BootstrapResult:
         return self.entries / self.seconds if self.seconds > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-friendly form (what `dbidx bootstrap --json` prints)."""
+        """JSON-friendly form (what `dbidx cache bootstrap --json` prints)."""
         return {"table": self.table, "days": self.days, "seq": self.seq, "parallelism": self.parallelism,
                 "partitions_loaded": self.partitions_loaded, "entries": self.entries,
                 "disk_bytes": self.disk_bytes, "seconds": round(self.seconds, 3),
@@ -174,7 +174,7 @@ def bootstrap(table: Table, days: int | None = None, shards: Sequence[int] | Non
               progress: ProgressCallback | None = None, flush_interval_s: float = 1.0) -> BootstrapResult:
     """Open the caches of the given shards (None = all) under the base path, bootstrap them, close them.
 
-    What `dbidx bootstrap` runs; in a long-lived process, open the caches yourself and call bootstrap_caches().
+    What `dbidx cache bootstrap` runs; in a long-lived process, open the caches yourself and call bootstrap_caches().
     """
     config = config or CacheConfig()
     if base_path is not None:

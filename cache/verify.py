@@ -55,14 +55,14 @@ def verify(cache: RecordIndexCache, table: Table) -> VerifyResult:
     """Read each ready partition fully and diff it with the MDT snapshot of the cache's shard at its synced seq.
 
     A cache synced to a seq whose index files a clean has removed since cannot be compared: HistoryCompactedError,
-    saying to sync the cache first (`dbidx.cache.catchup.sync(cache, table)` or `dbidx sync`).
+    saying to sync the cache first (`dbidx.cache.catchup.sync(cache, table)` or `dbidx cache sync`).
     """
     try:
         return _verify(cache, table)
     except HistoryCompactedError as exc:
         raise HistoryCompactedError(
             f"{exc}. The cache {cache.path} is behind a clean of the index, so its state at its synced seq cannot "
-            "be rebuilt to compare with: sync it first (dbidx.cache.catchup.sync(cache, table), or `dbidx sync "
+            "be rebuilt to compare with: sync it first (dbidx.cache.catchup.sync(cache, table), or `dbidx cache sync "
             f"--table {table.uri} --cache-dir <dir>`), then verify") from exc
 
 

@@ -391,7 +391,7 @@ class Table:
     def clean(self, retain_completions: int = 10, delete_migrated: bool = False) -> CompletedInstant | None:
         """Delete index and data files that compactions replaced at least `retain_completions` completions ago
         (the user's source files build-index listed only with delete_migrated=True); returns the clean's record,
-        or None when nothing was old enough. Caches behind it reload (`dbidx sync`)."""
+        or None when nothing was old enough. Caches behind it reload (`dbidx cache sync`)."""
         from dbidx.mdt.compaction import clean
 
         return clean(self, retain_completions=retain_completions, delete_migrated=delete_migrated)

@@ -134,12 +134,14 @@ def test_demo_runs(tmp_path):
     # The demo's caches are left on disk, behind the final compaction + clean: verify says so, sync reloads what
     # was cleaned, and then the caches verify against the index.
     table = Table.open(str(workdir / "table"))
-    behind = runner.invoke(main, ["verify", "--table", table.uri, "--cache-dir", str(workdir / "_cache")])
-    assert behind.exit_code != 0 and "dbidx sync" in behind.output
-    synced = runner.invoke(main, ["sync", "--table", table.uri, "--cache-dir", str(workdir / "_cache"), "--json"])
+    behind = runner.invoke(main, ["cache", "verify", "--table", table.uri, "--cache-dir", str(workdir / "_cache")])
+    assert behind.exit_code != 0 and "dbidx cache sync" in behind.output
+    synced = runner.invoke(main, ["cache", "sync", "--table", table.uri, "--cache-dir", str(workdir / "_cache"),
+                                  "--json"])
     assert synced.exit_code == 0, synced.output
     assert all(c["reloaded_partitions"] for c in json.loads(synced.output)["caches"])
-    verified = runner.invoke(main, ["verify", "--table", table.uri, "--cache-dir", str(workdir / "_cache"), "--json"])
+    verified = runner.invoke(main, ["--json", "cache", "verify", "--table", table.uri, "--cache-dir",
+                                    str(workdir / "_cache")])
     assert verified.exit_code == 0, verified.output
     assert len(json.loads(verified.output)["caches"]) == table.num_shards
 

@@ -20,7 +20,7 @@ def invoke(args: list[str]):
 def test_bootstrap_json_reports_what_it_loaded(tmp_path):
     table = make_daily_table(tmp_path, keys_per_day=100, num_shards=2)
     base = tmp_path / "caches"
-    result = invoke(["bootstrap", "--table", table.uri, "--days", "2", "--now", "2025-01-10", "--all-shards",
+    result = invoke(["cache", "bootstrap", "--table", table.uri, "--days", "2", "--now", "2025-01-10", "--all-shards",
                      "--cache-dir", str(base), "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
@@ -36,7 +36,7 @@ def test_bootstrap_json_reports_what_it_loaded(tmp_path):
 def test_bootstrap_text_output_and_one_shard(tmp_path):
     table = make_daily_table(tmp_path, keys_per_day=100, num_shards=2)
     base = tmp_path / "caches"
-    result = invoke(["bootstrap", "--table", table.uri, "--days", "1", "--now", "2025-01-10", "--shard", "1",
+    result = invoke(["cache", "bootstrap", "--table", table.uri, "--days", "1", "--now", "2025-01-10", "--shard", "1",
                      "--num-shards", "2", "--cache-dir", str(base), "--partition-pattern", "dt=%Y-%m-%d"])
     assert result.exit_code == 0, result.output
     assert "bootstrapped 1 shard(s)" in result.output and "entries/s" in result.output

@@ -1,0 +1,204 @@
+"""`dbidx cache ...`: the commands over executor-local caches (stats, sync, verify, reap, bootstrap).
+
+Each is a few lines over the library (`dbidx.cache`, `dbidx.bootstrap`); `each_cache` is the one loop that finds
+the shard caches under a directory (a shard dir or a base path) and opens them one at a time. The pre-group
+spellings (`dbidx sync`, `dbidx reap`, `dbidx bootstrap`, `dbidx stats --cache-dir`, `dbidx verify --cache-dir`)
+still work for one release and say on stderr what they are now called.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+import click
+
+from dbidx.errors import CacheError, InvalidInputError
+
+T = TypeVar("T")
+
+
+def each_cache(cache_dir: str | Path, fn: Callable[[Path, Any], T], table: Any = None) -> list[T]:
+    """fn(path, open cache) for every shard cache under `cache_dir` (of `table` only, when given), one at a time:
+    each cache is closed before the next opens, and when fn raises. CLI tools wait at most 10 s for a busy cache."""
+    from dbidx.cache.inspect import find_cache_dirs, open_cache_dir
+    from dbidx.cache.record_cache import table_cache_dir_name
+
+    root = Path(cache_dir)
+    if table is not None:
+        nested = root / table_cache_dir_name(table)
+        root = nested if nested.is_dir() else root
+    results = []
+    for path in find_cache_dirs(root):
+        with open_cache_dir(path, cli_cache_config()) as cache:
+            results.append(fn(path, cache))
+    return results
+
+
+def cli_cache_config() -> Any:
+    """Cache settings for CLI tools: environment variables apply; wait at most 10 s for a busy cache."""
+    from dataclasses import replace
+
+    from dbidx.config import CacheConfig
+
+    config = CacheConfig.from_sources()
+    return replace(config, lock_timeout_s=min(config.lock_timeout_s, 10.0))
+
+
+@click.group("cache")
+def cache_group() -> None:
+    """Executor-local caches: stats, sync, verify, reap, bootstrap."""
+
+
+def _cli() -> Any:
+    from dbidx import cli  # the shared output, options and progress of the command line
+
+    return cli
+
+
+@cache_group.command("stats")
+@click.option("--cache-dir", required=True, help="A shard cache dir or a base path holding several.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+def stats_cmd(cache_dir: str, as_json: bool) -> None:
+    """Partitions, entries, bytes, watermark and pending instants of each cache."""
+    from dbidx.cache.inspect import cache_report
+
+    reports = each_cache(cache_dir, lambda _path, cache: cache_report(cache))
+    _cli().output(as_json).emit({"caches": reports}, _stats_text)
+
+
+def _stats_text(p: dict[str, Any]) -> str:
+    lines = []
+    for c in p["caches"]:
+        lines.append(f"{c['path']}: table {c['table_id']} shard {c['shard']}/{c['num_shards']}, watermark "
+                     f"{c['watermark']}, {c['entries']} entries, {c['disk_bytes']} bytes")
+        lines += [f"  {r['partition'] or '(global)'}\t{r['state']}\t{r['entries']} entries\t{r['disk_bytes']} B"
+                  f"\tlast access {r['last_access']}\tpending {r['pending_instants'] or '-'}" for r in c["partitions"]]
+    return "\n".join(lines)
+
+
+@cache_group.command("sync")
+@click.option("--table", "uri", required=True, help="Base URI of the dbidx table.")
+@click.option("--cache-dir", required=True, help="A shard cache dir or a base path holding several.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+def sync_cmd(uri: str, cache_dir: str, as_json: bool) -> None:
+    """Catch local caches up to the table's latest completed instant."""
+    from dbidx.cache.catchup import sync
+
+    table = _cli().open_table(uri)
+    results = each_cache(cache_dir, lambda path, cache: {"path": str(path)} | sync(cache, table).to_dict(), table)
+    _cli().output(as_json).emit({"caches": results}, lambda p: "\n".join(
+        f"{r['path']}: seq {r['from_seq']} -> {r['to_seq']}, applied {r['applied_entries']} entries, reloaded "
+        f"{len(r['reloaded_partitions'])} partitions" for r in p["caches"]))
+
+
+@cache_group.command("verify")
+@click.option("--table", "uri", required=True, help="Base URI of the dbidx table.")
+@click.option("--cache-dir", required=True, help="A shard cache dir or a base path holding several.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+def verify_cmd(uri: str, cache_dir: str, as_json: bool) -> None:
+    """Compare caches with the index, entry by entry (exit 1 on a difference)."""
+    from dbidx.cache.verify import verify
+
+    table = _cli().open_table(uri)
+    results = each_cache(cache_dir, lambda path, cache: {"path": str(path)} | verify(cache, table).to_dict(), table)
+    payload = {"ok": all(r["ok"] for r in results), "caches": results}
+    _cli().output(as_json).emit(payload, _verify_text)
+    if not payload["ok"]:
+        sys.exit(1)
+
+
+def _verify_text(p: dict[str, Any]) -> str:
+    lines = []
+    for c in p["caches"]:
+        for r in c["partitions"]:
+            verdict = "ok" if r["ok"] else (f"DIFF missing {r['missing']} extra {r['extra']} wrong location "
+                                            f"{r['wrong_location']}: " + "; ".join(r["examples"]))
+            lines.append(f"{c['path']} {r['partition'] or '(global)'} @ seq {r['synced_seq']}: "
+                         f"{r['cache_entries']} entries, {verdict}")
+    return "\n".join(lines + ["all caches match the index" if p["ok"] else "MISMATCH"])
+
+
+@cache_group.command("reap")
+@click.option("--cache-dir", required=True, help="A shard cache dir or a base path holding several.")
+@click.option("--ttl-hours", type=float, default=None, help="Drop partitions idle this long [config default].")
+@click.option("--max-disk-mb", type=int, default=None, help="Then drop LRU partitions above this size [config].")
+@click.option("--dry-run", is_flag=True, help="Only report what would be dropped.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+def reap_cmd(cache_dir: str, ttl_hours: float | None, max_disk_mb: int | None, dry_run: bool, as_json: bool) -> None:
+    """Remove abandoned shard caches under a base path, then drop expired and over-budget partitions from the
+    others (never ones with uncommitted entries)."""
+    from dbidx.cache.inspect import find_cache_dirs, is_cache_dir
+    from dbidx.cache.reaper import abandoned_to_dict, reap, sweep_abandoned
+
+    ttl = cli_cache_config().partition_ttl_hours if ttl_hours is None else ttl_hours
+    # First, before opening any cache (an open counts as a use): caches no process holds, idle for the TTL.
+    abandoned = [] if is_cache_dir(Path(cache_dir)) else sweep_abandoned(cache_dir, ttl, dry_run=dry_run)
+    try:
+        find_cache_dirs(cache_dir)
+        left = True
+    except CacheError:
+        if not abandoned:
+            raise
+        left = False  # the sweep removed every cache there was
+    results = each_cache(cache_dir, lambda path, cache: {"path": str(path)} | reap(
+        cache, ttl_hours, max_disk_mb, dry_run=dry_run).to_dict()) if left else []
+    verb = "would drop" if dry_run else "dropped"
+    _cli().output(as_json).emit({"abandoned": abandoned_to_dict(abandoned), "caches": results}, lambda p: "\n".join(
+        [f"{a['path']}: {'would remove' if dry_run else 'removed'} abandoned cache (idle {a['idle_hours']} h, "
+         f"{a['disk_bytes']} bytes)" for a in p["abandoned"]]
+        + [f"{r['path']}: {verb} {len(r['dropped'])} partitions {r['dropped'] or ''} ({r['bytes_before']} -> "
+           f"{r['bytes_after']} bytes), kept {len(r['kept_pending'])} with pending entries" for r in p["caches"]]))
+
+
+@cache_group.command("bootstrap")
+@click.option("--table", "uri", required=True, help="Base URI of the dbidx table.")
+@click.option("--days", type=int, default=None, help="Load the partitions of the last DAYS days [config: 7].")
+@click.option("--shard", "shards", type=int, multiple=True, help="Bootstrap this shard (repeatable).")
+@click.option("--num-shards", type=int, default=None, help="Expected shard count of the table (checked).")
+@click.option("--all-shards", is_flag=True, help="Bootstrap every shard (the default without --shard).")
+@click.option("--cache-dir", default=None, help="Base path of the caches [config base.path, else SPARK_LOCAL_DIRS "
+              "or the user cache dir].")
+@click.option("--partition-pattern", default=None, help="Date pattern of partition paths, strftime-like "
+              "(ds=%Y%m%d) or 're:' + regex with named groups year, month, day[, hour].")
+@click.option("--now", default=None, help="Treat this ISO date (or date-time, UTC) as today [the clock].")
+@click.option("--parallelism", type=click.Choice(["auto", "threads", "processes", "serial"]), default="auto",
+              show_default=True, help="How partitions are built in parallel.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+def bootstrap_cmd(uri: str, days: int | None, shards: tuple[int, ...], num_shards: int | None, all_shards: bool,
+                  cache_dir: str | None, partition_pattern: str | None, now: str | None, parallelism: str,
+                  as_json: bool) -> None:
+    """Load the last DAYS days of partitions (global index: the shard's whole slice) into local shard caches."""
+    from dbidx.bootstrap.time_bounded import bootstrap, resolve_shards
+
+    if all_shards and shards:
+        raise InvalidInputError("use either --shard or --all-shards, not both")
+    cli = _cli()
+    table = cli.open_table(uri)
+    chosen = resolve_shards(table, list(shards) or None, num_shards)
+    with cli.progress("bootstrap", quiet=cli.wants_json(as_json)) as progress:
+        result = bootstrap(table, days, chosen, now, cli_cache_config(), cache_dir, partition_pattern,
+                           parallelism, progress=progress)
+    cli.output(as_json).emit(result.to_dict(), lambda p: (
+        f"bootstrapped {len(p['shards'])} shard(s) of {p['table']}: window {p['selection']['first_day']} .. "
+        f"{p['selection']['now'][:10]} ({p['days']} days), {p['partitions_loaded']} partition slices loaded, "
+        f"{p['entries']:,} entries, {p['disk_bytes']:,} bytes on disk, {p['seconds']:.2f} s, "
+        f"{p['entries_per_second']:,} entries/s ({p['parallelism']}); "
+        f"{sum(len(s['already_ready']) for s in p['shards'])} already ready (caught up "
+        f"{sum(s['caught_up_entries'] for s in p['shards']):,} entries)"))
+
+
+def renamed(new_spelling: str) -> None:
+    """Say on stderr (stdout stays the result, JSON included) what an old spelling is called now."""
+    click.echo(f"note: this command is now `{new_spelling}`; the old spelling goes in the next release", err=True)
+
+
+def alias(command: click.Command, new_spelling: str) -> click.Command:
+    """The command under its pre-group name: hidden from --help, the same options, and the note above."""
+
+    def callback(**kwargs: Any) -> Any:
+        renamed(new_spelling)
+        return command.callback(**kwargs)  # type: ignore[misc]
+
+    return click.Command(command.name, params=list(command.params), callback=callback, help=command.help,
+                         hidden=True)
