@@ -50,7 +50,7 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+json_option = cli_cache.json_option
 
 
 class DbidxGroup(click.Group):

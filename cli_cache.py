@@ -45,6 +45,11 @@ def cli_cache_config() -> Any:
     return replace(config, lock_timeout_s=min(config.lock_timeout_s, 10.0))
 
 
+json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+table_option = click.option("--table", "uri", required=True, help="Base URI of the dbidx table.")
+cache_dir_option = click.option("--cache-dir", required=True, help="A shard cache dir or a base path holding several.")
+
+
 @click.group("cache")
 def cache_group() -> None:
     """Executor-local caches: stats, sync, verify, reap, bootstrap."""
@@ -57,8 +62,8 @@ def _cli() -> Any:
 
 
 @cache_group.command("stats")
-@click.option("--cache-dir", required=True, help="A shard cache dir or a base path holding several.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+@cache_dir_option
+@json_option
 def stats_cmd(cache_dir: str, as_json: bool) -> None:
     """Partitions, entries, bytes, watermark and pending instants of each cache."""
     from dbidx.cache.inspect import cache_report
@@ -78,9 +83,9 @@ def _stats_text(p: dict[str, Any]) -> str:
 
 
 @cache_group.command("sync")
-@click.option("--table", "uri", required=True, help="Base URI of the dbidx table.")
-@click.option("--cache-dir", required=True, help="A shard cache dir or a base path holding several.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+@table_option
+@cache_dir_option
+@json_option
 def sync_cmd(uri: str, cache_dir: str, as_json: bool) -> None:
     """Catch local caches up to the table's latest completed instant."""
     from dbidx.cache.catchup import sync
@@ -93,9 +98,9 @@ def sync_cmd(uri: str, cache_dir: str, as_json: bool) -> None:
 
 
 @cache_group.command("verify")
-@click.option("--table", "uri", required=True, help="Base URI of the dbidx table.")
-@click.option("--cache-dir", required=True, help="A shard cache dir or a base path holding several.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+@table_option
+@cache_dir_option
+@json_option
 def verify_cmd(uri: str, cache_dir: str, as_json: bool) -> None:
     """Compare caches with the index, entry by entry (exit 1 on a difference)."""
     from dbidx.cache.verify import verify
@@ -120,11 +125,11 @@ def _verify_text(p: dict[str, Any]) -> str:
 
 
 @cache_group.command("reap")
-@click.option("--cache-dir", required=True, help="A shard cache dir or a base path holding several.")
+@cache_dir_option
 @click.option("--ttl-hours", type=float, default=None, help="Drop partitions idle this long [config default].")
 @click.option("--max-disk-mb", type=int, default=None, help="Then drop LRU partitions above this size [config].")
 @click.option("--dry-run", is_flag=True, help="Only report what would be dropped.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+@json_option
 def reap_cmd(cache_dir: str, ttl_hours: float | None, max_disk_mb: int | None, dry_run: bool, as_json: bool) -> None:
     """Remove abandoned shard caches under a base path, then drop expired and over-budget partitions from the
     others (never ones with uncommitted entries)."""
@@ -152,7 +157,7 @@ def reap_cmd(cache_dir: str, ttl_hours: float | None, max_disk_mb: int | None, d
 
 
 @cache_group.command("bootstrap")
-@click.option("--table", "uri", required=True, help="Base URI of the dbidx table.")
+@table_option
 @click.option("--days", type=int, default=None, help="Load the partitions of the last DAYS days [config: 7].")
 @click.option("--shard", "shards", type=int, multiple=True, help="Bootstrap this shard (repeatable).")
 @click.option("--num-shards", type=int, default=None, help="Expected shard count of the table (checked).")
@@ -164,7 +169,7 @@ def reap_cmd(cache_dir: str, ttl_hours: float | None, max_disk_mb: int | None, d
 @click.option("--now", default=None, help="Treat this ISO date (or date-time, UTC) as today [the clock].")
 @click.option("--parallelism", type=click.Choice(["auto", "threads", "processes", "serial"]), default="auto",
               show_default=True, help="How partitions are built in parallel.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+@json_option
 def bootstrap_cmd(uri: str, days: int | None, shards: tuple[int, ...], num_shards: int | None, all_shards: bool,
                   cache_dir: str | None, partition_pattern: str | None, now: str | None, parallelism: str,
                   as_json: bool) -> None:

@@ -9,33 +9,31 @@ from dbidx.counters import Counters
 
 
 @dataclass
-class PartitionCounters(Counters):
-    """Counters of one partition."""
+class CacheCounters(Counters):
+    """What a cache did for lookups: the counters tasks report per shard and commits sum (TaskCounts)."""
 
     hits: int = 0
-    pending_hits: int = 0
     misses: int = 0
-    loads: int = 0
-    load_seconds: float = 0.0
     on_demand_loads: int = 0
-    stall_seconds: float = 0.0
+    stall_seconds: float = 0.0  # wall time tagging waited for on-demand loads
     catchup_entries: int = 0
 
 
 @dataclass
-class CacheMetrics(Counters):
-    """Counters of one cache instance since it was opened; thread-safe to update."""
+class PartitionCounters(CacheCounters):
+    """Counters of one partition."""
+
+    pending_hits: int = 0
+    loads: int = 0
+    load_seconds: float = 0.0
+
+
+@dataclass
+class CacheMetrics(PartitionCounters):
+    """Counters of one cache instance since it was opened (totals over its partitions); thread-safe to update."""
 
     lookups: int = 0
-    hits: int = 0
-    pending_hits: int = 0
-    misses: int = 0
-    loads: int = 0
     loaded_entries: int = 0
-    load_seconds: float = 0.0
-    on_demand_loads: int = 0
-    stall_seconds: float = 0.0  # wall time tagging waited for on-demand loads
-    catchup_entries: int = 0
     reloads: int = 0
     syncs: int = 0
     sync_seconds: float = 0.0

@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 
 from dbidx.bootstrap.on_demand import OnDemandLoader
 from dbidx.cache.catchup import sync
+from dbidx.cache.metrics import CacheCounters
 from dbidx.cache.reaper import reap, sweep_abandoned
 from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.counters import gauge
@@ -42,14 +43,9 @@ _TABLES_LOCK = threading.Lock()
 
 
 @dataclass
-class TaskCounts(TagCounts):
+class TaskCounts(TagCounts, CacheCounters):
     """Tagging counts plus the cache counters of the same work (summed per shard, then per commit)."""
 
-    hits: int = 0
-    misses: int = 0
-    on_demand_loads: int = 0
-    stall_seconds: float = 0.0
-    catchup_entries: int = 0
     reloads: int = 0
     evictions: int = 0
 
