@@ -1,4 +1,4 @@
-"""Bucket skew benchmark: simple buckets (`hash(key) % N`, seed 002) vs dynamic buckets (seed 000) over 60 days of
+"""Bucket skew benchmark: simple buckets (`hash(key) % N`) vs dynamic buckets over 60 days of
 growth in one partition: max and p99 bucket size and the bucket count, day by day.
 
 The partition keeps receiving new keys (a non-date partition, e.g. a region or a tenant), `--first-day` new keys on

@@ -1,4 +1,4 @@
-"""On-demand loading (F22): every cold partition of a batch is loaded concurrently before tagging starts.
+"""On-demand loading (docs/BOOTSTRAP.md, "On demand"): every cold partition of a batch is loaded concurrently before tagging starts.
 
 RFC-107 loads a cold partition synchronously when the first record for it arrives, so a batch touching five old
 partitions stalls five times in a row (its review comment on stalls). Here the tagger hands over the batch's

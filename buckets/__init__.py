@@ -1,1 +1,1 @@
-"""Bucket assignment (F26, F27): which file group a new key goes to. Pure Python: no cache, no Spark."""
+"""Bucket assignment (docs/DESIGN.md section 4): which file group a new key goes to. Pure Python: no cache, no Spark."""

@@ -1,4 +1,4 @@
-"""Bucket assigners: dynamic (seed 000) and simple hash buckets (seed 002).
+"""Bucket assigners: dynamic and simple hash buckets (docs/DESIGN.md section 4).
 
 Both answer one question for the keys a batch inserts into a partition: which file group. Keys that already exist
 never ask (their location comes from the index and never changes), so only new keys consume bucket capacity.

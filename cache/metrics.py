@@ -1,4 +1,4 @@
-"""Counters of one cache (F30): lookups, hits, misses, loads and their stall time, catch-up, evictions."""
+"""Counters of one cache (docs/DESIGN.md, section 6 "Metrics"): lookups, hits, misses, loads and their stall time, catch-up, evictions."""
 from __future__ import annotations
 
 import threading

@@ -1,4 +1,4 @@
-"""The overlay: entries assigned by instants that have not completed yet, served before committed ones (F10, F11).
+"""The overlay: entries assigned by instants that have not completed yet, served before committed ones.
 
 Stored in the `_overlay` column family as `<partition>\\0<encoded key>` -> msgpack [instant, task attempt,
 location], so they survive a reopen; per partition and instant, how many entries are pending is kept in memory

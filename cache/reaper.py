@@ -1,6 +1,6 @@
 """The TTL reaper: keeps a cache bounded by dropping cold partitions (O(1) each: drop the column family).
 
-Rule (seed 000): a partition with uncommitted overlay entries is never dropped, whatever its age, because its
+Rule: a partition with uncommitted overlay entries is never dropped, whatever its age, because its
 pending entries are the only record of keys assigned by an in-flight instant. Everything else goes in two passes:
 1. TTL: partitions not accessed for `partition_ttl_hours`;
 2. budget: then least-recently-used partitions while the directory exceeds `max_disk_mb` (0 = no budget).

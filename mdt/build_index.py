@@ -1,4 +1,4 @@
-"""Migration (F7): build the record-level index of an existing Parquet data set.
+"""Migration (docs/FORMAT.md section 9a, migrated data): build the record-level index of an existing Parquet data set.
 
 The data set is a plain directory of Parquet files, hive-partitioned (`dt=2025-01-15/part-...parquet`) or flat, as
 Spark or pyarrow write it. Each data file becomes one file group, named by its whole file name; its partition path

@@ -39,7 +39,7 @@ _HOOK_ERROR = re.compile(re.escape(HOOK_ERROR_MARKER)
 
 @dataclass
 class CommitSummary(task.TaskCounts):
-    """What one upsert did (F30): the instant, row kinds, files, timings and per-shard cache metrics.
+    """What one upsert did (docs/DESIGN.md section 6): the instant, row kinds, files, timings and per-shard cache metrics.
 
     input_rows counts the rows the DataFrame held; rows counts the records written after repeats of a key were
     collapsed (input_rows - duplicates_dropped). seconds is the whole call; the copy stored in the completion
@@ -449,7 +449,7 @@ def _summarize(instant: str, files: list[DataFileRecord], index_files: list[File
 
 
 def commit_history(table: Table, last: int = 20) -> list[dict[str, Any]]:
-    """The last `last` completions (all actions), newest first, with the metrics upserts stored in them (F30)."""
+    """The last `last` completions (all actions), newest first, with the metrics upserts stored in them."""
     table.refresh()
     out = []
     for rec in reversed(table.timeline.completed(after_seq=max(table.timeline.latest_seq - max(last, 0), 0))):

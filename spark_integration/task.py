@@ -52,7 +52,7 @@ class TaskCounts(TagCounts, CacheCounters):
 
 @dataclass
 class ShardMetrics(TaskCounts):
-    """One shard's work in one task (F30): tagging counts, cache counters, catch-up and timings."""
+    """One shard's work in one task (docs/DESIGN.md section 6): tagging counts, cache counters, catch-up and timings."""
 
     shard: int = gauge()
     open_seconds: float = 0.0

@@ -1,4 +1,4 @@
-"""Bucket assignment without Spark: dynamic buckets (seed 000) and simple hash buckets (seed 002)."""
+"""Bucket assignment without Spark: dynamic and simple hash buckets (docs/DESIGN.md section 4)."""
 from __future__ import annotations
 
 import pyarrow as pa
