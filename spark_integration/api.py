@@ -1,45 +1,42 @@
-"""The Spark entry points: `tag`, `upsert` and `read_table`. pyspark is imported lazily, inside the functions.
+"""The Spark entry points `tag` and `upsert` (and `read_table`, from reads.py). pyspark is imported lazily.
 
 `upsert` is one instant: the driver starts it, one Spark job tags and writes the data files and the index delta
 files (one task per key shard, each with its executor-local cache), the driver collects the file records of the
 winning task attempts, checks that every task reported and every file is there, checks the keys the tasks touched
 against commits that completed meanwhile, and publishes data and index in one completion record. Any failure rolls
-the instant back and deletes every file any attempt announced. Callable from `foreachBatch`.
+the instant back and deletes every file any attempt announced. Callable from `foreachBatch`. Errors raised in tasks
+come back with their own type (task_errors.py).
 """
 from __future__ import annotations
 
-import importlib
-import json
-import re
 import time
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import pyarrow as pa
 
-from dbidx import errors
 from dbidx.buckets.assigner import BucketSpec
 from dbidx.config import CacheConfig
 from dbidx.counters import gauge
-from dbidx.errors import CommitError, ConfigError, ConflictError, CorruptFileError, DbidxError, HookError, SchemaError
+from dbidx.errors import CommitError, ConfigError, ConflictError, CorruptFileError, SchemaError
 from dbidx.mdt import data_reader, data_schema
 from dbidx.mdt.conflicts import TouchedKeys
-from dbidx.mdt.records import ACTION_COMMIT, DataFileRecord, FileRecord, PartitionChange
+from dbidx.mdt.records import DataFileRecord, FileRecord, PartitionChange
 from dbidx.mdt.table import Table
 from dbidx.spark_integration import datafiles, task
+from dbidx.spark_integration.reads import (  # noqa: F401 - part of this module's API since before the split
+    committed_data_files, committed_data_records, read_table,
+)
 from dbidx.spark_integration.tagger import ROW_ID, TAG_FIELDS, TagOptions
-
-TaskHook = Callable[[int, int], None]
-_TASK_ERROR = re.compile(r"dbidx\.errors\.(\w+): (.+)")
-HOOK_ERROR_MARKER = "dbidx-hook-error"
-_HOOK_ERROR = re.compile(re.escape(HOOK_ERROR_MARKER)
-                         + r"\[([^\s:\]]+):([^\s\]]+)\] shard=(-?\d+) attempt=(\d+) (\"(?:[^\"\\]|\\.)*\")")
+from dbidx.spark_integration.task_errors import (  # noqa: F401 - HOOK_ERROR_MARKER: part of the API
+    HOOK_ERROR_MARKER, TaskHook, hook_error, retyped, run_hook,
+)
 
 
 @dataclass
 class CommitSummary(task.TaskCounts):
-    """What one upsert did (docs/DESIGN.md section 6): the instant, row kinds, files, timings and per-shard cache metrics.
+    """What one upsert did (docs/DESIGN.md section 6): instant, row kinds, files, timings, per-shard cache metrics.
 
     input_rows counts the rows the DataFrame held; rows counts the records written after repeats of a key were
     collapsed (input_rows - duplicates_dropped). seconds is the whole call; the copy stored in the completion
@@ -121,70 +118,6 @@ def _boolean_columns(df: Any) -> dict[str, bool]:
     from pyspark.sql.types import BooleanType
 
     return {f.name: isinstance(f.dataType, BooleanType) for f in df.schema.fields}
-
-
-def retyped(exc: BaseException) -> BaseException:
-    """A dbidx error raised inside a Spark task comes back as a Py4J/Python exception: raise it as its own type."""
-    if isinstance(exc, DbidxError):
-        return exc
-    match = _TASK_ERROR.search(str(exc))
-    if match:
-        kind = getattr(errors, match.group(1), None)
-        if isinstance(kind, type) and issubclass(kind, DbidxError):
-            return kind(f"{match.group(2).strip()} (raised in a Spark task)")
-    return exc
-
-
-def run_hook(hook: TaskHook, shard: int, attempt: int) -> None:
-    """Run on_task_written in a task; an exception it raises leaves the task as a RuntimeError whose message carries
-    a marker (`dbidx-hook-error[module:qualname] shard=N attempt=M "message"`) that `hook_error` turns back into
-    the hook's own type on the driver.
-
-    Why text and not pickle: Spark hands a task's failure to the driver as text (a Python traceback inside a Java
-    exception), and unpickling bytes from a task on the driver would run whatever they say; the marker names only
-    the class's import path and carries the message as a JSON string.
-    """
-    try:
-        hook(shard, attempt)
-    except Exception as exc:
-        kind = type(exc)
-        message = exc.args[0] if len(exc.args) == 1 and isinstance(exc.args[0], str) else str(exc)
-        raise RuntimeError(f"{HOOK_ERROR_MARKER}[{kind.__module__}:{kind.__qualname__}] shard={shard} "
-                           f"attempt={attempt} {json.dumps(message)}") from exc
-
-
-def hook_error(exc: BaseException) -> Exception | None:
-    """The exception on_task_written raised in a task, rebuilt from the marker `run_hook` put in the Spark error that
-    carried it (None if there is none): the hook's own type with its message when the driver can import the type and
-    build it from a message, else a HookError naming the type. A note says which task attempt raised it."""
-    match = _HOOK_ERROR.search(str(exc))
-    if match is None:
-        return None
-    module, qualname, shard, attempt, encoded = match.groups()
-    try:
-        message = json.loads(encoded)
-    except ValueError:  # cut short on the way: keep the text as it came
-        message = encoded
-    error = _rebuilt(module, qualname, message) or HookError(
-        f"on_task_written raised {module}.{qualname}: {message} (that type cannot be imported or built from a "
-        "message on the driver, so it is reported as HookError)")
-    error.add_note(f"raised by on_task_written in the task of shard {shard}, attempt {attempt}, and re-raised on the "
-                   "driver; the Spark error that carried it is its __cause__")
-    return error
-
-
-def _rebuilt(module: str, qualname: str, message: str) -> Exception | None:
-    """An instance of the exception class `module:qualname` made from its message, or None if there is no such
-    importable Exception subclass or it cannot be built from one string."""
-    try:
-        kind: Any = importlib.import_module(module)
-        for name in qualname.split("."):
-            kind = getattr(kind, name)
-        if isinstance(kind, type) and issubclass(kind, Exception):
-            return kind(message)
-    except Exception:  # noqa: BLE001 - not importable, a local class, or another constructor: HookError instead
-        return None
-    return None
 
 
 def tag(df: Any, table: Table, *, key: str, partition: str, ordering: str | None = None,
@@ -457,60 +390,3 @@ def commit_history(table: Table, last: int = 20) -> list[dict[str, Any]]:
                     "completed_at_ms": rec.completed_at_ms, "rolled_back": rec.rolled_back,
                     "metrics": rec.extra.get("metrics")})
     return out
-
-
-def committed_data_files(table: Table) -> list[tuple[str, int, str]]:
-    """(path, completion seq, instant) of every data file a completed upsert published, oldest first."""
-    return [(f.path, seq, instant) for f, seq, instant in committed_data_records(table)]
-
-
-def committed_data_records(table: Table) -> list[tuple[DataFileRecord, int, str]]:
-    """(record, completion seq, instant) of every data file a completed upsert published, oldest first."""
-    table.refresh()
-    return [(f, rec.seq, rec.instant) for rec in table.timeline.completed()
-            if rec.action == ACTION_COMMIT for f in rec.data_files]
-
-
-def _read_unit_groups(ids: Iterator[pa.RecordBatch], table: Table, groups: list[list[data_reader.ReadUnit]],
-                      key: str, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-    """mapInArrow body of `read_table`: the live rows of this task's file groups (data_reader.read_unit)."""
-    for batch in ids:
-        for task_id in batch.column(0).to_pylist():
-            yield from data_reader.read_units(table.io, groups[task_id], key, schema, table)
-
-
-def _balanced(units: Sequence[data_reader.ReadUnit], tasks: int) -> list[list[data_reader.ReadUnit]]:
-    """Units spread over at most `tasks` groups of about equal bytes (largest first, each to the lightest group)."""
-    groups: list[list[data_reader.ReadUnit]] = [[] for _ in range(max(1, min(tasks, len(units))))]
-    loads = [0] * len(groups)
-    for unit in sorted(units, key=lambda u: u.bytes, reverse=True):
-        lightest = loads.index(min(loads))
-        groups[lightest].append(unit)
-        loads[lightest] += unit.bytes
-    return groups
-
-
-def read_table(spark: Any, table: Table, partitions: Iterable[str] | None = None,
-               columns: Sequence[str] | None = None, with_meta: bool = False) -> Any:
-    """The table's current rows as a DataFrame: per record the version of the latest commit, deletes dropped.
-
-    Planned per file group (a record lives in one), so the read needs no shuffle: each task merges whole file
-    groups (mdt/data_reader.py). partitions: partition paths to read (e.g. ["dt=2025-01-15"]); columns: the data
-    columns to return; with_meta adds `_dbidx_file_group` and `_dbidx_instant`. An empty table reads as an empty
-    DataFrame with the table's schema. Files are read through the table's FileIO (any pyarrow filesystem, S3
-    included) and verified against their recorded size and checksum: a damaged file fails the read with
-    CorruptFileError naming it, never a silently smaller table.
-    """
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    plan = data_reader.plan_read(table, partitions)
-    schema = data_reader.output_schema(plan, columns, with_meta)
-    spark_schema = from_arrow_schema(schema)
-    if plan.key is None or not plan.units:
-        return spark.createDataFrame([], spark_schema)
-    # 1. File groups balanced by bytes over a few tasks per core; each task gets its groups' ids.
-    groups = _balanced(plan.units, spark.sparkContext.defaultParallelism * 2)
-    ids = spark.range(0, len(groups), numPartitions=len(groups)).selectExpr("cast(id as int) as id")
-    # 2. Each task reads and merges its file groups: no shuffle.
-    return ids.mapInArrow(partial(_read_unit_groups, table=table, groups=groups, key=plan.key, schema=schema),
-                          spark_schema)
