@@ -19,6 +19,7 @@ import uuid
 from concurrent.futures.process import BrokenProcessPool
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -116,12 +117,7 @@ class PartitionLoader:
         if mode == "serial":  # build and install one slice at a time, in order
             for job in jobs:
                 sst = self._sst_path(job)
-                future: Future = Future()
-                try:
-                    future.set_result(_timed_prepare(*self._args(job, sst)))
-                except BaseException as exc:  # noqa: BLE001 - handled like a pool failure
-                    future.set_exception(exc)
-                self._install(future, job, sst)
+                self._install(partial(_timed_prepare, *self._args(job, sst)), job, sst)
         else:
             workers = self.workers or min(len(jobs), max(2, os.cpu_count() or 2) if mode == "processes" else 8)
             pool: Executor = (ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dbidx-load")
@@ -134,7 +130,7 @@ class PartitionLoader:
                     sst = self._sst_path(job)
                     futures[pool.submit(_timed_prepare, *self._args(job, sst))] = (job, sst)
                 for future in as_completed(futures):
-                    self._install(future, *futures[future])
+                    self._install(future.result, *futures[future])
             finally:
                 pool.shutdown(wait=True, cancel_futures=self._error is not None)
         for cache in {id(j.cache): j.cache for j in jobs}.values():
@@ -151,10 +147,11 @@ class PartitionLoader:
     def _sst_path(job: LoadJob) -> str:
         return str(job.cache.scratch_dir / f"load-{uuid.uuid4().hex[:12]}.sst")
 
-    def _install(self, future: Future, job: LoadJob, sst: str) -> None:
-        """Ingest one finished build into its cache and report progress; remember the first error."""
+    def _install(self, built: Callable[[], tuple[PreparedLoad, float]], job: LoadJob, sst: str) -> None:
+        """Ingest one build (`built()` runs it, or returns a pool's finished result) into its cache and report
+        progress; remember the first error, whether the build or the install raised it."""
         try:
-            prepared, started = future.result()
+            prepared, started = built()
             job.cache.install_partition(prepared, job.seq, durable=False)
             now = time.monotonic()
             if now - self._flushed_at.setdefault(id(job.cache), now) >= self.flush_interval_s:
