@@ -22,7 +22,7 @@ def each_cache(cache_dir: str | Path, fn: Callable[[Path, Any], T], table: Any =
     """fn(path, open cache) for every shard cache under `cache_dir` (of `table` only, when given), one at a time:
     each cache is closed before the next opens, and when fn raises. CLI tools wait at most 10 s for a busy cache."""
     from dbidx.cache.inspect import find_cache_dirs, open_cache_dir
-    from dbidx.cache.record_cache import table_cache_dir_name
+    from dbidx.cache.registry import table_cache_dir_name
 
     root = Path(cache_dir)
     if table is not None:

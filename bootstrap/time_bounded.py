@@ -15,7 +15,8 @@ from typing import Any, Sequence
 from dbidx.bootstrap.loader import LoadJob, PartitionLoader, ProgressCallback
 from dbidx.bootstrap.selection import Selection, select_partitions
 from dbidx.cache import catchup
-from dbidx.cache.record_cache import GLOBAL_PARTITION, RecordIndexCache, table_cache_dir_name
+from dbidx.cache.record_cache import GLOBAL_PARTITION, RecordIndexCache
+from dbidx.cache.registry import table_cache_dir_name
 from dbidx.config import CacheConfig
 from dbidx.cache.inspect import is_cache_dir
 from dbidx.errors import CacheMismatchError, InvalidInputError

@@ -26,7 +26,7 @@ from dbidx.cache.changes import last_per_key, plan_changes
 from dbidx.cache.locations import LocationDictionary
 from dbidx.cache.metrics import CacheMetrics
 from dbidx.cache.overlay import OVERLAY_CF, Overlay
-from dbidx.cache.registry import CacheIdentity, PartitionState
+from dbidx.cache.registry import CacheIdentity, PartitionState, table_cache_dir_name  # noqa: F401 - re-exported
 from dbidx.cache.sst_builder import LOCATIONS_KEY, PreparedLoad, build_sst
 from dbidx.cache.store import Store, multi_get
 from dbidx.config import CacheConfig, default_base_path, prepare_dir
@@ -39,12 +39,6 @@ GLOBAL_PARTITION = ""  # global mode keeps the whole shard in one partition entr
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def table_cache_dir_name(table: Any) -> str:
-    """The directory under a base path that holds one table's shard caches (table id + location hash)."""
-    return CacheIdentity(table.props.table_id, table.num_shards, 0, table.props.index_mode,
-                         location=table.location).dir_name
 
 
 class RecordIndexCache:
@@ -65,11 +59,6 @@ class RecordIndexCache:
         self._lock = threading.RLock()
 
     # ---- construction --------------------------------------------------------------------------------------
-    @staticmethod
-    def path_for(base: str | Path, identity: CacheIdentity) -> Path:
-        """Where the cache of (table, shard) lives under a base path."""
-        return Path(base) / identity.dir_name / f"shard-{identity.shard:05d}-of-{identity.num_shards:05d}"
-
     @classmethod
     def for_table(cls, table: Any, shard: int, config: CacheConfig | None = None,
                   base_path: str | Path | None = None) -> "RecordIndexCache":
@@ -77,10 +66,8 @@ class RecordIndexCache:
         config = config or CacheConfig()
         if not 0 <= shard < table.num_shards:
             raise InvalidInputError(f"shard {shard} is out of range 0..{table.num_shards - 1} for {table.uri}")
-        identity = CacheIdentity(table.props.table_id, table.num_shards, shard, table.props.index_mode,
-                                 location=table.location)
-        base = Path(base_path or config.base_path or default_base_path())
-        return cls(cls.path_for(base, identity), identity, config)
+        identity = CacheIdentity.of_table(table, shard)
+        return cls(identity.shard_dir(base_path or config.base_path or default_base_path()), identity, config)
 
     @property
     def scratch_dir(self) -> Path:
@@ -393,7 +380,7 @@ class RecordIndexCache:
             # 3. Counters by the net change, and the partition's synced seq, in the same batch.
             state.entries += plan.entries_delta
             for loc, delta in plan.fills_delta.items():
-                self._bump_fill(state, loc, delta)
+                state.bump_fill(loc, delta)
             state.synced_seq = max(state.synced_seq, synced_seq)
             batch.put(registry.partition_key(partition), registry.pack(state))
             store.write(batch)
@@ -451,16 +438,6 @@ class RecordIndexCache:
         if self.store is None:
             raise CacheError(f"cache {self.path} is not open")
         return self.store
-
-    @staticmethod
-    def _bump_fill(state: PartitionState, location: str | None, delta: int) -> None:
-        if location is None:
-            return
-        n = state.fills.get(location, 0) + delta
-        if n > 0:
-            state.fills[location] = n
-        else:
-            state.fills.pop(location, None)
 
     def _forget_family(self, cf: str) -> None:
         self._require_store().drop(cf)

@@ -44,6 +44,15 @@ class CacheIdentity:
     format: int = FORMAT
     location: str = ""  # where the table lives ("<fs type>://<root>"); "" when built by hand (benchmarks)
 
+    @classmethod
+    def of_table(cls, table: Any, shard: int) -> "CacheIdentity":
+        """The identity of one shard's cache of an MDT table."""
+        return cls(table.props.table_id, table.num_shards, shard, table.props.index_mode, location=table.location)
+
+    def shard_dir(self, base: str | Path) -> Path:
+        """Where this shard's cache lives under a base path: <base>/<dir_name>/shard-NNNNN-of-NNNNN."""
+        return Path(base) / self.dir_name / f"shard-{self.shard:05d}-of-{self.num_shards:05d}"
+
     @property
     def dir_name(self) -> str:
         """The per-table directory under a base path: the table id plus a hash of its location, so a copy of a
@@ -83,6 +92,16 @@ class PartitionState:
     def ready(self) -> bool:
         """Whether lookups may be served from this partition."""
         return self.state == READY
+
+    def bump_fill(self, location: str | None, delta: int) -> None:
+        """Move one location's live-key count (bucket fills); a count that reaches 0 leaves the map."""
+        if location is None:
+            return
+        n = self.fills.get(location, 0) + delta
+        if n > 0:
+            self.fills[location] = n
+        else:
+            self.fills.pop(location, None)
 
 
 def partition_key(partition: str) -> bytes:
@@ -176,3 +195,8 @@ def read_info(db: Any, name: str, path: Path) -> dict[str, Any] | None:
         return None if raw is None else msgpack.unpackb(raw, raw=False)
     except Exception as exc:  # noqa: BLE001
         raise _damaged(path, f"record {name!r}", exc) from exc
+
+
+def table_cache_dir_name(table: Any) -> str:
+    """The directory under a base path that holds one table's shard caches (table id + location hash)."""
+    return CacheIdentity.of_table(table, 0).dir_name

@@ -140,8 +140,8 @@ def test_bad_shards_and_foreign_cache_dirs_are_refused(table, tmp_path):
     with pytest.raises(InvalidInputError, match="out of range 0..2"):
         bootstrap(table, days=1, shards=[3], base_path=base)
     bootstrap(table, days=1, shards=[0], now=NOW, base_path=base)
-    shard_dir = RecordIndexCache.path_for(base, open_cache(table, 0, base).close() or
-                                          RecordIndexCache.for_table(table, 0).identity)
+    open_cache(table, 0, base).close()
+    shard_dir = RecordIndexCache.for_table(table, 0).identity.shard_dir(base)
     with pytest.raises(CacheMismatchError, match="cache directory of one shard"):
         bootstrap(table, days=1, base_path=shard_dir)
     other = make_daily_table(tmp_path / "other", keys_per_day=10)
