@@ -366,8 +366,9 @@ class RecordIndexCache:
                                                                        deleted)
             family, handle = store.cf(state.cf), store.handle(state.cf)
             old_values = multi_get(family, unique_keys)
+            decoder = self._dictionary.decoder(state.cf)
             plan = plan_changes(unique_keys, final_locations, final_deleted, old_values,
-                                lambda raw: self._dictionary.decode(state.cf, raw))
+                                lambda raw: decoder.get(raw) or self._dictionary.decode(state.cf, raw))
             # 2. One write batch: new dictionary entries first, then the puts and deletes, then the registry.
             batch = store.batch()
             values = {loc: self._dictionary.encode(store, state.cf, loc, batch)
