@@ -13,6 +13,8 @@ from collections import defaultdict
 from typing import Sequence
 
 import msgpack
+import numpy as np
+import pyarrow as pa
 
 from dbidx.cache.store import Store, multi_get
 
@@ -57,6 +59,21 @@ class Overlay:
         prefix = self._prefix(partition)
         found = multi_get(store.cf(OVERLAY_CF, create=True), [prefix + k for k in encoded])
         return [None if raw is None else msgpack.unpackb(raw, raw=False)[2] for raw in found]
+
+    def resolve(self, store: Store, partition: str, encoded: pa.Array,
+                result: list[str | None]) -> tuple[int, np.ndarray | None]:
+        """Fill `result` (aligned with `encoded`) with pending locations; returns how many were found and the
+        positions left for the committed entries (None: all of them, nothing is pending in the partition)."""
+        if not self.has_pending(partition):
+            return 0, None
+        rest, hits = [], 0
+        for i, location in enumerate(self.lookup(store, partition, encoded.to_pylist())):
+            if location is None:
+                rest.append(i)
+            else:
+                result[i] = location
+                hits += 1
+        return hits, np.asarray(rest, dtype=np.int64)
 
     def put(self, store: Store, instant: str, partition: str, encoded: Sequence[bytes], locations: Sequence[str],
             attempt: str) -> int:

@@ -283,18 +283,8 @@ class RecordIndexCache:
         binary = codec.encode_keys_binary(normalize_keys(keys))
         n = len(binary)
         result: list[str | None] = [None] * n
-        pending_hits = 0
-        todo: np.ndarray | None = None  # positions still to look up; None = all of them
-        # 1. Overlay: entries of instants that have not completed yet.
-        if self._overlay.has_pending(partition):
-            rest = []
-            for i, location in enumerate(self._overlay.lookup(store, partition, binary.to_pylist())):
-                if location is None:
-                    rest.append(i)
-                else:
-                    result[i] = location
-                    pending_hits += 1
-            todo = np.asarray(rest, dtype=np.int64)
+        # 1. Overlay: entries of instants that have not completed yet; todo = positions still to look up (None: all).
+        pending_hits, todo = self._overlay.resolve(store, partition, binary, result)
         # 2. Committed entries: multi-get in key order (about twice as fast as input order; codec.lookup_order),
         #    decoded and scattered back to input order without a Python loop per key.
         if todo is None or len(todo):
