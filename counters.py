@@ -9,6 +9,7 @@ other input read back.
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Mapping, TypeVar
 
@@ -59,15 +60,18 @@ class Counters:
 
     @classmethod
     def from_dict(cls: type[T], data: Mapping[str, Any]) -> T:
-        """The counters of a dict another process wrote: every numeric field of this class must be present and a
-        number (KeyError / ValueError otherwise: callers turn those into their own typed error); keys this class
-        does not declare are ignored, so a richer record reads as a narrower one."""
+        """The counters of a dict another process wrote: every numeric field of this class must be present, >= 0,
+        finite, and whole where the field is an int (KeyError / ValueError otherwise: callers turn those into their
+        own typed error); keys this class does not declare are ignored, so a richer record reads as a narrower one."""
         values: dict[str, Any] = {}
         for f in fields(cls):
             if f.name.startswith("_") or f.default is MISSING or not _is_number(f.default):
                 continue
             value = data[f.name]
-            if not _is_number(value):
-                raise ValueError(f"{cls.__name__}.{f.name} must be a number, got {value!r}")
+            whole = isinstance(f.default, int)
+            if not (isinstance(value, int) if whole else _is_number(value)) or isinstance(value, bool) \
+                    or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{cls.__name__}.{f.name} must be a {'whole' if whole else 'finite'} number >= 0, "
+                                 f"got {value!r}")
             values[f.name] = value
         return cls(**values)

@@ -1,11 +1,12 @@
-"""On-demand loading (docs/BOOTSTRAP.md, "On demand"): every cold partition of a batch is loaded concurrently before tagging starts.
+"""On-demand loading: every cold partition of a batch is loaded concurrently before tagging starts (docs/BOOTSTRAP.md).
 
 RFC-107 loads a cold partition synchronously when the first record for it arrives, so a batch touching five old
 partitions stalls five times in a row (its review comment on stalls). Here the tagger hands over the batch's
 partitions once; all the cold ones load at the same time, and the batch waits once, for the slowest. Concurrent
 callers sharing one loader (threads tagging other batches of the same shard) that need a partition already being
 loaded wait for that load instead of starting a second one (single flight). Stalls are counted in the cache's
-metrics. A loader belongs to whoever holds the cache open for a while (a Spark task session), not to the cache.
+metrics. A loader belongs to whoever holds the cache open for a while (a Spark task session), or is shared by the
+callers of `ensure_loaded` on one open cache until it closes (`RecordIndexCache.on_close`).
 """
 from __future__ import annotations
 
@@ -14,12 +15,17 @@ import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from dbidx.bootstrap.loader import prepare_slice
 from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.mdt.table import Table
+
+_SHARED: dict[int, "OnDemandLoader"] = {}  # id(open cache) -> its shared loader, until the cache closes
+_SHARED_LOCK = threading.Lock()
+
 
 @dataclass
 class OnDemandReport:
@@ -49,6 +55,7 @@ class OnDemandLoader:
         self.on_build_start = on_build_start
         self.on_join = on_join
         self.workers = max(1, workers)
+        self.closed = False
         self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="dbidx-on-demand")
         self._inflight: dict[str, Future] = {}
         self._lock = threading.Lock()
@@ -56,6 +63,7 @@ class OnDemandLoader:
     def close(self) -> None:
         """Stop the loading threads (waits for running loads)."""
         self._pool.shutdown(wait=True)
+        self.closed = True
 
     def __enter__(self) -> "OnDemandLoader":
         return self
@@ -126,12 +134,25 @@ class OnDemandLoader:
                 self._inflight.pop(partition, None)
 
 
-def ensure_loaded(cache: RecordIndexCache, table: Table, partitions: Iterable[str]) -> OnDemandReport:
-    """Load every not-ready partition of a batch concurrently; returns when all are ready.
+def shared_loader(cache: RecordIndexCache, table: Table) -> OnDemandLoader:
+    """The loader every `ensure_loaded` call on one open cache shares, so concurrent callers that need the same cold
+    partition load it once and at most `load.threads` loads run per cache; stopped when the cache closes."""
+    with _SHARED_LOCK:
+        loader = _SHARED.get(id(cache))
+        if loader is None or loader.cache is not cache or loader.table.props.table_id != table.props.table_id:
+            loader = _SHARED[id(cache)] = OnDemandLoader(cache, table, cache.config.on_demand_workers)
+            cache.on_close(partial(_release, id(cache), loader))
+        return loader
 
-    A loader for this call only (`load.threads` at once). Callers that tag several batches of one open cache
-    concurrently share one `OnDemandLoader` instead, so that a partition two of them need loads once (a Spark task
-    session owns one: spark_integration/task.py).
-    """
-    with OnDemandLoader(cache, table, cache.config.on_demand_workers) as loader:
-        return loader.ensure_loaded(partitions)
+
+def _release(key: int, loader: OnDemandLoader) -> None:
+    with _SHARED_LOCK:
+        if _SHARED.get(key) is loader:
+            del _SHARED[key]
+    loader.close()
+
+
+def ensure_loaded(cache: RecordIndexCache, table: Table, partitions: Iterable[str]) -> OnDemandReport:
+    """Load every not-ready partition of a batch concurrently; returns when all are ready (through the cache's
+    shared loader: a Spark task session owns its own, spark_integration/task.py)."""
+    return shared_loader(cache, table).ensure_loaded(partitions)

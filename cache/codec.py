@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from dbidx.errors import CacheError, InvalidKeyError
 
@@ -25,6 +26,7 @@ TAG_UUID = 0x01
 TAG_DIGITS = 0x20
 _UUID_DASHES = (8, 13, 18, 23)
 _UUID_HEX_RUNS = ((0, 8), (9, 13), (14, 18), (19, 23), (24, 36))  # the hex digits between the dashes
+_ORDER_WINDOW = 40  # lookup_order looks this far into the keys for the first byte that varies
 _POW10 = (10 ** np.arange(9, -1, -1, dtype=np.uint64)).astype(np.uint64)
 
 
@@ -198,10 +200,12 @@ def lookup_order(encoded: pa.Array) -> np.ndarray:
     offsets = np.frombuffer(buffers[1], dtype=np.int32 if width == 4 else np.int64, count=n,
                             offset=encoded.offset * width).astype(np.int64)
     data = np.frombuffer(buffers[2], dtype=np.uint8) if buffers[2] is not None else np.zeros(0, np.uint8)
-    heads = _matrix(np.concatenate([data, np.zeros(24, np.uint8)]), offsets, 24)
-    sample = heads[:: max(1, n // 1024), :16]  # where keys start to differ, judged on ~1 k of them
+    heads = _matrix(np.concatenate([data, np.zeros(_ORDER_WINDOW + 8, np.uint8)]), offsets, _ORDER_WINDOW + 8)
+    sample = heads[:: max(1, n // 1024), :_ORDER_WINDOW]  # where keys start to differ, judged on ~1 k of them
     varying = np.flatnonzero((sample != sample[0]).any(axis=0))
-    first = int(varying[0]) if len(varying) else 0
+    if not len(varying):  # a longer shared prefix (tenant/table/... paths): Arrow's exact sort of the bytes
+        return pc.sort_indices(encoded).to_numpy()
+    first = int(varying[0])
     prefix = np.ascontiguousarray(heads[:, first:first + 8]).view(">u8").ravel()
     return np.argsort(prefix)
 

@@ -32,7 +32,8 @@ class Overlay:
         return partition.encode("utf-8") + b"\x00"
 
     def scan(self, store: Store) -> None:
-        """Rebuild the in-memory counts from the column family (on open)."""
+        """Rebuild the in-memory counts from the column family (on open; a reopened cache starts over)."""
+        self._pending.clear()
         if OVERLAY_CF not in store.column_families():
             return
         for key, raw in store.cf(OVERLAY_CF).items():

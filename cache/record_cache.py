@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -57,6 +57,7 @@ class RecordIndexCache:
         self._dictionary = LocationDictionary(self.path)
         self._overlay = Overlay()
         self._lock = threading.RLock()
+        self._on_close: list[Callable[[], None]] = []
 
     # ---- construction --------------------------------------------------------------------------------------
     @classmethod
@@ -130,10 +131,18 @@ class RecordIndexCache:
         db[registry.SESSION_KEY] = registry.SESSION_OPEN
         self.store.flush()  # type: ignore[union-attr]
 
+    def on_close(self, callback: Callable[[], None]) -> None:
+        """Run `callback` when this cache closes, before its directory is released (e.g. stop helpers that write
+        to it, such as a shared on-demand loader); each runs once."""
+        self._on_close.append(callback)
+
     def close(self) -> None:
         """Persist counters and last-access times, mark the session closed and release the directory."""
         if self.store is None:
             return
+        callbacks, self._on_close = self._on_close, []
+        for callback in callbacks:
+            callback()
         with self._lock:
             store, self.store = self.store, None
             try:

@@ -341,8 +341,9 @@ def commit_results(writer: Any, results: list[tuple[int, int, bytes]], options: 
             files += task_files
             index_files += task_index
             touched += task_touched
-            counts += [task.TaskCounts.from_dict(m) for m in result["metrics"]]  # strict: numbers, all present
-            per_shard += result["metrics"]
+            parsed = [task.ShardMetrics.from_dict(m) for m in result["metrics"]]  # strict: numbers >= 0, all there
+            counts += parsed
+            per_shard += zip((m.shard for m in parsed), result["metrics"])
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CommitError(f"instant {writer.instant}: a task result is malformed ({exc}); nothing was "
                           "published") from exc
@@ -371,8 +372,10 @@ def _check_files_exist(io: Any, instant: str, expected: list[tuple[str, int]]) -
 
 
 def _summarize(instant: str, files: list[DataFileRecord], index_files: list[FileRecord],
-               per_shard: list[dict[str, Any]], counts: list[task.TaskCounts]) -> CommitSummary:
-    summary = CommitSummary(instant=instant, seq=0, per_shard=sorted(per_shard, key=lambda m: m["shard"]))
+               per_shard: list[tuple[int, dict[str, Any]]], counts: list[task.TaskCounts]) -> CommitSummary:
+    """The commit's counts (the shards' sum) and files; per_shard: (parsed shard, its metrics as sent), by shard."""
+    summary = CommitSummary(instant=instant, seq=0,
+                            per_shard=[m for _, m in sorted(per_shard, key=lambda pair: pair[0])])
     summary.add(*counts)
     summary.partitions = sorted({f.partition for f in files})
     summary.data_files = len(files)

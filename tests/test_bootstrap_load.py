@@ -204,6 +204,32 @@ def test_ensure_loaded_is_a_no_op_for_ready_partitions_and_shared_per_cache(tabl
         assert cache.metrics.on_demand_loads == 1
 
 
+def test_concurrent_ensure_loaded_callers_on_one_cache_load_a_partition_once(table, tmp_path):
+    """Library callers sharing an open cache share its loader (single flight); it stops when the cache closes."""
+    from dbidx.bootstrap.on_demand import shared_loader
+
+    cache = open_cache(table, 1, tmp_path / "c")
+    with cache:
+        barrier = threading.Barrier(2)
+        reports = []
+
+        def caller() -> None:
+            barrier.wait()
+            reports.append(ensure_loaded(cache, table, [DAYS[3]]))
+
+        threads = [threading.Thread(target=caller) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert cache.metrics.loads == 1 and sorted(len(r.loaded) for r in reports) == [0, 1]
+        assert sorted(len(r.joined) + len(r.loaded) for r in reports) == [1, 1]
+        loader = shared_loader(cache, table)
+    assert loader.closed  # stopped with the cache
+    with cache.open():  # the same object reopened gets a fresh loader
+        assert shared_loader(cache, table) is not loader
+
+
 def test_an_on_demand_load_of_a_missing_partition_is_ready_and_empty(table, tmp_path):
     with open_cache(table, 0, tmp_path / "c") as cache:
         ensure_loaded(cache, table, ["dt=2030-01-01"])

@@ -33,6 +33,20 @@ def loaded(table: Table, shard: int, base, partitions=(DAY1, DAY2, DAY3), **conf
     return cache
 
 
+def test_a_reopened_cache_counts_its_pending_entries_once(table, tmp_path):
+    """Closing and reopening one cache object rebuilds the overlay counts instead of adding to them, so a finished
+    instant leaves nothing pending and the partition can be dropped again."""
+    cache = loaded(table, 0, tmp_path / "c")
+    new = shard_keys(table, [f"re-{i}" for i in range(20)], 0)
+    with cache:
+        cache.put_pending("i1", DAY1, new, ["fg-x"] * len(new), attempt="7")
+    with cache.open():
+        assert cache.pending_instants(DAY1) == {"i1": len(new)}
+        assert cache.finish_instant("i1", attempt="7") == len(new)
+        assert cache.pending_instants() == {}
+        assert cache.drop_partition(DAY1)
+
+
 def test_overlay_sees_keys_of_the_same_and_earlier_uncommitted_batches(table, tmp_path):
     with loaded(table, 0, tmp_path / "c") as cache:
         new = shard_keys(table, [f"new-{i}" for i in range(40)], 0)

@@ -49,5 +49,5 @@ def test_from_dict_is_strict_about_numbers_and_ignores_what_it_does_not_declare(
     with pytest.raises(KeyError):
         TaskCounts.from_dict({k: v for k, v in data.items() if k != "misses"})
     for bad in ("4", True, None, [1]):
-        with pytest.raises(ValueError, match="TaskCounts.hits must be a number"):
+        with pytest.raises(ValueError, match="TaskCounts.hits must be a whole number >= 0"):
             TaskCounts.from_dict({**data, "hits": bad})

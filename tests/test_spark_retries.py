@@ -163,13 +163,16 @@ def test_speculative_duplicate_attempts_leave_one_version(setup) -> None:
     assert summary.inserts == shard0.num_rows and len(index_state(table)) == shard0.num_rows
 
 
-def test_a_task_result_with_malformed_metrics_publishes_nothing(setup) -> None:
-    """Task results are input: metrics that are not numbers (or are missing) are a CommitError, nothing published."""
+@pytest.mark.parametrize("bad", [{"hits": "many"}, {"hits": -7}, {"hits": 1.5}, {"shard": "0"},
+                                 {"sync_seconds": float("nan")}, {"tagged_seq": None}], ids=str)
+def test_a_task_result_with_malformed_metrics_publishes_nothing(setup, bad) -> None:
+    """Task results are input: metrics that are missing, not numbers, negative, fractional where whole or not
+    finite are a CommitError, and nothing is published."""
     table, config = setup
     options = TagOptions(key="id", partition="dt", cache=config)
     writer = table.new_commit()
     results = [task.upsert_batches([], table, options, writer.instant, attempt=a) for a in (1, 2)]
-    results[0]["metrics"] = [task.ShardMetrics(shard=0).to_dict() | {"hits": "many"}]
+    results[0]["metrics"] = [task.ShardMetrics(shard=0).to_dict() | bad]
     with pytest.raises(CommitError, match="a task result is malformed"):
         commit_results(writer, [(s, s + 1, task.pack_payload(r)) for s, r in enumerate(results)], options,
                        expected_tasks=2)
