@@ -5,6 +5,7 @@ Pure functions only: no I/O, so the layout can be unit-tested and documented in 
 from __future__ import annotations
 
 import re
+from datetime import datetime, timezone
 from urllib.parse import quote
 
 import xxhash
@@ -172,3 +173,14 @@ def checkpoint_file(seq: int) -> str:
 def archive_file(first: int, last: int) -> str:
     """Path of the bundle holding completion records first..last."""
     return f"{ARCHIVE_DIR}/{first:012d}-{last:012d}.arch"
+
+
+def now_instant() -> int:
+    """The current UTC time as a yyyyMMddHHmmssSSS integer (an instant id before formatting)."""
+    now = datetime.now(tz=timezone.utc)
+    return int(now.strftime("%Y%m%d%H%M%S")) * 1000 + now.microsecond // 1000
+
+
+def format_instant(value: int) -> str:
+    """Instant ids are 17 digits; +1 ms arithmetic on the integer form may produce e.g. ...60 seconds, still ordered."""
+    return f"{value:017d}"

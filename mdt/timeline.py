@@ -14,16 +14,14 @@ import os
 import socket
 import threading
 import time
-import uuid
 import warnings
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Callable, Iterable
 
 from dbidx.errors import (
-    CorruptFileError, DbidxError, InstantStateError, StoreUnavailableError, UnsafeConcurrencyError,
+    CorruptFileError, DbidxError, InstantStateError, StoreUnavailableError,
 )
-from dbidx.mdt import checkpoint, layout, markers
+from dbidx.mdt import checkpoint, layout, markers, writer_presence
 from dbidx.mdt.fileio import EXCLUSIVE_LOCK, EXCLUSIVE_NONE, FileIO
 from dbidx.mdt.records import (  # noqa: F401 - re-exported: the record types are part of the timeline's API
     ACTION_BUILD_INDEX,
@@ -251,20 +249,20 @@ class Timeline:
         if action not in ACTIONS:
             raise InstantStateError(f"unknown action {action!r}; expected one of {ACTIONS}")
         self.refresh()
-        candidate = max(_now_instant(), self._max_known_instant() + 1)
+        candidate = max(layout.now_instant(), self._max_known_instant() + 1)
         while True:
             # 1. Exclusive create of the requested marker: two writers in the same millisecond get different ids.
             marker = json.dumps({"action": action, "start_seq": self.latest_seq, "host": socket.gethostname(),
                                  "pid": os.getpid(), "started_at_ms": int(time.time() * 1000)}).encode()
-            instant = _format_instant(candidate)
+            instant = layout.format_instant(candidate)
             if self.io.create_exclusive(layout.requested_file(instant), marker):
                 self.refresh()
                 # 2. Ids of finished instants are never reused, even if their marker was removed meanwhile.
                 if instant not in self._by_instant:
                     if self.io.exclusive_create == EXCLUSIVE_LOCK:
-                        self._announce_writer(instant)  # so a writer without the lock sees this one and refuses
+                        writer_presence.announce(self.io, instant)  # so a writer without the lock sees this one and refuses
                     if self.io.exclusive_create == EXCLUSIVE_NONE:
-                        self._refuse_second_writer(instant, set(ignore))
+                        writer_presence.refuse_second(self.io, instant, set(ignore), self.record_of)
                     return StartedInstant(instant=instant, action=action, start_seq=json.loads(marker)["start_seq"])
                 self.io.delete(layout.requested_file(instant))
             candidate = max(candidate + 1, self._max_known_instant() + 1)
@@ -370,46 +368,9 @@ class Timeline:
         self.io.delete(layout.inflight_file(instant))
         self.io.delete(layout.requested_file(instant))
         if self.io.exclusive_create in (EXCLUSIVE_NONE, EXCLUSIVE_LOCK):
-            for name in self.io.list_names(layout.WRITERS_DIR):
-                if name.startswith(instant + "-"):
-                    self.io.delete(f"{layout.WRITERS_DIR}/{name}")
-
-    def _announce_writer(self, instant: str) -> str:
-        """Leave a uniquely named presence file for an active writer; returns its name."""
-        own = f"{instant}-{uuid.uuid4().hex}"
-        self.io.write_atomic(f"{layout.WRITERS_DIR}/{own}", json.dumps(
-            {"host": socket.gethostname(), "pid": os.getpid()}).encode())
-        return own
-
-    def _refuse_second_writer(self, instant: str, ignore: set[str]) -> None:
-        """Without an exclusive create, two writers could both publish seq N and one commit would vanish. Each
-        writer therefore leaves a uniquely named presence file and then lists the others: of two writers that
-        overlap, at least one sees the other (whatever the timing), and it refuses loudly instead of racing."""
-        own = self._announce_writer(instant)
-        others = [n for n in self.io.list_names(layout.WRITERS_DIR) if n != own and not n.startswith(".")
-                  and n.split("-")[0] not in ignore and self.record_of(n.split("-")[0]) is None]
-        if others:
-            self.io.delete(f"{layout.WRITERS_DIR}/{own}")
-            self.io.delete(layout.requested_file(instant))
-            raise UnsafeConcurrencyError(
-                f"the table at {self.io.root} is on a filesystem ({self.io.fs.type_name}) with neither an exclusive "
-                f"create nor a conditional put, and another writer is active (instant {others[0].split('-')[0]}): "
-                "two writers there could both publish the same completion and one commit would be lost. Give "
-                "every writer the same commit_lock (e.g. dbidx.mdt.commit_lock.FileCommitLock on a shared path), "
-                "or, if that writer died, roll its instant back (`dbidx rollback`).")
+            writer_presence.forget(self.io, instant)
 
     def _max_known_instant(self) -> int:
         ids = [int(r.instant) for r in self._records] + [int(self._base_max_instant or 0)]
         ids += [int(n.split(".")[0]) for n in self.io.list_names(layout.TIMELINE_DIR) if n[:17].isdigit()]
         return max(ids, default=0)
-
-
-def _now_instant() -> int:
-    """The current UTC time as a yyyyMMddHHmmssSSS integer."""
-    now = datetime.now(tz=timezone.utc)
-    return int(now.strftime("%Y%m%d%H%M%S")) * 1000 + now.microsecond // 1000
-
-
-def _format_instant(value: int) -> str:
-    """Instant ids are 17 digits; +1 ms arithmetic on the integer form may produce e.g. ...60 seconds, still ordered."""
-    return f"{value:017d}"
