@@ -28,7 +28,6 @@ from dbidx.mdt.data_view import DataView
 from dbidx.mdt.file_view import FileView, PartitionStats
 from dbidx.mdt.fileio import FileIO
 from dbidx.mdt.keyhash import HASH_NAME, shard_of
-from dbidx.mdt.keys import normalize_keys
 from dbidx.mdt.properties import (  # noqa: F401 - re-exported: part of the table's API
     DEFAULT_CHECKPOINT_INTERVAL, FORMAT_VERSION, INDEX_GLOBAL, INDEX_PARTITIONED, TableProperties, parse_properties,
 )
@@ -260,7 +259,7 @@ class Table:
         pieces = []
         for s in shards:
             files = self._view.files(None if self.global_index else partition, s, upto)
-            merged = rli_files.resolve_latest([self._read(f) for f in files], self.schema)
+            merged = rli_files.resolve_latest([self.read_index_file(f) for f in files], self.schema)
             if self.global_index and partition is not None:
                 merged = merged.filter(pc.equal(merged.column(rli_files.PARTITION), partition))
             pieces.append(merged)
@@ -287,7 +286,7 @@ class Table:
                 continue
             if wanted is not None and record.partition is not None and record.partition not in wanted:
                 continue
-            table = self._read(record)
+            table = self.read_index_file(record)
             if record.partition is not None:
                 table = table.add_column(1, rli_files.PARTITION, pa.array([record.partition] * table.num_rows,
                                                                          pa.string()))
@@ -328,39 +327,15 @@ class Table:
         seek_threshold: float = rli_files.DEFAULT_SEEK_THRESHOLD,
         plan: dict[str, int] | None = None,
     ) -> pa.Table:
-        """Live entries for the given keys (absent keys are simply not in the result).
+        """Live entries for the given keys (absent keys are simply not in the result): mdt/point_lookup.py.
 
         Partitioned mode needs the partition; global mode searches the whole index. `mode` is "seek" (read only
         the row groups whose key range contains a lookup key), "scan" (read whole files) or "auto" (seek unless
         more than `seek_threshold` of a file's row groups are touched). `plan`, if given, counts files per method.
         """
-        if mode not in ("auto", "seek", "scan"):
-            raise InvalidInputError(f"lookup mode must be auto, seek or scan, got {mode!r}")
-        if partition is None and not self.global_index:
-            raise InvalidInputError("lookup in a partitioned index needs the partition path of the keys")
-        if partition is not None:
-            layout.validate_partition(partition)
-        self.refresh()
-        array = normalize_keys(keys, "lookup key")
-        if len(array) == 0:
-            return self.schema.empty_table()
-        shards = self.shard_of(array)
-        pieces = []
-        for s in np.unique(shards):
-            mine = pc.unique(array.filter(pa.array(shards == s)))
-            sorted_keys = sorted(mine.to_pylist())
-            found = []
-            for record in self._view.files(None if self.global_index else partition, int(s)):
-                rows, how = self._read(record, lambda: rli_files.read_matching(self.io, record, sorted_keys, mine, mode,
-                                                                                    seek_threshold))
-                if plan is not None:
-                    plan[how] = plan.get(how, 0) + 1
-                found.append(rows)
-            merged = rli_files.resolve_latest(found, self.schema)
-            if self.global_index and partition is not None:
-                merged = merged.filter(pc.equal(merged.column(rli_files.PARTITION), partition))
-            pieces.append(merged)
-        return pa.concat_tables(pieces) if pieces else self.schema.empty_table()
+        from dbidx.mdt.point_lookup import lookup
+
+        return lookup(self, keys, partition, mode, seek_threshold, plan)
 
     def new_commit(self) -> "CommitWriter":
         """Start a new instant that adds index entries; use as a context manager or call commit()/rollback()."""
@@ -406,7 +381,7 @@ class Table:
         """Every partition with its last commit instant and time, live key count and file-group fills."""
         return self.refresh().partition_stats()
 
-    def _read(self, record: FileRecord, read: Callable[[], Any] | None = None) -> Any:
+    def read_index_file(self, record: FileRecord, read: Callable[[], Any] | None = None) -> Any:
         """Read one index file (verified); a file that a clean removed since this reader planned the read is
         HistoryCompactedError (reload from a newer snapshot), any other missing or damaged file CorruptFileError."""
         try:
