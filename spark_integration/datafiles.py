@@ -20,6 +20,7 @@ from dbidx.mdt.data_reader import (  # noqa: F401 - used by tasks and tests
     DELETED_COLUMN, INSTANT_COLUMN, data_file_path, read_data_file, write_data_file,
 )
 from dbidx.mdt.records import ACTION_COMMIT, DataFileRecord
+from dbidx.spark_integration.grouping import runs
 
 
 
@@ -50,17 +51,13 @@ def write_groups(io: FileIO, rows: pa.Table, deleted: pa.Array, partitions: pa.A
     codes = parts.indices.to_numpy(zero_copy_only=False).astype(np.int64) * (len(group_names) + 1)
     codes += pc.fill_null(groups.indices, len(group_names)).to_numpy(zero_copy_only=False)
     # 2. Rows of one group together, in arrival order within it.
-    order = np.argsort(codes, kind="stable")
-    sorted_codes = codes[order]
-    starts = np.flatnonzero(np.concatenate(([True], sorted_codes[1:] != sorted_codes[:-1])))
-    ends = np.append(starts[1:], len(sorted_codes))
-    for start, end in zip(starts.tolist(), ends.tolist()):
-        part_code, group_code = divmod(int(sorted_codes[start]), len(group_names) + 1)
+    for code, positions in runs(codes):
+        part_code, group_code = divmod(code, len(group_names) + 1)
         if group_code == len(group_names):
             continue
-        take = pa.array(order[start:end])
+        take = pa.array(positions)
         group = rows.take(take)
-        group = group.append_column(INSTANT_COLUMN, pa.array([instant] * (end - start), pa.string()))
+        group = group.append_column(INSTANT_COLUMN, pa.array([instant] * len(positions), pa.string()))
         group = group.append_column(DELETED_COLUMN, deleted.take(take))
         written.append(write_group(io, part_names[part_code], group_names[group_code], group, instant, attempt))
     return written

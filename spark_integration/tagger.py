@@ -22,6 +22,7 @@ from dbidx.errors import InvalidInputError, InvalidPartitionError
 from dbidx.mdt.layout import validate_partition
 from dbidx.mdt.table import Table
 from dbidx.mdt.writer import as_key_array
+from dbidx.spark_integration.grouping import runs
 
 TAG_PARTITION = "_dbidx_partition"  # partition path the row is written to (global-mode deletes: where the key lives)
 TAG_FILE_GROUP = "_dbidx_file_group"  # file group the row is written to (None: delete of a key not in the index)
@@ -181,13 +182,9 @@ class ShardTagger:
         inserts = np.flatnonzero(~deletes)
         # Insert rows grouped by partition code (one stable sort, not one string comparison per partition).
         encoded = pc.dictionary_encode(parts.take(pa.array(inserts)))
-        codes = encoded.indices.to_numpy(zero_copy_only=False)
-        order = np.argsort(codes, kind="stable")
-        bounds = np.flatnonzero(np.diff(codes[order])) + 1
-        for run in np.split(order, bounds) if len(order) else []:
-            rows = inserts[run]
-            partition = encoded.dictionary[int(codes[run[0]])].as_py()
-            fg[rows] = self.assigner.assign(partition, keys.take(pa.array(rows)), lambda: {})
+        for code, positions in runs(encoded.indices.to_numpy(zero_copy_only=False)):
+            rows = inserts[positions]
+            fg[rows] = self.assigner.assign(encoded.dictionary[code].as_py(), keys.take(pa.array(rows)), lambda: {})
         self.counts.add(TagCounts(rows=n, inserts=len(inserts), deletes_missing=n - len(inserts)))
         nulls = pa.nulls(n, pa.string())
         columns = [parts, pa.array(fg.tolist(), pa.string()), pa.array(np.zeros(n, dtype=bool)), nulls, nulls,
