@@ -18,9 +18,11 @@ from dbidx.errors import CacheError, InvalidInputError
 T = TypeVar("T")
 
 
-def each_cache(cache_dir: str | Path, fn: Callable[[Path, Any], T], table: Any = None) -> list[T]:
+def each_cache(cache_dir: str | Path, fn: Callable[[Path, Any], T], table: Any = None,
+               none_ok: bool = False) -> list[T]:
     """fn(path, open cache) for every shard cache under `cache_dir` (of `table` only, when given), one at a time:
-    each cache is closed before the next opens, and when fn raises. CLI tools wait at most 10 s for a busy cache."""
+    each cache is closed before the next opens, and when fn raises. No cache there is a CacheError unless
+    `none_ok`. CLI tools wait at most 10 s for a busy cache."""
     from dbidx.cache.inspect import find_cache_dirs, open_cache_dir
     from dbidx.cache.registry import table_cache_dir_name
 
@@ -28,9 +30,16 @@ def each_cache(cache_dir: str | Path, fn: Callable[[Path, Any], T], table: Any =
     if table is not None:
         nested = root / table_cache_dir_name(table)
         root = nested if nested.is_dir() else root
+    try:
+        paths = find_cache_dirs(root)
+    except CacheError:
+        if none_ok:
+            return []
+        raise
+    config = cli_cache_config()
     results = []
-    for path in find_cache_dirs(root):
-        with open_cache_dir(path, cli_cache_config()) as cache:
+    for path in paths:
+        with open_cache_dir(path, config) as cache:
             results.append(fn(path, cache))
     return results
 
@@ -133,21 +142,15 @@ def _verify_text(p: dict[str, Any]) -> str:
 def reap_cmd(cache_dir: str, ttl_hours: float | None, max_disk_mb: int | None, dry_run: bool, as_json: bool) -> None:
     """Remove abandoned shard caches under a base path, then drop expired and over-budget partitions from the
     others (never ones with uncommitted entries)."""
-    from dbidx.cache.inspect import find_cache_dirs, is_cache_dir
+    from dbidx.cache.inspect import is_cache_dir
     from dbidx.cache.reaper import abandoned_to_dict, reap, sweep_abandoned
 
     ttl = cli_cache_config().partition_ttl_hours if ttl_hours is None else ttl_hours
     # First, before opening any cache (an open counts as a use): caches no process holds, idle for the TTL.
     abandoned = [] if is_cache_dir(Path(cache_dir)) else sweep_abandoned(cache_dir, ttl, dry_run=dry_run)
-    try:
-        find_cache_dirs(cache_dir)
-        left = True
-    except CacheError:
-        if not abandoned:
-            raise
-        left = False  # the sweep removed every cache there was
+    # none_ok when the sweep removed caches: it may have removed every one there was.
     results = each_cache(cache_dir, lambda path, cache: {"path": str(path)} | reap(
-        cache, ttl_hours, max_disk_mb, dry_run=dry_run).to_dict()) if left else []
+        cache, ttl_hours, max_disk_mb, dry_run=dry_run).to_dict(), none_ok=bool(abandoned))
     verb = "would drop" if dry_run else "dropped"
     _cli().output(as_json).emit({"abandoned": abandoned_to_dict(abandoned), "caches": results}, lambda p: "\n".join(
         [f"{a['path']}: {'would remove' if dry_run else 'removed'} abandoned cache (idle {a['idle_hours']} h, "

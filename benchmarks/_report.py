@@ -77,13 +77,25 @@ def dir_bytes(path: Path, pattern: str = "*") -> int:
     return sum(f.stat().st_size for f in Path(path).rglob(pattern) if f.is_file())
 
 
-def rss_bytes() -> int:
-    """Resident set size of this process."""
-    with open("/proc/self/status") as fh:
+def status_bytes(field: str, pid: int | str = "self") -> int:
+    """A memory figure of a process from Linux's /proc/<pid>/status (VmRSS: resident now, VmHWM: peak), in bytes."""
+    with open(f"/proc/{pid}/status") as fh:
         for line in fh:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process."""
+    return status_bytes("VmRSS")
+
+
+def reset_peak_rss(pid: int | str = "self") -> None:
+    """Reset a process's peak RSS (VmHWM: write 5 to /proc/<pid>/clear_refs), so the next reading covers only what
+    follows (OSError where the kernel does not allow it)."""
+    with open(f"/proc/{pid}/clear_refs", "w") as fh:
+        fh.write("5")
 
 
 def write_figures(name: str, figures: dict[str, Any]) -> None:

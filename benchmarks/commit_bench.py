@@ -35,19 +35,9 @@ from dbidx.spark_integration.api import read_table, upsert  # noqa: E402
 PARTITIONS = 30
 
 
-def reset_peak(pid: int) -> None:
-    """Reset a process's peak RSS (VmHWM) so the next reading covers only what follows."""
-    with open(f"/proc/{pid}/clear_refs", "w") as fh:
-        fh.write("5")
-
-
 def peak_mb(pid: int) -> float:
     """Peak RSS (VmHWM) of a process since its last reset, in MB."""
-    with open(f"/proc/{pid}/status") as fh:
-        for line in fh:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
+    return _report.status_bytes("VmHWM", pid) / 2**20
 
 
 def rows(spark, start: int, count: int, updates: int = 0, total: int = 0):
@@ -100,7 +90,7 @@ class TreeSampler(threading.Thread):
 
 def measure(spark, label: str, fn, pids: dict[str, int]) -> dict:
     for pid in pids.values():
-        reset_peak(pid)
+        _report.reset_peak_rss(pid)
     sampler = TreeSampler(os.getpid())
     sampler.start()
     started = time.perf_counter()

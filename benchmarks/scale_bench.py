@@ -86,21 +86,11 @@ class PeakRss:
 
 
 def reset_peak_rss() -> None:
-    """Reset this process's VmHWM (Linux: write 5 to /proc/self/clear_refs), so the next peak is one step's."""
+    """Reset this process's VmHWM so the next peak is one step's (left as it is where the kernel refuses)."""
     try:
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
+        _report.reset_peak_rss()
     except OSError:
         pass
-
-
-def peak_rss() -> int:
-    """This process's peak resident bytes since start or the last reset_peak_rss() (VmHWM)."""
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def day_label(day: int) -> str:
@@ -246,7 +236,7 @@ def run_size(spark: Any, work: Path, keys: int, args: argparse.Namespace) -> dic
     started = time.perf_counter()
     table, samples = build_index(root, keys, pool_sizes(keys, args.batch_rows, batches_needed), seed=keys % 2**31)
     build_s = time.perf_counter() - started
-    build_rss = peak_rss()
+    build_rss = _report.status_bytes("VmHWM")
     mdt_bytes = _report.dir_bytes(root / "table" / ".dbidx", "*.parquet")
     log(f"{keys:,} keys: built in {build_s:.1f} s, MDT {mdt_bytes / 1e9:.2f} GB, driver peak RSS "
         f"{build_rss / 2**30:.2f} GB")

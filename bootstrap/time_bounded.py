@@ -1,9 +1,10 @@
 """Bootstrap: fill shard caches with the last X days of partitions (or, in global mode, the shard's whole slice).
 
 The RFC-107 bootstrap re-reads the window on every start; this one reuses an intact local cache (warm restart,
-docs/BOOTSTRAP.md): partitions already ready are only caught up, and only missing ones are loaded. Every shard loads only its
-own file groups, all (shard, partition) slices go through one parallel loader (bootstrap/loader.py), and the window that was
-loaded (first day, oldest partition, the instant it reflects) is recorded in each cache's registry.
+docs/BOOTSTRAP.md): partitions already ready are only caught up, and only missing ones are loaded. Every shard loads
+only its own file groups, all (shard, partition) slices go through one parallel loader (bootstrap/loader.py), and
+the window that was loaded (first day, oldest partition, the instant it reflects) is recorded in each cache's
+registry.
 """
 from __future__ import annotations
 

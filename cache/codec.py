@@ -44,11 +44,19 @@ def as_string_array(values: Any) -> pa.Array:
 def _string_parts(keys: Any) -> tuple[pa.Array, np.ndarray, np.ndarray, np.ndarray]:
     """(array, starts, lengths, data bytes) of an Arrow string array or a list of str."""
     keys = as_string_array(keys)
-    n = len(keys)
-    buffers = keys.buffers()
-    offsets = np.frombuffer(buffers[1], dtype=np.int32, count=n + 1, offset=keys.offset * 4).astype(np.int64)
-    data = np.frombuffer(buffers[2], dtype=np.uint8) if buffers[2] is not None else np.zeros(0, np.uint8)
+    offsets, data = _offsets_and_data(keys)
     return keys, offsets[:-1], offsets[1:] - offsets[:-1], data
+
+
+def _offsets_and_data(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(n + 1 value offsets as int64, data bytes) of an Arrow string or binary array, large or not, sliced or not."""
+    n = len(array)
+    buffers = array.buffers()
+    width = 8 if pa.types.is_large_binary(array.type) or pa.types.is_large_string(array.type) else 4
+    offsets = np.frombuffer(buffers[1], dtype=np.int64 if width == 8 else np.int32, count=n + 1,
+                            offset=array.offset * width).astype(np.int64)
+    data = np.frombuffer(buffers[2], dtype=np.uint8) if buffers[2] is not None else np.zeros(0, np.uint8)
+    return offsets, data
 
 
 def _all_uuids(data: np.ndarray, starts: np.ndarray, n: int) -> np.ndarray | None:
@@ -195,12 +203,8 @@ def lookup_order(encoded: pa.Array) -> np.ndarray:
     n = len(encoded)
     if not n:
         return np.zeros(0, dtype=np.int64)
-    buffers = encoded.buffers()
-    width = 8 if pa.types.is_large_binary(encoded.type) else 4
-    offsets = np.frombuffer(buffers[1], dtype=np.int32 if width == 4 else np.int64, count=n,
-                            offset=encoded.offset * width).astype(np.int64)
-    data = np.frombuffer(buffers[2], dtype=np.uint8) if buffers[2] is not None else np.zeros(0, np.uint8)
-    heads = _matrix(np.concatenate([data, np.zeros(_ORDER_WINDOW + 8, np.uint8)]), offsets, _ORDER_WINDOW + 8)
+    offsets, data = _offsets_and_data(encoded)
+    heads = _matrix(np.concatenate([data, np.zeros(_ORDER_WINDOW + 8, np.uint8)]), offsets[:-1], _ORDER_WINDOW + 8)
     sample = heads[:: max(1, n // 1024), :_ORDER_WINDOW]  # where keys start to differ, judged on ~1 k of them
     varying = np.flatnonzero((sample != sample[0]).any(axis=0))
     if not len(varying):  # a longer shared prefix (tenant/table/... paths): Arrow's exact sort of the bytes

@@ -1,4 +1,7 @@
-"""Counters of one cache (docs/DESIGN.md, section 6 "Metrics"): lookups, hits, misses, loads and their stall time, catch-up, evictions."""
+"""Counters of one cache: lookups, hits, misses, loads and their stall time, catch-up, evictions.
+
+All of them are `dbidx.counters.Counters` (docs/DESIGN.md, section 6 "Metrics").
+"""
 from __future__ import annotations
 
 import threading

@@ -141,19 +141,24 @@ class RecordIndexCache:
         if self.store is None:
             return
         callbacks, self._on_close = self._on_close, []
-        for callback in callbacks:
-            callback()
+        try:
+            for callback in callbacks:
+                callback()
+        finally:  # a failing callback still leaves the cache closed and its directory released
+            self._close_store()
+
+    def _close_store(self) -> None:
         with self._lock:
             store, self.store = self.store, None
             try:
                 try:
-                    batch = store.batch()
+                    batch = store.batch()  # type: ignore[union-attr]
                     for state in self._states.values():
                         batch.put(registry.partition_key(state.partition), registry.pack(state))
                     batch.put(registry.SESSION_KEY, registry.SESSION_CLOSED)
-                    store.write(batch)
+                    store.write(batch)  # type: ignore[union-attr]
                 finally:
-                    store.close()  # releases the directory lock whatever happened
+                    store.close()  # type: ignore[union-attr]  # releases the directory lock whatever happened
             except Exception as exc:  # rocksdict raises a bare Exception (e.g. no space left on the device)
                 raise CacheError(f"closing cache {self.path} failed (disk full?): {exc}; the lock is released and "
                                  "the next open repairs the cache from the index") from exc

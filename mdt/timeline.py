@@ -260,7 +260,8 @@ class Timeline:
                 # 2. Ids of finished instants are never reused, even if their marker was removed meanwhile.
                 if instant not in self._by_instant:
                     if self.io.exclusive_create == EXCLUSIVE_LOCK:
-                        writer_presence.announce(self.io, instant)  # so a writer without the lock sees this one and refuses
+                        # so a writer without the lock sees this one and refuses
+                        writer_presence.announce(self.io, instant)
                     if self.io.exclusive_create == EXCLUSIVE_NONE:
                         writer_presence.refuse_second(self.io, instant, set(ignore), self.record_of)
                     return StartedInstant(instant=instant, action=action, start_seq=json.loads(marker)["start_seq"])

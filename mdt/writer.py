@@ -80,8 +80,10 @@ class EntryBuffer:
         columns[rli_files.INSTANT] = pa.array([self.instant] * len(array), pa.string())
         columns[rli_files.DELETED] = pa.array(np.full(len(array), deleted))
         entries = pa.Table.from_pydict(columns, schema=self.table.schema)
-        if shards is None or len(shards) != len(array):
+        if shards is None:
             shards = self.table.shard_of(array)
+        elif len(shards) != len(array):
+            raise ValueError(f"{len(shards)} shards given for {len(array)} keys of partition {partition!r}")
         group_partition = None if self.table.global_index else partition
         distinct = np.unique(shards)
         if len(distinct) == 1:  # one shard (an upsert task's rows): the entries as they are, no copy

@@ -327,7 +327,7 @@ def commit_results(writer: Any, results: list[tuple[int, int, bytes]], options: 
                           f"{sorted(set(seen) - set(range(expected_tasks)))[:10]}); the driver may have failed "
                           "while collecting them (out of memory?). Nothing was published; run the upsert again.")
     # 2. Parse every record strictly (task results are input like any other) and check the files exist.
-    files, index_files, touched, per_shard, counts = [], [], [], [], []
+    files, index_files, touched, shards = [], [], [], []
     writer.table.refresh()  # tasks tagged against seqs up to the latest; none can be newer
     try:
         for shard, _attempt, payload in results:
@@ -341,15 +341,14 @@ def commit_results(writer: Any, results: list[tuple[int, int, bytes]], options: 
             files += task_files
             index_files += task_index
             touched += task_touched
-            parsed = [task.ShardMetrics.from_dict(m) for m in result["metrics"]]  # strict: numbers >= 0, all there
-            counts += parsed
-            per_shard += zip((m.shard for m in parsed), result["metrics"])
+            # Strict: every number present, >= 0, whole where an int; kept beside the dict as sent.
+            shards += [(task.ShardMetrics.from_dict(m), m) for m in result["metrics"]]
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CommitError(f"instant {writer.instant}: a task result is malformed ({exc}); nothing was "
                           "published") from exc
     _check_files_exist(writer.table.io, writer.instant, [(f.path, f.size) for f in files + index_files]
                        + [(t.path, t.size) for t in touched if t.path])
-    summary = _summarize(writer.instant, files, index_files, per_shard, counts)
+    summary = _summarize(writer.instant, files, index_files, shards)
     writer.extra[data_reader.LAYOUT_EXTRA] = {"key": options.key, "partition": options.partition,
                                   "hive_style": options.hive_style, "ordering": options.ordering,
                                   "buckets": options.buckets.to_dict()}
@@ -372,11 +371,11 @@ def _check_files_exist(io: Any, instant: str, expected: list[tuple[str, int]]) -
 
 
 def _summarize(instant: str, files: list[DataFileRecord], index_files: list[FileRecord],
-               per_shard: list[tuple[int, dict[str, Any]]], counts: list[task.TaskCounts]) -> CommitSummary:
-    """The commit's counts (the shards' sum) and files; per_shard: (parsed shard, its metrics as sent), by shard."""
-    summary = CommitSummary(instant=instant, seq=0,
-                            per_shard=[m for _, m in sorted(per_shard, key=lambda pair: pair[0])])
-    summary.add(*counts)
+               shards: list[tuple[task.ShardMetrics, dict[str, Any]]]) -> CommitSummary:
+    """The commit's counts (the shards' sum) and files; shards: each shard's parsed metrics and the dict as sent."""
+    ordered = sorted(shards, key=lambda pair: pair[0].shard)
+    summary = CommitSummary(instant=instant, seq=0, per_shard=[sent for _, sent in ordered])
+    summary.add(*(parsed for parsed, _ in ordered))
     summary.partitions = sorted({f.partition for f in files})
     summary.data_files = len(files)
     summary.data_bytes = sum(f.size for f in files)

@@ -312,3 +312,18 @@ def test_lookup_order_follows_the_bytes_after_a_long_shared_prefix():
         ordered = encoded.take(pa.array(order)).to_pylist()
         inversions = sum(a > b for a, b in zip(ordered, ordered[1:]))
         assert inversions < len(keys) // 1000, (template, inversions)
+
+
+def test_a_failing_close_callback_still_releases_the_cache(tmp_path):
+    """on_close callbacks run before the directory is released; one that raises does not keep the lock."""
+    cache = RecordIndexCache(tmp_path / "c", ident()).open()
+
+    def broken() -> None:
+        raise RuntimeError("helper failed")
+
+    cache.on_close(broken)
+    with pytest.raises(RuntimeError, match="helper failed"):
+        cache.close()
+    assert cache.store is None
+    with RecordIndexCache(tmp_path / "c", ident()) as again:  # the lock was released
+        assert again.partitions() == {}

@@ -1,4 +1,5 @@
-"""The process model and failure handling (docs/DESIGN.md sections 2 and 3) under Spark: retried and speculative attempts, failed jobs, other processes and writers, streaming."""
+"""The process model and failure handling (docs/DESIGN.md sections 2 and 3) under Spark: retried and speculative
+attempts, failed jobs, other processes and writers, streaming."""
 from __future__ import annotations
 
 import json
