@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from dbidx.cache.store import Store, multi_get
+from dbidx.errors import CacheError, InvalidInputError
 
 OVERLAY_CF = "_overlay"
 
@@ -31,19 +32,38 @@ class Overlay:
     def _prefix(partition: str) -> bytes:
         return partition.encode("utf-8") + b"\x00"
 
+    @staticmethod
+    def _entry(store: Store, key: bytes, raw: bytes) -> tuple[str, str, str, str]:
+        """(partition, instant, attempt, location) of a stored entry, read as untrusted bytes (damage: CacheError)."""
+        try:
+            entry = msgpack.unpackb(raw, raw=False)
+            if isinstance(entry, list) and len(entry) == 3 and all(isinstance(v, str) for v in entry) \
+                    and b"\x00" in key:
+                return key.split(b"\x00", 1)[0].decode("utf-8"), entry[0], entry[1], entry[2]
+            problem = f"not [instant, attempt, location]: {entry!r:.80}"
+        except Exception as exc:  # msgpack raises several types for garbage
+            problem = f"{type(exc).__name__}: {exc}"
+        raise CacheError(f"cache {store.path}: overlay entry {key[:80]!r} is damaged ({problem}); delete the cache "
+                         "directory (it is rebuilt from the index; uncommitted entries are re-staged by their writer)")
+
     def scan(self, store: Store) -> None:
         """Rebuild the in-memory counts from the column family (on open; a reopened cache starts over)."""
         self._pending.clear()
         if OVERLAY_CF not in store.column_families():
             return
         for key, raw in store.cf(OVERLAY_CF).items():
-            instant = msgpack.unpackb(raw, raw=False)[0]
-            partition = key.split(b"\x00", 1)[0].decode("utf-8")
+            partition, instant = self._entry(store, key, raw)[:2]
             self._pending[partition][instant] = self._pending[partition].get(instant, 0) + 1
 
     def has_pending(self, partition: str) -> bool:
         """Whether a partition has entries of unsettled instants."""
         return bool(self._pending.get(partition))
+
+    def check_droppable(self, partition: str) -> None:
+        """Raise CacheError if the partition still has entries of unsettled instants (they would be lost)."""
+        if self.has_pending(partition):
+            raise CacheError(f"partition {partition!r} has uncommitted entries of instants "
+                             f"{sorted(self.instants(partition))}; it cannot be dropped until they finish")
 
     def instants(self, partition: str | None = None) -> dict[str, int]:
         """Instants with pending entries (of one partition or all) -> entry count."""
@@ -57,9 +77,9 @@ class Overlay:
 
     def lookup(self, store: Store, partition: str, encoded: list[bytes]) -> list[str | None]:
         """Pending location of each encoded key (None where no unsettled instant assigned one)."""
-        prefix = self._prefix(partition)
-        found = multi_get(store.cf(OVERLAY_CF, create=True), [prefix + k for k in encoded])
-        return [None if raw is None else msgpack.unpackb(raw, raw=False)[2] for raw in found]
+        keys = [self._prefix(partition) + k for k in encoded]
+        found = multi_get(store.cf(OVERLAY_CF, create=True), keys)
+        return [None if raw is None else self._entry(store, key, raw)[3] for key, raw in zip(keys, found)]
 
     def resolve(self, store: Store, partition: str, encoded: pa.Array,
                 result: list[str | None]) -> tuple[int, np.ndarray | None]:
@@ -79,6 +99,8 @@ class Overlay:
     def put(self, store: Store, instant: str, partition: str, encoded: Sequence[bytes], locations: Sequence[str],
             attempt: str) -> int:
         """Stage locations of an instant (the last per key wins); returns entries newly owned by the instant."""
+        if len(encoded) != len(locations):
+            raise InvalidInputError(f"{len(encoded)} keys but {len(locations)} locations")
         prefix = self._prefix(partition)
         handle = store.handle(OVERLAY_CF)
         batch = store.batch()
@@ -89,7 +111,7 @@ class Overlay:
         for key, loc, old in zip(encoded, locations, existing):
             latest[key] = loc
             if key not in previous_owner:
-                previous_owner[key] = None if old is None else msgpack.unpackb(old, raw=False)[0]
+                previous_owner[key] = None if old is None else self._entry(store, prefix + key, old)[1]
         per = self._pending[partition]
         added = 0
         for key, loc in latest.items():
@@ -113,10 +135,10 @@ class Overlay:
         removed: dict[str, int] = defaultdict(int)
         batch = store.batch()
         for key, raw in overlay.items():
-            entry_instant, entry_attempt, _loc = msgpack.unpackb(raw, raw=False)
+            partition, entry_instant, entry_attempt, _loc = self._entry(store, key, raw)
             if entry_instant == instant and (attempt is None or entry_attempt == attempt):
                 batch.delete(key, handle)
-                removed[key.split(b"\x00", 1)[0].decode("utf-8")] += 1
+                removed[partition] += 1
         store.write(batch)
         for partition, n in removed.items():
             per = self._pending.get(partition, {})

@@ -18,16 +18,16 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-import numpy as np
 import pyarrow as pa
 
 from dbidx.cache import codec, registry
 from dbidx.cache.changes import last_per_key, plan_changes
+from dbidx.cache.committed import committed_items, lookup_committed
 from dbidx.cache.locations import LocationDictionary
 from dbidx.cache.metrics import CacheMetrics
 from dbidx.cache.overlay import OVERLAY_CF, Overlay
 from dbidx.cache.registry import CacheIdentity, PartitionState, table_cache_dir_name  # noqa: F401 - re-exported
-from dbidx.cache.sst_builder import LOCATIONS_KEY, PreparedLoad, build_sst
+from dbidx.cache.sst_builder import PreparedLoad, build_sst
 from dbidx.cache.store import Store, multi_get
 from dbidx.config import CacheConfig, default_base_path, prepare_dir
 from dbidx.errors import CacheError, InvalidInputError, PartitionNotReadyError
@@ -153,8 +153,7 @@ class RecordIndexCache:
             try:
                 try:
                     batch = store.batch()  # type: ignore[union-attr]
-                    for state in self._states.values():
-                        batch.put(registry.partition_key(state.partition), registry.pack(state))
+                    registry.put_states(batch, self._states.values())
                     batch.put(registry.SESSION_KEY, registry.SESSION_CLOSED)
                     store.write(batch)  # type: ignore[union-attr]
                 finally:
@@ -223,16 +222,7 @@ class RecordIndexCache:
         store = self._require_store()
         # 1. A fresh column family holding the whole content after one ingest (data and location dictionary).
         cf = f"{partition_dir_name(partition)}~{uuid.uuid4().hex[:10]}"
-        store.cf(cf, create=True)
-        try:
-            if prepared.sst_path is not None:
-                store.ingest(cf, [prepared.sst_path])
-        except BaseException:
-            store.drop(cf)
-            raise
-        finally:
-            if prepared.sst_path is not None:
-                Path(prepared.sst_path).unlink(missing_ok=True)
+        store.create_from_sst(cf, prepared.sst_path)
         # 2. Flip the registry to the new family, then drop the old one.
         now = _now_ms()
         state = PartitionState(partition=partition, cf=cf, state=registry.READY, loaded_seq=synced_seq,
@@ -240,9 +230,7 @@ class RecordIndexCache:
                                loaded_at_ms=now, fills=dict(prepared.fills))
         with self._lock:
             old = self._states.get(partition)
-            batch = store.batch()
-            batch.put(registry.partition_key(partition), registry.pack(state))
-            store.write(batch)
+            store.write(registry.put_states(store.batch(), [state]))
             self._states[partition] = state
             self._dictionary.set(cf, list(prepared.locations))
             # Durable flip (data first, registry last): a crash after this keeps the partition, and the old family
@@ -259,10 +247,7 @@ class RecordIndexCache:
     def drop_partition(self, partition: str) -> bool:
         """Forget a partition (O(1): drop its column family). Refuses one with uncommitted entries."""
         with self._lock:
-            if self._overlay.has_pending(partition):
-                raise CacheError(f"partition {partition!r} has uncommitted entries of instants "
-                                 f"{sorted(self._overlay.instants(partition))}; it cannot be dropped until they "
-                                 "finish")
+            self._overlay.check_droppable(partition)
             state = self._states.pop(partition, None)
             if state is None:
                 return False
@@ -285,40 +270,16 @@ class RecordIndexCache:
         # Take the family view and its decoder together: a concurrent reload or reaper drop may replace or
         # remove the family, but this lookup keeps reading the consistent one it started with.
         with self._lock:
-            state = self._states.get(partition)
-            if state is None:
-                raise PartitionNotReadyError(
-                    f"partition {partition!r} is not loaded in cache {self.path}; load it (bootstrap or on-demand) "
-                    "first"
-                )
-            view = store.cf(state.cf)
-            decoder = self._dictionary.decoder(state.cf)
-            cf_name = state.cf
+            state = self._ready_state(partition)
+            view, decoder, cf_name = store.cf(state.cf), self._dictionary.decoder(state.cf), state.cf
         binary = codec.encode_keys_binary(normalize_keys(keys))
         n = len(binary)
-        result: list[str | None] = [None] * n
         # 1. Overlay: entries of instants that have not completed yet; todo = positions still to look up (None: all).
+        result: list[str | None] = [None] * n
         pending_hits, todo = self._overlay.resolve(store, partition, binary, result)
-        # 2. Committed entries: multi-get in key order (about twice as fast as input order; codec.lookup_order),
-        #    decoded and scattered back to input order without a Python loop per key.
-        if todo is None or len(todo):
-            candidates = binary if todo is None else binary.take(pa.array(todo))
-            order = codec.lookup_order(candidates)
-            values = multi_get(view, candidates.take(pa.array(order)).to_pylist())
-            decoded = list(map(decoder.get, values))  # absent keys: dict.get(None) is None
-            absent = values.count(None)
-            if decoded.count(None) != absent:  # a stored value the dictionary does not hold as is: never "absent"
-                decoded = [None if raw is None else (loc or self._dictionary.decode(cf_name, raw))
-                           for raw, loc in zip(values, decoded)]
-            committed_hits = len(values) - absent
-            positions = order if todo is None else todo[order]
-            scattered = np.empty(n, dtype=object)
-            if todo is not None:
-                scattered[:] = result
-            scattered[positions] = decoded
-            result = scattered.tolist()
-        else:
-            committed_hits = 0
+        # 2. Committed entries of the family taken above (multi-get in key order, decoded, scattered back).
+        result, committed_hits = lookup_committed(view, binary, todo, result, decoder,
+                                                  lambda raw: self._dictionary.decode(cf_name, raw))
         state.last_access_ms = _now_ms()
         self.metrics.add(partition=partition, lookups=n, hits=committed_hits, pending_hits=pending_hits,
                          misses=n - committed_hits - pending_hits)
@@ -334,13 +295,10 @@ class RecordIndexCache:
     def put_pending(self, instant: str, partition: str, keys: Sequence[str] | pa.Array,
                     locations: Sequence[str], attempt: str = "") -> int:
         """Record locations assigned by an instant that has not completed, so later lookups see them."""
-        validate_partition(partition)
-        encoded = codec.encode_keys(normalize_keys(keys))
-        if len(encoded) != len(locations):
-            raise InvalidInputError(f"{len(encoded)} keys but {len(locations)} locations")
         store = self._require_store()
         with self._lock:
-            added = self._overlay.put(store, instant, partition, encoded, locations, attempt)
+            added = self._overlay.put(store, instant, validate_partition(partition),
+                                      codec.encode_keys(normalize_keys(keys)), locations, attempt)
             self.touch(partition)
         return added
 
@@ -387,8 +345,7 @@ class RecordIndexCache:
             for loc, delta in plan.fills_delta.items():
                 state.bump_fill(loc, delta)
             state.synced_seq = max(state.synced_seq, synced_seq)
-            batch.put(registry.partition_key(partition), registry.pack(state))
-            store.write(batch)
+            store.write(registry.put_states(batch, [state]))
             changed = plan.changed
         self.metrics.add(partition=partition, catchup_entries=changed)
         return changed
@@ -399,10 +356,8 @@ class RecordIndexCache:
             for state in self._states.values():
                 state.synced_seq = max(state.synced_seq, seq)
             self.watermark = seq
-            batch = self._require_store().batch()
+            batch = registry.put_states(self._require_store().batch(), self._states.values())
             batch.put(registry.WATERMARK_KEY, str(seq).encode())
-            for state in self._states.values():
-                batch.put(registry.partition_key(state.partition), registry.pack(state))
             self._require_store().write(batch)
 
     def set_info(self, name: str, value: dict[str, Any]) -> None:
@@ -426,13 +381,9 @@ class RecordIndexCache:
     def items(self, partition: str) -> Iterable[tuple[str, str]]:
         """(key, location) of every committed entry of a ready partition, in encoded-key order (for verify)."""
         with self._lock:
-            state = self._states.get(partition)
-            if state is None:
-                raise PartitionNotReadyError(f"partition {partition!r} is not loaded in cache {self.path}")
+            state = self._ready_state(partition)
             view = self._require_store().cf(state.cf)
-        for key, raw in view.items():
-            if key != LOCATIONS_KEY:
-                yield codec.decode_key(key), self._dictionary.decode(state.cf, raw)
+        yield from committed_items(view, lambda raw: self._dictionary.decode(state.cf, raw))
 
     def flush(self) -> None:
         """Persist all memtables (data first, registry last)."""
@@ -443,6 +394,13 @@ class RecordIndexCache:
         if self.store is None:
             raise CacheError(f"cache {self.path} is not open")
         return self.store
+
+    def _ready_state(self, partition: str) -> PartitionState:
+        state = self._states.get(partition)
+        if state is None:
+            raise PartitionNotReadyError(f"partition {partition!r} is not loaded in cache {self.path}; load it "
+                                         "(bootstrap or on-demand) first")
+        return state
 
     def _forget_family(self, cf: str) -> None:
         self._require_store().drop(cf)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import msgpack
 import xxhash
@@ -107,6 +107,13 @@ class PartitionState:
 def partition_key(partition: str) -> bytes:
     """Registry key of a partition."""
     return PARTITION_PREFIX + partition.encode("utf-8")
+
+
+def put_states(batch: Any, states: Iterable[PartitionState]) -> Any:
+    """Add the registry entries of partition states to a write batch (returned, for chaining)."""
+    for state in states:
+        batch.put(partition_key(state.partition), pack(state))
+    return batch
 
 
 def info_key(name: str) -> bytes:

@@ -296,6 +296,25 @@ def test_damaged_registry_bytes_are_a_cache_error_naming_the_cache(tmp_path, key
         RecordIndexCache(tmp_path / "c", ident()).open()
 
 
+@pytest.mark.parametrize("value", [b"\xc1 not msgpack", b"\x93\x01\x02\x03", b"\x92\xa1a\xa1b"])
+def test_a_damaged_overlay_entry_is_a_cache_error_naming_the_cache(tmp_path, value):
+    """Staged (uncommitted) entries are read back as untrusted bytes too: a damaged one stops the open with a
+    CacheError naming the cache and the entry, instead of an IndexError or a made-up pending instant."""
+    from dbidx.cache.store import Store
+
+    with RecordIndexCache(tmp_path / "c", ident()) as cache:
+        cache.load_partition(DAY1, ["k1"], ["fg-1"], synced_seq=1)
+        cache.put_pending("i1", DAY1, ["k2"], ["fg-2"])
+    store = Store(tmp_path / "c", CacheConfig()).open()
+    try:
+        key = next(iter(store.cf(OVERLAY_CF).keys()))
+        store.cf(OVERLAY_CF)[key] = value
+    finally:
+        store.close()
+    with pytest.raises(CacheError, match=rf"cache {tmp_path / 'c'}: overlay entry .* is damaged"):
+        RecordIndexCache(tmp_path / "c", ident()).open()
+
+
 def test_lookup_order_follows_the_bytes_after_a_long_shared_prefix():
     """Multi-gets run in (nearly) key order for locality; keys that share a long prefix are ordered by the bytes
     after it, and keys identical for the whole window fall back to an exact sort."""

@@ -1,0 +1,50 @@
+"""Reads of a partition's committed entries: batched multi-get in key order and full iteration.
+
+Kept apart from the cache core so the fast path (one multi-get, one dictionary map, one scatter) reads as one
+algorithm; the core only picks the column family and its decoder under its lock.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import pyarrow as pa
+
+from dbidx.cache import codec
+from dbidx.cache.sst_builder import LOCATIONS_KEY
+from dbidx.cache.store import multi_get
+
+Decode = Callable[[bytes], str]
+
+
+def lookup_committed(view: Any, keys: pa.Array, todo: np.ndarray | None, result: list[str | None],
+                     decoder: dict[bytes, str], decode_strict: Decode) -> tuple[list[str | None], int]:
+    """Fill `result` (aligned with the encoded `keys`) at positions `todo` (None: all) with committed locations.
+
+    Returns the filled list and how many keys were found. A stored value the fast `decoder` map lacks is never
+    taken for an absent key: it goes through `decode_strict` (which raises on a value past the dictionary).
+    """
+    if todo is not None and not len(todo):
+        return result, 0
+    # 1. Multi-get in key order: about twice as fast as input order (codec.lookup_order).
+    candidates = keys if todo is None else keys.take(pa.array(todo))
+    order = codec.lookup_order(candidates)
+    values = multi_get(view, candidates.take(pa.array(order)).to_pylist())
+    # 2. Decode with one dict map; absent keys map to None (dict.get(None) is None).
+    decoded = list(map(decoder.get, values))
+    absent = values.count(None)
+    if decoded.count(None) != absent:
+        decoded = [None if raw is None else (loc or decode_strict(raw)) for raw, loc in zip(values, decoded)]
+    # 3. Scatter back to input order without a Python loop per key.
+    scattered = np.empty(len(keys), dtype=object)
+    if todo is not None:
+        scattered[:] = result
+    scattered[order if todo is None else todo[order]] = decoded
+    return scattered.tolist(), len(values) - absent
+
+
+def committed_items(view: Any, decode_strict: Decode) -> Iterator[tuple[str, str]]:
+    """(key, location) of every entry of a partition's family, in encoded-key order (the dictionary skipped)."""
+    for key, raw in view.items():
+        if key != LOCATIONS_KEY:
+            yield codec.decode_key(key), decode_strict(raw)
