@@ -59,6 +59,11 @@ table_option = click.option("--table", "uri", required=True, help="Base URI of t
 cache_dir_option = click.option("--cache-dir", required=True, help="A shard cache dir or a base path holding several.")
 
 
+def table_caches_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--table, --cache-dir and --json: the options of commands that check a table's caches against it."""
+    return table_option(cache_dir_option(json_option(fn)))
+
+
 @click.group("cache")
 def cache_group() -> None:
     """Executor-local caches: stats, sync, verify, reap, bootstrap."""
@@ -68,6 +73,12 @@ def _cli() -> Any:
     from dbidx import cli  # the shared output, options and progress of the command line
 
     return cli
+
+
+def _table_reports(uri: str, cache_dir: str, fn: Callable[[Any, Any], Any]) -> list[dict[str, Any]]:
+    """fn(cache, table).to_dict() with the cache's path, for each cache of the table at `uri` under `cache_dir`."""
+    table = _cli().open_table(uri)
+    return each_cache(cache_dir, lambda path, cache: {"path": str(path)} | fn(cache, table).to_dict(), table)
 
 
 @cache_group.command("stats")
@@ -92,30 +103,24 @@ def _stats_text(p: dict[str, Any]) -> str:
 
 
 @cache_group.command("sync")
-@table_option
-@cache_dir_option
-@json_option
+@table_caches_options
 def sync_cmd(uri: str, cache_dir: str, as_json: bool) -> None:
     """Catch local caches up to the table's latest completed instant."""
     from dbidx.cache.catchup import sync
 
-    table = _cli().open_table(uri)
-    results = each_cache(cache_dir, lambda path, cache: {"path": str(path)} | sync(cache, table).to_dict(), table)
+    results = _table_reports(uri, cache_dir, sync)
     _cli().output(as_json).emit({"caches": results}, lambda p: "\n".join(
         f"{r['path']}: seq {r['from_seq']} -> {r['to_seq']}, applied {r['applied_entries']} entries, reloaded "
         f"{len(r['reloaded_partitions'])} partitions" for r in p["caches"]))
 
 
 @cache_group.command("verify")
-@table_option
-@cache_dir_option
-@json_option
+@table_caches_options
 def verify_cmd(uri: str, cache_dir: str, as_json: bool) -> None:
     """Compare caches with the index, entry by entry (exit 1 on a difference)."""
     from dbidx.cache.verify import verify
 
-    table = _cli().open_table(uri)
-    results = each_cache(cache_dir, lambda path, cache: {"path": str(path)} | verify(cache, table).to_dict(), table)
+    results = _table_reports(uri, cache_dir, verify)
     payload = {"ok": all(r["ok"] for r in results), "caches": results}
     _cli().output(as_json).emit(payload, _verify_text)
     if not payload["ok"]:

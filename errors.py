@@ -8,19 +8,20 @@ from __future__ import annotations
 class DbidxError(Exception):
     """Base class of every error dbidx raises on purpose."""
 
-    exit_code: int = 1
+    exit_code: int = 1  # the CLI's exit status; a subclass sets its own with `class X(Base, exit_code=N)`
+
+    def __init_subclass__(cls, exit_code: int | None = None, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if exit_code is not None:
+            cls.exit_code = exit_code
 
 
-class ConfigError(DbidxError):
+class ConfigError(DbidxError, exit_code=2):
     """A configuration value is missing, malformed or out of range."""
 
-    exit_code = 2
 
-
-class InvalidInputError(DbidxError):
+class InvalidInputError(DbidxError, exit_code=2):
     """A key, partition path or argument handed to dbidx is not acceptable."""
-
-    exit_code = 2
 
 
 class InvalidKeyError(InvalidInputError):
@@ -35,49 +36,35 @@ class SchemaError(InvalidInputError):
     """Data does not match the table's recorded schema (a column's type differs, a column is missing)."""
 
 
-class TableNotFoundError(DbidxError):
+class TableNotFoundError(DbidxError, exit_code=3):
     """No dbidx table exists at the given base URI."""
 
-    exit_code = 3
 
-
-class TableExistsError(DbidxError):
+class TableExistsError(DbidxError, exit_code=3):
     """A table already exists where a new one was to be created."""
 
-    exit_code = 3
 
-
-class CorruptFileError(DbidxError):
+class CorruptFileError(DbidxError, exit_code=4):
     """A metadata or index file is truncated, unreadable or disagrees with its commit record."""
 
-    exit_code = 4
 
-
-class ConflictError(DbidxError):
+class ConflictError(DbidxError, exit_code=5):
     """A commit lost an optimistic-concurrency race: another instant completed with overlapping keys."""
 
-    exit_code = 5
 
-
-class StoreUnavailableError(DbidxError):
+class StoreUnavailableError(DbidxError, exit_code=5):
     """A request to the table's storage failed (network, throttling, server error): whether it took effect is
     unknown to the caller, which re-reads the state before deciding anything."""
 
-    exit_code = 5
 
-
-class CommitError(DbidxError):
+class CommitError(DbidxError, exit_code=5):
     """An instant cannot be published as it stands (a task result is missing or repeated, a listed file is missing
     or has another size): it was rolled back, nothing is visible, and the batch can be run again."""
 
-    exit_code = 5
 
-
-class UnsafeConcurrencyError(DbidxError):
+class UnsafeConcurrencyError(DbidxError, exit_code=5):
     """A second writer is active on a filesystem where dbidx cannot publish atomically beside it (no exclusive
     create, no conditional put, no commit lock): refused instead of risking a lost commit."""
-
-    exit_code = 5
 
 
 class HookError(DbidxError):
@@ -85,28 +72,20 @@ class HookError(DbidxError):
     cannot rebuild: the message names that type and carries the hook's message."""
 
 
-class InstantStateError(DbidxError):
+class InstantStateError(DbidxError, exit_code=5):
     """An instant was used in a state that does not allow it (e.g. committing a rolled-back instant)."""
 
-    exit_code = 5
 
-
-class HistoryCompactedError(DbidxError):
+class HistoryCompactedError(DbidxError, exit_code=4):
     """An incremental read needs index files that compaction and cleaning have removed; reload instead."""
 
-    exit_code = 4
 
-
-class DuplicateKeyError(DbidxError):
+class DuplicateKeyError(DbidxError, exit_code=4):
     """The same record key was found at two locations where the index requires one."""
 
-    exit_code = 4
 
-
-class CacheError(DbidxError):
+class CacheError(DbidxError, exit_code=6):
     """The executor-local RocksDB cache cannot be opened, written or trusted."""
-
-    exit_code = 6
 
 
 class CacheBusyError(CacheError):

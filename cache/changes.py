@@ -9,7 +9,7 @@ depends on another and every step is a vectorised pass: numpy masks over object 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
@@ -17,15 +17,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 
-@dataclass
+@dataclass(frozen=True)
 class ChangePlan:
     """The puts, deletes and counter movements that bring a column family to the entries' final state."""
 
-    put_keys: list[bytes] = field(default_factory=list)
-    put_locations: list[str] = field(default_factory=list)
-    delete_keys: list[bytes] = field(default_factory=list)
-    entries_delta: int = 0
-    fills_delta: Counter = field(default_factory=Counter)
+    put_keys: list[bytes]
+    put_locations: list[str]
+    delete_keys: list[bytes]
+    entries_delta: int  # net change of the partition's entry count
+    fills_delta: Counter  # net change of live keys per location
 
     @property
     def changed(self) -> int:
@@ -64,10 +64,9 @@ def plan_changes(keys: Sequence[bytes], locations: Sequence[str | None], deleted
     Idempotent by construction: an entry the family already reflects (same location, or a delete of an absent key)
     produces no write, which keeps replays after a crash harmless.
     """
-    plan = ChangePlan()
     n = len(keys)
     if n == 0:
-        return plan
+        return ChangePlan([], [], [], 0, Counter())
     # 1. Old locations, as objects so numpy compares them element-wise in C.
     old_locs = np.empty(n, dtype=object)
     old_locs[:] = [None if raw is None else decode(raw) for raw in old_values]
@@ -80,10 +79,9 @@ def plan_changes(keys: Sequence[bytes], locations: Sequence[str | None], deleted
     delete_mask = deleted & present
     put_mask = ~deleted & np.not_equal(new_locs, old_locs).astype(bool)
     # 3. Counters move by the net change: entries by presence, fills by location.
-    plan.entries_delta = int(np.count_nonzero(put_mask & ~present)) - int(np.count_nonzero(delete_mask))
-    plan.fills_delta.update(new_locs[put_mask].tolist())
-    plan.fills_delta.subtract(old_locs[(put_mask | delete_mask) & present].tolist())
-    plan.put_keys = key_array[put_mask].tolist()
-    plan.put_locations = new_locs[put_mask].tolist()
-    plan.delete_keys = key_array[delete_mask].tolist()
-    return plan
+    fills_delta = Counter(new_locs[put_mask].tolist())
+    fills_delta.subtract(old_locs[(put_mask | delete_mask) & present].tolist())
+    return ChangePlan(put_keys=key_array[put_mask].tolist(), put_locations=new_locs[put_mask].tolist(),
+                      delete_keys=key_array[delete_mask].tolist(),
+                      entries_delta=int(np.count_nonzero(put_mask & ~present)) - int(np.count_nonzero(delete_mask)),
+                      fills_delta=fills_delta)
