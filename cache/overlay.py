@@ -97,10 +97,18 @@ class Overlay:
         return hits, np.asarray(rest, dtype=np.int64)
 
     def put(self, store: Store, instant: str, partition: str, encoded: Sequence[bytes], locations: Sequence[str],
-            attempt: str) -> int:
+            attempt: str | int) -> int:
         """Stage locations of an instant (the last per key wins); returns entries newly owned by the instant."""
+        # 0. Only what _entry reads back: an instant name, an attempt, a location per key (all strings).
         if len(encoded) != len(locations):
             raise InvalidInputError(f"{len(encoded)} keys but {len(locations)} locations")
+        if not isinstance(instant, str) or not instant:
+            raise InvalidInputError(f"overlay instant must be a non-empty string, got {instant!r}")
+        attempt = str(attempt)  # Spark attempt numbers are ints; finish() compares them the same way
+        bad = [loc for loc in locations if not isinstance(loc, str) or not loc]
+        if bad:
+            raise InvalidInputError(f"overlay locations must be non-empty strings, got {bad[0]!r} for instant "
+                                    f"{instant}")
         prefix = self._prefix(partition)
         handle = store.handle(OVERLAY_CF)
         batch = store.batch()
@@ -128,7 +136,7 @@ class Overlay:
         per[instant] = per.get(instant, 0) + added
         return added
 
-    def finish(self, store: Store, instant: str, attempt: str | None = None) -> int:
+    def finish(self, store: Store, instant: str, attempt: str | int | None = None) -> int:
         """Remove an instant's entries (all, or one task attempt's); returns how many."""
         overlay = store.cf(OVERLAY_CF, create=True)
         handle = store.handle(OVERLAY_CF)
@@ -136,7 +144,7 @@ class Overlay:
         batch = store.batch()
         for key, raw in overlay.items():
             partition, entry_instant, entry_attempt, _loc = self._entry(store, key, raw)
-            if entry_instant == instant and (attempt is None or entry_attempt == attempt):
+            if entry_instant == instant and (attempt is None or entry_attempt == str(attempt)):
                 batch.delete(key, handle)
                 removed[partition] += 1
         store.write(batch)

@@ -293,16 +293,17 @@ class RecordIndexCache:
 
     # ---- in-flight entries (overlay) -----------------------------------------------------------------------
     def put_pending(self, instant: str, partition: str, keys: Sequence[str] | pa.Array,
-                    locations: Sequence[str], attempt: str = "") -> int:
+                    locations: Sequence[str], attempt: str | int = "") -> int:
         """Record locations assigned by an instant that has not completed, so later lookups see them."""
+        encoded = codec.encode_keys(normalize_keys(keys))  # bad input fails before anything is touched
+        partition = validate_partition(partition)
         store = self._require_store()
         with self._lock:
-            added = self._overlay.put(store, instant, validate_partition(partition),
-                                      codec.encode_keys(normalize_keys(keys)), locations, attempt)
+            added = self._overlay.put(store, instant, partition, encoded, locations, attempt)
             self.touch(partition)
         return added
 
-    def finish_instant(self, instant: str, attempt: str | None = None) -> int:
+    def finish_instant(self, instant: str, attempt: str | int | None = None) -> int:
         """Remove an instant's overlay entries (all, or one task attempt's): after it completed in the MDT
         (catch-up has applied its committed entries) or after it was rolled back. Returns entries removed."""
         store = self._require_store()

@@ -224,13 +224,14 @@ class Store:
     def create_from_sst(self, name: str, sst_path: str | Path | None) -> None:
         """Create a column family holding exactly one SST's content (empty if None); the SST file is gone after
         it either way, and a failed ingest leaves no family behind."""
-        self.cf(name, create=True)
         try:
-            if sst_path is not None:
-                self.ingest(name, [str(sst_path)])
-        except BaseException:
-            self.drop(name)
-            raise
+            self.cf(name, create=True)
+            try:
+                if sst_path is not None:
+                    self.ingest(name, [str(sst_path)])
+            except BaseException:
+                self.drop(name)
+                raise
         finally:
             if sst_path is not None:
                 Path(sst_path).unlink(missing_ok=True)

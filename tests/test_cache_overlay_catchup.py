@@ -47,6 +47,29 @@ def test_a_reopened_cache_counts_its_pending_entries_once(table, tmp_path):
         assert cache.drop_partition(DAY1)
 
 
+def test_overlay_input_is_checked_before_anything_is_written(table, tmp_path):
+    """What the overlay stores is what it reads back strictly (three strings): an int attempt (Spark's) is stored
+    as its string and finishes by either spelling; a missing location or instant is an InvalidInputError, also on
+    a closed cache, and leaves nothing staged that a later open would call damaged."""
+    from dbidx.cache.record_cache import RecordIndexCache
+    from dbidx.errors import InvalidInputError, InvalidPartitionError
+
+    cache = loaded(table, 0, tmp_path / "c")
+    key = shard_keys(table, [f"in-{i}" for i in range(20)], 0)[:2]
+    with cache:
+        assert cache.put_pending("i1", DAY1, key, ["fg-a", "fg-b"], attempt=7) == 2
+        with pytest.raises(InvalidInputError, match=r"locations must be non-empty strings, got None"):
+            cache.put_pending("i2", DAY1, key, ["fg-a", None])
+        with pytest.raises(InvalidInputError, match=r"instant must be a non-empty string"):
+            cache.put_pending("", DAY1, key, ["fg-a", "fg-b"])
+    with cache.open():
+        assert cache.pending_instants() == {"i1": 2} and cache.lookup(DAY1, key) == ["fg-a", "fg-b"]
+        assert cache.finish_instant("i1", attempt="7") == 2
+    closed = RecordIndexCache(tmp_path / "c", None)
+    with pytest.raises(InvalidPartitionError):
+        closed.put_pending("i3", "/abs", key, ["fg-a", "fg-b"])
+
+
 def test_overlay_sees_keys_of_the_same_and_earlier_uncommitted_batches(table, tmp_path):
     with loaded(table, 0, tmp_path / "c") as cache:
         new = shard_keys(table, [f"new-{i}" for i in range(40)], 0)
