@@ -88,6 +88,11 @@ class CacheError(DbidxError, exit_code=6):
     """The executor-local RocksDB cache cannot be opened, written or trusted."""
 
 
+class CacheCorruptError(CacheError):
+    """A cache's stored bytes fail RocksDB's checksums or cannot be decoded: nothing read from it is trusted. A task
+    session discards such a cache (it is a disposable replica), so the next attempt rebuilds it from the index."""
+
+
 class CacheBusyError(CacheError):
     """Another process holds this cache directory for longer than the lock timeout."""
 

@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from dbidx.cache import codec
 from dbidx.cache.sst_builder import LOCATIONS_KEY
-from dbidx.cache.store import multi_get
+from dbidx.cache.store import multi_get, scan
 
 Decode = Callable[[bytes], str]
 
@@ -45,6 +45,6 @@ def lookup_committed(view: Any, keys: pa.Array, todo: np.ndarray | None, result:
 
 def committed_items(view: Any, decode_strict: Decode) -> Iterator[tuple[str, str]]:
     """(key, location) of every entry of a partition's family, in encoded-key order (the dictionary skipped)."""
-    for key, raw in view.items():
+    for key, raw in scan(view):
         if key != LOCATIONS_KEY:
             yield codec.decode_key(key), decode_strict(raw)

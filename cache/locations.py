@@ -13,8 +13,8 @@ from typing import Any
 
 from dbidx.cache import codec, registry
 from dbidx.cache.sst_builder import LOCATIONS_KEY
-from dbidx.cache.store import Store
-from dbidx.errors import CacheError
+from dbidx.cache.store import Store, get, scan
+from dbidx.errors import CacheCorruptError
 
 
 class LocationDictionary:
@@ -28,7 +28,15 @@ class LocationDictionary:
 
     def load(self, store: Store, cf: str) -> None:
         """Read a family's stored dictionary (after open or ingest)."""
-        self.set(cf, registry.unpack_list(store.cf(cf).get(LOCATIONS_KEY)))
+        raw = get(store.cf(cf), LOCATIONS_KEY)
+        try:
+            locations = registry.unpack_list(raw)
+            if not all(isinstance(loc, str) and loc for loc in locations):
+                raise ValueError("an entry is not a non-empty string")
+        except Exception as exc:  # noqa: BLE001 - any decode failure of stored bytes means damage
+            raise CacheCorruptError(f"cache {self.cache_path}: the location dictionary of column family {cf!r} is "
+                                    f"damaged ({type(exc).__name__}: {exc}); delete the cache to rebuild it") from exc
+        self.set(cf, locations)
 
     def set(self, cf: str, locations: list[str]) -> None:
         """Adopt a family's dictionary as a list (a load's SST carries the same list)."""
@@ -49,7 +57,7 @@ class LocationDictionary:
         index = codec.decode_index(raw)
         locations = self._locations.get(cf, [])
         if index >= len(locations):
-            raise CacheError(f"cache {self.cache_path}: column family {cf!r} has location #{index} but its "
+            raise CacheCorruptError(f"cache {self.cache_path}: column family {cf!r} has location #{index} but its "
                              f"dictionary holds {len(locations)}; the cache is damaged, delete it to rebuild")
         return locations[index]
 
@@ -70,7 +78,7 @@ class LocationDictionary:
         """(entries, live keys per location) of a family, read from its data (recovery after a crash)."""
         fills: dict[str, int] = defaultdict(int)
         entries = 0
-        for key, raw in store.cf(cf).items():
+        for key, raw in scan(store.cf(cf)):
             if key != LOCATIONS_KEY:
                 fills[self.decode(cf, raw)] += 1
                 entries += 1

@@ -16,8 +16,8 @@ import msgpack
 import numpy as np
 import pyarrow as pa
 
-from dbidx.cache.store import Store, multi_get
-from dbidx.errors import CacheError, InvalidInputError
+from dbidx.cache.store import Store, multi_get, scan
+from dbidx.errors import CacheCorruptError, CacheError, InvalidInputError
 
 OVERLAY_CF = "_overlay"
 
@@ -34,7 +34,8 @@ class Overlay:
 
     @staticmethod
     def _entry(store: Store, key: bytes, raw: bytes) -> tuple[str, str, str, str]:
-        """(partition, instant, attempt, location) of a stored entry, read as untrusted bytes (damage: CacheError)."""
+        """(partition, instant, attempt, location) of a stored entry, read as untrusted bytes (damage:
+        CacheCorruptError)."""
         try:
             entry = msgpack.unpackb(raw, raw=False)
             if isinstance(entry, list) and len(entry) == 3 and all(isinstance(v, str) for v in entry) \
@@ -43,15 +44,16 @@ class Overlay:
             problem = f"not [instant, attempt, location]: {entry!r:.80}"
         except Exception as exc:  # msgpack raises several types for garbage
             problem = f"{type(exc).__name__}: {exc}"
-        raise CacheError(f"cache {store.path}: overlay entry {key[:80]!r} is damaged ({problem}); delete the cache "
-                         "directory (it is rebuilt from the index; uncommitted entries are re-staged by their writer)")
+        raise CacheCorruptError(f"cache {store.path}: overlay entry {key[:80]!r} is damaged ({problem}); delete the "
+                                "cache directory (it is rebuilt from the index; uncommitted entries are re-staged by "
+                                "their writer)")
 
     def scan(self, store: Store) -> None:
         """Rebuild the in-memory counts from the column family (on open; a reopened cache starts over)."""
         self._pending.clear()
         if OVERLAY_CF not in store.column_families():
             return
-        for key, raw in store.cf(OVERLAY_CF).items():
+        for key, raw in scan(store.cf(OVERLAY_CF)):
             partition, instant = self._entry(store, key, raw)[:2]
             self._pending[partition][instant] = self._pending[partition].get(instant, 0) + 1
 
@@ -142,7 +144,7 @@ class Overlay:
         handle = store.handle(OVERLAY_CF)
         removed: dict[str, int] = defaultdict(int)
         batch = store.batch()
-        for key, raw in overlay.items():
+        for key, raw in scan(overlay):
             partition, entry_instant, entry_attempt, _loc = self._entry(store, key, raw)
             if entry_instant == instant and (attempt is None or entry_attempt == str(attempt)):
                 batch.delete(key, handle)

@@ -147,11 +147,7 @@ def sweep_abandoned(base_path: str | Path, ttl_hours: float, dry_run: bool = Fal
                     continue
                 found = AbandonedCache(str(shard_dir), round((now - last) / 3600, 2), directory_bytes(shard_dir))
                 if not dry_run:
-                    # 3. Delete the directory, then the lock file while still holding it (openers re-check the
-                    #    inode they locked, see store.try_flock).
-                    shutil.rmtree(shard_dir)
-                    shutil.rmtree(str(shard_dir) + ".tmp", ignore_errors=True)  # SST staging of its loads
-                    lock_path(shard_dir).unlink(missing_ok=True)
+                    _remove_locked(shard_dir)
                 elif not had_lock_file:
                     lock_path(shard_dir).unlink(missing_ok=True)  # a dry run leaves no trace
                 removed.append(found)
@@ -165,6 +161,32 @@ def sweep_abandoned(base_path: str | Path, ttl_hours: float, dry_run: bool = Fal
     if removed and not dry_run:
         log.info("dbidx removed %d abandoned shard caches under %s", len(removed), base)
     return removed
+
+
+def _remove_locked(shard_dir: Path) -> None:
+    """Delete a shard cache whose lock the caller holds: the directory, its SST staging, then the lock file while
+    still holding it (openers re-check the inode they locked, see store.try_flock)."""
+    shutil.rmtree(shard_dir)
+    shutil.rmtree(str(shard_dir) + ".tmp", ignore_errors=True)  # SST staging of its loads
+    lock_path(shard_dir).unlink(missing_ok=True)
+
+
+def discard_cache_dir(shard_dir: str | Path) -> bool:
+    """Delete one shard cache now if no process holds it (a damaged cache: its replacement is rebuilt from the
+    index); False when another opener holds it (it meets the same damage and discards it itself)."""
+    shard_dir = Path(shard_dir)
+    fd = try_flock(lock_path(shard_dir))
+    if fd is None:
+        return False
+    try:
+        _remove_locked(shard_dir)
+    except OSError as exc:
+        log.error("dbidx could not discard the damaged cache %s: %s; delete it by hand", shard_dir, exc)
+        return False
+    finally:
+        release_flock(fd)
+    log.warning("dbidx discarded the damaged cache %s; it is rebuilt from the index", shard_dir)
+    return True
 
 
 def abandoned_to_dict(found: list[AbandonedCache]) -> list[dict[str, Any]]:

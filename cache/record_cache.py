@@ -28,7 +28,7 @@ from dbidx.cache.metrics import CacheMetrics
 from dbidx.cache.overlay import OVERLAY_CF, Overlay
 from dbidx.cache.registry import CacheIdentity, PartitionState, table_cache_dir_name  # noqa: F401 - re-exported
 from dbidx.cache.sst_builder import PreparedLoad, build_sst
-from dbidx.cache.store import Store, multi_get
+from dbidx.cache.store import Store, get, multi_get
 from dbidx.config import CacheConfig, default_base_path, prepare_dir
 from dbidx.errors import CacheError, InvalidInputError, PartitionNotReadyError
 from dbidx.mdt.keys import normalize_keys
@@ -112,7 +112,7 @@ class RecordIndexCache:
         # 1. Identity: a directory never serves another table, shard count or shard.
         self.identity = registry.open_identity(db, self.identity, self.path)
         # 2. Crash detection: "open" still set means the last user did not close cleanly.
-        self.recovered = db.get(registry.SESSION_KEY) == registry.SESSION_OPEN
+        self.recovered = get(db, registry.SESSION_KEY) == registry.SESSION_OPEN
         # 3. Registry entries; a ready partition whose column family is gone is not loaded.
         families = set(self.store.column_families())  # type: ignore[union-attr]
         self._states = registry.ready_states(db, families, self.path)

@@ -19,7 +19,8 @@ from typing import Any, Iterable
 import msgpack
 import xxhash
 
-from dbidx.errors import CacheError, CacheMismatchError
+from dbidx.cache.store import get, scan
+from dbidx.errors import CacheCorruptError, CacheError, CacheMismatchError
 
 FORMAT = 1
 LOADING = "loading"
@@ -143,15 +144,15 @@ def unpack_list(raw: bytes | None) -> list[str]:
     return [] if raw is None else list(msgpack.unpackb(raw, raw=False))
 
 
-def _damaged(path: Path, what: str, exc: Exception) -> CacheError:
-    return CacheError(f"cache {path}: its registry's {what} is damaged ({type(exc).__name__}: {exc}); delete the "
-                      "cache directory to rebuild it from the index")
+def _damaged(path: Path, what: str, exc: Exception) -> CacheCorruptError:
+    return CacheCorruptError(f"cache {path}: its registry's {what} is damaged ({type(exc).__name__}: {exc}); delete "
+                             "the cache directory to rebuild it from the index")
 
 
 def open_identity(db: Any, identity: CacheIdentity | None, path: Path) -> CacheIdentity:
     """The identity a cache directory holds, written on first open and checked on every later one: a directory
     never serves another table, shard count or shard. identity None: adopt what the directory says (CLI tools)."""
-    raw = db.get(META_KEY)
+    raw = get(db, META_KEY)
     if raw is None and identity is None:
         raise CacheError(f"{path} is not a dbidx cache (its registry has no identity); pass the cache directory of "
                          "one shard, e.g. <base>/<table id>-<location hash>/shard-00000-of-00004")
@@ -172,7 +173,7 @@ def ready_states(db: Any, families: set[str], path: Path) -> dict[str, Partition
     """The ready partitions whose column family exists; other partition entries are deleted (a load or drop that
     did not finish)."""
     states: dict[str, PartitionState] = {}
-    for key, raw in db.items(from_key=PARTITION_PREFIX):
+    for key, raw in scan(db, from_key=PARTITION_PREFIX):
         if not key.startswith(PARTITION_PREFIX):
             break
         try:
@@ -188,7 +189,7 @@ def ready_states(db: Any, families: set[str], path: Path) -> dict[str, Partition
 
 def read_watermark(db: Any, path: Path) -> int:
     """The completion seq the cache is caught up to (0 for a new cache)."""
-    raw = db.get(WATERMARK_KEY)
+    raw = get(db, WATERMARK_KEY)
     try:
         return int(raw.decode("ascii")) if raw else 0
     except (UnicodeDecodeError, ValueError) as exc:
@@ -197,7 +198,7 @@ def read_watermark(db: Any, path: Path) -> int:
 
 def read_info(db: Any, name: str, path: Path) -> dict[str, Any] | None:
     """A named record (None if never written)."""
-    raw = db.get(info_key(name))
+    raw = get(db, info_key(name))
     try:
         return None if raw is None else msgpack.unpackb(raw, raw=False)
     except Exception as exc:  # noqa: BLE001

@@ -15,12 +15,12 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import rocksdict as rd
 
 from dbidx.config import CacheConfig, make_private_dirs
-from dbidx.errors import CacheBusyError, CacheError
+from dbidx.errors import CacheBusyError, CacheCorruptError, CacheError
 
 DEFAULT_CF = "default"
 _COMPRESSION = {
@@ -72,8 +72,11 @@ def column_family_options(config: CacheConfig, block_cache: rd.Cache | None) -> 
         table.set_bloom_filter(config.bloom_bits_per_key, False)
     if block_cache is not None:
         table.set_block_cache(block_cache)
-    else:
+    else:  # SST writers need none; block.cache.mb = 0 means none at all
         table.disable_cache()
+    if not config.block_cache_mb:  # without a cache, index and filter blocks stay whole in the table readers
+        opts.set_block_based_table_factory(table)
+        return opts
     # Index and filter blocks live in the (bounded) block cache, partitioned in 4 KB pieces under a pinned top
     # level. Why: a bulk-loaded partition is one SST whose whole-file filter (10 bits/key: 1.25 MB per M keys)
     # and index compete with data blocks; once a partition's SST outgrows the cache, random lookups evicted and
@@ -120,7 +123,7 @@ class Store:
                 self._make_files_private()
         except Exception as exc:
             self._release()
-            raise CacheError(f"cannot open RocksDB cache at {self.path}: {exc}") from exc
+            raise read_failure(exc, f"opening RocksDB cache at {self.path}") from exc
         return self
 
     def close(self) -> None:
@@ -271,12 +274,50 @@ def multi_get(view: rd.Rdict, keys: list[bytes], chunk: int = MULTI_GET_CHUNK) -
     rocksdict's multi-get costs more per key as the list grows (measured on a 1 M-entry family, sorted keys:
     1.4 us/key in one call of 150 k keys, 0.8 us/key in calls of 256-4096), so big batches are split.
     """
-    if len(keys) <= chunk:
-        return view[keys] if keys else []
-    values: list[bytes | None] = []
-    for start in range(0, len(keys), chunk):
-        values += view[keys[start:start + chunk]]
-    return values
+    try:
+        if len(keys) <= chunk:
+            return view[keys] if keys else []
+        values: list[bytes | None] = []
+        for start in range(0, len(keys), chunk):
+            values += view[keys[start:start + chunk]]
+        return values
+    except Exception as exc:  # rocksdict raises a bare Exception
+        raise read_failure(exc, f"reading {len(keys)} keys from a cache column family") from exc
+
+
+def get(view: rd.Rdict, key: bytes) -> bytes | None:
+    """One key's value (None if absent), read errors typed by read_failure."""
+    return multi_get(view, [key])[0]
+
+
+def scan(view: rd.Rdict, from_key: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+    """Every (key, value) of a column family in key order (from `from_key`); a read error is raised, typed by
+    read_failure.
+
+    Why not `view.items()`: on a checksum failure RocksDB invalidates the iterator and rocksdict's items() simply
+    ends, so a damaged file would read as a family with fewer (or no) entries. The raw iterator's status() says
+    whether it ended or failed (measured: 0.33 vs 0.18 s per M entries; no lookup path scans).
+    """
+    iterator = view.iter()
+    try:
+        iterator.seek_to_first() if from_key is None else iterator.seek(from_key)
+        while iterator.valid():
+            yield iterator.key(), iterator.value()
+            iterator.next()
+        iterator.status()  # raises the error that ended the iteration, if one did
+    except Exception as exc:  # rocksdict raises a bare Exception
+        raise read_failure(exc, "scanning a cache column family") from exc
+    finally:
+        del iterator  # a live iterator keeps the DB's LOCK after close
+
+
+def read_failure(exc: Exception, what: str) -> CacheError:
+    """A RocksDB read error as a typed one: a checksum or format failure ("Corruption: ..." names the file) is a
+    CacheCorruptError, which task sessions answer by discarding the cache; anything else a CacheError."""
+    if "Corruption" in str(exc):
+        return CacheCorruptError(f"{what} failed: {exc}; the cache's files are damaged (disk or copy error): delete "
+                                 "its directory (a Spark task session does) and it is rebuilt from the index")
+    return CacheError(f"{what} failed: {exc}")
 
 
 def _has_memtable_data(view: rd.Rdict) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+import traceback
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Iterator
@@ -24,10 +25,10 @@ import pyarrow.compute as pc
 from dbidx.bootstrap.on_demand import OnDemandLoader
 from dbidx.cache.catchup import sync
 from dbidx.cache.metrics import CacheCounters
-from dbidx.cache.reaper import reap, sweep_abandoned
+from dbidx.cache.reaper import discard_cache_dir, reap, sweep_abandoned
 from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.counters import gauge
-from dbidx.errors import CorruptFileError
+from dbidx.errors import CacheCorruptError, CacheError, CorruptFileError
 from dbidx.mdt.table import Table
 from dbidx.spark_integration import datafiles
 from dbidx.spark_integration.tagger import (
@@ -92,8 +93,37 @@ class OpenShard:
 def shard_session(table: Table, shard: int, options: TagOptions, metrics: ShardMetrics) -> Iterator[OpenShard]:
     """The shard's cache, opened under its lock and caught up to the latest commit, with the session's on-demand
     loader; both closed when the block ends (the loader first: no load outlives the cache it writes)."""
+    cache = RecordIndexCache.for_table(table, shard, options.cache)
+    try:
+        with _opened(cache, table, metrics) as held:
+            yield held
+    except CacheError as exc:
+        damage = next((e for e in _causes(exc) if isinstance(e, CacheCorruptError)), None)
+        if damage is None:
+            raise
+        # A damaged replica is never read again: discard it, so a retry of this task rebuilds it from the index.
+        # First drop the frames' locals: a column family view alive in a traceback keeps RocksDB's in-process
+        # LOCK of the closed directory, and the rebuilt cache at the same path could not open in this worker.
+        for cause in _causes(exc):
+            traceback.clear_frames(cause.__traceback__)
+        discarded = discard_cache_dir(cache.path)
+        raise CacheCorruptError(f"{damage} [cache {cache.path} " + ("discarded; a retry rebuilds it from the index]"
+                                if discarded else "is held by another process, which discards it in turn]")) from exc
+
+
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    """An exception and the ones it was raised from or during (a failing close may hide the damage it met)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+
+
+@contextmanager
+def _opened(cache: RecordIndexCache, table: Table, metrics: ShardMetrics) -> Iterator[OpenShard]:
     started = time.perf_counter()
-    cache = RecordIndexCache.for_table(table, shard, options.cache).open()
+    cache.open()
     try:
         metrics.open_seconds += time.perf_counter() - started
         metrics.tagged_seq = sync(cache, table).to_seq

@@ -346,3 +346,34 @@ def test_a_failing_close_callback_still_releases_the_cache(tmp_path):
     assert cache.store is None
     with RecordIndexCache(tmp_path / "c", ident()) as again:  # the lock was released
         assert again.partitions() == {}
+
+
+def test_flipped_bytes_in_a_cache_file_are_a_typed_error_naming_the_file(tmp_path):
+    """RocksDB's block checksums catch a flipped byte; the library turns its bare Exception into CacheCorruptError
+    (a CacheError) naming the SST, on the lookup path and the scan path alike - never a key read as absent."""
+    from dbidx.errors import CacheCorruptError
+
+    keys = [f"key-{i:06d}" for i in range(20_000)]
+    with RecordIndexCache(tmp_path / "c", ident(), CacheConfig(block_cache_mb=0)) as cache:
+        cache.load_partition(DAY1, keys, [f"fg-{i % 5}" for i in range(len(keys))], synced_seq=1)
+    sst = max((tmp_path / "c").glob("*.sst"), key=lambda p: p.stat().st_size)
+    data = bytearray(sst.read_bytes())
+    for pos in range(64, int(len(data) * 0.8), 997):
+        data[pos] ^= 0x5A
+    sst.write_bytes(bytes(data))
+    with pytest.raises(CacheCorruptError, match=rf"Corruption.*{sst.name}"):
+        with RecordIndexCache(tmp_path / "c", ident(), CacheConfig(block_cache_mb=0)) as cache:
+            cache.lookup(DAY1, keys)
+    with pytest.raises(CacheCorruptError, match=rf"Corruption.*{sst.name}"):
+        with RecordIndexCache(tmp_path / "c", ident(), CacheConfig(block_cache_mb=0)) as cache:
+            list(cache.items(DAY1))
+
+
+def test_a_cache_without_block_cache_opens_and_serves(tmp_path):
+    """block.cache.mb = 0 (documented: no block cache) is a valid setting: index and filter blocks then stay in
+    the table readers instead of a cache that does not exist (RocksDB refuses the combination)."""
+    keys = [f"key-{i:06d}" for i in range(5_000)]
+    with RecordIndexCache(tmp_path / "c", ident(), CacheConfig(block_cache_mb=0)) as cache:
+        cache.load_partition(DAY1, keys, ["fg-1"] * len(keys), synced_seq=1)
+    with RecordIndexCache(tmp_path / "c", ident(), CacheConfig(block_cache_mb=0)) as cache:
+        assert cache.lookup(DAY1, keys[:10] + ["new"]) == ["fg-1"] * 10 + [None]

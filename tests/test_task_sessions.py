@@ -69,3 +69,38 @@ def test_the_task_reaper_removes_caches_a_dead_executor_left(setup, tmp_path: Pa
     with RecordIndexCache.for_table(table, 0, config) as cache:
         assert cache.info(task.REAPER_INFO)["abandoned"] == [str(dead_path)]
         assert None not in cache.lookup("dt=2025-03-01", ["a", "b"])  # its own partition is still loaded
+
+
+def _flip_bytes_of_largest_sst(cache_dir: Path) -> Path:
+    sst = max(cache_dir.glob("*.sst"), key=lambda p: p.stat().st_size)
+    data = bytearray(sst.read_bytes())
+    for pos in range(64, int(len(data) * 0.8), 997):  # many data blocks, not the footer
+        data[pos] ^= 0x5A
+    sst.write_bytes(bytes(data))
+    return sst
+
+
+def test_a_damaged_cache_fails_the_task_loudly_and_the_next_attempt_rebuilds_it(tmp_path: Path) -> None:
+    """Flipped bytes in a cache's SST (disk or copy error) fail RocksDB's block checksums: the task raises
+    CacheCorruptError naming the file, nothing is tagged from it, the session discards the cache directory, and
+    the next attempt rebuilds it from the index and tags exactly as before."""
+    from dbidx.errors import CacheCorruptError
+
+    table = Table.create(str(tmp_path / "t"), num_shards=1)
+    config = CacheConfig(base_path=str(tmp_path / "cache"), reaper_interval_s=3600.0)
+    keys = [f"key-{i:06d}" for i in range(20_000)]
+    upsert_arrow(pa.table({"id": keys, "dt": ["2025-03-01"] * len(keys)}), table, key="id", partition="dt",
+                 cache_config=config)
+    options = TagOptions(key="id", partition="dt", cache=config)
+    probe = [batch(keys[::7] + ["new-1", "new-2"])]
+    expected = [True] * len(keys[::7]) + [False, False]
+    assert next(task.tag_batches(probe, table, options)).column("_dbidx_is_update").to_pylist() == expected
+    cache_dir = RecordIndexCache.for_table(table, 0, config).path
+    sst = _flip_bytes_of_largest_sst(cache_dir)
+    # Another block-cache size: blocks cached by the first session (checked when read) are not reused.
+    damaged = TagOptions(key="id", partition="dt", cache=replace(config, block_cache_mb=63))
+    with pytest.raises(CacheCorruptError, match=rf"Corruption.*{sst.name}.*cache {cache_dir} discarded"):
+        list(task.tag_batches(probe, table, damaged))
+    assert not cache_dir.exists()
+    assert next(task.tag_batches(probe, table, damaged)).column("_dbidx_is_update").to_pylist() == expected
+    assert cache_dir.exists()
