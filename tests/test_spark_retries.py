@@ -283,3 +283,31 @@ def test_tasks_reap_expired_partitions_when_due(spark, tmp_path: Path) -> None:
     # An evicted day is loaded on demand again when a batch touches it, and answers correctly.
     again = upsert(spark.createDataFrame(old_days[:3], SCHEMA), table, key="id", partition="dt", cache_config=config)
     assert (again.updates, again.on_demand_loads) == (3, 3)
+
+
+def test_a_damaged_executor_cache_is_discarded_and_the_retry_commits_the_batch(spark, setup) -> None:
+    """Flipped bytes in every shard cache's SST (a disk or copy error on the executor): each first attempt meets
+    the checksum failure, discards its cache and fails; the retry rebuilds the cache from the index, and the batch
+    commits exactly its updates and inserts - no key read as new, no duplicate."""
+    from dataclasses import replace
+
+    table, config = setup
+    upsert(spark.createDataFrame(rows_of(3000), SCHEMA), table, key="id", partition="dt", cache_config=config)
+    upsert(spark.createDataFrame(rows_of(500, value=1), SCHEMA), table, key="id", partition="dt", cache_config=config)
+    shard_dirs = sorted(p for p in Path(config.base_path).glob("*/shard-*") if p.is_dir() and "." not in p.name)
+    assert len(shard_dirs) == 2
+    for shard_dir in shard_dirs:
+        sst = max(shard_dir.glob("*.sst"), key=lambda p: p.stat().st_size)
+        data = bytearray(sst.read_bytes())
+        for pos in range(64, int(len(data) * 0.8), 397):
+            data[pos] ^= 0x5A
+        sst.write_bytes(bytes(data))
+    # Another block-cache size: blocks the workers cached in the last batch (checked when read) are not reused.
+    damaged = replace(config, block_cache_mb=63)
+    batch = rows_of(3000, start=1000, value=2)  # 2,000 updates and 1,000 inserts
+    summary = upsert(spark.createDataFrame(batch, SCHEMA), table, key="id", partition="dt", cache_config=damaged)
+    assert (summary.updates, summary.inserts) == (2000, 1000)
+    assert len(index_state(table)) == 4000
+    latest = {k: (k, d, v) for k, d, v, _ in rows_of(3000) + rows_of(500, value=1) + batch}
+    assert read_rows(spark, table) == set(latest.values())
+    assert all(d.exists() for d in shard_dirs)  # rebuilt by the retries
