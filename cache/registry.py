@@ -130,8 +130,15 @@ def pack(value: Any) -> bytes:
 
 
 def unpack_state(raw: bytes) -> PartitionState:
-    """Read a PartitionState written by pack()."""
-    return PartitionState(**msgpack.unpackb(raw, raw=False, strict_map_key=False))
+    """Read a PartitionState written by pack(), every field checked (a wrong type raises ValueError)."""
+    state = PartitionState(**msgpack.unpackb(raw, raw=False, strict_map_key=False))
+    counts = (state.loaded_seq, state.synced_seq, state.entries, state.last_access_ms, state.loaded_at_ms)
+    if not (isinstance(state.partition, str) and isinstance(state.cf, str) and state.cf
+            and state.state in (LOADING, READY) and all(type(n) is int and n >= 0 for n in counts)
+            and isinstance(state.fills, dict)
+            and all(isinstance(k, str) and type(v) is int and v > 0 for k, v in state.fills.items())):
+        raise ValueError(f"not a partition state: {vars(state)!r:.200}")
+    return state
 
 
 def unpack_identity(raw: bytes) -> CacheIdentity:

@@ -296,6 +296,27 @@ def test_damaged_registry_bytes_are_a_cache_error_naming_the_cache(tmp_path, key
         RecordIndexCache(tmp_path / "c", ident()).open()
 
 
+@pytest.mark.parametrize("field, value", [("entries", "12"), ("fills", {"fg-1": -3}), ("state", "half"),
+                                          ("cf", ""), ("synced_seq", 1.5)])
+def test_a_well_formed_registry_entry_with_wrong_values_is_refused(tmp_path, field, value):
+    """Parsing is not enough: a partition state whose fields have the wrong type or range (crafted, or written by
+    another tool) is refused like garbage, not used for counters, seqs or a family name."""
+    import msgpack
+
+    from dbidx.cache.store import Store
+
+    with RecordIndexCache(tmp_path / "c", ident()) as cache:
+        cache.load_partition(DAY1, ["k1"], ["fg-1"], synced_seq=1)
+        state = vars(cache.partitions()[DAY1]) | {field: value}
+    store = Store(tmp_path / "c", CacheConfig()).open()
+    try:
+        store.db[b"p:" + DAY1.encode()] = msgpack.packb(state)
+    finally:
+        store.close()
+    with pytest.raises(CacheError, match=r"registry's entry .* is damaged .*not a partition state"):
+        RecordIndexCache(tmp_path / "c", ident()).open()
+
+
 @pytest.mark.parametrize("value", [b"\xc1 not msgpack", b"\x93\x01\x02\x03", b"\x92\xa1a\xa1b"])
 def test_a_damaged_overlay_entry_is_a_cache_error_naming_the_cache(tmp_path, value):
     """Staged (uncommitted) entries are read back as untrusted bytes too: a damaged one stops the open with a
