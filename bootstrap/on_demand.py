@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable
 
 from dbidx.bootstrap.loader import prepare_slice
 from dbidx.cache.record_cache import RecordIndexCache
+from dbidx.errors import CacheCorruptError
 from dbidx.mdt.table import Table
 
 _SHARED: dict[int, "OnDemandLoader"] = {}  # id(open cache) -> its shared loader, until the cache closes
@@ -109,8 +110,8 @@ class OnDemandLoader:
                 report.load_seconds[partition] = seconds
         report.stall_seconds = time.perf_counter() - started
         self.cache.metrics.add(on_demand_loads=len(report.loaded), stall_seconds=report.stall_seconds)
-        if errors:
-            raise errors[0]
+        if errors:  # damage first: the task session discards a damaged cache only when it sees the damage
+            raise next((e for e in errors if isinstance(e, CacheCorruptError)), errors[0])
         return report
 
     def _load(self, partition: str, seq: int) -> tuple[int, float]:

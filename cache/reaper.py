@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from dbidx.cache.record_cache import RecordIndexCache
-from dbidx.cache.store import directory_bytes, lock_path, release_flock, try_flock
+from dbidx.cache.store import directory_bytes, incarnation, lock_path, read_incarnation, release_flock, try_flock
 
 log = logging.getLogger(__name__)
 
@@ -171,22 +171,30 @@ def _remove_locked(shard_dir: Path) -> None:
     lock_path(shard_dir).unlink(missing_ok=True)
 
 
-def discard_cache_dir(shard_dir: str | Path) -> bool:
-    """Delete one shard cache now if no process holds it (a damaged cache: its replacement is rebuilt from the
-    index); False when another opener holds it (it meets the same damage and discards it itself)."""
-    shard_dir = Path(shard_dir)
-    fd = try_flock(lock_path(shard_dir))
+def discard_cache_dir(shard_dir: str | Path, seen: str | None) -> str:
+    """Delete a damaged shard cache, the incarnation an opener saw (`seen`: its lock file's token, from
+    `RecordIndexCache.lock_identity`), so its replacement is rebuilt from the index. Returns what happened, as a
+    phrase for the error message: only that incarnation is ever deleted, and only under its lock."""
+    shard_dir, lock = Path(shard_dir), lock_path(Path(shard_dir))
+    # 1. Already gone or replaced (another attempt discarded it, maybe rebuilt it): nothing of ours to delete.
+    if seen is None or read_incarnation(lock) != seen:
+        return "already discarded by another opener"
+    # 2. Under its lock, and still the same incarnation once we hold it.
+    fd = try_flock(lock)
     if fd is None:
-        return False
+        return ("not discarded: another opener holds it now (it meets the same damage; if this error comes back, "
+                f"delete {shard_dir} by hand)")
     try:
+        if incarnation(fd) != seen:
+            return "already discarded by another opener"
         _remove_locked(shard_dir)
     except OSError as exc:
         log.error("dbidx could not discard the damaged cache %s: %s; delete it by hand", shard_dir, exc)
-        return False
+        return f"not discarded ({exc}): delete {shard_dir} by hand"
     finally:
         release_flock(fd)
     log.warning("dbidx discarded the damaged cache %s; it is rebuilt from the index", shard_dir)
-    return True
+    return "discarded; a retry rebuilds it from the index"
 
 
 def abandoned_to_dict(found: list[AbandonedCache]) -> list[dict[str, Any]]:

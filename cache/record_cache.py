@@ -51,6 +51,7 @@ class RecordIndexCache:
         self.config = config or CacheConfig()
         self.metrics = CacheMetrics()
         self.recovered = False
+        self.lock_identity: str | None = None
         self.store: Store | None = None
         self.watermark = 0
         self._states: dict[str, PartitionState] = {}
@@ -95,7 +96,11 @@ class RecordIndexCache:
         if self.store is not None:
             return self
         prepare_dir(self.path.parent)
-        self.store = Store(self.path, self.config).open()
+        store = Store(self.path, self.config)
+        try:
+            self.store = store.open()
+        finally:  # also when the open fails: what a later discard may delete is the incarnation this opener saw
+            self.lock_identity = store.lock_identity
         try:
             # Leftover SST files of a load killed before its ingest (we hold the shard's lock: nobody else writes here).
             shutil.rmtree(self.scratch_dir, ignore_errors=True)
@@ -289,7 +294,7 @@ class RecordIndexCache:
         """Record an access (writes count as access for the TTL reaper); at_ms backdates it (tests, tools)."""
         state = self._states.get(partition)
         if state is not None:
-            state.last_access_ms = _now_ms() if at_ms is None else at_ms
+            state.last_access_ms = _now_ms() if at_ms is None else int(at_ms)
 
     # ---- in-flight entries (overlay) -----------------------------------------------------------------------
     def put_pending(self, instant: str, partition: str, keys: Sequence[str] | pa.Array,

@@ -14,6 +14,7 @@ import fcntl
 import os
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -100,6 +101,7 @@ class Store:
         self.path = Path(path)
         self.config = config
         self._lock_fd: int | None = None
+        self.lock_identity: str | None = None  # kept after close: the incarnation of the directory it held
         self._cache = shared_block_cache(config.block_cache_mb)
         self.options = column_family_options(config, self._cache)
         self._cfs: dict[str, rd.Rdict] = {}
@@ -111,6 +113,7 @@ class Store:
         """Take the directory lock (waiting up to lock_timeout_s) and open RocksDB with all its column families."""
         make_private_dirs(self.path.parent)
         self._lock_fd = _acquire_flock(lock_path(self.path), self.config.lock_timeout_s)
+        self.lock_identity = incarnation(self._lock_fd)
         try:
             existing = rd.Rdict.list_cf(str(self.path), self.options) if (self.path / "CURRENT").exists() else []
             families = {name: self.options for name in existing if name != DEFAULT_CF}
@@ -298,8 +301,9 @@ def scan(view: rd.Rdict, from_key: bytes | None = None) -> Iterator[tuple[bytes,
     ends, so a damaged file would read as a family with fewer (or no) entries. The raw iterator's status() says
     whether it ended or failed (measured: 0.33 vs 0.18 s per M entries; no lookup path scans).
     """
-    iterator = view.iter()
+    iterator = None
     try:
+        iterator = view.iter()
         iterator.seek_to_first() if from_key is None else iterator.seek(from_key)
         while iterator.valid():
             yield iterator.key(), iterator.value()
@@ -314,7 +318,7 @@ def scan(view: rd.Rdict, from_key: bytes | None = None) -> Iterator[tuple[bytes,
 def read_failure(exc: Exception, what: str) -> CacheError:
     """A RocksDB read error as a typed one: a checksum or format failure ("Corruption: ..." names the file) is a
     CacheCorruptError, which task sessions answer by discarding the cache; anything else a CacheError."""
-    if "Corruption" in str(exc):
+    if str(exc).startswith("Corruption"):  # RocksDB's status text starts with its code; paths come later
         return CacheCorruptError(f"{what} failed: {exc}; the cache's files are damaged (disk or copy error): delete "
                                  "its directory (a Spark task session does) and it is rebuilt from the index")
     return CacheError(f"{what} failed: {exc}")
@@ -369,6 +373,25 @@ def try_flock(path: Path) -> int | None:
             pass
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
+
+
+def incarnation(lock_fd: int) -> str:
+    """Which incarnation of a cache directory the holder of its lock file has: a random token the first opener
+    writes into the (empty) lock file. A discarded cache's lock file is removed and its rebuild gets a new token;
+    inode numbers are no such identity (a filesystem reuses them at once)."""
+    token = os.pread(lock_fd, 64, 0).decode("ascii", "replace").strip()
+    if not token:
+        token = uuid.uuid4().hex
+        os.pwrite(lock_fd, token.encode("ascii"), 0)
+    return token
+
+
+def read_incarnation(lock_file: Path) -> str | None:
+    """The token in a lock file without taking the lock or creating the file (None: no such file)."""
+    try:
+        return lock_file.read_bytes()[:64].decode("ascii", "replace").strip()
+    except FileNotFoundError:
+        return None
 
 
 def release_flock(fd: int) -> None:

@@ -106,9 +106,8 @@ def shard_session(table: Table, shard: int, options: TagOptions, metrics: ShardM
         # LOCK of the closed directory, and the rebuilt cache at the same path could not open in this worker.
         for cause in _causes(exc):
             traceback.clear_frames(cause.__traceback__)
-        discarded = discard_cache_dir(cache.path)
-        raise CacheCorruptError(f"{damage} [cache {cache.path} " + ("discarded; a retry rebuilds it from the index]"
-                                if discarded else "is held by another process, which discards it in turn]")) from exc
+        outcome = discard_cache_dir(cache.path, cache.lock_identity)
+        raise CacheCorruptError(f"{damage} [cache {cache.path}: {outcome}]") from exc
 
 
 def _causes(exc: BaseException) -> Iterator[BaseException]:

@@ -220,3 +220,43 @@ def test_lookups_loads_and_the_reaper_share_one_cache_across_threads(warm):
         t.join(30)
     assert not errors, errors
     assert answers[0] > 20
+
+
+def test_discarding_a_damaged_cache_deletes_only_the_incarnation_that_was_seen(tmp_path: Path) -> None:
+    """The task session discards a damaged cache after closing it, so between its close and the discard another
+    opener may hold it, or may have discarded and rebuilt it: only the directory incarnation the failing opener
+    saw (its lock file's identity) is deleted, and only under its lock; a directory already gone leaves no trace."""
+    from dbidx.cache.reaper import discard_cache_dir
+    from dbidx.cache.store import lock_path, release_flock, try_flock
+
+    table = make_table(tmp_path, num_shards=1, keys_per_day=10)
+    cache = open_cache(table, 0, tmp_path / "base")
+    seen, path = cache.lock_identity, cache.path
+    cache.close()
+    # 1. Held by another opener: left alone, and the message says what to do if the error comes back.
+    fd = try_flock(lock_path(path))
+    assert "another opener holds it now" in discard_cache_dir(path, seen) and path.exists()
+    release_flock(fd)
+    # 2. The seen incarnation, unheld: deleted with its staging dir and lock file.
+    assert discard_cache_dir(path, seen).startswith("discarded") and not path.exists()
+    assert not lock_path(path).exists()
+    # 3. Gone already: nothing created (no stray lock file).
+    assert discard_cache_dir(path, seen) == "already discarded by another opener"
+    assert not lock_path(path).exists()
+    # 4. Rebuilt since (a new lock file incarnation): the healthy rebuild is kept.
+    rebuilt = open_cache(table, 0, tmp_path / "base")
+    rebuilt.close()
+    assert discard_cache_dir(path, seen) == "already discarded by another opener" and path.exists()
+
+
+def test_only_rocksdb_corruption_is_damage_not_a_path_that_says_so() -> None:
+    """RocksDB's status text starts with its code; a path containing the word (or any IO error) is not damage,
+    so it never leads a task session to delete a healthy cache."""
+    from dbidx.cache.store import read_failure
+    from dbidx.errors import CacheCorruptError, CacheError
+
+    damage = read_failure(Exception("Corruption: block checksum mismatch in /x/000011.sst"), "reading")
+    io_error = read_failure(Exception("IO error: While open a file: /data/Corruption-drills/0001.sst: Too many "
+                                      "open files"), "reading")
+    assert isinstance(damage, CacheCorruptError)
+    assert type(io_error) is CacheError and "Too many open files" in str(io_error)

@@ -99,7 +99,7 @@ def test_a_damaged_cache_fails_the_task_loudly_and_the_next_attempt_rebuilds_it(
     sst = _flip_bytes_of_largest_sst(cache_dir)
     # Another block-cache size: blocks cached by the first session (checked when read) are not reused.
     damaged = TagOptions(key="id", partition="dt", cache=replace(config, block_cache_mb=63))
-    with pytest.raises(CacheCorruptError, match=rf"Corruption.*{sst.name}.*cache {cache_dir} discarded"):
+    with pytest.raises(CacheCorruptError, match=rf"Corruption.*{sst.name}.*cache {cache_dir}: discarded; a retry"):
         list(task.tag_batches(probe, table, damaged))
     assert not cache_dir.exists()
     assert next(task.tag_batches(probe, table, damaged)).column("_dbidx_is_update").to_pylist() == expected
