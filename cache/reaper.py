@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from dbidx.cache.record_cache import RecordIndexCache
-from dbidx.cache.store import directory_bytes, incarnation, lock_path, read_incarnation, release_flock, try_flock
+from dbidx.cache.dir_lock import incarnation, lock_path, read_incarnation, release_flock, try_flock
+from dbidx.cache.store import directory_bytes
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +166,7 @@ def sweep_abandoned(base_path: str | Path, ttl_hours: float, dry_run: bool = Fal
 
 def _remove_locked(shard_dir: Path) -> None:
     """Delete a shard cache whose lock the caller holds: the directory, its SST staging, then the lock file while
-    still holding it (openers re-check the inode they locked, see store.try_flock)."""
+    still holding it (openers re-check the inode they locked, see dir_lock.try_flock)."""
     shutil.rmtree(shard_dir)
     shutil.rmtree(str(shard_dir) + ".tmp", ignore_errors=True)  # SST staging of its loads
     lock_path(shard_dir).unlink(missing_ok=True)

@@ -113,7 +113,7 @@ class RecordIndexCache:
         return self
 
     def _open_registry(self) -> None:
-        db = self._db()
+        db = self._require_store().db
         # 1. Identity: a directory never serves another table, shard count or shard.
         self.identity = registry.open_identity(db, self.identity, self.path)
         # 2. Crash detection: "open" still set means the last user did not close cleanly.
@@ -166,11 +166,6 @@ class RecordIndexCache:
             except Exception as exc:  # rocksdict raises a bare Exception (e.g. no space left on the device)
                 raise CacheError(f"closing cache {self.path} failed (disk full?): {exc}; the lock is released and "
                                  "the next open repairs the cache from the index") from exc
-
-    def _db(self) -> Any:
-        if self.store is None or self.store.db is None:
-            raise CacheError(f"cache {self.path} is not open")
-        return self.store.db
 
     # ---- registry views ------------------------------------------------------------------------------------
     def partitions(self) -> dict[str, PartitionState]:
@@ -369,11 +364,11 @@ class RecordIndexCache:
     def set_info(self, name: str, value: dict[str, Any]) -> None:
         """Store a small named record in the registry (e.g. the last bootstrap's window and instant)."""
         with self._lock:
-            self._db()[registry.info_key(name)] = registry.pack(value)
+            self._require_store().db[registry.info_key(name)] = registry.pack(value)
 
     def info(self, name: str) -> dict[str, Any] | None:
         """A named registry record written by set_info (None if never written)."""
-        return registry.read_info(self._db(), name, self.path)
+        return registry.read_info(self._require_store().db, name, self.path)
 
     # ---- sizes and iteration -------------------------------------------------------------------------------
     def disk_bytes(self, partition: str | None = None) -> int:
@@ -415,4 +410,4 @@ class RecordIndexCache:
     def _recount(self, state: PartitionState) -> None:
         """After an unclean shutdown the data may be ahead of the registry: recount entries and fills."""
         state.entries, state.fills = self._dictionary.count(self._require_store(), state.cf)
-        self._db()[registry.partition_key(state.partition)] = registry.pack(state)
+        self._require_store().db[registry.partition_key(state.partition)] = registry.pack(state)

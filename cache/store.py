@@ -9,19 +9,16 @@ once ("While lock file"), the flock lets a second process wait its turn instead.
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import os
 import threading
-import time
-import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
 import rocksdict as rd
 
+from dbidx.cache.dir_lock import acquire_flock, incarnation, lock_path, release_flock
 from dbidx.config import CacheConfig, make_private_dirs
-from dbidx.errors import CacheBusyError, CacheCorruptError, CacheError
+from dbidx.errors import CacheCorruptError, CacheError
 
 DEFAULT_CF = "default"
 _COMPRESSION = {
@@ -112,7 +109,7 @@ class Store:
     def open(self) -> "Store":
         """Take the directory lock (waiting up to lock_timeout_s) and open RocksDB with all its column families."""
         make_private_dirs(self.path.parent)
-        self._lock_fd = _acquire_flock(lock_path(self.path), self.config.lock_timeout_s)
+        self._lock_fd = acquire_flock(lock_path(self.path), self.config.lock_timeout_s)
         self.lock_identity = incarnation(self._lock_fd)
         try:
             existing = rd.Rdict.list_cf(str(self.path), self.options) if (self.path / "CURRENT").exists() else []
@@ -343,81 +340,3 @@ def directory_bytes(path: Path) -> int:
         except FileNotFoundError:
             continue
     return total
-
-
-def lock_path(cache_dir: Path) -> Path:
-    """The side file whose flock guards a cache directory (`<dir>.lock`); its mtime is the cache's last open."""
-    return Path(str(cache_dir) + ".lock")
-
-
-def try_flock(path: Path) -> int | None:
-    """Take the exclusive flock on `path` without waiting: the open fd, or None if someone holds it.
-
-    The lock is on the file's inode, so a lock file removed and recreated by the abandoned-cache sweep between our
-    open and our flock would leave us holding a lock nobody else can see: re-check that the path still names the
-    inode we locked, and start over if not.
-    """
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(fd)
-            if exc.errno in (errno.EAGAIN, errno.EACCES):
-                return None
-            raise CacheError(f"cannot lock cache directory {path}: {exc}") from exc
-        try:
-            if os.stat(path).st_ino == os.fstat(fd).st_ino:
-                return fd
-        except FileNotFoundError:
-            pass
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
-
-
-def incarnation(lock_fd: int) -> str:
-    """Which incarnation of a cache directory the holder of its lock file has: a random token the first opener
-    writes into the (empty) lock file. A discarded cache's lock file is removed and its rebuild gets a new token;
-    inode numbers are no such identity (a filesystem reuses them at once)."""
-    token = os.pread(lock_fd, 64, 0).decode("ascii", "replace").strip()
-    if not token:
-        token = uuid.uuid4().hex
-        os.pwrite(lock_fd, token.encode("ascii"), 0)
-    return token
-
-
-def read_incarnation(lock_file: Path) -> str | None:
-    """The token in a lock file without taking the lock or creating the file (None: no such file)."""
-    try:
-        return lock_file.read_bytes()[:64].decode("ascii", "replace").strip()
-    except FileNotFoundError:
-        return None
-
-
-def release_flock(fd: int) -> None:
-    """Give back a lock taken by try_flock."""
-    fcntl.flock(fd, fcntl.LOCK_UN)
-    os.close(fd)
-
-
-def _acquire_flock(path: Path, timeout_s: float) -> int:
-    """Exclusive flock on a side file; waits up to timeout_s for another process to finish with the cache.
-
-    Touches the file once locked: its mtime is when the cache was last opened, which is what the abandoned-cache
-    sweep ages caches by.
-    """
-    deadline = time.monotonic() + max(timeout_s, 0)
-    delay = 0.005
-    while True:
-        fd = try_flock(path)
-        if fd is not None:
-            with contextlib.suppress(OSError):
-                os.utime(fd)
-            return fd
-        if time.monotonic() >= deadline:
-            raise CacheBusyError(
-                f"cache {path.with_suffix('')} is in use by another opener (process or thread) for more than "
-                f"{timeout_s:g} s: another task on this executor holding the same shard? Raise "
-                "hoodie.index.cache.rocksdb.lock.timeout.s or give each job its own base.path")
-        time.sleep(delay)
-        delay = min(delay * 2, 0.2)

@@ -227,7 +227,7 @@ def test_discarding_a_damaged_cache_deletes_only_the_incarnation_that_was_seen(t
     opener may hold it, or may have discarded and rebuilt it: only the directory incarnation the failing opener
     saw (its lock file's identity) is deleted, and only under its lock; a directory already gone leaves no trace."""
     from dbidx.cache.reaper import discard_cache_dir
-    from dbidx.cache.store import lock_path, release_flock, try_flock
+    from dbidx.cache.dir_lock import lock_path, release_flock, try_flock
 
     table = make_table(tmp_path, num_shards=1, keys_per_day=10)
     cache = open_cache(table, 0, tmp_path / "base")
