@@ -146,7 +146,7 @@ def build_index_cmd(uri: str, key_column: str, partition_columns: tuple[str, ...
 
     table = Table.open_or_create(uri, num_shards=num_shards, global_index=global_index,
                                  storage_options=_storage_options())
-    with _progress("indexing data files", wants_json(as_json)) as progress:
+    with Progress("indexing data files", wants_json(as_json)) as progress:
         result = build_index(table, key_column, partition_columns or None, progress=progress)
     payload = {"instant": result.instant, "files": result.files, "partitions": result.partitions,
                "keys": result.keys, "uri": table.uri}
@@ -162,9 +162,7 @@ def build_index_cmd(uri: str, key_column: str, partition_columns: tuple[str, ...
 @json_option
 def lookup_cmd(keys: tuple[str, ...], uri: str, partition: str | None, mode: str, as_json: bool) -> None:
     """Print the location of KEYS in the persisted index (missing keys are reported as new)."""
-    from dbidx.mdt.table import Table
-
-    found = Table.open(uri, storage_options=_storage_options()).lookup(list(keys), partition, mode=mode).to_pylist()
+    found = open_table(uri).lookup(list(keys), partition, mode=mode).to_pylist()
     by_key = {row["key"]: row for row in found}
     payload = {"found": [by_key[k] for k in keys if k in by_key], "missing": [k for k in keys if k not in by_key]}
 
@@ -183,10 +181,9 @@ def lookup_cmd(keys: tuple[str, ...], uri: str, partition: str | None, mode: str
 @json_option
 def commits_cmd(uri: str, last: int, as_json: bool) -> None:
     """Recent completions of a table, with each upsert's metrics (rows, inserts, hit rate, on-demand loads...)."""
-    from dbidx.mdt.table import Table
     from dbidx.spark_integration.api import commit_history
 
-    table = Table.open(uri, storage_options=_storage_options())
+    table = open_table(uri)
     output(as_json).emit({"commits": commit_history(table, last)}, _commits_text)
 
 
@@ -210,14 +207,12 @@ def _commits_text(payload: dict[str, Any]) -> str:
 @json_option
 def stats_cmd(uri: str | None, table_uri: str | None, cache_dir: str | None, as_json: bool) -> None:
     """Per-partition stats of the persisted index (last commit, live keys, file groups) or of local caches."""
-    from dbidx.mdt.table import Table
-
     if cache_dir is not None:
         cli_cache.renamed("dbidx cache stats")
         return cli_cache.stats_cmd.callback(cache_dir=cache_dir, as_json=as_json)  # type: ignore[misc]
     if not (uri or table_uri):
         raise click.UsageError("name a table (URI or --table) or a --cache-dir")
-    table = Table.open(uri or table_uri, storage_options=_storage_options())  # type: ignore[arg-type]
+    table = open_table(uri or table_uri)  # type: ignore[arg-type]
     parts = [{"partition": s.partition, "last_instant": s.last_instant, "last_commit": s.last_commit_time.isoformat(),
               "live_keys": s.live_keys, "file_groups": len(s.bucket_fills), "bucket_fills": s.bucket_fills}
              for s in table.partitions()]
@@ -243,18 +238,16 @@ def stats_cmd(uri: str | None, table_uri: str | None, cache_dir: str | None, as_
 @json_option
 def verify_cmd(uri: str, cache_dir: str | None, as_json: bool) -> None:
     """Check the table's files (exit 4 on damage), or compare caches with the index (exit 1 on a difference)."""
-    from dbidx.mdt.table import Table
-
     if cache_dir is not None:
         cli_cache.renamed("dbidx cache verify")
         return cli_cache.verify_cmd.callback(uri=uri, cache_dir=cache_dir, as_json=as_json)  # type: ignore[misc]
-    _verify_table_files(Table.open(uri, storage_options=_storage_options()), as_json)
+    _verify_table_files(open_table(uri), as_json)
 
 
 def _verify_table_files(table: Any, as_json: bool) -> None:
     from dbidx.mdt.verify_table import verify_table
 
-    with _progress("verify", wants_json(as_json)) as update:
+    with Progress("verify", wants_json(as_json)) as update:
         check = verify_table(table, progress=update)
 
     def text(p: dict[str, Any]) -> str:
@@ -280,9 +273,7 @@ def _verify_table_files(table: Any, as_json: bool) -> None:
 def compact_cmd(uri: str, partitions: tuple[str, ...], min_files: int, clean: bool, retain: int, data: bool,
                 as_json: bool) -> None:
     """Merge RLI deltas into base files (dropping tombstones), with --data also data files, then clean old files."""
-    from dbidx.mdt.table import Table
-
-    table = Table.open(uri, storage_options=_storage_options())
+    table = open_table(uri)
     result = table.compact(partitions or None, min_files=min_files)
     data_result = table.compact_data(partitions or None, min_files=min_files) if data else None
     cleaned = table.clean(retain_completions=retain) if clean else None
@@ -311,9 +302,7 @@ def _compact_text(p: dict[str, Any]) -> str:
 @json_option
 def rollback_cmd(uri: str, instant: str | None, all_pending: bool, as_json: bool) -> None:
     """Roll back an unfinished instant (e.g. of a crashed writer) and delete its files."""
-    from dbidx.mdt.table import Table
-
-    table = Table.open(uri, storage_options=_storage_options())
+    table = open_table(uri)
     targets = table.timeline.pending() if all_pending else [instant] if instant else []
     if not targets:
         raise click.UsageError("name an INSTANT or pass --all-pending")
@@ -343,7 +332,7 @@ def demo_cmd(workdir: str, keys: int, days: int, batches: int, batch_rows: int |
         Output(True).emit(report, lambda p: "")
 
 
-class _progress:
+class Progress:
     """A click progress bar on a terminal; one log line per step on stderr when not a TTY; nothing with --json."""
 
     def __init__(self, label: str, quiet: bool) -> None:
@@ -389,7 +378,6 @@ def open_table(uri: str) -> Any:
     return Table.open(uri, storage_options=_storage_options())
 
 
-progress = _progress
 main.add_command(cli_cache.cache_group)
 for _name in ("sync", "reap", "bootstrap"):  # the pre-group spellings, for one release
     main.add_command(cli_cache.alias(cli_cache.cache_group.commands[_name], f"dbidx cache {_name}"), _name)

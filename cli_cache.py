@@ -189,7 +189,7 @@ def bootstrap_cmd(uri: str, days: int | None, shards: tuple[int, ...], num_shard
     cli = _cli()
     table = cli.open_table(uri)
     chosen = resolve_shards(table, list(shards) or None, num_shards)
-    with cli.progress("bootstrap", quiet=cli.wants_json(as_json)) as progress:
+    with cli.Progress("bootstrap", quiet=cli.wants_json(as_json)) as progress:
         result = bootstrap(table, days, chosen, now, cli_cache_config(), cache_dir, partition_pattern,
                            parallelism, progress=progress)
     cli.output(as_json).emit(result.to_dict(), lambda p: (
