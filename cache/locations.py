@@ -14,7 +14,6 @@ from typing import Any
 from dbidx.cache import codec, registry
 from dbidx.cache.sst_builder import LOCATIONS_KEY
 from dbidx.cache.store import Store, get, scan
-from dbidx.errors import CacheCorruptError
 
 
 class LocationDictionary:
@@ -34,8 +33,7 @@ class LocationDictionary:
             if not all(isinstance(loc, str) and loc for loc in locations):
                 raise ValueError("an entry is not a non-empty string")
         except Exception as exc:  # noqa: BLE001 - any decode failure of stored bytes means damage
-            raise CacheCorruptError(f"cache {self.cache_path}: the location dictionary of column family {cf!r} is "
-                                    f"damaged ({type(exc).__name__}: {exc}); delete the cache to rebuild it") from exc
+            raise registry.damaged(self.cache_path, f"the location dictionary of column family {cf!r}", exc) from exc
         self.set(cf, locations)
 
     def set(self, cf: str, locations: list[str]) -> None:
@@ -50,15 +48,15 @@ class LocationDictionary:
 
     def decode(self, cf: str, raw: bytes) -> str:
         """The location of a stored value, also when it is not in the canonical map (a non-minimal varint); an
-        index past the dictionary is a damaged cache (CacheError), never a missing key."""
+        index past the dictionary is a damaged cache (CacheCorruptError), never a missing key."""
         known = self._decoders[cf].get(raw)
         if known is not None:
             return known
         index = codec.decode_index(raw)
         locations = self._locations.get(cf, [])
         if index >= len(locations):
-            raise CacheCorruptError(f"cache {self.cache_path}: column family {cf!r} has location #{index} but its "
-                             f"dictionary holds {len(locations)}; the cache is damaged, delete it to rebuild")
+            raise registry.damaged(self.cache_path, f"column family {cf!r}",
+                                   f"an entry has location #{index}, its dictionary holds {len(locations)}")
         return locations[index]
 
     def encode(self, store: Store, cf: str, location: str, batch: Any) -> bytes:

@@ -16,8 +16,9 @@ import msgpack
 import numpy as np
 import pyarrow as pa
 
+from dbidx.cache.registry import damaged
 from dbidx.cache.store import Store, multi_get, scan
-from dbidx.errors import CacheCorruptError, CacheError, InvalidInputError
+from dbidx.errors import CacheError, InvalidInputError
 
 OVERLAY_CF = "_overlay"
 
@@ -44,9 +45,7 @@ class Overlay:
             problem = f"not [instant, attempt, location]: {entry!r:.80}"
         except Exception as exc:  # msgpack raises several types for garbage
             problem = f"{type(exc).__name__}: {exc}"
-        raise CacheCorruptError(f"cache {store.path}: overlay entry {key[:80]!r} is damaged ({problem}); delete the "
-                                "cache directory (it is rebuilt from the index; uncommitted entries are re-staged by "
-                                "their writer)")
+        raise damaged(store.path, f"overlay entry {key[:80]!r}", problem)
 
     def scan(self, store: Store) -> None:
         """Rebuild the in-memory counts from the column family (on open; a reopened cache starts over)."""

@@ -6,8 +6,8 @@ Keys (msgpack values):
   b"p:" + partition  PartitionState of one data partition (global mode: the single partition "")
   b"watermark"       the completion seq the whole cache is caught up to (decimal text)
   b"i:" + name       small named records (e.g. "bootstrap": the last time-bounded load's window and instant)
-Every value is read back as untrusted: one that does not parse is a CacheError naming the cache (it is disposable:
-deleting it rebuilds it from the index).
+Every value is read back as untrusted: one that does not parse is a CacheCorruptError naming the cache (`damaged`;
+the cache is disposable: deleting it rebuilds it from the index).
 Each partition column family also holds its location dictionary (see sst_builder.LOCATIONS_KEY).
 """
 from __future__ import annotations
@@ -151,9 +151,14 @@ def unpack_list(raw: bytes | None) -> list[str]:
     return [] if raw is None else list(msgpack.unpackb(raw, raw=False))
 
 
-def _damaged(path: Path, what: str, exc: Exception) -> CacheCorruptError:
-    return CacheCorruptError(f"cache {path}: its registry's {what} is damaged ({type(exc).__name__}: {exc}); delete "
-                             "the cache directory to rebuild it from the index")
+def damaged(path: Path, what: str, problem: Exception | str) -> CacheCorruptError:
+    """The error for stored cache bytes that do not read back as what was written (registry values, location
+    dictionaries, overlay entries): names the cache and the piece; the cache is disposable, so the way out is to
+    delete it (a Spark task session does that itself)."""
+    if isinstance(problem, Exception):
+        problem = f"{type(problem).__name__}: {problem}"
+    return CacheCorruptError(f"cache {path}: {what} is damaged ({problem}); delete the cache directory to rebuild it "
+                             "from the index")
 
 
 def open_identity(db: Any, identity: CacheIdentity | None, path: Path) -> CacheIdentity:
@@ -169,7 +174,7 @@ def open_identity(db: Any, identity: CacheIdentity | None, path: Path) -> CacheI
     try:
         stored = unpack_identity(raw)
     except Exception as exc:  # noqa: BLE001 - any decode failure of stored bytes means damage
-        raise _damaged(path, "identity", exc) from exc
+        raise damaged(path, "its registry's identity", exc) from exc
     if identity is None:
         return stored
     identity.check(stored, str(path))
@@ -186,7 +191,7 @@ def ready_states(db: Any, families: set[str], path: Path) -> dict[str, Partition
         try:
             state = unpack_state(raw)
         except Exception as exc:  # noqa: BLE001
-            raise _damaged(path, f"entry {bytes(key[:80])!r}", exc) from exc
+            raise damaged(path, f"its registry's entry {bytes(key[:80])!r}", exc) from exc
         if state.ready and state.cf in families:
             states[state.partition] = state
         else:
@@ -200,7 +205,7 @@ def read_watermark(db: Any, path: Path) -> int:
     try:
         return int(raw.decode("ascii")) if raw else 0
     except (UnicodeDecodeError, ValueError) as exc:
-        raise _damaged(path, "watermark", exc) from exc
+        raise damaged(path, "its registry's watermark", exc) from exc
 
 
 def read_info(db: Any, name: str, path: Path) -> dict[str, Any] | None:
@@ -209,7 +214,7 @@ def read_info(db: Any, name: str, path: Path) -> dict[str, Any] | None:
     try:
         return None if raw is None else msgpack.unpackb(raw, raw=False)
     except Exception as exc:  # noqa: BLE001
-        raise _damaged(path, f"record {name!r}", exc) from exc
+        raise damaged(path, f"its registry's record {name!r}", exc) from exc
 
 
 def table_cache_dir_name(table: Any) -> str:

@@ -398,3 +398,23 @@ def test_a_cache_without_block_cache_opens_and_serves(tmp_path):
         cache.load_partition(DAY1, keys, ["fg-1"] * len(keys), synced_seq=1)
     with RecordIndexCache(tmp_path / "c", ident(), CacheConfig(block_cache_mb=0)) as cache:
         assert cache.lookup(DAY1, keys[:10] + ["new"]) == ["fg-1"] * 10 + [None]
+
+
+def test_a_damaged_location_dictionary_is_a_typed_error_naming_the_family(tmp_path):
+    """A family's location list is stored bytes like any other: garbage there stops the open with a
+    CacheCorruptError naming the cache and the family, instead of entries decoded against a made-up list."""
+    from dbidx.cache.sst_builder import LOCATIONS_KEY
+    from dbidx.cache.store import Store
+    from dbidx.errors import CacheCorruptError
+
+    with RecordIndexCache(tmp_path / "c", ident()) as cache:
+        cache.load_partition(DAY1, ["k1"], ["fg-1"], synced_seq=1)
+        cf = cache.partitions()[DAY1].cf
+    store = Store(tmp_path / "c", CacheConfig()).open()
+    try:
+        store.cf(cf)[LOCATIONS_KEY] = b"\x92\x01\x02"  # a list, but of numbers
+    finally:
+        store.close()
+    with pytest.raises(CacheCorruptError, match=rf"cache {tmp_path / 'c'}: the location dictionary of column family "
+                                                rf"'{cf}' is damaged .*delete the cache directory"):
+        RecordIndexCache(tmp_path / "c", ident()).open()
