@@ -3,8 +3,8 @@
 Why these options: the cache is a disposable replica, so the WAL is off (writes cost a memtable insert only);
 `atomic_flush` keeps every column family flushed at the same point, so after a kill -9 the directory holds a
 consistent (if older) state across the registry and the partitions, which catch-up then moves forward. The
-directory is guarded by an flock on `<dir>.lock` besides RocksDB's own LOCK: RocksDB fails a second opener at
-once ("While lock file"), the flock lets a second process wait its turn instead.
+directory is guarded by an flock on `<dir>.lock` besides RocksDB's own LOCK (cache/dir_lock.py). Every read's
+error is typed here (`read_failure`): damage is a CacheCorruptError, never a shorter answer.
 """
 from __future__ import annotations
 
@@ -110,8 +110,8 @@ class Store:
         """Take the directory lock (waiting up to lock_timeout_s) and open RocksDB with all its column families."""
         make_private_dirs(self.path.parent)
         self._lock_fd = acquire_flock(lock_path(self.path), self.config.lock_timeout_s)
-        self.lock_identity = incarnation(self._lock_fd)
         try:
+            self.lock_identity = incarnation(self._lock_fd)
             existing = rd.Rdict.list_cf(str(self.path), self.options) if (self.path / "CURRENT").exists() else []
             families = {name: self.options for name in existing if name != DEFAULT_CF}
             self.db = rd.Rdict(str(self.path), self.options, column_families=families or None)
