@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -106,21 +106,24 @@ class EntryBuffer:
 
     def sorted_groups(self) -> dict[GroupKey, pa.Table]:
         """One key-sorted table per group; a key may appear only once per instant and group."""
-        groups = {g: rli_files.sort_entries(pa.concat_tables(parts)) for g, parts in sorted(
-            self._groups.items(), key=lambda item: ("" if item[0][0] is None else item[0][0], item[0][1]))}
-        for (partition, shard), entries in groups.items():
-            _reject_repeated_keys(entries, partition, shard, self.instant)
-        return groups
+        return dict(self._each_sorted(release=False))
 
     def write_each(self, io: FileIO, attempt: int | None = None, announce: bool = False) -> list[FileRecord]:
         """Sort, check and write one group at a time, letting go of its buffered entries before the next: what an
         upsert task does, so a bulk task holds one sorted group beside its buffer, not a second copy of it all."""
         files = []
-        for group in sorted(self._groups, key=lambda g: ("" if g[0] is None else g[0], g[1])):
-            entries = rli_files.sort_entries(pa.concat_tables(self._groups.pop(group)))
-            _reject_repeated_keys(entries, group[0], group[1], self.instant)
+        for group, entries in self._each_sorted(release=True):
             files += self.write(io, {group: entries}, attempt=attempt, announce=announce)
         return files
+
+    def _each_sorted(self, release: bool) -> Iterator[tuple[GroupKey, pa.Table]]:
+        """(group, its entries key-sorted and checked for repeats), groups in (partition, shard) order; `release`
+        drops each group's buffered parts as it is yielded."""
+        for group in sorted(self._groups, key=lambda g: ("" if g[0] is None else g[0], g[1])):
+            parts = self._groups.pop(group) if release else self._groups[group]
+            entries = rli_files.sort_entries(pa.concat_tables(parts))
+            _reject_repeated_keys(entries, group[0], group[1], self.instant)
+            yield group, entries
 
     def write(self, io: FileIO, groups: dict[GroupKey, pa.Table], attempt: int | None = None,
               announce: bool = False) -> list[FileRecord]:
