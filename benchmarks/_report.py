@@ -10,6 +10,7 @@ import platform
 import re
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -84,6 +85,19 @@ def status_bytes(field: str, pid: int | str = "self") -> int:
             if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def seconds_of(fn: Callable[[], Any]) -> float:
+    """Wall seconds of one call of fn()."""
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def rli_paths(table: Any) -> list[str]:
+    """Every RLI file a table's completions list, as filesystem paths (a Spark join's input)."""
+    table.refresh()
+    return [table.io.path(f.path) for rec in table.timeline.completed() for f in rec.files]
 
 
 def rss_bytes() -> int:
@@ -190,3 +204,33 @@ def _proc_tree_rss_each(pid: int) -> list[int]:
         except (OSError, ValueError, IndexError):
             pass
     return sizes
+
+
+class TreeRss:
+    """Peak resident bytes of a process and all its descendants (the Spark JVM, its Python workers, loader
+    processes), sampled by a thread while a `with` block runs: the largest single process and the largest sum."""
+
+    def __init__(self, pid: int | None = None, interval: float = 0.2) -> None:
+        self.pid = os.getpid() if pid is None else pid
+        self.interval = interval
+        self.largest = self.total = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-tree-rss", daemon=True)
+
+    def _sample(self) -> None:
+        sizes = tree_rss_each(self.pid) or [0]
+        self.largest, self.total = max(self.largest, max(sizes)), max(self.total, sum(sizes))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+    def __enter__(self) -> "TreeRss":
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()

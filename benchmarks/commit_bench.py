@@ -21,7 +21,6 @@ import os
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -69,34 +68,14 @@ def empty_job(df, shards: int) -> int:
     return sum(row.n for row in shuffled.mapInArrow(consume, "n long").collect())
 
 
-class TreeSampler(threading.Thread):
-    """Samples the RSS of a process and all its descendants until stopped: the largest one and the sum."""
-
-    def __init__(self, pid: int) -> None:
-        super().__init__(daemon=True)
-        self.pid, self.largest, self.total = pid, 0, 0
-        self._done = threading.Event()
-
-    def run(self) -> None:
-        while not self._done.wait(0.2):
-            sizes = _report.tree_rss_each(self.pid) or [0]
-            self.largest, self.total = max(self.largest, max(sizes)), max(self.total, sum(sizes))
-
-    def stop(self) -> tuple[float, float]:
-        self._done.set()
-        self.join()
-        return self.largest / 2 ** 20, self.total / 2 ** 20
-
-
 def measure(spark, label: str, fn, pids: dict[str, int]) -> dict:
     for pid in pids.values():
         _report.reset_peak_rss(pid)
-    sampler = TreeSampler(os.getpid())
-    sampler.start()
-    started = time.perf_counter()
-    result = fn()
-    out = {"step": label, "seconds": time.perf_counter() - started, "result": result}
-    out["largest_process_mb"], out["all_processes_mb"] = sampler.stop()
+    with _report.TreeRss() as rss:
+        started = time.perf_counter()
+        result = fn()
+        out = {"step": label, "seconds": time.perf_counter() - started, "result": result}
+    out["largest_process_mb"], out["all_processes_mb"] = rss.largest / 2 ** 20, rss.total / 2 ** 20
     out.update({f"{name}_peak_mb": peak_mb(pid) for name, pid in pids.items()})
     print(f"{label}: {out['seconds']:.1f} s, " + ", ".join(f"{n} {out[f'{n}_peak_mb']:.0f} MB" for n in pids),
           file=sys.stderr)

@@ -25,15 +25,13 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -55,34 +53,6 @@ RECENT, OLDER = 0.80, 0.05  # shares of a batch: existing keys of the last 7 day
 # A guard, not a figure: disk a size may need at most (MDT ~20 B/entry, two full shard-cache sets ~18 B/entry each,
 # SST staging), so a run stops before it fills a shared disk.
 DISK_GUARD_BYTES_PER_KEY = 90
-
-
-class PeakRss:
-    """Peak resident bytes of this process and all its descendants (the Spark JVM, its Python workers, bootstrap
-    processes), sampled every `interval` seconds by a thread while the `with` block runs."""
-
-    def __init__(self, interval: float = 0.25) -> None:
-        self.interval = interval
-        self.peak = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="scale-bench-rss", daemon=True)
-
-    def _sample(self) -> None:
-        self.peak = max(self.peak, sum(_report.tree_rss_each(os.getpid())))
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self._sample()
-
-    def __enter__(self) -> "PeakRss":
-        self._sample()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_exc: Any) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._sample()
 
 
 def reset_peak_rss() -> None:
@@ -134,14 +104,14 @@ def build_index(root: Path, keys: int, pools: list[int], seed: int) -> tuple[Tab
 def bootstrap_one_shard(table: Table, base: Path, days: int) -> dict[str, Any]:
     """A cold bootstrap of shard 0's cache for the last `days` days into an empty base path (then removed)."""
     shutil.rmtree(base, ignore_errors=True)
-    with PeakRss() as rss:
+    with _report.TreeRss() as rss:
         result = bootstrap(table, days=days, shards=[0], now=day_label(PARTITIONS - 1), base_path=base,
                            parallelism="auto")
     shutil.rmtree(base, ignore_errors=True)
     return {"days": days, "seconds": result.seconds, "entries": result.entries,
             "entries_per_s": result.entries_per_second, "disk_bytes": result.disk_bytes,
             "bytes_per_entry": result.disk_bytes / max(result.entries, 1), "parallelism": result.parallelism,
-            "peak_tree_rss": rss.peak}
+            "peak_tree_rss": rss.total}
 
 
 class Batches:
@@ -203,18 +173,6 @@ def spark_batch(spark: Any, batch: pa.Table) -> Any:
     return df
 
 
-def time_action(fn: Callable[[], Any]) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
-def rli_paths(table: Table) -> list[str]:
-    """Every RLI file the index lists (the join's input)."""
-    table.refresh()
-    return [table.io.path(f.path) for rec in table.timeline.completed() for f in rec.files]
-
-
 def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
@@ -257,10 +215,10 @@ def run_size(spark: Any, work: Path, keys: int, args: argparse.Namespace) -> dic
     def noop(df: Any) -> None:
         df.write.format("noop").mode("overwrite").save()
 
-    with PeakRss() as tag_rss:
-        cold_s = time_action(lambda: noop(tagged(frames[0])))
+    with _report.TreeRss() as tag_rss:
+        cold_s = _report.seconds_of(lambda: noop(tagged(frames[0])))
         noop(tagged(frames[1]))
-        timed = [time_action(lambda b=b: noop(tagged(b))) for b in frames[2:]]
+        timed = [_report.seconds_of(lambda b=b: noop(tagged(b))) for b in frames[2:]]
     warm_s = statistics.median(timed)
     found = tagged(frames[2]).filter(F.col("_dbidx_is_update")).count()
     if found != plan.existing:
@@ -271,14 +229,14 @@ def run_size(spark: Any, work: Path, keys: int, args: argparse.Namespace) -> dic
     # 4. Optionally, the Spark join a user writes without dbidx: the batch against every live RLI entry.
     join_s = None
     if args.join:
-        paths = rli_paths(table)
+        paths = _report.rli_paths(table)
 
         def join(batch: Any) -> Any:
             rli = (spark.read.option("recursiveFileLookup", "true").parquet(*paths)
                    .filter(~F.col(rli_files.DELETED)).select(rli_files.KEY, rli_files.FILE_GROUP))
             return batch.join(rli, batch.id == rli[rli_files.KEY], "left") \
                 .withColumn("is_update", F.col(rli_files.FILE_GROUP).isNotNull())
-        join_s = statistics.median(time_action(lambda b=b: noop(join(b))) for b in frames[2:])
+        join_s = statistics.median(_report.seconds_of(lambda b=b: noop(join(b))) for b in frames[2:])
         join_found = join(frames[2]).filter("is_update").count()
         if join_found != plan.existing:
             raise SystemExit(f"the join found {join_found:,} existing keys at {keys:,} keys, expected {plan.existing:,}")
@@ -289,7 +247,7 @@ def run_size(spark: Any, work: Path, keys: int, args: argparse.Namespace) -> dic
     return {"keys": keys, "build_s": build_s, "build_peak_rss": build_rss, "mdt_bytes": mdt_bytes,
             "mdt_bytes_per_entry": mdt_bytes / keys, "full_bootstrap": full, "window_bootstrap": window,
             "cold_s": cold_s, "warm_s": warm_s, "warm_runs": timed, "tag_cache_bytes": cache_bytes,
-            "tag_cache_bytes_per_entry": cache_bytes / keys, "tag_peak_tree_rss": tag_rss.peak, "join_s": join_s}
+            "tag_cache_bytes_per_entry": cache_bytes / keys, "tag_peak_tree_rss": tag_rss.total, "join_s": join_s}
 
 
 def verdict(results: list[dict[str, Any]], batch_rows: int) -> tuple[str, float | None]:

@@ -70,17 +70,6 @@ def make_batch(spark, keys: int, rows: int, rng: np.random.Generator, serial: li
     return df
 
 
-def rli_paths(table: Table) -> list[str]:
-    table.refresh()
-    return [table.io.path(f.path) for rec in table.timeline.completed() for f in rec.files]
-
-
-def time_action(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
 def run_size(spark, work: Path, keys: int, args: argparse.Namespace) -> dict:
     from pyspark.sql import functions as F
 
@@ -96,22 +85,22 @@ def run_size(spark, work: Path, keys: int, args: argparse.Namespace) -> dict:
     # 1. dbidx: the first batch loads the shard caches on demand (the cold cost); a second one warms the Python
     #    workers (imports, the worker's Table); then the steady-state batches are timed.
     first = make_batch(spark, keys, args.batch_rows, rng, serial)
-    cold_s = time_action(lambda: noop(tag(first, table, key="id", partition="dt", cache_config=config)))
+    cold_s = _report.seconds_of(lambda: noop(tag(first, table, key="id", partition="dt", cache_config=config)))
     noop(tag(first, table, key="id", partition="dt", cache_config=config))
     batches = [make_batch(spark, keys, args.batch_rows, rng, serial) for _ in range(args.repeats)]
-    dbidx_s = statistics.median(time_action(lambda b=b: noop(tag(b, table, key="id", partition="dt",
+    dbidx_s = statistics.median(_report.seconds_of(lambda b=b: noop(tag(b, table, key="id", partition="dt",
                                                                  cache_config=config))) for b in batches)
     found = tag(batches[0], table, key="id", partition="dt",
                 cache_config=config).filter(F.col("_dbidx_is_update")).count()
     # 2. The join a user writes without dbidx: the batch against every live RLI entry, read from Parquet.
-    paths = rli_paths(table)
+    paths = _report.rli_paths(table)
 
     def join(batch):
         rli = (spark.read.option("recursiveFileLookup", "true").parquet(*paths)
                .filter(~F.col(rli_files.DELETED)).select(rli_files.KEY, rli_files.FILE_GROUP))
         return batch.join(rli, batch.id == rli[rli_files.KEY], "left") \
             .withColumn("is_update", F.col(rli_files.FILE_GROUP).isNotNull())
-    join_s = statistics.median(time_action(lambda b=b: noop(join(b))) for b in batches)
+    join_s = statistics.median(_report.seconds_of(lambda b=b: noop(join(b))) for b in batches)
     join_found = join(batches[0]).filter("is_update").count()
     # 3. A driver-side dict of the whole index (built once, untimed per batch), the batch collected to it.
     rss0 = _report.rss_bytes()
@@ -127,7 +116,7 @@ def run_size(spark, work: Path, keys: int, args: argparse.Namespace) -> dict:
         ids = batch.select("id").toArrow().column(0).to_pylist()
         get = index.get
         return sum(get(k) is not None for k in ids)
-    dict_s = statistics.median(time_action(lambda b=b: by_dict(b)) for b in batches)
+    dict_s = statistics.median(_report.seconds_of(lambda b=b: by_dict(b)) for b in batches)
     dict_found = by_dict(batches[0])
     index.clear()  # free the memory before the next size
     for b in [first] + batches:
