@@ -310,6 +310,18 @@ def rollback_cmd(uri: str, instant: str | None, all_pending: bool, as_json: bool
     output(as_json).emit({"rolled_back": done}, lambda p: "\n".join(f"rolled back {i}" for i in p["rolled_back"]))
 
 
+@main.command("repair")
+@click.argument("uri")
+@json_option
+def repair_cmd(uri: str, as_json: bool) -> None:
+    """Write the Delta log versions (_delta_log/) that completed instants lack (after a crash between the two)."""
+    table = open_table(uri)
+    written = table.sync_delta_log()
+    output(as_json).emit({"versions_written": written, "version": table.timeline.latest_seq},
+                         lambda p: f"wrote {p['versions_written']} missing Delta version(s); the table is at "
+                                   f"version {p['version']}")
+
+
 @main.command("demo")
 @click.option("--dir", "workdir", default="demo-output", show_default=True,
               help="Where the demo table, caches and Spark scratch go (replaced on every run; a non-empty directory "

@@ -103,3 +103,8 @@ class CacheMismatchError(CacheError):
 
 class PartitionNotReadyError(CacheError):
     """A lookup asked for a partition that is not completely loaded in the cache (load it first)."""
+
+
+class ForeignCommitError(DbidxError, exit_code=5):
+    """The table's Delta log has a commit dbidx did not write (another engine wrote to the Delta table): dbidx
+    refuses to write on top of it; re-index the table to adopt its state."""

@@ -173,6 +173,11 @@ def main() -> None:
     except ImportError:
         deltalake = None
         print("delta-rs (deltalake) is not installed: its column is skipped (pip install -e '.[peers]')")
+    try:
+        import polars
+    except ImportError:
+        polars = None
+        print("polars is not installed: the read of dbidx's table through its Delta log is skipped")
     work = Path(tempfile.mkdtemp(prefix="dbidx-table-bench-"))
     rows: list[list[Any]] = []
     try:
@@ -186,32 +191,44 @@ def main() -> None:
             delta_load_s, _ = timed(lambda: deltalake.write_deltalake(delta_uri, load, partition_by=["dt"]))
         for commit in range(1, args.commits + 1):
             batch = stream.batch(args.batch, commit)
-            upsert_arrow(batch, table, key="id", partition="dt", cache_config=config)
+            commit_s, _ = timed(lambda: upsert_arrow(batch, table, key="id", partition="dt", cache_config=config))
+            merge_s = None
             if deltalake is not None:
-                (deltalake.DeltaTable(delta_uri).merge(batch, "t.dt = s.dt and t.id = s.id", source_alias="s",
-                                                       target_alias="t")
-                 .when_matched_update_all().when_not_matched_insert_all().execute())
+                merge_s, _ = timed(lambda: (deltalake.DeltaTable(delta_uri).merge(
+                    batch, "t.dt = s.dt and t.id = s.id", source_alias="s", target_alias="t")
+                    .when_matched_update_all().when_not_matched_insert_all().execute()))
             if commit not in CHECKPOINTS and commit != args.commits:
                 continue
             expected = stream.expected()
             read_s, data = timed(lambda: data_reader.read_arrow(table))
             check(data, expected, "dbidx")
-            row: list[Any] = [commit, dbidx_files(table), read_s, data_bytes(work / "dbidx") / expected[0]]
+            latest = table.latest()
+            written = f"{len(latest.data_files)} / {len(latest.dv_files)} / {len(latest.files)}"
+            row: list[Any] = [commit, commit_s, written, dbidx_files(table), read_s]
+            polars_s = "-"
+            if polars is not None:
+                polars_s, frame = timed(lambda: polars.read_delta(str(work / "dbidx")))
+                check(frame.to_arrow(), expected, "polars on dbidx's Delta log")
+            row += [polars_s, data_bytes(work / "dbidx") / expected[0]]
             if deltalake is not None:
                 delta_s, delta = timed(lambda: deltalake.DeltaTable(delta_uri).to_pyarrow_table())
                 check(delta, expected, "delta-rs")
-                row += [len(deltalake.DeltaTable(delta_uri).file_uris()), delta_s,
+                row += [merge_s, len(deltalake.DeltaTable(delta_uri).file_uris()), delta_s,
                         data_bytes(work / "delta") / expected[0]]
             else:
-                row += ["-", "-", "-"]
+                row += ["-", "-", "-", "-"]
             rows.append(row)
         # After compaction (data, then clean): the same rows from one file per group.
         compact_s, result = timed(lambda: table.compact_data(min_files=2))
         table.clean(retain_completions=0)
         read_s, data = timed(lambda: data_reader.read_arrow(table))
         check(data, stream.expected(), "dbidx after compaction")
-        rows.append([f"{args.commits} + data compaction", dbidx_files(table), read_s,
-                     data_bytes(work / "dbidx") / stream.expected()[0], "-", "-", "-"])
+        polars_s = "-"
+        if polars is not None:
+            polars_s, frame = timed(lambda: polars.read_delta(str(work / "dbidx")))
+            check(frame.to_arrow(), stream.expected(), "polars on dbidx's Delta log")
+        rows.append([f"{args.commits} + data compaction", compact_s, "-", dbidx_files(table), read_s, polars_s,
+                     data_bytes(work / "dbidx") / stream.expected()[0], "-", "-", "-", "-"])
     finally:
         shutil.rmtree(work, ignore_errors=True)
     body = "\n\n".join([
@@ -221,9 +238,13 @@ def main() -> None:
         f"new keys). Initial load: dbidx upsert_arrow {load_s:.1f} s"
         + (f", delta-rs write_deltalake {delta_load_s:.1f} s" if deltalake is not None else "")
         + f". Data compaction took {compact_s:.1f} s for {result.file_groups:,} file groups "
-          f"({result.files_replaced:,} files). Reads are full scans into Arrow, checked (rows, sum of versions).",
-        _report.table(["after commits", "dbidx files", "dbidx read s", "dbidx data B/row", "delta files",
-                       "delta read s", "delta data B/row"], rows),
+          f"({result.files_replaced:,} files). Reads are full scans into Arrow, checked (rows, sum of versions): "
+          "dbidx's own reader (`read_arrow`: files minus deletion vectors) and polars `read_delta` of the same table "
+          "through its Delta log. Commit s: the commit just before the read (dbidx `upsert_arrow` in process, no "
+          "Spark; delta-rs `merge` on (dt, id)); files written = data / DV / index files of that commit.",
+        _report.table(["after commits", "dbidx commit s", "files written", "dbidx live files", "dbidx read s",
+                       "polars read of dbidx s", "dbidx data B/row", "delta merge s", "delta files", "delta read s",
+                       "delta data B/row"], rows),
     ])
     if args.write_results and not args.smoke:
         _report.write_section(f"table-{args.keys}", body)  # one section per size: 1 M and 10 M side by side

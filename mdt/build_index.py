@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 
 from dbidx.errors import CorruptFileError, DuplicateKeyError, InvalidInputError, InvalidKeyError, SchemaError
 from dbidx.mdt import layout
-from dbidx.mdt.data_reader import LAYOUT_EXTRA
+from dbidx.mdt.data_reader import LAYOUT_EXTRA, key_range
 from dbidx.mdt.data_schema import SCHEMA_EXTRA, encode_schema
 from dbidx.mdt.fileio import file_checksum
 from dbidx.mdt.records import DataFileRecord
@@ -98,8 +98,9 @@ def _read_source(table: Table, rel: str, partition: str, key_column: str) -> Sou
         keys = as_key_array(keys, f"key in {where}")
     except InvalidKeyError as exc:
         raise InvalidKeyError(str(exc)) from None
+    low, high = key_range(keys)
     record = DataFileRecord(path=rel, partition=partition, file_group=file_group_of(rel.rsplit("/", 1)[-1]),
-                            rows=len(keys), size=len(data), checksum=file_checksum(data))
+                            rows=len(keys), size=len(data), checksum=file_checksum(data), min_key=low, max_key=high)
     return SourceFile(record, keys, schema)
 
 

@@ -5,10 +5,11 @@ disk and the files a read must open grow with every batch. A data compaction mer
 exactly as a reader would (mdt/data_reader.py) and publishes, as one `data_compaction` instant, the new bases and
 the files they replace.
 
-Concurrent upserts never conflict with it: the compaction reads a snapshot (its start seq), replaces only files
-of that snapshot, and its base stands where the newest file it replaced stood - a file an upsert committed while
-the compaction ran is not replaced and stays newer than the base, so readers merge it on top. Only another data
-compaction of the same files conflicts (the later one publishes nothing). Replaced files stay on disk until a
+Concurrent upserts never conflict with it: the compaction reads a snapshot (its start seq) and replaces only files
+of that snapshot, so a file an upsert committed meanwhile stays. Rows of a replaced file that such an upsert
+superseded (its deletion vector grew after the snapshot) are carried over: the compaction knows which base row each
+replaced row became and publishes them as the base's deletion vector. An upsert publishing after the compaction
+computes its vectors against the base. Only another data compaction of the same files conflicts. Replaced files stay on disk until a
 `clean` at least `retain_completions` completions later deletes them.
 """
 from __future__ import annotations
@@ -17,11 +18,15 @@ import time
 from dataclasses import dataclass
 from typing import Iterable
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyroaring import BitMap
 
-from dbidx.errors import ConflictError
-from dbidx.mdt import layout
+from dbidx.errors import ConflictError, CorruptFileError
+from dbidx.mdt import layout, markers
+from dbidx.mdt.data_view import DvRef
+from dbidx.mdt.superseded import load_vector, write_vectors
 from dbidx.mdt.data_reader import (
     DELETED_COLUMN, INSTANT_COLUMN, ReadUnit, data_file_path, plan_read, read_unit, write_data_file,
 )
@@ -51,7 +56,10 @@ def compact_data(table: Table, partitions: Iterable[str] | None = None, min_file
     schema = pa.schema(list(plan.schema) + [pa.field(INSTANT_COLUMN, pa.string())])
     writer = table.timeline.start(ACTION_DATA_COMPACTION)
     replaced = [f.path for u in todo for f in u.files]
+    seen = {f.path: v for u in todo for f, v in zip(u.files, u.vectors)}  # each file's vector in the snapshot
     bases: list[DataFileRecord] = []
+    moved: dict[str, tuple[str, np.ndarray]] = {}  # replaced file -> (its base, base row of each of its rows or -1)
+    later: dict[str, DvRef] = {}  # replaced file -> the newest vector a commit published after the snapshot
 
     def check(news: list[CompletedInstant]) -> None:
         mine = set(replaced)
@@ -59,6 +67,10 @@ def compact_data(table: Table, partitions: Iterable[str] | None = None, min_file
             if rec.action == ACTION_DATA_COMPACTION and mine.intersection(rec.replaced):
                 raise ConflictError(f"data compaction {writer.instant} overlaps data compaction {rec.instant} "
                                     f"(seq {rec.seq}) on the same files; nothing was published, run it again")
+            dv_files = {f.path: f for f in rec.dv_files}
+            for dv in rec.deletion_vectors:
+                if dv.path in mine:
+                    later[dv.path] = DvRef(dv, dv_files[dv.dv_file])
 
     try:
         # 1b. A compaction that published between the snapshot and this instant's start counts too.
@@ -69,29 +81,64 @@ def compact_data(table: Table, partitions: Iterable[str] | None = None, min_file
                  for u in todo}
         table.timeline.mark_inflight(writer, paths.values())
         for unit in todo:
-            base = _write_base(table, unit, plan.key or "", schema, paths[(unit.partition, unit.file_group)])
+            base = _write_base(table, unit, plan.key or "", schema, paths[(unit.partition, unit.file_group)], moved)
             if base is not None:
                 bases.append(base)
 
         def build(seq: int) -> CompletedInstant:
+            dv_files, vectors = _rebased_vectors(table, writer.instant, seen, later, moved)
             return CompletedInstant(seq=seq, instant=writer.instant, action=ACTION_DATA_COMPACTION,
                                     table_id=table.props.table_id, completed_at_ms=int(time.time() * 1000),
-                                    start_seq=writer.start_seq, data_files=tuple(bases), replaced=tuple(replaced))
+                                    start_seq=writer.start_seq, data_files=tuple(bases), replaced=tuple(replaced),
+                                    dv_files=dv_files, deletion_vectors=vectors)
 
         # 3. Publish: readers switch from the old files to the bases in one step.
         record = table.timeline.publish(writer, build, check)
     except BaseException:
         table.timeline.rollback(writer.instant)
         raise
+    markers.discard_unlisted(table.io, writer.instant, keep={f.path for f in record.dv_files})
     return DataCompactionResult(record, len(todo), len(replaced), sum(b.rows for b in bases),
                                 sum(u.bytes for u in todo), sum(b.size for b in bases))
 
 
-def _write_base(table: Table, unit: ReadUnit, key: str, schema: pa.Schema, rel: str) -> DataFileRecord | None:
-    """One file group's live rows as a base data file (None when every record of the group was deleted)."""
-    live = read_unit(table.io, unit, key, schema)
+def _write_base(table: Table, unit: ReadUnit, key: str, schema: pa.Schema, rel: str,
+                moved: dict[str, tuple[str, np.ndarray]]) -> DataFileRecord | None:
+    """One file group's live rows as a base data file (None when every record of the group was deleted); `moved`
+    gets, per replaced file, the base row each of its rows became (-1: not table data), so rows a concurrent
+    commit supersedes later can be deleted in the base too."""
+    origins: list[tuple[DataFileRecord, np.ndarray]] = []
+    live = read_unit(table.io, unit, key, schema, origins=origins)
     if live.num_rows == 0:
         return None
     live = live.append_column(DELETED_COLUMN, pa.array([False] * live.num_rows))
-    live = live.take(pc.sort_indices(live, [(key, "ascending")]))  # sorted by key: tighter statistics per row group
-    return write_data_file(table.io, layout.validate_table_path(rel), live, unit.partition, unit.file_group)
+    order = pc.sort_indices(live, [(key, "ascending")]).to_numpy()  # sorted by key: tighter row-group statistics
+    live = live.take(pa.array(order))
+    base_row = np.empty(len(order), dtype=np.int64)
+    base_row[order] = np.arange(len(order))  # live row i went to base row base_row[i]
+    start = 0
+    for record, kept in origins:
+        rows = np.full(record.rows, -1, dtype=np.int64)
+        rows[kept] = base_row[start:start + len(kept)]
+        moved[record.path] = (rel, rows)
+        start += len(kept)
+    return write_data_file(table.io, layout.validate_table_path(rel), live, unit.partition, unit.file_group, key)
+
+
+def _rebased_vectors(table: Table, instant: str, seen: dict[str, DvRef | None], later: dict[str, DvRef],
+                     moved: dict[str, tuple[str, np.ndarray]]) -> tuple[tuple, tuple]:
+    """Rows of replaced files that commits superseded after the snapshot, as vectors of the bases that hold them:
+    the compaction then publishes without conflicting with those commits, and no version of a record is live
+    twice."""
+    vectors: dict[str, BitMap] = {}
+    for path, ref in sorted(later.items()):
+        base, rows = moved[path]
+        now = load_vector(table.io, ref, len(rows))
+        before = seen.get(path)
+        fresh = now - load_vector(table.io, before, len(rows)) if before is not None else now
+        positions = rows[np.asarray(fresh.to_array(), dtype=np.int64)]
+        if (positions < 0).any():
+            raise CorruptFileError(f"data compaction {instant}: a commit deleted rows of {path} that were not table "
+                                   "data in the snapshot it compacted; nothing was published")
+        vectors[base] = vectors.get(base, BitMap()) | BitMap(positions.astype(np.uint32))
+    return write_vectors(table.io, instant, vectors)

@@ -28,26 +28,27 @@ import pyarrow.parquet as pq
 from dbidx.errors import CorruptFileError, HistoryCompactedError, InvalidInputError, SchemaError
 from dbidx.mdt.data_schema import recorded_schema
 from dbidx.mdt.fileio import FileIO, file_checksum
-from dbidx.mdt.data_view import LAYOUT_EXTRA, DataView, LiveDataFile  # noqa: F401 - LAYOUT_EXTRA: part of this module's API
+from dbidx.mdt.data_view import LAYOUT_EXTRA, DataView, DvRef, LiveDataFile  # noqa: F401 - LAYOUT_EXTRA: part of this module's API
 from dbidx.mdt.records import DataFileRecord
 from dbidx.mdt.rli_files import DECODE_ERRORS
+from dbidx.mdt.superseded import load_vector
 
 INSTANT_COLUMN = "_dbidx_instant"  # written in every data file: the instant that wrote the row
 DELETED_COLUMN = "_dbidx_deleted"  # written in every data file: the row deletes its record
 FILE_GROUP_COLUMN = "_dbidx_file_group"  # optional in reads: the file group a row lives in
-_ORDER = "_dbidx_order"
 MAX_READ_THREADS = 8
 
 
 @dataclass(frozen=True)
 class ReadUnit:
-    """One file group's data files, oldest first, with the completion seq and instant of each: merged alone."""
+    """One file group's live data files, oldest first, each with its completion seq, instant and deletion vector."""
 
     partition: str
     file_group: str
     files: tuple[DataFileRecord, ...]
     seqs: tuple[int, ...]
     instants: tuple[str, ...]
+    vectors: tuple[DvRef | None, ...] = ()
 
     @property
     def bytes(self) -> int:
@@ -73,15 +74,27 @@ def data_file_path(partition: str, file_group: str, instant: str, attempt: int) 
     return f"{partition}/{name}" if partition else name
 
 
-def write_data_file(io: FileIO, rel: str, rows: pa.Table, partition: str, file_group: str) -> DataFileRecord:
+def write_data_file(io: FileIO, rel: str, rows: pa.Table, partition: str, file_group: str,
+                    key: str | None = None) -> DataFileRecord:
     """Write one data file and return its record; the bytes are serialized in memory first, so the recorded size and
-    checksum cover exactly what was written (and readers verify them before use)."""
+    checksum cover exactly what was written (and readers verify them before use). `key`: the key column, whose
+    range the record keeps when it is a string column (the Delta log's statistics)."""
     sink = pa.BufferOutputStream()
     pq.write_table(rows, sink, compression="zstd")
     data = sink.getvalue()
     io.write_atomic(rel, data)
+    low, high = key_range(rows.column(key)) if key is not None and key in rows.column_names else (None, None)
+    deletes = pc.sum(rows.column(DELETED_COLUMN)).as_py() or 0 if DELETED_COLUMN in rows.column_names else 0
     return DataFileRecord(path=rel, partition=partition, file_group=file_group, rows=rows.num_rows,
-                          size=data.size, checksum=file_checksum(data))
+                          size=data.size, checksum=file_checksum(data), min_key=low, max_key=high, deletes=deletes)
+
+
+def key_range(keys: pa.ChunkedArray | pa.Array) -> tuple[str | None, str | None]:
+    """(smallest, largest) value of a string key column; (None, None) for other types or no rows."""
+    if not (pa.types.is_string(keys.type) or pa.types.is_large_string(keys.type)) or len(keys) == 0:
+        return None, None
+    bounds = pc.min_max(keys)
+    return bounds["min"].as_py(), bounds["max"].as_py()
 
 
 def read_data_file(io: FileIO, record: DataFileRecord, columns: Sequence[str] | None = None) -> pa.Table:
@@ -126,7 +139,7 @@ def plan_read(table: Any, partitions: Iterable[str] | None = None) -> ReadPlan:
     for (p, fg), entries in sorted(groups.items()):
         entries.sort(key=lambda e: e.order)
         units.append(ReadUnit(p, fg, tuple(e.record for e in entries), tuple(e.seq for e in entries),
-                              tuple(e.instant for e in entries)))
+                              tuple(e.instant for e in entries), tuple(view.vector_of(e.record.path) for e in entries)))
     layout = layout_of(table, view)
     schema = recorded_schema(view.schema)
     if schema is None:
@@ -155,34 +168,37 @@ def output_schema(plan: ReadPlan, columns: Sequence[str] | None = None, with_met
     return pa.schema(fields)
 
 
-def read_unit(io: FileIO, unit: ReadUnit, key: str, schema: pa.Schema, table: Any = None) -> pa.Table:
-    """The live rows of one file group: per key the row of the latest commit, deleted records dropped.
+def read_unit(io: FileIO, unit: ReadUnit, key: str, schema: pa.Schema, table: Any = None,
+              origins: list[tuple[DataFileRecord, np.ndarray]] | None = None) -> pa.Table:
+    """The live rows of one file group: each file's rows minus its deletion vector (what every Delta reader does;
+    superseded versions and delete rows are in the vectors, so no merge by key is needed).
 
     schema: the output columns (output_schema); files lacking a column (written before it was added) read nulls.
     table: the table the plan came from; with it, a file a clean removed after the read was planned is a
     HistoryCompactedError (plan the read again) instead of a damaged table.
+    origins: if given, gets (file, row positions kept) per file, in output order (a data compaction maps rows).
     """
-    # 1. Read each file's needed columns, verified, aligned to the output schema; rows numbered in commit order.
     wanted = {f.name for f in schema} - {FILE_GROUP_COLUMN} | {key}
     pieces = []
-    for record, instant in zip(unit.files, unit.instants):
+    dv_files: dict[str, bytes] = {}
+    vectors = unit.vectors or (None,) * len(unit.files)
+    for record, instant, vector in zip(unit.files, unit.instants, vectors):
         try:
-            data = read_data_file(io, record, [*wanted, DELETED_COLUMN])
+            data = read_data_file(io, record, list(wanted))
         except CorruptFileError as exc:
             if table is not None and not io.exists(record.path) and not table.data_view().is_live(record.path):
                 raise HistoryCompactedError(f"data file {io.path(record.path)} was removed by a clean after this "
                                             "read was planned (its data was compacted meanwhile); read the table "
                                             "again") from exc
             raise
+        keep = np.ones(data.num_rows, dtype=bool)
+        if vector is not None:
+            keep[np.asarray(load_vector(io, vector, record.rows, dv_files).to_array(), dtype=np.int64)] = False
+            data = data.filter(pa.array(keep))
+        if origins is not None:
+            origins.append((record, np.flatnonzero(keep)))
         pieces.append(_aligned(data, schema, key, record, instant, io))
-    merged = pa.concat_tables(pieces)
-    # 2. Per key the highest row number wins (later files are later commits; a file has one row per key).
-    numbered = merged.append_column(_ORDER, pa.array(np.arange(merged.num_rows, dtype=np.int64)))
-    latest = numbered.group_by("_dbidx_key").aggregate([(_ORDER, "max")]).column(f"{_ORDER}_max")
-    kept = merged.take(pa.array(np.sort(latest.to_numpy())))  # in file order: deterministic output
-    # 3. Deleted records go; the helper columns go.
-    kept = kept.filter(pc.invert(kept.column(DELETED_COLUMN)))
-    return kept.select([f.name for f in schema])
+    return pa.concat_tables(pieces).select([f.name for f in schema])
 
 
 def _aligned(data: pa.Table, schema: pa.Schema, key: str, record: DataFileRecord, instant: str,
@@ -212,9 +228,6 @@ def _aligned(data: pa.Table, schema: pa.Schema, key: str, record: DataFileRecord
             column = pa.nulls(n, field_.type)  # a column added after this file was written
         columns.append(column)
         names.append(field_.name)
-    deleted = data.column(DELETED_COLUMN) if DELETED_COLUMN in data.column_names else pa.array([False] * n)
-    columns += [pc.cast(data.column(key), pa.string()), pc.fill_null(deleted, False)]
-    names += ["_dbidx_key", DELETED_COLUMN]
     return pa.Table.from_arrays(columns, names=names)
 
 

@@ -8,13 +8,14 @@ or checks a write has to walk the whole completion log (a checkpoint stores this
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Callable
 
 from dbidx.errors import CorruptFileError
 from dbidx.mdt import layout
 from dbidx.mdt.records import (
     ACTION_BUILD_INDEX, ACTION_CLEAN, ACTION_COMMIT, ACTION_DATA_COMPACTION, DATA_ACTIONS, CompletedInstant,
-    DataFileRecord, FieldError, parse_instant, parse_int, parse_items, parse_object, parse_order, parse_path,
+    DataFileRecord, DeletionVectorRecord, DvFileRecord, FieldError, parse_instant, parse_int, parse_items,
+    parse_object, parse_order, parse_path,
 )
 
 LAYOUT_EXTRA = "upsert"  # the completion record's extra that names key and partition columns (and bucket spec)
@@ -31,6 +32,14 @@ class LiveDataFile:
     seq: int
     instant: str
     source: bool = False
+
+
+@dataclass(frozen=True)
+class DvRef:
+    """A live data file's current deletion vector and the DV file that holds it."""
+
+    vector: DeletionVectorRecord
+    file: DvFileRecord
 
 
 @dataclass(frozen=True)
@@ -51,16 +60,22 @@ class DataView:
         self.last_write: str | None = None  # instant of the newest of them
         self._live: dict[str, LiveDataFile] = {}
         self._replaced: dict[str, tuple[int, bool]] = {}  # path -> (replacing seq, user's source file)
+        self._dv: dict[str, DvRef] = {}  # live data file -> its current deletion vector
         self.schema: Recorded | None = None
         self.layout: Recorded | None = None
         self.buckets: Recorded | None = None
 
-    def apply(self, records: list[CompletedInstant]) -> None:
+    def apply(self, records: list[CompletedInstant],
+              before: Callable[[CompletedInstant, "DataView"], None] | None = None) -> None:
         """Fold newly published completion records (in seq order) into the view; an inconsistent log (a data file
-        under the metadata folder, a compaction of a file that is not live) is a CorruptFileError naming it."""
+        under the metadata folder, a compaction of a file that is not live) is a CorruptFileError naming it.
+        `before(record, view)` sees each record with the view as it stood right before it (the Delta log's
+        commit for a record is a function of both: mdt/delta_log.py)."""
         for rec in records:
             if rec.seq <= self.applied_seq:
                 continue
+            if before is not None:
+                before(rec, self)
             if rec.action in DATA_ACTIONS:
                 self._add_written(rec)
             elif rec.action == ACTION_DATA_COMPACTION:
@@ -68,6 +83,7 @@ class DataView:
             elif rec.action == ACTION_CLEAN:
                 for path in rec.deleted:
                     self._replaced.pop(path, None)
+            self._set_vectors(rec)
             if layout_value := rec.extra.get(LAYOUT_EXTRA):
                 self.layout = Recorded(layout_value, rec.seq, rec.instant)
                 if rec.action == ACTION_COMMIT and isinstance(layout_value, dict) and layout_value.get("buckets"):
@@ -93,6 +109,7 @@ class DataView:
                 raise CorruptFileError(f"data compaction {rec.instant} (seq {rec.seq}) replaces {path!r}, which is "
                                        "not a live data file at that point of the log")
             self._replaced[path] = (rec.seq, gone.source)
+            self._dv.pop(path, None)
             group = (gone.record.partition, gone.record.file_group)
             covered[group] = max(covered.get(group, 0), gone.order[0])
         for f in rec.data_files:
@@ -102,10 +119,34 @@ class DataView:
                                        f"{f.file_group!r} of {f.partition!r} without replacing any of its files")
             self._live[f.path] = LiveDataFile(f, (covered[(f.partition, f.file_group)], 1), rec.seq, rec.instant)
 
+    def _set_vectors(self, rec: CompletedInstant) -> None:
+        """A completion's deletion vectors replace the earlier ones of their files, which must be live and in a DV
+        file the same completion wrote."""
+        dv_files = {f.path: f for f in rec.dv_files}
+        for dv in rec.deletion_vectors:
+            live = self._live.get(dv.path)
+            if live is None or dv.dv_file not in dv_files or dv.cardinality > live.record.rows:
+                raise CorruptFileError(f"completion {rec.seq} ({rec.instant}) gives {dv.path!r} a deletion vector "
+                                       "that does not fit: the file is not live, the vector's DV file is not one the "
+                                       "completion wrote, or it deletes more rows than the file has")
+            self._dv[dv.path] = DvRef(dv, dv_files[dv.dv_file])
+
     # ---- answers -----------------------------------------------------------------------------------------
     def live(self) -> list[LiveDataFile]:
         """Every data file of the current state."""
         return list(self._live.values())
+
+    def get(self, path: str) -> LiveDataFile | None:
+        """The live data file at `path`, if it is one."""
+        return self._live.get(path)
+
+    def vector_of(self, path: str) -> DvRef | None:
+        """The live data file's current deletion vector (None: every row of it is table data)."""
+        return self._dv.get(path)
+
+    def live_rows(self) -> int:
+        """Rows of the current state: the live files' rows minus their deletion vectors."""
+        return sum(f.record.rows for f in self._live.values()) - sum(d.vector.cardinality for d in self._dv.values())
 
     def is_live(self, path: str) -> bool:
         """Whether the path is a data file of the current state."""
@@ -126,6 +167,8 @@ class DataView:
             "replaced": [{"path": p, "seq": s, "source": src} for p, (s, src) in sorted(self._replaced.items())],
             "schema": _recorded_dict(self.schema), "layout": _recorded_dict(self.layout),
             "buckets": _recorded_dict(self.buckets),
+            "vectors": [{"vector": asdict(d.vector), "file": asdict(d.file)}
+                        for _p, d in sorted(self._dv.items())],
         }
 
     @classmethod
@@ -133,7 +176,7 @@ class DataView:
         """Rebuild from a checkpoint, checking every field (a checkpoint is read back from storage: untrusted)."""
         try:
             d = parse_object(data, "data", {"applied_seq", "writes", "last_write", "live", "replaced", "schema",
-                                            "layout", "buckets"})
+                                            "layout", "buckets", "vectors"})
             view = cls()
             view.applied_seq = parse_int(d["applied_seq"], "data.applied_seq")
             view.writes = parse_int(d["writes"], "data.writes")
@@ -152,6 +195,15 @@ class DataView:
                 _check_outside_meta(path, None)
                 view._replaced[path] = (parse_int(e["seq"], f"data.replaced[{i}].seq", 1),
                                         _bool(e["source"], f"data.replaced[{i}].source"))
+            for i, item in enumerate(parse_items(d["vectors"], "data.vectors")):
+                e = parse_object(item, f"data.vectors[{i}]", {"vector", "file"})
+                ref = DvRef(DeletionVectorRecord.parse(e["vector"], f"data.vectors[{i}].vector"),
+                            DvFileRecord.parse(e["file"], f"data.vectors[{i}].file"))
+                live = view._live.get(ref.vector.path)
+                if live is None or ref.vector.dv_file != ref.file.path or ref.vector.cardinality > live.record.rows:
+                    raise FieldError(f"data.vectors[{i}] is the vector of {ref.vector.path!r}, which is not a live "
+                                     "file, or names another DV file, or deletes more rows than the file has")
+                view._dv[ref.vector.path] = ref
             view.schema = _recorded(d["schema"], "data.schema")
             view.layout = _recorded(d["layout"], "data.layout")
             view.buckets = _recorded(d["buckets"], "data.buckets")

@@ -86,7 +86,10 @@ def validate_instant_file(rel: object, instant: str) -> str:
     """A file an instant may own (and a rollback or cleanup may delete): inside the table, named with the instant's
     id, and either an index file under `.dbidx/rli/` or a data file outside `.dbidx/`. Never the table's metadata."""
     path = validate_table_path(rel)
-    if instant not in path.rsplit("/", 1)[-1] or (path.startswith(META_DIR + "/") and
+    name = path.rsplit("/", 1)[-1]
+    if name.startswith("deletion_vector_") and "/" not in path and name.replace("-", "")[16:33] == instant:
+        return path  # a DV file (Delta names it by a uuid, whose first 17 hex digits are the instant's id)
+    if instant not in name or (path.startswith(META_DIR + "/") and
                                                   not path.startswith(RLI_DIR + "/")):
         raise InvalidInputError(f"file path {path!r} is not a file instant {instant} can have written")
     return path

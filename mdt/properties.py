@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from dbidx.errors import CorruptFileError
 
-FORMAT_VERSION = 3  # 3: data files merge per file group (move delete rows, migrated files listed, data schema)
+FORMAT_VERSION = 4  # 4: the data layer is a Delta table (`_delta_log/`, deletion vectors); 3 merged data by key
 DEFAULT_CHECKPOINT_INTERVAL = 100
 INDEX_PARTITIONED = "partitioned"
 INDEX_GLOBAL = "global"

@@ -28,6 +28,7 @@ ACTIONS = (ACTION_COMMIT, ACTION_COMPACTION, ACTION_CLEAN, ACTION_ROLLBACK, ACTI
 DATA_ACTIONS = (ACTION_COMMIT, ACTION_BUILD_INDEX)  # completions that add data files (upserts; migrated files)
 FILE_KINDS = ("delta", "base")
 _CHECKSUM_RE = re.compile(r"^xxh64:[0-9a-f]{16}$")
+_DV_NAME_RE = re.compile(r"^deletion_vector_[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.bin$")
 
 
 class _Bad(ValueError):
@@ -115,7 +116,8 @@ class FileRecord:
 
 @dataclass(frozen=True)
 class DataFileRecord:
-    """One data file an upsert published: its file group, row count, size and checksum."""
+    """One data file an upsert published: its file group, row count, size, checksum and key range (the key column's
+    smallest and largest value when it is a string column: the Delta log's statistics; None otherwise)."""
 
     path: str
     partition: str
@@ -123,14 +125,65 @@ class DataFileRecord:
     rows: int
     size: int
     checksum: str
+    min_key: str | None = None
+    max_key: str | None = None
+    deletes: int = 0  # rows that are delete markers (`_dbidx_deleted`): never table data, in the file's own vector
 
     @classmethod
     def parse(cls, data: Any, name: str) -> "DataFileRecord":
         """Rebuild a record from its JSON form, checking every field."""
         d = _object(data, name, {f.name for f in fields(cls)})
-        return cls(path=_path(d["path"], f"{name}.path"), partition=_str(d["partition"], f"{name}.partition"),
-                   file_group=_str(d["file_group"], f"{name}.file_group"), rows=_int(d["rows"], f"{name}.rows"),
-                   size=_int(d["size"], f"{name}.size"), checksum=_checksum(d["checksum"], f"{name}.checksum"))
+        record = cls(path=_path(d["path"], f"{name}.path"), partition=_str(d["partition"], f"{name}.partition"),
+                     file_group=_str(d["file_group"], f"{name}.file_group"), rows=_int(d["rows"], f"{name}.rows"),
+                     size=_int(d["size"], f"{name}.size"), checksum=_checksum(d["checksum"], f"{name}.checksum"),
+                     min_key=_str(d["min_key"], f"{name}.min_key", True),
+                     max_key=_str(d["max_key"], f"{name}.max_key", True), deletes=_int(d["deletes"], f"{name}.deletes"))
+        if record.deletes > record.rows:
+            raise _Bad(f"{name}: more delete rows ({record.deletes}) than rows ({record.rows})")
+        if (record.min_key is None) != (record.max_key is None) or \
+                (record.min_key is not None and record.min_key > record.max_key):
+            raise _Bad(f"{name}: min_key and max_key do not form a key range")
+        return record
+
+
+@dataclass(frozen=True)
+class DvFileRecord:
+    """One deletion-vector file a completion wrote (Delta's `deletion_vector_<uuid>.bin`, at the table root): its size
+    and checksum, verified before any vector in it is used."""
+
+    path: str
+    size: int
+    checksum: str
+
+    @classmethod
+    def parse(cls, data: Any, name: str) -> "DvFileRecord":
+        """Rebuild a record from its JSON form, checking every field (a root-level `deletion_vector_<uuid>.bin`)."""
+        d = _object(data, name, {f.name for f in fields(cls)})
+        path = _path(d["path"], f"{name}.path")
+        if not _DV_NAME_RE.match(path):
+            raise _Bad(f"{name}.path must be a deletion_vector_<uuid>.bin file at the table root, got {path!r}")
+        return cls(path=path, size=_int(d["size"], f"{name}.size"), checksum=_checksum(d["checksum"],
+                                                                                      f"{name}.checksum"))
+
+
+@dataclass(frozen=True)
+class DeletionVectorRecord:
+    """A data file's deletion vector as of a completion: every row of the file that is not table data (superseded,
+    deleted, or a delete row), as one vector in one of the completion's DV files. It replaces the file's earlier one."""
+
+    path: str  # the data file
+    dv_file: str  # a DvFileRecord.path of the same completion
+    offset: int
+    size: int
+    cardinality: int
+
+    @classmethod
+    def parse(cls, data: Any, name: str) -> "DeletionVectorRecord":
+        """Rebuild a record from its JSON form, checking every field."""
+        d = _object(data, name, {f.name for f in fields(cls)})
+        return cls(path=_path(d["path"], f"{name}.path"), dv_file=_path(d["dv_file"], f"{name}.dv_file"),
+                   offset=_int(d["offset"], f"{name}.offset", 1), size=_int(d["size"], f"{name}.size", 1),
+                   cardinality=_int(d["cardinality"], f"{name}.cardinality", 1))
 
 
 @dataclass(frozen=True)
@@ -164,6 +217,8 @@ class CompletedInstant:
     data_files: tuple[DataFileRecord, ...] = ()
     replaced: tuple[str, ...] = ()
     deleted: tuple[str, ...] = ()
+    dv_files: tuple[DvFileRecord, ...] = ()
+    deletion_vectors: tuple[DeletionVectorRecord, ...] = ()
     rolled_back: str | None = None
     partitions: dict[str, PartitionChange] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
@@ -200,6 +255,8 @@ class CompletedInstant:
                 files=_list(d["files"], "files", FileRecord.parse),
                 data_files=_list(d["data_files"], "data_files", DataFileRecord.parse),
                 replaced=_list(d["replaced"], "replaced", _path), deleted=_list(d["deleted"], "deleted", _path),
+                dv_files=_list(d["dv_files"], "dv_files", DvFileRecord.parse),
+                deletion_vectors=_list(d["deletion_vectors"], "deletion_vectors", DeletionVectorRecord.parse),
                 rolled_back=None if rolled_back is None else _instant(rolled_back, "rolled_back"),
                 partitions={_str(p, "partition"): PartitionChange.parse(c, f"partitions[{p!r}]")
                             for p, c in partitions.items()},

@@ -25,6 +25,7 @@ from dbidx.mdt import layout, rli_files
 from dbidx.mdt.checkpoint import Checkpoint
 from dbidx.mdt.commit_lock import CommitLock
 from dbidx.mdt.data_view import DataView
+from dbidx.mdt.delta_log import DeltaLogWriter, TableShape, delta_checkpoint, initial_version, put_version
 from dbidx.mdt.file_view import FileView, PartitionStats
 from dbidx.mdt.fileio import FileIO
 from dbidx.mdt.keyhash import HASH_NAME, shard_of
@@ -46,9 +47,11 @@ class Table:
         self.props = props
         self.timeline = Timeline(io, props.table_id)
         self.timeline.after_publish.append(self._after_publish)
+        self.timeline.before_start.append(self.sync_delta_log)
         self._view = FileView()
         self._data = DataView()
         self._view_lock = threading.RLock()
+        self._delta: DeltaLogWriter | None = None  # set once this process writes: it then derives Delta versions
 
     # ---- identity ----------------------------------------------------------------------------------------
     @classmethod
@@ -91,6 +94,7 @@ class Table:
             raise TableExistsError(f"a dbidx table already exists at {io.path(layout.PROPERTIES_FILE)}")
         io.makedirs(layout.COMPLETED_DIR)
         io.create_exclusive(layout.latest_file(0), b"")
+        put_version(io, 0, initial_version(props.table_id, props.created_at_ms))
         return cls(io, props)
 
     @classmethod
@@ -177,7 +181,7 @@ class Table:
             for rec in news:
                 self._check_files(rec.files, self.io.path(layout.completed_file(rec.seq)))
             self._view.apply(news)
-            self._data.apply(news)
+            self._data.apply(news, before=self._delta.derive if self._delta is not None else None)
             return self._view
 
     def data_view(self) -> DataView:
@@ -213,9 +217,24 @@ class Table:
         return seq if created else None
 
     def _after_publish(self, record: CompletedInstant) -> None:
+        self.sync_delta_log()
         interval = self.props.checkpoint_interval
         if interval and record.seq % interval == 0:
             self.checkpoint()
+            if self.io.is_local:  # Delta readers then start from it too (delta-rs writes Delta's checkpoint format)
+                delta_checkpoint(self.io.path(""))
+
+    def sync_delta_log(self) -> int:
+        """Write the Delta versions (`_delta_log/`) of every completion that has none yet (right after a publish, and
+        before this process claims an instant, so a crash between a publish and its Delta version heals at the next
+        write); refuses with ForeignCommitError when another engine wrote to the Delta log (mdt/delta_log.py).
+        Returns the number of versions written."""
+        with self._view_lock:
+            if self._delta is None:
+                # Versions of completions this view folded already are derived again only if they are missing.
+                self._delta = DeltaLogWriter(TableShape(self.props.table_id, self.props.created_at_ms or 0))
+            self.refresh()
+            return self._delta.sync(self.io, self.timeline.latest_seq, self.timeline.completed)
 
     def _check_files(self, files: Iterable[FileRecord], where: str) -> None:
         """What a record (or checkpoint) may only say about this table: shards in range, a partition exactly in

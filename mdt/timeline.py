@@ -65,6 +65,9 @@ class Timeline:
         # Run after every publish of this process (housekeeping: a failure is a warning); the table registers
         # its checkpoint writer here.
         self.after_publish: list[Callable[[CompletedInstant], None]] = []
+        # Run before this process claims an instant (the table brings its Delta log up to date and checks that no
+        # other engine wrote to it; an error here stops the write before anything is claimed).
+        self.before_start: list[Callable[[], None]] = []
 
     # ---- reading -----------------------------------------------------------------------------------------
     def refresh(self) -> list[CompletedInstant]:
@@ -249,6 +252,8 @@ class Timeline:
         if action not in ACTIONS:
             raise InstantStateError(f"unknown action {action!r}; expected one of {ACTIONS}")
         self.refresh()
+        for hook in self.before_start:
+            hook()
         candidate = max(layout.now_instant(), self._max_known_instant() + 1)
         while True:
             # 1. Exclusive create of the requested marker: two writers in the same millisecond get different ids.

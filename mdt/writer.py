@@ -24,7 +24,11 @@ from dbidx.mdt import layout, markers, rli_files
 from dbidx.mdt.conflicts import GroupKey, TouchedKeys, check_conflicts, touched_in_memory
 from dbidx.mdt.fileio import FileIO
 from dbidx.mdt.keys import normalize_keys
-from dbidx.mdt.records import ACTION_COMMIT, CompletedInstant, DataFileRecord, FileRecord, PartitionChange
+from dbidx.mdt.data_view import LAYOUT_EXTRA
+from dbidx.mdt.records import (
+    ACTION_COMMIT, CompletedInstant, DataFileRecord, DeletionVectorRecord, DvFileRecord, FileRecord, PartitionChange,
+)
+from dbidx.mdt.superseded import vectors_for_commit
 from dbidx.mdt.table import Table
 from dbidx.mdt.timeline import StartedInstant
 
@@ -250,10 +254,12 @@ class CommitWriter:
                                          self.started.start_seq))
 
         def build(seq: int) -> CompletedInstant:
+            dv_files, vectors = self._deletion_vectors()
             return CompletedInstant(seq=seq, instant=self.instant, action=self.started.action,
                                     completed_at_ms=int(time.time() * 1000), start_seq=self.started.start_seq,
                                     table_id=table.props.table_id, files=tuple(files),
-                                    data_files=tuple(self._data_files), partitions=changes, extra=dict(self.extra))
+                                    data_files=tuple(self._data_files), dv_files=dv_files,
+                                    deletion_vectors=vectors, partitions=changes, extra=dict(self.extra))
 
         # 2. Conflict check against everything completed meanwhile, then the atomic publish.
         def check(news: list[CompletedInstant]) -> None:
@@ -263,6 +269,19 @@ class CommitWriter:
                 extra_check(news)
 
         return table.timeline.publish(self.started, build, check)
+
+    def _deletion_vectors(self) -> tuple[tuple[DvFileRecord, ...], tuple[DeletionVectorRecord, ...]]:
+        """The rows this commit's data files supersede or delete, as deletion vectors against the table exactly as
+        it stands right before the seq being published (mdt/superseded.py). A build-index adds the first data of
+        an empty table: nothing to supersede."""
+        if not self._data_files or self.started.action != ACTION_COMMIT:
+            return (), ()
+        view = self.table.data_view()
+        layout_value = self.extra.get(LAYOUT_EXTRA) or (view.layout.value if view.layout is not None else None)
+        key = layout_value.get("key") if isinstance(layout_value, dict) else None
+        if not isinstance(key, str):
+            raise CommitError(f"instant {self.instant} adds data files but names no key column; nothing published")
+        return vectors_for_commit(self.table.io, view, self._data_files, key, self.instant)
 
     def rollback(self) -> None:
         """Abort the instant and delete whatever it wrote (idempotent)."""

@@ -264,7 +264,7 @@ def run_upsert(table: Table, options: TagOptions, job: Callable[[str], list[tupl
             raise  # as it is, with its own cause (`raise exc from exc` would replace that cause by itself)
         raise error from exc
     # 3. Files of failed or losing attempts (and the touched-key files) were never listed; now they go.
-    listed = [f.path for f in record.data_files] + [f.path for f in record.files]
+    listed = datafiles.settled_files(record) or set()
     scratch = {t.path for t in writer.touched() if t.path}
     deleted = datafiles.discard_unlisted(table.io, instant, keep=listed)
     summary.orphans_deleted = len([rel for rel in deleted if rel not in scratch])

@@ -25,16 +25,16 @@ from dbidx.spark_integration.grouping import runs
 
 
 def write_group(io: FileIO, partition: str, file_group: str, rows: pa.Table, instant: str,
-                attempt: int) -> DataFileRecord:
+                attempt: int, key: str | None = None) -> DataFileRecord:
     """Write one file group's rows of an instant: the marker first, so no file is ever written unannounced; the
     bytes are serialized in memory, so the recorded checksum covers exactly what was written."""
     rel = data_file_path(partition, file_group, instant, attempt)
     markers.announce(io, instant, rel)
-    return write_data_file(io, rel, rows, partition, file_group)
+    return write_data_file(io, rel, rows, partition, file_group, key)
 
 
 def write_groups(io: FileIO, rows: pa.Table, deleted: pa.Array, partitions: pa.Array, file_groups: pa.Array,
-                 instant: str, attempt: int) -> list[DataFileRecord]:
+                 instant: str, attempt: int, key: str | None = None) -> list[DataFileRecord]:
     """Split rows (the user's columns) by (partition, file group) and write one file per group, each with its
     instant and deleted columns appended; rows with no file group are skipped.
 
@@ -59,7 +59,7 @@ def write_groups(io: FileIO, rows: pa.Table, deleted: pa.Array, partitions: pa.A
         group = rows.take(take)
         group = group.append_column(INSTANT_COLUMN, pa.array([instant] * len(positions), pa.string()))
         group = group.append_column(DELETED_COLUMN, deleted.take(take))
-        written.append(write_group(io, part_names[part_code], group_names[group_code], group, instant, attempt))
+        written.append(write_group(io, part_names[part_code], group_names[group_code], group, instant, attempt, key))
     return written
 
 
@@ -69,7 +69,7 @@ def settled_files(record: Any) -> set[str] | None:
         return None
     if record.action != ACTION_COMMIT:
         return set()
-    return {f.path for f in record.data_files} | {f.path for f in record.files}
+    return {f.path for f in record.data_files} | {f.path for f in record.files} | {f.path for f in record.dv_files}
 
 
 def withdraw_if_settled(io: FileIO, timeline: Any, instant: str, written: Iterable[str]) -> bool:

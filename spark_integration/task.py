@@ -235,7 +235,7 @@ def upsert_batches(batches: Iterable[pa.RecordBatch], table: Table, options: Tag
     files = datafiles.write_groups(table.io, data_rows(to_write, options),
                                    to_write.column(TAG_IS_DELETE).combine_chunks(),
                                    to_write.column(TAG_PARTITION).combine_chunks(),
-                                   to_write.column(TAG_FILE_GROUP).combine_chunks(), instant, attempt)
+                                   to_write.column(TAG_FILE_GROUP).combine_chunks(), instant, attempt, options.key)
     del to_write
     # 4. The shard's index delta files and touched keys, announced the same way.
     index_files, touched, changes = write_task_index(table, tagged, options, instant, attempt,

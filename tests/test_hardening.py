@@ -258,10 +258,10 @@ def test_one_table_one_cache_however_its_path_is_spelled(table: Table, tmp_path:
 
 def test_a_table_of_the_previous_format_is_refused_by_name(table: Table) -> None:
     props = json.loads(Path(table.io.path(layout.PROPERTIES_FILE)).read_text())
-    for old in (1, 2):
+    for old in (1, 2, 3):
         props["format_version"] = old
         Path(table.io.path(layout.PROPERTIES_FILE)).write_text(json.dumps(props))
-        with pytest.raises(CorruptFileError, match=f"uses format {old} .* reads format 3"):
+        with pytest.raises(CorruptFileError, match=f"uses format {old} .* reads format 4"):
             Table.open(table.uri)
 
 

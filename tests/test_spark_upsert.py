@@ -15,6 +15,7 @@ from dbidx.mdt.keyhash import shard_of
 from dbidx.mdt.table import Table
 from dbidx.spark_integration.api import commit_history, read_table, tag, upsert
 
+from tests.delta_readers import assert_readers_agree
 from tests.spark_helpers import SCHEMA, Oracle, as_expected_index, bucket_layout, hive, index_state, random_batch
 
 pytestmark = pytest.mark.spark
@@ -74,6 +75,9 @@ def test_random_batches_match_the_oracle_warm_and_cold(spark, tmp_path: Path, gl
             # 3. The data: one row per record, the latest version, deletes gone (vs the oracle, not the index).
             for table in tables.values():
                 assert read_rows(spark, table) == oracle.expected_rows(), n
+                # 4. The Delta log a Spark-written table carries: polars, deltalake and duckdb read the same rows.
+                assert_readers_agree(table, ("id", "dt", "v"), {(k, d.split("=", 1)[-1], v)
+                                                                for k, d, v in oracle.expected_rows()})
     assert summaries["cold"].on_demand_loads > summaries["warm"].on_demand_loads
 
 

@@ -1,0 +1,167 @@
+"""Delta Lake deletion vectors: the bytes of one vector, the file that holds a commit's vectors, and reading them back.
+
+A deletion vector (DV) names the row positions of a data file that no longer belong to the table (superseded by a
+newer version of the record, or deleted). The layout is Delta's (PROTOCOL.md, "Deletion Vector Format"), so every
+Delta reader (Spark, delta-rs, polars, DuckDB, Trino) applies them:
+
+- one vector: magic 1681511377 as 4 little-endian bytes, then the 64-bit portable RoaringTreemap (u64 little-endian
+  count of 32-bit bitmaps, then per bitmap a u32 little-endian high key and the portable 32-bit Roaring bitmap);
+- a DV file `deletion_vector_<uuid>.bin`: one version byte 1, then per vector a 4-byte big-endian length, the
+  vector, and a 4-byte big-endian CRC-32 of the vector; a descriptor names the file by the Z85 form of its uuid and
+  gives the offset of the length field, the vector's size and its cardinality.
+
+Everything read back is untrusted: a wrong magic, a CRC mismatch, a size or cardinality that differs from the
+descriptor, or a position past the file's rows is a CorruptFileError naming the DV file, never fewer deleted rows.
+"""
+from __future__ import annotations
+
+import struct
+import uuid
+import zlib
+from dataclasses import dataclass
+from typing import Iterable
+
+import numpy as np
+from pyroaring import BitMap
+
+from dbidx.errors import CorruptFileError
+
+DV_MAGIC = 1681511377
+DV_FILE_VERSION = 1
+DV_PREFIX = "deletion_vector_"
+_Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
+_Z85_INDEX = {c: i for i, c in enumerate(_Z85)}
+
+
+def z85_encode(data: bytes) -> str:
+    """Z85 (ZeroMQ's base-85) of bytes whose length is a multiple of 4 (Delta's encoding of DV uuids)."""
+    if len(data) % 4:
+        raise ValueError(f"Z85 encodes multiples of 4 bytes, got {len(data)}")
+    out = []
+    for i in range(0, len(data), 4):
+        value = int.from_bytes(data[i:i + 4], "big")
+        digits = []
+        for _ in range(5):
+            value, rest = divmod(value, 85)
+            digits.append(_Z85[rest])
+        out.extend(reversed(digits))
+    return "".join(out)
+
+
+def z85_decode(text: str) -> bytes:
+    """Inverse of z85_encode; anything that is not Z85 is a ValueError."""
+    if len(text) % 5:
+        raise ValueError(f"Z85 text has a multiple of 5 characters, got {len(text)}")
+    out = bytearray()
+    for i in range(0, len(text), 5):
+        value = 0
+        for c in text[i:i + 5]:
+            if c not in _Z85_INDEX:
+                raise ValueError(f"{c!r} is not a Z85 character")
+            value = value * 85 + _Z85_INDEX[c]
+        if value >= 2 ** 32:
+            raise ValueError(f"Z85 group {text[i:i + 5]!r} is out of range")
+        out += value.to_bytes(4, "big")
+    return bytes(out)
+
+
+def dv_file_name(file_uuid: uuid.UUID) -> str:
+    """The table-relative path of a DV file (at the table root, Delta's default without a prefix)."""
+    return f"{DV_PREFIX}{file_uuid}.bin"
+
+
+def dv_file_id(path: str) -> str:
+    """The descriptor's `pathOrInlineDv` for a DV file at the table root: Z85 of its uuid's 16 bytes."""
+    name = path.rsplit("/", 1)[-1]
+    if "/" in path or not name.startswith(DV_PREFIX) or not name.endswith(".bin"):
+        raise ValueError(f"{path!r} is not a DV file at the table root")
+    return z85_encode(uuid.UUID(name[len(DV_PREFIX):-4]).bytes)
+
+
+def dv_file_path(path_or_inline: str) -> str:
+    """Inverse of dv_file_id: the DV file a descriptor names (ValueError if it is not a root-level uuid)."""
+    return dv_file_name(uuid.UUID(bytes=z85_decode(path_or_inline)))
+
+
+def encode_vector(positions: Iterable[int] | np.ndarray) -> bytes:
+    """One vector's bytes for the given row positions (each < 2^32: a Parquet file's rows are counted in int32
+    row groups; larger positions would need more bitmaps, which Delta allows but no data file here needs)."""
+    bitmap = BitMap(np.asarray(positions, dtype=np.uint32)) if not isinstance(positions, BitMap) else positions
+    return struct.pack("<IQI", DV_MAGIC, 1, 0) + bitmap.serialize()
+
+
+def decode_vector(data: bytes, where: str) -> BitMap:
+    """The positions of one vector's bytes; anything malformed is a CorruptFileError naming `where`."""
+    try:
+        magic, count = struct.unpack_from("<IQ", data, 0)
+        if magic != DV_MAGIC:
+            raise ValueError(f"magic {magic} is not {DV_MAGIC}")
+        result, offset = BitMap(), 12
+        for _ in range(count):
+            (high,) = struct.unpack_from("<I", data, offset)
+            part = BitMap.deserialize(data[offset + 4:])
+            if high != 0 and len(part):
+                raise ValueError("row positions at or above 2^32")
+            result |= part
+            offset += 4 + len(part.serialize())
+        if offset != len(data):
+            raise ValueError(f"{len(data) - offset} trailing bytes")
+        return result
+    except (struct.error, ValueError, OverflowError) as exc:
+        raise CorruptFileError(f"deletion vector in {where} is malformed: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class VectorSlot:
+    """Where one vector sits in its DV file (the descriptor's offset, sizeInBytes and cardinality)."""
+
+    offset: int
+    size: int
+    cardinality: int
+
+
+class DvFileBuilder:
+    """Collects the vectors of one commit into the bytes of one DV file."""
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = [bytes([DV_FILE_VERSION])]
+        self._length = 1
+
+    def add(self, positions: BitMap) -> VectorSlot:
+        """Append one vector; returns where it sits."""
+        body = encode_vector(positions)
+        slot = VectorSlot(offset=self._length, size=len(body), cardinality=len(positions))
+        chunk = struct.pack(">I", len(body)) + body + struct.pack(">I", zlib.crc32(body) & 0xFFFFFFFF)
+        self._parts.append(chunk)
+        self._length += len(chunk)
+        return slot
+
+    def to_bytes(self) -> bytes:
+        """The whole file."""
+        return b"".join(self._parts)
+
+
+def read_vector(data: bytes, slot: VectorSlot, rows: int, where: str) -> BitMap:
+    """One vector out of a DV file's (already size- and checksum-verified) bytes, checked against its descriptor
+    (version byte, length, CRC-32, cardinality) and the data file's row count."""
+    if not data or data[0] != DV_FILE_VERSION:
+        raise CorruptFileError(f"DV file {where} does not start with version byte {DV_FILE_VERSION}")
+    end = slot.offset + 4 + slot.size + 4
+    if slot.offset < 1 or end > len(data):
+        raise CorruptFileError(f"DV file {where} has no vector of {slot.size} bytes at offset {slot.offset}")
+    (length,) = struct.unpack_from(">I", data, slot.offset)
+    body = data[slot.offset + 4:slot.offset + 4 + slot.size]
+    (crc,) = struct.unpack_from(">I", data, slot.offset + 4 + slot.size)
+    if length != slot.size:
+        raise CorruptFileError(f"DV file {where}: the vector at offset {slot.offset} is {length} bytes, its "
+                               f"descriptor says {slot.size}")
+    if zlib.crc32(body) & 0xFFFFFFFF != crc:
+        raise CorruptFileError(f"DV file {where}: the vector at offset {slot.offset} fails its CRC-32 (damaged)")
+    positions = decode_vector(body, where)
+    if len(positions) != slot.cardinality:
+        raise CorruptFileError(f"DV file {where}: the vector at offset {slot.offset} holds {len(positions)} "
+                               f"positions, its descriptor says {slot.cardinality}")
+    if len(positions) and positions.max() >= rows:
+        raise CorruptFileError(f"DV file {where}: the vector at offset {slot.offset} deletes row {positions.max()} "
+                               f"of a data file of {rows} rows")
+    return positions

@@ -1,0 +1,302 @@
+"""The table's Delta Lake log: `_delta_log/`, derived from the completion log so that every Delta reader sees exactly
+the rows dbidx reads.
+
+Why derived and not a second source of truth: the completion log (`.dbidx/timeline/completed/`) is verified,
+checksummed and carries every guarantee of the commit protocol (conflicts, all-or-nothing, rollback). The Delta
+commit of completion seq S is a pure function of record S and the data view right before it, and Delta version S
+belongs to completion S (version 0 is the table's creation). So a writer publishes its completion first and then
+writes the Delta version with a put-if-absent; a crash in between leaves a version missing, never a wrong one, and
+the next writer (or `dbidx repair`) writes it. Two processes writing the same version write the same bytes; a
+version whose bytes differ from the derivation was written by someone else (another Delta writer) and is refused
+loudly (ForeignCommitError) before dbidx writes anything on top of it.
+
+What a version holds (docs/FORMAT.md section 12): commits and build-index `add` their data files (with
+`numRecords`, key min/max and the file's own delete rows as its deletion vector); a file that got a new deletion
+vector is a `remove` carrying its old vector plus an `add` carrying the union; a data compaction removes the files
+it replaced and adds its bases with `dataChange: false`; index compactions, cleans and rollbacks change no row and
+write a version with `commitInfo` only.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Iterable
+from urllib.parse import quote
+
+import pyarrow as pa
+
+from dbidx.errors import CorruptFileError, ForeignCommitError
+from dbidx.mdt.data_schema import recorded_schema
+from dbidx.mdt.data_view import DataView, DvRef, LiveDataFile
+from dbidx.mdt.deletion_vectors import dv_file_id
+from dbidx.mdt.fileio import FileIO
+from dbidx.mdt.records import (
+    ACTION_BUILD_INDEX, ACTION_COMMIT, ACTION_DATA_COMPACTION, CompletedInstant, DataFileRecord, DeletionVectorRecord,
+    DvFileRecord,
+)
+
+DELTA_LOG_DIR = "_delta_log"
+ENGINE = "dbidx"
+PROTOCOL = {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": ["deletionVectors"],
+            "writerFeatures": ["deletionVectors"]}
+_OPERATIONS = {ACTION_COMMIT: "MERGE", ACTION_BUILD_INDEX: "CONVERT", ACTION_DATA_COMPACTION: "OPTIMIZE"}
+# Partition column types whose partitionValues text every reader parses back to the same value.
+_PARTITION_TYPES = (pa.types.is_string, pa.types.is_large_string, pa.types.is_integer, pa.types.is_date32,
+                    pa.types.is_boolean)
+
+
+def version_file(version: int) -> str:
+    """`_delta_log/<version:020d>.json`."""
+    return f"{DELTA_LOG_DIR}/{version:020d}.json"
+
+
+def encode(actions: Iterable[dict[str, Any]]) -> bytes:
+    """A version's bytes: one compact JSON action per line (deterministic: the same actions, the same bytes)."""
+    return b"".join(json.dumps(a, sort_keys=True, separators=(",", ":")).encode("utf-8") + b"\n" for a in actions)
+
+
+def initial_version(table_id: str, created_at_ms: int) -> bytes:
+    """Version 0, written when the table is created: the protocol (deletion vectors) and an empty schema (the
+    first write's version carries the real one)."""
+    return encode([_commit_info(created_at_ms, "CREATE TABLE", None),
+                   {"protocol": PROTOCOL},
+                   _metadata(table_id, created_at_ms, {"type": "struct", "fields": []}, [])])
+
+
+@dataclass(frozen=True)
+class TableShape:
+    """What every version's metadata and partition values depend on: id, creation time, columns, partitioning."""
+
+    table_id: str
+    created_at_ms: int
+
+
+def version_for(shape: TableShape, record: CompletedInstant, view: DataView) -> bytes:
+    """Delta version `record.seq`: the record's effect on the rows, given the data view right before it."""
+    actions: list[dict[str, Any]] = [_commit_info(record.completed_at_ms, _OPERATIONS.get(record.action, "VACUUM"),
+                                                  record)]
+    after_schema = _schema_after(record, view)
+    partition_columns = _partition_columns(record, view, after_schema)
+    if after_schema is not None and (view.schema is None or "schema" in record.extra):
+        actions.append(_metadata(shape.table_id, shape.created_at_ms, _delta_schema(after_schema), partition_columns))
+    vectors = {dv.path: dv for dv in record.deletion_vectors}
+    dv_files = {f.path: f for f in record.dv_files}
+    ms = record.completed_at_ms
+    # 1. Data compaction: the replaced files leave (each with the vector it had), the bases enter unchanged rows.
+    for path in record.replaced if record.action == ACTION_DATA_COMPACTION else ():
+        gone = view.get(path)
+        if gone is None:
+            raise CorruptFileError(f"completion {record.seq} ({record.instant}) replaces {path!r}, which is not a "
+                                   "live data file right before it")
+        actions.append(_remove(gone.record, view.vector_of(path), partition_columns, ms, data_change=False))
+    new_paths = {f.path for f in record.data_files}
+    # 2. Files that were live before and got a new vector: remove with the old vector, add with the new one.
+    for path in sorted(set(vectors) - new_paths):
+        old = view.get(path)
+        if old is None:
+            raise CorruptFileError(f"completion {record.seq} ({record.instant}) gives {path!r} a deletion vector, "
+                                   "but it is not a live data file right before it")
+        new = DvRef(vectors[path], dv_files[vectors[path].dv_file])
+        actions.append(_remove(old.record, view.vector_of(path), partition_columns, ms, data_change=True))
+        actions.append(_add(old.record, new, partition_columns, ms, data_change=True, key=_key(view, record)))
+    # 3. New files (a commit's, or a compaction's bases), each with its own vector if it has one.
+    change = record.action != ACTION_DATA_COMPACTION
+    for f in record.data_files:
+        ref = DvRef(vectors[f.path], dv_files[vectors[f.path].dv_file]) if f.path in vectors else None
+        actions.append(_add(f, ref, partition_columns, ms, data_change=change, key=_key(view, record)))
+    return encode(actions)
+
+
+def _commit_info(ms: int, operation: str, record: CompletedInstant | None) -> dict[str, Any]:
+    info: dict[str, Any] = {"timestamp": ms, "operation": operation, "engineInfo": ENGINE, "isBlindAppend": False}
+    if record is not None:
+        info["dbidx"] = {"seq": record.seq, "instant": record.instant, "action": record.action}
+    return {"commitInfo": info}
+
+
+def _metadata(table_id: str, created_at_ms: int, schema: dict[str, Any], partition_columns: list[str]) -> dict:
+    uid = f"{table_id[:8]}-{table_id[8:12]}-{table_id[12:16]}-{table_id[16:20]}-{table_id[20:32]}"
+    return {"metaData": {"id": uid, "format": {"provider": "parquet", "options": {}},
+                         "schemaString": json.dumps(schema, sort_keys=True, separators=(",", ":")),
+                         "partitionColumns": partition_columns, "createdTime": created_at_ms,
+                         "configuration": {"delta.enableDeletionVectors": "true"}}}
+
+
+def _delta_schema(schema: pa.Schema) -> dict[str, Any]:
+    """The Delta form of the table's data schema (delta-rs's own conversion: one mapping of types, not ours)."""
+    from deltalake import Schema
+
+    return json.loads(Schema.from_arrow(pa.schema([f.with_nullable(True) for f in schema])).to_json())
+
+
+def _schema_after(record: CompletedInstant, view: DataView) -> pa.Schema | None:
+    if "schema" in record.extra:
+        from dbidx.mdt.data_schema import decode_schema
+
+        return decode_schema(record.extra["schema"], f"completion {record.seq} ({record.instant})")
+    return recorded_schema(view.schema)
+
+
+def _layout(record: CompletedInstant, view: DataView) -> dict[str, Any]:
+    value = record.extra.get("upsert") or (view.layout.value if view.layout is not None else None)
+    return value if isinstance(value, dict) else {}
+
+
+def _key(view: DataView, record: CompletedInstant) -> str | None:
+    """The key column, when it is a string column (its min/max go into the statistics)."""
+    key = _layout(record, view).get("key")
+    schema = _schema_after(record, view)
+    if not isinstance(key, str) or schema is None or key not in schema.names:
+        return None
+    return key if pa.types.is_string(schema.field(key).type) or pa.types.is_large_string(schema.field(key).type) \
+        else None
+
+
+def _partition_columns(record: CompletedInstant, view: DataView, schema: pa.Schema | None) -> list[str]:
+    """Hive partition columns (`dt=2025-01-15` paths) whose values readers can parse back; else none (an
+    unpartitioned Delta table whose files hold the column, as an upsert writes them)."""
+    layout = _layout(record, view)
+    if layout.get("partition_columns") is not None:
+        columns = list(layout["partition_columns"])
+    elif layout.get("partition") and layout.get("hive_style", True):
+        columns = [layout["partition"]]
+    else:
+        columns = []
+    if schema is None or not all(c in schema.names and any(t(schema.field(c).type) for t in _PARTITION_TYPES)
+                                 for c in columns):
+        return []
+    return columns
+
+
+def _partition_values(partition: str, columns: list[str]) -> dict[str, str]:
+    values = dict(seg.split("=", 1) for seg in partition.split("/") if "=" in seg) if partition else {}
+    return {c: values[c] for c in columns if c in values}
+
+
+def _descriptor(ref: DvRef) -> dict[str, Any]:
+    v: DeletionVectorRecord = ref.vector
+    file: DvFileRecord = ref.file
+    return {"storageType": "u", "pathOrInlineDv": dv_file_id(file.path), "offset": v.offset,
+            "sizeInBytes": v.size, "cardinality": v.cardinality}
+
+
+def delta_path(path: str) -> str:
+    """A table-relative path as a Delta `path` (a relative URI: characters outside the unreserved set escaped)."""
+    return quote(path, safe="/=-_.~")
+
+
+def _add(f: DataFileRecord, ref: DvRef | None, columns: list[str], ms: int, data_change: bool,
+         key: str | None) -> dict[str, Any]:
+    stats: dict[str, Any] = {"numRecords": f.rows}
+    if key is not None and key not in columns and f.min_key is not None:
+        stats.update(minValues={key: f.min_key}, maxValues={key: f.max_key}, nullCount={key: 0})
+    add: dict[str, Any] = {"path": delta_path(f.path), "partitionValues": _partition_values(f.partition, columns),
+                           "size": f.size, "modificationTime": ms, "dataChange": data_change,
+                           "stats": json.dumps(stats, sort_keys=True, separators=(",", ":"))}
+    if ref is not None:
+        add["deletionVector"] = _descriptor(ref)
+    return {"add": add}
+
+
+def _remove(f: DataFileRecord, ref: DvRef | None, columns: list[str], ms: int, data_change: bool) -> dict[str, Any]:
+    remove: dict[str, Any] = {"path": delta_path(f.path), "deletionTimestamp": ms, "dataChange": data_change,
+                              "extendedFileMetadata": True,
+                              "partitionValues": _partition_values(f.partition, columns), "size": f.size}
+    if ref is not None:
+        remove["deletionVector"] = _descriptor(ref)
+    return {"remove": remove}
+
+
+# ---- the log on storage ------------------------------------------------------------------------------------
+def listed_versions(io: FileIO) -> list[int]:
+    """Versions present in `_delta_log/` (commit JSON files; checkpoints and temp files are not versions)."""
+    out = []
+    for name in io.list_names(DELTA_LOG_DIR):
+        stem = name[:-5] if name.endswith(".json") else ""
+        if len(stem) == 20 and stem.isdigit():
+            out.append(int(stem))
+    return sorted(out)
+
+
+def put_version(io: FileIO, version: int, data: bytes) -> bool:
+    """Create version `version` if absent (True if this call wrote it); an existing version must hold exactly
+    these bytes, else another writer committed to the Delta table: ForeignCommitError, nothing written."""
+    if io.create_exclusive(version_file(version), data):
+        return True
+    existing = io.read_bytes(version_file(version))
+    if existing != data:
+        raise ForeignCommitError(
+            f"Delta version {version} of {io.path(DELTA_LOG_DIR)} was not written by dbidx (its content differs "
+            "from what dbidx's completion log derives): another engine committed to this table. dbidx refuses to "
+            "write on top of it; re-index the table with `dbidx build-index` to adopt its current state")
+    return False
+
+
+def check_no_foreign(present: Iterable[int], latest_seq: int, io: FileIO) -> None:
+    """Before a dbidx write: every Delta version above the completion log's latest seq is someone else's."""
+    beyond = sorted(v for v in present if v > latest_seq)
+    if beyond:
+        raise ForeignCommitError(
+            f"{io.path(DELTA_LOG_DIR)} has version(s) {beyond[:5]} beyond dbidx's latest completion {latest_seq}: "
+            "another engine committed to this Delta table. dbidx refuses to write on top of it; re-index the "
+            "table with `dbidx build-index` to adopt its current state")
+
+
+def live_files(view: DataView) -> list[LiveDataFile]:
+    """The data files a Delta reader of the latest version sees (each minus its deletion vector)."""
+    return sorted(view.live(), key=lambda f: f.record.path)
+
+
+class DeltaLogWriter:
+    """Derives the Delta versions of the completions a writer's table view applies, and writes the missing ones."""
+
+    def __init__(self, shape: TableShape) -> None:
+        self.shape = shape
+        self.pending: dict[int, bytes] = {}  # derived versions not yet known to be on storage
+        self.written_upto = -1  # every version up to this one is known to be on storage
+
+    def derive(self, record: CompletedInstant, view: DataView) -> None:
+        """DataView.apply's `before` hook: remember the version of a record this writer has not seen written."""
+        if record.seq > self.written_upto:
+            self.pending[record.seq] = version_for(self.shape, record, view)
+
+    def sync(self, io: FileIO, latest_seq: int, records: Any) -> int:
+        """Write every missing version up to `latest_seq` (put-if-absent, compared if present); `records()` gives
+        the whole completion log when a missing version was not derived here (a crash, a new process): the log is
+        folded from its first record. Returns the number of versions this call wrote."""
+        present = set(listed_versions(io))
+        check_no_foreign(present, latest_seq, io)
+        if self.written_upto >= latest_seq:
+            return 0
+        wanted = [v for v in range(0, latest_seq + 1) if v not in present or v in self.pending]
+        missing = [v for v in wanted if v not in self.pending and v not in present]
+        if missing:
+            self._fold_all(records(), set(missing))
+        written = 0
+        for v in wanted:
+            data = self.pending.get(v)
+            if data is not None:
+                written += put_version(io, v, data)
+        self.pending = {v: d for v, d in self.pending.items() if v > latest_seq}
+        self.written_upto = latest_seq
+        return written
+
+    def _fold_all(self, records: list[CompletedInstant], missing: set[int]) -> None:
+        """Derive the missing versions by replaying the whole completion log into a fresh view."""
+        if 0 in missing:
+            self.pending[0] = initial_version(self.shape.table_id, self.shape.created_at_ms)
+        view = DataView()
+
+        def keep(rec: CompletedInstant, before: DataView) -> None:
+            if rec.seq in missing:
+                self.pending[rec.seq] = version_for(self.shape, rec, before)
+
+        view.apply(records, before=keep)
+
+
+def delta_checkpoint(path: str) -> None:
+    """A Delta checkpoint of the latest version (delta-rs writes it: Delta's own Parquet checkpoint format), so a Delta
+    reader opens the table from it instead of replaying every version's JSON."""
+    from deltalake import DeltaTable
+
+    DeltaTable(path).create_checkpoint()

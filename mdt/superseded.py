@@ -1,0 +1,187 @@
+"""Deletion vectors of a commit: which rows of which data files the commit's new rows supersede or delete.
+
+A record lives in one file group (the index says which), so the rows a commit's new version of a record supersedes
+are in the older live files of that same group. The vectors are computed by the committing process against the
+table exactly as it stands right before the completion it publishes (inside the publish loop, after the conflict
+check): a commit that lands meanwhile, a data compaction that rewrote the group, every earlier vector - all are
+in that state, so the union it writes is never stale. Each data file's key column is read once per process and
+kept (data files are immutable; a bounded LRU), so a steady stream of batches reads mostly the previous batch's
+new files.
+
+The result is one Delta DV file per commit (mdt/deletion_vectors.py) and, per data file whose vector changed, its
+whole new vector. A new file's own delete rows (deletes, global-mode moves out of the group) are in its vector
+from the start, so no Delta reader ever sees them.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+import uuid
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from typing import Iterable, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyroaring import BitMap
+
+from dbidx.errors import CorruptFileError
+from dbidx.mdt import markers
+from dbidx.mdt.data_view import DataView, DvRef
+from dbidx.mdt.deletion_vectors import DvFileBuilder, VectorSlot, dv_file_name, read_vector
+from dbidx.mdt.fileio import FileIO, file_checksum
+from dbidx.mdt.records import DataFileRecord, DeletionVectorRecord, DvFileRecord
+
+DELETED_COLUMN = "_dbidx_deleted"
+KEY_CACHE_BYTES = int(os.environ.get("DBIDX_KEY_CACHE_MB", "512")) * 2 ** 20
+_THREADS = 8
+
+
+class KeyColumns:
+    """Per process: the key column of data files, by (path, checksum), least recently used dropped past a budget."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[tuple[str, str], pa.Array] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, io: FileIO, record: DataFileRecord, key: str) -> pa.Array:
+        """The file's keys as strings, in row order (read verified on a miss)."""
+        ident = (record.path, record.checksum)
+        with self._lock:
+            found = self._items.get(ident)
+            if found is not None:
+                self._items.move_to_end(ident)
+                return found
+        keys = _read_columns(io, record, key)[0]
+        self.put(record, keys)
+        return keys
+
+    def put(self, record: DataFileRecord, keys: pa.Array) -> None:
+        """Remember a file's keys (what the committing process just read of a new file)."""
+        ident = (record.path, record.checksum)
+        with self._lock:
+            if ident in self._items:
+                return
+            self._items[ident] = keys
+            self._bytes += keys.nbytes
+            while self._bytes > self.max_bytes and self._items:
+                _, dropped = self._items.popitem(last=False)
+                self._bytes -= dropped.nbytes
+
+
+KEYS = KeyColumns(KEY_CACHE_BYTES)
+
+
+def _read_columns(io: FileIO, record: DataFileRecord, key: str) -> tuple[pa.Array, np.ndarray]:
+    """A data file's keys (as strings) and delete flags (False where the file has none), verified first."""
+    from dbidx.mdt.data_reader import read_data_file
+
+    table = read_data_file(io, record, [key, DELETED_COLUMN])
+    if key not in table.column_names:
+        raise CorruptFileError(f"data file {io.path(record.path)} has no key column {key!r}")
+    keys = pc.cast(table.column(key), pa.string()).combine_chunks()
+    if DELETED_COLUMN in table.column_names:
+        deleted = pc.fill_null(table.column(DELETED_COLUMN), False).to_numpy(zero_copy_only=False)
+    else:
+        deleted = np.zeros(table.num_rows, dtype=bool)
+    return keys, deleted
+
+
+def load_vector(io: FileIO, ref: DvRef, rows: int, files: dict[str, bytes] | None = None) -> BitMap:
+    """A live data file's current vector, read from its DV file (size and checksum verified, then the vector's
+    length, CRC-32 and cardinality); `files` caches DV file bytes across calls of one read."""
+    data = files.get(ref.file.path) if files is not None else None
+    if data is None:
+        data = io.read_verified(ref.file.path, ref.file.size, ref.file.checksum, "DV file").to_pybytes()
+        if files is not None:
+            files[ref.file.path] = data
+    slot = VectorSlot(ref.vector.offset, ref.vector.size, ref.vector.cardinality)
+    return read_vector(data, slot, rows, io.path(ref.file.path))
+
+
+def dv_file_for(instant: str) -> str:
+    """A fresh DV file name for an instant: Delta names DV files by a uuid; ours starts with the instant's 17 digits
+    (so a rollback may delete it: mdt/layout.validate_instant_file) and ends with 15 random hex digits."""
+    return dv_file_name(uuid.UUID(hex=instant + secrets.token_hex(8)[:15]))
+
+
+def vectors_for_commit(io: FileIO, view: DataView, new_files: Sequence[DataFileRecord], key: str,
+                       instant: str) -> tuple[tuple[DvFileRecord, ...], tuple[DeletionVectorRecord, ...]]:
+    """The DV file and vectors of a commit adding `new_files`, against `view` (the table right before it)."""
+    # 1. The new files that can change a vector: with delete rows, or in a group that has older live files. Their
+    #    keys and delete flags are read on a few threads (and kept for later batches).
+    groups_with_files = {(f.record.partition, f.record.file_group) for f in view.live()}
+    new_files = [f for f in new_files if f.deletes or (f.partition, f.file_group) in groups_with_files]
+    if not new_files:
+        return (), ()
+    with ThreadPoolExecutor(max_workers=max(1, min(_THREADS, len(new_files)))) as pool:
+        columns = list(pool.map(lambda f: _read_columns(io, f, key), new_files))
+    vectors: dict[str, BitMap] = {}
+    new_keys: dict[tuple[str, str], list[pa.Array]] = {}
+    for f, (keys, deleted) in zip(new_files, columns):
+        KEYS.put(f, keys)
+        if deleted.any():
+            vectors[f.path] = BitMap(np.flatnonzero(deleted).astype(np.uint32))
+        new_keys.setdefault((f.partition, f.file_group), []).append(keys)
+    # 2. Older live files of the touched groups: the rows whose key a new row carries, minus their vector.
+    new_paths = {f.path for f in new_files}
+    older = [f for f in view.live() if (f.record.partition, f.record.file_group) in new_keys
+             and f.record.path not in new_paths]
+    dv_bytes: dict[str, bytes] = {}
+
+    def superseded(record: DataFileRecord) -> tuple[DataFileRecord, BitMap, BitMap | None, pa.Array]:
+        keys = KEYS.get(io, record, key)
+        group_keys = pa.concat_arrays(new_keys[(record.partition, record.file_group)])
+        hit = BitMap(np.flatnonzero(pc.is_in(keys, value_set=group_keys).to_numpy(zero_copy_only=False))
+                     .astype(np.uint32))
+        ref = view.vector_of(record.path)
+        current = load_vector(io, ref, record.rows, dv_bytes) if ref is not None else None
+        fresh = hit - current if current is not None else hit
+        return record, fresh, current, keys.take(pa.array(np.asarray(fresh.to_array(), dtype=np.int64)))
+
+    with ThreadPoolExecutor(max_workers=max(1, min(_THREADS, len(older)))) as pool:
+        found = list(pool.map(lambda f: superseded(f.record), older))
+    # 3. A key has at most one live row per group: two would mean the table was already inconsistent.
+    _reject_repeats([(r, k) for r, fresh, _c, k in found if len(fresh)], io)
+    for record, fresh, current, _k in found:
+        if len(fresh):
+            vectors[record.path] = fresh | current if current is not None else fresh
+    return write_vectors(io, instant, vectors)
+
+
+def write_vectors(io: FileIO, instant: str, vectors: dict[str, BitMap]
+                  ) -> tuple[tuple[DvFileRecord, ...], tuple[DeletionVectorRecord, ...]]:
+    """One DV file holding the given whole vectors (data file -> positions), announced before it is written (a
+    rollback of the instant deletes it); nothing when there are none."""
+    if not vectors:
+        return (), ()
+    builder = DvFileBuilder()
+    slots = {path: builder.add(vectors[path]) for path in sorted(vectors)}
+    data = builder.to_bytes()
+    rel = dv_file_for(instant)
+    markers.announce(io, instant, rel)
+    io.write_atomic(rel, data)
+    dv_file = DvFileRecord(path=rel, size=len(data), checksum=file_checksum(data))
+    return (dv_file,), tuple(DeletionVectorRecord(path=p, dv_file=rel, offset=s.offset, size=s.size,
+                                                  cardinality=s.cardinality) for p, s in slots.items())
+
+
+def _reject_repeats(found: Iterable[tuple[DataFileRecord, pa.Array]], io: FileIO) -> None:
+    """Name a key that has live rows in two places of one file group (never written by dbidx: a damaged table)."""
+    by_group: dict[tuple[str, str], list[tuple[DataFileRecord, pa.Array]]] = {}
+    for record, keys in found:
+        by_group.setdefault((record.partition, record.file_group), []).append((record, keys))
+    for (partition, group), items in by_group.items():
+        keys = pa.concat_arrays([k for _r, k in items])
+        if len(pc.unique(keys)) == len(keys):
+            continue
+        counts = pc.value_counts(keys)
+        repeated = counts.field("values").filter(pc.greater(counts.field("counts"), 1))[0].as_py()
+        paths = [io.path(r.path) for r, k in items if pc.any(pc.equal(k, repeated)).as_py()]
+        raise CorruptFileError(f"key {repeated!r} has more than one live row in file group {group!r} of partition "
+                               f"{partition!r} ({', '.join(paths)}); the table's data files and deletion vectors "
+                               "disagree, nothing was published (run `dbidx verify`)")

@@ -1,0 +1,61 @@
+"""The Delta readers a user's other engines use, for the open-table tests: deltalake's QueryBuilder (DataFusion),
+polars and DuckDB with its delta extension (the bundled file of the `duckdb-ext-delta` package: nothing is
+downloaded). Each returns the table's rows as a set of tuples of the given columns."""
+from __future__ import annotations
+
+import glob
+import os
+from typing import Sequence
+
+import duckdb
+import polars as pl
+import pyarrow as pa
+from deltalake import DeltaTable, QueryBuilder
+
+from dbidx.mdt import data_reader
+from dbidx.mdt.table import Table
+
+
+def extension_file() -> str:
+    """The delta extension shipped by the duckdb-ext-delta package for the installed duckdb."""
+    root = os.path.join(os.path.dirname(os.path.dirname(duckdb.__file__)), "duckdb_ext", "extensions")
+    found = glob.glob(os.path.join(root, f"v{duckdb.__version__}", "*", "delta.duckdb_extension"))
+    assert found, f"no delta extension for duckdb {duckdb.__version__} under {root}"
+    return found[0]
+
+
+def _rows(table: pa.Table, columns: Sequence[str]) -> list[tuple]:
+    return list(zip(*(table.column(c).to_pylist() for c in columns)))
+
+
+def via_deltalake(path: str, columns: Sequence[str], version: int | None = None) -> list[tuple]:
+    dt = DeltaTable(path, version=version)
+    out = QueryBuilder().register("t", dt).execute(f"select {', '.join(columns)} from t").read_all()
+    return _rows(pa.table(out), columns)
+
+
+def via_polars(path: str, columns: Sequence[str], version: int | None = None) -> list[tuple]:
+    frame = pl.read_delta(path, version=version).select(list(columns))
+    return _rows(frame.to_arrow(), columns)
+
+
+def via_duckdb(path: str, columns: Sequence[str]) -> list[tuple]:
+    con = duckdb.connect(config={"allow_unsigned_extensions": "true"})
+    con.execute(f"LOAD '{extension_file()}'")
+    return _rows(con.execute(f"select {', '.join(columns)} from delta_scan('{path}')").fetch_arrow_table(), columns)
+
+
+def via_dbidx(table: Table, columns: Sequence[str]) -> list[tuple]:
+    return _rows(data_reader.read_arrow(table, columns=list(columns)), columns)
+
+
+def assert_readers_agree(table: Table, columns: Sequence[str], expected: set[tuple] | None = None) -> list[tuple]:
+    """Every reader returns the same rows, without a repeated key (the first column), and `expected` if given."""
+    path = table.io.path("")
+    ours = via_dbidx(table, columns)
+    for name, rows in (("deltalake", via_deltalake(path, columns)), ("polars", via_polars(path, columns)),
+                       ("duckdb", via_duckdb(path, columns))):
+        assert sorted(rows, key=repr) == sorted(ours, key=repr), f"{name} reads other rows than dbidx"
+    if expected is not None:
+        assert set(ours) == expected
+    return ours
