@@ -260,23 +260,33 @@ class DeltaLogWriter:
         if record.seq > self.written_upto:
             self.pending[record.seq] = version_for(self.shape, record, view)
 
-    def sync(self, io: FileIO, latest_seq: int, records: Any) -> int:
-        """Write every missing version up to `latest_seq` (put-if-absent, compared if present); `records()` gives
-        the whole completion log when a missing version was not derived here (a crash, a new process): the log is
-        folded from its first record. Returns the number of versions this call wrote."""
-        present = set(listed_versions(io))
-        check_no_foreign(present, latest_seq, io)
-        if self.written_upto >= latest_seq:
-            return 0
+    def sync(self, io: FileIO, latest_seq: int, records: Any, recheck: Any) -> int:
+        """Write every missing version up to `latest_seq` (put-if-absent, compared if present) and refuse a version
+        beyond it that no dbidx completion explains (`recheck()` refreshes the completion log and returns its latest
+        seq: a dbidx writer may have published and written meanwhile). The first call of a process lists the log;
+        later ones write what they derived and look for the one next version only. `records()` gives the whole
+        completion log when a missing version was not derived here (a crash, a new process): the log is then folded
+        from its first record. Returns the number of versions this call wrote."""
+        # 1. What is on storage: listed once per process, then known from what this process wrote.
+        if self.written_upto < 0:
+            present = set(listed_versions(io))
+            beyond = sorted(v for v in present if v > latest_seq)
+        else:
+            present = set(range(self.written_upto + 1))
+            beyond = [latest_seq + 1] if io.exists(version_file(latest_seq + 1)) else []
+        # 2. A version above the latest completion is another dbidx writer's (publish raced this check) or foreign.
+        if beyond:
+            latest_seq = recheck()
+            check_no_foreign(beyond, latest_seq, io)
+        # 3. Versions neither on storage nor derived here are derived from the whole log; then all are written.
         wanted = [v for v in range(0, latest_seq + 1) if v not in present or v in self.pending]
-        missing = [v for v in wanted if v not in self.pending and v not in present]
+        missing = {v for v in wanted if v not in self.pending}
         if missing:
-            self._fold_all(records(), set(missing))
+            self._fold_all(records(), missing)
         written = 0
         for v in wanted:
-            data = self.pending.get(v)
-            if data is not None:
-                written += put_version(io, v, data)
+            if v in self.pending:
+                written += put_version(io, v, self.pending[v])
         self.pending = {v: d for v, d in self.pending.items() if v > latest_seq}
         self.written_upto = latest_seq
         return written

@@ -234,7 +234,11 @@ class Table:
                 # Versions of completions this view folded already are derived again only if they are missing.
                 self._delta = DeltaLogWriter(TableShape(self.props.table_id, self.props.created_at_ms or 0))
             self.refresh()
-            return self._delta.sync(self.io, self.timeline.latest_seq, self.timeline.completed)
+            return self._delta.sync(self.io, self.timeline.latest_seq, self.timeline.completed, self._refreshed_seq)
+
+    def _refreshed_seq(self) -> int:
+        self.refresh()
+        return self.timeline.latest_seq
 
     def _check_files(self, files: Iterable[FileRecord], where: str) -> None:
         """What a record (or checkpoint) may only say about this table: shards in range, a partition exactly in

@@ -15,8 +15,10 @@ from dbidx.errors import CorruptFileError, HistoryCompactedError
 from dbidx.mdt import layout, rli_files
 from dbidx.mdt.checkpoint import checkpoint_seqs, read_checkpoint
 from dbidx.mdt.data_view import DataView
+from dbidx.mdt.delta_log import DELTA_LOG_DIR, listed_versions
 from dbidx.mdt.file_view import FileView
 from dbidx.mdt.records import FileRecord
+from dbidx.mdt.superseded import load_vector
 from dbidx.mdt.table import Table
 
 Progress = Callable[[int, int], None]
@@ -29,6 +31,7 @@ class TableCheck:
     seq: int
     index_files: int = 0
     data_files: int = 0
+    deletion_vectors: int = 0
     checkpoint_seq: int | None = None  # the checkpoint compared with a replay of the log, if any
     bytes_checked: int = 0
     damaged: list[dict[str, str]] = field(default_factory=list)
@@ -41,6 +44,7 @@ class TableCheck:
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form."""
         return {"seq": self.seq, "index_files": self.index_files, "data_files": self.data_files,
+                "deletion_vectors": self.deletion_vectors,
                 "checkpoint_seq": self.checkpoint_seq, "bytes_checked": self.bytes_checked, "damaged": self.damaged, "ok": self.ok}
 
 
@@ -69,8 +73,30 @@ def verify_table(table: Table, progress: Progress | None = None) -> TableCheck:
             check.damaged.append({"path": record.path, "problem": str(exc)})
         if progress is not None:
             progress(i + 1, total)
+    _check_vectors(table, check)
     _compare_checkpoint(table, check)
     return check
+
+
+def _check_vectors(table: Table, check: TableCheck) -> None:
+    """Every live file's deletion vector reads back whole (DV file size and checksum, the vector's CRC-32,
+    cardinality and positions), and the Delta log has a version for every completion (`dbidx repair` writes missing
+    ones)."""
+    view, dv_files = table.data_view(), {}
+    for live in view.live():
+        ref = view.vector_of(live.record.path)
+        if ref is None:
+            continue
+        try:
+            load_vector(table.io, ref, live.record.rows, dv_files)
+            check.deletion_vectors += 1
+        except CorruptFileError as exc:
+            check.damaged.append({"path": ref.file.path, "problem": str(exc)})
+    missing = sorted(set(range(table.timeline.latest_seq + 1)) - set(listed_versions(table.io)))
+    if missing:
+        check.damaged.append({"path": table.io.path(DELTA_LOG_DIR), "problem": f"Delta version(s) {missing[:10]} "
+                              "are missing (a crash between a commit and its Delta version); `dbidx repair URI` "
+                              "writes them"})
 
 
 def _compare_checkpoint(table: Table, check: TableCheck) -> None:

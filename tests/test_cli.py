@@ -157,3 +157,21 @@ def test_demo_refuses_a_directory_it_did_not_create(tmp_path):
     assert notes.read_text() == "keep me"
     too_small = CliRunner().invoke(main, ["demo", "--dir", str(tmp_path / "new"), "--keys", "99"])
     assert too_small.exit_code == 2 and "--keys >= 100" in too_small.output
+
+
+def test_repair_writes_a_missing_delta_version(runner, dataset):
+    result = runner.invoke(main, ["build-index", str(dataset), "--key", "id", "--partition-col", "dt"])
+    assert result.exit_code == 0, result.output
+    version = dataset / "_delta_log" / f"{1:020d}.json"
+    written = version.read_bytes()
+    version.unlink()  # a crash between the build-index completion and its Delta version
+    result = runner.invoke(main, ["repair", str(dataset), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output) == {"versions_written": 1, "version": 1}
+    assert version.read_bytes() == written
+    result = runner.invoke(main, ["repair", str(dataset)])
+    assert result.exit_code == 0 and "wrote 0 missing Delta version(s)" in result.output
+    from deltalake import DeltaTable, QueryBuilder
+    rows = QueryBuilder().register("t", DeltaTable(str(dataset))).execute("select count(*) as n from t").read_all()
+    assert pa.table(rows).column("n").to_pylist() == [400]
+    assert Table.open(str(dataset)).latest().seq == 1

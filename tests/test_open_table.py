@@ -16,6 +16,7 @@ from dbidx.errors import CorruptFileError, ForeignCommitError
 from dbidx.mdt import data_compaction, data_reader, delta_log
 from dbidx.mdt.build_index import build_index
 from dbidx.mdt.table import Table
+from dbidx.mdt.verify_table import verify_table
 from dbidx.spark_integration.local import upsert_arrow
 
 from tests.delta_readers import assert_readers_agree, via_deltalake, via_polars
@@ -125,6 +126,8 @@ def test_a_damaged_deletion_vector_is_loud(tmp_path: Path) -> None:
     dv.write_bytes(bytes(raw))
     with pytest.raises(CorruptFileError, match="DV file"):
         data_reader.read_arrow(table)
+    report = verify_table(table)
+    assert not report.ok and report.damaged[0]["path"] == record.dv_files[0].path
 
 
 def test_a_commit_another_engine_wrote_is_refused(tmp_path: Path) -> None:
@@ -148,7 +151,20 @@ def test_a_missing_delta_version_is_written_by_the_next_writer(tmp_path: Path) -
                      partition="dt", cache_config=config)
     written = Path(table.io.path(delta_log.version_file(2))).read_bytes()
     Path(table.io.path(delta_log.version_file(2))).unlink()  # a crash between the publish and the Delta version
+    assert "dbidx repair" in verify_table(Table.open(table.uri)).damaged[0]["problem"]
     fresh = Table.open(table.uri)
     assert fresh.sync_delta_log() == 1
     assert Path(table.io.path(delta_log.version_file(2))).read_bytes() == written  # derived again, same bytes
     assert_readers_agree(fresh, COLUMNS, {("a", "d1", 2), ("b", "d2", 2)})
+
+
+def test_two_writers_interleave_without_a_false_alarm(tmp_path: Path) -> None:
+    first = Table.create(str(tmp_path / "t"), num_shards=2)
+    second = Table.open(first.uri)
+    config = CacheConfig(base_path=str(tmp_path / "cache"))
+    for i, writer in enumerate([first, second, first, first, second, second, first]):
+        upsert_arrow(pa.table({"id": [f"k{i}", "shared"], "dt": ["d1", "d1"], "v": [i, i]}), writer, key="id",
+                     partition="dt", cache_config=config)
+    expected = {(f"k{i}", "d1", i) for i in range(7)} | {("shared", "d1", 6)}
+    assert_readers_agree(first, COLUMNS, expected)
+    assert delta_log.listed_versions(first.io) == list(range(8))
