@@ -7,8 +7,9 @@ Delta reader (Spark, delta-rs, polars, DuckDB, Trino) applies them:
 - one vector: magic 1681511377 as 4 little-endian bytes, then the 64-bit portable RoaringTreemap (u64 little-endian
   count of 32-bit bitmaps, then per bitmap a u32 little-endian high key and the portable 32-bit Roaring bitmap);
 - a DV file `deletion_vector_<uuid>.bin`: one version byte 1, then per vector a 4-byte big-endian length, the
-  vector, and a 4-byte big-endian CRC-32 of the vector; a descriptor names the file by the Z85 form of its uuid and
-  gives the offset of the length field, the vector's size and its cardinality.
+  vector, and a 4-byte big-endian CRC-32 of the vector (the completion record gives each vector's offset, size and
+  cardinality);
+- in the Delta log a vector travels inline: Z85 of its bytes (mdt/delta_log.py says why).
 
 Everything read back is untrusted: a wrong magic, a CRC mismatch, a size or cardinality that differs from the
 descriptor, or a position past the file's rows is a CorruptFileError naming the DV file, never fewer deleted rows.
@@ -34,7 +35,7 @@ _Z85_INDEX = {c: i for i, c in enumerate(_Z85)}
 
 
 def z85_encode(data: bytes) -> str:
-    """Z85 (ZeroMQ's base-85) of bytes whose length is a multiple of 4 (Delta's encoding of DV uuids)."""
+    """Z85 (ZeroMQ's base-85) of bytes whose length is a multiple of 4 (Delta's encoding of inline vectors and DV uuids)."""
     if len(data) % 4:
         raise ValueError(f"Z85 encodes multiples of 4 bytes, got {len(data)}")
     out = []
@@ -68,19 +69,6 @@ def z85_decode(text: str) -> bytes:
 def dv_file_name(file_uuid: uuid.UUID) -> str:
     """The table-relative path of a DV file (at the table root, Delta's default without a prefix)."""
     return f"{DV_PREFIX}{file_uuid}.bin"
-
-
-def dv_file_id(path: str) -> str:
-    """The descriptor's `pathOrInlineDv` for a DV file at the table root: Z85 of its uuid's 16 bytes."""
-    name = path.rsplit("/", 1)[-1]
-    if "/" in path or not name.startswith(DV_PREFIX) or not name.endswith(".bin"):
-        raise ValueError(f"{path!r} is not a DV file at the table root")
-    return z85_encode(uuid.UUID(name[len(DV_PREFIX):-4]).bytes)
-
-
-def dv_file_path(path_or_inline: str) -> str:
-    """Inverse of dv_file_id: the DV file a descriptor names (ValueError if it is not a root-level uuid)."""
-    return dv_file_name(uuid.UUID(bytes=z85_decode(path_or_inline)))
 
 
 def encode_vector(positions: Iterable[int] | np.ndarray) -> bytes:
@@ -141,9 +129,9 @@ class DvFileBuilder:
         return b"".join(self._parts)
 
 
-def read_vector(data: bytes, slot: VectorSlot, rows: int, where: str) -> BitMap:
-    """One vector out of a DV file's (already size- and checksum-verified) bytes, checked against its descriptor
-    (version byte, length, CRC-32, cardinality) and the data file's row count."""
+def vector_body(data: bytes, slot: VectorSlot, where: str) -> bytes:
+    """One vector's bytes out of a DV file's (already size- and checksum-verified) bytes, checked against its
+    descriptor (version byte, bounds, length field, CRC-32)."""
     if not data or data[0] != DV_FILE_VERSION:
         raise CorruptFileError(f"DV file {where} does not start with version byte {DV_FILE_VERSION}")
     end = slot.offset + 4 + slot.size + 4
@@ -157,7 +145,12 @@ def read_vector(data: bytes, slot: VectorSlot, rows: int, where: str) -> BitMap:
                                f"descriptor says {slot.size}")
     if zlib.crc32(body) & 0xFFFFFFFF != crc:
         raise CorruptFileError(f"DV file {where}: the vector at offset {slot.offset} fails its CRC-32 (damaged)")
-    positions = decode_vector(body, where)
+    return body
+
+
+def read_vector(data: bytes, slot: VectorSlot, rows: int, where: str) -> BitMap:
+    """One vector's positions (vector_body, then its cardinality and every position < the data file's rows)."""
+    positions = decode_vector(vector_body(data, slot, where), where)
     if len(positions) != slot.cardinality:
         raise CorruptFileError(f"DV file {where}: the vector at offset {slot.offset} holds {len(positions)} "
                                f"positions, its descriptor says {slot.cardinality}")
@@ -165,3 +158,8 @@ def read_vector(data: bytes, slot: VectorSlot, rows: int, where: str) -> BitMap:
         raise CorruptFileError(f"DV file {where}: the vector at offset {slot.offset} deletes row {positions.max()} "
                                f"of a data file of {rows} rows")
     return positions
+
+
+def inline_form(body: bytes) -> str:
+    """A vector as Delta's inline `pathOrInlineDv`: Z85 of its bytes, zero-padded to a multiple of 4."""
+    return z85_encode(body + b"\0" * (-len(body) % 4))

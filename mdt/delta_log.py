@@ -20,20 +20,18 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 from urllib.parse import quote
 
 import pyarrow as pa
 
 from dbidx.errors import CorruptFileError, ForeignCommitError
 from dbidx.mdt.data_schema import recorded_schema
-from dbidx.mdt.data_view import DataView, DvRef, LiveDataFile
-from dbidx.mdt.deletion_vectors import dv_file_id
+from dbidx.mdt.data_view import DataView, DvRef
+from dbidx.mdt.deletion_vectors import inline_form
 from dbidx.mdt.fileio import FileIO
-from dbidx.mdt.records import (
-    ACTION_BUILD_INDEX, ACTION_COMMIT, ACTION_DATA_COMPACTION, CompletedInstant, DataFileRecord, DeletionVectorRecord,
-    DvFileRecord,
-)
+from dbidx.mdt.records import ACTION_BUILD_INDEX, ACTION_COMMIT, ACTION_DATA_COMPACTION, CompletedInstant, DataFileRecord
+from dbidx.mdt.superseded import load_vector_bytes
 
 DELTA_LOG_DIR = "_delta_log"
 ENGINE = "dbidx"
@@ -71,8 +69,10 @@ class TableShape:
     created_at_ms: int
 
 
-def version_for(shape: TableShape, record: CompletedInstant, view: DataView) -> bytes:
-    """Delta version `record.seq`: the record's effect on the rows, given the data view right before it."""
+def version_for(shape: TableShape, record: CompletedInstant, view: DataView,
+                body: Callable[[DvRef], bytes]) -> bytes:
+    """Delta version `record.seq`: the record's effect on the rows, given the data view right before it; `body`
+    gives a vector's bytes (verified), which the version carries inline."""
     actions: list[dict[str, Any]] = [_commit_info(record.completed_at_ms, _OPERATIONS.get(record.action, "VACUUM"),
                                                   record)]
     after_schema = _schema_after(record, view)
@@ -88,7 +88,8 @@ def version_for(shape: TableShape, record: CompletedInstant, view: DataView) -> 
         if gone is None:
             raise CorruptFileError(f"completion {record.seq} ({record.instant}) replaces {path!r}, which is not a "
                                    "live data file right before it")
-        actions.append(_remove(gone.record, view.vector_of(path), partition_columns, ms, data_change=False))
+        actions.append(_remove(gone.record, _inline(view.vector_of(path), body), partition_columns, ms,
+                               data_change=False))
     new_paths = {f.path for f in record.data_files}
     # 2. Files that were live before and got a new vector: remove with the old vector, add with the new one.
     for path in sorted(set(vectors) - new_paths):
@@ -97,13 +98,15 @@ def version_for(shape: TableShape, record: CompletedInstant, view: DataView) -> 
             raise CorruptFileError(f"completion {record.seq} ({record.instant}) gives {path!r} a deletion vector, "
                                    "but it is not a live data file right before it")
         new = DvRef(vectors[path], dv_files[vectors[path].dv_file])
-        actions.append(_remove(old.record, view.vector_of(path), partition_columns, ms, data_change=True))
-        actions.append(_add(old.record, new, partition_columns, ms, data_change=True, key=_key(view, record)))
+        actions.append(_remove(old.record, _inline(view.vector_of(path), body), partition_columns, ms,
+                               data_change=True))
+        actions.append(_add(old.record, _inline(new, body), partition_columns, ms, data_change=True,
+                            key=_key(view, record)))
     # 3. New files (a commit's, or a compaction's bases), each with its own vector if it has one.
     change = record.action != ACTION_DATA_COMPACTION
     for f in record.data_files:
         ref = DvRef(vectors[f.path], dv_files[vectors[f.path].dv_file]) if f.path in vectors else None
-        actions.append(_add(f, ref, partition_columns, ms, data_change=change, key=_key(view, record)))
+        actions.append(_add(f, _inline(ref, body), partition_columns, ms, data_change=change, key=_key(view, record)))
     return encode(actions)
 
 
@@ -173,11 +176,15 @@ def _partition_values(partition: str, columns: list[str]) -> dict[str, str]:
     return {c: values[c] for c in columns if c in values}
 
 
-def _descriptor(ref: DvRef) -> dict[str, Any]:
-    v: DeletionVectorRecord = ref.vector
-    file: DvFileRecord = ref.file
-    return {"storageType": "u", "pathOrInlineDv": dv_file_id(file.path), "offset": v.offset,
-            "sizeInBytes": v.size, "cardinality": v.cardinality}
+def _inline(ref: DvRef | None, body: Callable[[DvRef], bytes]) -> dict[str, Any] | None:
+    """A vector as an inline Delta descriptor. Why inline and not a pointer into the DV file: deltalake's
+    `DeltaTable.deletion_vectors()` (what polars reads through) stalled for minutes, at random, on tables with a
+    few hundred file-backed vectors (seen here with deltalake 1.6.6 at ~770; inline ones took 0.1 s)."""
+    if ref is None:
+        return None
+    data = body(ref)
+    return {"storageType": "i", "pathOrInlineDv": inline_form(data), "sizeInBytes": len(data),
+            "cardinality": ref.vector.cardinality}
 
 
 def delta_path(path: str) -> str:
@@ -185,7 +192,7 @@ def delta_path(path: str) -> str:
     return quote(path, safe="/=-_.~")
 
 
-def _add(f: DataFileRecord, ref: DvRef | None, columns: list[str], ms: int, data_change: bool,
+def _add(f: DataFileRecord, dv: dict[str, Any] | None, columns: list[str], ms: int, data_change: bool,
          key: str | None) -> dict[str, Any]:
     stats: dict[str, Any] = {"numRecords": f.rows}
     if key is not None and key not in columns and f.min_key is not None:
@@ -193,17 +200,18 @@ def _add(f: DataFileRecord, ref: DvRef | None, columns: list[str], ms: int, data
     add: dict[str, Any] = {"path": delta_path(f.path), "partitionValues": _partition_values(f.partition, columns),
                            "size": f.size, "modificationTime": ms, "dataChange": data_change,
                            "stats": json.dumps(stats, sort_keys=True, separators=(",", ":"))}
-    if ref is not None:
-        add["deletionVector"] = _descriptor(ref)
+    if dv is not None:
+        add["deletionVector"] = dv
     return {"add": add}
 
 
-def _remove(f: DataFileRecord, ref: DvRef | None, columns: list[str], ms: int, data_change: bool) -> dict[str, Any]:
+def _remove(f: DataFileRecord, dv: dict[str, Any] | None, columns: list[str], ms: int,
+            data_change: bool) -> dict[str, Any]:
     remove: dict[str, Any] = {"path": delta_path(f.path), "deletionTimestamp": ms, "dataChange": data_change,
                               "extendedFileMetadata": True,
                               "partitionValues": _partition_values(f.partition, columns), "size": f.size}
-    if ref is not None:
-        remove["deletionVector"] = _descriptor(ref)
+    if dv is not None:
+        remove["deletionVector"] = dv
     return {"remove": remove}
 
 
@@ -242,23 +250,19 @@ def check_no_foreign(present: Iterable[int], latest_seq: int, io: FileIO) -> Non
             "table with `dbidx build-index` to adopt its current state")
 
 
-def live_files(view: DataView) -> list[LiveDataFile]:
-    """The data files a Delta reader of the latest version sees (each minus its deletion vector)."""
-    return sorted(view.live(), key=lambda f: f.record.path)
-
-
 class DeltaLogWriter:
     """Derives the Delta versions of the completions a writer's table view applies, and writes the missing ones."""
 
-    def __init__(self, shape: TableShape) -> None:
+    def __init__(self, shape: TableShape, io: FileIO) -> None:
         self.shape = shape
+        self.io = io
         self.pending: dict[int, bytes] = {}  # derived versions not yet known to be on storage
         self.written_upto = -1  # every version up to this one is known to be on storage
 
     def derive(self, record: CompletedInstant, view: DataView) -> None:
         """DataView.apply's `before` hook: remember the version of a record this writer has not seen written."""
         if record.seq > self.written_upto:
-            self.pending[record.seq] = version_for(self.shape, record, view)
+            self.pending[record.seq] = version_for(self.shape, record, view, self._body())
 
     def sync(self, io: FileIO, latest_seq: int, records: Any, recheck: Any) -> int:
         """Write every missing version up to `latest_seq` (put-if-absent, compared if present) and refuse a version
@@ -291,15 +295,20 @@ class DeltaLogWriter:
         self.written_upto = latest_seq
         return written
 
+    def _body(self) -> Callable[[DvRef], bytes]:
+        """Vector bytes from their DV files (verified), each file read once per derivation."""
+        files: dict[str, bytes] = {}
+        return lambda ref: load_vector_bytes(self.io, ref, files)
+
     def _fold_all(self, records: list[CompletedInstant], missing: set[int]) -> None:
         """Derive the missing versions by replaying the whole completion log into a fresh view."""
         if 0 in missing:
             self.pending[0] = initial_version(self.shape.table_id, self.shape.created_at_ms)
-        view = DataView()
+        view, body = DataView(), self._body()
 
         def keep(rec: CompletedInstant, before: DataView) -> None:
             if rec.seq in missing:
-                self.pending[rec.seq] = version_for(self.shape, rec, before)
+                self.pending[rec.seq] = version_for(self.shape, rec, before, body)
 
         view.apply(records, before=keep)
 

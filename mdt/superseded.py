@@ -30,7 +30,7 @@ from pyroaring import BitMap
 from dbidx.errors import CorruptFileError
 from dbidx.mdt import markers
 from dbidx.mdt.data_view import DataView, DvRef
-from dbidx.mdt.deletion_vectors import DvFileBuilder, VectorSlot, dv_file_name, read_vector
+from dbidx.mdt.deletion_vectors import DvFileBuilder, VectorSlot, dv_file_name, read_vector, vector_body
 from dbidx.mdt.fileio import FileIO, file_checksum
 from dbidx.mdt.records import DataFileRecord, DeletionVectorRecord, DvFileRecord
 
@@ -94,13 +94,25 @@ def _read_columns(io: FileIO, record: DataFileRecord, key: str) -> tuple[pa.Arra
 def load_vector(io: FileIO, ref: DvRef, rows: int, files: dict[str, bytes] | None = None) -> BitMap:
     """A live data file's current vector, read from its DV file (size and checksum verified, then the vector's
     length, CRC-32 and cardinality); `files` caches DV file bytes across calls of one read."""
+    return read_vector(_dv_file(io, ref, files), _slot(ref), rows, io.path(ref.file.path))
+
+
+def load_vector_bytes(io: FileIO, ref: DvRef, files: dict[str, bytes] | None = None) -> bytes:
+    """A vector's serialized bytes (checked like load_vector's, but not decoded): what the Delta log inlines."""
+    return vector_body(_dv_file(io, ref, files), _slot(ref), io.path(ref.file.path))
+
+
+def _dv_file(io: FileIO, ref: DvRef, files: dict[str, bytes] | None) -> bytes:
     data = files.get(ref.file.path) if files is not None else None
     if data is None:
         data = io.read_verified(ref.file.path, ref.file.size, ref.file.checksum, "DV file").to_pybytes()
         if files is not None:
             files[ref.file.path] = data
-    slot = VectorSlot(ref.vector.offset, ref.vector.size, ref.vector.cardinality)
-    return read_vector(data, slot, rows, io.path(ref.file.path))
+    return data
+
+
+def _slot(ref: DvRef) -> VectorSlot:
+    return VectorSlot(ref.vector.offset, ref.vector.size, ref.vector.cardinality)
 
 
 def dv_file_for(instant: str) -> str:

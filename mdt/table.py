@@ -232,7 +232,7 @@ class Table:
         with self._view_lock:
             if self._delta is None:
                 # Versions of completions this view folded already are derived again only if they are missing.
-                self._delta = DeltaLogWriter(TableShape(self.props.table_id, self.props.created_at_ms or 0))
+                self._delta = DeltaLogWriter(TableShape(self.props.table_id, self.props.created_at_ms or 0), self.io)
             self.refresh()
             return self._delta.sync(self.io, self.timeline.latest_seq, self.timeline.completed, self._refreshed_seq)
 

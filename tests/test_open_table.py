@@ -168,3 +168,16 @@ def test_two_writers_interleave_without_a_false_alarm(tmp_path: Path) -> None:
     expected = {(f"k{i}", "d1", i) for i in range(7)} | {("shared", "d1", 6)}
     assert_readers_agree(first, COLUMNS, expected)
     assert delta_log.listed_versions(first.io) == list(range(8))
+
+
+def test_inline_vectors_round_trip() -> None:
+    from pyroaring import BitMap
+
+    from dbidx.mdt.deletion_vectors import decode_vector, encode_vector, inline_form, z85_decode
+
+    for positions in ([], [0], [1, 5, 4095, 4096, 70000], list(range(0, 9000, 2))):
+        body = encode_vector(BitMap(positions))
+        back = z85_decode(inline_form(body))[:len(body)]
+        assert list(decode_vector(back, "test")) == positions
+    with pytest.raises(CorruptFileError, match="malformed"):
+        decode_vector(b"\x00" * 16, "test")
