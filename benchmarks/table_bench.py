@@ -218,6 +218,7 @@ def main() -> None:
             else:
                 row += ["-", "-", "-", "-"]
             rows.append(row)
+            print("row:", row, flush=True)
         # After compaction (data, then clean): the same rows from one file per group.
         compact_s, result = timed(lambda: table.compact_data(min_files=2))
         table.clean(retain_completions=0)

@@ -85,8 +85,8 @@ def compact(
 
 
 def clean(table: Table, retain_completions: int = 10, delete_migrated: bool = False) -> CompletedInstant | None:
-    """Delete index files replaced by compactions, and data files replaced by data compactions, at least
-    `retain_completions` completions ago. Source files build-index listed stay unless delete_migrated=True.
+    """Delete index files replaced by compactions, data files replaced by data compactions, and DV files no live
+    deletion vector points into any more, at least `retain_completions` completions ago. Source files build-index listed stay unless delete_migrated=True.
 
     Incremental reads reaching back further than that get HistoryCompactedError (a cache then reloads the
     partition); snapshots of older instants likewise. Returns the clean's completion record, or None.
@@ -98,7 +98,8 @@ def clean(table: Table, retain_completions: int = 10, delete_migrated: bool = Fa
     if outside:
         raise CorruptFileError(f"compaction records of {table.uri} replace files outside {layout.RLI_DIR}, e.g. "
                                f"{outside[0]!r}; refusing to clean")
-    doomed += table.data_view().replaced(horizon, migrated=delete_migrated)
+    data = table.data_view()
+    doomed += data.replaced(horizon, migrated=delete_migrated) + data.unreferenced_dv_files(horizon)
     if not doomed:
         return None
     writer = table.timeline.start(ACTION_CLEAN)

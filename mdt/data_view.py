@@ -61,6 +61,7 @@ class DataView:
         self._live: dict[str, LiveDataFile] = {}
         self._replaced: dict[str, tuple[int, bool]] = {}  # path -> (replacing seq, user's source file)
         self._dv: dict[str, DvRef] = {}  # live data file -> its current deletion vector
+        self._dv_files: dict[str, int] = {}  # DV file -> seq it was written, or a vector of it last left the state
         self.schema: Recorded | None = None
         self.layout: Recorded | None = None
         self.buckets: Recorded | None = None
@@ -83,6 +84,7 @@ class DataView:
             elif rec.action == ACTION_CLEAN:
                 for path in rec.deleted:
                     self._replaced.pop(path, None)
+                    self._dv_files.pop(path, None)
             self._set_vectors(rec)
             if layout_value := rec.extra.get(LAYOUT_EXTRA):
                 self.layout = Recorded(layout_value, rec.seq, rec.instant)
@@ -109,7 +111,7 @@ class DataView:
                 raise CorruptFileError(f"data compaction {rec.instant} (seq {rec.seq}) replaces {path!r}, which is "
                                        "not a live data file at that point of the log")
             self._replaced[path] = (rec.seq, gone.source)
-            self._dv.pop(path, None)
+            self._release(self._dv.pop(path, None), rec.seq)
             group = (gone.record.partition, gone.record.file_group)
             covered[group] = max(covered.get(group, 0), gone.order[0])
         for f in rec.data_files:
@@ -123,13 +125,21 @@ class DataView:
         """A completion's deletion vectors replace the earlier ones of their files, which must be live and in a DV
         file the same completion wrote."""
         dv_files = {f.path: f for f in rec.dv_files}
+        for f in rec.dv_files:
+            self._dv_files[f.path] = rec.seq
         for dv in rec.deletion_vectors:
             live = self._live.get(dv.path)
             if live is None or dv.dv_file not in dv_files or dv.cardinality > live.record.rows:
                 raise CorruptFileError(f"completion {rec.seq} ({rec.instant}) gives {dv.path!r} a deletion vector "
                                        "that does not fit: the file is not live, the vector's DV file is not one the "
                                        "completion wrote, or it deletes more rows than the file has")
+            self._release(self._dv.get(dv.path), rec.seq)
             self._dv[dv.path] = DvRef(dv, dv_files[dv.dv_file])
+
+    def _release(self, ref: DvRef | None, seq: int) -> None:
+        """A vector left the state at `seq`: its DV file may become unreferenced from then on."""
+        if ref is not None and ref.file.path in self._dv_files:
+            self._dv_files[ref.file.path] = seq
 
     # ---- answers -----------------------------------------------------------------------------------------
     def live(self) -> list[LiveDataFile]:
@@ -152,6 +162,12 @@ class DataView:
         """Whether the path is a data file of the current state."""
         return path in self._live
 
+    def unreferenced_dv_files(self, upto_seq: int) -> list[str]:
+        """DV files no live vector points into, whose last vector left the state at or before `upto_seq` (for
+        `clean`: a reader that planned a read before then may still need them)."""
+        referenced = {ref.file.path for ref in self._dv.values()}
+        return sorted(p for p, seq in self._dv_files.items() if seq <= upto_seq and p not in referenced)
+
     def replaced(self, upto_seq: int, migrated: bool = False) -> list[str]:
         """Data files replaced by data compactions at or before `upto_seq` and not cleaned yet (for `clean`);
         the user's source files build-index listed only with `migrated` (deleting them is the user's decision)."""
@@ -169,6 +185,7 @@ class DataView:
             "buckets": _recorded_dict(self.buckets),
             "vectors": [{"vector": asdict(d.vector), "file": asdict(d.file)}
                         for _p, d in sorted(self._dv.items())],
+            "dv_files": [{"path": p, "seq": seq} for p, seq in sorted(self._dv_files.items())],
         }
 
     @classmethod
@@ -176,7 +193,7 @@ class DataView:
         """Rebuild from a checkpoint, checking every field (a checkpoint is read back from storage: untrusted)."""
         try:
             d = parse_object(data, "data", {"applied_seq", "writes", "last_write", "live", "replaced", "schema",
-                                            "layout", "buckets", "vectors"})
+                                            "layout", "buckets", "vectors", "dv_files"})
             view = cls()
             view.applied_seq = parse_int(d["applied_seq"], "data.applied_seq")
             view.writes = parse_int(d["writes"], "data.writes")
@@ -204,6 +221,13 @@ class DataView:
                     raise FieldError(f"data.vectors[{i}] is the vector of {ref.vector.path!r}, which is not a live "
                                      "file, or names another DV file, or deletes more rows than the file has")
                 view._dv[ref.vector.path] = ref
+            for i, item in enumerate(parse_items(d["dv_files"], "data.dv_files")):
+                e = parse_object(item, f"data.dv_files[{i}]", {"path", "seq"})
+                path = DvFileRecord.parse({"path": e["path"], "size": 0, "checksum": "xxh64:" + "0" * 16},
+                                          f"data.dv_files[{i}]").path
+                view._dv_files[path] = parse_int(e["seq"], f"data.dv_files[{i}].seq", 1)
+            if any(ref.file.path not in view._dv_files for ref in view._dv.values()):
+                raise FieldError("a live vector points into a DV file the view does not list")
             view.schema = _recorded(d["schema"], "data.schema")
             view.layout = _recorded(d["layout"], "data.layout")
             view.buckets = _recorded(d["buckets"], "data.buckets")

@@ -256,13 +256,18 @@ class DeltaLogWriter:
     def __init__(self, shape: TableShape, io: FileIO) -> None:
         self.shape = shape
         self.io = io
-        self.pending: dict[int, bytes] = {}  # derived versions not yet known to be on storage
+        # Derived versions not yet known to be on storage (an error: the version cannot be derived here, because a
+        # clean removed a DV file it needs after the version was written; it must then exist).
+        self.pending: dict[int, bytes | CorruptFileError] = {}
         self.written_upto = -1  # every version up to this one is known to be on storage
 
     def derive(self, record: CompletedInstant, view: DataView) -> None:
         """DataView.apply's `before` hook: remember the version of a record this writer has not seen written."""
         if record.seq > self.written_upto:
-            self.pending[record.seq] = version_for(self.shape, record, view, self._body())
+            try:
+                self.pending[record.seq] = version_for(self.shape, record, view, self._body())
+            except CorruptFileError as exc:  # a vector's DV file is gone: fine if the version exists (sync checks)
+                self.pending[record.seq] = exc
 
     def sync(self, io: FileIO, latest_seq: int, records: Any, recheck: Any) -> int:
         """Write every missing version up to `latest_seq` (put-if-absent, compared if present) and refuse a version
@@ -289,8 +294,14 @@ class DeltaLogWriter:
             self._fold_all(records(), missing)
         written = 0
         for v in wanted:
-            if v in self.pending:
-                written += put_version(io, v, self.pending[v])
+            data = self.pending.get(v)
+            if isinstance(data, CorruptFileError):
+                if v in present:  # written by the process that published it, before a clean removed its DV files
+                    continue
+                raise CorruptFileError(f"Delta version {v} of {io.path(DELTA_LOG_DIR)} is missing and cannot be "
+                                       f"derived again: {data}") from data
+            if data is not None:
+                written += put_version(io, v, data)
         self.pending = {v: d for v, d in self.pending.items() if v > latest_seq}
         self.written_upto = latest_seq
         return written

@@ -221,7 +221,9 @@ class Table:
         interval = self.props.checkpoint_interval
         if interval and record.seq % interval == 0:
             self.checkpoint()
-            if self.io.is_local:  # Delta readers then start from it too (delta-rs writes Delta's checkpoint format)
+            # Delta readers then start from it too (delta-rs writes Delta's checkpoint format; it refuses a table
+            # whose schema is still empty: an index written through the library writer has no data yet).
+            if self.io.is_local and self._data.schema is not None:
                 delta_checkpoint(self.io.path(""))
 
     def sync_delta_log(self) -> int:

@@ -75,6 +75,9 @@ def test_every_commit_kind_reads_the_same_in_every_engine(tmp_path: Path, global
     # 3. An index compaction, a clean, a rollback of a pending instant: no row changes, versions still follow.
     table.compact()
     table.clean(retain_completions=0)
+    view = table.data_view()  # DV files no live vector points into are gone with the replaced data files
+    live_refs = {ref.file.path for f in view.live() if (ref := view.vector_of(f.record.path)) is not None}
+    assert {p.name for p in Path(table.io.path("")).glob("deletion_vector_*.bin")} == live_refs
     pending = table.timeline.start("commit")
     table.rollback(pending.instant)
     for _ in range(3):
@@ -112,12 +115,18 @@ def test_build_index_adopts_hive_files_and_upserts_update_them(tmp_path: Path) -
     assert_readers_agree(table, COLUMNS, {("a", "2025-01-01", 7), ("b", "2025-01-01", 1), ("d", "2025-01-02", 9)})
 
 
-def test_a_damaged_deletion_vector_is_loud(tmp_path: Path) -> None:
+def twice_updated(tmp_path: Path, days: tuple[str, str]) -> Table:
+    """A one-shard table whose two keys were written twice (the second time superseding the first)."""
     table = Table.create(str(tmp_path / "t"), num_shards=1)
     config = CacheConfig(base_path=str(tmp_path / "cache"))
     for value in (1, 2):
-        upsert_arrow(pa.table({"id": ["a", "b"], "dt": ["d1", "d1"], "v": [value, value]}), table, key="id",
+        upsert_arrow(pa.table({"id": ["a", "b"], "dt": list(days), "v": [value, value]}), table, key="id",
                      partition="dt", cache_config=config)
+    return table
+
+
+def test_a_damaged_deletion_vector_is_loud(tmp_path: Path) -> None:
+    table = twice_updated(tmp_path, ("d1", "d1"))
     record = table.latest()
     assert record is not None and record.dv_files
     dv = Path(table.io.path(record.dv_files[0].path))
@@ -144,11 +153,7 @@ def test_a_commit_another_engine_wrote_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_missing_delta_version_is_written_by_the_next_writer(tmp_path: Path) -> None:
-    table = Table.create(str(tmp_path / "t"), num_shards=1)
-    config = CacheConfig(base_path=str(tmp_path / "cache"))
-    for value in (1, 2):
-        upsert_arrow(pa.table({"id": ["a", "b"], "dt": ["d1", "d2"], "v": [value, value]}), table, key="id",
-                     partition="dt", cache_config=config)
+    table = twice_updated(tmp_path, ("d1", "d2"))
     written = Path(table.io.path(delta_log.version_file(2))).read_bytes()
     Path(table.io.path(delta_log.version_file(2))).unlink()  # a crash between the publish and the Delta version
     assert "dbidx repair" in verify_table(Table.open(table.uri)).damaged[0]["problem"]
