@@ -121,47 +121,75 @@ def dv_file_for(instant: str) -> str:
     return dv_file_name(uuid.UUID(hex=instant + secrets.token_hex(8)[:15]))
 
 
-def vectors_for_commit(io: FileIO, view: DataView, new_files: Sequence[DataFileRecord], key: str,
-                       instant: str) -> tuple[tuple[DvFileRecord, ...], tuple[DeletionVectorRecord, ...]]:
-    """The DV file and vectors of a commit adding `new_files`, against `view` (the table right before it)."""
-    # 1. The new files that can change a vector: with delete rows, or in a group that has older live files. Their
-    #    keys and delete flags are read on a few threads (and kept for later batches).
-    groups_with_files = {(f.record.partition, f.record.file_group) for f in view.live()}
-    new_files = [f for f in new_files if f.deletes or (f.partition, f.file_group) in groups_with_files]
-    if not new_files:
-        return (), ()
-    with ThreadPoolExecutor(max_workers=max(1, min(_THREADS, len(new_files)))) as pool:
-        columns = list(pool.map(lambda f: _read_columns(io, f, key), new_files))
-    vectors: dict[str, BitMap] = {}
+NewRows = tuple[DataFileRecord, pa.Array, np.ndarray]  # a new data file, its keys (strings) and delete flags
+
+
+def superseded_rows(io: FileIO, view: DataView, new: Sequence[NewRows], key: str) -> dict[str, BitMap]:
+    """Rows that new data files make non-table data, against `view`: each new file's own delete rows, and the rows
+    of the touched groups' older live files whose key a new row carries, minus their current vector ("fresh"
+    positions, not unions). What a writing task computes for its own files, and the driver when it must."""
+    # 1. The new files' own delete rows; the new keys per file group.
+    fresh: dict[str, BitMap] = {}
     new_keys: dict[tuple[str, str], list[pa.Array]] = {}
-    for f, (keys, deleted) in zip(new_files, columns):
-        KEYS.put(f, keys)
+    for f, keys, deleted in new:
         if deleted.any():
-            vectors[f.path] = BitMap(np.flatnonzero(deleted).astype(np.uint32))
+            fresh[f.path] = BitMap(np.flatnonzero(deleted).astype(np.uint32))
         new_keys.setdefault((f.partition, f.file_group), []).append(keys)
     # 2. Older live files of the touched groups: the rows whose key a new row carries, minus their vector.
-    new_paths = {f.path for f in new_files}
-    older = [f for f in view.live() if (f.record.partition, f.record.file_group) in new_keys
+    new_paths = {f.path for f, _k, _d in new}
+    older = [f.record for f in view.live() if (f.record.partition, f.record.file_group) in new_keys
              and f.record.path not in new_paths]
+    group_keys = {g: pa.concat_arrays(k) for g, k in new_keys.items()}
     dv_bytes: dict[str, bytes] = {}
 
-    def superseded(record: DataFileRecord) -> tuple[DataFileRecord, BitMap, BitMap | None, pa.Array]:
+    def hits(record: DataFileRecord) -> tuple[DataFileRecord, BitMap, pa.Array]:
         keys = KEYS.get(io, record, key)
-        group_keys = pa.concat_arrays(new_keys[(record.partition, record.file_group)])
-        hit = BitMap(np.flatnonzero(pc.is_in(keys, value_set=group_keys).to_numpy(zero_copy_only=False))
-                     .astype(np.uint32))
+        mask = pc.is_in(keys, value_set=group_keys[(record.partition, record.file_group)])
+        hit = BitMap(np.flatnonzero(mask.to_numpy(zero_copy_only=False)).astype(np.uint32))
         ref = view.vector_of(record.path)
-        current = load_vector(io, ref, record.rows, dv_bytes) if ref is not None else None
-        fresh = hit - current if current is not None else hit
-        return record, fresh, current, keys.take(pa.array(np.asarray(fresh.to_array(), dtype=np.int64)))
+        if ref is not None and len(hit):
+            hit -= load_vector(io, ref, record.rows, dv_bytes)
+        return record, hit, keys.take(pa.array(np.asarray(hit.to_array(), dtype=np.int64)))
 
     with ThreadPoolExecutor(max_workers=max(1, min(_THREADS, len(older)))) as pool:
-        found = list(pool.map(lambda f: superseded(f.record), older))
+        found = list(pool.map(hits, older))
     # 3. A key has at most one live row per group: two would mean the table was already inconsistent.
-    _reject_repeats([(r, k) for r, fresh, _c, k in found if len(fresh)], io)
-    for record, fresh, current, _k in found:
-        if len(fresh):
-            vectors[record.path] = fresh | current if current is not None else fresh
+    _reject_repeats([(r, k) for r, hit, k in found if len(hit)], io)
+    fresh.update({r.path: hit for r, hit, _k in found if len(hit)})
+    return fresh
+
+
+def read_new_rows(io: FileIO, view: DataView, new_files: Sequence[DataFileRecord], key: str) -> list[NewRows]:
+    """The new files that can change a vector (with delete rows, or in a group that has older live files), their
+    keys and delete flags read on a few threads (the keys are kept for later batches)."""
+    groups_with_files = {(f.record.partition, f.record.file_group) for f in view.live()}
+    new_files = [f for f in new_files if f.deletes or (f.partition, f.file_group) in groups_with_files]
+    with ThreadPoolExecutor(max_workers=max(1, min(_THREADS, len(new_files)))) as pool:
+        columns = list(pool.map(lambda f: _read_columns(io, f, key), new_files))
+    for f, (keys, _deleted) in zip(new_files, columns):
+        KEYS.put(f, keys)
+    return [(f, keys, deleted) for f, (keys, deleted) in zip(new_files, columns)]
+
+
+def vectors_for_commit(io: FileIO, view: DataView, new_files: Sequence[DataFileRecord], key: str, instant: str,
+                       fresh: dict[str, BitMap] | None = None
+                       ) -> tuple[tuple[DvFileRecord, ...], tuple[DeletionVectorRecord, ...]]:
+    """The DV file and vectors of a commit adding `new_files`, against `view` (the table right before it): each
+    touched file's current vector united with its fresh positions. `fresh`: what the writing tasks computed, when
+    the caller checked that nothing committed since changed their groups; else computed here."""
+    if fresh is None:
+        fresh = superseded_rows(io, view, read_new_rows(io, view, new_files, key), key)
+    vectors, dv_bytes = {}, {}
+    for path, positions in fresh.items():
+        live = view.get(path)
+        ref = view.vector_of(path)
+        if live is None and path not in {f.path for f in new_files}:
+            raise CorruptFileError(f"rows of {path} were found superseded, but it is not a live data file")
+        rows = live.record.rows if live is not None else next(f.rows for f in new_files if f.path == path)
+        if len(positions) and positions.max() >= rows:
+            raise CorruptFileError(f"row {positions.max()} of {path} was reported superseded, but the file has "
+                                   f"{rows} rows; nothing was published")
+        vectors[path] = positions | load_vector(io, ref, rows, dv_bytes) if ref is not None else positions
     return write_vectors(io, instant, vectors)
 
 

@@ -18,13 +18,14 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyroaring import BitMap
 
 from dbidx.errors import CommitError, DuplicateKeyError, InstantStateError, InvalidKeyError
 from dbidx.mdt import layout, markers, rli_files
 from dbidx.mdt.conflicts import GroupKey, TouchedKeys, check_conflicts, touched_in_memory
 from dbidx.mdt.fileio import FileIO
 from dbidx.mdt.keys import normalize_keys
-from dbidx.mdt.data_view import LAYOUT_EXTRA
+from dbidx.mdt.data_view import LAYOUT_EXTRA, DataView
 from dbidx.mdt.records import (
     ACTION_COMMIT, CompletedInstant, DataFileRecord, DeletionVectorRecord, DvFileRecord, FileRecord, PartitionChange,
 )
@@ -153,6 +154,7 @@ class CommitWriter:
         self._data_files: list[DataFileRecord] = []
         self._written_changes: dict[str, PartitionChange] = {}
         self._touched: dict[GroupKey, TouchedKeys] = {}
+        self._fresh: list[tuple[int, dict[str, BitMap]]] = []  # tasks' superseded rows: (view seq, positions)
         self._done = False
         self.extra: dict[str, Any] = {}
         # More publish checks over the completions that landed meanwhile (e.g. the data schema an upsert relies on);
@@ -220,6 +222,12 @@ class CommitWriter:
                                   "group must be written by exactly one task")
             self._touched[group] = t
 
+    def add_superseded(self, basis_seq: int, fresh: dict[str, BitMap]) -> None:
+        """Rows a task found its data files supersede (mdt/superseded.superseded_rows), against the table as of
+        `basis_seq`; used at publish when nothing committed since changed the groups involved."""
+        self._check_open()
+        self._fresh.append((basis_seq, fresh))
+
     def touched(self) -> list[TouchedKeys]:
         """The touched-key records registered with add_written."""
         return list(self._touched.values())
@@ -281,7 +289,28 @@ class CommitWriter:
         key = layout_value.get("key") if isinstance(layout_value, dict) else None
         if not isinstance(key, str):
             raise CommitError(f"instant {self.instant} adds data files but names no key column; nothing published")
-        return vectors_for_commit(self.table.io, view, self._data_files, key, self.instant)
+        return vectors_for_commit(self.table.io, view, self._data_files, key, self.instant, self._tasks_fresh(view))
+
+    def _tasks_fresh(self, view: DataView) -> dict[str, BitMap] | None:
+        """The tasks' superseded rows, united, if they still hold for `view`: every data file reported by some task
+        and no completion since the oldest task's view added files to, or changed a vector in, a group this commit
+        writes. Otherwise None: the publisher computes them against `view` itself."""
+        if not self._fresh:
+            return None
+        basis = min(seq for seq, _f in self._fresh)
+        groups = {(f.partition, f.file_group) for f in self._data_files}
+        for rec in self.table.timeline.completed(after_seq=basis, upto_seq=view.applied_seq):
+            changed = {(f.partition, f.file_group) for f in rec.data_files}
+            for dv in rec.deletion_vectors:
+                live = view.get(dv.path)
+                changed.add((live.record.partition, live.record.file_group) if live is not None else None)
+            if changed & groups or (None in changed):
+                return None
+        united: dict[str, BitMap] = {}
+        for _seq, fresh in self._fresh:
+            for path, positions in fresh.items():
+                united[path] = united[path] | positions if path in united else positions
+        return united
 
     def rollback(self) -> None:
         """Abort the instant and delete whatever it wrote (idempotent)."""

@@ -15,12 +15,13 @@ from functools import partial
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import pyarrow as pa
+from pyroaring import BitMap
 
 from dbidx.buckets.assigner import BucketSpec
 from dbidx.config import CacheConfig
 from dbidx.counters import gauge
 from dbidx.errors import CommitError, ConfigError, ConflictError, CorruptFileError, SchemaError
-from dbidx.mdt import data_reader, data_schema
+from dbidx.mdt import data_reader, data_schema, layout
 from dbidx.mdt.conflicts import TouchedKeys
 from dbidx.mdt.records import DataFileRecord, FileRecord, PartitionChange
 from dbidx.mdt.table import Table
@@ -338,6 +339,7 @@ def commit_results(writer: Any, results: list[tuple[int, int, bytes]], options: 
                             for t in result["touched"]]
             writer.add_written(task_index, task_files,
                                {p: PartitionChange.parse(c, p) for p, c in result["changes"].items()}, task_touched)
+            writer.add_superseded(*_superseded(result["superseded"]))
             files += task_files
             index_files += task_index
             touched += task_touched
@@ -357,6 +359,14 @@ def commit_results(writer: Any, results: list[tuple[int, int, bytes]], options: 
     writer.extra["metrics"] = {k: v for k, v in summary.to_dict().items() if k != "per_shard"}
     # 3. Publish: data and index become visible together, or not at all.
     return writer.commit(), summary
+
+
+def _superseded(sent: Any) -> tuple[int, dict[str, BitMap]]:
+    """A task's superseded rows (view seq, data file -> positions), parsed strictly (bad input: ValueError)."""
+    seq, rows = sent["seq"], sent["rows"]
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0 or not isinstance(rows, dict):
+        raise ValueError(f"superseded rows {sent!r:.100} are not (seq, positions)")
+    return seq, {layout.validate_table_path(p): BitMap.deserialize(b) for p, b in rows.items()}
 
 
 def _check_files_exist(io: Any, instant: str, expected: list[tuple[str, int]]) -> None:

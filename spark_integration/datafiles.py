@@ -34,12 +34,15 @@ def write_group(io: FileIO, partition: str, file_group: str, rows: pa.Table, ins
 
 
 def write_groups(io: FileIO, rows: pa.Table, deleted: pa.Array, partitions: pa.Array, file_groups: pa.Array,
-                 instant: str, attempt: int, key: str | None = None) -> list[DataFileRecord]:
+                 instant: str, attempt: int, key: str | None = None,
+                 written_rows: list[tuple[DataFileRecord, pa.Array, np.ndarray]] | None = None
+                 ) -> list[DataFileRecord]:
     """Split rows (the user's columns) by (partition, file group) and write one file per group, each with its
     instant and deleted columns appended; rows with no file group are skipped.
 
     Memory: groups are found by integer codes (no per-row string is built) and each file's instant column is
     made for that file alone, so a bulk task's peak stays near its input (a 5 M-row task holds ~5 M rows).
+    written_rows: if given, gets each file's record, keys (as strings) and delete flags (for its deletion vectors).
     """
     written: list[DataFileRecord] = []
     if rows.num_rows == 0:
@@ -60,6 +63,9 @@ def write_groups(io: FileIO, rows: pa.Table, deleted: pa.Array, partitions: pa.A
         group = group.append_column(INSTANT_COLUMN, pa.array([instant] * len(positions), pa.string()))
         group = group.append_column(DELETED_COLUMN, deleted.take(take))
         written.append(write_group(io, part_names[part_code], group_names[group_code], group, instant, attempt, key))
+        if written_rows is not None and key is not None:
+            written_rows.append((written[-1], pc.cast(group.column(key), pa.string()).combine_chunks(),
+                                 pc.fill_null(group.column(DELETED_COLUMN), False).to_numpy(zero_copy_only=False)))
     return written
 
 

@@ -29,6 +29,7 @@ from dbidx.cache.reaper import discard_cache_dir, reap, sweep_abandoned
 from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.counters import gauge
 from dbidx.errors import CacheCorruptError, CacheError, CorruptFileError
+from dbidx.mdt.superseded import superseded_rows
 from dbidx.mdt.table import Table
 from dbidx.spark_integration import datafiles
 from dbidx.spark_integration.tagger import (
@@ -202,7 +203,8 @@ def upsert_batches(batches: Iterable[pa.RecordBatch], table: Table, options: Tag
     table = warm_table(table)
     received = [b for b in batches if b.num_rows]
     if not received:
-        return {"files": [], "index_files": [], "touched": [], "changes": {}, "metrics": []}
+        return {"files": [], "index_files": [], "touched": [], "changes": {}, "metrics": [],
+                "superseded": {"seq": table.data_view().applied_seq, "rows": {}}}
     batch = pa.Table.from_batches(received)
     received_rows = batch.num_rows
     # 1. One row per record: ordering field first, then arrival.
@@ -232,11 +234,19 @@ def upsert_batches(batches: Iterable[pa.RecordBatch], table: Table, options: Tag
     # 3. Data files, one per (partition, file group) of this attempt, each announced by a marker first.
     started = time.perf_counter()
     to_write = pa.concat_tables([tagged, move_tombstones(tagged)])
+    written_rows: list = []
     files = datafiles.write_groups(table.io, data_rows(to_write, options),
                                    to_write.column(TAG_IS_DELETE).combine_chunks(),
                                    to_write.column(TAG_PARTITION).combine_chunks(),
-                                   to_write.column(TAG_FILE_GROUP).combine_chunks(), instant, attempt, options.key)
+                                   to_write.column(TAG_FILE_GROUP).combine_chunks(), instant, attempt, options.key,
+                                   written_rows)
     del to_write
+    # 3b. The rows these files supersede (their deletion vectors), found here on the executor, where the keys are
+    #     in memory and the older files' key columns stay cached in the worker; the driver uses them if nothing
+    #     committed since changed these file groups (mdt/writer.CommitWriter._tasks_fresh).
+    view = table.data_view()
+    fresh = superseded_rows(table.io, view, written_rows, options.key)
+    del written_rows
     # 4. The shard's index delta files and touched keys, announced the same way.
     index_files, touched, changes = write_task_index(table, tagged, options, instant, attempt,
                                                      {m.shard: m.tagged_seq for m in shard_metrics},
@@ -248,6 +258,7 @@ def upsert_batches(batches: Iterable[pa.RecordBatch], table: Table, options: Tag
         metrics.partitions = sorted({f.partition for f in files})
     return {"files": [asdict(f) for f in files], "index_files": [asdict(f) for f in index_files],
             "touched": [t.to_dict() for t in touched],
+            "superseded": {"seq": view.applied_seq, "rows": {p: b.serialize() for p, b in fresh.items()}},
             "changes": {p: asdict(c) for p, c in changes.items()},
             "metrics": [m.to_dict() for m in shard_metrics]}
 

@@ -186,3 +186,41 @@ def test_inline_vectors_round_trip() -> None:
         assert list(decode_vector(back, "test")) == positions
     with pytest.raises(CorruptFileError, match="malformed"):
         decode_vector(b"\x00" * 16, "test")
+
+
+def test_the_tasks_superseded_rows_are_used_unless_a_commit_changed_their_groups(tmp_path: Path, monkeypatch) -> None:
+    from dbidx.mdt import superseded
+    from dbidx.spark_integration import task
+
+    table = Table.create(str(tmp_path / "t"), num_shards=1)
+    other = Table.open(table.uri)
+    config = CacheConfig(base_path=str(tmp_path / "cache"))
+    other_config = CacheConfig(base_path=str(tmp_path / "cache-other"))
+
+    def upsert(target: Table, keys: list[str], value: int, cfg: CacheConfig = config) -> None:
+        upsert_arrow(pa.table({"id": keys, "dt": ["d1"] * len(keys), "v": [value] * len(keys)}), target,
+                     key="id", partition="dt", cache_config=cfg)
+
+    upsert(table, ["a", "b", "c"], 1)
+    # 1. Uncontended: the publisher never reads the new files; the tasks' positions are the vectors.
+    real_read = superseded.read_new_rows
+    monkeypatch.setattr(superseded, "read_new_rows", lambda *a: pytest.fail("the publisher read the new files"))
+    upsert(table, ["a", "b"], 2)
+    assert_readers_agree(table, COLUMNS, {("a", "d1", 2), ("b", "d1", 2), ("c", "d1", 1)})
+    # 2. Another writer commits to the same file group between this upsert's tasks and its publish: the publisher
+    #    computes the vectors itself against the table as it now stands.
+    calls = []
+    monkeypatch.setattr(superseded, "read_new_rows", lambda *a: calls.append(1) or real_read(*a))
+    real_batches = task.upsert_batches
+
+    def tasks_then_another_commit(*args, **kwargs):
+        result = real_batches(*args, **kwargs)
+        if not getattr(tasks_then_another_commit, "done", False):
+            tasks_then_another_commit.done = True
+            upsert(other, ["c"], 3, other_config)
+        return result
+
+    monkeypatch.setattr(task, "upsert_batches", tasks_then_another_commit)
+    upsert(table, ["a"], 4)
+    assert calls, "the publisher used task positions computed against an older table"
+    assert_readers_agree(table, COLUMNS, {("a", "d1", 4), ("b", "d1", 2), ("c", "d1", 3)})
