@@ -18,7 +18,7 @@ SMOKE = {  # script -> a line of its results table that shows it ran to the end
     "footprint_bench.py": "| key shape | entries | partitions | MDT Parquet B/entry |",
     "skew_bench.py": "| day | new keys | keys | simple max |",
     "restart_bench.py": "| K commits | entries to catch up |",
-    "table_bench.py": "| after commits | dbidx files | dbidx read s |",
+    "table_bench.py": "| after commits | dbidx commit s | files written | dbidx live files | dbidx read s |",
 }
 
 
