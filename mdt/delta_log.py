@@ -81,7 +81,7 @@ def version_for(shape: TableShape, record: CompletedInstant, view: DataView,
         actions.append(_metadata(shape.table_id, shape.created_at_ms, _delta_schema(after_schema), partition_columns))
     vectors = {dv.path: dv for dv in record.deletion_vectors}
     dv_files = {f.path: f for f in record.dv_files}
-    ms = record.completed_at_ms
+    ms, key = record.completed_at_ms, _key(record, view, after_schema)
     # 1. Data compaction: the replaced files leave (each with the vector it had), the bases enter unchanged rows.
     for path in record.replaced if record.action == ACTION_DATA_COMPACTION else ():
         gone = view.get(path)
@@ -100,13 +100,12 @@ def version_for(shape: TableShape, record: CompletedInstant, view: DataView,
         new = DvRef(vectors[path], dv_files[vectors[path].dv_file])
         actions.append(_remove(old.record, _inline(view.vector_of(path), body), partition_columns, ms,
                                data_change=True))
-        actions.append(_add(old.record, _inline(new, body), partition_columns, ms, data_change=True,
-                            key=_key(view, record)))
+        actions.append(_add(old.record, _inline(new, body), partition_columns, ms, data_change=True, key=key))
     # 3. New files (a commit's, or a compaction's bases), each with its own vector if it has one.
     change = record.action != ACTION_DATA_COMPACTION
     for f in record.data_files:
         ref = DvRef(vectors[f.path], dv_files[vectors[f.path].dv_file]) if f.path in vectors else None
-        actions.append(_add(f, _inline(ref, body), partition_columns, ms, data_change=change, key=_key(view, record)))
+        actions.append(_add(f, _inline(ref, body), partition_columns, ms, data_change=change, key=key))
     return encode(actions)
 
 
@@ -145,10 +144,9 @@ def _layout(record: CompletedInstant, view: DataView) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _key(view: DataView, record: CompletedInstant) -> str | None:
+def _key(record: CompletedInstant, view: DataView, schema: pa.Schema | None) -> str | None:
     """The key column, when it is a string column (its min/max go into the statistics)."""
     key = _layout(record, view).get("key")
-    schema = _schema_after(record, view)
     if not isinstance(key, str) or schema is None or key not in schema.names:
         return None
     return key if pa.types.is_string(schema.field(key).type) or pa.types.is_large_string(schema.field(key).type) \

@@ -306,6 +306,13 @@ class CommitWriter:
                 changed.add((live.record.partition, live.record.file_group) if live is not None else None)
             if changed & groups or (None in changed):
                 return None
+        # Only rows of this commit's files or of live files in its groups: anything else in a task result is wrong.
+        allowed = {f.path for f in self._data_files} | {f.record.path for f in view.live()
+                                                        if (f.record.partition, f.record.file_group) in groups}
+        stray = sorted({p for _seq, fresh in self._fresh for p in fresh} - allowed)
+        if stray:
+            raise CommitError(f"instant {self.instant}: a task reported superseded rows of {stray[0]!r}, which is "
+                              "neither a file of this commit nor a live file of its file groups; nothing published")
         united: dict[str, BitMap] = {}
         for _seq, fresh in self._fresh:
             for path, positions in fresh.items():

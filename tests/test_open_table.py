@@ -224,3 +224,28 @@ def test_the_tasks_superseded_rows_are_used_unless_a_commit_changed_their_groups
     upsert(table, ["a"], 4)
     assert calls, "the publisher used task positions computed against an older table"
     assert_readers_agree(table, COLUMNS, {("a", "d1", 4), ("b", "d1", 2), ("c", "d1", 3)})
+
+
+def test_a_task_result_naming_rows_of_another_file_publishes_nothing(tmp_path: Path, monkeypatch) -> None:
+    from pyroaring import BitMap
+
+    from dbidx.errors import CommitError
+    from dbidx.spark_integration import task
+
+    table = Table.create(str(tmp_path / "t"), num_shards=1)
+    config = CacheConfig(base_path=str(tmp_path / "cache"))
+    upsert_arrow(pa.table({"id": ["a", "b"], "dt": ["d1", "d2"], "v": [1, 1]}), table, key="id", partition="dt",
+                 cache_config=config)
+    other_day = next(f.record.path for f in table.data_view().live() if f.record.partition == "dt=d2")
+    real_batches = task.upsert_batches
+
+    def lying(*args, **kwargs):
+        result = real_batches(*args, **kwargs)
+        result["superseded"]["rows"][other_day] = BitMap([0]).serialize()  # b's row, which this batch never touched
+        return result
+
+    monkeypatch.setattr(task, "upsert_batches", lying)
+    with pytest.raises(CommitError, match="neither a file of this commit"):
+        upsert_arrow(pa.table({"id": ["a"], "dt": ["d1"], "v": [2]}), table, key="id", partition="dt",
+                     cache_config=config)
+    assert_readers_agree(table, COLUMNS, {("a", "d1", 1), ("b", "d2", 1)})
