@@ -267,15 +267,18 @@ def _verify_table_files(table: Any, as_json: bool) -> None:
 @click.option("--min-files", default=2, show_default=True, help="Compact groups with at least this many files.")
 @click.option("--clean/--no-clean", default=True, show_default=True, help="Then delete replaced files.")
 @click.option("--retain", default=10, show_default=True, help="Completions of history kept by the clean.")
-@click.option("--data", is_flag=True, help="Also rewrite each data file group with at least --min-files files "
-              "into one base of its live rows.")
+@click.option("--data", is_flag=True, help="Also rewrite each data file group with at least --min-files files, "
+              "or with at least --deleted-share of its rows deleted, into one base of its live rows.")
+@click.option("--deleted-share", default=0.2, show_default=True, type=click.FloatRange(0, 1, min_open=True),
+              help="With --data: the share of deleted rows at which a file group is rewritten.")
 @json_option
 def compact_cmd(uri: str, partitions: tuple[str, ...], min_files: int, clean: bool, retain: int, data: bool,
-                as_json: bool) -> None:
+                deleted_share: float, as_json: bool) -> None:
     """Merge RLI deltas into base files (dropping tombstones), with --data also data files, then clean old files."""
     table = open_table(uri)
     result = table.compact(partitions or None, min_files=min_files)
-    data_result = table.compact_data(partitions or None, min_files=min_files) if data else None
+    data_result = table.compact_data(partitions or None, min_files=min_files,
+                                     deleted_share=deleted_share) if data else None
     cleaned = table.clean(retain_completions=retain) if clean else None
     payload = {"instant": result.record.instant if result.record else None, "groups": result.groups,
                "files_replaced": result.files_replaced, "entries_written": result.entries_written,

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyroaring import BitMap
 
-from dbidx.errors import ConflictError, CorruptFileError
+from dbidx.errors import ConflictError, CorruptFileError, InvalidInputError
 from dbidx.mdt import layout, markers
 from dbidx.mdt.data_view import DvRef
 from dbidx.mdt.superseded import load_vector, write_vectors
@@ -46,11 +46,23 @@ class DataCompactionResult:
     bytes_after: int
 
 
-def compact_data(table: Table, partitions: Iterable[str] | None = None, min_files: int = 2) -> DataCompactionResult:
-    """Rewrite every file group with at least `min_files` live data files into one base of its live rows."""
+DEFAULT_DELETED_SHARE = 0.2
+
+
+def compact_data(table: Table, partitions: Iterable[str] | None = None, min_files: int = 2,
+                 deleted_share: float | None = DEFAULT_DELETED_SHARE) -> DataCompactionResult:
+    """Rewrite every file group with at least `min_files` live data files, or whose deletion vectors hide at least
+    `deleted_share` of its rows (None: never for that reason), into one base of its live rows.
+
+    Why the second rule: a group of one file that upserts keep superseding grows no new files, but every reader
+    still reads its dead rows and applies its vector (Delta's OPTIMIZE / REORG ... PURGE rewrites such files too).
+    """
+    if deleted_share is not None and not 0.0 < deleted_share <= 1.0:
+        raise InvalidInputError(f"deleted_share must be in (0, 1], got {deleted_share!r}")
     # 1. The snapshot: file groups worth compacting as of now.
     plan = plan_read(table, partitions)
-    todo = [u for u in plan.units if len(u.files) >= max(min_files, 1) and plan.key is not None]
+    todo = [u for u in plan.units if plan.key is not None and u.files
+            and (len(u.files) >= max(min_files, 1) or _deleted_share(u) >= (deleted_share or 2.0))]
     if not todo:
         return DataCompactionResult(None, 0, 0, 0, 0, 0)
     schema = pa.schema(list(plan.schema) + [pa.field(INSTANT_COLUMN, pa.string())])
@@ -100,6 +112,13 @@ def compact_data(table: Table, partitions: Iterable[str] | None = None, min_file
     markers.discard_unlisted(table.io, writer.instant, keep={f.path for f in record.dv_files})
     return DataCompactionResult(record, len(todo), len(replaced), sum(b.rows for b in bases),
                                 sum(u.bytes for u in todo), sum(b.size for b in bases))
+
+
+def _deleted_share(unit: ReadUnit) -> float:
+    """Share of the group's stored rows that its deletion vectors hide."""
+    rows = sum(f.rows for f in unit.files)
+    hidden = sum(v.vector.cardinality for v in unit.vectors if v is not None)
+    return hidden / rows if rows else 0.0
 
 
 def _write_base(table: Table, unit: ReadUnit, key: str, schema: pa.Schema, rel: str,

@@ -381,12 +381,14 @@ class Table:
 
         return compact(self, partitions, min_files=min_files)
 
-    def compact_data(self, partitions: Iterable[str] | None = None, min_files: int = 2) -> "DataCompactionResult":
-        """Rewrite each file group with at least `min_files` data files into one base of its live rows, as one
-        data compaction instant that concurrent upserts do not conflict with (see mdt.data_compaction)."""
+    def compact_data(self, partitions: Iterable[str] | None = None, min_files: int = 2,
+                     deleted_share: float | None = 0.2) -> "DataCompactionResult":
+        """Rewrite each file group with at least `min_files` data files, or with at least `deleted_share` of its rows
+        deleted, into one base of its live rows, as one data compaction instant that concurrent upserts do not
+        conflict with (see mdt.data_compaction)."""
         from dbidx.mdt.data_compaction import compact_data
 
-        return compact_data(self, partitions, min_files=min_files)
+        return compact_data(self, partitions, min_files=min_files, deleted_share=deleted_share)
 
     def clean(self, retain_completions: int = 10, delete_migrated: bool = False) -> CompletedInstant | None:
         """Delete index and data files that compactions replaced at least `retain_completions` completions ago

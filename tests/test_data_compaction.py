@@ -167,3 +167,25 @@ def test_a_read_planned_before_a_clean_says_so(tmp_path: Path) -> None:
     with pytest.raises(HistoryCompactedError, match="removed by a clean after this read was planned"):
         list(data_reader.read_units(table.io, plan.units, plan.key, schema, table))
     assert current(table) == {("a", "d", 1)}  # planned again: fine
+
+
+def test_a_group_is_rewritten_once_enough_of_its_rows_are_deleted(tmp_path: Path) -> None:
+    """The deleted-share rule alone (min_files out of reach): 5 of 10 rows superseded -> 5 / 15 stored rows hidden."""
+    from dbidx.errors import InvalidInputError
+
+    table = Table.create(str(tmp_path / "t"), num_shards=1)
+    config = CacheConfig(base_path=str(tmp_path / "cache"))
+    upsert_arrow(as_arrow([(f"k{i}", "d", 0, False) for i in range(10)]), table, key="id", partition="dt",
+                 cache_config=config)
+    upsert_arrow(as_arrow([(f"k{i}", "d", 1, False) for i in range(5)]), table, key="id", partition="dt",
+                 cache_config=config)
+    before = current(table)
+    assert table.compact_data(min_files=100, deleted_share=None).record is None
+    assert table.compact_data(min_files=100, deleted_share=0.5).record is None
+    with pytest.raises(InvalidInputError, match="deleted_share"):
+        table.compact_data(deleted_share=0.0)
+    result = table.compact_data(min_files=100, deleted_share=0.3)
+    assert result.record is not None and result.files_replaced == 2 and result.rows_written == 10
+    assert current(table) == before
+    unit, = data_reader.plan_read(table).units
+    assert len(unit.files) == 1 and unit.vectors == (None,)
