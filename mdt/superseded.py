@@ -5,8 +5,8 @@ are in the older live files of that same group. The vectors are computed by the 
 table exactly as it stands right before the completion it publishes (inside the publish loop, after the conflict
 check): a commit that lands meanwhile, a data compaction that rewrote the group, every earlier vector - all are
 in that state, so the union it writes is never stale. Each data file's key column is read once per process and
-kept (data files are immutable; a bounded LRU), so a steady stream of batches reads mostly the previous batch's
-new files.
+kept with a hash index (mdt/key_columns.py), and a writer keeps the keys of the files it writes, so a steady
+stream of batches reads few files and probes only the batch's keys, not every older row.
 
 The result is one Delta DV file per commit (mdt/deletion_vectors.py) and, per data file whose vector changed, its
 whole new vector. A new file's own delete rows (deletes, global-mode moves out of the group) are in its vector
@@ -14,12 +14,10 @@ from the start, so no Delta reader ever sees them.
 """
 from __future__ import annotations
 
-import os
 import secrets
-import threading
 import uuid
-from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -32,48 +30,11 @@ from dbidx.mdt import markers
 from dbidx.mdt.data_view import DataView, DvRef
 from dbidx.mdt.deletion_vectors import DvFileBuilder, VectorSlot, dv_file_name, read_vector, vector_body
 from dbidx.mdt.fileio import FileIO, file_checksum
+from dbidx.mdt.key_columns import KEYS, Probe
 from dbidx.mdt.records import DataFileRecord, DeletionVectorRecord, DvFileRecord
 
 DELETED_COLUMN = "_dbidx_deleted"
-KEY_CACHE_BYTES = int(os.environ.get("DBIDX_KEY_CACHE_MB", "512")) * 2 ** 20
 _THREADS = 8
-
-
-class KeyColumns:
-    """Per process: the key column of data files, by (path, checksum), least recently used dropped past a budget."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self._items: OrderedDict[tuple[str, str], pa.Array] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def get(self, io: FileIO, record: DataFileRecord, key: str) -> pa.Array:
-        """The file's keys as strings, in row order (read verified on a miss)."""
-        ident = (record.path, record.checksum)
-        with self._lock:
-            found = self._items.get(ident)
-            if found is not None:
-                self._items.move_to_end(ident)
-                return found
-        keys = _read_columns(io, record, key)[0]
-        self.put(record, keys)
-        return keys
-
-    def put(self, record: DataFileRecord, keys: pa.Array) -> None:
-        """Remember a file's keys (what the committing process just read of a new file)."""
-        ident = (record.path, record.checksum)
-        with self._lock:
-            if ident in self._items:
-                return
-            self._items[ident] = keys
-            self._bytes += keys.nbytes
-            while self._bytes > self.max_bytes and self._items:
-                _, dropped = self._items.popitem(last=False)
-                self._bytes -= dropped.nbytes
-
-
-KEYS = KeyColumns(KEY_CACHE_BYTES)
 
 
 def _read_columns(io: FileIO, record: DataFileRecord, key: str) -> tuple[pa.Array, np.ndarray]:
@@ -128,35 +89,47 @@ def superseded_rows(io: FileIO, view: DataView, new: Sequence[NewRows], key: str
     """Rows that new data files make non-table data, against `view`: each new file's own delete rows, and the rows
     of the touched groups' older live files whose key a new row carries, minus their current vector ("fresh"
     positions, not unions). What a writing task computes for its own files, and the driver when it must."""
-    # 1. The new files' own delete rows; the new keys per file group.
+    # 1. The new files' own delete rows; the new keys per file group. The new files' keys are kept: the next batch
+    #    probes them as older files.
     fresh: dict[str, BitMap] = {}
     new_keys: dict[tuple[str, str], list[pa.Array]] = {}
     for f, keys, deleted in new:
         if deleted.any():
             fresh[f.path] = BitMap(np.flatnonzero(deleted).astype(np.uint32))
         new_keys.setdefault((f.partition, f.file_group), []).append(keys)
-    # 2. Older live files of the touched groups: the rows whose key a new row carries, minus their vector.
+        KEYS.put(f, keys)
+    # 2. Older live files of the touched groups: the keys of those not in this process yet, read on a few threads.
     new_paths = {f.path for f, _k, _d in new}
     older = [f.record for f in view.live() if (f.record.partition, f.record.file_group) in new_keys
              and f.record.path not in new_paths]
-    group_keys = {g: pa.concat_arrays(k) for g, k in new_keys.items()}
+    reader = partial(_read_keys, io, key=key)
+    missing = [r for r in older if KEYS.find(r) is None]
+    if missing:
+        with ThreadPoolExecutor(max_workers=max(1, min(_THREADS, len(missing)))) as pool:
+            list(pool.map(lambda r: KEYS.get(r, reader), missing))
+    # 3. In each, the rows whose key a new row of its group carries (hash index, confirmed by key), minus its vector.
+    probes = {g: Probe.of(pa.concat_arrays(k)) for g, k in new_keys.items()}
     dv_bytes: dict[str, bytes] = {}
-
-    def hits(record: DataFileRecord) -> tuple[DataFileRecord, BitMap, pa.Array]:
-        keys = KEYS.get(io, record, key)
-        mask = pc.is_in(keys, value_set=group_keys[(record.partition, record.file_group)])
-        hit = BitMap(np.flatnonzero(mask.to_numpy(zero_copy_only=False)).astype(np.uint32))
+    found: list[tuple[DataFileRecord, BitMap, pa.Array]] = []
+    for record in older:
+        file_keys = KEYS.get(record, reader)
+        rows = file_keys.rows_of(probes[(record.partition, record.file_group)])
+        if not len(rows):
+            continue
+        hit = BitMap(rows.astype(np.uint32))
         ref = view.vector_of(record.path)
-        if ref is not None and len(hit):
+        if ref is not None:
             hit -= load_vector(io, ref, record.rows, dv_bytes)
-        return record, hit, keys.take(pa.array(np.asarray(hit.to_array(), dtype=np.int64)))
-
-    with ThreadPoolExecutor(max_workers=max(1, min(_THREADS, len(older)))) as pool:
-        found = list(pool.map(hits, older))
-    # 3. A key has at most one live row per group: two would mean the table was already inconsistent.
-    _reject_repeats([(r, k) for r, hit, k in found if len(hit)], io)
-    fresh.update({r.path: hit for r, hit, _k in found if len(hit)})
+        if len(hit):
+            found.append((record, hit, file_keys.keys.take(pa.array(np.asarray(hit.to_array(), dtype=np.int64)))))
+    # 4. A key has at most one live row per group: two would mean the table was already inconsistent.
+    _reject_repeats([(r, k) for r, _hit, k in found], io)
+    fresh.update({r.path: hit for r, hit, _k in found})
     return fresh
+
+
+def _read_keys(io: FileIO, record: DataFileRecord, key: str) -> pa.Array:
+    return _read_columns(io, record, key)[0]
 
 
 def read_new_rows(io: FileIO, view: DataView, new_files: Sequence[DataFileRecord], key: str) -> list[NewRows]:
@@ -166,8 +139,6 @@ def read_new_rows(io: FileIO, view: DataView, new_files: Sequence[DataFileRecord
     new_files = [f for f in new_files if f.deletes or (f.partition, f.file_group) in groups_with_files]
     with ThreadPoolExecutor(max_workers=max(1, min(_THREADS, len(new_files)))) as pool:
         columns = list(pool.map(lambda f: _read_columns(io, f, key), new_files))
-    for f, (keys, _deleted) in zip(new_files, columns):
-        KEYS.put(f, keys)
     return [(f, keys, deleted) for f, (keys, deleted) in zip(new_files, columns)]
 
 

@@ -1,0 +1,124 @@
+"""The key column of data files, kept per process, with a hash index for finding given keys' rows.
+
+Why: every upsert must find, in each touched file group's older live files, the rows whose key the batch writes
+again (they become deletion vectors: mdt/superseded.py). Data files are immutable, so a file's keys are read once per
+process and kept (a bounded LRU); a scan of every older row per batch (`is_in`) grows with the table, so each file
+also keeps its keys' 32-bit hashes sorted once: finding m keys in a file of n rows is then m binary searches
+(O(m log n)), and every hash match is confirmed by comparing the key itself (collisions never make a false hit).
+"""
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from dbidx.mdt.keyhash import spark_hash
+from dbidx.mdt.records import DataFileRecord
+
+KEY_CACHE_BYTES = int(os.environ.get("DBIDX_KEY_CACHE_MB", "512")) * 2 ** 20
+
+
+@dataclass(frozen=True)
+class Probe:
+    """Keys to look for in files, with their hashes computed once (for all the files probed)."""
+
+    keys: pa.Array
+    hashes: np.ndarray
+
+    @classmethod
+    def of(cls, keys: pa.Array) -> "Probe":
+        """A probe for these keys (strings, no nulls), sorted by hash (binary searches of sorted needles touch
+        memory in order: several times faster than in arrival order)."""
+        hashes = spark_hash(keys).view(np.uint32)
+        order = np.argsort(hashes, kind="stable")
+        return cls(keys.take(pa.array(order)), hashes[order])
+
+
+@dataclass(frozen=True)
+class FileKeys:
+    """One data file's keys in row order, and its rows ordered by key hash (the index `rows_of` searches)."""
+
+    keys: pa.Array
+    sorted_hashes: np.ndarray
+    order: np.ndarray  # row of each sorted hash
+
+    @classmethod
+    def of(cls, keys: pa.Array) -> "FileKeys":
+        """Index a file's keys (strings, no nulls, in row order)."""
+        hashes = spark_hash(keys).view(np.uint32)
+        order = np.argsort(hashes, kind="stable").astype(np.int32)  # a data file has far fewer than 2**31 rows
+        return cls(keys, hashes[order], order)
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held (what the LRU budget counts)."""
+        return self.keys.nbytes + self.sorted_hashes.nbytes + self.order.nbytes
+
+    def rows_of(self, probe: Probe) -> np.ndarray:
+        """Rows of this file (int32, in no particular order, a row twice if the probe has its key twice) whose key
+        is one of the probe's keys."""
+        # 1. Candidates: every row whose hash equals a probe key's hash (a run per probe key, usually empty).
+        lo = np.searchsorted(self.sorted_hashes, probe.hashes, side="left")
+        hi = np.searchsorted(self.sorted_hashes, probe.hashes, side="right")
+        counts = hi - lo
+        total = int(counts.sum())
+        if total == 0:
+            return np.empty(0, dtype=np.int32)
+        which = np.repeat(np.arange(len(counts)), counts)  # the probe key of each candidate
+        firsts = np.repeat(lo - (np.cumsum(counts) - counts), counts)
+        rows = self.order[firsts + np.arange(total)]
+        # 2. Confirmed by the keys themselves: a hash collision is never a hit.
+        same = pc.equal(self.keys.take(pa.array(rows)), probe.keys.take(pa.array(which)))
+        return rows[same.to_numpy(zero_copy_only=False)]
+
+
+class KeyColumns:
+    """Per process: FileKeys of data files, by (path, checksum), least recently used dropped past a byte budget."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[tuple[str, str], FileKeys] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def find(self, record: DataFileRecord) -> FileKeys | None:
+        """The file's keys if this process holds them (marked recently used)."""
+        ident = (record.path, record.checksum)
+        with self._lock:
+            found = self._items.get(ident)
+            if found is not None:
+                self._items.move_to_end(ident)
+            return found
+
+    def get(self, record: DataFileRecord, read: Callable[[DataFileRecord], pa.Array]) -> FileKeys:
+        """The file's keys, read by `read(record)` (verified by the caller) on a miss and kept."""
+        found = self.find(record)
+        if found is not None:
+            return found
+        return self.put(record, read(record))
+
+    def put(self, record: DataFileRecord, keys: pa.Array) -> FileKeys:
+        """Keep a file's keys (strings in row order): what a writer just wrote or read; returns them indexed."""
+        ident = (record.path, record.checksum)
+        with self._lock:
+            known = self._items.get(ident)
+            if known is not None:
+                return known
+        indexed = FileKeys.of(keys)
+        with self._lock:
+            if ident not in self._items:
+                self._items[ident] = indexed
+                self._bytes += indexed.nbytes
+            while self._bytes > self.max_bytes and len(self._items) > 1:
+                _, dropped = self._items.popitem(last=False)
+                self._bytes -= dropped.nbytes
+            return self._items.get(ident, indexed)
+
+
+KEYS = KeyColumns(KEY_CACHE_BYTES)
