@@ -37,11 +37,13 @@ DELETED_COLUMN = "_dbidx_deleted"
 _THREADS = 8
 
 
-def _read_columns(io: FileIO, record: DataFileRecord, key: str) -> tuple[pa.Array, np.ndarray]:
-    """A data file's keys (as strings) and delete flags (False where the file has none), verified first."""
+def _read_columns(io: FileIO, record: DataFileRecord, key: str, with_deleted: bool = True
+                  ) -> tuple[pa.Array, np.ndarray]:
+    """A data file's keys (as strings) and delete flags (False where the file has none, or when not
+    `with_deleted`), verified first."""
     from dbidx.mdt.data_reader import read_data_file
 
-    table = read_data_file(io, record, [key, DELETED_COLUMN])
+    table = read_data_file(io, record, [key, DELETED_COLUMN] if with_deleted else [key])
     if key not in table.column_names:
         raise CorruptFileError(f"data file {io.path(record.path)} has no key column {key!r}")
     keys = pc.cast(table.column(key), pa.string()).combine_chunks()
@@ -129,7 +131,8 @@ def superseded_rows(io: FileIO, view: DataView, new: Sequence[NewRows], key: str
 
 
 def _read_keys(io: FileIO, record: DataFileRecord, key: str) -> pa.Array:
-    return _read_columns(io, record, key)[0]
+    """An older file's keys as strings (its delete flags are in its vector already: not read)."""
+    return _read_columns(io, record, key, with_deleted=False)[0]
 
 
 def read_new_rows(io: FileIO, view: DataView, new_files: Sequence[DataFileRecord], key: str) -> list[NewRows]:

@@ -3,8 +3,6 @@ polars and DuckDB with its delta extension (the bundled file of the `duckdb-ext-
 downloaded). Each returns the table's rows as a set of tuples of the given columns."""
 from __future__ import annotations
 
-import glob
-import os
 from typing import Sequence
 
 import duckdb
@@ -14,14 +12,14 @@ from deltalake import DeltaTable, QueryBuilder
 
 from dbidx.mdt import data_reader
 from dbidx.mdt.table import Table
+from dbidx.spark_integration.demo import duckdb_delta_extension
 
 
 def extension_file() -> str:
     """The delta extension shipped by the duckdb-ext-delta package for the installed duckdb."""
-    root = os.path.join(os.path.dirname(os.path.dirname(duckdb.__file__)), "duckdb_ext", "extensions")
-    found = glob.glob(os.path.join(root, f"v{duckdb.__version__}", "*", "delta.duckdb_extension"))
-    assert found, f"no delta extension for duckdb {duckdb.__version__} under {root}"
-    return found[0]
+    found = duckdb_delta_extension()
+    assert found, f"no delta extension for duckdb {duckdb.__version__} (pip install duckdb-ext-delta)"
+    return found
 
 
 def _rows(table: pa.Table, columns: Sequence[str]) -> list[tuple]:

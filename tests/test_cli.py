@@ -123,6 +123,9 @@ def test_demo_runs(tmp_path):
     assert report["rows_checked"] == report["live_keys"] > 100
     assert [b["via"] for b in report["batches"]] == ["batch", "streaming", "batch"]
     assert report["batches"][0]["inserts"] == 100 and all(b["updates"] > 0 for b in report["batches"][1:])
+    # The same table through the Delta log: polars and duckdb (dev dependencies) see exactly the checked rows.
+    assert report["other_readers"] == {"polars": report["rows_checked"], "duckdb": report["rows_checked"]}
+    assert "open table: polars reads the same" in result.stderr and "open table: duckdb" in result.stderr
     runner = CliRunner()
     history = runner.invoke(main, ["commits", str(workdir / "table"), "--json"])
     assert history.exit_code == 0, history.output

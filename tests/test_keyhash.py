@@ -50,6 +50,18 @@ def test_vectorized_matches_scalar(keys: list[str]) -> None:
 
 
 @settings(max_examples=100, deadline=None)
+@given(st.integers(0, 23).flatmap(lambda n: st.lists(st.text(min_size=n, max_size=n, alphabet="ab0é日"),
+                                                    min_size=1, max_size=40)), st.integers(0, 5))
+def test_keys_of_one_byte_length_take_the_block_path(keys: list[str], skip: int) -> None:
+    """Keys of one UTF-8 length (UUIDs, fixed-width ids) are hashed as one 2-D block: same values, sliced too."""
+    same = [k for k in keys if len(k.encode()) == len(keys[0].encode())]
+    want = [spark_hash_one(k) for k in same]
+    assert spark_hash(pa.array(same, pa.string())).tolist() == want
+    padded = pa.array(["x" * (skip + 1)] * skip + same, pa.large_string()).slice(skip)
+    assert spark_hash(padded).tolist() == want
+
+
+@settings(max_examples=100, deadline=None)
 @given(KEYS, KEYS, st.integers(0, 30), st.integers(0, 30))
 def test_sliced_and_chunked_inputs(a: list[str], b: list[str], lo: int, hi: int) -> None:
     """Non-zero array offsets and multi-chunk ChunkedArrays hash like the plain keys."""
