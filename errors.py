@@ -108,3 +108,8 @@ class PartitionNotReadyError(CacheError):
 class ForeignCommitError(DbidxError, exit_code=5):
     """The table's Delta log has a commit dbidx did not write (another engine wrote to the Delta table): dbidx
     refuses to write on top of it; re-index the table to adopt its state."""
+
+
+class DeltaFeatureError(InvalidInputError):
+    """A Delta table to adopt uses a protocol feature or layout dbidx cannot keep when it writes (column mapping,
+    constraints, generated columns, files outside the table, ...): nothing was written."""

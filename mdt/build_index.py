@@ -10,7 +10,8 @@ later upserts update and delete them. One instant: a failed build leaves nothing
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from typing import Callable, Sequence
 
 import numpy as np
@@ -18,12 +19,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from dbidx.errors import CorruptFileError, DuplicateKeyError, InvalidInputError, InvalidKeyError, SchemaError
-from dbidx.mdt import layout
+from dbidx.errors import (
+    CorruptFileError, DuplicateKeyError, ForeignCommitError, InvalidInputError, InvalidKeyError, SchemaError,
+)
+from dbidx.mdt import layout, markers
 from dbidx.mdt.data_reader import LAYOUT_EXTRA, key_range
 from dbidx.mdt.data_schema import SCHEMA_EXTRA, encode_schema
+from dbidx.mdt.data_view import DELTA_ADOPTED_EXTRA
+from dbidx.mdt.delta_adopt import is_foreign_delta_table, read_snapshot
+from dbidx.mdt.delta_log import delta_path, initial_version, version_file
 from dbidx.mdt.fileio import file_checksum
 from dbidx.mdt.records import DataFileRecord
+from dbidx.mdt.superseded import write_vectors
 from dbidx.mdt.table import Table
 from dbidx.mdt.timeline import ACTION_BUILD_INDEX, CompletedInstant
 from dbidx.mdt.writer import CommitWriter, as_key_array
@@ -160,13 +167,16 @@ def build_index(
     partition_columns: Sequence[str] | None = None,
     progress: Progress | None = None,
 ) -> BuildIndexResult:
-    """Index every record key of the Parquet files under the table root, as one `build_index` instant."""
+    """Index every record key of the Parquet files under the table root, as one `build_index` instant; a Delta
+    table there is adopted instead (its current files, deletion vectors honoured: `adopt_delta_table`)."""
     view = table.data_view()
     if view.writes:
         raise InvalidInputError(
             f"table {table.uri} already has {view.writes} committed instant(s), the last {view.last_write}; "
             "build-index only initialises an empty index"
         )
+    if is_foreign_delta_table(table.io, initial_version(table.props.table_id, table.props.created_at_ms or 0)):
+        return adopt_delta_table(table, key_column, partition_columns, progress)
     by_partition = list_data_files(table)
     total = sum(len(v) for v in by_partition.values())
     if total == 0:
@@ -217,3 +227,81 @@ def build_index(
     record = table.timeline.record_of(writer.instant)
     assert record is not None
     return BuildIndexResult(writer.instant, total, len(by_partition), keys_total, record)
+
+
+def adopt_delta_table(table: Table, key_column: str, partition_columns: Sequence[str] | None = None,
+                      progress: Progress | None = None) -> BuildIndexResult:
+    """Index the current files of the Delta table at the table root (rows its deletion vectors delete are not
+    indexed, and the vectors become the files' vectors in dbidx), as one `build_index` instant whose Delta version
+    is the next one of the adopted log: it adds deletionVectors to the protocol and nothing else. From then on
+    every dbidx completion is one Delta version (docs/FORMAT.md section 12b)."""
+    # 1. The snapshot, checked (protocol, paths, vectors against delta-rs), and the caller's layout against it.
+    snapshot = read_snapshot(table.io)
+    if partition_columns and list(partition_columns) != snapshot.partition_columns:
+        raise InvalidInputError(f"--partition-col {list(partition_columns)} differs from the Delta table's partition "
+                                f"columns {snapshot.partition_columns}")
+    if key_column not in snapshot.schema.names or key_column in snapshot.partition_columns:
+        raise InvalidInputError(f"the Delta table at {table.uri} has no data column {key_column!r} to use as the "
+                                f"record key (columns: {snapshot.schema.names})")
+    if not snapshot.files:
+        raise InvalidInputError(f"the Delta table at {table.uri} has no data files at version {snapshot.version}")
+    records, vectors, descriptors = [], {}, {}
+    keys_by_scope: dict[str, tuple[list[pa.Array], list[np.ndarray]]] = {}
+    files: list[str] = []
+    table.adopting_delta = True  # no Delta version is written before this instant publishes its own
+    try:
+        with CommitWriter(table, ACTION_BUILD_INDEX) as writer:
+            for done, f in enumerate(snapshot.files, 1):
+                # 2. Each file's keys (its bytes checksummed, as every data file), minus its deleted rows.
+                source = _read_source(table, f.path, f.partition, key_column)
+                if source.record.size != f.size:
+                    raise CorruptFileError(f"data file {table.io.path(f.path)} has {source.record.size} bytes, its "
+                                           f"Delta `add` says {f.size}")
+                keys = source.keys
+                if f.deleted is not None and len(f.deleted):
+                    if f.deleted.max() >= len(keys):
+                        raise CorruptFileError(f"the deletion vector of {table.io.path(f.path)} deletes row "
+                                               f"{f.deleted.max()}, but the file has {len(keys)} rows")
+                    keep = np.ones(len(keys), dtype=bool)
+                    keep[np.asarray(f.deleted.to_array(), dtype=np.int64)] = False
+                    keys = keys.filter(pa.array(keep))
+                    vectors[f.path], descriptors[f.path] = f.deleted, f.dv
+                writer.insert(f.partition, keys, source.record.file_group)
+                records.append(replace(source.record, delta_path=None if f.raw_path == delta_path(f.path)
+                                       else f.raw_path))
+                files.append(table.io.path(f.path))
+                scope = "" if table.global_index else f.partition
+                keys_by_scope.setdefault(scope, ([], []))[0].append(keys)
+                keys_by_scope[scope][1].append(np.full(len(keys), len(files) - 1, dtype=np.int64))
+                if progress is not None:
+                    progress(done, len(snapshot.files))
+            # 3. One live row per key (per partition, or table-wide in global mode).
+            for scope, (part_keys, part_ids) in sorted(keys_by_scope.items()):
+                _reject_duplicates(pa.concat_arrays(part_keys), np.concatenate(part_ids), files,
+                                   "the table" if table.global_index else f"partition {scope!r}")
+            # 4. The files, their vectors (copied into a DV file of dbidx's, each remembering the descriptor the
+            #    Delta log has for it), the schema, layout and the adopted table's identity.
+            writer.add_written([], records, {}, [])
+            dv_files, dv_records = write_vectors(table.io, writer.instant, vectors)
+            writer.adopted_vectors = (dv_files, tuple(replace(v, delta=descriptors[v.path]) for v in dv_records))
+            writer.extra["source_files"] = len(records)
+            writer.extra[LAYOUT_EXTRA] = {"key": key_column, "partition_columns": snapshot.partition_columns}
+            writer.extra[SCHEMA_EXTRA] = encode_schema(pa.schema([f.with_nullable(True) for f in snapshot.schema]))
+            writer.extra[DELTA_ADOPTED_EXTRA] = {"version": snapshot.version, "metaData": snapshot.metadata,
+                                                 "protocol": snapshot.protocol}
+            writer.checks.append(partial(_no_newer_version, table, snapshot.version))
+    finally:
+        table.adopting_delta = False
+    record = table.timeline.record_of(writer.instant)
+    assert record is not None
+    markers.discard_unlisted(table.io, writer.instant, keep={f.path for f in record.dv_files})
+    return BuildIndexResult(writer.instant, len(records), len({f.partition for f in records}),
+                            sum(len(k) for ks, _i in keys_by_scope.values() for k in ks), record)
+
+
+def _no_newer_version(table: Table, version: int, _news: object) -> None:
+    """At publish: the adopted version is still the Delta table's latest (else another engine committed after the
+    snapshot was read, and indexing it would miss that commit)."""
+    if table.io.exists(version_file(version + 1)):
+        raise ForeignCommitError(f"another engine committed Delta version {version + 1} to {table.uri} while it was "
+                                 "being adopted; nothing was published: run build-index again")

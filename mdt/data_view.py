@@ -15,7 +15,7 @@ from dbidx.mdt import layout
 from dbidx.mdt.records import (
     ACTION_BUILD_INDEX, ACTION_CLEAN, ACTION_COMMIT, ACTION_DATA_COMPACTION, DATA_ACTIONS, CompletedInstant,
     DataFileRecord, DeletionVectorRecord, DvFileRecord, FieldError, parse_instant, parse_int, parse_items,
-    parse_object, parse_order, parse_path,
+    parse_object, parse_order, parse_path, record_dict,
 )
 
 LAYOUT_EXTRA = "upsert"  # the completion record's extra that names key and partition columns (and bucket spec)
@@ -65,6 +65,21 @@ class DataView:
         self.schema: Recorded | None = None
         self.layout: Recorded | None = None
         self.buckets: Recorded | None = None
+        # The Delta table a build-index adopted (FORMAT.md section 12): its version then, metaData and protocol.
+        self.delta_adopted: Recorded | None = None
+
+    @property
+    def delta_offset(self) -> int:
+        """Delta version minus completion seq for the completions dbidx writes Delta versions of: 0 for a table
+        dbidx created; for an adopted Delta table, the adopting build-index (seq b) is version V + 1."""
+        if self.delta_adopted is None:
+            return 0
+        return self.delta_adopted.value["version"] + 1 - self.delta_adopted.seq
+
+    @property
+    def delta_first_seq(self) -> int:
+        """The first completion seq that has a Delta version of dbidx's (older ones belong to an adopted history)."""
+        return 0 if self.delta_adopted is None else self.delta_adopted.seq
 
     def apply(self, records: list[CompletedInstant],
               before: Callable[[CompletedInstant, "DataView"], None] | None = None) -> None:
@@ -92,6 +107,10 @@ class DataView:
                     self.buckets = Recorded(layout_value["buckets"], rec.seq, rec.instant)
             if SCHEMA_EXTRA in rec.extra:
                 self.schema = Recorded(rec.extra[SCHEMA_EXTRA], rec.seq, rec.instant)
+            if rec.action == ACTION_BUILD_INDEX and DELTA_ADOPTED_EXTRA in rec.extra:
+                self.delta_adopted = Recorded(check_adopted(rec.extra[DELTA_ADOPTED_EXTRA],
+                                                            f"completion {rec.seq} ({rec.instant})"),
+                                              rec.seq, rec.instant)
             self.applied_seq = rec.seq
 
     def _add_written(self, rec: CompletedInstant) -> None:
@@ -178,22 +197,23 @@ class DataView:
         """The view as a checkpoint stores it (deterministic: the same log gives the same dict)."""
         return {
             "applied_seq": self.applied_seq, "writes": self.writes, "last_write": self.last_write,
-            "live": [{"file": asdict(a.record), "order": list(a.order), "seq": a.seq, "instant": a.instant,
+            "live": [{"file": record_dict(a.record), "order": list(a.order), "seq": a.seq, "instant": a.instant,
                       "source": a.source} for a in sorted(self._live.values(), key=lambda a: a.record.path)],
             "replaced": [{"path": p, "seq": s, "source": src} for p, (s, src) in sorted(self._replaced.items())],
             "schema": _recorded_dict(self.schema), "layout": _recorded_dict(self.layout),
             "buckets": _recorded_dict(self.buckets),
-            "vectors": [{"vector": asdict(d.vector), "file": asdict(d.file)}
+            "vectors": [{"vector": record_dict(d.vector), "file": asdict(d.file)}
                         for _p, d in sorted(self._dv.items())],
             "dv_files": [{"path": p, "seq": seq} for p, seq in sorted(self._dv_files.items())],
-        }
+        } | ({"delta_adopted": _recorded_dict(self.delta_adopted)} if self.delta_adopted is not None else {})
 
     @classmethod
     def from_dict(cls, data: Any, where: str) -> "DataView":
         """Rebuild from a checkpoint, checking every field (a checkpoint is read back from storage: untrusted)."""
         try:
             d = parse_object(data, "data", {"applied_seq", "writes", "last_write", "live", "replaced", "schema",
-                                            "layout", "buckets", "vectors", "dv_files"})
+                                            "layout", "buckets", "vectors", "dv_files", "delta_adopted"},
+                             optional={"delta_adopted"})
             view = cls()
             view.applied_seq = parse_int(d["applied_seq"], "data.applied_seq")
             view.writes = parse_int(d["writes"], "data.writes")
@@ -231,6 +251,9 @@ class DataView:
             view.schema = _recorded(d["schema"], "data.schema")
             view.layout = _recorded(d["layout"], "data.layout")
             view.buckets = _recorded(d["buckets"], "data.buckets")
+            view.delta_adopted = _recorded(d.get("delta_adopted"), "data.delta_adopted")
+            if view.delta_adopted is not None:
+                check_adopted(view.delta_adopted.value, "data.delta_adopted")
             return view
         except (FieldError, ValueError, TypeError) as exc:
             raise CorruptFileError(f"checkpoint {where}: its data view is not valid: {exc}") from exc
@@ -242,6 +265,26 @@ def _check_outside_meta(path: str, rec: CompletedInstant | None) -> None:
     if path.startswith(layout.META_DIR + "/"):
         where = f"completion {rec.seq} ({rec.instant})" if rec is not None else "the checkpoint"
         raise CorruptFileError(f"{where} lists {path!r} as a data file, inside the metadata folder {layout.META_DIR}")
+
+
+DELTA_ADOPTED_EXTRA = "delta_adopted"
+
+
+def check_adopted(value: Any, where: str) -> dict[str, Any]:
+    """What a build-index recorded of the Delta table it adopted: {"version": V, "metaData": {...}, "protocol": {...}}
+    (read back from storage: checked before any Delta version number is computed from it)."""
+    try:
+        d = parse_object(value, "delta_adopted", {"version", "metaData", "protocol"})
+        parse_int(d["version"], "delta_adopted.version")
+        parse_object(d["protocol"], "delta_adopted.protocol",
+                     {"minReaderVersion", "minWriterVersion", "readerFeatures", "writerFeatures"},
+                     optional={"readerFeatures", "writerFeatures"})
+        meta = d["metaData"]
+        if not isinstance(meta, dict) or not isinstance(meta.get("id"), str):
+            raise FieldError("delta_adopted.metaData must be a Delta metaData action with an id")
+    except (FieldError, ValueError, TypeError) as exc:
+        raise CorruptFileError(f"{where}: the adopted Delta table's description is not valid: {exc}") from exc
+    return d
 
 
 def _recorded_dict(recorded: Recorded | None) -> dict[str, Any] | None:

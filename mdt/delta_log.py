@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from dbidx.errors import CorruptFileError, ForeignCommitError
 from dbidx.mdt.data_schema import recorded_schema
-from dbidx.mdt.data_view import DataView, DvRef
+from dbidx.mdt.data_view import DELTA_ADOPTED_EXTRA, DataView, DvRef
 from dbidx.mdt.deletion_vectors import inline_form
 from dbidx.mdt.fileio import FileIO
 from dbidx.mdt.records import ACTION_BUILD_INDEX, ACTION_COMMIT, ACTION_DATA_COMPACTION, CompletedInstant, DataFileRecord
@@ -75,10 +75,19 @@ def version_for(shape: TableShape, record: CompletedInstant, view: DataView,
     gives a vector's bytes (verified), which the version carries inline."""
     actions: list[dict[str, Any]] = [_commit_info(record.completed_at_ms, _OPERATIONS.get(record.action, "VACUUM"),
                                                   record)]
+    if record.action == ACTION_BUILD_INDEX and DELTA_ADOPTED_EXTRA in record.extra:
+        # The adoption: the files are in the log already; the protocol gains deletion vectors (kept features stay).
+        return encode(actions + [{"protocol": adoption_protocol(record.extra[DELTA_ADOPTED_EXTRA]["protocol"])}])
     after_schema = _schema_after(record, view)
     partition_columns = _partition_columns(record, view, after_schema)
     if after_schema is not None and (view.schema is None or "schema" in record.extra):
-        actions.append(_metadata(shape.table_id, shape.created_at_ms, _delta_schema(after_schema), partition_columns))
+        if view.delta_adopted is not None:  # the adopted table keeps its id, creation time and configuration
+            meta = dict(view.delta_adopted.value["metaData"])
+            meta["schemaString"] = json.dumps(_delta_schema(after_schema), sort_keys=True, separators=(",", ":"))
+            actions.append({"metaData": meta})
+        else:
+            actions.append(_metadata(shape.table_id, shape.created_at_ms, _delta_schema(after_schema),
+                                     partition_columns))
     vectors = {dv.path: dv for dv in record.deletion_vectors}
     dv_files = {f.path: f for f in record.dv_files}
     ms, key = record.completed_at_ms, _key(record, view, after_schema)
@@ -107,6 +116,18 @@ def version_for(shape: TableShape, record: CompletedInstant, view: DataView,
         ref = DvRef(vectors[f.path], dv_files[vectors[f.path].dv_file]) if f.path in vectors else None
         actions.append(_add(f, _inline(ref, body), partition_columns, ms, data_change=change, key=key))
     return encode(actions)
+
+
+def adoption_protocol(existing: dict[str, Any]) -> dict[str, Any]:
+    """The protocol of an adopted table once dbidx writes to it: table features (reader 3 / writer 7) with
+    deletionVectors added to what it had; a legacy writer version 2 brings its implied appendOnly and invariants
+    (mdt/delta_adopt.py refused every protocol it cannot keep)."""
+    readers = set(existing.get("readerFeatures") or []) | {"deletionVectors"}
+    writers = set(existing.get("writerFeatures") or []) | {"deletionVectors"}
+    if existing.get("minWriterVersion", 1) >= 2 and "writerFeatures" not in existing:
+        writers |= {"appendOnly", "invariants"}
+    return {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": sorted(readers),
+            "writerFeatures": sorted(writers)}
 
 
 def _commit_info(ms: int, operation: str, record: CompletedInstant | None) -> dict[str, Any]:
@@ -180,6 +201,8 @@ def _inline(ref: DvRef | None, body: Callable[[DvRef], bytes]) -> dict[str, Any]
     few hundred file-backed vectors (seen here with deltalake 1.6.6 at ~770; inline ones took 0.1 s)."""
     if ref is None:
         return None
+    if ref.vector.delta is not None:  # adopted with a Delta table: its log has this exact descriptor already
+        return dict(ref.vector.delta)
     data = body(ref)
     return {"storageType": "i", "pathOrInlineDv": inline_form(data), "sizeInBytes": len(data),
             "cardinality": ref.vector.cardinality}
@@ -195,7 +218,7 @@ def _add(f: DataFileRecord, dv: dict[str, Any] | None, columns: list[str], ms: i
     stats: dict[str, Any] = {"numRecords": f.rows}
     if key is not None and key not in columns and f.min_key is not None:
         stats.update(minValues={key: f.min_key}, maxValues={key: f.max_key}, nullCount={key: 0})
-    add: dict[str, Any] = {"path": delta_path(f.path), "partitionValues": _partition_values(f.partition, columns),
+    add: dict[str, Any] = {"path": f.delta_path or delta_path(f.path), "partitionValues": _partition_values(f.partition, columns),
                            "size": f.size, "modificationTime": ms, "dataChange": data_change,
                            "stats": json.dumps(stats, sort_keys=True, separators=(",", ":"))}
     if dv is not None:
@@ -205,7 +228,7 @@ def _add(f: DataFileRecord, dv: dict[str, Any] | None, columns: list[str], ms: i
 
 def _remove(f: DataFileRecord, dv: dict[str, Any] | None, columns: list[str], ms: int,
             data_change: bool) -> dict[str, Any]:
-    remove: dict[str, Any] = {"path": delta_path(f.path), "deletionTimestamp": ms, "dataChange": data_change,
+    remove: dict[str, Any] = {"path": f.delta_path or delta_path(f.path), "deletionTimestamp": ms, "dataChange": data_change,
                               "extendedFileMetadata": True,
                               "partitionValues": _partition_values(f.partition, columns), "size": f.size}
     if dv is not None:
@@ -267,26 +290,32 @@ class DeltaLogWriter:
             except CorruptFileError as exc:  # a vector's DV file is gone: fine if the version exists (sync checks)
                 self.pending[record.seq] = exc
 
-    def sync(self, io: FileIO, latest_seq: int, records: Any, recheck: Any) -> int:
+    def sync(self, io: FileIO, latest_seq: int, records: Any, recheck: Any, offset: int = 0, first_seq: int = 0) -> int:
         """Write every missing version up to `latest_seq` (put-if-absent, compared if present) and refuse a version
         beyond it that no dbidx completion explains (`recheck()` refreshes the completion log and returns its latest
         seq: a dbidx writer may have published and written meanwhile). The first call of a process lists the log;
         later ones write what they derived and look for the one next version only. `records()` gives the whole
         completion log when a missing version was not derived here (a crash, a new process): the log is then folded
-        from its first record. Returns the number of versions this call wrote."""
+        from its first record. Completion s has Delta version s + offset from s = first_seq on (an adopted Delta
+        table: DataView.delta_offset); before it, the versions are the adopted table's own. Returns the number of
+        versions this call wrote."""
         # 1. What is on storage: listed once per process, then known from what this process wrote.
         if self.written_upto < 0:
-            present = set(listed_versions(io))
-            beyond = sorted(v for v in present if v > latest_seq)
+            versions = set(listed_versions(io))
+            if first_seq == 0:
+                self._check_own_origin(io, versions)
+            present = {v - offset for v in versions if v - offset >= first_seq}
+            beyond = sorted(v for v in versions if v > latest_seq + offset)
         else:
-            present = set(range(self.written_upto + 1))
-            beyond = [latest_seq + 1] if io.exists(version_file(latest_seq + 1)) else []
+            present = set(range(first_seq, self.written_upto + 1))
+            nxt = latest_seq + offset + 1
+            beyond = [nxt] if io.exists(version_file(nxt)) else []
         # 2. A version above the latest completion is another dbidx writer's (publish raced this check) or foreign.
         if beyond:
             latest_seq = recheck()
-            check_no_foreign(beyond, latest_seq, io)
+            check_no_foreign(beyond, latest_seq + offset, io)
         # 3. Versions neither on storage nor derived here are derived from the whole log; then all are written.
-        wanted = [v for v in range(0, latest_seq + 1) if v not in present or v in self.pending]
+        wanted = [v for v in range(first_seq, latest_seq + 1) if v not in present or v in self.pending]
         missing = {v for v in wanted if v not in self.pending}
         if missing:
             self._fold_all(records(), missing)
@@ -296,13 +325,26 @@ class DeltaLogWriter:
             if isinstance(data, CorruptFileError):
                 if v in present:  # written by the process that published it, before a clean removed its DV files
                     continue
-                raise CorruptFileError(f"Delta version {v} of {io.path(DELTA_LOG_DIR)} is missing and cannot be "
-                                       f"derived again: {data}") from data
+                raise CorruptFileError(f"Delta version {v + offset} of {io.path(DELTA_LOG_DIR)} is missing and "
+                                       f"cannot be derived again: {data}") from data
             if data is not None:
-                written += put_version(io, v, data)
+                written += put_version(io, v + offset, data)
         self.pending = {v: d for v, d in self.pending.items() if v > latest_seq}
         self.written_upto = latest_seq
         return written
+
+    def _check_own_origin(self, io: FileIO, versions: set[int]) -> None:
+        """A table dbidx created starts its Delta log with its own version 0; any other log is a Delta table that
+        must be adopted (build-index) before dbidx writes a version into it."""
+        if not versions:
+            return
+        if 0 in versions and io.read_bytes(version_file(0)) == initial_version(self.shape.table_id,
+                                                                              self.shape.created_at_ms):
+            return
+        raise ForeignCommitError(
+            f"{io.path(DELTA_LOG_DIR)} is the log of a Delta table dbidx has not adopted (its first version is not "
+            "this dbidx table's): dbidx refuses to write into it. Adopt the table with `dbidx build-index URI "
+            "--key COLUMN` (it indexes the table's current files, deletion vectors honoured)")
 
     def _body(self) -> Callable[[DvRef], bytes]:
         """Vector bytes from their DV files (verified), each file read once per derivation."""

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime, timezone
 from typing import Any, Callable
+from urllib.parse import unquote
 
 import xxhash
 
@@ -128,16 +129,22 @@ class DataFileRecord:
     min_key: str | None = None
     max_key: str | None = None
     deletes: int = 0  # rows that are delete markers (`_dbidx_deleted`): never table data, in the file's own vector
+    # A file of an adopted Delta table whose log spells its path otherwise than dbidx would (FORMAT.md section 12):
+    # its `remove` must repeat the exact string. None (and left out of the JSON) for every other file.
+    delta_path: str | None = None
 
     @classmethod
     def parse(cls, data: Any, name: str) -> "DataFileRecord":
         """Rebuild a record from its JSON form, checking every field."""
-        d = _object(data, name, {f.name for f in fields(cls)})
+        d = _object(data, name, {f.name for f in fields(cls)}, optional={"delta_path"})
         record = cls(path=_path(d["path"], f"{name}.path"), partition=_str(d["partition"], f"{name}.partition"),
                      file_group=_str(d["file_group"], f"{name}.file_group"), rows=_int(d["rows"], f"{name}.rows"),
                      size=_int(d["size"], f"{name}.size"), checksum=_checksum(d["checksum"], f"{name}.checksum"),
                      min_key=_str(d["min_key"], f"{name}.min_key", True),
-                     max_key=_str(d["max_key"], f"{name}.max_key", True), deletes=_int(d["deletes"], f"{name}.deletes"))
+                     max_key=_str(d["max_key"], f"{name}.max_key", True), deletes=_int(d["deletes"], f"{name}.deletes"),
+                     delta_path=_str(d.get("delta_path"), f"{name}.delta_path", True))
+        if record.delta_path is not None and unquote(record.delta_path) != record.path:
+            raise _Bad(f"{name}.delta_path {record.delta_path!r} does not name {record.path!r}")
         if record.deletes > record.rows:
             raise _Bad(f"{name}: more delete rows ({record.deletes}) than rows ({record.rows})")
         if (record.min_key is None) != (record.max_key is None) or \
@@ -176,14 +183,48 @@ class DeletionVectorRecord:
     offset: int
     size: int
     cardinality: int
+    # A vector adopted with a Delta table: the descriptor its log already has for it (a later `remove` must repeat
+    # it exactly, or Delta readers would keep the old file entry). None (left out of the JSON) otherwise.
+    delta: dict[str, Any] | None = None
 
     @classmethod
     def parse(cls, data: Any, name: str) -> "DeletionVectorRecord":
         """Rebuild a record from its JSON form, checking every field."""
-        d = _object(data, name, {f.name for f in fields(cls)})
-        return cls(path=_path(d["path"], f"{name}.path"), dv_file=_path(d["dv_file"], f"{name}.dv_file"),
-                   offset=_int(d["offset"], f"{name}.offset", 1), size=_int(d["size"], f"{name}.size", 1),
-                   cardinality=_int(d["cardinality"], f"{name}.cardinality", 1))
+        d = _object(data, name, {f.name for f in fields(cls)}, optional={"delta"})
+        record = cls(path=_path(d["path"], f"{name}.path"), dv_file=_path(d["dv_file"], f"{name}.dv_file"),
+                     offset=_int(d["offset"], f"{name}.offset", 1), size=_int(d["size"], f"{name}.size", 1),
+                     cardinality=_int(d["cardinality"], f"{name}.cardinality", 1))
+        if d.get("delta") is not None:
+            record = replace(record, delta=parse_dv_descriptor(d["delta"], f"{name}.delta", record.cardinality))
+        return record
+
+
+def parse_dv_descriptor(value: Any, name: str, cardinality: int) -> dict[str, Any]:
+    """A Delta `deletionVector` descriptor read back (inline or relative-file form; never an absolute path)."""
+    d = _object(value, name, {"storageType", "pathOrInlineDv", "offset", "sizeInBytes", "cardinality"},
+                optional={"offset"})
+    if d["storageType"] not in ("u", "i"):
+        raise _Bad(f"{name}.storageType must be 'u' or 'i', got {d['storageType']!r}")
+    _str(d["pathOrInlineDv"], f"{name}.pathOrInlineDv")
+    if "offset" in d:
+        _int(d["offset"], f"{name}.offset")
+    _int(d["sizeInBytes"], f"{name}.sizeInBytes")
+    if _int(d["cardinality"], f"{name}.cardinality") != cardinality:
+        raise _Bad(f"{name}.cardinality {d['cardinality']} differs from the vector's {cardinality}")
+    return dict(d)
+
+
+def record_dict(record: Any) -> dict[str, Any]:
+    """A record's JSON form: asdict without the adoption-only fields that are None (most records never have them,
+    so they are not written at all)."""
+    data = asdict(record)
+    for name in _UNSET_OMITTED:
+        if name in data and data[name] is None:
+            del data[name]
+    return data
+
+
+_UNSET_OMITTED = ("delta_path", "delta")
 
 
 @dataclass(frozen=True)
@@ -227,6 +268,8 @@ class CompletedInstant:
         """Serialize for the completion file, with a checksum over the canonical form of every other field (a
         flipped byte in a key range or a path would otherwise still be valid JSON, and silently wrong)."""
         data = asdict(self)
+        data["data_files"] = [record_dict(f) for f in self.data_files]
+        data["deletion_vectors"] = [record_dict(v) for v in self.deletion_vectors]
         data["checksum"] = _record_checksum(data)
         return json.dumps(data, sort_keys=True, separators=(",", ":")).encode("utf-8")
 

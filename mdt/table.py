@@ -25,7 +25,9 @@ from dbidx.mdt import layout, rli_files
 from dbidx.mdt.checkpoint import Checkpoint
 from dbidx.mdt.commit_lock import CommitLock
 from dbidx.mdt.data_view import DataView
-from dbidx.mdt.delta_log import DeltaLogWriter, TableShape, delta_checkpoint, initial_version, put_version
+from dbidx.mdt.delta_log import (
+    DeltaLogWriter, TableShape, delta_checkpoint, initial_version, listed_versions, put_version,
+)
 from dbidx.mdt.file_view import FileView, PartitionStats
 from dbidx.mdt.fileio import FileIO
 from dbidx.mdt.keyhash import HASH_NAME, shard_of
@@ -52,6 +54,7 @@ class Table:
         self._data = DataView()
         self._view_lock = threading.RLock()
         self._delta: DeltaLogWriter | None = None  # set once this process writes: it then derives Delta versions
+        self.adopting_delta = False  # a build-index adopting a Delta table: no version is written until it publishes
 
     # ---- identity ----------------------------------------------------------------------------------------
     @classmethod
@@ -94,7 +97,8 @@ class Table:
             raise TableExistsError(f"a dbidx table already exists at {io.path(layout.PROPERTIES_FILE)}")
         io.makedirs(layout.COMPLETED_DIR)
         io.create_exclusive(layout.latest_file(0), b"")
-        put_version(io, 0, initial_version(props.table_id, props.created_at_ms))
+        if not listed_versions(io):  # else a Delta table is there: `build-index` adopts it (mdt/delta_adopt.py)
+            put_version(io, 0, initial_version(props.table_id, props.created_at_ms))
         return cls(io, props)
 
     @classmethod
@@ -236,7 +240,10 @@ class Table:
                 # Versions of completions this view folded already are derived again only if they are missing.
                 self._delta = DeltaLogWriter(TableShape(self.props.table_id, self.props.created_at_ms or 0), self.io)
             self.refresh()
-            return self._delta.sync(self.io, self.timeline.latest_seq, self.timeline.completed, self._refreshed_seq)
+            if self.adopting_delta and self._data.delta_adopted is None:
+                return 0
+            return self._delta.sync(self.io, self.timeline.latest_seq, self.timeline.completed, self._refreshed_seq,
+                                    self._data.delta_offset, self._data.delta_first_seq)
 
     def _refreshed_seq(self) -> int:
         self.refresh()

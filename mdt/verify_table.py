@@ -92,7 +92,10 @@ def _check_vectors(table: Table, check: TableCheck) -> None:
             check.deletion_vectors += 1
         except CorruptFileError as exc:
             check.damaged.append({"path": ref.file.path, "problem": str(exc)})
-    missing = sorted(set(range(table.timeline.latest_seq + 1)) - set(listed_versions(table.io)))
+    data = table.data_view()
+    first, offset = data.delta_first_seq, data.delta_offset  # an adopted Delta table's own versions come first
+    wanted = set(range(first + offset, table.timeline.latest_seq + offset + 1))
+    missing = sorted(wanted - set(listed_versions(table.io)))
     if missing:
         check.damaged.append({"path": table.io.path(DELTA_LOG_DIR), "problem": f"Delta version(s) {missing[:10]} "
                               "are missing (a crash between a commit and its Delta version); `dbidx repair URI` "

@@ -155,6 +155,7 @@ class CommitWriter:
         self._written_changes: dict[str, PartitionChange] = {}
         self._touched: dict[GroupKey, TouchedKeys] = {}
         self._fresh: list[tuple[int, dict[str, BitMap]]] = []  # tasks' superseded rows: (view seq, positions)
+        self.adopted_vectors: tuple[tuple[DvFileRecord, ...], tuple[DeletionVectorRecord, ...]] | None = None
         self._done = False
         self.extra: dict[str, Any] = {}
         # More publish checks over the completions that landed meanwhile (e.g. the data schema an upsert relies on);
@@ -282,6 +283,8 @@ class CommitWriter:
         """The rows this commit's data files supersede or delete, as deletion vectors against the table exactly as
         it stands right before the seq being published (mdt/superseded.py). A build-index adds the first data of
         an empty table: nothing to supersede."""
+        if self.adopted_vectors is not None:  # a build-index adopting a Delta table: the table's existing vectors
+            return self.adopted_vectors
         if not self._data_files or self.started.action != ACTION_COMMIT:
             return (), ()
         view = self.table.data_view()

@@ -19,7 +19,7 @@ from dbidx.mdt.markers import MARKERS_DIR, announced_files, discard_unlisted, ma
 from dbidx.mdt.data_reader import (  # noqa: F401 - used by tasks and tests
     DELETED_COLUMN, INSTANT_COLUMN, data_file_path, read_data_file, write_data_file,
 )
-from dbidx.mdt.records import ACTION_COMMIT, DataFileRecord
+from dbidx.mdt.records import DataFileRecord
 from dbidx.spark_integration.grouping import runs
 
 
@@ -73,8 +73,8 @@ def settled_files(record: Any) -> set[str] | None:
     """The files a settled instant published (empty for a rollback); None while it is unsettled."""
     if record is None:
         return None
-    if record.action != ACTION_COMMIT:
-        return set()
+    # Every action's own files (a build-index's or data compaction's DV files too: a sweep of their markers after a
+    # crash must not delete them); a rollback lists none.
     return {f.path for f in record.data_files} | {f.path for f in record.files} | {f.path for f in record.dv_files}
 
 

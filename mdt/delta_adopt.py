@@ -1,0 +1,269 @@
+"""Adopting an existing Delta table (docs/FORMAT.md section 12b): what `build-index` reads of it before indexing.
+
+Why a replay of our own beside delta-rs: delta-rs gives the snapshot's files, schema and each file's deleted rows,
+but not the exact `path` string and `deletionVector` descriptor of each file's `add` action, and a later `remove`
+must repeat both exactly (Delta identifies a logical file by its path and its vector's id), or every Delta reader
+would keep the old entry beside dbidx's new one. So the log's JSON versions (from the newest classic checkpoint
+on) are replayed here for those two facts, and the result is checked against delta-rs's snapshot file by file
+(paths, deleted-row counts): a disagreement is an error, never a guess.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyroaring import BitMap
+
+from dbidx.errors import CorruptFileError, DeltaFeatureError, InvalidInputError
+from dbidx.mdt import layout
+from dbidx.mdt.delta_log import DELTA_LOG_DIR, listed_versions, version_file
+from dbidx.mdt.fileio import FileIO
+
+# Features dbidx keeps intact when it writes (each checked below where it has a condition).
+READER_FEATURES = {"deletionVectors", "timestampNtz", "variantType"}
+WRITER_FEATURES = {"deletionVectors", "timestampNtz", "variantType", "appendOnly", "invariants"}
+_CHECKPOINT_RE = re.compile(r"^(\d{20})\.checkpoint(?:\.(\d{10})\.(\d{10}))?\.parquet$")
+
+
+@dataclass(frozen=True)
+class AdoptedFile:
+    """One live file of the snapshot: its table-relative path, the log's spelling of it, its partition as a hive
+    path, size, and its deletion vector (descriptor and deleted rows) if it has one."""
+
+    path: str
+    raw_path: str
+    partition: str
+    size: int
+    dv: dict[str, Any] | None
+    deleted: BitMap | None
+
+
+@dataclass(frozen=True)
+class DeltaSnapshot:
+    """The adopted table at one version: protocol, metaData, Arrow schema, partition columns and live files."""
+
+    version: int
+    protocol: dict[str, Any]
+    metadata: dict[str, Any]
+    schema: pa.Schema
+    partition_columns: list[str]
+    files: list[AdoptedFile]
+
+
+def is_foreign_delta_table(io: FileIO, own_version_zero: bytes) -> bool:
+    """True if the directory holds a Delta log that is not this dbidx table's own (its version 0 differs)."""
+    versions = listed_versions(io)
+    if not versions:
+        return False
+    return 0 not in versions or io.read_bytes(version_file(0)) != own_version_zero
+
+
+def read_snapshot(io: FileIO) -> DeltaSnapshot:
+    """The Delta table's latest snapshot, checked: a protocol dbidx can keep, files inside the table, descriptors
+    that match what delta-rs reads."""
+    from deltalake import DeltaTable
+
+    if not io.is_local:
+        raise DeltaFeatureError(f"adopting a Delta table on an object store ({io.path('')}) is not supported yet; "
+                                "adopt a local copy, or write the table with dbidx from the start")
+    # 1. delta-rs's snapshot: version, protocol, metaData, schema, files and their deleted rows.
+    table = DeltaTable(io.path(""))
+    version = table.version()
+    protocol = _check_protocol(table.protocol(), table.metadata().configuration, io)
+    # 2. Our replay of the same version: each file's raw path and vector descriptor, and the metaData action.
+    live, metadata = _replay(io, version)
+    partition_columns = list(metadata.get("partitionColumns") or [])
+    schema = pa.schema(table.schema().to_arrow())
+    _check_schema(metadata, schema, io)
+    # 3. Checked against delta-rs: the same files; every vector deletes as many rows as delta-rs says.
+    theirs = {_relative(str(p), io): None for p in pa.table(table.get_add_actions(flatten=True)).column("path")}
+    ours = {_relative(raw, io): (raw, add) for raw, add in live.items()}
+    if set(theirs) != set(ours):
+        odd = sorted(set(theirs) ^ set(ours))[:3]
+        raise CorruptFileError(f"the Delta log of {io.path('')} at version {version} reads differently in delta-rs and "
+                               f"in dbidx's replay (e.g. {odd}); nothing was written")
+    deleted = _deleted_rows(table, io) if any(add.get("deletionVector") for add in live.values()) else {}
+    files = []
+    for path, (raw, add) in sorted(ours.items()):
+        dv = add.get("deletionVector")
+        rows = deleted.get(path)
+        if (dv is None) != (rows is None) or (dv is not None and dv.get("cardinality") != len(rows)):
+            raise CorruptFileError(f"the deletion vector of {io.path(path)} in the Delta log ({dv}) does not match "
+                                   f"the {0 if rows is None else len(rows)} deleted rows delta-rs reads; nothing "
+                                   "was written")
+        if dv is not None and dv.get("storageType") not in ("u", "i"):
+            raise DeltaFeatureError(f"{io.path(path)} has a deletion vector stored at an absolute path "
+                                    f"({dv.get('storageType')!r}); dbidx adopts relative and inline vectors only")
+        files.append(AdoptedFile(path, raw, _partition_of(add, partition_columns, io.path(path)),
+                                 int(add["size"]), dv, rows))
+    return DeltaSnapshot(version, protocol, metadata, schema, partition_columns, files)
+
+
+def _check_protocol(p: Any, configuration: dict[str, str], io: FileIO) -> dict[str, Any]:
+    """The protocol as a dict, if dbidx can keep every feature it names while writing deletion vectors."""
+    where = io.path(DELTA_LOG_DIR)
+    reader, writer = int(p.min_reader_version), int(p.min_writer_version)
+    readers, writers = list(p.reader_features or []), list(p.writer_features or [])
+    if reader not in (1, 2, 3) or writer not in (1, 2, 7):
+        raise DeltaFeatureError(
+            f"{where}: protocol reader {reader} / writer {writer} is not one dbidx can write to (reader 1-3, writer "
+            "1, 2 or 7 with table features; writer 3-6 imply check constraints, change data feed, generated or "
+            "identity columns, column mapping)")
+    unknown = sorted((set(readers) - READER_FEATURES) | (set(writers) - WRITER_FEATURES))
+    if unknown:
+        raise DeltaFeatureError(f"{where}: the table uses Delta feature(s) {unknown}, which dbidx cannot keep when "
+                                "it writes; nothing was written")
+    if configuration.get("delta.columnMapping.mode", "none") != "none":
+        raise DeltaFeatureError(f"{where}: column mapping ({configuration['delta.columnMapping.mode']}) is not "
+                                "supported: dbidx writes data files with the logical column names")
+    if str(configuration.get("delta.appendOnly", "false")).lower() == "true":
+        raise DeltaFeatureError(f"{where}: the table is append-only (delta.appendOnly=true): upserts would "
+                                "update and delete rows of it")
+    out: dict[str, Any] = {"minReaderVersion": reader, "minWriterVersion": writer}
+    if reader == 3:
+        out["readerFeatures"] = sorted(readers)
+    if writer == 7:
+        out["writerFeatures"] = sorted(writers)
+    return out
+
+
+def _check_schema(metadata: dict[str, Any], schema: pa.Schema, io: FileIO) -> None:
+    """No column with invariants (writer feature `invariants`, which dbidx does not evaluate) and no variant column
+    (Arrow has no variant type to write it with)."""
+    text = metadata.get("schemaString", "")
+    if '"variant"' in text:
+        raise DeltaFeatureError(f"{io.path(DELTA_LOG_DIR)}: the table has a variant column, which dbidx cannot write")
+    if "delta.invariants" in text:
+        raise DeltaFeatureError(f"{io.path(DELTA_LOG_DIR)}: a column carries Delta invariants, which dbidx does not "
+                                "check when it writes")
+    if any(f.name.startswith("_dbidx_") for f in schema):
+        raise DeltaFeatureError(f"{io.path('')}: the table has columns in dbidx's `_dbidx_` namespace")
+
+
+def _replay(io: FileIO, version: int) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """Live `add` actions by raw path, and the metaData action, at `version` (classic checkpoint + JSON versions)."""
+    start, live, metadata = _from_checkpoint(io, version)
+    for v in range(start + 1, version + 1):
+        try:
+            lines = io.read_bytes(version_file(v)).decode("utf-8").splitlines()
+            actions = [json.loads(line) for line in lines if line.strip()]
+        except (OSError, UnicodeError, ValueError) as exc:
+            raise CorruptFileError(f"Delta version {v} of {io.path(DELTA_LOG_DIR)} is unreadable: {exc}") from exc
+        for action in actions:  # removes first: a remove and an add of one path in a version replace its vector
+            if isinstance(action.get("remove"), dict):
+                live.pop((action["remove"].get("path"), _dv_id(action["remove"].get("deletionVector"))), None)
+        for action in actions:
+            if isinstance(action.get("add"), dict):
+                add = action["add"]
+                live[(add.get("path"), _dv_id(add.get("deletionVector")))] = add
+            if isinstance(action.get("metaData"), dict):
+                metadata = action["metaData"]
+    by_path: dict[str, dict[str, Any]] = {}
+    for (raw, _dv), add in live.items():
+        if not isinstance(raw, str) or raw in by_path:
+            raise CorruptFileError(f"the Delta log of {io.path('')} lists file {raw!r} twice (or without a path) at "
+                                   f"version {version}")
+        by_path[raw] = add
+    if not metadata:
+        raise CorruptFileError(f"the Delta log of {io.path('')} has no metaData action up to version {version}")
+    return by_path, metadata
+
+
+def _from_checkpoint(io: FileIO, version: int) -> tuple[int, dict[tuple[Any, str], dict[str, Any]], dict[str, Any]]:
+    """The newest complete classic checkpoint at or below `version`: (its version, live adds, metaData); (-1, {},
+    {}) without one."""
+    parts: dict[int, dict[int, tuple[int, str]]] = {}
+    for name in io.list_names(DELTA_LOG_DIR):
+        m = _CHECKPOINT_RE.match(name)
+        if m and int(m.group(1)) <= version:
+            total = int(m.group(3)) if m.group(3) else 1
+            parts.setdefault(int(m.group(1)), {})[int(m.group(2) or 1)] = (total, name)
+    complete = [v for v, got in parts.items() if all(t == len(got) for t, _n in got.values())]
+    if not complete:
+        return -1, {}, {}
+    cp = max(complete)
+    live: dict[tuple[Any, str], dict[str, Any]] = {}
+    metadata: dict[str, Any] = {}
+    for _part, (_total, name) in sorted(parts[cp].items()):
+        try:
+            rows = pq.read_table(pa.BufferReader(io.read_bytes(f"{DELTA_LOG_DIR}/{name}"))).to_pylist()
+        except (pa.ArrowException, OSError) as exc:
+            raise CorruptFileError(f"Delta checkpoint {io.path(DELTA_LOG_DIR + '/' + name)} is unreadable: {exc}") \
+                from exc
+        for row in rows:
+            if row.get("add"):
+                add = {k: v for k, v in row["add"].items() if v is not None}
+                live[(add.get("path"), _dv_id(add.get("deletionVector")))] = add
+            if row.get("metaData"):
+                metadata = _metadata_from_checkpoint(row["metaData"])
+    return cp, live, metadata
+
+
+def _metadata_from_checkpoint(meta: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's metaData row as the JSON action (maps are lists of pairs in Parquet)."""
+    out = {k: v for k, v in meta.items() if v is not None}
+    for key in ("configuration",):
+        if isinstance(out.get(key), list):
+            out[key] = dict(out[key])
+    fmt = out.get("format")
+    if isinstance(fmt, dict) and isinstance(fmt.get("options"), list):
+        out["format"] = {**fmt, "options": dict(fmt["options"])}
+    return out
+
+
+def _dv_id(dv: Any) -> str:
+    """Delta's unique id of a vector (storage type, path or inline data, offset); "" for none."""
+    if not isinstance(dv, dict):
+        return ""
+    offset = dv.get("offset")
+    return f"{dv.get('storageType')}{dv.get('pathOrInlineDv')}" + ("" if offset is None else f"@{offset}")
+
+
+def _relative(path: str, io: FileIO) -> str:
+    """A file's table-relative path (decoded), checked to lie inside the table."""
+    root = io.path("").rstrip("/")
+    plain = unquote(path)
+    for prefix in ("file://" + root + "/", root + "/"):
+        if plain.startswith(prefix):
+            plain = plain[len(prefix):]
+            break
+    if "://" in plain or plain.startswith("/"):
+        raise DeltaFeatureError(f"the Delta table at {root} lists {path!r}, a file outside its directory (a shallow "
+                                "clone?); dbidx adopts tables whose files lie inside them")
+    try:
+        return layout.validate_table_path(plain)
+    except InvalidInputError as exc:
+        raise DeltaFeatureError(f"the Delta table at {root} lists {path!r}: {exc}") from exc
+
+
+def _deleted_rows(table: Any, io: FileIO) -> dict[str, BitMap]:
+    """Each file's deleted rows, as delta-rs reads its deletion vector (a selection vector: True keeps a row)."""
+    import numpy as np
+
+    out: dict[str, BitMap] = {}
+    for row in pa.table(table.deletion_vectors().read_all()).to_pylist():
+        keep = np.asarray(row["selection_vector"], dtype=bool)
+        out[_relative(row["filepath"], io)] = BitMap(np.flatnonzero(~keep).astype(np.uint32))
+    return out
+
+
+def _partition_of(add: dict[str, Any], columns: list[str], where: str) -> str:
+    """A file's partition as dbidx names partitions: `col=value/...` from its partitionValues."""
+    values = add.get("partitionValues") or {}
+    segments = []
+    for column in columns:
+        value = values.get(column)
+        if value is None:
+            raise DeltaFeatureError(f"{where} has a null (or no) value for partition column {column!r}; dbidx "
+                                    "names partitions by their values")
+        segments.append(f"{column}={value}")
+    partition = "/".join(segments)
+    try:
+        return layout.validate_partition(partition) if partition else partition
+    except InvalidInputError as exc:
+        raise DeltaFeatureError(f"{where}: partition {partition!r} cannot be a dbidx partition: {exc}") from exc
