@@ -140,7 +140,7 @@ def init_cmd(uri: str, num_shards: int, global_index: bool, as_json: bool) -> No
 @json_option
 def build_index_cmd(uri: str, key_column: str, partition_columns: tuple[str, ...], num_shards: int,
                     global_index: bool, as_json: bool) -> None:
-    """Build the record-level index of the Parquet data set at URI."""
+    """Build the record-level index of the Parquet data set at URI, or adopt the Delta table at URI."""
     from dbidx.mdt.build_index import build_index
     from dbidx.mdt.table import Table
 
