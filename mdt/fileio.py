@@ -15,6 +15,8 @@ Two write primitives carry the table's atomicity:
 """
 from __future__ import annotations
 
+import errno
+
 import os
 import threading
 import uuid
@@ -278,7 +280,11 @@ class FileIO:
         except FileNotFoundError:
             return False
         except OSError as exc:
-            if "not found" in str(exc).lower() or "no such file" in str(exc).lower():
+            text = str(exc).lower()
+            # A name too long for the filesystem names a file that cannot exist (a write refused it): nothing to
+            # delete, and a rollback or sweep naming it must not fail for ever.
+            if "not found" in text or "no such file" in text or "name too long" in text \
+                    or getattr(exc, "errno", None) == errno.ENAMETOOLONG:
                 return False
             raise
 

@@ -26,6 +26,9 @@ _INSTANT_RE = re.compile(r"^\d{17}$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
+MAX_SEGMENT_BYTES = 255  # NAME_MAX of ext4, xfs, btrfs, APFS, NTFS (in UTF-16 units there; bytes are stricter)
+
+
 def validate_partition(partition: object) -> str:
     """Return the partition path if it is a safe relative path inside the table, else raise naming it.
 
@@ -52,6 +55,11 @@ def validate_partition(partition: object) -> str:
             raise InvalidPartitionError(
                 f"partition path {partition!r} has an empty, '.' or '..' segment; it must stay inside the table"
             )
+        if len(segment.encode("utf-8")) > MAX_SEGMENT_BYTES:
+            raise InvalidPartitionError(
+                f"partition path segment {segment[:40]!r}... is {len(segment.encode('utf-8'))} bytes long; a "
+                f"directory name holds at most {MAX_SEGMENT_BYTES} bytes on common filesystems, so no file could be "
+                "written there: shorten or hash the partition value before the upsert")
     if META_DIR in segments:
         raise InvalidPartitionError(f"partition path {partition!r} has a {META_DIR!r} segment, the name of the "
                                     "metadata folder")

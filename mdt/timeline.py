@@ -196,12 +196,13 @@ class Timeline:
         return self.base_seq + len(self._records)
 
     def max_instant(self, upto_seq: int) -> str:
-        """The largest instant id any record up to upto_seq names (completed or rolled back); what a checkpoint
-        keeps so that new instant ids stay above every old one without reading old records."""
+        """The largest instant id of the records up to upto_seq; what a checkpoint keeps so that new instant ids stay
+        above every old one without reading old records. (An instant a rollback ends was claimed before the rollback
+        claimed its own, larger id; the id a record merely names never moves allocation.)"""
         after = self.base_seq if upto_seq >= self.base_seq else 0
         ids = [self._base_max_instant] if after else []
         for rec in self.completed(after_seq=after, upto_seq=upto_seq):
-            ids += [rec.instant, rec.rolled_back or ""]
+            ids.append(rec.instant)
         return max(ids, default="")
 
     def record_of(self, instant: str) -> CompletedInstant | None:
@@ -256,6 +257,10 @@ class Timeline:
             hook()
         candidate = max(layout.now_instant(), self._max_known_instant() + 1)
         while True:
+            if candidate >= 10 ** 17:  # only a crafted or damaged id can be that far ahead of the clock
+                raise CorruptFileError(f"the timeline of {self.io.path('')} names an instant id at the end of the "
+                                       "17-digit range (a crafted record or marker): no new instant can be claimed; "
+                                       "`dbidx verify URI` and `dbidx commits URI` show the table's instants")
             # 1. Exclusive create of the requested marker: two writers in the same millisecond get different ids.
             marker = json.dumps({"action": action, "start_seq": self.latest_seq, "host": socket.gethostname(),
                                  "pid": os.getpid(), "started_at_ms": int(time.time() * 1000)}).encode()
@@ -332,6 +337,11 @@ class Timeline:
                 return existing
             raise InstantStateError(f"instant {instant} completed at seq {existing.seq}; a completed instant "
                                     "cannot be rolled back")
+        if not (self.io.exists(layout.requested_file(instant)) or self.io.exists(layout.inflight_file(instant))):
+            # A typo or another table's id: a record naming it would claim an instant this table never started.
+            raise InstantStateError(f"instant {instant} was never started on {self.io.path('')} (it has no requested "
+                                    "or inflight file) and did not complete: there is nothing to roll back; "
+                                    "`dbidx commits URI` lists the table's instants")
         files = sorted(set(self.planned_files(instant)) | set(action_files))
         me = self.start(ACTION_ROLLBACK, ignore={instant, *ignore})
 
