@@ -106,6 +106,7 @@ class FileIO:
 
     def __post_init__(self) -> None:
         self._local_root = _local_path_of(self.fs, self.root)
+        self._real_root: str | None = None  # the local root with symlinks resolved, once
 
     def __getstate__(self) -> dict[str, Any]:
         return {"fs": self.fs, "root": self.root, "conditional_put": self.conditional_put,
@@ -135,9 +136,9 @@ class FileIO:
         return self.fs.get_file_info(self.path(rel)).type != pafs.FileType.NotFound
 
     def read_bytes(self, rel: str) -> bytes:
-        """The whole content of a file; a missing file is a CorruptFileError naming it."""
+        """The whole content of a file (guarded: inside the table); a missing file is a CorruptFileError naming it."""
         try:
-            with self.fs.open_input_stream(self.path(rel)) as stream:
+            with self.fs.open_input_stream(self.path(self.guard(rel))) as stream:
                 return stream.read()
         except FileNotFoundError as exc:
             raise CorruptFileError(f"file {self.path(rel)} is missing") from exc
@@ -147,8 +148,8 @@ class FileIO:
     def read_verified(self, rel: str, size: int, checksum: str, what: str = "file") -> pa.Buffer:
         """The whole content of a file whose size and checksum a completion record holds; any difference (a
         flipped byte, a truncation, a missing file) is a CorruptFileError naming the file. Nothing read from the
-        table is trusted before this check."""
-        where = self.path(rel)
+        table is trusted before this check. The path must resolve inside the table (`guard`)."""
+        where = self.path(self.guard(rel))
         try:
             with self.fs.open_input_stream(where) as stream:
                 data = stream.read_buffer()
@@ -264,7 +265,8 @@ class FileIO:
         except DbidxError as exc:
             raise CorruptFileError(f"refusing to touch {rel!r} under {self.root}: {exc}") from exc
         if self._local_root is not None:
-            root = os.path.realpath(self._local_root)
+            root = self._real_root or os.path.realpath(self._local_root)
+            self._real_root = root
             target = os.path.realpath(os.path.join(self._local_root, rel))
             if os.path.commonpath([root, target]) != root:
                 raise CorruptFileError(f"refusing to touch {rel!r}: it resolves to {target}, outside the table "
@@ -295,9 +297,10 @@ class FileIO:
             self.fs.delete_dir(self.path(rel_dir))
 
     def open_input_file(self, rel: str) -> pa.NativeFile:
-        """A random-access handle for Parquet reads; missing files are a CorruptFileError naming the path."""
+        """A random-access handle for Parquet reads (guarded: inside the table); missing files are a CorruptFileError
+        naming the path."""
         try:
-            return self.fs.open_input_file(self.path(rel))
+            return self.fs.open_input_file(self.path(self.guard(rel)))
         except FileNotFoundError as exc:
             raise CorruptFileError(f"index file {self.path(rel)} is missing") from exc
 

@@ -19,7 +19,7 @@ from tests.cache_helpers import DAY1, DAY2, make_table, open_cache, truth
 
 WEIRD_PARTITIONS = [
     "dt=2025-01-01", "region=eu/dt=2025-01-01", "city=São Paulo", "名前=東京/日付=2025", "a b=c d",
-    "x=" + "long" * 120, "k=v%2Fencoded", "emoji=😀",
+    "x=" + "long" * 60 + "/y=" + "long" * 60, "k=v%2Fencoded", "emoji=😀",
 ]
 
 

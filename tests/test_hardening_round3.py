@@ -63,3 +63,26 @@ def test_deleting_a_path_whose_name_cannot_exist_is_not_an_error(tmp_path: Path)
     """A marker naming such a path (left by a version of dbidx that wrote before checking) never blocks a sweep."""
     table = Table.create(str(tmp_path / "t"), num_shards=1)
     assert table.io.delete(f"dt={'x' * 300}/file.parquet") is False
+
+
+def test_reads_never_follow_a_symlink_out_of_the_table(tmp_path: Path) -> None:
+    """A partition directory swapped for a symlink to a copy outside the table: the bytes would even verify, but
+    reads, verify and compaction refuse them (typed), instead of returning the outside rows."""
+    import shutil
+
+    from dbidx.mdt import data_reader
+
+    table = Table.create(str(tmp_path / "t"), num_shards=1)
+    config = CacheConfig(base_path=str(tmp_path / "c"))
+    upsert_arrow(rows(["a", "b"]), table, key="id", partition="dt", cache_config=config)
+    upsert_arrow(rows(["a"], v=2), table, key="id", partition="dt", cache_config=config)
+    inside = tmp_path / "t" / "dt=2025-03-01"
+    outside = tmp_path / "elsewhere"
+    shutil.move(str(inside), str(outside))
+    inside.symlink_to(outside, target_is_directory=True)
+    reopened = Table.open(table.uri)
+    with pytest.raises(CorruptFileError, match="outside the table"):
+        data_reader.read_arrow(reopened)
+    assert not verify_table(reopened).ok
+    with pytest.raises(CorruptFileError, match="outside the table"):
+        reopened.compact_data()

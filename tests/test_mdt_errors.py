@@ -38,7 +38,7 @@ def test_empty_or_null_keys_are_rejected(table, keys):
 
 
 def test_unusual_but_valid_partition_paths_round_trip(table):
-    paths = ["dt=2025-01-15/hour=03", "région=Île de France", "a b/c=d", "x" * 400, ""]
+    paths = ["dt=2025-01-15/hour=03", "région=Île de France", "a b/c=d", "/".join(["x" * 250] * 2), ""]
     with table.new_commit() as w:
         for i, p in enumerate(paths):
             w.insert(p, [f"key-{i}"], "fg")
