@@ -118,7 +118,8 @@ def _storage_options() -> dict[str, str]:
 
 @main.command("init")
 @click.argument("uri")
-@click.option("--num-shards", default=4, show_default=True, help="Key shards of the index (fixed forever).")
+@click.option("--num-shards", default=4, show_default=True, type=click.IntRange(min=1),
+              help="Key shards of the index (fixed forever).")
 @click.option("--global-index", is_flag=True, help="One index across all partitions (keys unique table-wide).")
 @json_option
 def init_cmd(uri: str, num_shards: int, global_index: bool, as_json: bool) -> None:
@@ -135,7 +136,8 @@ def init_cmd(uri: str, num_shards: int, global_index: bool, as_json: bool) -> No
 @click.option("--key", "key_column", required=True, help="Record key column of the data files.")
 @click.option("--partition-col", "partition_columns", multiple=True,
               help="Hive partition column(s), outermost first; checked against the directory layout.")
-@click.option("--num-shards", default=4, show_default=True, help="Key shards of the new index.")
+@click.option("--num-shards", default=4, show_default=True, type=click.IntRange(min=1),
+              help="Key shards of the new index.")
 @click.option("--global-index", is_flag=True, help="Build a global index (keys unique table-wide).")
 @json_option
 def build_index_cmd(uri: str, key_column: str, partition_columns: tuple[str, ...], num_shards: int,
@@ -177,7 +179,8 @@ def lookup_cmd(keys: tuple[str, ...], uri: str, partition: str | None, mode: str
 
 @main.command("commits")
 @click.argument("uri")
-@click.option("--last", default=20, show_default=True, help="How many completions to show, newest first.")
+@click.option("--last", default=20, show_default=True, type=click.IntRange(min=1),
+              help="How many completions to show, newest first.")
 @json_option
 def commits_cmd(uri: str, last: int, as_json: bool) -> None:
     """Recent completions of a table, with each upsert's metrics (rows, inserts, hit rate, on-demand loads...)."""
@@ -264,9 +267,11 @@ def _verify_table_files(table: Any, as_json: bool) -> None:
 @main.command("compact")
 @click.argument("uri")
 @click.option("--partition", "partitions", multiple=True, help="Only these partitions (default: all).")
-@click.option("--min-files", default=2, show_default=True, help="Compact groups with at least this many files.")
+@click.option("--min-files", default=2, show_default=True, type=click.IntRange(min=1),
+              help="Compact groups with at least this many files.")
 @click.option("--clean/--no-clean", default=True, show_default=True, help="Then delete replaced files.")
-@click.option("--retain", default=10, show_default=True, help="Completions of history kept by the clean.")
+@click.option("--retain", default=10, show_default=True, type=click.IntRange(min=0),
+              help="Completions of history kept by the clean.")
 @click.option("--data", is_flag=True, help="Also rewrite each data file group with at least --min-files files, "
               "or with at least --deleted-share of its rows deleted, into one base of its live rows.")
 @click.option("--deleted-share", default=0.2, show_default=True, type=click.FloatRange(0, 1, min_open=True),
@@ -306,11 +311,14 @@ def _compact_text(p: dict[str, Any]) -> str:
 def rollback_cmd(uri: str, instant: str | None, all_pending: bool, as_json: bool) -> None:
     """Roll back an unfinished instant (e.g. of a crashed writer) and delete its files."""
     table = open_table(uri)
-    targets = table.timeline.pending() if all_pending else [instant] if instant else []
-    if not targets:
+    if not instant and not all_pending:
         raise click.UsageError("name an INSTANT or pass --all-pending")
+    if instant and all_pending:
+        raise click.UsageError("name an INSTANT or pass --all-pending, not both")
+    targets = table.timeline.pending() if all_pending else [instant]
     done = [table.rollback(t, also_dead=targets if all_pending else ()).rolled_back for t in targets]
-    output(as_json).emit({"rolled_back": done}, lambda p: "\n".join(f"rolled back {i}" for i in p["rolled_back"]))
+    output(as_json).emit({"rolled_back": done}, lambda p: "\n".join(f"rolled back {i}" for i in p["rolled_back"])
+                         or "nothing to roll back: no instant is pending")
 
 
 @main.command("repair")
@@ -329,10 +337,14 @@ def repair_cmd(uri: str, as_json: bool) -> None:
 @click.option("--dir", "workdir", default="demo-output", show_default=True,
               help="Where the demo table, caches and Spark scratch go (replaced on every run; a non-empty directory "
                    "the demo did not create is refused).")
-@click.option("--keys", default=200_000, show_default=True, help="Keys of the initial load.")
-@click.option("--days", default=10, show_default=True, help="Daily partitions of the initial load.")
-@click.option("--batches", default=6, show_default=True, help="Change batches after the initial load.")
-@click.option("--batch-rows", type=int, default=None, help="Rows per change batch [default: keys / 4].")
+@click.option("--keys", default=200_000, show_default=True, type=click.IntRange(min=1),
+              help="Keys of the initial load.")
+@click.option("--days", default=10, show_default=True, type=click.IntRange(min=1),
+              help="Daily partitions of the initial load.")
+@click.option("--batches", default=6, show_default=True, type=click.IntRange(min=0),
+              help="Change batches after the initial load.")
+@click.option("--batch-rows", type=click.IntRange(min=1), default=None,
+              help="Rows per change batch [default: keys / 4].")
 @click.option("--force", is_flag=True, help="Use --dir even if it holds files the demo did not create (deleted).")
 @json_option
 def demo_cmd(workdir: str, keys: int, days: int, batches: int, batch_rows: int | None, force: bool,

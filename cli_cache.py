@@ -140,8 +140,10 @@ def _verify_text(p: dict[str, Any]) -> str:
 
 @cache_group.command("reap")
 @cache_dir_option
-@click.option("--ttl-hours", type=float, default=None, help="Drop partitions idle this long [config default].")
-@click.option("--max-disk-mb", type=int, default=None, help="Then drop LRU partitions above this size [config].")
+@click.option("--ttl-hours", type=click.FloatRange(min=0), default=None,
+              help="Drop partitions idle this long [config default].")
+@click.option("--max-disk-mb", type=click.IntRange(min=0), default=None,
+              help="Then drop LRU partitions above this size [config].")
 @click.option("--dry-run", is_flag=True, help="Only report what would be dropped.")
 @json_option
 def reap_cmd(cache_dir: str, ttl_hours: float | None, max_disk_mb: int | None, dry_run: bool, as_json: bool) -> None:
@@ -166,9 +168,11 @@ def reap_cmd(cache_dir: str, ttl_hours: float | None, max_disk_mb: int | None, d
 
 @cache_group.command("bootstrap")
 @table_option
-@click.option("--days", type=int, default=None, help="Load the partitions of the last DAYS days [config: 7].")
-@click.option("--shard", "shards", type=int, multiple=True, help="Bootstrap this shard (repeatable).")
-@click.option("--num-shards", type=int, default=None, help="Expected shard count of the table (checked).")
+@click.option("--days", type=click.IntRange(min=0), default=None,
+              help="Load the partitions of the last DAYS days [config: 7].")
+@click.option("--shard", "shards", type=click.IntRange(min=0), multiple=True, help="Bootstrap this shard (repeatable).")
+@click.option("--num-shards", type=click.IntRange(min=1), default=None,
+              help="Expected shard count of the table (checked).")
 @click.option("--all-shards", is_flag=True, help="Bootstrap every shard (the default without --shard).")
 @click.option("--cache-dir", default=None, help="Base path of the caches [config base.path, else SPARK_LOCAL_DIRS "
               "or the user cache dir].")

@@ -202,12 +202,40 @@ def make_private_dirs(path: Path) -> None:
         os.chmod(directory, 0o700)
 
 
+def check_private_dir(path: Path) -> None:
+    """Refuse a cache directory another user owns or that group or others may write (ConfigError naming the fix).
+
+    Why: whoever can write a directory can rename what is in it, so a base directory prepared by another user (a
+    shared `/tmp` path made 0777 before our first job) would let that user swap our shard directories for theirs
+    and serve us forged index entries. ssh refuses key files on the same grounds. A missing directory passes: we
+    create it ourselves, 0700.
+    """
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise ConfigError(f"cache directory {path} cannot be inspected: {exc.strerror or exc}") from exc
+    if info.st_uid != os.geteuid():
+        raise ConfigError(f"cache directory {path} is owned by uid {info.st_uid}, not by this user (uid "
+                          f"{os.geteuid()}): another user could replace the caches in it. Point "
+                          f"{PREFIX}base.path (or DBIDX_CACHE_BASE_PATH) at a directory you own, or remove {path}")
+    if info.st_mode & 0o022:
+        raise ConfigError(f"cache directory {path} is writable by group or others (mode "
+                          f"{oct(info.st_mode & 0o777)}): another user could replace the caches in it. Run "
+                          f"`chmod go-w {path}` or point {PREFIX}base.path at a private directory")
+
+
 def prepare_dir(path: Path, min_free_mb: int = 64) -> Path:
-    """Create a private (0700) cache directory and check it is usable: writable and not full."""
+    """Create a private (0700) cache directory and check it is usable: ours alone (it and its parent, the base
+    path: `check_private_dir`), writable and not full."""
+    for existing in (path.parent, path):  # before creating anything inside them
+        check_private_dir(existing)
     try:
         make_private_dirs(path)
     except OSError as exc:
         raise ConfigError(f"cache directory {path} cannot be created: {exc.strerror or exc}") from exc
+    check_private_dir(path)
     if not os.access(path, os.W_OK | os.X_OK):
         raise ConfigError(f"cache directory {path} is not writable by this user")
     free_mb = shutil.disk_usage(path).free // (1 << 20)

@@ -99,8 +99,16 @@ def _read_source(table: Table, rel: str, partition: str, key_column: str) -> Sou
         keys = handle.read(columns=[key_column]).column(0)
     except (pa.ArrowException, OSError) as exc:
         raise CorruptFileError(f"data file {where} is unreadable: {exc}") from exc
+    if pa.types.is_floating(keys.type):
+        raise InvalidKeyError(f"key column {key_column!r} of data file {where} is {keys.type}: a floating-point key "
+                              "is not exact (1.0 would be the key \"1\"); index a table whose key is an integer, "
+                              "decimal or string column")
     if not pa.types.is_string(keys.type) and not pa.types.is_large_string(keys.type):
-        keys = pc.cast(keys, pa.string())
+        try:
+            keys = pc.cast(keys, pa.string())
+        except pa.ArrowInvalid as exc:
+            raise InvalidKeyError(f"key column {key_column!r} of data file {where} ({keys.type}) is not text: "
+                                  f"{exc}") from None
     try:
         keys = as_key_array(keys, f"key in {where}")
     except InvalidKeyError as exc:

@@ -187,8 +187,10 @@ def read_records(io: FileIO, table_id: str, seqs: range, listed: set[int]) -> li
     checked (its own checksum, its seq, its table)."""
     out: list[CompletedInstant] = []
     bundle: dict[int, bytes] = {}
+    bundle_name = ""
     for seq in seqs:
         rel = layout.completed_file(seq)
+        where = io.path(rel)  # what errors name: the record's file, or the bundle it was read from
         raw = None
         if seq in listed:
             try:
@@ -199,28 +201,30 @@ def read_records(io: FileIO, table_id: str, seqs: range, listed: set[int]) -> li
                 raw = None  # archived and removed since the listing: the bundle has it
         if raw is None:
             if seq not in bundle:
-                bundle = _bundle_holding(io, seq, table_id)
+                bundle, bundle_name = _bundle_holding(io, seq, table_id)
             raw = bundle.get(seq)
             if raw is None:
                 raise CorruptFileError(f"completion log gap at {io.path(rel)}: seq {seq} is neither in the "
                                        "completion folder nor in an archive bundle")
-        record = CompletedInstant.from_json(raw, io.path(rel))
+            where = f"{seq} in archive bundle {bundle_name}"
+        record = CompletedInstant.from_json(raw, where)
         if record.seq != seq:
-            raise CorruptFileError(f"completion log gap or mismatch at {io.path(rel)}: expected seq {seq}, the record "
+            raise CorruptFileError(f"completion log gap or mismatch at {where}: expected seq {seq}, the record "
                                    f"says {record.seq}")
         if table_id and record.table_id != table_id:
             raise CorruptFileError(
-                f"completion record {io.path(rel)} belongs to table {record.table_id!r}, not to {table_id!r} of "
+                f"completion record {where} belongs to table {record.table_id!r}, not to {table_id!r} of "
                 f"{io.path(layout.PROPERTIES_FILE)}: the table's metadata is mixed up")
         out.append(record)
     return out
 
 
-def _bundle_holding(io: FileIO, seq: int, table_id: str) -> dict[int, bytes]:
+def _bundle_holding(io: FileIO, seq: int, table_id: str) -> tuple[dict[int, bytes], str]:
+    """The records of the archive bundle holding seq, with the bundle's path ({} and "" if none holds it)."""
     for first, last in archive_ranges(io):
         if first <= seq <= last:
-            return read_archive(io, first, last, table_id)
-    return {}
+            return read_archive(io, first, last, table_id), io.path(layout.archive_file(first, last))
+    return {}, ""
 
 
 def _names(io: FileIO, rel_dir: str, pattern: re.Pattern[str]) -> list[re.Match[str]]:

@@ -30,8 +30,8 @@ from dbidx.spark_integration.reads import (  # noqa: F401 - part of this module'
     committed_data_files, committed_data_records, read_table,
 )
 from dbidx.spark_integration.tagger import ROW_ID, TAG_FIELDS, TagOptions
-from dbidx.spark_integration.task_errors import (  # noqa: F401 - HOOK_ERROR_MARKER: part of the API
-    HOOK_ERROR_MARKER, TaskHook, hook_error, retyped, run_hook,
+from dbidx.spark_integration.task_errors import (  # noqa: F401 - HOOK_ERROR_MARKER, typed_errors: part of the API
+    HOOK_ERROR_MARKER, TaskHook, hook_error, retyped, run_hook, typed_errors,
 )
 
 
@@ -121,6 +121,14 @@ def _boolean_columns(df: Any) -> dict[str, bool]:
     return {f.name: isinstance(f.dataType, BooleanType) for f in df.schema.fields}
 
 
+def _float_columns(df: Any) -> dict[str, str | None]:
+    """Column name -> its Spark type's name if it is floating point, else None (from the schema, no job)."""
+    from pyspark.sql.types import DoubleType, FloatType
+
+    return {f.name: f.dataType.simpleString() if isinstance(f.dataType, (FloatType, DoubleType)) else None
+            for f in df.schema.fields}
+
+
 def tag(df: Any, table: Table, *, key: str, partition: str, ordering: str | None = None,
         delete_column: str | None = "_dbidx_delete", hive_style: bool = True, buckets: BucketSpec | None = None,
         cache_options: Mapping[str, Any] | None = None, cache_config: CacheConfig | None = None,
@@ -134,7 +142,7 @@ def tag(df: Any, table: Table, *, key: str, partition: str, ordering: str | None
     """
     options = make_options(table, key, partition, ordering, delete_column, hive_style, buckets, cache_options,
                            cache_config, df.sparkSession.conf)
-    options.check_columns(df.columns, "the DataFrame to tag", _boolean_columns(df))
+    options.check_columns(df.columns, "the DataFrame to tag", _boolean_columns(df), _float_columns(df))
     from pyspark.sql.pandas.types import from_arrow_schema
 
     schema = from_arrow_schema(pa.schema(list(arrow_schema_of(df)) + TAG_FIELDS))
@@ -200,7 +208,7 @@ def upsert(df: Any, table: Table, *, key: str, partition: str, ordering: str | N
     """
     options = make_options(table, key, partition, ordering, delete_column, hive_style, buckets, cache_options,
                            cache_config, df.sparkSession.conf)
-    options.check_columns(df.columns, "the upsert DataFrame", _boolean_columns(df))
+    options.check_columns(df.columns, "the upsert DataFrame", _boolean_columns(df), _float_columns(df))
     from dbidx.spark_integration.bulk import empty_table_seq
 
     # A table's first write cannot update anything: it takes the bulk path (tasks skip the caches).

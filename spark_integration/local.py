@@ -30,7 +30,8 @@ def upsert_arrow(data: pa.Table, table: Table, *, key: str, partition: str, orde
     options = make_options(table, key, partition, ordering, delete_column, hive_style, buckets, cache_options,
                            cache_config)
     options.check_columns(data.column_names, "the upsert table",
-                          {f.name: pa.types.is_boolean(f.type) for f in data.schema})
+                          {f.name: pa.types.is_boolean(f.type) for f in data.schema},
+                          {f.name: str(f.type) if pa.types.is_floating(f.type) else None for f in data.schema})
     options = replace(options, bulk_seq=empty_table_seq(table))  # a first write takes the bulk path
     schema = data.schema
     data = data.append_column(ROW_ID, pa.array(np.arange(data.num_rows, dtype=np.int64)))

@@ -8,10 +8,11 @@ they say).
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from dbidx import errors
 from dbidx.errors import DbidxError, HookError
@@ -33,6 +34,24 @@ def retyped(exc: BaseException) -> BaseException:
         if isinstance(kind, type) and issubclass(kind, DbidxError):
             return kind(f"{match.group(2).strip()} (raised in a Spark task)")
     return exc
+
+
+@contextlib.contextmanager
+def typed_errors() -> Iterator[None]:
+    """Around Spark actions on a DataFrame dbidx made (`read_table`, `tag`): a dbidx error raised in a task comes out
+    as its own type (e.g. HistoryCompactedError when a clean removed files of a read planned before it), the Spark
+    error as its __cause__.
+
+    Why a context manager: those DataFrames are lazy, so their tasks run inside the caller's action (`collect`,
+    `write`), where dbidx cannot catch what Spark raises; `upsert` needs none, it runs its own job.
+    """
+    try:
+        yield
+    except Exception as exc:
+        typed = retyped(exc)
+        if typed is exc:
+            raise
+        raise typed from exc
 
 
 def run_hook(hook: TaskHook, shard: int, attempt: int) -> None:

@@ -252,3 +252,17 @@ def test_a_record_archived_between_listing_and_reading_comes_from_its_bundle(tmp
     Path(table.io.path(layout.completed_file(newest))).write_bytes(b"{not json")
     with pytest.raises(CorruptFileError, match="not valid"):
         checkpoint.read_records(table.io, table.props.table_id, range(newest, newest + 1), stale_listing)
+
+
+def test_a_damaged_archived_record_names_its_bundle(tmp_path: Path) -> None:
+    """A record inside a (validly sealed) bundle that fails its own checksum: the error names the bundle it was read
+    from, not a completed/<seq>.json that does not exist."""
+    table = small_table(tmp_path)
+    first, last = checkpoint.archive_ranges(table.io)[0]
+    records = checkpoint.read_archive(table.io, first, last, table.props.table_id)
+    records[first] = records[first].replace(b'"seq"', b'"seq" ', 1).replace(b"1", b"2", 1)
+    bundle = table.io.path(layout.archive_file(first, last))
+    Path(bundle).unlink()
+    assert checkpoint.write_archive(table.io, table.props.table_id, first, [records[s] for s in range(first, last + 1)])
+    with pytest.raises(CorruptFileError, match=f"completion record {first} in archive bundle {bundle}"):
+        checkpoint.read_records(table.io, table.props.table_id, range(first, first + 1), set())

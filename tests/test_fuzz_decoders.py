@@ -4,6 +4,7 @@ are DbidxError subclasses (a clear, typed error), never a raw KeyError, UnicodeE
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pyarrow as pa
@@ -57,10 +58,17 @@ def test_partition_paths_and_dates(path: str, pattern: str | None) -> None:
 @MANY
 @given(st.text(max_size=30))
 def test_partition_patterns(pattern: str) -> None:
+    """A pattern is refused (typed) or it captures a date, and a strftime pattern finds the date it formats."""
     try:
-        compile_pattern(pattern)
+        compiled = compile_pattern(pattern)
     except DbidxError:
-        pass
+        return
+    groups = set(compiled.groupindex)
+    assert {"year", "month", "day"} <= groups or {"year", "yday"} <= groups
+    if not pattern.startswith("re:"):
+        moment = datetime(2025, 3, 7, 13, tzinfo=timezone.utc)
+        found = partition_time(moment.strftime(pattern), pattern)
+        assert found is not None and found.day == moment.date(), (pattern, moment.strftime(pattern), found)
 
 
 KEYISH = st.one_of(st.text(max_size=8), st.binary(max_size=8), st.integers(), st.floats(), st.none(),
@@ -100,9 +108,12 @@ def test_completion_records_with_a_crafted_field(field: str, value) -> None:
     record[field] = value
     record["checksum"] = _record_checksum(record)
     try:
-        CompletedInstant.from_json(json.dumps(record).encode(), "fuzz.json")
+        parsed = CompletedInstant.from_json(json.dumps(record).encode(), "fuzz.json")
     except DbidxError:
-        pass
+        return
+    # Accepted: kept exactly as given (nothing coerced on the way in), and it reads back the same.
+    assert json.loads(parsed.to_json())[field] == record[field]
+    assert CompletedInstant.from_json(parsed.to_json(), "again.json") == parsed
 
 
 @pytest.fixture(scope="module")

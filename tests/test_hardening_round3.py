@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -10,8 +11,9 @@ from click.testing import CliRunner
 
 from dbidx.cli import main
 from dbidx.config import CacheConfig
-from dbidx.errors import CorruptFileError, InstantStateError
+from dbidx.errors import ConfigError, CorruptFileError, InstantStateError, InvalidInputError, InvalidKeyError
 from dbidx.mdt import layout, markers
+from dbidx.mdt.data_reader import read_arrow
 from dbidx.mdt.table import Table
 from dbidx.mdt.verify_table import verify_table
 from dbidx.spark_integration.local import upsert_arrow
@@ -86,3 +88,73 @@ def test_reads_never_follow_a_symlink_out_of_the_table(tmp_path: Path) -> None:
     assert not verify_table(reopened).ok
     with pytest.raises(CorruptFileError, match="outside the table"):
         reopened.compact_data()
+
+
+def test_a_cache_base_others_can_write_is_refused(tmp_path: Path) -> None:
+    """A base directory others may write (a shared /tmp path made 0777) lets them swap our shard directories: the
+    upsert refuses it, naming the fix, and publishes nothing; once private again it works."""
+    table = Table.create(str(tmp_path / "t"), num_shards=1)
+    base = tmp_path / "shared-base"
+    config = CacheConfig(base_path=str(base))
+    upsert_arrow(rows(["a"]), table, key="id", partition="dt", cache_config=config)  # the first load opens no cache
+    base.mkdir(exist_ok=True)
+    base.chmod(0o777)
+    with pytest.raises(ConfigError, match="writable by group or others.*chmod go-w"):
+        upsert_arrow(rows(["a", "b"], v=2), table, key="id", partition="dt", cache_config=config)
+    assert Table.open(table.uri).latest().action == "rollback"  # the failed instant is rolled back, not left
+    assert read_arrow(Table.open(table.uri)).column("v").to_pylist() == [1]
+    base.chmod(0o700)
+    upsert_arrow(rows(["a", "b"], v=2), table, key="id", partition="dt", cache_config=config)
+    assert sorted(read_arrow(Table.open(table.uri)).column("v").to_pylist()) == [2, 2]
+
+
+def test_a_cache_dir_another_user_owns_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seen as another uid (we cannot chown without root), our own private directories are someone else's."""
+    from dbidx.config import prepare_dir
+
+    made = prepare_dir(tmp_path / "base" / "table")
+    real_uid = os.geteuid()
+    monkeypatch.setattr(os, "geteuid", lambda: real_uid + 1)
+    with pytest.raises(ConfigError, match=f"owned by uid {real_uid}, not by this user"):
+        prepare_dir(made)
+
+
+def test_keys_that_are_not_exact_text_are_typed_errors(tmp_path: Path) -> None:
+    """Float keys (1.0 -> "1", NaN -> "nan"), binary keys that are not UTF-8 and duplicated column names were
+    accepted or gave raw Arrow/KeyErrors; each is a typed error naming the column, and nothing is written."""
+    table = Table.create(str(tmp_path / "t"), num_shards=1)
+    config = CacheConfig(base_path=str(tmp_path / "c"))
+    day = ["2025-03-01"] * 2
+    floats = pa.table({"id": [1.0, float("nan")], "dt": day})
+    with pytest.raises(InvalidKeyError, match="key column 'id' of the upsert table is double.*cast it"):
+        upsert_arrow(floats, table, key="id", partition="dt", cache_config=config)
+    binary = pa.table({"id": pa.array([b"ok", b"\xff\xfe"], pa.binary()), "dt": day})
+    with pytest.raises(InvalidKeyError, match="at row 1 .*not valid UTF-8"):
+        upsert_arrow(binary, table, key="id", partition="dt", cache_config=config)
+    twice = pa.Table.from_arrays([pa.array(["a", "b"]), pa.array(day), pa.array(["x", "y"])], names=["id", "dt", "id"])
+    with pytest.raises(InvalidInputError, match="more than one column named 'id'"):
+        upsert_arrow(twice, table, key="id", partition="dt", cache_config=config)
+    assert table.latest() is None
+    text = pa.table({"id": pa.array([b"a", b"b"], pa.binary()), "dt": day})  # binary UTF-8 keys stay usable
+    upsert_arrow(text, table, key="id", partition="dt", cache_config=config)
+    assert sorted(read_arrow(Table.open(table.uri)).column("id").to_pylist()) == [b"a", b"b"]
+
+
+def test_cli_numbers_out_of_range_and_an_empty_rollback(tmp_path: Path) -> None:
+    """Negative --retain (acted as 0), --last and --ttl-hours are usage errors (exit 2) that change nothing;
+    rollback --all-pending with nothing pending says so and exits 0."""
+    table = Table.create(str(tmp_path / "t"), num_shards=1)
+    upsert_arrow(rows(["a"]), table, key="id", partition="dt", cache_config=CacheConfig(base_path=str(tmp_path / "c")))
+    runner = CliRunner()
+    for args in (["compact", table.uri, "--retain", "-1"], ["commits", table.uri, "--last", "-5"],
+                 ["cache", "reap", "--ttl-hours", "-1", "--cache-dir", str(tmp_path / "c")],
+                 ["init", str(tmp_path / "u"), "--num-shards", "0"]):
+        result = runner.invoke(main, args)
+        assert result.exit_code == 2 and "Invalid value" in result.output, (args, result.output)
+    assert Table.open(table.uri).latest().seq == 1 and not (tmp_path / "u").exists()
+    result = runner.invoke(main, ["rollback", table.uri, "--all-pending"])
+    assert result.exit_code == 0, result.output
+    assert "nothing to roll back" in result.output
+    result = runner.invoke(main, ["rollback", table.uri, "--all-pending", "--json"])
+    assert result.exit_code == 0 and json.loads(result.output) == {"rolled_back": []}
+    assert runner.invoke(main, ["rollback", table.uri]).exit_code == 2

@@ -254,6 +254,12 @@ def test_bad_input_gets_typed_errors_and_leaves_nothing(spark, setup) -> None:
     with pytest.raises(InvalidInputError, match="must be boolean"):
         upsert(spark.createDataFrame(rows_of(3), SCHEMA), table, key="id", partition="dt", delete_column="v",
                cache_config=config)
+    floats = spark.createDataFrame([(1.0, "2025-03-01")], "id double, dt string")
+    with pytest.raises(InvalidKeyError, match="key column 'id' of the upsert DataFrame is double"):
+        upsert(floats, table, key="id", partition="dt", cache_config=config)
+    twice = spark.createDataFrame(rows_of(3), SCHEMA).select("id", "dt", "v", "id")
+    with pytest.raises(InvalidInputError, match="more than one column named 'id'"):
+        upsert(twice, table, key="id", partition="dt", cache_config=config)
     assert table.timeline.pending() == [] and table.timeline.completed() == []
     nulls = spark.createDataFrame([("a", "2025-03-01", 1, False), (None, "2025-03-01", 2, False)], SCHEMA)
     with pytest.raises(InvalidKeyError, match="null"):

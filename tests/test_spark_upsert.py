@@ -96,6 +96,27 @@ def test_key_and_partition_are_required_keywords(spark, tmp_path: Path) -> None:
     assert table.timeline.pending() == [] and table.timeline.completed() == []
 
 
+def test_a_lazy_read_overtaken_by_a_clean_fails_typed(spark, tmp_path: Path) -> None:
+    """read_table's DataFrame is lazy: a compaction + clean between planning and the action removed its files. Inside
+    `typed_errors()` the action raises HistoryCompactedError itself (not a PythonException); read again, it works."""
+    from dbidx.errors import HistoryCompactedError
+    from dbidx.spark_integration.api import typed_errors
+
+    table = Table.create(str(tmp_path / "t"), num_shards=1)
+    config = CacheConfig(base_path=str(tmp_path / "cache"))
+    for v in range(2):
+        upsert(spark.createDataFrame([("a", "2025-03-01", v, False)], SCHEMA), table, key="id", partition="dt",
+               cache_config=config)
+    planned = read_table(spark, table)
+    table.compact_data()
+    table.clean(retain_completions=0)
+    with pytest.raises(HistoryCompactedError, match="removed by a clean after this read was planned"):
+        with typed_errors():
+            planned.collect()
+    with typed_errors():
+        assert [(r.id, r.v) for r in read_table(spark, table).collect()] == [("a", 1)]
+
+
 def test_simple_buckets_route_by_hash_and_keep_existing_keys(spark, tmp_path: Path) -> None:
     table = Table.create(str(tmp_path / "t"), num_shards=2)
     config = CacheConfig(base_path=str(tmp_path / "cache"))
