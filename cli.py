@@ -325,12 +325,15 @@ def rollback_cmd(uri: str, instant: str | None, all_pending: bool, as_json: bool
 @click.argument("uri")
 @json_option
 def repair_cmd(uri: str, as_json: bool) -> None:
-    """Write the Delta log versions (_delta_log/) that completed instants lack (after a crash between the two)."""
+    """Write the Delta log versions (_delta_log/) that completed instants lack (after a crash between the two), then
+    sweep what dead writers left (settled instants' timeline files and markers, temp files older than an hour)."""
     table = open_table(uri)
     written = table.sync_delta_log()
-    output(as_json).emit({"versions_written": written, "version": table.timeline.latest_seq},
+    swept = table.sweep_leftovers()
+    output(as_json).emit({"versions_written": written, "version": table.timeline.latest_seq,
+                          "leftovers_deleted": swept.total},
                          lambda p: f"wrote {p['versions_written']} missing Delta version(s); the table is at "
-                                   f"version {p['version']}")
+                                   f"version {p['version']}; deleted {p['leftovers_deleted']} leftover file(s)")
 
 
 @main.command("demo")

@@ -10,6 +10,7 @@ import os
 import threading
 import time
 import uuid
+import warnings
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
@@ -31,6 +32,7 @@ from dbidx.mdt.delta_log import (
 from dbidx.mdt.file_view import FileView, PartitionStats
 from dbidx.mdt.fileio import FileIO
 from dbidx.mdt.keyhash import HASH_NAME, shard_of
+from dbidx.mdt.leftovers import DEFAULT_TEMP_AGE_S, SweepReport, sweep_leftovers
 from dbidx.mdt.properties import (  # noqa: F401 - re-exported: part of the table's API
     DEFAULT_CHECKPOINT_INTERVAL, FORMAT_VERSION, INDEX_GLOBAL, INDEX_PARTITIONED, TableProperties, parse_properties,
 )
@@ -386,7 +388,9 @@ class Table:
         as one compaction instant; concurrent commits are not in conflict with it (see mdt.compaction)."""
         from dbidx.mdt.compaction import compact
 
-        return compact(self, partitions, min_files=min_files)
+        result = compact(self, partitions, min_files=min_files)
+        self._sweep_after("index compaction")
+        return result
 
     def compact_data(self, partitions: Iterable[str] | None = None, min_files: int = 2,
                      deleted_share: float | None = 0.2) -> "DataCompactionResult":
@@ -395,7 +399,9 @@ class Table:
         conflict with (see mdt.data_compaction)."""
         from dbidx.mdt.data_compaction import compact_data
 
-        return compact_data(self, partitions, min_files=min_files, deleted_share=deleted_share)
+        result = compact_data(self, partitions, min_files=min_files, deleted_share=deleted_share)
+        self._sweep_after("data compaction")
+        return result
 
     def clean(self, retain_completions: int = 10, delete_migrated: bool = False) -> CompletedInstant | None:
         """Delete index and data files that compactions replaced at least `retain_completions` completions ago
@@ -403,7 +409,23 @@ class Table:
         or None when nothing was old enough. Caches behind it reload (`dbidx cache sync`)."""
         from dbidx.mdt.compaction import clean
 
-        return clean(self, retain_completions=retain_completions, delete_migrated=delete_migrated)
+        record = clean(self, retain_completions=retain_completions, delete_migrated=delete_migrated)
+        self._sweep_after("clean")
+        return record
+
+    def sweep_leftovers(self, min_age_s: float = DEFAULT_TEMP_AGE_S) -> SweepReport:
+        """Delete what dead writers left (mdt/leftovers.py): settled instants' timeline files, markers and unlisted
+        files, and `.tmp-*` files older than min_age_s. Clean and both compactions run it; so does `dbidx repair`."""
+        return sweep_leftovers(self.io, self.timeline, min_age_s)
+
+    def _sweep_after(self, what: str) -> None:
+        """The sweep after a maintenance instant: that instant is done, so a failing sweep is a warning."""
+        try:
+            self.sweep_leftovers()
+        except Exception as exc:  # noqa: BLE001 - the maintenance instant completed; the sweep runs again next time
+            warnings.warn(f"{what} of {self.uri} completed, but sweeping leftovers failed: {exc}", RuntimeWarning,
+                          stacklevel=3)
+
 
     def data_schema(self) -> pa.Schema | None:
         """The data columns the table's writes recorded (mdt/data_schema.py); None before the first write."""

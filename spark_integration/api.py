@@ -21,7 +21,7 @@ from dbidx.buckets.assigner import BucketSpec
 from dbidx.config import CacheConfig
 from dbidx.counters import gauge
 from dbidx.errors import CommitError, ConfigError, ConflictError, CorruptFileError, SchemaError
-from dbidx.mdt import data_reader, data_schema, layout
+from dbidx.mdt import data_reader, data_schema, layout, leftovers
 from dbidx.mdt.conflicts import TouchedKeys
 from dbidx.mdt.records import DataFileRecord, FileRecord, PartitionChange
 from dbidx.mdt.table import Table
@@ -249,7 +249,7 @@ def run_upsert(table: Table, options: TagOptions, job: Callable[[str], list[tupl
     started = time.perf_counter()
     _check_buckets(table, options.buckets)
     new_schema, schema_seq = _check_layout_and_schema(table, options, input_schema, where)
-    datafiles.sweep_settled(table.io, table.timeline)  # leftovers of attempts killed after their job ended
+    leftovers.sweep_settled(table.io, table.timeline)  # what writers that died after settling left
     writer = table.new_commit()
     instant = writer.instant
     guard = partial(_schema_unchanged, instant=instant)
@@ -273,7 +273,7 @@ def run_upsert(table: Table, options: TagOptions, job: Callable[[str], list[tupl
             raise  # as it is, with its own cause (`raise exc from exc` would replace that cause by itself)
         raise error from exc
     # 3. Files of failed or losing attempts (and the touched-key files) were never listed; now they go.
-    listed = datafiles.settled_files(record) or set()
+    listed = leftovers.settled_files(record) or set()
     scratch = {t.path for t in writer.touched() if t.path}
     deleted = datafiles.discard_unlisted(table.io, instant, keep=listed)
     summary.orphans_deleted = len([rel for rel in deleted if rel not in scratch])

@@ -15,6 +15,7 @@ import pyarrow.compute as pc
 
 from dbidx.mdt import markers
 from dbidx.mdt.fileio import FileIO
+from dbidx.mdt.leftovers import settled_files
 from dbidx.mdt.markers import MARKERS_DIR, announced_files, discard_unlisted, marker_dir, marker_of  # noqa: F401
 from dbidx.mdt.data_reader import (  # noqa: F401 - used by tasks and tests
     DELETED_COLUMN, INSTANT_COLUMN, data_file_path, read_data_file, write_data_file,
@@ -69,15 +70,6 @@ def write_groups(io: FileIO, rows: pa.Table, deleted: pa.Array, partitions: pa.A
     return written
 
 
-def settled_files(record: Any) -> set[str] | None:
-    """The files a settled instant published (empty for a rollback); None while it is unsettled."""
-    if record is None:
-        return None
-    # Every action's own files (a build-index's or data compaction's DV files too: a sweep of their markers after a
-    # crash must not delete them); a rollback lists none.
-    return {f.path for f in record.data_files} | {f.path for f in record.files} | {f.path for f in record.dv_files}
-
-
 def withdraw_if_settled(io: FileIO, timeline: Any, instant: str, written: Iterable[str]) -> bool:
     """Run by a task after writing: if the instant already completed or was rolled back (this attempt lost a race
     or outlived its job), delete this attempt's unpublished files and markers. True if it did so.
@@ -91,14 +83,3 @@ def withdraw_if_settled(io: FileIO, timeline: Any, instant: str, written: Iterab
         return False
     markers.withdraw(io, instant, written, listed)
     return True
-
-
-def sweep_settled(io: FileIO, timeline: Any) -> list[str]:
-    """Delete leftovers of settled instants (files of attempts killed mid-write after their job ended)."""
-    deleted: list[str] = []
-    timeline.refresh()
-    for instant in io.list_dirs(MARKERS_DIR):
-        listed = settled_files(timeline.record_of(instant))
-        if listed is not None:
-            deleted += discard_unlisted(io, instant, listed)
-    return deleted

@@ -15,9 +15,8 @@ from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.cli import main
 from dbidx.config import CacheConfig
 from dbidx.errors import ConflictError, CorruptFileError, HookError, InvalidKeyError, InvalidPartitionError
-from dbidx.mdt import compaction, layout, markers
+from dbidx.mdt import compaction, layout, leftovers, markers
 from dbidx.mdt.table import Table
-from dbidx.spark_integration import datafiles
 from dbidx.spark_integration.local import upsert_arrow
 
 DAY = "dt=2025-03-01"
@@ -61,7 +60,7 @@ def test_a_crafted_marker_is_refused_by_the_sweep_every_upsert_runs(table: Table
     settled = table.timeline.completed()[-1].instant
     table.io.write_atomic(f"{markers.marker_dir(settled)}/{crafted}", b"")
     with pytest.raises(CorruptFileError, match="marker"):
-        datafiles.sweep_settled(table.io, table.timeline)
+        leftovers.sweep_settled(table.io, table.timeline)
     assert target.read_text() == "precious" and table.io.exists(layout.PROPERTIES_FILE)
 
 

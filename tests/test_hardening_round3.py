@@ -158,3 +158,51 @@ def test_cli_numbers_out_of_range_and_an_empty_rollback(tmp_path: Path) -> None:
     result = runner.invoke(main, ["rollback", table.uri, "--all-pending", "--json"])
     assert result.exit_code == 0 and json.loads(result.output) == {"rolled_back": []}
     assert runner.invoke(main, ["rollback", table.uri]).exit_code == 2
+
+
+def test_leftovers_of_dead_writers_are_swept_and_a_live_writer_keeps_its_files(tmp_path: Path) -> None:
+    """A writer killed between a temp write and its rename left `.tmp-<hex>`; one killed after publishing left its
+    .requested/.inflight, markers and an unlisted touched file. Clean (and the next upsert, for the instant's files)
+    sweeps them; a live writer's pending instant and a fresh temp file stay."""
+    table = Table.create(str(tmp_path / "t"), num_shards=1)
+    config = CacheConfig(base_path=str(tmp_path / "c"))
+    upsert_arrow(rows(["a", "b"]), table, key="id", partition="dt", cache_config=config)
+    settled = table.timeline.completed()[-1].instant
+    root = tmp_path / "t"
+    old_tmp, fresh_tmp = root / "dt=2025-03-01" / ".tmp-0a1b", root / ".dbidx" / "rli" / ".tmp-2c3d"
+    for path in (old_tmp, fresh_tmp):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"partial")
+    os.utime(old_tmp, (1e9, 1e9))  # 2001: a dead writer's
+    touched = f"dt=2025-03-01/touched-{settled}-a0.parquet"
+    for rel in (layout.requested_file(settled), layout.inflight_file(settled), touched):
+        table.io.write_atomic(rel, b"{}")
+    markers.announce(table.io, settled, touched)
+    live = table.new_commit()  # a writer still running: its instant is pending
+    live_requested = layout.requested_file(live.instant)
+    assert table.io.exists(live_requested)
+    # 1. Clean sweeps everything older than the age guard; the live writer's files stay.
+    table.clean()
+    assert not old_tmp.exists() and fresh_tmp.exists()
+    for rel in (layout.requested_file(settled), layout.inflight_file(settled), touched, markers.marker_dir(settled)):
+        assert not table.io.exists(rel), rel
+    assert table.io.exists(live_requested) and Table.open(table.uri).timeline.pending() == [live.instant]
+    live.rollback()
+    # 2. `dbidx repair` sweeps too, and says how much; the table reads the same and verifies.
+    os.utime(fresh_tmp, (1e9, 1e9))
+    result = CliRunner().invoke(main, ["repair", table.uri, "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["leftovers_deleted"] >= 1 and not fresh_tmp.exists()
+    reopened = Table.open(table.uri)
+    assert sorted(read_arrow(reopened).column("id").to_pylist()) == ["a", "b"] and verify_table(reopened).ok
+
+
+def test_the_next_upsert_sweeps_a_settled_instants_timeline_files(tmp_path: Path) -> None:
+    table = Table.create(str(tmp_path / "t"), num_shards=1)
+    config = CacheConfig(base_path=str(tmp_path / "c"))
+    upsert_arrow(rows(["a"]), table, key="id", partition="dt", cache_config=config)
+    settled = table.timeline.completed()[-1].instant
+    for rel in (layout.requested_file(settled), layout.inflight_file(settled)):
+        table.io.write_atomic(rel, b"{}")
+    upsert_arrow(rows(["b"]), table, key="id", partition="dt", cache_config=config)
+    assert table.io.list_names(layout.TIMELINE_DIR) == []

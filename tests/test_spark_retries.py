@@ -15,6 +15,7 @@ import pytest
 from dbidx.buckets.assigner import BucketSpec
 from dbidx.config import CacheConfig
 from dbidx.errors import CommitError, HookError, InvalidInputError, InvalidKeyError
+from dbidx.mdt import leftovers
 from dbidx.mdt.table import Table
 from dbidx.mdt.timeline import ACTION_ROLLBACK
 from dbidx.spark_integration import datafiles, task
@@ -195,7 +196,7 @@ def test_late_attempts_withdraw_and_leftovers_are_swept(setup) -> None:
     killed = f"dt=2025-03-01/00000000-{'0' * 24}_{instant}_78.parquet"
     table.io.write_atomic(datafiles.marker_of(instant, killed), b"")
     table.io.write_atomic(killed, b"partial")
-    assert datafiles.sweep_settled(table.io, table.timeline) == [killed]
+    assert leftovers.sweep_settled(table.io, table.timeline).settled_files == [killed]
     assert parquet_on_disk(table) == set() and table.io.list_dirs(datafiles.MARKERS_DIR) == []
 
 

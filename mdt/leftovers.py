@@ -1,0 +1,98 @@
+"""Leftovers of writers that died or were cut short, and the sweeps that remove them.
+
+What a crash can leave: a `.tmp-<hex>` file (killed between a temp write and its rename, on stores where
+`write_atomic` goes through a temp name), and of an instant that settled (completed or rolled back) without its own
+housekeeping: its `.requested` / `.inflight` timeline files, its markers with the unlisted files they announce
+(touched-key files, losing attempts' data and index files) and its writer-presence files. None of them is ever read
+as table data (readers read only what a completion lists), but they cost space and listings, for ever.
+
+Who sweeps: every upsert sweeps settled instants before it starts (cheap: two listings); clean and both compactions
+also sweep temp files over the whole table, each older than `min_age_s` so that a live writer's temp file (seconds
+old) is never taken from under it.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from dbidx.mdt import layout, markers, writer_presence
+from dbidx.mdt.fileio import FileIO
+
+TEMP_PREFIX = ".tmp-"
+DEFAULT_TEMP_AGE_S = 3600.0  # a temp file lives for one write (seconds); an hour-old one belongs to a dead writer
+
+
+@dataclass
+class SweepReport:
+    """What a sweep deleted (table-relative paths)."""
+
+    settled_files: list[str] = field(default_factory=list)  # unlisted files announced by settled instants' markers
+    timeline_files: list[str] = field(default_factory=list)  # .requested / .inflight of settled instants
+    temp_files: list[str] = field(default_factory=list)  # .tmp-<hex> older than the age guard
+
+    @property
+    def total(self) -> int:
+        """How many files the sweep deleted."""
+        return len(self.settled_files) + len(self.timeline_files) + len(self.temp_files)
+
+
+def settled_files(record: Any) -> set[str] | None:
+    """The files a settled instant published (empty for a rollback); None while it is unsettled."""
+    if record is None:
+        return None
+    # Every action's own files (a build-index's or data compaction's DV files too: a sweep of their markers after a
+    # crash must not delete them); a rollback lists none.
+    return {f.path for f in record.data_files} | {f.path for f in record.files} | {f.path for f in record.dv_files}
+
+
+def sweep_settled(io: FileIO, timeline: Any, report: SweepReport | None = None) -> SweepReport:
+    """Delete what settled instants left: the unlisted files their markers announce, the markers, their timeline
+    files and presence files. An unsettled (pending) instant is a live or crashed writer's: left to it or to
+    `dbidx rollback`."""
+    report = report if report is not None else SweepReport()
+    timeline.refresh()
+    # 1. Markers of settled instants (files of attempts killed after their job ended, touched-key files).
+    for instant in io.list_dirs(markers.MARKERS_DIR):
+        listed = settled_files(timeline.record_of(instant))
+        if listed is not None:
+            report.settled_files += markers.discard_unlisted(io, instant, listed)
+    # 2. Timeline files of settled instants (their writer died between publishing and forgetting them).
+    settled: set[str] = set()
+    for name in io.list_names(layout.TIMELINE_DIR):
+        instant, _, kind = name.partition(".")
+        if kind in ("requested", "inflight") and timeline.record_of(instant) is not None:
+            if io.delete(f"{layout.TIMELINE_DIR}/{name}"):
+                report.timeline_files.append(f"{layout.TIMELINE_DIR}/{name}")
+            settled.add(instant)
+    for instant in settled:
+        writer_presence.forget(io, instant)
+    return report
+
+
+def sweep_temp_files(io: FileIO, min_age_s: float = DEFAULT_TEMP_AGE_S, report: SweepReport | None = None,
+                     now: float | None = None) -> SweepReport:
+    """Delete every `.tmp-*` file in the table older than min_age_s (one recursive listing). Object stores write
+    whole objects (no temp names), so there is nothing to list there."""
+    report = report if report is not None else SweepReport()
+    if not io.is_local and io.fs.type_name != "hdfs":
+        return report
+    cutoff = (time.time() if now is None else now) - min_age_s
+    prefix = io.root.rstrip("/") + "/"
+    selector = pafs.FileSelector(io.root, allow_not_found=True, recursive=True)
+    for info in io.fs.get_file_info(selector):
+        if info.type != pafs.FileType.File or not info.base_name.startswith(TEMP_PREFIX):
+            continue
+        modified = info.mtime.timestamp() if info.mtime is not None else 0.0
+        rel = info.path[len(prefix):] if info.path.startswith(prefix) else info.path
+        if modified <= cutoff and io.delete(rel):
+            report.temp_files.append(rel)
+    return report
+
+
+def sweep_leftovers(io: FileIO, timeline: Any, min_age_s: float = DEFAULT_TEMP_AGE_S) -> SweepReport:
+    """Both sweeps: settled instants' leftovers, then temp files older than min_age_s."""
+    report = sweep_settled(io, timeline)
+    return sweep_temp_files(io, min_age_s, report)
