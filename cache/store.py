@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import threading
 from pathlib import Path
 from typing import Any, Iterator
@@ -312,12 +313,21 @@ def scan(view: rd.Rdict, from_key: bytes | None = None) -> Iterator[tuple[bytes,
         del iterator  # a live iterator keeps the DB's LOCK after close
 
 
+# RocksDB's own files (the manifest CURRENT names, a table file the manifest lists, the options file) missing.
+_OWN_FILE_MISSING = re.compile(r"^IO error: No such file or directory: .*/(MANIFEST-\d+|\d+\.sst|OPTIONS-\d+)"
+                               r"(: No such file or directory)?$")
+
+
 def read_failure(exc: Exception, what: str) -> CacheError:
-    """A RocksDB read error as a typed one: a checksum or format failure ("Corruption: ..." names the file) is a
-    CacheCorruptError, which task sessions answer by discarding the cache; anything else a CacheError."""
-    if str(exc).startswith("Corruption"):  # RocksDB's status text starts with its code; paths come later
-        return CacheCorruptError(f"{what} failed: {exc}; the cache's files are damaged (disk or copy error): delete "
-                                 "its directory (a Spark task session does) and it is rebuilt from the index")
+    """A RocksDB read error as a typed one: a checksum or format failure ("Corruption: ..." names the file), or one
+    of the directory's own files gone (CURRENT naming a missing MANIFEST, a listed SST deleted), is a
+    CacheCorruptError, which task sessions answer by discarding the cache and rebuilding it from the index; anything
+    else (a full disk, too many open files) a CacheError."""
+    text = str(exc)
+    if text.startswith("Corruption") or _OWN_FILE_MISSING.match(text):  # the status code comes first, paths later
+        return CacheCorruptError(f"{what} failed: {exc}; the cache's files are damaged (disk or copy error, or a "
+                                 "file deleted by hand): delete its directory (a Spark task session does) and it is "
+                                 "rebuilt from the index")
     return CacheError(f"{what} failed: {exc}")
 
 

@@ -10,6 +10,7 @@ imports pyspark: the Spark wrappers in `api.py` pass the task attempt id in.
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import traceback
@@ -42,6 +43,7 @@ RESULT_DDL = "shard int, attempt long, payload binary"
 REAPER_INFO = "reaper"
 _TABLES: dict[tuple[str, str], Table] = {}  # per worker process: Python workers are reused, timelines stay warm
 _TABLES_LOCK = threading.Lock()
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -50,6 +52,7 @@ class TaskCounts(TagCounts, CacheCounters):
 
     reloads: int = 0
     evictions: int = 0
+    cache_rebuilds: int = 0  # damaged caches discarded and rebuilt from the index within the task
 
 
 @dataclass
@@ -180,16 +183,38 @@ def tag_batches(batches: Iterable[pa.RecordBatch], table: Table, options: TagOpt
             if batch.num_rows == 0:
                 continue
             for shard, rows in _shard_slices(table, batch, options):
-                # 1. Switch caches only when the shard changes (never two held at once: no lock-order deadlock).
-                if current is None or current[0] != shard:
-                    if current is not None:
-                        current[1].close()  # the previous shard finished cleanly: its epilogue runs
-                    session = stack.enter_context(ExitStack())
-                    held = session.enter_context(shard_session(table, shard, options, ShardMetrics(shard=shard)))
-                    current = (shard, session, held)
                 tagger = taggers.setdefault(shard, ShardTagger(table, shard, options))
-                current[2].loader.ensure_loaded(tagger.partitions_needed(rows))
-                yield from tagger.tag(current[2].cache, rows).to_batches()
+                for attempt in (0, 1):
+                    try:
+                        # 1. Switch caches only when the shard changes (never two held at once: no lock-order
+                        #    deadlock).
+                        if current is None or current[0] != shard:
+                            if current is not None:
+                                current[1].close()  # the previous shard finished cleanly: its epilogue runs
+                                current = None
+                            session = stack.enter_context(ExitStack())
+                            held = session.enter_context(shard_session(table, shard, options,
+                                                                       ShardMetrics(shard=shard)))
+                            current = (shard, session, held)
+                        current[2].loader.ensure_loaded(tagger.partitions_needed(rows))
+                        tagged = tagger.tag(current[2].cache, rows)
+                        break
+                    except CacheCorruptError as exc:
+                        # 2. A damaged cache: its session discards it (if the damage surfaced after the open, by
+                        #    ending the session with the error), then one more session rebuilds it from the index.
+                        damage: CacheCorruptError = exc
+                        if current is not None:
+                            failed, current = current, None
+                            try:
+                                failed[1].__exit__(type(exc), exc, exc.__traceback__)
+                            except CacheCorruptError as discarded:
+                                damage = discarded
+                        if attempt:
+                            if damage is exc:
+                                raise
+                            raise damage from exc
+                        _rebuilding(ShardMetrics(shard=shard), damage)
+                yield from tagged.to_batches()
 
 
 def upsert_batches(batches: Iterable[pa.RecordBatch], table: Table, options: TagOptions, instant: str,
@@ -223,11 +248,8 @@ def upsert_batches(batches: Iterable[pa.RecordBatch], table: Table, options: Tag
             tagged_parts.append(tagger.tag_new(rows))
             metrics.tag_seconds, metrics.tagged_seq = time.perf_counter() - started, options.bulk_seq
         else:
-            with shard_session(table, shard, options, metrics) as held:
-                started = time.perf_counter()
-                held.loader.ensure_loaded(tagger.partitions_needed(rows))
-                tagged_parts.append(tagger.tag(held.cache, rows))
-                metrics.tag_seconds = time.perf_counter() - started
+            tagged_part, tagger = _tag_rebuilding(table, shard, options, metrics, rows)
+            tagged_parts.append(tagged_part)
         metrics.add(tagger.counts)
         shard_metrics.append(metrics)
     tagged = pa.concat_tables(tagged_parts)
@@ -261,6 +283,38 @@ def upsert_batches(batches: Iterable[pa.RecordBatch], table: Table, options: Tag
             "superseded": {"seq": view.applied_seq, "rows": {p: b.serialize() for p, b in fresh.items()}},
             "changes": {p: asdict(c) for p, c in changes.items()},
             "metrics": [m.to_dict() for m in shard_metrics]}
+
+
+def _tag_rebuilding(table: Table, shard: int, options: TagOptions, metrics: ShardMetrics,
+                    rows: pa.Table) -> tuple[pa.Table, ShardTagger]:
+    """Tag one shard's rows in a session; if the cache is damaged (the session discarded it), tag them again in a
+    second session, which rebuilds the cache from the index, counted in `cache_rebuilds`. Only a second failure
+    fails the task.
+
+    Why in the same task: the cache is a replica of the index, so damage to it (a flipped byte, a manifest deleted
+    by hand) costs a reload, never the user's batch. Nothing was tagged from the damaged cache: RocksDB's
+    checksums fail the read instead of answering.
+    """
+    for attempt in (0, 1):
+        tagger = ShardTagger(table, shard, options)
+        try:
+            with shard_session(table, shard, options, metrics) as held:
+                started = time.perf_counter()
+                held.loader.ensure_loaded(tagger.partitions_needed(rows))
+                tagged = tagger.tag(held.cache, rows)
+                metrics.tag_seconds += time.perf_counter() - started
+            return tagged, tagger
+        except CacheCorruptError as exc:
+            if attempt:
+                raise
+            _rebuilding(metrics, exc)
+    raise AssertionError("unreachable")  # the loop returns or raises
+
+
+def _rebuilding(metrics: ShardMetrics, damage: CacheCorruptError) -> None:
+    metrics.cache_rebuilds += 1
+    log.warning("dbidx: the cache of shard %d was damaged and is rebuilt from the index in this task: %s",
+                metrics.shard, damage)
 
 
 def move_tombstones(tagged: pa.Table) -> pa.Table:

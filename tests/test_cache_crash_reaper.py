@@ -260,3 +260,11 @@ def test_only_rocksdb_corruption_is_damage_not_a_path_that_says_so() -> None:
                                       "open files"), "reading")
     assert isinstance(damage, CacheCorruptError)
     assert type(io_error) is CacheError and "Too many open files" in str(io_error)
+    # One of the directory's own files gone (CURRENT naming a deleted MANIFEST, a listed SST deleted) is damage;
+    # any other missing path is not.
+    for own in ("MANIFEST-000005", "000011.sst"):
+        gone = read_failure(Exception(f"IO error: No such file or directory: While opening a file for sequentially "
+                                      f"reading: /c/shard-00000-of-00001/{own}: No such file or directory"), "open")
+        assert isinstance(gone, CacheCorruptError), own
+    other = read_failure(Exception("IO error: No such file or directory: While mkdir: /c/x/LOCK"), "open")
+    assert type(other) is CacheError
