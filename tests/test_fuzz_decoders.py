@@ -111,9 +111,11 @@ def test_completion_records_with_a_crafted_field(field: str, value) -> None:
         parsed = CompletedInstant.from_json(json.dumps(record).encode(), "fuzz.json")
     except DbidxError:
         return
-    # Accepted: kept exactly as given (nothing coerced on the way in), and it reads back the same.
-    assert json.loads(parsed.to_json())[field] == record[field]
+    # Accepted: it reads back the same; a scalar is kept exactly as given (nothing coerced on the way in; objects may
+    # gain the defaults of optional fields, e.g. a partition change without `fills`).
     assert CompletedInstant.from_json(parsed.to_json(), "again.json") == parsed
+    if not isinstance(value, (dict, list)):
+        assert json.loads(parsed.to_json())[field] == record[field]
 
 
 @pytest.fixture(scope="module")
