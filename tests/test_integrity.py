@@ -207,6 +207,12 @@ def test_a_flipped_byte_in_a_completion_record_is_caught(tmp_path_factory, fract
     path = Path(table.io.path(layout.completed_file(1)))
     raw = bytearray(path.read_bytes())
     raw[int(fraction * len(raw))] ^= mask
+    try:
+        flipped = json.loads(bytes(raw))
+    except ValueError:
+        flipped = None
+    if flipped == json.loads(path.read_bytes()):
+        return  # the same record spelled differently (0.0 -> 0e0): nothing changed, nothing to catch
     path.write_bytes(bytes(raw))
     with pytest.raises(CorruptFileError, match="000000000001.json"):
         Table.open(table.uri).refresh()
