@@ -126,9 +126,42 @@ def layout_of(table: Any, view: DataView | None = None) -> dict[str, Any] | None
     return layout
 
 
-def plan_read(table: Any, partitions: Iterable[str] | None = None) -> ReadPlan:
-    """Group the live data files by (partition, file group), in commit order; `partitions` prunes."""
-    view = table.data_view()
+def view_at(table: Any, as_of: int | str | None = None, version: int | None = None) -> DataView:
+    """The data view right after a completion (`as_of`: a completion seq or a completed instant id) or at a Delta
+    version (`version`: what `_delta_log/` and Delta readers number; the completion seq for a table dbidx created);
+    neither: the current one. An older state is replayed from the completion log (archive bundles included), so a
+    time-travel read sees exactly the files and vectors of that version; files a clean removed since then make the
+    read a HistoryCompactedError."""
+    if as_of is not None and version is not None:
+        raise InvalidInputError("give as_of (a completion seq or instant) or version (a Delta version), not both")
+    current = table.data_view()
+    if version is not None:
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise InvalidInputError(f"version must be a Delta version number, got {version!r}")
+        first = current.delta_first_seq + current.delta_offset
+        if version < first:
+            raise InvalidInputError(f"Delta version {version} of {table.uri} predates dbidx (the table was adopted "
+                                    f"at version {first}); read it with a Delta reader, e.g. "
+                                    f"deltalake.DeltaTable(uri, version={version})")
+        as_of = version - current.delta_offset
+        if as_of > table.timeline.latest_seq:
+            raise InvalidInputError(f"Delta version {version} of {table.uri} does not exist yet (latest: "
+                                    f"{table.timeline.latest_seq + current.delta_offset})")
+    if as_of is None:
+        return current
+    seq = table.seq_at(as_of)
+    if seq >= current.applied_seq:
+        return current
+    past = DataView()
+    past.apply(table.timeline.completed(upto_seq=seq))
+    return past
+
+
+def plan_read(table: Any, partitions: Iterable[str] | None = None, as_of: int | str | None = None,
+              version: int | None = None) -> ReadPlan:
+    """Group the live data files by (partition, file group), in commit order; `partitions` prunes; `as_of` or
+    `version` reads an older state (view_at)."""
+    view = view_at(table, as_of, version)
     wanted = None if partitions is None else set(partitions)
     live = view.live()
     groups: dict[tuple[str, str], list[LiveDataFile]] = {}
@@ -185,20 +218,30 @@ def read_unit(io: FileIO, unit: ReadUnit, key: str, schema: pa.Schema, table: An
     for record, instant, vector in zip(unit.files, unit.instants, vectors):
         try:
             data = read_data_file(io, record, list(wanted))
+            keep = np.ones(data.num_rows, dtype=bool)
+            if vector is not None:
+                keep[np.asarray(load_vector(io, vector, record.rows, dv_files).to_array(), dtype=np.int64)] = False
+                data = data.filter(pa.array(keep))
         except CorruptFileError as exc:
-            if table is not None and not io.exists(record.path) and not table.data_view().is_live(record.path):
-                raise HistoryCompactedError(f"data file {io.path(record.path)} was removed by a clean after this "
-                                            "read was planned (its data was compacted meanwhile); read the table "
-                                            "again") from exc
+            _raise_if_cleaned(io, table, record, vector, exc)
             raise
-        keep = np.ones(data.num_rows, dtype=bool)
-        if vector is not None:
-            keep[np.asarray(load_vector(io, vector, record.rows, dv_files).to_array(), dtype=np.int64)] = False
-            data = data.filter(pa.array(keep))
         if origins is not None:
             origins.append((record, np.flatnonzero(keep)))
         pieces.append(_aligned(data, schema, key, record, instant, io))
     return pa.concat_tables(pieces).select([f.name for f in schema])
+
+
+def _raise_if_cleaned(io: FileIO, table: Any, record: DataFileRecord, vector: DvRef | None,
+                      exc: CorruptFileError) -> None:
+    """A data or DV file that is gone because a clean removed it (it is in no current version any more) is
+    HistoryCompactedError: the read was planned before the clean, or reads a version older than the retention."""
+    if table is None or table.data_view().is_live(record.path) and vector == table.data_view().vector_of(record.path):
+        return
+    for path in (record.path, vector.file.path if vector is not None else None):
+        if path is not None and not io.exists(path):
+            raise HistoryCompactedError(f"{io.path(path)} was removed by a clean after this read was planned, or the "
+                                        "version read is older than the table retains (its data was compacted "
+                                        "since); read a newer version") from exc
 
 
 def _aligned(data: pa.Table, schema: pa.Schema, key: str, record: DataFileRecord, instant: str,
@@ -257,13 +300,14 @@ def read_units(io: FileIO, units: Iterable[ReadUnit], key: str, schema: pa.Schem
 
 
 def read_arrow(table: Any, partitions: Iterable[str] | None = None, columns: Sequence[str] | None = None,
-               with_meta: bool = False) -> pa.Table:
+               with_meta: bool = False, as_of: int | str | None = None, version: int | None = None) -> pa.Table:
     """The table's current rows as one `pyarrow.Table` (for DuckDB, Polars, pandas): one row per record.
 
     partitions: partition paths to read (e.g. ["dt=2025-01-15"]), default all; columns: data columns to return,
-    default all; with_meta: add `_dbidx_file_group` and `_dbidx_instant` (the commit that wrote the row).
+    default all; with_meta: add `_dbidx_file_group` and `_dbidx_instant` (the commit that wrote the row);
+    as_of (a completion seq or instant id) or version (a Delta version): the rows of that older version.
     """
-    plan = plan_read(table, partitions)
+    plan = plan_read(table, partitions, as_of, version)
     schema = output_schema(plan, columns, with_meta)
     if plan.key is None or not plan.units:
         return schema.empty_table()
@@ -276,9 +320,10 @@ def read_arrow(table: Any, partitions: Iterable[str] | None = None, columns: Seq
 
 
 def record_batch_reader(table: Any, partitions: Iterable[str] | None = None, columns: Sequence[str] | None = None,
-                        with_meta: bool = False) -> pa.RecordBatchReader:
+                        with_meta: bool = False, as_of: int | str | None = None,
+                        version: int | None = None) -> pa.RecordBatchReader:
     """Like read_arrow, streamed one file group at a time (memory bounded by the largest file group)."""
-    plan = plan_read(table, partitions)
+    plan = plan_read(table, partitions, as_of, version)
     schema = output_schema(plan, columns, with_meta)
     units = plan.units if plan.key is not None else ()
     return pa.RecordBatchReader.from_batches(schema, read_units(table.io, units, plan.key or "", schema, table))

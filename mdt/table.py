@@ -267,7 +267,7 @@ class Table:
         done = self.timeline.completed(after_seq=self.timeline.latest_seq - 1)
         return done[-1] if done else None
 
-    def _seq(self, point: int | str | None) -> int:
+    def seq_at(self, point: int | str | None) -> int:
         """Resolve an instant id or a completion seq (None = latest) to a completion seq."""
         self.refresh()
         if point is None:
@@ -284,7 +284,7 @@ class Table:
 
         `as_of` is a completed instant id or a completion seq: the table as it was right after that completion.
         """
-        upto = self._seq(as_of)
+        upto = self.seq_at(as_of)
         shards = self._shards(shard)
         if partition is not None:
             layout.validate_partition(partition)
@@ -310,8 +310,8 @@ class Table:
 
         What a cache applies to catch up. Raises HistoryCompactedError if cleaning removed a needed file.
         """
-        start = self._seq(start_exclusive) if start_exclusive is not None else 0
-        end = self._seq(end_inclusive)
+        start = self.seq_at(start_exclusive) if start_exclusive is not None else 0
+        end = self.seq_at(end_inclusive)
         wanted = None if partitions is None else {layout.validate_partition(p) for p in partitions}
         shards = set(self._shards(shard))
         pieces = []

@@ -47,19 +47,21 @@ def _balanced(units: Sequence[data_reader.ReadUnit], tasks: int) -> list[list[da
 
 
 def read_table(spark: Any, table: Table, partitions: Iterable[str] | None = None,
-               columns: Sequence[str] | None = None, with_meta: bool = False) -> Any:
+               columns: Sequence[str] | None = None, with_meta: bool = False, as_of: int | str | None = None,
+               version: int | None = None) -> Any:
     """The table's current rows as a DataFrame: per record the version of the latest commit, deletes dropped.
 
     Planned per file group (a record lives in one), so the read needs no shuffle: each task merges whole file
     groups (mdt/data_reader.py). partitions: partition paths to read (e.g. ["dt=2025-01-15"]); columns: the data
-    columns to return; with_meta adds `_dbidx_file_group` and `_dbidx_instant`. An empty table reads as an empty
+    columns to return; with_meta adds `_dbidx_file_group` and `_dbidx_instant`; as_of (a completion seq or instant
+    id) or version (a Delta version: `_delta_log/`'s numbering) reads that older version. An empty table reads as an empty
     DataFrame with the table's schema. Files are read through the table's FileIO (any pyarrow filesystem, S3
     included) and verified against their recorded size and checksum: a damaged file fails the read with
     CorruptFileError naming it, never a silently smaller table.
     """
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    plan = data_reader.plan_read(table, partitions)
+    plan = data_reader.plan_read(table, partitions, as_of, version)
     schema = data_reader.output_schema(plan, columns, with_meta)
     spark_schema = from_arrow_schema(schema)
     if plan.key is None or not plan.units:

@@ -12,7 +12,7 @@ import pytest
 
 from dbidx.buckets.assigner import BucketSpec
 from dbidx.config import CacheConfig
-from dbidx.errors import CorruptFileError, ForeignCommitError
+from dbidx.errors import CorruptFileError, ForeignCommitError, HistoryCompactedError, InvalidInputError
 from dbidx.mdt import data_compaction, data_reader, delta_log
 from dbidx.mdt.build_index import build_index
 from dbidx.mdt.table import Table
@@ -98,7 +98,23 @@ def test_time_travel_reads_each_version(tmp_path: Path) -> None:
     for version, expected in enumerate(states, start=1):
         assert sorted(via_deltalake(table.io.path(""), COLUMNS, version)) == expected
         assert sorted(via_polars(table.io.path(""), COLUMNS, version)) == expected
+        # dbidx reads the same version by Delta version, by completion seq and by instant id
+        instant = table.timeline.completed(after_seq=version - 1, upto_seq=version)[0].instant
+        for point in ({"version": version}, {"as_of": version}, {"as_of": instant}):
+            got = data_reader.read_arrow(Table.open(table.uri), columns=list(COLUMNS), **point)
+            assert sorted(zip(*(got.column(c).to_pylist() for c in COLUMNS))) == expected, point
     assert states[-1] == [("a", "2025-01-01", 3), ("b", "2025-01-02", 30)]
+    assert data_reader.read_arrow(table, version=0).num_rows == 0  # the creation: no rows yet
+    with pytest.raises(InvalidInputError, match="does not exist yet"):
+        data_reader.read_arrow(table, version=9)
+    with pytest.raises(InvalidInputError, match="not both"):
+        data_reader.read_arrow(table, version=1, as_of=1)
+    # 2. Once a compaction rewrote the files and a clean removed them, the old version is gone, loudly.
+    table.compact_data()
+    table.clean(retain_completions=0)
+    assert sorted(via_deltalake(table.io.path(""), COLUMNS)) == states[-1]
+    with pytest.raises(HistoryCompactedError, match="older than the table retains"):
+        data_reader.read_arrow(Table.open(table.uri), version=1)
 
 
 def test_build_index_adopts_hive_files_and_upserts_update_them(tmp_path: Path) -> None:

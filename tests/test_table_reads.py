@@ -127,6 +127,8 @@ def test_spark_read_table_empty_pruned_and_schema_error(spark, tmp_path: Path) -
     meta = read_table(spark, table, partitions=["dt=d1"], with_meta=True).collect()
     assert len(meta) == 1 and meta[0]._dbidx_file_group and meta[0]._dbidx_instant
     assert read_table(spark, table, partitions=["dt=d2"]).count() == 0
+    first = sorted(tuple(r) for r in read_table(spark, table, columns=["id", "v"], version=1).collect())
+    assert first == [("a", 1), ("b", 2)]  # time travel: the Delta version of the first upsert
     seq = table.timeline.latest_seq
     with pytest.raises(SchemaError, match="column 'v' is string"):
         upsert(spark.createDataFrame([("a", "d1", "x", False)], "id string, dt string, v string, "
