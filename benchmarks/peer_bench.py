@@ -54,7 +54,7 @@ import _report  # noqa: E402
 SEED = 20261123
 SAMPLE_S = 0.2
 HEADERS = ["system", "status", "load s", "median s/batch (excl. batch 1)", "steady rows/s", "peak RSS MiB",
-           "table MiB", "check"]
+           "table MiB", "data files", "full read s", "polars read s", "check"]
 
 
 class Unsupported(Exception):
@@ -91,6 +91,7 @@ def arrow_counts(table: pa.Table) -> tuple[int, int]:
 
 # ---------------------------------------------------------------------------------------------------------------
 # The systems. Each has prepare(path) (untimed: the input in memory), load(data), upsert(data), release(data),
+# read_all() -> rows (every column into Arrow: the timed read), files() -> live data files (None: not known),
 # counts() -> (rows, sum of ver) and close().
 
 class ArrowInput:
@@ -122,6 +123,12 @@ class DeltaPeer(ArrowInput):
     def counts(self) -> tuple[int, int]:
         return arrow_counts(self.deltalake.DeltaTable(self.uri).to_pyarrow_table(columns=["ver"]))
 
+    def read_all(self) -> int:
+        return self.deltalake.DeltaTable(self.uri).to_pyarrow_table().num_rows
+
+    def files(self) -> int | None:
+        return len(self.deltalake.DeltaTable(self.uri).file_uris())
+
 
 class IcebergPeer(ArrowInput):
     def __init__(self, root: Path) -> None:
@@ -143,6 +150,12 @@ class IcebergPeer(ArrowInput):
 
     def counts(self) -> tuple[int, int]:
         return arrow_counts(self.catalog.load_table("bench.t").scan(selected_fields=("ver",)).to_arrow())
+
+    def read_all(self) -> int:
+        return self.catalog.load_table("bench.t").scan().to_arrow().num_rows
+
+    def files(self) -> int | None:
+        return len(list(self.catalog.load_table("bench.t").scan().plan_files()))
 
 
 class PaimonPeer(ArrowInput):
@@ -178,6 +191,12 @@ class PaimonPeer(ArrowInput):
     def counts(self) -> tuple[int, int]:
         builder = self.catalog.get_table("bench.t").new_read_builder()
         return arrow_counts(builder.new_read().to_arrow(builder.new_scan().plan().splits()))
+
+    def read_all(self) -> int:
+        return self.counts()[0]
+
+    def files(self) -> int | None:
+        return None
 
 
 def spark_session(work: Path, shards: int):
@@ -224,6 +243,14 @@ class DbidxPeer(SparkInput):
 
         return arrow_counts(data_reader.read_arrow(self.table, columns=["ver"]))
 
+    def read_all(self) -> int:
+        from dbidx.mdt import data_reader
+
+        return data_reader.read_arrow(self.table).num_rows
+
+    def files(self) -> int | None:
+        return len(self.table.data_view().live())
+
 
 class SparkJoinPeer(SparkInput):
     """The do-it-yourself baseline: a Parquet key index (id -> dt) joined with each batch; merge on read."""
@@ -258,6 +285,12 @@ class SparkJoinPeer(SparkInput):
         row = latest.agg(F.count("*"), F.sum("ver")).first()
         return int(row[0]), int(row[1] or 0)
 
+    def read_all(self) -> int:
+        return self.counts()[0]  # the merge on read is the read
+
+    def files(self) -> int | None:
+        return len(self.spark.read.parquet(self.data_dir).inputFiles())
+
 
 @dataclass(frozen=True)
 class System:
@@ -290,6 +323,9 @@ class Progress:
     rows: int | None = None
     sum_ver: int | None = None
     table_bytes: int | None = None
+    read_s: float | None = None
+    polars_s: float | None = None
+    files: int | None = None
     unsupported: str | None = None
 
     def save(self, path: Path) -> None:
@@ -318,6 +354,16 @@ def run_one(name: str, work: Path, shards: int) -> None:
         for path in manifest["batches"]:
             progress.batch_s.append(timed_step(system, path, system.upsert))
             progress.save(out)
+        start = time.perf_counter()
+        system.read_all()
+        progress.read_s = time.perf_counter() - start
+        progress.files = system.files()
+        if isinstance(system, (DeltaPeer, DbidxPeer)) and installed("polars"):
+            import polars
+
+            start = time.perf_counter()
+            polars.read_delta(str(work / name))
+            progress.polars_s = time.perf_counter() - start
         progress.rows, progress.sum_ver = system.counts()
         progress.table_bytes = _report.dir_bytes(work / name)
     except Unsupported as exc:
@@ -409,11 +455,12 @@ def row(name: str, outcome: Outcome, manifest: dict[str, Any]) -> list[Any]:
             "-" if median is None else median, "-" if not median else round(manifest["batch_rows"] / median),
             round(outcome.peak_rss / (1 << 20)) if outcome.peak_rss else "-",
             "-" if progress.table_bytes is None else round(progress.table_bytes / (1 << 20), 1),
-            check(progress, manifest)]
+            "-" if progress.files is None else progress.files, "-" if progress.read_s is None else progress.read_s,
+            "-" if progress.polars_s is None else progress.polars_s, check(progress, manifest)]
 
 
 def skipped_row(name: str, why: str) -> list[Any]:
-    return [SYSTEMS[name].label, f"skipped: {why}", "-", "-", "-", "-", "-", "-"]
+    return [SYSTEMS[name].label, f"skipped: {why}"] + ["-"] * (len(HEADERS) - 2)
 
 
 def versions() -> str:
@@ -510,7 +557,11 @@ def main() -> None:
         f"7 days, 5% late updates, 15% new keys; generated once in {generate_s:.1f} s, identical for every system). "
         f"Median s/batch leaves out batch 1 (warm-up); rows/s = batch rows / that median. Peak RSS: the system's "
         f"whole process tree (JVM and Python workers included), sampled every {SAMPLE_S} s. Table MiB: the table "
-        f"dir (dbidx: data and index files; its executor-local cache is not counted). Check: rows read back == "
+        f"dir (dbidx: data and index files; its executor-local cache is not counted). Data files: live data files "
+        f"after the batches. Full read: every column into one Arrow table, in the process that wrote (dbidx: "
+        f"`read_arrow`, files minus deletion vectors; delta-rs: `to_pyarrow_table`; pyiceberg: `scan().to_arrow`; "
+        f"pypaimon: its reader; Spark join: the latest-per-key aggregate); polars read: `polars.read_delta` of the same table through its Delta log "
+        f"(the Delta tables only). Check: rows read back == "
         f"distinct keys and sum(ver) as generated. Spark systems run local[2] with {args.shards} shards; time cap "
         f"{args.timeout:.0f} s per system, {args.iceberg_timeout:.0f} s for pyiceberg.",
         _report.table(HEADERS, rows),
