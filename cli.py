@@ -336,6 +336,30 @@ def repair_cmd(uri: str, as_json: bool) -> None:
                                    f"version {p['version']}; deleted {p['leftovers_deleted']} leftover file(s)")
 
 
+@main.command("upgrade")
+@click.argument("uri")
+@click.option("--rollback-pending", is_flag=True,
+              help="Roll back the instants of format-3 writers that are gone (after the upgrade); without it, "
+                   "pending instants refuse the upgrade.")
+@json_option
+def upgrade_cmd(uri: str, rollback_pending: bool, as_json: bool) -> None:
+    """Convert a format-3 table in place to format 4 (a Delta Lake table with deletion vectors); no data file is
+    rewritten. Stop the table's writers first. Run again after a crash: it finishes or starts over safely."""
+    from dbidx.mdt.upgrade import upgrade_table
+
+    report = upgrade_table(uri, rollback_pending=rollback_pending)
+    output(as_json).emit(asdict(report), _upgrade_text)
+
+
+def _upgrade_text(p: dict[str, Any]) -> str:
+    if p["status"] == "already":
+        return f"{p['uri']} is in format 4 already (upgraded at completion {p['upgraded_at_seq'] or '-'})"
+    return (f"{p['status']} {p['uri']} to format 4 at completion {p['upgraded_at_seq']}: {p['files_with_vectors']} of "
+            f"{p['data_files']} data files got a deletion vector ({p['rows_hidden']:,} superseded or deleted rows), "
+            f"{p['live_rows']:,} live rows; wrote {p['delta_versions']} Delta version(s)"
+            + (f"; rolled back {', '.join(p['rolled_back'])}" if p["rolled_back"] else ""))
+
+
 @main.command("demo")
 @click.option("--dir", "workdir", default="demo-output", show_default=True,
               help="Where the demo table, caches and Spark scratch go (replaced on every run; a non-empty directory "

@@ -113,3 +113,8 @@ class ForeignCommitError(DbidxError, exit_code=5):
 class DeltaFeatureError(InvalidInputError):
     """A Delta table to adopt uses a protocol feature or layout dbidx cannot keep when it writes (column mapping,
     constraints, generated columns, files outside the table, ...): nothing was written."""
+
+
+class FormatUpgradeError(DbidxError, exit_code=3):
+    """The table is in an older format that this dbidx does not read until it is upgraded (`dbidx upgrade URI`), or
+    an upgrade cannot run (pending instants, a writer committed meanwhile): nothing was changed."""

@@ -182,9 +182,10 @@ def listed_seqs(io: FileIO, names: list[str]) -> set[int]:
     return seqs
 
 
-def read_records(io: FileIO, table_id: str, seqs: range, listed: set[int]) -> list[CompletedInstant]:
+def read_records(io: FileIO, table_id: str, seqs: range, listed: set[int], legacy_upto: int = 0
+                 ) -> list[CompletedInstant]:
     """Records of consecutive seqs, each from its file if listed, else from the archive bundle that holds it; each
-    checked (its own checksum, its seq, its table)."""
+    checked (its own checksum, its seq, its table). Records up to `legacy_upto` are of the table's format-3 past."""
     out: list[CompletedInstant] = []
     bundle: dict[int, bytes] = {}
     bundle_name = ""
@@ -207,7 +208,7 @@ def read_records(io: FileIO, table_id: str, seqs: range, listed: set[int]) -> li
                 raise CorruptFileError(f"completion log gap at {io.path(rel)}: seq {seq} is neither in the "
                                        "completion folder nor in an archive bundle")
             where = f"{seq} in archive bundle {bundle_name}"
-        record = CompletedInstant.from_json(raw, where)
+        record = CompletedInstant.from_json(raw, where, legacy=seq <= legacy_upto)
         if record.seq != seq:
             raise CorruptFileError(f"completion log gap or mismatch at {where}: expected seq {seq}, the record "
                                    f"says {record.seq}")

@@ -150,6 +150,10 @@ def view_at(table: Any, as_of: int | str | None = None, version: int | None = No
     if as_of is None:
         return current
     seq = table.seq_at(as_of)
+    if seq < table.props.upgraded_at_seq:
+        raise InvalidInputError(f"completion {seq} of {table.uri} predates its upgrade to format 4 (completion "
+                                f"{table.props.upgraded_at_seq}): its rows were merged by key then and are not read "
+                                "as of that time")
     if seq >= current.applied_seq:
         return current
     past = DataView()

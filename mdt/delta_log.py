@@ -30,14 +30,17 @@ from dbidx.mdt.data_schema import recorded_schema
 from dbidx.mdt.data_view import DELTA_ADOPTED_EXTRA, DataView, DvRef
 from dbidx.mdt.deletion_vectors import inline_form
 from dbidx.mdt.fileio import FileIO
-from dbidx.mdt.records import ACTION_BUILD_INDEX, ACTION_COMMIT, ACTION_DATA_COMPACTION, CompletedInstant, DataFileRecord
+from dbidx.mdt.records import (
+    ACTION_BUILD_INDEX, ACTION_COMMIT, ACTION_DATA_COMPACTION, ACTION_UPGRADE, CompletedInstant, DataFileRecord,
+)
 from dbidx.mdt.superseded import load_vector_bytes
 
 DELTA_LOG_DIR = "_delta_log"
 ENGINE = "dbidx"
 PROTOCOL = {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": ["deletionVectors"],
             "writerFeatures": ["deletionVectors"]}
-_OPERATIONS = {ACTION_COMMIT: "MERGE", ACTION_BUILD_INDEX: "CONVERT", ACTION_DATA_COMPACTION: "OPTIMIZE"}
+_OPERATIONS = {ACTION_COMMIT: "MERGE", ACTION_BUILD_INDEX: "CONVERT", ACTION_DATA_COMPACTION: "OPTIMIZE",
+               ACTION_UPGRADE: "CONVERT"}
 # Partition column types whose partitionValues text every reader parses back to the same value.
 _PARTITION_TYPES = (pa.types.is_string, pa.types.is_large_string, pa.types.is_integer, pa.types.is_date32,
                     pa.types.is_boolean)
@@ -67,6 +70,7 @@ class TableShape:
 
     table_id: str
     created_at_ms: int
+    upgraded_at_seq: int = 0  # `dbidx upgrade` from format 3: earlier completions add no rows to the Delta log
 
 
 def version_for(shape: TableShape, record: CompletedInstant, view: DataView,
@@ -75,6 +79,12 @@ def version_for(shape: TableShape, record: CompletedInstant, view: DataView,
     gives a vector's bytes (verified), which the version carries inline."""
     actions: list[dict[str, Any]] = [_commit_info(record.completed_at_ms, _OPERATIONS.get(record.action, "VACUUM"),
                                                   record)]
+    if record.seq < shape.upgraded_at_seq:
+        # A format-3 completion: its files had no vectors yet (rows merged by key), so it adds nothing a Delta
+        # reader could read correctly; the upgrade's version adds the whole table at once.
+        return encode(actions)
+    if record.action == ACTION_UPGRADE:
+        return encode(actions + _upgrade_actions(shape, record, view, body))
     if record.action == ACTION_BUILD_INDEX and DELTA_ADOPTED_EXTRA in record.extra:
         # The adoption: the files are in the log already; the protocol gains deletion vectors (kept features stay).
         return encode(actions + [{"protocol": adoption_protocol(record.extra[DELTA_ADOPTED_EXTRA]["protocol"])}])
@@ -116,6 +126,24 @@ def version_for(shape: TableShape, record: CompletedInstant, view: DataView,
         ref = DvRef(vectors[f.path], dv_files[vectors[f.path].dv_file]) if f.path in vectors else None
         actions.append(_add(f, _inline(ref, body), partition_columns, ms, data_change=change, key=key))
     return encode(actions)
+
+
+def _upgrade_actions(shape: TableShape, record: CompletedInstant, view: DataView,
+                     body: Callable[[DvRef], bytes]) -> list[dict[str, Any]]:
+    """The upgrade's version: the schema and every live data file, each with the vector the upgrade gave it."""
+    schema = _schema_after(record, view)
+    columns = _partition_columns(record, view, schema)
+    out: list[dict[str, Any]] = []
+    if schema is not None:
+        out.append(_metadata(shape.table_id, shape.created_at_ms, _delta_schema(schema), columns))
+    vectors = {dv.path: dv for dv in record.deletion_vectors}
+    dv_files = {f.path: f for f in record.dv_files}
+    key = _key(record, view, schema)
+    for live in sorted(view.live(), key=lambda e: e.record.path):
+        f = live.record
+        ref = DvRef(vectors[f.path], dv_files[vectors[f.path].dv_file]) if f.path in vectors else view.vector_of(f.path)
+        out.append(_add(f, _inline(ref, body), columns, record.completed_at_ms, data_change=True, key=key))
+    return out
 
 
 def adoption_protocol(existing: dict[str, Any]) -> dict[str, Any]:

@@ -25,7 +25,12 @@ ACTION_CLEAN = "clean"
 ACTION_ROLLBACK = "rollback"
 ACTION_BUILD_INDEX = "build_index"
 ACTION_DATA_COMPACTION = "data_compaction"
-ACTIONS = (ACTION_COMMIT, ACTION_COMPACTION, ACTION_CLEAN, ACTION_ROLLBACK, ACTION_BUILD_INDEX, ACTION_DATA_COMPACTION)
+ACTION_UPGRADE = "upgrade"  # a format-3 table became format 4: its superseded and delete rows became vectors
+ACTIONS = (ACTION_COMMIT, ACTION_COMPACTION, ACTION_CLEAN, ACTION_ROLLBACK, ACTION_BUILD_INDEX, ACTION_DATA_COMPACTION,
+           ACTION_UPGRADE)
+# Fields format 4 added to records: a record of a format-3 table (before its upgrade) lacks them.
+_FORMAT4_DATA_FILE_FIELDS = {"min_key", "max_key", "deletes"}
+_FORMAT4_RECORD_FIELDS = {"dv_files", "deletion_vectors"}
 DATA_ACTIONS = (ACTION_COMMIT, ACTION_BUILD_INDEX)  # completions that add data files (upserts; migrated files)
 FILE_KINDS = ("delta", "base")
 _CHECKSUM_RE = re.compile(r"^xxh64:[0-9a-f]{16}$")
@@ -134,9 +139,13 @@ class DataFileRecord:
     delta_path: str | None = None
 
     @classmethod
-    def parse(cls, data: Any, name: str) -> "DataFileRecord":
-        """Rebuild a record from its JSON form, checking every field."""
-        d = _object(data, name, {f.name for f in fields(cls)}, optional={"delta_path"})
+    def parse(cls, data: Any, name: str, legacy: bool = False) -> "DataFileRecord":
+        """Rebuild a record from its JSON form, checking every field (`legacy`: a format-3 record, which has no key
+        range or delete count)."""
+        d = _object(data, name, {f.name for f in fields(cls)},
+                    optional={"delta_path"} | (_FORMAT4_DATA_FILE_FIELDS if legacy else set()))
+        if legacy:
+            d = {"min_key": None, "max_key": None, "deletes": 0} | d
         record = cls(path=_path(d["path"], f"{name}.path"), partition=_str(d["partition"], f"{name}.partition"),
                      file_group=_str(d["file_group"], f"{name}.file_group"), rows=_int(d["rows"], f"{name}.rows"),
                      size=_int(d["size"], f"{name}.size"), checksum=_checksum(d["checksum"], f"{name}.checksum"),
@@ -274,8 +283,9 @@ class CompletedInstant:
         return json.dumps(data, sort_keys=True, separators=(",", ":")).encode("utf-8")
 
     @classmethod
-    def from_json(cls, raw: bytes, where: str) -> "CompletedInstant":
-        """Parse a completion file; anything malformed is a CorruptFileError naming the file."""
+    def from_json(cls, raw: bytes, where: str, legacy: bool = False) -> "CompletedInstant":
+        """Parse a completion file; anything malformed is a CorruptFileError naming the file. `legacy`: a record
+        of the table's format-3 past (before `dbidx upgrade`), which lacks the fields format 4 added."""
         try:
             d = json.loads(raw)
             if not isinstance(d, dict) or "checksum" not in d:
@@ -283,7 +293,10 @@ class CompletedInstant:
             stored = d.pop("checksum")
             if stored != _record_checksum(d):
                 raise _Bad(f"its checksum {stored!r} does not match its content (the record is damaged)")
-            d = _object(d, "record", {f.name for f in fields(cls)}, optional={"rolled_back", "extra"})
+            d = _object(d, "record", {f.name for f in fields(cls)},
+                        optional={"rolled_back", "extra"} | (_FORMAT4_RECORD_FIELDS if legacy else set()))
+            if legacy:
+                d = {"dv_files": [], "deletion_vectors": []} | d
             if d["action"] not in ACTIONS:
                 raise _Bad(f"action must be one of {ACTIONS}, got {d['action']!r}")
             extra = d.get("extra", {})
@@ -296,7 +309,8 @@ class CompletedInstant:
                 completed_at_ms=_int(d["completed_at_ms"], "completed_at_ms"),
                 start_seq=_int(d["start_seq"], "start_seq"), table_id=_str(d["table_id"], "table_id"),
                 files=_list(d["files"], "files", FileRecord.parse),
-                data_files=_list(d["data_files"], "data_files", DataFileRecord.parse),
+                data_files=_list(d["data_files"], "data_files",
+                                 lambda v, n: DataFileRecord.parse(v, n, legacy)),
                 replaced=_list(d["replaced"], "replaced", _path), deleted=_list(d["deleted"], "deleted", _path),
                 dv_files=_list(d["dv_files"], "dv_files", DvFileRecord.parse),
                 deletion_vectors=_list(d["deletion_vectors"], "deletion_vectors", DeletionVectorRecord.parse),

@@ -5,13 +5,11 @@ holds the table identity and the read paths: snapshot, incremental, lookup and p
 """
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
 import uuid
 import warnings
-from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -20,7 +18,8 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from dbidx.errors import (
-    CorruptFileError, HistoryCompactedError, InvalidInputError, TableExistsError, TableNotFoundError,
+    CorruptFileError, FormatUpgradeError, HistoryCompactedError, InvalidInputError, TableExistsError,
+    TableNotFoundError,
 )
 from dbidx.mdt import layout, rli_files
 from dbidx.mdt.checkpoint import Checkpoint
@@ -35,6 +34,7 @@ from dbidx.mdt.keyhash import HASH_NAME, shard_of
 from dbidx.mdt.leftovers import DEFAULT_TEMP_AGE_S, SweepReport, sweep_leftovers
 from dbidx.mdt.properties import (  # noqa: F401 - re-exported: part of the table's API
     DEFAULT_CHECKPOINT_INTERVAL, FORMAT_VERSION, INDEX_GLOBAL, INDEX_PARTITIONED, TableProperties, parse_properties,
+    properties_json,
 )
 from dbidx.mdt.timeline import CompletedInstant, FileRecord, Timeline
 
@@ -50,6 +50,9 @@ class Table:
         self.io = io
         self.props = props
         self.timeline = Timeline(io, props.table_id)
+        self.timeline.legacy_upto = self.timeline.first_checkpoint = max(props.upgraded_at_seq - 1, 0)
+        if props.upgraded_at_seq:
+            self.timeline.first_checkpoint = props.upgraded_at_seq
         self.timeline.after_publish.append(self._after_publish)
         self.timeline.before_start.append(self.sync_delta_log)
         self._view = FileView()
@@ -94,8 +97,7 @@ class Table:
             row_group_size=row_group_size, created_at_ms=int(time.time() * 1000),
             checkpoint_interval=checkpoint_interval,
         )
-        payload = json.dumps(asdict(props), indent=2, sort_keys=True).encode()
-        if not io.create_exclusive(layout.PROPERTIES_FILE, payload):
+        if not io.create_exclusive(layout.PROPERTIES_FILE, properties_json(props)):
             raise TableExistsError(f"a dbidx table already exists at {io.path(layout.PROPERTIES_FILE)}")
         io.makedirs(layout.COMPLETED_DIR)
         io.create_exclusive(layout.latest_file(0), b"")
@@ -117,11 +119,19 @@ class Table:
             )
         raw = io.read_bytes(layout.PROPERTIES_FILE)
         props = parse_properties(raw, io.path(layout.PROPERTIES_FILE))
+        if props.format_version == 3 and props.key_hash == HASH_NAME:
+            raise FormatUpgradeError(f"the table at {io.root} is in format 3 (data merged by key); this dbidx reads "
+                                     f"format {FORMAT_VERSION} (a Delta Lake table): upgrade it in place with "
+                                     "`dbidx upgrade URI` (stop its writers first)")
         if props.format_version != FORMAT_VERSION or props.key_hash != HASH_NAME:
             raise CorruptFileError(
                 f"table at {io.root} uses format {props.format_version} / hash {props.key_hash}; this dbidx reads "
                 f"format {FORMAT_VERSION} / hash {HASH_NAME}"
             )
+        if props.upgraded_at_seq:
+            from dbidx.mdt.upgrade import finish_upgrade
+
+            finish_upgrade(io, props)  # a crash between the flip of table.json and the publish: publish it now
         return cls(io, props)
 
     @classmethod
@@ -240,7 +250,8 @@ class Table:
         with self._view_lock:
             if self._delta is None:
                 # Versions of completions this view folded already are derived again only if they are missing.
-                self._delta = DeltaLogWriter(TableShape(self.props.table_id, self.props.created_at_ms or 0), self.io)
+                self._delta = DeltaLogWriter(TableShape(self.props.table_id, self.props.created_at_ms or 0,
+                                                        self.props.upgraded_at_seq), self.io)
             self.refresh()
             if self.adopting_delta and self._data.delta_adopted is None:
                 return 0

@@ -62,6 +62,10 @@ class Timeline:
         self._base_max_instant = ""
         self._history: list[CompletedInstant] | None = None
         self._started = False
+        # A table upgraded from format 3 (`dbidx upgrade`): records up to legacy_upto are format-3 records, and
+        # checkpoints before first_checkpoint hold format-3 views (never read: the log is replayed instead).
+        self.legacy_upto = 0
+        self.first_checkpoint = 0
         # Run after every publish of this process (housekeeping: a failure is a warning); the table registers
         # its checkpoint writer here.
         self.after_publish: list[Callable[[CompletedInstant], None]] = []
@@ -119,7 +123,7 @@ class Timeline:
 
     def _start_from_checkpoint(self, listed: set[int]) -> None:
         """Take the newest checkpoint as the base: its seq must be a record the log has (listed or archived)."""
-        seqs = checkpoint.checkpoint_seqs(self.io)
+        seqs = [s for s in checkpoint.checkpoint_seqs(self.io) if s >= self.first_checkpoint]
         if not seqs:
             return
         try:
@@ -128,7 +132,9 @@ class Timeline:
             if self.io.exists(layout.checkpoint_file(seqs[-1])):
                 raise  # there but damaged
             # Removed since the listing (newer checkpoints were written meanwhile, and old ones go): look again.
-            seqs = checkpoint.checkpoint_seqs(self.io)
+            seqs = [s for s in checkpoint.checkpoint_seqs(self.io) if s >= self.first_checkpoint]
+            if not seqs:
+                return
             cp = checkpoint.read_checkpoint(self.io, seqs[-1], self.table_id)
         if cp.seq not in listed and not self._archived(cp.seq) and cp.seq > max(listed, default=0):
             raise CorruptFileError(f"{cp.where} is for seq {cp.seq}, beyond the end of the completion log; remove "
@@ -138,7 +144,7 @@ class Timeline:
         self._base_max_instant = cp.max_instant
 
     def _read_records(self, seqs: range, listed: set[int]) -> list[CompletedInstant]:
-        return checkpoint.read_records(self.io, self.table_id, seqs, listed)
+        return checkpoint.read_records(self.io, self.table_id, seqs, listed, self.legacy_upto)
 
     def _archived(self, seq: int) -> bool:
         return any(first <= seq <= last for first, last in checkpoint.archive_ranges(self.io))

@@ -1,0 +1,156 @@
+"""`dbidx upgrade`: format-3 tables written by the last format-3 dbidx (tests/fixtures/format3-*.tar.gz, made with
+commit 2b30d3f~1: seven upserts with updates, deletes and, in global mode, partition moves; a data compaction, a
+clean, checkpoints every 4 completions and an archive bundle) become format-4 Delta tables that every reader reads
+whole, and a crash at any step leaves a table that the old or the new reader reads whole."""
+from __future__ import annotations
+
+import hashlib
+import json
+import tarfile
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from click.testing import CliRunner
+
+from dbidx.cli import main
+from dbidx.config import CacheConfig
+from dbidx.errors import FormatUpgradeError, InvalidInputError
+from dbidx.mdt import data_reader, layout, upgrade
+from dbidx.mdt.records import CompletedInstant, _record_checksum
+from dbidx.mdt.table import Table
+from dbidx.mdt.verify_table import verify_table
+from dbidx.spark_integration.local import upsert_arrow
+
+from tests.delta_readers import assert_readers_agree
+
+FIXTURES = Path(__file__).parent / "fixtures"
+COLUMNS = ("id", "dt", "v")
+
+
+class Crash(BaseException):
+    """A process dying at a step (BaseException: nothing in dbidx catches it)."""
+
+
+def unpack(tmp_path: Path, name: str) -> tuple[str, set[tuple]]:
+    with tarfile.open(FIXTURES / f"format3-{name}.tar.gz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    expected = {tuple(r) for r in json.loads((tmp_path / f"{name}.expected.json").read_text())}
+    return str(tmp_path / name), expected
+
+
+def format3_state(root: str) -> dict[str, str]:
+    """What a format-3 reader reads: table.json and the timeline's records, checkpoints and bundles (by digest)."""
+    base = Path(root) / ".dbidx"
+    files = [base / "table.json"] + sorted(p for d in ("completed", "checkpoints", "archive")
+                                           for p in (base / "timeline" / d).glob("*") if not p.name.startswith("."))
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+
+
+@pytest.mark.parametrize("name", ["partitioned", "global"])
+def test_upgrade_makes_a_delta_table_that_every_reader_reads_whole(tmp_path: Path, name: str) -> None:
+    root, expected = unpack(tmp_path, name)
+    with pytest.raises(FormatUpgradeError, match="dbidx upgrade URI"):
+        Table.open(root)
+    result = CliRunner().invoke(main, ["upgrade", root, "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["status"] == "upgraded" and report["live_rows"] == len(expected)
+    assert report["rows_hidden"] > 0 and report["files_with_vectors"] > 0
+    table = Table.open(root)
+    assert set(assert_readers_agree(table, COLUMNS)) == expected
+    assert verify_table(table).ok
+    # An upsert after the upgrade (updates of format-3 rows, deletes, new keys): every reader agrees with the model.
+    rows = sorted(expected)
+    model = {(r[1], r[0]) if name == "partitioned" else r[0]: r for r in rows}
+    batch = [(r[0], r[1], 9000 + i, i % 5 == 0) for i, r in enumerate(rows[:30])] + \
+            [(f"new{i}", "2025-01-02", 9100 + i, False) for i in range(5)]
+    upsert_arrow(pa.table({"id": [b[0] for b in batch], "dt": [b[1] for b in batch],
+                           "v": pa.array([b[2] for b in batch], pa.int64()), "_dbidx_delete": [b[3] for b in batch]}),
+                 table, key="id", partition="dt", cache_config=CacheConfig(base_path=str(tmp_path / "cache")))
+    for ident, dt, v, deleted in batch:
+        model.pop((dt, ident) if name == "partitioned" else ident, None)
+        if not deleted:
+            model[(dt, ident) if name == "partitioned" else ident] = (ident, dt, v)
+    assert set(assert_readers_agree(Table.open(root), COLUMNS)) == set(model.values())
+    # Time travel stops at the upgrade: format-3 states were merged by key, not read as of then.
+    with pytest.raises(InvalidInputError, match="predates its upgrade"):
+        data_reader.read_arrow(Table.open(root), as_of=report["upgraded_at_seq"] - 1)
+    assert data_reader.read_arrow(Table.open(root), as_of=report["upgraded_at_seq"]).num_rows == len(expected)
+    again = CliRunner().invoke(main, ["upgrade", root])
+    assert again.exit_code == 0 and "format 4 already" in again.output, again.output
+
+
+@pytest.mark.parametrize("step", ["vectors written", "record staged", "switched", "published"])
+def test_a_crash_at_any_step_leaves_a_table_the_old_or_the_new_reader_reads_whole(tmp_path: Path, monkeypatch,
+                                                                                 step: str) -> None:
+    root, expected = unpack(tmp_path, "partitioned")
+    before = format3_state(root)
+    real = {"vectors written": upgrade.write_vectors, "record staged": upgrade.properties_json,
+            "switched": upgrade._publish, "published": upgrade._settle}[step]
+
+    def crash_around(*args, **kwargs):
+        if step in ("vectors written", "published"):
+            real(*args, **kwargs)  # the step ran, the process died right after it
+        raise Crash(step)
+
+    attr = {"vectors written": "write_vectors", "record staged": "properties_json", "switched": "_publish",
+            "published": "_settle"}[step]
+    with monkeypatch.context() as patched:
+        patched.setattr(upgrade, attr, crash_around)
+        with pytest.raises(Crash):
+            upgrade.upgrade_table(root)
+    if step in ("vectors written", "record staged"):
+        # Before the switch: a format-3 reader finds everything it reads exactly as it was.
+        assert format3_state(root) == before
+        with pytest.raises(FormatUpgradeError):
+            Table.open(root)
+    else:
+        # After the switch: the new reader reads the whole table (opening publishes a staged record first).
+        table = Table.open(root)
+        assert {tuple(r) for r in zip(*(data_reader.read_arrow(table, columns=list(COLUMNS)).column(c).to_pylist()
+                                        for c in COLUMNS))} == expected
+    report = upgrade.upgrade_table(root)
+    assert report.status in ("upgraded", "finished", "already")
+    table = Table.open(root)
+    assert set(assert_readers_agree(table, COLUMNS)) == expected
+    assert verify_table(table).ok
+    assert not Path(table.io.path(upgrade.STAGED_RECORD)).exists()
+
+
+def test_pending_instants_refuse_the_upgrade_unless_rolled_back(tmp_path: Path) -> None:
+    root, expected = unpack(tmp_path, "global")
+    dead = "20250101000000000"
+    Path(root, layout.requested_file(dead)).write_text(json.dumps({"action": "commit", "start_seq": 1}))
+    before = format3_state(root)
+    result = CliRunner().invoke(main, ["upgrade", root])
+    assert result.exit_code == 3 and dead in result.output and "--rollback-pending" in result.output, result.output
+    assert format3_state(root) == before
+    result = CliRunner().invoke(main, ["upgrade", root, "--rollback-pending", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["rolled_back"] == [dead]
+    table = Table.open(root)
+    assert table.timeline.pending() == [] and set(assert_readers_agree(table, COLUMNS)) == expected
+
+
+def test_a_format3_commit_during_the_upgrade_takes_the_switch_back(tmp_path: Path, monkeypatch) -> None:
+    root, expected = unpack(tmp_path, "partitioned")
+    original = Path(root, layout.PROPERTIES_FILE).read_bytes()
+    real_publish = upgrade._publish
+
+    def writer_wins(timeline, started, record) -> None:
+        # A format-3 writer publishes the seq the upgrade wanted (its record: the last one, renumbered).
+        last = json.loads(Path(root, layout.completed_file(record.seq - 1)).read_bytes())
+        last.pop("checksum")
+        last.update(seq=record.seq, instant="2099" + last["instant"][4:], start_seq=record.seq - 1)
+        last["checksum"] = _record_checksum(last)
+        Path(root, layout.completed_file(record.seq)).write_text(json.dumps(last))
+        CompletedInstant.from_json(json.dumps(last).encode(), "crafted", legacy=True)  # a valid format-3 record
+        real_publish(timeline, started, record)
+
+    monkeypatch.setattr(upgrade, "_publish", writer_wins)
+    with pytest.raises(FormatUpgradeError, match="while it was being upgraded"):
+        upgrade.upgrade_table(root)
+    assert Path(root, layout.PROPERTIES_FILE).read_bytes() == original  # format 3 again
+    assert not Path(root, upgrade.STAGED_RECORD).exists()
+    assert not list(Path(root).glob("deletion_vector_*.bin"))
