@@ -164,3 +164,24 @@ def test_ordering_field_decides_between_repeats_and_global_tag_reports_moves(spa
     assert rows["b"]._dbidx_file_group == rows["b"]._dbidx_old_file_group and rows["b"]._dbidx_is_update
     assert (rows["c"]._dbidx_is_update, rows["c"]._dbidx_old_partition) == (False, None)
     assert bucket_of(rows["c"]._dbidx_file_group) is not None
+
+
+def test_a_batch_writes_one_data_file_per_partition_per_task_and_one_dv_file(spark, tmp_path: Path) -> None:
+    """Few files (open-table issue, item 4): a task (one key shard) writes at most one data file per partition it
+    touches, the commit one DV file, and the index at most one delta per (partition, shard)."""
+    shards = 3
+    table = Table.create(str(tmp_path / "t"), num_shards=shards)
+    config = CacheConfig(base_path=str(tmp_path / "cache"))
+    load = [(f"k{i:04d}", f"2025-03-0{1 + i % 4}", i, False) for i in range(400)]
+    upsert(spark.createDataFrame(load, SCHEMA), table, key="id", partition="dt", cache_config=config)
+    change = [(f"k{i:04d}", f"2025-03-0{1 + i % 4}", -i, i % 7 == 0) for i in range(0, 400, 3)] + \
+             [(f"n{i:04d}", "2025-03-04", i, False) for i in range(50)]
+    upsert(spark.createDataFrame(change, SCHEMA), table, key="id", partition="dt", cache_config=config)
+    record = table.latest()
+    assert record is not None and record.data_files
+    per_task = Counter((f.partition, bucket_of(f.file_group) % shards) for f in record.data_files)
+    assert max(per_task.values()) == 1, per_task
+    assert len(record.dv_files) == 1 and record.deletion_vectors
+    per_group = Counter((f.partition, f.shard) for f in record.files)
+    assert max(per_group.values()) == 1, per_group
+    assert_readers_agree(table, ("id", "dt", "v"))
