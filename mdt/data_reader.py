@@ -139,6 +139,8 @@ def view_at(table: Any, as_of: int | str | None = None, version: int | None = No
         if isinstance(version, bool) or not isinstance(version, int):
             raise InvalidInputError(f"version must be a Delta version number, got {version!r}")
         first = current.delta_first_seq + current.delta_offset
+        if version < first and current.delta_adopted is None:
+            raise InvalidInputError(f"Delta version {version} does not exist (versions of {table.uri} start at 0)")
         if version < first:
             raise InvalidInputError(f"Delta version {version} of {table.uri} predates dbidx (the table was adopted "
                                     f"at version {first}); read it with a Delta reader, e.g. "

@@ -16,6 +16,8 @@ goes back to format 3, nothing is published, and the upgrade fails (stop the wri
 from __future__ import annotations
 
 import json
+import os
+import socket
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
@@ -37,6 +39,7 @@ from dbidx.mdt.timeline import StartedInstant, Timeline
 
 UPGRADE_FROM = 3
 STAGED_RECORD = f"{layout.META_DIR}/upgrade-from-3.json"
+UPGRADE_LOCK = f"{layout.META_DIR}/upgrade.lock"
 _ALL_LEGACY = 10 ** 18  # while the table is still format 3, every record is a format-3 record
 
 
@@ -62,24 +65,37 @@ def upgrade_table(uri: str, fs: Any = None, storage_options: Mapping[str, Any] |
     crash safety). Pending instants (a running or crashed format-3 writer) refuse the upgrade unless
     `rollback_pending`: they are then rolled back once the table is format 4. Running it on a format-4 table only
     finishes an upgrade a crash cut short."""
-    from dbidx.mdt.table import Table
-
     started_at = time.perf_counter()
     io = FileIO.from_uri(uri, fs, storage_options)
     io.check_not_a_file()
     if not io.exists(layout.PROPERTIES_FILE):
         raise TableNotFoundError(f"no dbidx table at {io.root} ({layout.PROPERTIES_FILE} not found): nothing to "
                                  "upgrade")
+    with _UpgradeLock(io):
+        report = _upgrade_locked(io, uri, fs, storage_options, rollback_pending)
+    report.seconds = time.perf_counter() - started_at
+    return report
+
+
+def _upgrade_locked(io: FileIO, uri: str, fs: Any, storage_options: Mapping[str, Any] | None,
+                    rollback_pending: bool) -> UpgradeReport:
+    """upgrade_table's steps, run while this process holds the upgrade lock."""
+    from dbidx.mdt.table import Table
+
     original = io.read_bytes(layout.PROPERTIES_FILE)
     props = parse_properties(original, io.path(layout.PROPERTIES_FILE))
     if props.format_version == FORMAT_VERSION:
-        # A crash after the switch: publish the staged record (an open may have done it), write the Delta log.
+        # A crash after the switch: publish the staged record (an open may have done it), write the Delta log,
+        # roll back what the crashed run was asked to.
         finished = finish_upgrade(io, props)
         report = UpgradeReport(io.root, "already", props.upgraded_at_seq)
         if props.upgraded_at_seq:
-            _settle(Table.open(uri, fs, storage_options), report)
+            table = Table.open(uri, fs, storage_options)
+            _settle(table, report)
             if finished or report.delta_versions:
                 report.status = "finished"
+            if rollback_pending:
+                report.rolled_back = _roll_back(table, table.timeline.pending())
         return report
     if props.format_version != UPGRADE_FROM or props.key_hash != HASH_NAME:
         raise FormatUpgradeError(f"the table at {io.root} is in format {props.format_version} / hash "
@@ -114,40 +130,110 @@ def upgrade_table(uri: str, fs: Any = None, storage_options: Mapping[str, Any] |
     try:
         _publish(timeline, started, record)
     except FormatUpgradeError:
-        io.write_atomic(layout.PROPERTIES_FILE, original)
-        io.delete(STAGED_RECORD)
-        for dv in dv_files:
-            io.delete(dv.path)
+        _revert(io, original, record)
         raise
     io.delete(STAGED_RECORD)
     report = UpgradeReport(io.root, "upgraded", record.seq, len(view.live()), len(vectors),
                            sum(len(v) for v in vectors.values()))
     table = Table.open(uri, fs, storage_options)
     _settle(table, report)
-    for instant in pending:
-        table.rollback(instant)
-        report.rolled_back.append(instant)
-    report.seconds = time.perf_counter() - started_at
+    report.rolled_back = _roll_back(table, pending)
     return report
+
+
+def _roll_back(table: Any, instants: list[str]) -> list[str]:
+    """Roll back the given pending instants (format-3 writers that are gone), now that the table is format 4."""
+    for instant in instants:
+        table.rollback(instant)
+    return list(instants)
+
+
+def _revert(io: FileIO, format3_json: bytes, record: CompletedInstant) -> None:
+    """Take the switch back: table.json in its format-3 form, and nothing of the upgrade left (its staged record,
+    DV file, markers and timeline files), so format-3 readers and writers go on as before."""
+    io.write_atomic(layout.PROPERTIES_FILE, format3_json)
+    io.delete(STAGED_RECORD)
+    for dv in record.dv_files:
+        io.delete(dv.path)
+    markers.discard_unlisted(io, record.instant, ())
+    io.delete(layout.inflight_file(record.instant))
+    io.delete(layout.requested_file(record.instant))
+
+
+class _UpgradeLock:
+    """`.dbidx/upgrade.lock`, created exclusively: one upgrade of a table at a time (a second one would take the
+    first one's pending instant for a crashed run's and discard it). A lock left by a dead process of this host is
+    taken over; any other is a FormatUpgradeError naming the file."""
+
+    def __init__(self, io: FileIO) -> None:
+        self.io = io
+        self.body = json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                                "started_at_ms": int(time.time() * 1000)}).encode()
+
+    def __enter__(self) -> "_UpgradeLock":
+        for _ in range(2):
+            if self.io.create_exclusive(UPGRADE_LOCK, self.body):
+                return self
+            if not self._stale():
+                break
+            self.io.delete(UPGRADE_LOCK)
+        raise FormatUpgradeError(
+            f"another `dbidx upgrade` of {self.io.root} is running ({self.io.path(UPGRADE_LOCK)} exists); if it is "
+            "not (it ran on another host and died), delete that file and run the upgrade again")
+
+    def _stale(self) -> bool:
+        try:
+            holder = json.loads(self.io.read_bytes(UPGRADE_LOCK))
+            if holder.get("host") != socket.gethostname():
+                return False
+            os.kill(int(holder["pid"]), 0)
+            return False  # that process lives
+        except ProcessLookupError:
+            return True
+        except (ValueError, KeyError, TypeError, PermissionError, CorruptFileError):
+            return False
+
+    def __exit__(self, *exc: Any) -> None:
+        self.io.delete(UPGRADE_LOCK)
 
 
 def finish_upgrade(io: FileIO, props: TableProperties) -> bool:
     """Publish the staged upgrade record if a crash left the table switched to format 4 without it; True if this
-    call published it. Idempotent: any process that opens the table may do it, the record's bytes are fixed."""
+    call published it. Idempotent: any process that opens the table may do it, the record's bytes are fixed. If a
+    format-3 writer published that seq instead, the switch is taken back (FormatUpgradeError): the table stays a
+    format-3 table that its writers and readers read whole."""
     seq = props.upgraded_at_seq
-    if not seq or io.exists(layout.completed_file(seq)) or not io.exists(STAGED_RECORD):
-        return False
+    if not seq or not io.exists(STAGED_RECORD):
+        return False  # never upgraded, or done (the staged record goes after the publish)
+    where = io.path(STAGED_RECORD)
+    try:
+        staged = io.read_bytes(STAGED_RECORD)
+    except CorruptFileError:
+        if io.exists(STAGED_RECORD):
+            raise
+        return False  # the upgrading process published and removed it meanwhile
+    record = CompletedInstant.from_json(staged, where)
+    if record.seq != seq or record.action != ACTION_UPGRADE or record.table_id != props.table_id:
+        raise CorruptFileError(f"{where} is not the upgrade record table.json names (seq {seq}): restore table.json "
+                               "from a backup or remove the staged record and run `dbidx upgrade URI` again")
+    # 1. The seq is taken: by the upgrade itself (the staged copy is left over), or by a format-3 writer.
+    if io.exists(layout.completed_file(seq)):
+        there = CompletedInstant.from_json(io.read_bytes(layout.completed_file(seq)),
+                                           io.path(layout.completed_file(seq)), legacy=True)
+        if there.action == ACTION_UPGRADE and there.instant == record.instant:
+            io.delete(STAGED_RECORD)
+            return False
+        _revert(io, properties_json(replace(props, format_version=UPGRADE_FROM, upgraded_at_seq=0)), record)
+        raise FormatUpgradeError(
+            f"a format-3 writer committed seq {seq} to {io.root} while it was being upgraded: the table is format 3 "
+            "again; stop every writer of the table and run `dbidx upgrade URI` again")
+    # 2. Not taken: publish it.
     timeline = Timeline(io, props.table_id)
     timeline.legacy_upto = seq - 1
     timeline.first_checkpoint = seq
     timeline.refresh()
     if timeline.latest_seq >= seq:
         return False  # published (maybe archived) by another process meanwhile
-    where = io.path(STAGED_RECORD)
-    record = CompletedInstant.from_json(io.read_bytes(STAGED_RECORD), where)
-    if record.seq != seq or record.action != ACTION_UPGRADE or record.table_id != props.table_id:
-        raise CorruptFileError(f"{where} is not the upgrade record table.json names (seq {seq}): restore table.json "
-                               "from a backup or remove the staged record and run `dbidx upgrade URI` again")
     _publish(timeline, StartedInstant(record.instant, ACTION_UPGRADE, record.start_seq), record)
     io.delete(STAGED_RECORD)
     return True
@@ -215,9 +301,13 @@ def _publish(timeline: Timeline, started: StartedInstant, record: CompletedInsta
 
     try:
         timeline.publish(started, build)
-    except InstantStateError:
-        if timeline.record_of(record.instant) is None:
-            raise  # already published by another process finishing the same upgrade: fine
+    except InstantStateError as exc:
+        mine = timeline.record_of(record.instant)
+        if mine is None or mine.action != ACTION_UPGRADE or mine.seq != record.seq:
+            # rolled back (e.g. by an older dbidx that took it for a dead writer's instant): not published
+            raise FormatUpgradeError(f"the upgrade's instant {record.instant} of {timeline.io.root} was rolled back "
+                                     "by another process: the table stays in format 3; run `dbidx upgrade URI` "
+                                     "again") from exc
 
 
 def _settle(table: Any, report: UpgradeReport) -> None:

@@ -5,6 +5,7 @@ whole, and a crash at any step leaves a table that the old or the new reader rea
 from __future__ import annotations
 
 import hashlib
+import socket
 import json
 import tarfile
 from pathlib import Path
@@ -154,3 +155,42 @@ def test_a_format3_commit_during_the_upgrade_takes_the_switch_back(tmp_path: Pat
     assert Path(root, layout.PROPERTIES_FILE).read_bytes() == original  # format 3 again
     assert not Path(root, upgrade.STAGED_RECORD).exists()
     assert not list(Path(root).glob("deletion_vector_*.bin"))
+
+
+def test_one_upgrade_at_a_time_and_a_dead_ones_lock_is_taken_over(tmp_path: Path) -> None:
+    root, expected = unpack(tmp_path, "partitioned")
+    lock = Path(root, upgrade.UPGRADE_LOCK)
+    lock.write_text(json.dumps({"host": "another-host", "pid": 1, "started_at_ms": 0}))
+    with pytest.raises(FormatUpgradeError, match="another `dbidx upgrade`.*upgrade.lock"):
+        upgrade.upgrade_table(root)
+    lock.write_text(json.dumps({"host": socket.gethostname(), "pid": 2 ** 22 + 12345, "started_at_ms": 0}))
+    assert upgrade.upgrade_table(root).status == "upgraded"  # a dead process of this host: taken over
+    assert not lock.exists()
+    assert set(assert_readers_agree(Table.open(root), COLUMNS)) == expected
+
+
+def test_a_format3_commit_after_the_switch_and_a_crash_takes_the_switch_back_at_open(tmp_path: Path,
+                                                                                    monkeypatch) -> None:
+    root, _expected = unpack(tmp_path, "partitioned")
+    seen: dict[str, int] = {}
+
+    def format3_writer_wins_then_crash(timeline, started, record) -> None:
+        last = json.loads(Path(root, layout.completed_file(record.seq - 1)).read_bytes())
+        last.pop("checksum")
+        last.update(seq=record.seq, instant="2099" + last["instant"][4:], start_seq=record.seq - 1)
+        last["checksum"] = _record_checksum(last)
+        Path(root, layout.completed_file(record.seq)).write_text(json.dumps(last))
+        seen["seq"] = record.seq
+        raise Crash("died before publishing")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(upgrade, "_publish", format3_writer_wins_then_crash)
+        with pytest.raises(Crash):
+            upgrade.upgrade_table(root)
+    with pytest.raises(FormatUpgradeError, match="format 3 again"):
+        Table.open(root)
+    assert json.loads(Path(root, layout.PROPERTIES_FILE).read_text())["format_version"] == 3
+    assert "upgraded_at_seq" not in json.loads(Path(root, layout.PROPERTIES_FILE).read_text())
+    assert not Path(root, upgrade.STAGED_RECORD).exists() and not list(Path(root).glob("deletion_vector_*.bin"))
+    report = upgrade.upgrade_table(root)  # with the writers stopped, it upgrades the grown format-3 table
+    assert report.status == "upgraded" and report.upgraded_at_seq == seen["seq"] + 1
