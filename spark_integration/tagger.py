@@ -110,6 +110,8 @@ class TagOptions:
         if values.null_count:
             row = pc.index(pc.is_null(values), True).as_py()
             raise InvalidPartitionError(f"partition column {self.partition!r} is null at row {row} of the batch")
+        if self.hive_style:
+            _refuse_hive_values(values, self.partition)
         paths = pc.binary_join_element_wise(pa.scalar(self.partition + "="), values, "") if self.hive_style \
             else values
         for path in pc.unique(paths).to_pylist():
@@ -124,6 +126,18 @@ class TagOptions:
         if not pa.types.is_boolean(column.type):
             raise InvalidInputError(f"delete column {self.delete_column!r} must be boolean, got {column.type}")
         return pc.fill_null(column, False).to_numpy(zero_copy_only=False).astype(bool)
+
+
+def _refuse_hive_values(values: pa.Array, column: str) -> None:
+    """Values that are hive paths already (`dt=2025-01-10` in column `dt`) would become `dt=dt=2025-01-10`
+    directories and Delta partition values that differ from the column: refused, with the two ways out."""
+    prefixed = pc.starts_with(values, f"{column}=")
+    if pc.any(prefixed).as_py():
+        row = pc.index(prefixed, True).as_py()
+        raise InvalidPartitionError(
+            f"partition column {column!r} holds hive paths already ({values[row].as_py()!r} at row {row} of the "
+            f"batch): dbidx would write {column}={values[row].as_py()}/ directories. Strip the {column + '='!r} "
+            "prefix from the column, or pass hive_style=False to use the values as the partition paths")
 
 
 @dataclass

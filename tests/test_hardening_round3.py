@@ -11,7 +11,9 @@ from click.testing import CliRunner
 
 from dbidx.cli import main
 from dbidx.config import CacheConfig
-from dbidx.errors import ConfigError, CorruptFileError, InstantStateError, InvalidInputError, InvalidKeyError
+from dbidx.errors import (
+    ConfigError, CorruptFileError, InstantStateError, InvalidInputError, InvalidKeyError, InvalidPartitionError,
+)
 from dbidx.mdt import layout, markers
 from dbidx.mdt.data_reader import read_arrow
 from dbidx.mdt.table import Table
@@ -206,3 +208,15 @@ def test_the_next_upsert_sweeps_a_settled_instants_timeline_files(tmp_path: Path
         table.io.write_atomic(rel, b"{}")
     upsert_arrow(rows(["b"]), table, key="id", partition="dt", cache_config=config)
     assert table.io.list_names(layout.TIMELINE_DIR) == []
+
+
+def test_partition_values_that_are_hive_paths_already_are_refused(tmp_path: Path) -> None:
+    """A newcomer's first hour: `dt=2025-01-10` values in column dt would make dt=dt=2025-01-10 directories."""
+    table = Table.create(str(tmp_path / "t"), num_shards=1)
+    config = CacheConfig(base_path=str(tmp_path / "cache"))
+    batch = pa.table({"id": ["a", "b"], "dt": ["2025-01-10", "dt=2025-01-10"]})
+    with pytest.raises(InvalidPartitionError, match=r"hive paths already \('dt=2025-01-10' at row 1.*hive_style=False"):
+        upsert_arrow(batch, table, key="id", partition="dt", cache_config=config)
+    assert table.timeline.pending() == [] and not list((tmp_path / "t").glob("dt=dt=*"))
+    summary = upsert_arrow(batch, table, key="id", partition="dt", hive_style=False, cache_config=config)
+    assert summary.inserts == 2 and (tmp_path / "t" / "dt=2025-01-10").is_dir()
