@@ -4,6 +4,8 @@ Each message says what went wrong and where (a path, a key, an instant), and whe
 """
 from __future__ import annotations
 
+from typing import Any
+
 
 class DbidxError(Exception):
     """Base class of every error dbidx raises on purpose."""
@@ -108,6 +110,9 @@ class PartitionNotReadyError(CacheError):
 class ForeignCommitError(DbidxError, exit_code=5):
     """The table's Delta log has a commit dbidx did not write (another engine wrote to the Delta table): dbidx
     refuses to write on top of it; re-index the table to adopt its state."""
+
+    # The completion dbidx had published when another engine took its Delta version (None: nothing published).
+    published: Any = None
 
 
 class DeltaFeatureError(InvalidInputError):

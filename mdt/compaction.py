@@ -78,8 +78,9 @@ def compact(
 
         # 3. Publish: the bases replace the old files in one step.
         record = table.timeline.publish(writer, build, check)
-    except BaseException:
-        table.timeline.rollback(writer.instant)
+    except BaseException as exc:
+        if getattr(exc, "published", None) is None:  # published, then another engine took its Delta version
+            table.timeline.rollback(writer.instant)
         raise
     return CompactionResult(record, len(todo), len(replaced), sum(b.rows for b in bases))
 

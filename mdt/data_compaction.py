@@ -106,8 +106,9 @@ def compact_data(table: Table, partitions: Iterable[str] | None = None, min_file
 
         # 3. Publish: readers switch from the old files to the bases in one step.
         record = table.timeline.publish(writer, build, check)
-    except BaseException:
-        table.timeline.rollback(writer.instant)
+    except BaseException as exc:
+        if getattr(exc, "published", None) is None:  # published, then another engine took its Delta version
+            table.timeline.rollback(writer.instant)
         raise
     markers.discard_unlisted(table.io, writer.instant, keep={f.path for f in record.dv_files})
     return DataCompactionResult(record, len(todo), len(replaced), sum(b.rows for b in bases),

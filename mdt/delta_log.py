@@ -275,6 +275,27 @@ def listed_versions(io: FileIO) -> list[int]:
     return sorted(out)
 
 
+def checkpoint_floor(io: FileIO) -> int:
+    """The version of the table's newest Delta checkpoint (`_delta_log/_last_checkpoint`), -1 without one. Every
+    version up to it is summed up by the checkpoint, so another engine's log cleanup may have deleted their JSON;
+    the checkpoint's own Parquet file must then be there (else the log is damaged)."""
+    pointer = f"{DELTA_LOG_DIR}/_last_checkpoint"
+    if not io.exists(pointer):
+        return -1
+    raw = io.read_bytes(pointer)
+    try:
+        version = json.loads(raw)["version"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CorruptFileError(f"{io.path(DELTA_LOG_DIR)}/_last_checkpoint is not a Delta checkpoint pointer: "
+                               f"{raw[:200]!r}") from exc
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise CorruptFileError(f"{io.path(DELTA_LOG_DIR)}/_last_checkpoint names version {version!r}")
+    if not io.exists(f"{DELTA_LOG_DIR}/{version:020d}.checkpoint.parquet") and version not in listed_versions(io):
+        raise CorruptFileError(f"{io.path(DELTA_LOG_DIR)}/_last_checkpoint names version {version}, whose "
+                               "checkpoint file and JSON are both missing")
+    return version
+
+
 def put_version(io: FileIO, version: int, data: bytes) -> bool:
     """Create version `version` if absent (True if this call wrote it); an existing version must hold exactly
     these bytes, else another writer committed to the Delta table: ForeignCommitError, nothing written."""
@@ -330,10 +351,14 @@ class DeltaLogWriter:
         # 1. What is on storage: listed once per process, then known from what this process wrote.
         if self.written_upto < 0:
             versions = set(listed_versions(io))
-            if first_seq == 0:
+            # Versions up to a Delta checkpoint may have been expired (Delta's log cleanup): they count as present.
+            floor = checkpoint_floor(io)
+            if first_seq == 0 and not (floor > 0 and 0 not in versions):
                 self._check_own_origin(io, versions)
+            versions |= set(range(floor + 1))
             present = {v - offset for v in versions if v - offset >= first_seq}
             beyond = sorted(v for v in versions if v > latest_seq + offset)
+            self._check_newest_own(io, present, latest_seq, records, offset)
         else:
             present = set(range(first_seq, self.written_upto + 1))
             nxt = latest_seq + offset + 1
@@ -373,6 +398,27 @@ class DeltaLogWriter:
             f"{io.path(DELTA_LOG_DIR)} is the log of a Delta table dbidx has not adopted (its first version is not "
             "this dbidx table's): dbidx refuses to write into it. Adopt the table with `dbidx build-index URI "
             "--key COLUMN` (it indexes the table's current files, deletion vectors honoured)")
+
+    def _check_newest_own(self, io: FileIO, present: set[int], latest_seq: int, records: Any, offset: int) -> None:
+        """The newest version a completion has, when this process did not derive it: its commitInfo must name that
+        completion's instant. Another engine that took a version in the instant between dbidx's last check and its
+        publish left exactly that version foreign; every later writer refuses here."""
+        newest = max((v for v in present if 0 < v <= latest_seq and v not in self.pending), default=None)
+        if newest is None:
+            return
+        mine = records(after_seq=newest - 1, upto_seq=newest)
+        first_line = io.read_bytes(version_file(newest + offset)).split(b"\n", 1)[0]
+        try:
+            info = json.loads(first_line)["commitInfo"]["dbidx"]
+        except (ValueError, KeyError, TypeError):
+            info = None
+        if not mine or not isinstance(info, dict) or info.get("instant") != mine[0].instant \
+                or info.get("seq") != newest:
+            raise ForeignCommitError(
+                f"Delta version {newest + offset} of {io.path(DELTA_LOG_DIR)} was not written by dbidx (it does not "
+                f"name completion {newest}, the one it belongs to): another engine committed to this table. dbidx "
+                "refuses to write on top of it; re-index the table with `dbidx build-index` to adopt its current "
+                "state")
 
     def _body(self) -> Callable[[DvRef], bytes]:
         """Vector bytes from their DV files (verified), each file read once per derivation."""

@@ -17,6 +17,9 @@ PROPERTIES_FILE = f"{META_DIR}/table.json"
 TIMELINE_DIR = f"{META_DIR}/timeline"
 COMPLETED_DIR = f"{TIMELINE_DIR}/completed"
 RLI_DIR = f"{META_DIR}/rli"
+# Deletion-vector files: under the hidden metadata folder, so a Delta VACUUM (which skips hidden paths) never deletes
+# them (the Delta log carries the vectors inline; only dbidx reads these files).
+DV_DIR = f"{META_DIR}/dv"
 GLOBAL_PARTITION_DIR = "_global"
 
 # A directory name stays well under the 255-byte limit of common filesystems.
@@ -95,7 +98,8 @@ def validate_instant_file(rel: object, instant: str) -> str:
     id, and either an index file under `.dbidx/rli/` or a data file outside `.dbidx/`. Never the table's metadata."""
     path = validate_table_path(rel)
     name = path.rsplit("/", 1)[-1]
-    if name.startswith("deletion_vector_") and "/" not in path and name.replace("-", "")[16:33] == instant:
+    if name.startswith("deletion_vector_") and path in (name, f"{DV_DIR}/{name}") and \
+            name.replace("-", "")[16:33] == instant:
         return path  # a DV file (Delta names it by a uuid, whose first 17 hex digits are the instant's id)
     if instant not in name or (path.startswith(META_DIR + "/") and
                                                   not path.startswith(RLI_DIR + "/")):

@@ -34,7 +34,7 @@ _FORMAT4_RECORD_FIELDS = {"dv_files", "deletion_vectors"}
 DATA_ACTIONS = (ACTION_COMMIT, ACTION_BUILD_INDEX)  # completions that add data files (upserts; migrated files)
 FILE_KINDS = ("delta", "base")
 _CHECKSUM_RE = re.compile(r"^xxh64:[0-9a-f]{16}$")
-_DV_NAME_RE = re.compile(r"^deletion_vector_[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.bin$")
+_DV_NAME_RE = re.compile(r"^(\.dbidx/dv/)?deletion_vector_[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.bin$")
 
 
 class _Bad(ValueError):
@@ -164,8 +164,8 @@ class DataFileRecord:
 
 @dataclass(frozen=True)
 class DvFileRecord:
-    """One deletion-vector file a completion wrote (Delta's `deletion_vector_<uuid>.bin`, at the table root): its size
-    and checksum, verified before any vector in it is used."""
+    """One deletion-vector file a completion wrote (Delta's `deletion_vector_<uuid>.bin`, under `.dbidx/dv/`; at the
+    table root before 2026-11-25): its size and checksum, verified before any vector in it is used."""
 
     path: str
     size: int
@@ -173,11 +173,13 @@ class DvFileRecord:
 
     @classmethod
     def parse(cls, data: Any, name: str) -> "DvFileRecord":
-        """Rebuild a record from its JSON form, checking every field (a root-level `deletion_vector_<uuid>.bin`)."""
+        """Rebuild a record from its JSON form, checking every field (a `deletion_vector_<uuid>.bin` under
+        `.dbidx/dv/` or at the root)."""
         d = _object(data, name, {f.name for f in fields(cls)})
         path = _path(d["path"], f"{name}.path")
         if not _DV_NAME_RE.match(path):
-            raise _Bad(f"{name}.path must be a deletion_vector_<uuid>.bin file at the table root, got {path!r}")
+            raise _Bad(f"{name}.path must be a deletion_vector_<uuid>.bin file under .dbidx/dv/ or at the table "
+                       f"root, got {path!r}")
         return cls(path=path, size=_int(d["size"], f"{name}.size"), checksum=_checksum(d["checksum"],
                                                                                       f"{name}.checksum"))
 

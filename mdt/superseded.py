@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 from pyroaring import BitMap
 
 from dbidx.errors import CorruptFileError
-from dbidx.mdt import markers
+from dbidx.mdt import layout, markers
 from dbidx.mdt.data_view import DataView, DvRef
 from dbidx.mdt.deletion_vectors import DvFileBuilder, VectorSlot, dv_file_name, read_vector, vector_body
 from dbidx.mdt.fileio import FileIO, file_checksum
@@ -79,9 +79,10 @@ def _slot(ref: DvRef) -> VectorSlot:
 
 
 def dv_file_for(instant: str) -> str:
-    """A fresh DV file name for an instant: Delta names DV files by a uuid; ours starts with the instant's 17 digits
-    (so a rollback may delete it: mdt/layout.validate_instant_file) and ends with 15 random hex digits."""
-    return dv_file_name(uuid.UUID(hex=instant + secrets.token_hex(8)[:15]))
+    """A fresh DV file path for an instant, under `.dbidx/dv/` (out of a Delta VACUUM's reach): Delta names DV files
+    by a uuid; ours starts with the instant's 17 digits (so a rollback may delete it:
+    mdt/layout.validate_instant_file) and ends with 15 random hex digits."""
+    return f"{layout.DV_DIR}/{dv_file_name(uuid.UUID(hex=instant + secrets.token_hex(8)[:15]))}"
 
 
 NewRows = tuple[DataFileRecord, pa.Array, np.ndarray]  # a new data file, its keys (strings) and delete flags

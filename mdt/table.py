@@ -26,7 +26,8 @@ from dbidx.mdt.checkpoint import Checkpoint
 from dbidx.mdt.commit_lock import CommitLock
 from dbidx.mdt.data_view import DataView
 from dbidx.mdt.delta_log import (
-    DeltaLogWriter, TableShape, delta_checkpoint, initial_version, listed_versions, put_version,
+    DeltaLogWriter, TableShape, check_no_foreign, delta_checkpoint, initial_version, listed_versions, put_version,
+    version_file,
 )
 from dbidx.mdt.file_view import FileView, PartitionStats
 from dbidx.mdt.fileio import FileIO
@@ -55,6 +56,7 @@ class Table:
             self.timeline.first_checkpoint = props.upgraded_at_seq
         self.timeline.after_publish.append(self._after_publish)
         self.timeline.before_start.append(self.sync_delta_log)
+        self.timeline.before_publish.append(self._check_delta_slot)
         self._view = FileView()
         self._data = DataView()
         self._view_lock = threading.RLock()
@@ -257,6 +259,19 @@ class Table:
                 return 0
             return self._delta.sync(self.io, self.timeline.latest_seq, self.timeline.completed, self._refreshed_seq,
                                     self._data.delta_offset, self._data.delta_first_seq)
+
+    def _check_delta_slot(self, seq: int) -> None:
+        """Right before completion `seq` is published: its Delta version must still be free. The check before the
+        instant started covers the log up to then; this one covers the tasks' run, so another engine's commit that
+        landed meanwhile is refused with nothing published (only the create itself remains as a window)."""
+        if self.adopting_delta and self._data.delta_adopted is None:
+            return
+        version = seq + self._data.delta_offset
+        if not self.io.exists(version_file(version)):
+            return
+        if self._refreshed_seq() >= seq:
+            return  # another dbidx writer published `seq` and wrote its version: this create loses and looks again
+        check_no_foreign([version], version - 1, self.io)
 
     def _refreshed_seq(self) -> int:
         self.refresh()

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from dbidx.errors import (
-    CorruptFileError, DbidxError, InstantStateError, StoreUnavailableError,
+    CorruptFileError, DbidxError, ForeignCommitError, InstantStateError, StoreUnavailableError,
 )
 from dbidx.mdt import checkpoint, layout, markers, writer_presence
 from dbidx.mdt.fileio import EXCLUSIVE_LOCK, EXCLUSIVE_NONE, FileIO
@@ -72,6 +72,9 @@ class Timeline:
         # Run before this process claims an instant (the table brings its Delta log up to date and checks that no
         # other engine wrote to it; an error here stops the write before anything is claimed).
         self.before_start: list[Callable[[], None]] = []
+        # Run right before the atomic create of a completion record, with the seq it is about to take (the table
+        # checks that the Delta version of that seq is still free); an error here publishes nothing.
+        self.before_publish: list[Callable[[int], None]] = []
 
     # ---- reading -----------------------------------------------------------------------------------------
     def refresh(self) -> list[CompletedInstant]:
@@ -318,6 +321,8 @@ class Timeline:
             checked = self.latest_seq
             # 2. Try to take the next sequence number; losing the race means someone else completed: look again.
             record = build(checked + 1)
+            for hook in self.before_publish:
+                hook(record.seq)
             try:
                 created = self.io.create_exclusive(layout.completed_file(record.seq), record.to_json())
             except StoreUnavailableError:
@@ -376,15 +381,26 @@ class Timeline:
     def _after_publish(self, record: CompletedInstant, instant: str) -> None:
         """Housekeeping once a record is published. The instant has completed whatever happens here, so a failure
         is a warning, never an error that would make the caller roll back (and fail to roll back) a committed
-        instant."""
+        instant. One exception: another engine took this completion's Delta version between the check before the
+        publish and the publish (a ForeignCommitError). That is raised once every step ran, marked `published`
+        with the record, so the caller neither rolls back nor reports success: Delta readers and dbidx disagree
+        until the table is re-indexed, and every later dbidx write refuses (the version differs)."""
         steps = [lambda: self._advance_latest(record.seq), self.refresh, lambda: self._forget_markers(instant)]
         steps += [lambda hook=hook: hook(record) for hook in self.after_publish]
+        foreign: ForeignCommitError | None = None
         for step in steps:
             try:
                 step()
+            except ForeignCommitError as exc:
+                foreign = exc
             except Exception as exc:  # noqa: BLE001 - the instant is committed; nothing here may say otherwise
                 warnings.warn(f"instant {instant} completed at seq {record.seq}, but a housekeeping step failed: "
                               f"{exc}", RuntimeWarning, stacklevel=3)
+        if foreign is not None:
+            error = ForeignCommitError(f"instant {instant} completed at seq {record.seq} in dbidx's completion log, "
+                                       f"but {foreign}")
+            error.published = record
+            raise error from foreign
 
     def _forget_markers(self, instant: str) -> None:
         self.io.delete(layout.inflight_file(instant))

@@ -243,7 +243,9 @@ class CommitWriter:
         self._check_open()
         try:
             record = self._commit()
-        except BaseException:
+        except BaseException as exc:
+            if getattr(exc, "published", None) is not None:
+                self._done = True  # published, then another engine took its Delta version: nothing to roll back
             self.rollback()
             raise
         self._done = True

@@ -77,7 +77,9 @@ def test_every_commit_kind_reads_the_same_in_every_engine(tmp_path: Path, global
     table.clean(retain_completions=0)
     view = table.data_view()  # DV files no live vector points into are gone with the replaced data files
     live_refs = {ref.file.path for f in view.live() if (ref := view.vector_of(f.record.path)) is not None}
-    assert {p.name for p in Path(table.io.path("")).glob("deletion_vector_*.bin")} == live_refs
+    root = Path(table.io.path(""))
+    assert {p.relative_to(root).as_posix() for p in root.glob("**/deletion_vector_*.bin")} == live_refs
+    assert not list(root.glob("deletion_vector_*.bin"))  # under .dbidx/dv/, out of a Delta VACUUM's reach
     pending = table.timeline.start("commit")
     table.rollback(pending.instant)
     for _ in range(3):
@@ -166,6 +168,112 @@ def test_a_commit_another_engine_wrote_is_refused(tmp_path: Path) -> None:
         upsert_arrow(pa.table({"id": ["a"], "dt": ["d1"], "v": [2]}), table, key="id", partition="dt",
                      cache_config=config)
     assert data_reader.read_arrow(table, columns=["v"]).column("v").to_pylist() == [1]
+
+
+def _foreign_version(table: Table, version: int) -> None:
+    foreign = {"commitInfo": {"timestamp": 1, "operation": "WRITE", "engineInfo": "another"}}
+    Path(table.io.path(delta_log.version_file(version))).write_text(json.dumps(foreign) + "\n")
+
+
+def test_a_foreign_commit_landing_while_the_tasks_run_is_refused_at_publish(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another engine commits after the upsert's start check passed: the publish sees the taken version and
+    publishes nothing (the instant is rolled back), so dbidx and the Delta readers still agree."""
+    from dbidx.spark_integration import task
+
+    table = Table.create(str(tmp_path / "t"), num_shards=1)
+    config = CacheConfig(base_path=str(tmp_path / "cache"))
+    upsert_arrow(pa.table({"id": ["a"], "dt": ["d1"], "v": [1]}), table, key="id", partition="dt",
+                 cache_config=config)
+    real = task.upsert_batches
+
+    def tasks_then_foreign(*args, **kwargs):
+        result = real(*args, **kwargs)
+        _foreign_version(table, 2)  # completion 2 would be Delta version 2
+        return result
+
+    monkeypatch.setattr(task, "upsert_batches", tasks_then_foreign)
+    with pytest.raises(ForeignCommitError, match="another engine") as caught:
+        upsert_arrow(pa.table({"id": ["a"], "dt": ["d1"], "v": [2]}), table, key="id", partition="dt",
+                     cache_config=config)
+    assert caught.value.published is None
+    reopened = Table.open(table.uri)
+    reopened.refresh()
+    assert reopened.timeline.latest_seq == 1  # nothing published (not even the rollback: its version is taken too)
+    assert data_reader.read_arrow(reopened, columns=["v"]).column("v").to_pylist() == [1]
+    assert via_deltalake(table.uri, ["id", "v"], version=1) == [("a", 1)]
+
+
+def test_a_foreign_commit_taking_the_version_after_the_publish_is_loud(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The last window: another engine takes the Delta version between dbidx's check and its publish. The upsert
+    raises (never a warning and a summary), names the published completion, and every later write refuses."""
+    table = Table.create(str(tmp_path / "t"), num_shards=1)
+    config = CacheConfig(base_path=str(tmp_path / "cache"))
+    upsert_arrow(pa.table({"id": ["a"], "dt": ["d1"], "v": [1]}), table, key="id", partition="dt",
+                 cache_config=config)
+    monkeypatch.setattr(table.timeline, "before_publish",
+                        table.timeline.before_publish + [lambda seq: _foreign_version(table, seq)])
+    with pytest.raises(ForeignCommitError, match="completed at seq 2") as caught:
+        upsert_arrow(pa.table({"id": ["a"], "dt": ["d1"], "v": [2]}), table, key="id", partition="dt",
+                     cache_config=config)
+    assert caught.value.published is not None and caught.value.published.seq == 2
+    monkeypatch.undo()
+    with pytest.raises(ForeignCommitError, match="build-index"):
+        upsert_arrow(pa.table({"id": ["b"], "dt": ["d1"], "v": [3]}), Table.open(table.uri), key="id",
+                     partition="dt", cache_config=config)
+
+
+def test_delta_log_cleanup_below_a_checkpoint_is_not_a_foreign_commit(tmp_path: Path) -> None:
+    """Delta's expired-log cleanup deletes the JSON versions a checkpoint sums up: dbidx keeps writing (it neither
+    calls the table foreign nor writes the deleted versions back), and every reader still agrees."""
+    table = Table.create(str(tmp_path / "t"), num_shards=1, checkpoint_interval=3)
+    config = CacheConfig(base_path=str(tmp_path / "cache"))
+    for v in range(1, 5):
+        upsert_arrow(pa.table({"id": ["a", f"k{v}"], "dt": ["d1", "d2"], "v": [v, v]}), table, key="id",
+                     partition="dt", cache_config=config)
+    log = Path(table.io.path(delta_log.DELTA_LOG_DIR))
+    assert delta_log.checkpoint_floor(table.io) == 3
+    for v in range(0, 3):  # what Delta's log cleanup removes: the JSON before the checkpoint
+        (log / f"{v:020d}.json").unlink()
+    reopened = Table.open(table.uri)
+    upsert_arrow(pa.table({"id": ["a"], "dt": ["d1"], "v": [9]}), reopened, key="id", partition="dt",
+                 cache_config=config)
+    assert not (log / f"{0:020d}.json").exists()
+    assert verify_table(Table.open(table.uri)).ok
+    expected = [("a", "d1", 9)] + [(f"k{v}", "d2", v) for v in range(1, 5)]
+    assert sorted(via_deltalake(table.uri, COLUMNS)) == sorted(expected)
+    assert sorted(via_polars(table.uri, COLUMNS)) == sorted(expected)
+    assert sorted(data_reader.read_arrow(reopened, columns=list(COLUMNS)).to_pylist(),
+                  key=lambda r: r["id"]) == [dict(zip(COLUMNS, r)) for r in sorted(expected)]
+
+
+def test_a_delta_vacuum_by_another_engine_leaves_dbidx_whole(tmp_path: Path) -> None:
+    """delta-rs VACUUM (full, retention 0) deletes what the current Delta snapshot does not list; dbidx's DV files, index
+    and timeline live under the hidden `.dbidx/`, so dbidx still reads, verifies and writes the same table."""
+    from deltalake import DeltaTable
+
+    table = Table.create(str(tmp_path / "t"), num_shards=2)
+    config = CacheConfig(base_path=str(tmp_path / "cache"))
+    oracle, rng, serial = Oracle(False), random.Random(5), [0]
+
+    def upsert(target: Table) -> None:
+        batch = random_batch(rng, oracle, serial)
+        upsert_arrow(as_arrow(batch), target, key="id", partition="dt", cache_config=config)
+        oracle.apply(batch)
+
+    for _ in range(4):
+        upsert(table)
+    view = table.data_view()
+    assert any(view.vector_of(f.record.path) is not None for f in view.live()), "the case needs deletion vectors"
+    deleted = DeltaTable(table.uri).vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False,
+                                           full=True)  # untracked files too, as Spark's VACUUM does
+    assert not [p for p in deleted if ".dbidx" in p]
+    reopened = Table.open(table.uri)
+    check(reopened, oracle)
+    assert verify_table(reopened).ok
+    upsert(reopened)
+    check(reopened, oracle)
 
 
 def test_a_missing_delta_version_is_written_by_the_next_writer(tmp_path: Path) -> None:

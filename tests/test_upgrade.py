@@ -154,7 +154,7 @@ def test_a_format3_commit_during_the_upgrade_takes_the_switch_back(tmp_path: Pat
         upgrade.upgrade_table(root)
     assert Path(root, layout.PROPERTIES_FILE).read_bytes() == original  # format 3 again
     assert not Path(root, upgrade.STAGED_RECORD).exists()
-    assert not list(Path(root).glob("deletion_vector_*.bin"))
+    assert not list(Path(root).glob("**/deletion_vector_*.bin"))
 
 
 def test_one_upgrade_at_a_time_and_a_dead_ones_lock_is_taken_over(tmp_path: Path) -> None:
@@ -191,6 +191,6 @@ def test_a_format3_commit_after_the_switch_and_a_crash_takes_the_switch_back_at_
         Table.open(root)
     assert json.loads(Path(root, layout.PROPERTIES_FILE).read_text())["format_version"] == 3
     assert "upgraded_at_seq" not in json.loads(Path(root, layout.PROPERTIES_FILE).read_text())
-    assert not Path(root, upgrade.STAGED_RECORD).exists() and not list(Path(root).glob("deletion_vector_*.bin"))
+    assert not Path(root, upgrade.STAGED_RECORD).exists() and not list(Path(root).glob("**/deletion_vector_*.bin"))
     report = upgrade.upgrade_table(root)  # with the writers stopped, it upgrades the grown format-3 table
     assert report.status == "upgraded" and report.upgraded_at_seq == seen["seq"] + 1
