@@ -126,6 +126,8 @@ def test_demo_runs(tmp_path):
     # The same table through the Delta log: polars and duckdb (dev dependencies) see exactly the checked rows.
     assert report["other_readers"] == {"polars": report["rows_checked"], "duckdb": report["rows_checked"]}
     assert "open table: polars reads the same" in result.stderr and "open table: duckdb" in result.stderr
+    # It ends with a picture: batch time and cache hit rate per batch (matplotlib is a dev dependency).
+    assert Path(report["chart"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "chart: " in result.stderr
     runner = CliRunner()
     history = runner.invoke(main, ["commits", str(workdir / "table"), "--json"])
     assert history.exit_code == 0, history.output

@@ -235,3 +235,15 @@ def test_a_missing_table_says_what_to_do(tmp_path: Path) -> None:
     assert result.exit_code == 3 and "check the URI" in result.output and "dbidx init URI" in result.output
     result = invoke(["cache", "stats", "--cache-dir", str(tmp_path / "nowhere")])
     assert result.exit_code == 6 and "dbidx cache info" in result.output
+
+
+# 7. The demo's chart ------------------------------------------------------------------------------------------------
+
+def test_the_demo_chart_is_a_png_of_time_and_hit_rate_per_batch(tmp_path: Path) -> None:
+    from dbidx.charts import demo_chart
+
+    batches = [{"batch": 0, "via": "batch", "seconds": 4.0, "hit_rate": 0.0},
+               {"batch": 1, "via": "streaming", "seconds": 2.5, "hit_rate": 0.8},
+               {"batch": 2, "via": "batch", "seconds": 1.9, "hit_rate": 0.95}]
+    path = demo_chart(batches, tmp_path / "out" / "demo.png", "3 batches, a test")
+    assert path is not None and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5_000
