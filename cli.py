@@ -8,49 +8,20 @@ found"; `verify` without `--cache-dir` exits 4 when a table file is damaged.
 from __future__ import annotations
 
 import errno
-import json
 import sys
 import traceback
-from dataclasses import asdict, is_dataclass
+from dataclasses import asdict
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 import click
 
 from dbidx import __version__, cli_cache
+from dbidx.cli_output import (
+    Output, ProgressBar, json_option, open_table, output, resolve_table, storage_options, table_argument, wants_json,
+)
 from dbidx.errors import DbidxError
 
-class Output:
-    """Prints a command's result as human text or as one JSON object (`--json`)."""
-
-    def __init__(self, as_json: bool) -> None:
-        self.as_json = as_json
-
-    def emit(self, payload: dict[str, Any], text: Callable[[dict[str, Any]], str]) -> None:
-        """Print the payload: JSON verbatim, or through the command's text formatter."""
-        if self.as_json:
-            click.echo(json.dumps(payload, indent=2, sort_keys=True, default=_jsonable))
-        else:
-            click.echo(text(payload))
-
-    def fail(self, kind: str, message: str, code: int, usage: click.ClickException | None = None) -> None:
-        """Report a failure caught at the top level and exit with its code."""
-        if self.as_json:
-            click.echo(json.dumps({"error": kind, "message": message}))
-        if usage is not None and not self.as_json:
-            usage.show()
-        else:
-            click.echo(f"Error: {message}", err=True)
-        sys.exit(code)
-
-
-def _jsonable(value: Any) -> Any:
-    if is_dataclass(value):
-        return asdict(value)  # type: ignore[arg-type]
-    return str(value)
-
-
-json_option = cli_cache.json_option
 
 
 class DbidxGroup(click.Group):
@@ -109,13 +80,6 @@ def main(ctx: click.Context, verbose: bool, as_json: bool, storage_options: tupl
     ctx.obj = {"storage_options": options, "json": as_json}
 
 
-def _storage_options() -> dict[str, str]:
-    """The --storage-option values given to the top-level command."""
-    ctx = click.get_current_context(silent=True)
-    root = ctx.find_root() if ctx is not None else None
-    return dict((root.obj or {}).get("storage_options", {})) if root is not None else {}
-
-
 @main.command("init")
 @click.argument("uri")
 @click.option("--num-shards", default=4, show_default=True, type=click.IntRange(min=1),
@@ -126,7 +90,7 @@ def init_cmd(uri: str, num_shards: int, global_index: bool, as_json: bool) -> No
     """Create an empty dbidx table (its metadata folder) at URI."""
     from dbidx.mdt.table import Table
 
-    table = Table.create(uri, num_shards=num_shards, global_index=global_index, storage_options=_storage_options())
+    table = Table.create(uri, num_shards=num_shards, global_index=global_index, storage_options=storage_options())
     output(as_json).emit(asdict(table.props) | {"uri": table.uri},
                          lambda p: f"created {p['index_mode']} table {p['uri']} with {p['num_shards']} shards")
 
@@ -147,8 +111,8 @@ def build_index_cmd(uri: str, key_column: str, partition_columns: tuple[str, ...
     from dbidx.mdt.table import Table
 
     table = Table.open_or_create(uri, num_shards=num_shards, global_index=global_index,
-                                 storage_options=_storage_options())
-    with Progress("indexing data files", wants_json(as_json)) as progress:
+                                 storage_options=storage_options())
+    with ProgressBar("build-index", wants_json(as_json)) as progress:
         result = build_index(table, key_column, partition_columns or None, progress=progress)
     payload = {"instant": result.instant, "files": result.files, "partitions": result.partitions,
                "keys": result.keys, "uri": table.uri}
@@ -157,24 +121,32 @@ def build_index_cmd(uri: str, key_column: str, partition_columns: tuple[str, ...
 
 
 @main.command("lookup")
-@click.argument("keys", nargs=-1, required=True)
-@click.option("--table", "uri", required=True, help="Base URI of the dbidx table.")
+@table_argument(rest="keys")
+@click.argument("keys", nargs=-1)
 @click.option("--partition", default=None, help="Partition path of the keys (required unless global index).")
 @click.option("--mode", type=click.Choice(["auto", "seek", "scan"]), default="auto", show_default=True)
 @json_option
-def lookup_cmd(keys: tuple[str, ...], uri: str, partition: str | None, mode: str, as_json: bool) -> None:
-    """Print the location of KEYS in the persisted index (missing keys are reported as new)."""
-    found = open_table(uri).lookup(list(keys), partition, mode=mode).to_pylist()
-    by_key = {row["key"]: row for row in found}
-    payload = {"found": [by_key[k] for k in keys if k in by_key], "missing": [k for k in keys if k not in by_key]}
+def lookup_cmd(uri: str, keys: tuple[str, ...], partition: str | None, mode: str, as_json: bool) -> None:
+    """Print where KEYS are in the table at URI (keys not in the index are new; a partition the table does not
+    have is said to be missing, with its nearest existing partitions). Exit 1 when no key is found."""
+    from dbidx.mdt.point_lookup import lookup_report
 
-    def text(p: dict[str, Any]) -> str:
-        lines = [f"{r['key']}\t{r.get('partition', partition)}\t{r['file_group']}\t{r['instant']}" for r in p["found"]]
-        return "\n".join(lines + [f"{k}\t(not in index: new key)" for k in p["missing"]])
-
-    output(as_json).emit(payload, text)
-    if payload["missing"] and not payload["found"]:
+    if not keys:
+        raise click.UsageError("name at least one KEY after the URI: dbidx lookup URI KEY... [--partition P]")
+    report = lookup_report(open_table(uri), list(keys), partition, mode)
+    output(as_json).emit(report.to_dict(), _lookup_text)
+    if report.missing and not report.found:
         sys.exit(1)
+
+
+def _lookup_text(p: dict[str, Any]) -> str:
+    lines = [f"{r['key']}\t{r.get('partition', p['partition'])}\t{r['file_group']}\t{r['instant']}" for r in p["found"]]
+    if p["partition_in_table"] is False:
+        near = ", ".join(p["nearest_partitions"]) or "none: the table has no partitions yet"
+        return "\n".join(lines + [f"{k}\t(not in index: partition {p['partition']} is not in the table)"
+                                  for k in p["missing"]] + [f"partition {p['partition']!r} is not in the table; "
+                                  f"nearest existing partitions: {near} (`dbidx stats URI` lists them all)"])
+    return "\n".join(lines + [f"{k}\t(not in index: new key)" for k in p["missing"]])
 
 
 @main.command("commits")
@@ -205,17 +177,18 @@ def _commits_text(payload: dict[str, Any]) -> str:
 
 @main.command("stats")
 @click.argument("uri", required=False)
-@click.option("--table", "table_uri", default=None, help="Base URI of the dbidx table (same as URI).")
+@click.option("--table", "table_option", default=None, hidden=True, help="Deprecated: the table's URI.")
 @click.option("--cache-dir", default=None, help="Report the cache(s) in this shard dir or base path instead.")
 @json_option
-def stats_cmd(uri: str | None, table_uri: str | None, cache_dir: str | None, as_json: bool) -> None:
+def stats_cmd(uri: str | None, table_option: str | None, cache_dir: str | None, as_json: bool) -> None:
     """Per-partition stats of the persisted index (last commit, live keys, file groups) or of local caches."""
     if cache_dir is not None:
+        if uri is not None or table_option is not None:
+            raise click.UsageError("stats reports a table or local caches, not both: `dbidx stats URI`, or "
+                                   "`dbidx cache stats --cache-dir DIR`")
         cli_cache.renamed("dbidx cache stats")
         return cli_cache.stats_cmd.callback(cache_dir=cache_dir, as_json=as_json)  # type: ignore[misc]
-    if not (uri or table_uri):
-        raise click.UsageError("name a table (URI or --table) or a --cache-dir")
-    table = open_table(uri or table_uri)  # type: ignore[arg-type]
+    table = open_table(resolve_table(uri, table_option, " (or --cache-dir DIR: `dbidx cache stats`)"))
     parts = [{"partition": s.partition, "last_instant": s.last_instant, "last_commit": s.last_commit_time.isoformat(),
               "live_keys": s.live_keys, "file_groups": len(s.bucket_fills), "bucket_fills": s.bucket_fills}
              for s in table.partitions()]
@@ -235,7 +208,7 @@ def stats_cmd(uri: str | None, table_uri: str | None, cache_dir: str | None, as_
 
 
 @main.command("verify")
-@click.option("--table", "uri", required=True, help="Base URI of the dbidx table.")
+@table_argument()
 @click.option("--cache-dir", default=None, help="Compare the cache(s) in this shard dir or base path with the "
               "index; without it, check every file of the table against its recorded size and checksum.")
 @json_option
@@ -250,7 +223,7 @@ def verify_cmd(uri: str, cache_dir: str | None, as_json: bool) -> None:
 def _verify_table_files(table: Any, as_json: bool) -> None:
     from dbidx.mdt.verify_table import verify_table
 
-    with Progress("verify", wants_json(as_json)) as update:
+    with ProgressBar("verify", wants_json(as_json)) as update:
         check = verify_table(table, progress=update)
 
     def text(p: dict[str, Any]) -> str:
@@ -280,10 +253,14 @@ def _verify_table_files(table: Any, as_json: bool) -> None:
 def compact_cmd(uri: str, partitions: tuple[str, ...], min_files: int, clean: bool, retain: int, data: bool,
                 deleted_share: float, as_json: bool) -> None:
     """Merge RLI deltas into base files (dropping tombstones), with --data also data files, then clean old files."""
-    table = open_table(uri)
-    result = table.compact(partitions or None, min_files=min_files)
-    data_result = table.compact_data(partitions or None, min_files=min_files,
-                                     deleted_share=deleted_share) if data else None
+    table, quiet = open_table(uri), wants_json(as_json)
+    with ProgressBar("compact index", quiet) as progress:
+        result = table.compact(partitions or None, min_files=min_files, progress=progress)
+    data_result = None
+    if data:
+        with ProgressBar("compact data", quiet) as progress:
+            data_result = table.compact_data(partitions or None, min_files=min_files, deleted_share=deleted_share,
+                                             progress=progress)
     cleaned = table.clean(retain_completions=retain) if clean else None
     payload = {"instant": result.record.instant if result.record else None, "groups": result.groups,
                "files_replaced": result.files_replaced, "entries_written": result.entries_written,
@@ -347,7 +324,9 @@ def upgrade_cmd(uri: str, rollback_pending: bool, as_json: bool) -> None:
     rewritten. Stop the table's writers first. Run again after a crash: it finishes or starts over safely."""
     from dbidx.mdt.upgrade import upgrade_table
 
-    report = upgrade_table(uri, rollback_pending=rollback_pending)
+    with ProgressBar("upgrade", wants_json(as_json)) as progress:
+        report = upgrade_table(uri, storage_options=storage_options() or None, rollback_pending=rollback_pending,
+                               progress=progress)
     output(as_json).emit(asdict(report), _upgrade_text)
 
 
@@ -384,52 +363,6 @@ def demo_cmd(workdir: str, keys: int, days: int, batches: int, batch_rows: int |
                       echo=partial(click.echo, err=wants_json(as_json)), force=force)
     if wants_json(as_json):
         Output(True).emit(report, lambda p: "")
-
-
-class Progress:
-    """A click progress bar on a terminal; one log line per step on stderr when not a TTY; nothing with --json."""
-
-    def __init__(self, label: str, quiet: bool) -> None:
-        self.label, self.quiet, self.bar = label, quiet, None
-        self.tty = sys.stderr.isatty()
-
-    def __enter__(self) -> Callable[..., None] | None:
-        if self.quiet:
-            return None
-
-        def update(done: int, total: int, step: str | None = None) -> None:
-            if not self.tty:
-                if step is not None:
-                    click.echo(f"{self.label}: {step} ({done:,}/{total:,})", err=True)
-                return
-            if self.bar is None:
-                self.bar = click.progressbar(length=total, label=self.label, file=sys.stderr).__enter__()
-            self.bar.update(done - self.bar.pos)
-
-        return update
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.bar is not None:
-            self.bar.__exit__(*exc)
-
-
-def output(as_json: bool) -> Output:
-    """The command's Output: JSON when the command or the group (`dbidx --json ...`) asked for it."""
-    return Output(wants_json(as_json))
-
-
-def wants_json(as_json: bool = False) -> bool:
-    """Whether this invocation prints JSON (`--json` on the command or on the group)."""
-    ctx = click.get_current_context(silent=True)
-    root = ctx.find_root() if ctx is not None else None
-    return as_json or bool(root is not None and (root.obj or {}).get("json"))
-
-
-def open_table(uri: str) -> Any:
-    """The table at URI, with the group's --storage-option values."""
-    from dbidx.mdt.table import Table
-
-    return Table.open(uri, storage_options=_storage_options())
 
 
 main.add_command(cli_cache.cache_group)

@@ -1,7 +1,8 @@
-"""`dbidx cache ...`: the commands over executor-local caches (stats, sync, verify, reap, bootstrap).
+"""`dbidx cache ...`: the commands over executor-local caches (info, stats, sync, verify, reap, bootstrap).
 
 Each is a few lines over the library (`dbidx.cache`, `dbidx.bootstrap`); `each_cache` is the one loop that finds
-the shard caches under a directory (a shard dir or a base path) and opens them one at a time. The pre-group
+the shard caches under a directory (a shard dir or a base path; by default the one base path Spark tasks use too,
+`config.base_path_choice`, which `dbidx cache info` shows) and opens them one at a time. The pre-group
 spellings (`dbidx sync`, `dbidx reap`, `dbidx bootstrap`, `dbidx stats --cache-dir`, `dbidx verify --cache-dir`)
 still work for one release and say on stderr what they are now called.
 """
@@ -13,12 +14,13 @@ from typing import Any, Callable, TypeVar
 
 import click
 
+from dbidx.cli_output import ProgressBar, json_option, open_table, output, table_argument, wants_json
 from dbidx.errors import CacheError, InvalidInputError
 
 T = TypeVar("T")
 
 
-def each_cache(cache_dir: str | Path, fn: Callable[[Path, Any], T], table: Any = None,
+def each_cache(cache_dir: str | Path | None, fn: Callable[[Path, Any], T], table: Any = None,
                none_ok: bool = False) -> list[T]:
     """fn(path, open cache) for every shard cache under `cache_dir` (of `table` only, when given), one at a time:
     each cache is closed before the next opens, and when fn raises. No cache there is a CacheError unless
@@ -26,16 +28,18 @@ def each_cache(cache_dir: str | Path, fn: Callable[[Path, Any], T], table: Any =
     from dbidx.cache.inspect import find_cache_dirs, open_cache_dir
     from dbidx.cache.registry import table_cache_dir_name
 
-    root = Path(cache_dir)
+    root = Path(cache_dir) if cache_dir is not None else base_path()
     if table is not None:
         nested = root / table_cache_dir_name(table)
         root = nested if nested.is_dir() else root
     try:
         paths = find_cache_dirs(root)
-    except CacheError:
+    except CacheError as exc:
         if none_ok:
             return []
-        raise
+        where = "" if cache_dir is not None else (" (the default base path; a job that set base.path or "
+                                                  "spark.local.dir keeps its caches elsewhere: pass --cache-dir)")
+        raise CacheError(f"{exc}{where}; `dbidx cache info` shows where caches are looked for") from exc
     config = cli_cache_config()
     results = []
     for path in paths:
@@ -54,31 +58,50 @@ def cli_cache_config() -> Any:
     return replace(config, lock_timeout_s=min(config.lock_timeout_s, 10.0))
 
 
-json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
-table_option = click.option("--table", "uri", required=True, help="Base URI of the dbidx table.")
-cache_dir_option = click.option("--cache-dir", required=True, help="A shard cache dir or a base path holding several.")
+def base_path() -> Path:
+    """The caches' base path for CLI tools: the config's base.path (DBIDX_CACHE_BASE_PATH), else the default."""
+    from dbidx.config import default_base_path
+
+    configured = cli_cache_config().base_path
+    return Path(configured) if configured else default_base_path()
+
+
+cache_dir_option = click.option("--cache-dir", default=None, help="A shard cache dir or a base path holding several "
+                                "[default: the base path Spark tasks use too; see `dbidx cache info`].")
 
 
 def table_caches_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """--table, --cache-dir and --json: the options of commands that check a table's caches against it."""
-    return table_option(cache_dir_option(json_option(fn)))
+    """URI, --cache-dir and --json: the options of commands that check a table's caches against it."""
+    return table_argument()(cache_dir_option(json_option(fn)))
 
 
 @click.group("cache")
 def cache_group() -> None:
-    """Executor-local caches: stats, sync, verify, reap, bootstrap."""
+    """Executor-local caches: info, stats, sync, verify, reap, bootstrap."""
 
 
-def _cli() -> Any:
-    from dbidx import cli  # the shared output, options and progress of the command line
-
-    return cli
-
-
-def _table_reports(uri: str, cache_dir: str, fn: Callable[[Any, Any], Any]) -> list[dict[str, Any]]:
+def _table_reports(uri: str, cache_dir: str | None, fn: Callable[[Any, Any], Any]) -> list[dict[str, Any]]:
     """fn(cache, table).to_dict() with the cache's path, for each cache of the table at `uri` under `cache_dir`."""
-    table = _cli().open_table(uri)
+    table = open_table(uri)
     return each_cache(cache_dir, lambda path, cache: {"path": str(path)} | fn(cache, table).to_dict(), table)
+
+
+@cache_group.command("info")
+@json_option
+def info_cmd(as_json: bool) -> None:
+    """Where caches live by default (for Spark tasks and these commands alike), why, and what is there."""
+    from dbidx.cache.inspect import caches_summary
+
+    output(as_json).emit(caches_summary(cli_cache_config()), _info_text)
+
+
+def _info_text(p: dict[str, Any]) -> str:
+    lines = [f"base path: {p['base_path']}", f"chosen by: {p['chosen_by']}",
+             f"exists: {'yes' if p['exists'] else 'no (created by the first job or bootstrap)'}",
+             f"caches: {len(p['caches'])} shard cache(s), {p['disk_bytes']:,} bytes"]
+    return "\n".join(lines + [f"  {c['path']} ({c['disk_bytes']:,} bytes)" for c in p["caches"]] + [
+        "a job whose base.path or spark.local.dir names another directory keeps its caches there "
+        "(<spark.local.dir>/dbidx-cache, unless that is the system temp dir): pass --cache-dir"])
 
 
 @cache_group.command("stats")
@@ -89,7 +112,7 @@ def stats_cmd(cache_dir: str, as_json: bool) -> None:
     from dbidx.cache.inspect import cache_report
 
     reports = each_cache(cache_dir, lambda _path, cache: cache_report(cache))
-    _cli().output(as_json).emit({"caches": reports}, _stats_text)
+    output(as_json).emit({"caches": reports}, _stats_text)
 
 
 def _stats_text(p: dict[str, Any]) -> str:
@@ -109,7 +132,7 @@ def sync_cmd(uri: str, cache_dir: str, as_json: bool) -> None:
     from dbidx.cache.catchup import sync
 
     results = _table_reports(uri, cache_dir, sync)
-    _cli().output(as_json).emit({"caches": results}, lambda p: "\n".join(
+    output(as_json).emit({"caches": results}, lambda p: "\n".join(
         f"{r['path']}: seq {r['from_seq']} -> {r['to_seq']}, applied {r['applied_entries']} entries, reloaded "
         f"{len(r['reloaded_partitions'])} partitions" for r in p["caches"]))
 
@@ -122,7 +145,7 @@ def verify_cmd(uri: str, cache_dir: str, as_json: bool) -> None:
 
     results = _table_reports(uri, cache_dir, verify)
     payload = {"ok": all(r["ok"] for r in results), "caches": results}
-    _cli().output(as_json).emit(payload, _verify_text)
+    output(as_json).emit(payload, _verify_text)
     if not payload["ok"]:
         sys.exit(1)
 
@@ -153,13 +176,14 @@ def reap_cmd(cache_dir: str, ttl_hours: float | None, max_disk_mb: int | None, d
     from dbidx.cache.reaper import abandoned_to_dict, reap, sweep_abandoned
 
     ttl = cli_cache_config().partition_ttl_hours if ttl_hours is None else ttl_hours
+    root = Path(cache_dir) if cache_dir is not None else base_path()
     # First, before opening any cache (an open counts as a use): caches no process holds, idle for the TTL.
-    abandoned = [] if is_cache_dir(Path(cache_dir)) else sweep_abandoned(cache_dir, ttl, dry_run=dry_run)
+    abandoned = [] if is_cache_dir(root) else sweep_abandoned(root, ttl, dry_run=dry_run)
     # none_ok when the sweep removed caches: it may have removed every one there was.
-    results = each_cache(cache_dir, lambda path, cache: {"path": str(path)} | reap(
+    results = each_cache(root, lambda path, cache: {"path": str(path)} | reap(
         cache, ttl_hours, max_disk_mb, dry_run=dry_run).to_dict(), none_ok=bool(abandoned))
     verb = "would drop" if dry_run else "dropped"
-    _cli().output(as_json).emit({"abandoned": abandoned_to_dict(abandoned), "caches": results}, lambda p: "\n".join(
+    output(as_json).emit({"abandoned": abandoned_to_dict(abandoned), "caches": results}, lambda p: "\n".join(
         [f"{a['path']}: {'would remove' if dry_run else 'removed'} abandoned cache (idle {a['idle_hours']} h, "
          f"{a['disk_bytes']} bytes)" for a in p["abandoned"]]
         + [f"{r['path']}: {verb} {len(r['dropped'])} partitions {r['dropped'] or ''} ({r['bytes_before']} -> "
@@ -167,7 +191,7 @@ def reap_cmd(cache_dir: str, ttl_hours: float | None, max_disk_mb: int | None, d
 
 
 @cache_group.command("bootstrap")
-@table_option
+@table_argument()
 @click.option("--days", type=click.IntRange(min=0), default=None,
               help="Load the partitions of the last DAYS days [config: 7].")
 @click.option("--shard", "shards", type=click.IntRange(min=0), multiple=True, help="Bootstrap this shard (repeatable).")
@@ -190,13 +214,12 @@ def bootstrap_cmd(uri: str, days: int | None, shards: tuple[int, ...], num_shard
 
     if all_shards and shards:
         raise InvalidInputError("use either --shard or --all-shards, not both")
-    cli = _cli()
-    table = cli.open_table(uri)
+    table = open_table(uri)
     chosen = resolve_shards(table, list(shards) or None, num_shards)
-    with cli.Progress("bootstrap", quiet=cli.wants_json(as_json)) as progress:
+    with ProgressBar("bootstrap", wants_json(as_json)) as progress:
         result = bootstrap(table, days, chosen, now, cli_cache_config(), cache_dir, partition_pattern,
                            parallelism, progress=progress)
-    cli.output(as_json).emit(result.to_dict(), lambda p: (
+    output(as_json).emit(result.to_dict(), lambda p: (
         f"bootstrapped {len(p['shards'])} shard(s) of {p['table']}: window {p['selection']['first_day']} .. "
         f"{p['selection']['now'][:10]} ({p['days']} days), {p['partitions_loaded']} partition slices loaded, "
         f"{p['entries']:,} entries, {p['disk_bytes']:,} bytes on disk, {p['seconds']:.2f} s, "

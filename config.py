@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import tempfile
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Literal, Mapping, get_args, get_origin, get_type_hints
@@ -29,7 +30,7 @@ class CacheConfig:
     """Settings of the executor-local cache (one value per RFC-107 / dbidx key)."""
 
     enabled: bool = True
-    base_path: str | None = None  # None: SPARK_LOCAL_DIRS / spark.local.dir, else the user cache dir
+    base_path: str | None = None  # None: base_path_choice (the node's Spark local dir, else the user cache dir)
     bootstrap_days: int = 7
     partition_ttl_hours: float = 72.0
     block_cache_mb: int = 64
@@ -167,24 +168,43 @@ def node_local_root(spark_dir: str) -> Path:
 
 
 def default_base_path(spark_local_dir: str | None = None, environ: Mapping[str, str] | None = None) -> Path:
-    """Where caches live when no config names a base path: DBIDX_CACHE_BASE_PATH of the process (an executor's own
-    environment), else the node's Spark local dir (above the per-executor and per-application directories, see
-    node_local_root), else the user's cache dir; never a bare /tmp.
+    """Where caches live when no config names a base path (`base_path_choice` tells which rule chose it)."""
+    return base_path_choice(spark_local_dir, environ)[0]
+
+
+def base_path_choice(spark_local_dir: str | None = None,
+                     environ: Mapping[str, str] | None = None) -> tuple[Path, str]:
+    """The default base path of the caches and the rule that chose it. One rule for Spark tasks and the CLI, so
+    `dbidx cache ...` finds the caches a local job made:
+
+    1. DBIDX_CACHE_BASE_PATH of the process (an executor's own environment);
+    2. else the node's Spark local dir (SPARK_LOCAL_DIRS, else spark.local.dir; above the per-executor and
+       per-application directories, see node_local_root) + /dbidx-cache, unless that local dir is the system's
+       temporary directory (Spark's default, which local mode uses): then rule 3;
+    3. else the user's cache dir ($XDG_CACHE_HOME/dbidx, else ~/.cache/dbidx); never a bare /tmp.
 
     Why: SPARK_LOCAL_DIRS is the disk the cluster manager provisions for executor scratch data (sized for it, local
-    to the node); a shared /tmp is often small, tmpfs, noexec or wiped. Caches a dead executor left behind are
-    removed by the abandoned-cache sweep (cache/reaper.py). docs/DEPLOY.md has the per-cluster-manager caveats.
+    to the node); a shared /tmp is often small, tmpfs, noexec or wiped, and is where a local job and the CLI would
+    otherwise disagree. Caches a dead executor left behind are removed by the abandoned-cache sweep
+    (cache/reaper.py). docs/DEPLOY.md has the per-cluster-manager caveats.
     """
     env = os.environ if environ is None else environ
     if env.get(ENV_PREFIX + "BASE_PATH"):  # set per node, e.g. spark.executorEnv.DBIDX_CACHE_BASE_PATH
-        return Path(env[ENV_PREFIX + "BASE_PATH"])
-    for candidate in (env.get("SPARK_LOCAL_DIRS"), spark_local_dir):
-        if candidate:
-            first = candidate.split(",")[0].strip()
-            if first:
-                return node_local_root(first) / "dbidx-cache"
+        return Path(env[ENV_PREFIX + "BASE_PATH"]), f"{ENV_PREFIX}BASE_PATH"
+    for candidate, name in ((env.get("SPARK_LOCAL_DIRS"), "SPARK_LOCAL_DIRS"), (spark_local_dir, "spark.local.dir")):
+        first = (candidate or "").split(",")[0].strip()
+        if first:
+            root = node_local_root(first)
+            if not _is_temp_dir(root, env):
+                return root / "dbidx-cache", f"{name} ({first})"
     xdg = env.get("XDG_CACHE_HOME") or str(Path(env.get("HOME") or Path.home()) / ".cache")
-    return Path(xdg) / "dbidx"
+    return Path(xdg) / "dbidx", "the user cache dir ($XDG_CACHE_HOME/dbidx, else ~/.cache/dbidx)"
+
+
+def _is_temp_dir(path: Path, env: Mapping[str, str]) -> bool:
+    """Whether a directory is the system's temporary directory (/tmp, /var/tmp, $TMPDIR)."""
+    temps = {"/tmp", "/var/tmp", env.get("TMPDIR") or "/tmp", tempfile.gettempdir()}
+    return os.path.realpath(path) in {os.path.realpath(t) for t in temps}
 
 
 def make_private_dirs(path: Path) -> None:

@@ -17,13 +17,10 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
 def _pyplot() -> Any | None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    return plt
+    """matplotlib.pyplot (Agg), or None without matplotlib: the set-up the demo's chart shares (dbidx.charts)."""
+    from dbidx.charts import pyplot
+
+    return pyplot()
 
 
 Figure = tuple[Any, str, str]  # (matplotlib figure, data shape for the footer, file name)
@@ -31,13 +28,11 @@ Figure = tuple[Any, str, str]  # (matplotlib figure, data shape for the footer, 
 
 def _save(plt: Any, figure: Figure, data: dict, out_dir: Path) -> str:
     """Footer (machine, versions, data shape, command), then the PNG; returns its path as RESULTS.md links it."""
+    from dbidx.charts import save_figure
+
     fig, shape, filename = figure
     footer = f"{data.get('machine', 'machine not recorded')}\n{shape}. Command: {data.get('command', '?')}"
-    fig.text(0.01, 0.01, footer, fontsize=6.5, color="#444444", va="bottom", ha="left", wrap=True)
-    fig.tight_layout(rect=(0, 0.09, 1, 1))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_dir / filename, dpi=110)
-    plt.close(fig)
+    save_figure(plt, fig, out_dir / filename, footer)
     return f"results/{filename}"
 
 

@@ -29,13 +29,14 @@ from dbidx.cache.sst_builder import PreparedLoad, build_sst
 from dbidx.config import CacheConfig
 from dbidx.errors import CacheError, InvalidInputError
 from dbidx.mdt.table import Table
+from dbidx.progress import Progress
 
 PARALLELISM = ("auto", "threads", "processes", "serial")
 # Below this many entries in one call, "auto" loads serially: a spawned process pool costs ~0.5 s to start, and
 # threads lose to serial (measured in benchmarks/bootstrap_bench.py).
 PROCESS_THRESHOLD_ENTRIES = 3_000_000
 
-ProgressCallback = Callable[[int, int, str], None]  # (entries done, entries expected, label of what finished)
+ProgressCallback = Progress  # the one progress protocol; bootstrap's steps are entries (done == rows)
 
 
 @dataclass
@@ -174,4 +175,4 @@ class PartitionLoader:
         self._done += prepared.entries
         if self.progress is not None:
             self.progress(self._done, max(self._expected, self._done),
-                          f"shard {job.cache.identity.shard} {job.partition or '(global)'}")
+                          f"shard {job.cache.identity.shard} {job.partition or '(global)'}", self._done)

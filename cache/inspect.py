@@ -62,3 +62,19 @@ def cache_report(cache: RecordIndexCache) -> dict[str, Any]:
         "entries": entries, "disk_bytes": disk, "bytes_per_entry": round(disk / entries, 2) if entries else None,
         "pending_instants": cache.pending_instants(), "partitions": partitions,
     }
+
+
+def caches_summary(config: CacheConfig | None = None) -> dict[str, Any]:
+    """Where caches live by default and what is there, without opening any (what `dbidx cache info` prints): the
+    base path, the rule that chose it, and each shard cache under it with its bytes on disk."""
+    from dbidx.config import PREFIX, base_path_choice
+
+    if config is not None and config.base_path:
+        base, chosen_by = Path(config.base_path), f"{PREFIX}base.path (DBIDX_CACHE_BASE_PATH)"
+    else:
+        base, chosen_by = base_path_choice()
+    found = sorted(p for p in base.glob("*/shard-*") if is_cache_dir(p)) if base.is_dir() else []
+    caches = [{"path": str(p), "disk_bytes": sum(f.stat().st_size for f in p.rglob("*") if f.is_file())}
+              for p in found]
+    return {"base_path": str(base), "chosen_by": chosen_by, "exists": base.is_dir(), "caches": caches,
+            "disk_bytes": sum(c["disk_bytes"] for c in caches)}

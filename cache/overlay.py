@@ -64,7 +64,9 @@ class Overlay:
         """Raise CacheError if the partition still has entries of unsettled instants (they would be lost)."""
         if self.has_pending(partition):
             raise CacheError(f"partition {partition!r} has uncommitted entries of instants "
-                             f"{sorted(self.instants(partition))}; it cannot be dropped until they finish")
+                             f"{sorted(self.instants(partition))}; it cannot be dropped until they finish. If their "
+                             "writer died, `dbidx rollback URI --all-pending` (no writer running) then `dbidx cache "
+                             "sync URI` settles them")
 
     def instants(self, partition: str | None = None) -> dict[str, int]:
         """Instants with pending entries (of one partition or all) -> entry count."""

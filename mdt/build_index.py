@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -34,8 +34,8 @@ from dbidx.mdt.superseded import write_vectors
 from dbidx.mdt.table import Table
 from dbidx.mdt.timeline import ACTION_BUILD_INDEX, CompletedInstant
 from dbidx.mdt.writer import CommitWriter, as_key_array
+from dbidx.progress import Progress, Steps
 
-Progress = Callable[[int, int], None]
 PARQUET_SUFFIX = ".parquet"
 
 
@@ -189,7 +189,8 @@ def build_index(
     total = sum(len(v) for v in by_partition.values())
     if total == 0:
         raise InvalidInputError(f"no Parquet data files found under {table.uri}")
-    done = keys_total = 0
+    keys_total = 0
+    steps = Steps(progress, total)
     all_keys: list[pa.Array] = []
     all_ids: list[np.ndarray] = []
     files: list[str] = []
@@ -213,9 +214,7 @@ def build_index(
                 records.append(source.record)  # the file itself becomes table data, by reference
                 schema = _unify(schema, _with_partition_columns(source.schema, partition), files[-1])
                 keys_total += len(keys)
-                done += 1
-                if progress is not None:
-                    progress(done, total)
+                steps.step(f"{partition or '(root)'} {rel.rsplit('/', 1)[-1]}", len(keys))
             # 2. Keys must be unique per partition (or table-wide in global mode, checked below).
             if table.global_index:
                 all_keys += part_keys
@@ -256,10 +255,11 @@ def adopt_delta_table(table: Table, key_column: str, partition_columns: Sequence
     records, vectors, descriptors = [], {}, {}
     keys_by_scope: dict[str, tuple[list[pa.Array], list[np.ndarray]]] = {}
     files: list[str] = []
+    steps = Steps(progress, len(snapshot.files))
     table.adopting_delta = True  # no Delta version is written before this instant publishes its own
     try:
         with CommitWriter(table, ACTION_BUILD_INDEX) as writer:
-            for done, f in enumerate(snapshot.files, 1):
+            for f in snapshot.files:
                 # 2. Each file's keys (its bytes checksummed, as every data file), minus its deleted rows.
                 source = _read_source(table, f.path, f.partition, key_column)
                 if source.record.size != f.size:
@@ -281,8 +281,7 @@ def adopt_delta_table(table: Table, key_column: str, partition_columns: Sequence
                 scope = "" if table.global_index else f.partition
                 keys_by_scope.setdefault(scope, ([], []))[0].append(keys)
                 keys_by_scope[scope][1].append(np.full(len(keys), len(files) - 1, dtype=np.int64))
-                if progress is not None:
-                    progress(done, len(snapshot.files))
+                steps.step(f"{f.partition or '(root)'} {f.path.rsplit('/', 1)[-1]}", len(keys))
             # 3. One live row per key (per partition, or table-wide in global mode).
             for scope, (part_keys, part_ids) in sorted(keys_by_scope.items()):
                 _reject_duplicates(pa.concat_arrays(part_keys), np.concatenate(part_ids), files,

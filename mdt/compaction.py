@@ -16,6 +16,7 @@ from dbidx.errors import ConflictError, CorruptFileError
 from dbidx.mdt import layout, rli_files
 from dbidx.mdt.table import Table
 from dbidx.mdt.timeline import ACTION_CLEAN, ACTION_COMPACTION, CompletedInstant, FileRecord
+from dbidx.progress import Progress, Steps
 
 
 @dataclass(frozen=True)
@@ -32,8 +33,10 @@ def compact(
     table: Table,
     partitions: Iterable[str] | None = None,
     min_files: int = 2,
+    progress: Progress | None = None,
 ) -> CompactionResult:
-    """Merge every (partition, shard) with at least `min_files` live files into a new base file."""
+    """Merge every (partition, shard) with at least `min_files` live files into a new base file; `progress` hears
+    of each group written (rows: entries read)."""
     view = table.refresh()
     wanted = None if partitions is None else {layout.validate_partition(p) for p in partitions}
     # 1. Choose the groups worth compacting, from the view as of now.
@@ -49,12 +52,14 @@ def compact(
     writer = table.timeline.start(ACTION_COMPACTION)
     bases: list[FileRecord] = []
     replaced = [f.path for files in todo.values() for f in files]
+    steps = Steps(progress, len(todo))
     try:
         # 2. Declare, then write one base per group: the newest entry per key, tombstones dropped.
         paths = {g: layout.base_file(g[0], g[1], writer.instant) for g in todo}
         table.timeline.mark_inflight(writer, paths.values())
         for g, files in todo.items():
             merged = rli_files.resolve_latest([rli_files.read_rli_file(table.io, f) for f in files], table.schema)
+            steps.step(f"{g[0] or '(global)'} shard {g[1]}", sum(f.rows for f in files))
             if merged.num_rows == 0:
                 continue
             bases.append(rli_files.write_rli_file(table.io, paths[g], merged, table.props.row_group_size, g[0], g[1],

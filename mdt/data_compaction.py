@@ -32,6 +32,7 @@ from dbidx.mdt.data_reader import (
 )
 from dbidx.mdt.records import ACTION_DATA_COMPACTION, CompletedInstant, DataFileRecord
 from dbidx.mdt.table import Table
+from dbidx.progress import Progress, Steps
 
 
 @dataclass(frozen=True)
@@ -50,12 +51,14 @@ DEFAULT_DELETED_SHARE = 0.2
 
 
 def compact_data(table: Table, partitions: Iterable[str] | None = None, min_files: int = 2,
-                 deleted_share: float | None = DEFAULT_DELETED_SHARE) -> DataCompactionResult:
+                 deleted_share: float | None = DEFAULT_DELETED_SHARE,
+                 progress: Progress | None = None) -> DataCompactionResult:
     """Rewrite every file group with at least `min_files` live data files, or whose deletion vectors hide at least
     `deleted_share` of its rows (None: never for that reason), into one base of its live rows.
 
     Why the second rule: a group of one file that upserts keep superseding grows no new files, but every reader
     still reads its dead rows and applies its vector (Delta's OPTIMIZE / REORG ... PURGE rewrites such files too).
+    `progress` hears of each file group rewritten (rows: rows read).
     """
     if deleted_share is not None and not 0.0 < deleted_share <= 1.0:
         raise InvalidInputError(f"deleted_share must be in (0, 1], got {deleted_share!r}")
@@ -92,8 +95,10 @@ def compact_data(table: Table, partitions: Iterable[str] | None = None, min_file
         paths = {(u.partition, u.file_group): data_file_path(u.partition, u.file_group, writer.instant, 0)
                  for u in todo}
         table.timeline.mark_inflight(writer, paths.values())
+        steps = Steps(progress, len(todo))
         for unit in todo:
             base = _write_base(table, unit, plan.key or "", schema, paths[(unit.partition, unit.file_group)], moved)
+            steps.step(f"{unit.partition or '(root)'} {unit.file_group}", sum(f.rows for f in unit.files))
             if base is not None:
                 bases.append(base)
 

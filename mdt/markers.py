@@ -56,7 +56,11 @@ def announced_files(io: FileIO, instant: str) -> list[str]:
                 else unquote(name)
             out.append(layout.validate_instant_file(rel, instant))
         except (InvalidInputError, UnicodeDecodeError) as exc:
-            raise CorruptFileError(f"marker {io.path(marker_dir(instant))}/{name} is not valid: {exc}") from exc
+            raise CorruptFileError(
+                f"marker {io.path(marker_dir(instant))}/{name} of instant {instant} is not valid: {exc}. A marker only "
+                "announces a file dbidx writes, and this one names none: delete it, then run `dbidx rollback "
+                f"{io.root} --all-pending` if the instant is still pending (its writer died), else `dbidx repair "
+                f"{io.root}` to sweep what the settled instant left") from exc
     return sorted(out)
 
 

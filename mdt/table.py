@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from dbidx.mdt.compaction import CompactionResult
     from dbidx.mdt.data_compaction import DataCompactionResult
     from dbidx.mdt.writer import CommitWriter
+    from dbidx.progress import Progress
 
 class Table:
     """A dbidx table: FileIO + properties + timeline; picklable, so Spark tasks can receive it."""
@@ -116,8 +117,9 @@ class Table:
         io.check_not_a_file()
         if not io.exists(layout.PROPERTIES_FILE):
             raise TableNotFoundError(
-                f"no dbidx table at {io.root} ({layout.PROPERTIES_FILE} not found); create one with "
-                "Table.create() or `dbidx build-index`"
+                f"no dbidx table at {io.root} ({layout.PROPERTIES_FILE} not found): check the URI (the table's "
+                "base directory, not one of its partitions), or create one with `dbidx init URI`, `dbidx build-index "
+                "URI --key COL` (existing Parquet or Delta data) or Table.create()"
             )
         raw = io.read_bytes(layout.PROPERTIES_FILE)
         props = parse_properties(raw, io.path(layout.PROPERTIES_FILE))
@@ -409,23 +411,26 @@ class Table:
         as active writers on a filesystem without an exclusive create."""
         return self.timeline.rollback(instant, ignore=also_dead)
 
-    def compact(self, partitions: Iterable[str] | None = None, min_files: int = 2) -> "CompactionResult":
+    def compact(self, partitions: Iterable[str] | None = None, min_files: int = 2,
+                progress: "Progress | None" = None) -> "CompactionResult":
         """Merge each (partition, shard) with at least `min_files` index files into one base without tombstones,
         as one compaction instant; concurrent commits are not in conflict with it (see mdt.compaction)."""
         from dbidx.mdt.compaction import compact
 
-        result = compact(self, partitions, min_files=min_files)
+        result = compact(self, partitions, min_files=min_files, progress=progress)
         self._sweep_after("index compaction")
         return result
 
     def compact_data(self, partitions: Iterable[str] | None = None, min_files: int = 2,
-                     deleted_share: float | None = 0.2) -> "DataCompactionResult":
+                     deleted_share: float | None = 0.2,
+                     progress: "Progress | None" = None) -> "DataCompactionResult":
         """Rewrite each file group with at least `min_files` data files, or with at least `deleted_share` of its rows
         deleted, into one base of its live rows, as one data compaction instant that concurrent upserts do not
         conflict with (see mdt.data_compaction)."""
         from dbidx.mdt.data_compaction import compact_data
 
-        result = compact_data(self, partitions, min_files=min_files, deleted_share=deleted_share)
+        result = compact_data(self, partitions, min_files=min_files, deleted_share=deleted_share,
+                              progress=progress)
         self._sweep_after("data compaction")
         return result
 

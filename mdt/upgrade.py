@@ -36,6 +36,7 @@ from dbidx.mdt.properties import FORMAT_VERSION, TableProperties, parse_properti
 from dbidx.mdt.records import ACTION_UPGRADE, CompletedInstant
 from dbidx.mdt.superseded import _read_columns, write_vectors
 from dbidx.mdt.timeline import StartedInstant, Timeline
+from dbidx.progress import Progress, Steps
 
 UPGRADE_FROM = 3
 STAGED_RECORD = f"{layout.META_DIR}/upgrade-from-3.json"
@@ -60,11 +61,12 @@ class UpgradeReport:
 
 
 def upgrade_table(uri: str, fs: Any = None, storage_options: Mapping[str, Any] | None = None,
-                  rollback_pending: bool = False) -> UpgradeReport:
+                  rollback_pending: bool = False, progress: Progress | None = None) -> UpgradeReport:
     """Upgrade the format-3 table at `uri` to format 4 in place (see the module docstring for the steps and their
     crash safety). Pending instants (a running or crashed format-3 writer) refuse the upgrade unless
     `rollback_pending`: they are then rolled back once the table is format 4. Running it on a format-4 table only
-    finishes an upgrade a crash cut short."""
+    finishes an upgrade a crash cut short. `progress` hears of each file group whose vectors are computed (rows:
+    rows read)."""
     started_at = time.perf_counter()
     io = FileIO.from_uri(uri, fs, storage_options)
     io.check_not_a_file()
@@ -72,13 +74,13 @@ def upgrade_table(uri: str, fs: Any = None, storage_options: Mapping[str, Any] |
         raise TableNotFoundError(f"no dbidx table at {io.root} ({layout.PROPERTIES_FILE} not found): nothing to "
                                  "upgrade")
     with _UpgradeLock(io):
-        report = _upgrade_locked(io, uri, fs, storage_options, rollback_pending)
+        report = _upgrade_locked(io, uri, fs, storage_options, rollback_pending, progress)
     report.seconds = time.perf_counter() - started_at
     return report
 
 
 def _upgrade_locked(io: FileIO, uri: str, fs: Any, storage_options: Mapping[str, Any] | None,
-                    rollback_pending: bool) -> UpgradeReport:
+                    rollback_pending: bool, progress: Progress | None = None) -> UpgradeReport:
     """upgrade_table's steps, run while this process holds the upgrade lock."""
     from dbidx.mdt.table import Table
 
@@ -116,7 +118,7 @@ def _upgrade_locked(io: FileIO, uri: str, fs: Any, storage_options: Mapping[str,
     last = timeline.latest_seq
     # 2. The vectors of every file group, in one DV file of the upgrade's own instant.
     started = timeline.start(ACTION_UPGRADE, ignore=pending)
-    vectors = table_vectors(io, view)
+    vectors = table_vectors(io, view, progress)
     dv_files, deletion_vectors = write_vectors(io, started.instant, vectors)
     record = CompletedInstant(seq=last + 1, instant=started.instant, action=ACTION_UPGRADE,
                               completed_at_ms=int(time.time() * 1000), start_seq=last, table_id=props.table_id,
@@ -239,7 +241,7 @@ def finish_upgrade(io: FileIO, props: TableProperties) -> bool:
     return True
 
 
-def table_vectors(io: FileIO, view: DataView) -> dict[str, BitMap]:
+def table_vectors(io: FileIO, view: DataView, progress: Progress | None = None) -> dict[str, BitMap]:
     """Per live data file, the rows a format-3 reader does not return: in each file group (files in commit order)
     every row but the last of its key, and the last one too when it is a delete row."""
     layout_value = view.layout.value if view.layout is not None else None
@@ -253,7 +255,8 @@ def table_vectors(io: FileIO, view: DataView) -> dict[str, BitMap]:
     for live in view.live():
         groups.setdefault((live.record.partition, live.record.file_group), []).append(live)
     vectors: dict[str, BitMap] = {}
-    for _group, entries in sorted(groups.items()):
+    steps = Steps(progress, len(groups))
+    for (partition, file_group), entries in sorted(groups.items()):
         entries.sort(key=lambda e: e.order)
         # 1. The group's keys and delete flags, rows numbered in commit order.
         columns = [_read_columns(io, e.record, key) for e in entries]
@@ -271,6 +274,7 @@ def table_vectors(io: FileIO, view: DataView) -> dict[str, BitMap]:
             start += len(file_keys)
             if len(hidden):
                 vectors[entry.record.path] = BitMap(hidden.astype(np.uint32))
+        steps.step(f"{partition or '(root)'} {file_group}", len(keys))
     return vectors
 
 

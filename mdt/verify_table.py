@@ -9,7 +9,7 @@ checkpoint is compared with a replay of every record up to it (archived ones inc
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from dbidx.errors import CorruptFileError, HistoryCompactedError
 from dbidx.mdt import layout, rli_files
@@ -20,8 +20,7 @@ from dbidx.mdt.file_view import FileView
 from dbidx.mdt.records import FileRecord
 from dbidx.mdt.superseded import load_vector
 from dbidx.mdt.table import Table
-
-Progress = Callable[[int, int], None]
+from dbidx.progress import Progress, Steps
 
 
 @dataclass
@@ -59,8 +58,8 @@ def verify_table(table: Table, progress: Progress | None = None) -> TableCheck:
         except HistoryCompactedError as exc:  # a live file was cleaned: that is damage too
             check.damaged.append({"path": f"{partition}/{shard}", "problem": str(exc)})
     data_records = [f.record for f in table.data_view().live()]
-    total = len(index_records) + len(data_records)
-    for i, record in enumerate(index_records + data_records):
+    steps = Steps(progress, len(index_records) + len(data_records))
+    for record in index_records + data_records:
         try:
             if isinstance(record, FileRecord):
                 rli_files.open_rli_file(table.io, record)  # also checks rows and schema
@@ -71,8 +70,7 @@ def verify_table(table: Table, progress: Progress | None = None) -> TableCheck:
             check.bytes_checked += record.size
         except CorruptFileError as exc:
             check.damaged.append({"path": record.path, "problem": str(exc)})
-        if progress is not None:
-            progress(i + 1, total)
+        steps.step(record.path)
     _check_vectors(table, check)
     _compare_checkpoint(table, check)
     return check

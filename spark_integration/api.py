@@ -25,6 +25,7 @@ from dbidx.mdt import data_reader, data_schema, layout, leftovers
 from dbidx.mdt.conflicts import TouchedKeys
 from dbidx.mdt.records import DataFileRecord, FileRecord, PartitionChange
 from dbidx.mdt.table import Table
+from dbidx.progress import Progress, Steps, null_progress
 from dbidx.spark_integration import datafiles, task
 from dbidx.spark_integration.reads import (  # noqa: F401 - part of this module's API since before the split
     committed_data_files, committed_data_records, read_table,
@@ -193,7 +194,7 @@ def _collect_results(results: Any) -> list[tuple[int, int, bytes]]:
 def upsert(df: Any, table: Table, *, key: str, partition: str, ordering: str | None = None,
            delete_column: str | None = "_dbidx_delete", hive_style: bool = True, buckets: BucketSpec | None = None,
            cache_options: Mapping[str, Any] | None = None, cache_config: CacheConfig | None = None,
-           on_task_written: TaskHook | None = None) -> CommitSummary:
+           on_task_written: TaskHook | None = None, progress: Progress | None = None) -> CommitSummary:
     """Insert, update and delete the rows of `df` in `table` as one atomic instant; returns its summary.
 
     `key` and `partition` name the record-key and partition columns. They are required keywords: a guessed default
@@ -203,6 +204,8 @@ def upsert(df: Any, table: Table, *, key: str, partition: str, ordering: str | N
     before it reports back: an instrumentation hook (fault injection in tests, progress in tools). If it raises in
     the task attempt Spark gives up on, upsert raises that exception's type with its message (a HookError naming the
     type if the driver cannot import or build it), after rolling the instant back.
+    progress (dbidx.progress): told when the Spark job is submitted (step 0) and of each shard task's result as the
+    driver checks it (rows: input rows so far); the tasks themselves run on executors, out of its sight.
     Raises ConflictError if a commit that completed meanwhile touched one of the batch's keys (nothing is
     published: run the upsert again), CommitError if the job's results are incomplete.
     """
@@ -212,17 +215,19 @@ def upsert(df: Any, table: Table, *, key: str, partition: str, ordering: str | N
     from dbidx.spark_integration.bulk import empty_table_seq
 
     # A table's first write cannot update anything: it takes the bulk path (tasks skip the caches).
-    return upsert_with_options(df, table, replace(options, bulk_seq=empty_table_seq(table)), on_task_written)
+    return upsert_with_options(df, table, replace(options, bulk_seq=empty_table_seq(table)), on_task_written,
+                               progress)
 
 
 def upsert_with_options(df: Any, table: Table, options: TagOptions,
-                        on_task_written: TaskHook | None = None) -> CommitSummary:
+                        on_task_written: TaskHook | None = None, progress: Progress | None = None) -> CommitSummary:
     """`upsert` with its options made (and checked) already: what `upsert` and `bulk.bulk_insert` run."""
     from pyspark.sql import functions as F
     input_schema = arrow_schema_of(df)
 
     def job(instant: str) -> list[tuple[int, int, bytes]]:
         shuffled = _by_shard(df.withColumn(ROW_ID, F.monotonically_increasing_id()), table, options)
+        (progress or null_progress)(0, table.num_shards, f"Spark job of {instant}: tagging and writing", 0)
         try:
             return _collect_results(shuffled.mapInArrow(
                 partial(_upsert_partition, table=table, options=options, instant=instant,
@@ -235,16 +240,17 @@ def upsert_with_options(df: Any, table: Table, options: TagOptions,
                 raise
             raise error from exc
 
-    return run_upsert(table, options, job, input_schema, "the upsert DataFrame")
+    return run_upsert(table, options, job, input_schema, "the upsert DataFrame", progress)
 
 
 def run_upsert(table: Table, options: TagOptions, job: Callable[[str], list[tuple[int, int, bytes]]],
-               input_schema: pa.Schema, where: str) -> CommitSummary:
+               input_schema: pa.Schema, where: str, progress: Progress | None = None) -> CommitSummary:
     """One upsert instant around a job that runs the shard tasks and returns their results (Spark, or in-process
     for `upsert_arrow`): start, publish after the checks, or roll back and delete every announced file.
 
     input_schema: the input's Arrow schema, checked against the table's data schema before anything runs
     (SchemaError); a first write or a new column records the schema in this instant's completion.
+    progress: told of each task result as it is checked (one step per shard).
     """
     started = time.perf_counter()
     _check_buckets(table, options.buckets)
@@ -262,7 +268,7 @@ def run_upsert(table: Table, options: TagOptions, job: Callable[[str], list[tupl
         if new_schema is not None:
             writer.extra[data_schema.SCHEMA_EXTRA] = data_schema.encode_schema(new_schema)
         record, summary = commit_results(writer, results, options, expected_tasks=table.num_shards,
-                                         started=started)
+                                         started=started, progress=progress)
     except BaseException as exc:
         try:
             writer.rollback()  # also deletes every file any attempt announced
@@ -315,7 +321,8 @@ def _schema_unchanged(news: list[Any], instant: str) -> None:
 
 
 def commit_results(writer: Any, results: list[tuple[int, int, bytes]], options: TagOptions,
-                   expected_tasks: int, started: float | None = None) -> tuple[Any, CommitSummary]:
+                   expected_tasks: int, started: float | None = None,
+                   progress: Progress | None = None) -> tuple[Any, CommitSummary]:
     """Publish the task results of the winning attempts as the writer's instant, or raise and publish nothing.
 
     started: the upsert's perf_counter start; the completion record then stores the seconds from there to the
@@ -338,6 +345,7 @@ def commit_results(writer: Any, results: list[tuple[int, int, bytes]], options: 
     # 2. Parse every record strictly (task results are input like any other) and check the files exist.
     files, index_files, touched, shards = [], [], [], []
     writer.table.refresh()  # tasks tagged against seqs up to the latest; none can be newer
+    steps = Steps(progress, len(results))
     try:
         for shard, _attempt, payload in results:
             result = task.unpack_result(payload)
@@ -352,7 +360,9 @@ def commit_results(writer: Any, results: list[tuple[int, int, bytes]], options: 
             index_files += task_index
             touched += task_touched
             # Strict: every number present, >= 0, whole where an int; kept beside the dict as sent.
-            shards += [(task.ShardMetrics.from_dict(m), m) for m in result["metrics"]]
+            task_metrics = [(task.ShardMetrics.from_dict(m), m) for m in result["metrics"]]
+            shards += task_metrics
+            steps.step(f"shard {shard} checked", sum(parsed.input_rows for parsed, _ in task_metrics))
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CommitError(f"instant {writer.instant}: a task result is malformed ({exc}); nothing was "
                           "published") from exc

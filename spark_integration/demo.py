@@ -225,10 +225,24 @@ def run_demo(workdir: str | Path, keys: int = 200_000, days: int = 10, batches: 
         # 5. The same table is a Delta Lake table: other engines read it without dbidx, and see the same rows.
         report["other_readers"] = other_readers(table.io.path(""), expected, say)
         report.update(seconds=round(time.perf_counter() - started, 1))
+        # 6. A picture: time and cache hit rate per batch.
+        report["chart"] = _chart(report, root, say)
         say(f"done in {report['seconds']} s")
     finally:
         spark.stop()
     return report
+
+
+def _chart(report: dict[str, Any], root: Path, say: Callable[[str], None]) -> str | None:
+    """The demo's PNG chart (dbidx.charts.demo_chart) under the work dir; None, said, without matplotlib."""
+    from dbidx.charts import demo_chart
+
+    footer = (f"{report['keys']:,} keys over {report['days']} days, {len(report['batches']) - 1} change batches, "
+              f"Spark local[2], 2 key shards; whole demo {report['seconds']} s (JVM starts included)")
+    path = demo_chart(report["batches"], root / "demo-batches.png", footer)
+    say(f"  chart: {path} (batch seconds and cache hit rate per batch)" if path is not None
+        else "  chart: not drawn, matplotlib is not installed (pip install matplotlib)")
+    return None if path is None else str(path)
 
 
 def _streamed(spark: Any, root: Path, frame: pd.DataFrame, table: Table, config: CacheConfig, spec: BucketSpec,

@@ -15,6 +15,7 @@ import pyarrow as pa
 from dbidx.buckets.assigner import BucketSpec
 from dbidx.config import CacheConfig
 from dbidx.mdt.table import Table
+from dbidx.progress import Progress, Steps
 from dbidx.spark_integration import task
 from dbidx.spark_integration.api import CommitSummary, make_options, run_upsert
 from dbidx.spark_integration.bulk import empty_table_seq
@@ -24,9 +25,10 @@ from dbidx.spark_integration.tagger import ROW_ID
 def upsert_arrow(data: pa.Table, table: Table, *, key: str, partition: str, ordering: str | None = None,
                  delete_column: str | None = "_dbidx_delete", hive_style: bool = True,
                  buckets: BucketSpec | None = None, cache_options: Mapping[str, Any] | None = None,
-                 cache_config: CacheConfig | None = None) -> CommitSummary:
+                 cache_config: CacheConfig | None = None, progress: Progress | None = None) -> CommitSummary:
     """Insert, update and delete the rows of an Arrow table as one atomic instant (semantics of `api.upsert`,
-    including its required `key` and `partition` keywords)."""
+    including its required `key` and `partition` keywords). `progress` (dbidx.progress) hears of each shard task
+    as it finishes here (rows: input rows so far)."""
     options = make_options(table, key, partition, ordering, delete_column, hive_style, buckets, cache_options,
                            cache_config)
     options.check_columns(data.column_names, "the upsert table",
@@ -39,10 +41,12 @@ def upsert_arrow(data: pa.Table, table: Table, *, key: str, partition: str, orde
 
     def job(instant: str) -> list[tuple[int, int, bytes]]:
         results = []
+        steps = Steps(progress, table.num_shards)
         for shard in range(table.num_shards):
             rows = data.filter(pa.array(shards == shard)) if data.num_rows else data
             result = task.upsert_batches(rows.to_batches(), table, options, instant, attempt=shard)
             results.append((shard, shard, task.pack_payload(result)))
+            steps.step(f"shard {shard} tagged and written", rows.num_rows)
         return results
 
     return run_upsert(table, options, job, schema, "the upsert table")

@@ -118,7 +118,7 @@ def test_every_parallelism_gives_the_same_content(table, tmp_path, parallelism):
 def test_progress_reports_every_slice_and_ends_at_the_total(table, tmp_path):
     events: list[tuple[int, int, str]] = []
     result = bootstrap(table, days=2, now=NOW, base_path=tmp_path / "c", parallelism="threads",
-                       progress=lambda done, total, step: events.append((done, total, step)))
+                       progress=lambda done, total, step, rows: events.append((done, total, step)))
     assert len(events) == result.partitions_loaded
     assert events[-1][0] == result.entries and all(e[0] <= e[1] for e in events)
     assert [e[0] for e in events] == sorted(e[0] for e in events)
@@ -243,7 +243,7 @@ import sys, time
 from dbidx.bootstrap.time_bounded import bootstrap
 from dbidx.mdt.table import Table
 
-def progress(done, total, step):
+def progress(done, total, step, rows):
     print("LOADED", step, flush=True)
 
 if __name__ == "__main__":

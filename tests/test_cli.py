@@ -49,14 +49,14 @@ def test_build_index_lookup_stats_compact(runner, dataset):
     table = Table.open(str(dataset))
     assert table.num_shards == 3 and table.snapshot("dt=2025-01-01").num_rows == 200
 
-    result = runner.invoke(main, ["lookup", "--table", str(dataset), "2025-01-01-7", "brand-new", "--partition",
+    result = runner.invoke(main, ["lookup", str(dataset), "2025-01-01-7", "brand-new", "--partition",
                                   "dt=2025-01-01", "--json"])
     assert result.exit_code == 0, result.output
     found = json.loads(result.output)
     assert [r["key"] for r in found["found"]] == ["2025-01-01-7"] and found["missing"] == ["brand-new"]
     assert found["found"][0]["file_group"] == "part-0"
 
-    result = runner.invoke(main, ["lookup", "--table", str(dataset), "brand-new", "--partition", "dt=2025-01-01"])
+    result = runner.invoke(main, ["lookup", str(dataset), "brand-new", "--partition", "dt=2025-01-01"])
     assert result.exit_code == 1 and "new key" in result.output
 
     result = runner.invoke(main, ["stats", str(dataset), "--json"])
@@ -84,7 +84,7 @@ def test_errors_exit_non_zero_with_a_clear_message(runner, tmp_path, dataset):
     assert json.loads(result.output.splitlines()[0])["error"] == "TableNotFoundError"
     result = runner.invoke(main, ["build-index", str(dataset), "--key", "missing_col"])
     assert result.exit_code == 2 and "missing_col" in result.output
-    result = runner.invoke(main, ["lookup", "--table", str(dataset), "k", "--partition", "../up"])
+    result = runner.invoke(main, ["lookup", str(dataset), "k", "--partition", "../up"])
     assert result.exit_code == 2 and "'../up'" in result.output
     result = runner.invoke(main, ["init", str(dataset)])
     assert result.exit_code == 3 and "already exists" in result.output
@@ -126,6 +126,8 @@ def test_demo_runs(tmp_path):
     # The same table through the Delta log: polars and duckdb (dev dependencies) see exactly the checked rows.
     assert report["other_readers"] == {"polars": report["rows_checked"], "duckdb": report["rows_checked"]}
     assert "open table: polars reads the same" in result.stderr and "open table: duckdb" in result.stderr
+    # It ends with a picture: batch time and cache hit rate per batch (matplotlib is a dev dependency).
+    assert Path(report["chart"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "chart: " in result.stderr
     runner = CliRunner()
     history = runner.invoke(main, ["commits", str(workdir / "table"), "--json"])
     assert history.exit_code == 0, history.output
@@ -137,13 +139,13 @@ def test_demo_runs(tmp_path):
     # The demo's caches are left on disk, behind the final compaction + clean: verify says so, sync reloads what
     # was cleaned, and then the caches verify against the index.
     table = Table.open(str(workdir / "table"))
-    behind = runner.invoke(main, ["cache", "verify", "--table", table.uri, "--cache-dir", str(workdir / "_cache")])
+    behind = runner.invoke(main, ["cache", "verify", table.uri, "--cache-dir", str(workdir / "_cache")])
     assert behind.exit_code != 0 and "dbidx cache sync" in behind.output
-    synced = runner.invoke(main, ["cache", "sync", "--table", table.uri, "--cache-dir", str(workdir / "_cache"),
+    synced = runner.invoke(main, ["cache", "sync", table.uri, "--cache-dir", str(workdir / "_cache"),
                                   "--json"])
     assert synced.exit_code == 0, synced.output
     assert all(c["reloaded_partitions"] for c in json.loads(synced.output)["caches"])
-    verified = runner.invoke(main, ["--json", "cache", "verify", "--table", table.uri, "--cache-dir",
+    verified = runner.invoke(main, ["--json", "cache", "verify", table.uri, "--cache-dir",
                                     str(workdir / "_cache")])
     assert verified.exit_code == 0, verified.output
     assert len(json.loads(verified.output)["caches"]) == table.num_shards

@@ -51,14 +51,14 @@ def test_sync_then_verify(setup):
     table, base = setup
     with table.new_commit() as w:
         w.insert(DAY1, [f"new-{i}" for i in range(50)], "fg-new")
-    synced = run(["sync", "--table", table.uri, "--cache-dir", str(base), "--json"])
+    synced = run(["sync", table.uri, "--cache-dir", str(base), "--json"])
     assert sum(c["applied_entries"] for c in synced["caches"]) == 50
-    assert run(["verify", "--table", table.uri, "--cache-dir", str(base), "--json"])["ok"] is True
+    assert run(["verify", table.uri, "--cache-dir", str(base), "--json"])["ok"] is True
     # Damage one cache through the library: verify exits 1 and names the difference.
     path = find_cache_dirs(base)[0]
     with open_cache_dir(path) as cache:
         cache.apply(DAY2, ["ghost"], ["fg-ghost"], [False], synced_seq=cache.watermark)
-    result = CliRunner().invoke(main, ["verify", "--table", table.uri, "--cache-dir", str(base)])
+    result = CliRunner().invoke(main, ["verify", table.uri, "--cache-dir", str(base)])
     assert result.exit_code == 1 and "ghost" in result.output and "MISMATCH" in result.output
 
 
@@ -121,7 +121,7 @@ def test_cache_command_errors(setup, tmp_path):
     result = CliRunner().invoke(main, ["stats", "--cache-dir", str(tmp_path / "nowhere")])
     assert result.exit_code == 6 and "does not exist" in result.output
     other = make_table(tmp_path / "other")
-    result = CliRunner().invoke(main, ["verify", "--table", other.uri, "--cache-dir", str(find_cache_dirs(base)[0])])
+    result = CliRunner().invoke(main, ["verify", other.uri, "--cache-dir", str(find_cache_dirs(base)[0])])
     assert result.exit_code == 6 and "replicates table" in result.output
     result = CliRunner().invoke(main, ["stats"])
     assert result.exit_code == 2 and "--cache-dir" in result.output
@@ -133,10 +133,10 @@ def test_the_cache_group_and_its_old_spellings_agree(setup):
     table, base = setup
     runner = CliRunner()
     for new, old in ((["cache", "stats", "--cache-dir", str(base)], ["stats", "--cache-dir", str(base)]),
-                     (["cache", "verify", "--table", table.uri, "--cache-dir", str(base)],
-                      ["verify", "--table", table.uri, "--cache-dir", str(base)]),
-                     (["cache", "sync", "--table", table.uri, "--cache-dir", str(base)],
-                      ["sync", "--table", table.uri, "--cache-dir", str(base)]),
+                     (["cache", "verify", table.uri, "--cache-dir", str(base)],
+                      ["verify", table.uri, "--cache-dir", str(base)]),
+                     (["cache", "sync", table.uri, "--cache-dir", str(base)],
+                      ["sync", table.uri, "--cache-dir", str(base)]),
                      (["cache", "reap", "--cache-dir", str(base), "--dry-run"],
                       ["reap", "--cache-dir", str(base), "--dry-run"])):
         now = runner.invoke(main, ["--json"] + new)

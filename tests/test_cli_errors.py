@@ -14,21 +14,21 @@ from dbidx.mdt.table import Table
 TABLE_COMMANDS = [
     ["init", "{t}"],
     ["build-index", "{t}", "--key", "id"],
-    ["lookup", "k1", "--table", "{t}", "--partition", "dt=1"],
+    ["lookup", "{t}", "k1", "--partition", "dt=1"],
     ["commits", "{t}"],
     ["stats", "{t}"],
-    ["bootstrap", "--table", "{t}", "--cache-dir", "{c}"],
-    ["sync", "--table", "{t}", "--cache-dir", "{c}"],
-    ["verify", "--table", "{t}"],
-    ["verify", "--table", "{t}", "--cache-dir", "{c}"],
+    ["bootstrap", "{t}", "--cache-dir", "{c}"],
+    ["sync", "{t}", "--cache-dir", "{c}"],
+    ["verify", "{t}"],
+    ["verify", "{t}", "--cache-dir", "{c}"],
     ["compact", "{t}"],
     ["rollback", "{t}", "--all-pending"],
 ]
 CACHE_COMMANDS = [
     ["stats", "--cache-dir", "{c}"],
     ["reap", "--cache-dir", "{c}"],
-    ["sync", "--table", "{t}", "--cache-dir", "{c}"],
-    ["verify", "--table", "{t}", "--cache-dir", "{c}"],
+    ["sync", "{t}", "--cache-dir", "{c}"],
+    ["verify", "{t}", "--cache-dir", "{c}"],
 ]
 
 

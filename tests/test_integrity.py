@@ -129,7 +129,7 @@ def test_a_flipped_byte_anywhere_in_a_data_file_fails_its_read(damaged_table, fr
 def test_truncated_files_and_verify_reports_every_damaged_file(tmp_path: Path) -> None:
     table, _config = make_table(tmp_path)
     assert verify_table(table).ok
-    result = CliRunner().invoke(main, ["verify", "--table", table.uri])
+    result = CliRunner().invoke(main, ["verify", table.uri])
     assert result.exit_code == 0, result.output
     assert "0 damaged" in result.output
     for rel in (index_file(table), data_file(table)):
@@ -140,7 +140,7 @@ def test_truncated_files_and_verify_reports_every_damaged_file(tmp_path: Path) -
     assert all("bytes but its commit recorded" in d["problem"] for d in check.damaged)
     with pytest.raises(CorruptFileError, match="bytes but its commit recorded"):
         Table.open(table.uri).snapshot(DAY)
-    result = CliRunner().invoke(main, ["verify", "--table", table.uri, "--json"])
+    result = CliRunner().invoke(main, ["verify", table.uri, "--json"])
     assert result.exit_code == 4, result.output
     payload = json.loads(result.stdout)
     assert payload["ok"] is False and len(payload["damaged"]) == 2
@@ -151,8 +151,8 @@ def test_deleting_the_newest_completion_record_is_an_error_not_a_smaller_table(t
     os.remove(table.io.path(layout.completed_file(2)))
     with pytest.raises(CorruptFileError, match="completion records 2..2 are missing"):
         Table.open(table.uri).snapshot(DAY)
-    for args in (["stats", table.uri], ["verify", "--table", table.uri],
-                 ["bootstrap", "--table", table.uri, "--cache-dir", str(tmp_path / "c2"), "--days", "100000"]):
+    for args in (["stats", table.uri], ["verify", table.uri],
+                 ["bootstrap", table.uri, "--cache-dir", str(tmp_path / "c2"), "--days", "100000"]):
         result = CliRunner().invoke(main, args)
         assert result.exit_code == 4, (args, result.output)
         assert "missing" in result.output and "Traceback" not in result.output

@@ -1,0 +1,154 @@
+"""What every `dbidx` command shares: its output (text or one JSON object), progress on stderr, and how it names a
+table (URI as the first argument; `--table URI` is a hidden, deprecated alias).
+
+Imported by cli.py and cli_cache.py; it imports neither, so there is no cycle.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import time
+from dataclasses import asdict, is_dataclass
+from typing import Any, Callable
+
+import click
+
+from dbidx.progress import Progress, null_progress
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+
+
+class Output:
+    """Prints a command's result as human text or as one JSON object (`--json`)."""
+
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
+
+    def emit(self, payload: dict[str, Any], text: Callable[[dict[str, Any]], str]) -> None:
+        """Print the payload: JSON verbatim, or through the command's text formatter."""
+        if self.as_json:
+            click.echo(json.dumps(payload, indent=2, sort_keys=True, default=_jsonable))
+        else:
+            click.echo(text(payload))
+
+    def fail(self, kind: str, message: str, code: int, usage: click.ClickException | None = None) -> None:
+        """Report a failure caught at the top level and exit with its code."""
+        if self.as_json:
+            click.echo(json.dumps({"error": kind, "message": message}))
+        if usage is not None and not self.as_json:
+            usage.show()
+        else:
+            click.echo(f"Error: {message}", err=True)
+        sys.exit(code)
+
+
+def _jsonable(value: Any) -> Any:
+    if is_dataclass(value):
+        return asdict(value)  # type: ignore[arg-type]
+    return str(value)
+
+
+def wants_json(as_json: bool = False) -> bool:
+    """Whether this invocation prints JSON (`--json` on the command or on the group)."""
+    ctx = click.get_current_context(silent=True)
+    root = ctx.find_root() if ctx is not None else None
+    return as_json or bool(root is not None and (root.obj or {}).get("json"))
+
+
+def output(as_json: bool) -> Output:
+    """The command's Output: JSON when the command or the group (`dbidx --json ...`) asked for it."""
+    return Output(wants_json(as_json))
+
+
+def storage_options() -> dict[str, str]:
+    """The --storage-option values given to the top-level command."""
+    ctx = click.get_current_context(silent=True)
+    root = ctx.find_root() if ctx is not None else None
+    return dict((root.obj or {}).get("storage_options", {})) if root is not None else {}
+
+
+def open_table(uri: str) -> Any:
+    """The table at URI, with the group's --storage-option values."""
+    from dbidx.mdt.table import Table
+
+    return Table.open(uri, storage_options=storage_options())
+
+
+class ProgressBar:
+    """Shows a dbidx.progress.Progress on stderr: a click bar on a terminal, else a log line per step at most every
+    `every_s` seconds (the first and last always); nothing with --json, whose stdout stays one JSON object."""
+
+    def __init__(self, label: str, quiet: bool, every_s: float = 1.0) -> None:
+        self.label, self.quiet, self.every_s = label, quiet, every_s
+        self.tty = sys.stderr.isatty()
+        self.bar: Any = None
+        self.started = self.logged = 0.0
+
+    def __enter__(self) -> Progress:
+        self.started = time.monotonic()
+        return null_progress if self.quiet else self
+
+    def __call__(self, done: int, total: int, step: str = "", rows: int = 0) -> None:
+        """Show one step: done of total, what finished, rows and rows/s so far."""
+        now = time.monotonic()
+        rate = f", {rows:,} rows, {rows / max(now - self.started, 1e-6):,.0f} rows/s" if rows else ""
+        if self.tty:
+            if self.bar is None:
+                self.bar = click.progressbar(length=max(total, 1), label=self.label, file=sys.stderr,
+                                             item_show_func=lambda item: item).__enter__()
+            self.bar.length = max(total, 1)
+            self.bar.update(done - self.bar.pos, current_item=f"{step}{rate}")
+        elif done >= total or not self.logged or now - self.logged >= self.every_s:
+            self.logged = now
+            click.echo(f"{self.label}: {done:,}/{total:,} {step}{rate}", err=True)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+
+
+def command_name() -> str:
+    """The running command as a user types it (`dbidx cache sync`)."""
+    ctx, names = click.get_current_context(silent=True), []
+    while ctx is not None and ctx.parent is not None:
+        names.insert(0, ctx.info_name or "")
+        ctx = ctx.parent
+    return " ".join(["dbidx"] + names)
+
+
+def resolve_table(uri: str | None, table_option: str | None, hint: str = "") -> str:
+    """The table a command names: its URI argument, or the deprecated --table (the same value, if both)."""
+    if table_option is not None:
+        if uri is not None and uri != table_option:
+            raise click.UsageError(f"the table is named twice, as URI {uri!r} and as --table {table_option!r}; name "
+                                   f"it once, as the first argument: {command_name()} URI ... (--table is deprecated)")
+        click.echo(f"note: --table is deprecated; name the table as the first argument: {command_name()} URI ...",
+                   err=True)
+        return table_option
+    if uri is None:
+        raise click.UsageError(f"missing the table: name its URI as the first argument: {command_name()} URI ...{hint}")
+    return uri
+
+
+def table_argument(rest: str | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """URI, the table, as the command's first argument, plus the hidden deprecated `--table URI`.
+
+    rest: the name of a variadic argument after URI (lookup's KEYS). With --table given, a first positional that
+    differs from it is the first of those (the old spelling `lookup --table URI KEY...`), not a second table.
+    """
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def callback(*args: Any, **kwargs: Any) -> Any:
+            uri, table_option = kwargs.get("uri"), kwargs.pop("table_option", None)
+            if rest is not None and table_option is not None and uri is not None and uri != table_option:
+                kwargs[rest], uri = (uri, *kwargs.get(rest, ())), None
+            kwargs["uri"] = resolve_table(uri, table_option)
+            return fn(*args, **kwargs)
+
+        callback = click.option("--table", "table_option", default=None, hidden=True,
+                                help="Deprecated: the table's URI (give it as the first argument).")(callback)
+        return click.argument("uri", required=False)(callback)
+
+    return decorate
