@@ -1,14 +1,11 @@
-"""The table's data files (naming, writing, verified reading) and reads of the latest version of every record,
-one file group at a time, in pure Arrow.
+"""The table's data files (naming, writing, verified reading) and reads of a version of the table, one file group
+at a time, in pure Arrow.
 
-Why per file group: a record lives in exactly one file group (the index says which), so every version of it is in
-that group's files and the latest one can be chosen without looking anywhere else - no shuffle, no global sort, any
-number of file groups read in parallel by any engine. A record that moved partition (global index) leaves a delete
-row in its old file group, so the old group drops it too.
-
-Which version wins: the one of the latest commit (completion order); within one commit a key has one row (the
-writer collapsed repeats, its `ordering` column deciding). The reader never compares ordering values across
-commits: it returns what the writer decided, so every reader (Spark, Arrow, DuckDB) agrees with the index.
+What a read returns: each live data file's rows minus its deletion vector, exactly what every Delta reader returns
+from `_delta_log/` (a superseded version of a record, a deleted record and a delete row are all in the vectors), so
+no merge by key, no shuffle: any number of file groups are read in parallel by any engine. Hive partition columns
+of string or date type come from the partition path, as Delta readers take them from `partitionValues`, instead of
+being decoded from every row of every file.
 
 Every file is read through the table's FileIO (any pyarrow filesystem: local, S3, GCS, HDFS) and verified against
 the size and checksum its commit recorded before a byte of it is used.
@@ -28,6 +25,7 @@ import pyarrow.parquet as pq
 from dbidx.errors import CorruptFileError, HistoryCompactedError, InvalidInputError, SchemaError
 from dbidx.mdt.data_schema import recorded_schema
 from dbidx.mdt.fileio import FileIO, file_checksum
+from dbidx.mdt.layout import hive_values, layout_partition_columns
 from dbidx.mdt.data_view import LAYOUT_EXTRA, DataView, DvRef, LiveDataFile  # noqa: F401 - LAYOUT_EXTRA: part of this module's API
 from dbidx.mdt.records import DataFileRecord
 from dbidx.mdt.rli_files import DECODE_ERRORS
@@ -49,6 +47,9 @@ class ReadUnit:
     seqs: tuple[int, ...]
     instants: tuple[str, ...]
     vectors: tuple[DvRef | None, ...] = ()
+    # The hive partition columns' values in the unit's partition path (what Delta readers take from
+    # `partitionValues`): string and date columns among them are built from these, not decoded from every file.
+    path_values: tuple[tuple[str, str], ...] = ()
 
     @property
     def bytes(self) -> int:
@@ -174,15 +175,17 @@ def plan_read(table: Any, partitions: Iterable[str] | None = None, as_of: int | 
     for f in live:
         if wanted is None or f.record.partition in wanted:
             groups.setdefault((f.record.partition, f.record.file_group), []).append(f)
+    layout = layout_of(table, view)
+    columns = layout_partition_columns(layout)
+    schema = recorded_schema(view.schema)
+    if schema is None:
+        schema = _newest_file_schema(table.io, live)
     units = []
     for (p, fg), entries in sorted(groups.items()):
         entries.sort(key=lambda e: e.order)
         units.append(ReadUnit(p, fg, tuple(e.record for e in entries), tuple(e.seq for e in entries),
-                              tuple(e.instant for e in entries), tuple(view.vector_of(e.record.path) for e in entries)))
-    layout = layout_of(table, view)
-    schema = recorded_schema(view.schema)
-    if schema is None:
-        schema = _newest_file_schema(table.io, live)
+                              tuple(e.instant for e in entries), tuple(view.vector_of(e.record.path) for e in entries),
+                              tuple(sorted(hive_values(p, columns).items()))))
     return ReadPlan(view.applied_seq, layout["key"] if layout else None, schema, tuple(units))
 
 
@@ -217,7 +220,9 @@ def read_unit(io: FileIO, unit: ReadUnit, key: str, schema: pa.Schema, table: An
     HistoryCompactedError (plan the read again) instead of a damaged table.
     origins: if given, gets (file, row positions kept) per file, in output order (a data compaction maps rows).
     """
-    wanted = {f.name for f in schema} - {FILE_GROUP_COLUMN} | {key}
+    from_path = {name: value for name, value in unit.path_values
+                 if name != key and name in schema.names and _exact_from_text(schema.field(name).type)}
+    wanted = {f.name for f in schema} - {FILE_GROUP_COLUMN} - set(from_path) | {key}
     pieces = []
     dv_files: dict[str, bytes] = {}
     vectors = unit.vectors or (None,) * len(unit.files)
@@ -233,7 +238,7 @@ def read_unit(io: FileIO, unit: ReadUnit, key: str, schema: pa.Schema, table: An
             raise
         if origins is not None:
             origins.append((record, np.flatnonzero(keep)))
-        pieces.append(_aligned(data, schema, key, record, instant, io))
+        pieces.append(_aligned(data, schema, key, record, instant, io, dict(unit.path_values)))
     return pa.concat_tables(pieces).select([f.name for f in schema])
 
 
@@ -250,9 +255,14 @@ def _raise_if_cleaned(io: FileIO, table: Any, record: DataFileRecord, vector: Dv
                                         "since); read a newer version") from exc
 
 
+def _exact_from_text(type_: pa.DataType) -> bool:
+    """Whether a partition value's text gives back the column's value exactly (so it need not be decoded)."""
+    return pa.types.is_string(type_) or pa.types.is_large_string(type_) or pa.types.is_date32(type_)
+
+
 def _aligned(data: pa.Table, schema: pa.Schema, key: str, record: DataFileRecord, instant: str,
-             io: FileIO) -> pa.Table:
-    """One file's rows as the output schema plus the merge's helper columns (key, deleted flag)."""
+             io: FileIO, path_values: dict[str, str] | None = None) -> pa.Table:
+    """One file's rows as the output schema; partition columns not read from the file come from the path."""
     if key not in data.column_names:
         raise CorruptFileError(f"data file {io.path(record.path)} has no key column {key!r}")
     n = data.num_rows
@@ -271,8 +281,8 @@ def _aligned(data: pa.Table, schema: pa.Schema, key: str, record: DataFileRecord
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
                     raise SchemaError(f"column {field_.name!r} of data file {io.path(record.path)} is "
                                       f"{column.type}, the table's schema says {field_.type}: {exc}") from exc
-        elif (value := _hive_value(record.partition, field_.name)) is not None:
-            column = _repeat(value, n, field_, record, io)  # a migrated file keeps it in its directory name only
+        elif (value := (path_values or {}).get(field_.name, _hive_value(record.partition, field_.name))) is not None:
+            column = _repeat(value, n, field_, record, io)  # from the path (a migrated file has it nowhere else)
         else:
             column = pa.nulls(n, field_.type)  # a column added after this file was written
         columns.append(column)
@@ -292,7 +302,7 @@ def _hive_value(partition: str, column: str) -> str | None:
 def _repeat(value: str, n: int, field_: pa.Field, record: DataFileRecord, io: FileIO) -> pa.Array:
     """A partition value from the path, typed as the table's schema says."""
     try:
-        return pa.array([value] * n, pa.string()).cast(field_.type)
+        return pa.repeat(pa.scalar(value, pa.string()), n).cast(field_.type)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
         raise SchemaError(f"partition value {value!r} in the path of {io.path(record.path)} is not a "
                           f"{field_.type} (column {field_.name!r}): {exc}") from exc

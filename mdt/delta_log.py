@@ -30,6 +30,7 @@ from dbidx.mdt.data_schema import recorded_schema
 from dbidx.mdt.data_view import DELTA_ADOPTED_EXTRA, DataView, DvRef
 from dbidx.mdt.deletion_vectors import inline_form
 from dbidx.mdt.fileio import FileIO
+from dbidx.mdt.layout import hive_values, layout_partition_columns
 from dbidx.mdt.records import (
     ACTION_BUILD_INDEX, ACTION_COMMIT, ACTION_DATA_COMPACTION, ACTION_UPGRADE, CompletedInstant, DataFileRecord,
 )
@@ -205,22 +206,11 @@ def _key(record: CompletedInstant, view: DataView, schema: pa.Schema | None) -> 
 def _partition_columns(record: CompletedInstant, view: DataView, schema: pa.Schema | None) -> list[str]:
     """Hive partition columns (`dt=2025-01-15` paths) whose values readers can parse back; else none (an
     unpartitioned Delta table whose files hold the column, as an upsert writes them)."""
-    layout = _layout(record, view)
-    if layout.get("partition_columns") is not None:
-        columns = list(layout["partition_columns"])
-    elif layout.get("partition") and layout.get("hive_style", True):
-        columns = [layout["partition"]]
-    else:
-        columns = []
+    columns = layout_partition_columns(_layout(record, view))
     if schema is None or not all(c in schema.names and any(t(schema.field(c).type) for t in _PARTITION_TYPES)
                                  for c in columns):
         return []
     return columns
-
-
-def _partition_values(partition: str, columns: list[str]) -> dict[str, str]:
-    values = dict(seg.split("=", 1) for seg in partition.split("/") if "=" in seg) if partition else {}
-    return {c: values[c] for c in columns if c in values}
 
 
 def _inline(ref: DvRef | None, body: Callable[[DvRef], bytes]) -> dict[str, Any] | None:
@@ -246,7 +236,7 @@ def _add(f: DataFileRecord, dv: dict[str, Any] | None, columns: list[str], ms: i
     stats: dict[str, Any] = {"numRecords": f.rows}
     if key is not None and key not in columns and f.min_key is not None:
         stats.update(minValues={key: f.min_key}, maxValues={key: f.max_key}, nullCount={key: 0})
-    add: dict[str, Any] = {"path": f.delta_path or delta_path(f.path), "partitionValues": _partition_values(f.partition, columns),
+    add: dict[str, Any] = {"path": f.delta_path or delta_path(f.path), "partitionValues": hive_values(f.partition, columns),
                            "size": f.size, "modificationTime": ms, "dataChange": data_change,
                            "stats": json.dumps(stats, sort_keys=True, separators=(",", ":"))}
     if dv is not None:
@@ -258,7 +248,7 @@ def _remove(f: DataFileRecord, dv: dict[str, Any] | None, columns: list[str], ms
             data_change: bool) -> dict[str, Any]:
     remove: dict[str, Any] = {"path": f.delta_path or delta_path(f.path), "deletionTimestamp": ms, "dataChange": data_change,
                               "extendedFileMetadata": True,
-                              "partitionValues": _partition_values(f.partition, columns), "size": f.size}
+                              "partitionValues": hive_values(f.partition, columns), "size": f.size}
     if dv is not None:
         remove["deletionVector"] = dv
     return {"remove": remove}

@@ -199,3 +199,27 @@ def now_instant() -> int:
 def format_instant(value: int) -> str:
     """Instant ids are 17 digits; +1 ms arithmetic on the integer form may produce e.g. ...60 seconds, still ordered."""
     return f"{value:017d}"
+
+
+# ---- hive partition values ---------------------------------------------------------------------------------
+def layout_partition_columns(recorded: dict | None) -> list[str]:
+    """The hive partition columns a table's recorded key/partition layout names: build-index's
+    `partition_columns`, or an upsert's `partition` column when its paths are `<column>=<value>`."""
+    if not recorded:
+        return []
+    if recorded.get("partition_columns") is not None:
+        return list(recorded["partition_columns"])
+    if recorded.get("partition") and recorded.get("hive_style", True):
+        return [recorded["partition"]]
+    return []
+
+
+def hive_values(partition: str, columns: list[str]) -> dict[str, str]:
+    """The values of hive partition columns in a partition path. One column: everything after `<column>=` (an
+    upsert's value may itself hold a `/`, making nested directories); several: one `<name>=<value>` segment each."""
+    if not partition:
+        return {}
+    if len(columns) == 1 and partition.startswith(columns[0] + "="):
+        return {columns[0]: partition[len(columns[0]) + 1:]}
+    values = dict(seg.split("=", 1) for seg in partition.split("/") if "=" in seg)
+    return {c: values[c] for c in columns if c in values}

@@ -138,6 +138,14 @@ def _refuse_hive_values(values: pa.Array, column: str) -> None:
             f"partition column {column!r} holds hive paths already ({values[row].as_py()!r} at row {row} of the "
             f"batch): dbidx would write {column}={values[row].as_py()}/ directories. Strip the {column + '='!r} "
             "prefix from the column, or pass hive_style=False to use the values as the partition paths")
+    slashed = pc.match_substring(values, "/")
+    if pc.any(slashed).as_py():
+        row = pc.index(slashed, True).as_py()
+        raise InvalidPartitionError(
+            f"partition column {column!r} holds a '/' ({values[row].as_py()!r} at row {row} of the batch): as a hive "
+            f"path it would nest directories, and Delta readers that read partition values from paths (polars) "
+            f"would see only its first level. Replace the '/' in the column, or pass hive_style=False to use the "
+            "values as (nested) partition paths")
 
 
 @dataclass

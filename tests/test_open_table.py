@@ -276,6 +276,24 @@ def test_a_delta_vacuum_by_another_engine_leaves_dbidx_whole(tmp_path: Path) -> 
     check(reopened, oracle)
 
 
+def test_a_hive_partition_value_holding_a_slash_is_refused(tmp_path: Path) -> None:
+    """A value `x/y` would make nested `dt=x/y` directories, which path-reading Delta readers (polars) take for
+    `dt=x`: refused before anything is written; the same values as plain paths (hive_style=False) are fine, and
+    Delta's partitionValues of a one-column layout hold the whole value."""
+    from dbidx.errors import InvalidPartitionError
+    from dbidx.mdt.layout import hive_values
+
+    table = Table.create(str(tmp_path / "t"), num_shards=1)
+    config = CacheConfig(base_path=str(tmp_path / "cache"))
+    with pytest.raises(InvalidPartitionError, match="hive_style=False"):
+        upsert_arrow(pa.table({"id": ["a", "b"], "dt": ["z", "x/y"], "v": [1, 2]}), table, key="id",
+                     partition="dt", cache_config=config)
+    assert [r.action for r in table.timeline.completed()] == ["rollback"]  # the instant rolled back, no data
+    assert data_reader.read_arrow(table).num_rows == 0
+    assert hive_values("dt=x/y", ["dt"]) == {"dt": "x/y"}
+    assert hive_values("region=eu/dt=1", ["region", "dt"]) == {"region": "eu", "dt": "1"}
+
+
 def test_a_missing_delta_version_is_written_by_the_next_writer(tmp_path: Path) -> None:
     table = twice_updated(tmp_path, ("d1", "d2"))
     written = Path(table.io.path(delta_log.version_file(2))).read_bytes()
