@@ -428,9 +428,14 @@ class DeltaLogWriter:
         view.apply(records, before=keep)
 
 
-def delta_checkpoint(path: str) -> None:
+def delta_checkpoint(io: FileIO) -> bool:
     """A Delta checkpoint of the latest version (delta-rs writes it: Delta's own Parquet checkpoint format), so a Delta
-    reader opens the table from it instead of replaying every version's JSON."""
+    reader opens the table from it instead of replaying every version's JSON. Local tables and object stores named
+    by URI (delta-rs gets the table's storage options); False for a table on an injected pyarrow filesystem, which
+    delta-rs cannot reach."""
     from deltalake import DeltaTable
 
-    DeltaTable(path).create_checkpoint()
+    if not io.is_local and "://" not in io.uri:
+        return False
+    DeltaTable(io.path("") if io.is_local else io.uri, storage_options=io.storage_options or None).create_checkpoint()
+    return True

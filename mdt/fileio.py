@@ -56,6 +56,8 @@ class FileIO:
     commit_lock: CommitLock | None = field(default=None, repr=False)
     endpoint: str = ""  # the object-store endpoint the options name ("" = the default one): part of the location
     uri: str = ""  # the URI the table was opened with, scheme included (what Table.open takes back)
+    # The storage options, canonical names (delta-rs/object_store accept them too), for delta-rs calls on the table.
+    storage_options: dict[str, str] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_uri(cls, uri: str, fs: pafs.FileSystem | None = None,
@@ -84,8 +86,9 @@ class FileIO:
         conditional = ConditionalPut(scheme, root, options) if scheme in CONDITIONAL_PUT_SCHEMES and \
             commit_lock is None else None
         full = f"{scheme}://{root}" if scheme and scheme != "file" else root
+        endpoint = endpoint_url(options) or ""
         return cls(fs=resolved, root=root, conditional_put=conditional, commit_lock=commit_lock,
-                   endpoint=endpoint_url(options) or "", uri=full)
+                   endpoint=endpoint, uri=full, storage_options=options | ({"endpoint": endpoint} if endpoint else {}))
 
     @property
     def exclusive_create(self) -> str:

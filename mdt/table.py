@@ -243,8 +243,8 @@ class Table:
             self.checkpoint()
             # Delta readers then start from it too (delta-rs writes Delta's checkpoint format; it refuses a table
             # whose schema is still empty: an index written through the library writer has no data yet).
-            if self.io.is_local and self._data.schema is not None:
-                delta_checkpoint(self.io.path(""))
+            if self._data.schema is not None:
+                delta_checkpoint(self.io)
 
     def sync_delta_log(self) -> int:
         """Write the Delta versions (`_delta_log/`) of every completion that has none yet (right after a publish, and

@@ -247,3 +247,28 @@ if __name__ == "__main__":  # `python -m tests.test_object_store_commits`: the r
               f"{sum(p['instant'] not in seen for p in ok)} of them missing from the timeline, "
               f"{sum(r['conflicts'] for r in outcome)} conflicts retried")
         servers.close()
+
+
+def test_delta_checkpoints_are_written_on_s3_and_readers_agree(s3: dict[str, str], tmp_path: Path) -> None:
+    """Every checkpoint_interval completions delta-rs writes a Delta checkpoint on the object store too (with the
+    table's storage options), and Delta readers given the same options read exactly dbidx's rows."""
+    import polars as pl
+    import pyarrow as pa
+
+    from dbidx.mdt import data_reader
+    from dbidx.mdt.object_store import pyarrow_filesystem
+    from dbidx.spark_integration.local import upsert_arrow
+
+    uri = f"s3://dbidx-test/ckpt-{uuid.uuid4().hex[:8]}"
+    table = Table.create(uri, num_shards=1, storage_options=s3, checkpoint_interval=2)
+    config = CacheConfig(base_path=str(tmp_path / "cache"))
+    for v in range(3):
+        upsert_arrow(pa.table({"id": ["a", f"n{v}"], "dt": ["d1", "d2"], "v": [v, v]}), table, key="id",
+                     partition="dt", cache_config=config)
+    fs, root = pyarrow_filesystem(uri, table.io.storage_options)
+    names = {i.base_name for i in fs.get_file_info(pafs.FileSelector(f"{root}/_delta_log"))}
+    assert f"{2:020d}.checkpoint.parquet" in names and "_last_checkpoint" in names
+    ours = sorted(data_reader.read_arrow(table, columns=["id", "dt", "v"]).to_pylist(), key=lambda r: r["id"])
+    theirs = pl.read_delta(uri, storage_options=table.io.storage_options).sort("id").select("id", "dt", "v")
+    assert theirs.to_dicts() == ours == [{"id": "a", "dt": "d1", "v": 2}] + \
+        [{"id": f"n{v}", "dt": "d2", "v": v} for v in range(3)]
