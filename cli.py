@@ -245,13 +245,15 @@ def _verify_table_files(table: Any, as_json: bool) -> None:
 @click.option("--clean/--no-clean", default=True, show_default=True, help="Then delete replaced files.")
 @click.option("--retain", default=10, show_default=True, type=click.IntRange(min=0),
               help="Completions of history kept by the clean.")
-@click.option("--data", is_flag=True, help="Also rewrite each data file group with at least --min-files files, "
-              "or with at least --deleted-share of its rows deleted, into one base of its live rows.")
+@click.option("--data", is_flag=True, help="Also rewrite, per data file group, its small files when there are at "
+              "least --min-files, and each file with at least --deleted-share of its rows deleted, into one base.")
 @click.option("--deleted-share", default=0.2, show_default=True, type=click.FloatRange(0, 1, min_open=True),
-              help="With --data: the share of deleted rows at which a file group is rewritten.")
+              help="With --data: the share of deleted rows at which a file is rewritten.")
+@click.option("--target-file-mb", default=64, show_default=True, type=click.IntRange(min=1),
+              help="With --data: files this large are left alone unless --deleted-share says otherwise.")
 @json_option
 def compact_cmd(uri: str, partitions: tuple[str, ...], min_files: int, clean: bool, retain: int, data: bool,
-                deleted_share: float, as_json: bool) -> None:
+                deleted_share: float, target_file_mb: int, as_json: bool) -> None:
     """Merge RLI deltas into base files (dropping tombstones), with --data also data files, then clean old files."""
     table, quiet = open_table(uri), wants_json(as_json)
     with ProgressBar("compact index", quiet) as progress:
@@ -260,7 +262,7 @@ def compact_cmd(uri: str, partitions: tuple[str, ...], min_files: int, clean: bo
     if data:
         with ProgressBar("compact data", quiet) as progress:
             data_result = table.compact_data(partitions or None, min_files=min_files, deleted_share=deleted_share,
-                                             progress=progress)
+                                             target_file_bytes=target_file_mb << 20, progress=progress)
     cleaned = table.clean(retain_completions=retain) if clean else None
     payload = {"instant": result.record.instant if result.record else None, "groups": result.groups,
                "files_replaced": result.files_replaced, "entries_written": result.entries_written,

@@ -15,7 +15,7 @@ computes its vectors against the base. Only another data compaction of the same 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable
 
 import numpy as np
@@ -48,24 +48,31 @@ class DataCompactionResult:
 
 
 DEFAULT_DELETED_SHARE = 0.2
+DEFAULT_TARGET_FILE_BYTES = 64 << 20
 
 
 def compact_data(table: Table, partitions: Iterable[str] | None = None, min_files: int = 2,
                  deleted_share: float | None = DEFAULT_DELETED_SHARE,
+                 target_file_bytes: int | None = DEFAULT_TARGET_FILE_BYTES,
                  progress: Progress | None = None) -> DataCompactionResult:
-    """Rewrite every file group with at least `min_files` live data files, or whose deletion vectors hide at least
-    `deleted_share` of its rows (None: never for that reason), into one base of its live rows.
+    """Rewrite, per file group, its small files (under `target_file_bytes`; None: every file counts as small) when
+    there are at least `min_files` of them, and every file whose deletion vector hides at least `deleted_share` of
+    its rows (None: never for that reason), into one base of their live rows.
 
-    Why the second rule: a group of one file that upserts keep superseding grows no new files, but every reader
-    still reads its dead rows and applies its vector (Delta's OPTIMIZE / REORG ... PURGE rewrites such files too).
+    Why the size rule: files that reached the target are not rewritten again only because small ones joined them
+    (Delta's OPTIMIZE bin-packs small files the same way). Why the share rule: a file that upserts keep superseding
+    grows no new files, but every reader still reads its dead rows and applies its vector (Delta's REORG ... PURGE).
     `progress` hears of each file group rewritten (rows: rows read).
     """
     if deleted_share is not None and not 0.0 < deleted_share <= 1.0:
         raise InvalidInputError(f"deleted_share must be in (0, 1], got {deleted_share!r}")
-    # 1. The snapshot: file groups worth compacting as of now.
+    if target_file_bytes is not None and (isinstance(target_file_bytes, bool) or not isinstance(target_file_bytes, int)
+                                          or target_file_bytes < 1):
+        raise InvalidInputError(f"target_file_bytes must be a positive number of bytes, got {target_file_bytes!r}")
+    # 1. The snapshot: the files of each group worth rewriting as of now.
     plan = plan_read(table, partitions)
-    todo = [u for u in plan.units if plan.key is not None and u.files
-            and (len(u.files) >= max(min_files, 1) or _deleted_share(u) >= (deleted_share or 2.0))]
+    chosen = (_to_rewrite(u, max(min_files, 1), deleted_share, target_file_bytes) for u in plan.units)
+    todo = [u for u in chosen if plan.key is not None and u is not None]
     if not todo:
         return DataCompactionResult(None, 0, 0, 0, 0, 0)
     schema = pa.schema(list(plan.schema) + [pa.field(INSTANT_COLUMN, pa.string())])
@@ -120,11 +127,20 @@ def compact_data(table: Table, partitions: Iterable[str] | None = None, min_file
                                 sum(u.bytes for u in todo), sum(b.size for b in bases))
 
 
-def _deleted_share(unit: ReadUnit) -> float:
-    """Share of the group's stored rows that its deletion vectors hide."""
-    rows = sum(f.rows for f in unit.files)
-    hidden = sum(v.vector.cardinality for v in unit.vectors if v is not None)
-    return hidden / rows if rows else 0.0
+def _to_rewrite(unit: ReadUnit, min_files: int, deleted_share: float | None,
+                target_file_bytes: int | None) -> ReadUnit | None:
+    """The part of a file group to rewrite (None: nothing): the files whose vector hides at least `deleted_share` of
+    their rows, and the small ones if at least `min_files` files are to be rewritten at all."""
+    vectors = unit.vectors or (None,) * len(unit.files)
+    share = 2.0 if deleted_share is None else deleted_share
+    heavy = {i for i, (f, v) in enumerate(zip(unit.files, vectors))
+             if v is not None and f.rows and v.vector.cardinality / f.rows >= share}
+    small = {i for i, f in enumerate(unit.files) if target_file_bytes is None or f.size < target_file_bytes}
+    picked = sorted(heavy | small) if len(heavy | small) >= min_files else sorted(heavy)
+    if not picked:
+        return None
+    return replace(unit, files=tuple(unit.files[i] for i in picked), seqs=tuple(unit.seqs[i] for i in picked),
+                   instants=tuple(unit.instants[i] for i in picked), vectors=tuple(vectors[i] for i in picked))
 
 
 def _write_base(table: Table, unit: ReadUnit, key: str, schema: pa.Schema, rel: str,

@@ -422,15 +422,16 @@ class Table:
         return result
 
     def compact_data(self, partitions: Iterable[str] | None = None, min_files: int = 2,
-                     deleted_share: float | None = 0.2,
+                     deleted_share: float | None = 0.2, target_file_bytes: int | None = 64 << 20,
                      progress: "Progress | None" = None) -> "DataCompactionResult":
-        """Rewrite each file group with at least `min_files` data files, or with at least `deleted_share` of its rows
-        deleted, into one base of its live rows, as one data compaction instant that concurrent upserts do not
-        conflict with (see mdt.data_compaction)."""
+        """Rewrite, per file group, its small data files (under `target_file_bytes`) when there are at least
+        `min_files` of them, and every file with at least `deleted_share` of its rows deleted, into one base of their
+        live rows, as one data compaction instant that concurrent upserts do not conflict with (see
+        mdt.data_compaction)."""
         from dbidx.mdt.data_compaction import compact_data
 
         result = compact_data(self, partitions, min_files=min_files, deleted_share=deleted_share,
-                              progress=progress)
+                              target_file_bytes=target_file_bytes, progress=progress)
         self._sweep_after("data compaction")
         return result
 

@@ -169,8 +169,8 @@ def test_a_read_planned_before_a_clean_says_so(tmp_path: Path) -> None:
     assert current(table) == {("a", "d", 1)}  # planned again: fine
 
 
-def test_a_group_is_rewritten_once_enough_of_its_rows_are_deleted(tmp_path: Path) -> None:
-    """The deleted-share rule alone (min_files out of reach): 5 of 10 rows superseded -> 5 / 15 stored rows hidden."""
+def test_a_file_is_rewritten_once_enough_of_its_rows_are_deleted(tmp_path: Path) -> None:
+    """The deleted-share rule alone (min_files out of reach), per file: 5 of the first file's 10 rows superseded."""
     from dbidx.errors import InvalidInputError
 
     table = Table.create(str(tmp_path / "t"), num_shards=1)
@@ -181,11 +181,33 @@ def test_a_group_is_rewritten_once_enough_of_its_rows_are_deleted(tmp_path: Path
                  cache_config=config)
     before = current(table)
     assert table.compact_data(min_files=100, deleted_share=None).record is None
-    assert table.compact_data(min_files=100, deleted_share=0.5).record is None
+    assert table.compact_data(min_files=100, deleted_share=0.6).record is None
     with pytest.raises(InvalidInputError, match="deleted_share"):
         table.compact_data(deleted_share=0.0)
-    result = table.compact_data(min_files=100, deleted_share=0.3)
-    assert result.record is not None and result.files_replaced == 2 and result.rows_written == 10
+    with pytest.raises(InvalidInputError, match="target_file_bytes"):
+        table.compact_data(target_file_bytes=0)
+    result = table.compact_data(min_files=100, deleted_share=0.5)
+    assert result.record is not None and result.files_replaced == 1 and result.rows_written == 5
     assert current(table) == before
     unit, = data_reader.plan_read(table).units
-    assert len(unit.files) == 1 and unit.vectors == (None,)
+    assert len(unit.files) == 2 and unit.vectors == (None, None)
+
+
+def test_files_at_the_target_size_are_left_alone(tmp_path: Path) -> None:
+    """The size rule: only files under target_file_bytes count toward min_files, so a group's large base is not
+    rewritten again because small files joined it; None makes every file small."""
+    table = Table.create(str(tmp_path / "t"), num_shards=1)
+    config = CacheConfig(base_path=str(tmp_path / "cache"))
+    upsert_arrow(as_arrow([(f"k{i}", "d", i, False) for i in range(2000)]), table, key="id", partition="dt",
+                 cache_config=config)
+    for n in range(2):
+        upsert_arrow(as_arrow([(f"n{n}", "d", 0, False)]), table, key="id", partition="dt", cache_config=config)
+    before = current(table)
+    sizes = sorted(f.size for f in data_reader.plan_read(table).units[0].files)
+    assert table.compact_data(target_file_bytes=sizes[0]).record is None  # nothing is small
+    result = table.compact_data(target_file_bytes=sizes[-1])  # the two one-row files only
+    assert result.files_replaced == 2 and result.rows_written == 2
+    assert current(table) == before
+    assert len(data_reader.plan_read(table).units[0].files) == 2
+    assert table.compact_data(target_file_bytes=None).files_replaced == 2  # now the base too
+    assert current(table) == before
