@@ -277,6 +277,7 @@ def run_upsert(table: Table, options: TagOptions, job: Callable[[str], list[tupl
     scratch = {t.path for t in writer.touched() if t.path}
     deleted = datafiles.discard_unlisted(table.io, instant, keep=listed)
     summary.orphans_deleted = len([rel for rel in deleted if rel not in scratch])
+    leftovers.sweep_after_write(table.io, record)  # dead writers' temp files where this batch wrote
     summary.seq = record.seq
     summary.seconds = time.perf_counter() - started  # returned: the whole call, cleanup of orphans included
     return summary
