@@ -35,9 +35,7 @@ def _stray_names(io: FileIO) -> list[tuple[str, str]]:
 
 
 def sources(io: FileIO, timeline: Any) -> list[dict[str, str]]:
-    """Every place the timeline reads an out-of-range instant id from: {"path", "instant", "problem"} each.
-
-    A stray timeline file of an id a completion names is left out: the settled-instant sweep removes it anyway."""
+    """Every place the timeline reads an out-of-range instant id from: {"path", "instant", "problem"} each."""
     found = []
     # 1. Completion records whose own instant is out of range (the whole log, archived records included).
     for rec in timeline.completed():
@@ -46,13 +44,13 @@ def sources(io: FileIO, timeline: Any) -> list[dict[str, str]]:
                           "problem": f"completion record seq {rec.seq} has instant id {rec.instant}, at the end of "
                                      "the 17-digit range (year 9999: damaged or crafted); no new instant can be "
                                      "claimed after it: restore .dbidx/timeline from a backup"})
-    # 2. Requested / inflight files of ids no completion names.
+    # 2. Requested / inflight files (of ids no completion names, or left behind by a rollback record naming one).
     for name, instant in _stray_names(io):
-        if timeline.record_of(instant) is None:
-            found.append({"path": io.path(f"{layout.TIMELINE_DIR}/{name}"), "instant": instant,
-                          "problem": f"stray timeline file of instant id {instant}, at the end of the 17-digit range "
-                                     "(year 9999: a typo or another table's id) that no completion names; it stops "
-                                     "every writer: `dbidx repair URI` removes it"})
+        named = "a rollback record names" if timeline.record_of(instant) is not None else "no completion names"
+        found.append({"path": io.path(f"{layout.TIMELINE_DIR}/{name}"), "instant": instant,
+                      "problem": f"stray timeline file of instant id {instant}, at the end of the 17-digit range "
+                                 f"(year 9999: a typo or another table's id) that {named}; it stops every writer: "
+                                 "`dbidx repair URI` removes it"})
     return found
 
 

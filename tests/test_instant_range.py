@@ -118,3 +118,22 @@ def test_a_completion_record_with_an_out_of_range_instant_is_reported_as_damage(
         upsert_arrow(rows(["c"]), Table.open(table.uri), key="id", partition="dt", cache_config=config)
     check = verify_table(Table.open(table.uri))
     assert not check.ok and any(FAR in d["problem"] for d in check.damaged)
+
+
+def test_a_stray_file_of_an_id_a_rollback_record_names_is_reported_and_repaired(tmp_path: Path) -> None:
+    """What the old bug left when its rollback died before deleting the files: the record settles the id, the file
+    still stops `dbidx rollback` (which does not sweep first); verify names it and repair sweeps it."""
+    table, config = _table(tmp_path)
+    me = table.timeline.start(ACTION_ROLLBACK)
+    table.timeline.publish(me, lambda seq: CompletedInstant(
+        seq=seq, instant=me.instant, action=ACTION_ROLLBACK, start_seq=me.start_seq, table_id=table.props.table_id,
+        completed_at_ms=int(time.time() * 1000), rolled_back=FAR))
+    stray = Path(table.io.path(layout.requested_file(FAR)))
+    stray.write_text("{}")
+    with pytest.raises(CorruptFileError, match=f"{stray}.*a rollback record names.*dbidx repair"):
+        Table.open(table.uri).timeline.start("commit")
+    result = CliRunner().invoke(main, ["verify", "--table", table.uri])
+    assert result.exit_code == 4 and str(stray) in result.output, result.output
+    assert CliRunner().invoke(main, ["repair", table.uri]).exit_code == 0 and not stray.exists()
+    upsert_arrow(rows(["c"]), Table.open(table.uri), key="id", partition="dt", cache_config=config)
+    assert _ids(table) == ["a", "b", "c"] and verify_table(Table.open(table.uri)).ok
