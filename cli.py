@@ -305,14 +305,20 @@ def rollback_cmd(uri: str, instant: str | None, all_pending: bool, as_json: bool
 @json_option
 def repair_cmd(uri: str, as_json: bool) -> None:
     """Write the Delta log versions (_delta_log/) that completed instants lack (after a crash between the two), then
-    sweep what dead writers left (settled instants' timeline files and markers, temp files older than an hour)."""
+    sweep what dead writers left (settled instants' timeline files and markers, temp files older than an hour, and
+    requested/inflight files of instant ids at the end of the 17-digit range that no completion names)."""
+    from dbidx.mdt.instant_range import remove_strays
+
     table = open_table(uri)
+    strays = remove_strays(table.io, table.timeline)  # 1. first: they stop every writer
     written = table.sync_delta_log()
     swept = table.sweep_leftovers()
     output(as_json).emit({"versions_written": written, "version": table.timeline.latest_seq,
-                          "leftovers_deleted": swept.total},
+                          "leftovers_deleted": swept.total, "out_of_range_removed": strays},
                          lambda p: f"wrote {p['versions_written']} missing Delta version(s); the table is at "
-                                   f"version {p['version']}; deleted {p['leftovers_deleted']} leftover file(s)")
+                                   f"version {p['version']}; deleted {p['leftovers_deleted']} leftover file(s)"
+                                   + "".join(f"\nremoved {s} (an instant id at the end of the 17-digit range)"
+                                             for s in p["out_of_range_removed"]))
 
 
 @main.command("upgrade")

@@ -29,6 +29,7 @@ from dbidx.mdt.data_view import DELTA_ADOPTED_EXTRA
 from dbidx.mdt.delta_adopt import is_foreign_delta_table, read_snapshot
 from dbidx.mdt.delta_log import delta_path, initial_version, version_file
 from dbidx.mdt.fileio import file_checksum
+from dbidx.mdt.keys import unfit_key_kind, unfit_key_message
 from dbidx.mdt.records import DataFileRecord
 from dbidx.mdt.superseded import write_vectors
 from dbidx.mdt.table import Table
@@ -99,10 +100,9 @@ def _read_source(table: Table, rel: str, partition: str, key_column: str) -> Sou
         keys = handle.read(columns=[key_column]).column(0)
     except (pa.ArrowException, OSError) as exc:
         raise CorruptFileError(f"data file {where} is unreadable: {exc}") from exc
-    if pa.types.is_floating(keys.type):
-        raise InvalidKeyError(f"key column {key_column!r} of data file {where} is {keys.type}: a floating-point key "
-                              "is not exact (1.0 would be the key \"1\"); index a table whose key is an integer, "
-                              "decimal or string column")
+    kind = unfit_key_kind(keys.type)  # float, bool, list, struct, map: no exact text form
+    if kind is not None:
+        raise InvalidKeyError(unfit_key_message(key_column, str(keys.type), kind, f"data file {where}"))
     if not pa.types.is_string(keys.type) and not pa.types.is_large_string(keys.type):
         try:
             keys = pc.cast(keys, pa.string())

@@ -37,7 +37,7 @@ class Checkpoint:
     """The folded table state at `seq`, as read back (views still in their dict form, parsed by their owners)."""
 
     seq: int
-    max_instant: str  # the largest instant id any record up to seq names (new ids must stay above it)
+    max_instant: str  # the largest instant id of the records up to seq (new ids must stay above it)
     index: dict[str, Any]
     data: dict[str, Any]
     where: str

@@ -211,7 +211,8 @@ class FileIO:
 
     def write_atomic(self, rel: str, data: bytes | pa.Buffer) -> None:
         """Write a whole file so that readers see either nothing/the old file or all of the new one (and a crash
-        never leaves a prefix under the final name)."""
+        never leaves a prefix under the final name). Guarded: the path resolves inside the table."""
+        self.guard(rel, "write")
         parent = rel.rsplit("/", 1)[0] if "/" in rel else ""
         self.makedirs(parent)
         if not self.is_local and self.fs.type_name != "hdfs":
@@ -224,7 +225,8 @@ class FileIO:
         self.fs.move(self.path(tmp), self.path(rel))
 
     def create_exclusive(self, rel: str, data: bytes) -> bool:
-        """Publish a complete file only if the path is free; False if something already exists there."""
+        """Publish a complete file only if the path is free; False if something already exists there (guarded)."""
+        self.guard(rel, "write")
         parent = rel.rsplit("/", 1)[0] if "/" in rel else ""
         self.makedirs(parent)
         if self._local_root is not None:
@@ -259,21 +261,24 @@ class FileIO:
             out.write(data)
         return True
 
-    def guard(self, rel: str) -> str:
-        """The one path guard for destructive operations: `rel` must be a table-relative path that stays inside
-        the table, also after resolving symlinks on a local filesystem; else a CorruptFileError naming it (the path
-        came from metadata or a marker, which are untrusted)."""
+    def guard(self, rel: str, action: str = "touch") -> str:
+        """The one path guard for reads, writes and deletes: `rel` must be a table-relative path that stays inside
+        the table, also after resolving symlinks on a local filesystem; else a CorruptFileError naming it (a path
+        read from metadata or a marker is untrusted, and a directory on the way may be a symlink out of the table).
+        `action` ("touch", "write") only words the message."""
         try:
             validate_table_path(rel)
         except DbidxError as exc:
-            raise CorruptFileError(f"refusing to touch {rel!r} under {self.root}: {exc}") from exc
+            raise CorruptFileError(f"refusing to {action} {rel!r} under {self.root}: {exc}") from exc
         if self._local_root is not None:
             root = self._real_root or os.path.realpath(self._local_root)
             self._real_root = root
             target = os.path.realpath(os.path.join(self._local_root, rel))
             if os.path.commonpath([root, target]) != root:
-                raise CorruptFileError(f"refusing to touch {rel!r}: it resolves to {target}, outside the table "
-                                       f"{root} (a symlink out of the table?)")
+                raise CorruptFileError(f"refusing to {action} {rel!r}: it resolves to {target}, outside the table "
+                                       f"{root} (a directory on the way is a symlink out of the table): replace the "
+                                       "symlink by a real directory inside the table (move the files it points to "
+                                       "there)")
         return rel
 
     def delete(self, rel: str) -> bool:
@@ -308,7 +313,8 @@ class FileIO:
             raise CorruptFileError(f"index file {self.path(rel)} is missing") from exc
 
     def open_output_stream(self, rel: str) -> pa.NativeFile:
-        """A sequential output stream (callers that need atomicity write to a temp name and `move`)."""
+        """A sequential output stream (callers that need atomicity write to a temp name and `move`); guarded."""
+        self.guard(rel, "write")
         parent = rel.rsplit("/", 1)[0] if "/" in rel else ""
         self.makedirs(parent)
         return self.fs.open_output_stream(self.path(rel))

@@ -77,3 +77,31 @@ def _describe(value: Any) -> str:
     if isinstance(value, float) and value != value:
         return "NaN"
     return f"of type {type(value).__name__} ({value!r:.60})"
+
+
+# ---- key columns --------------------------------------------------------------------------------------------
+# Kinds of column type that are no record key: why each is refused, and the way out (every message names both).
+_UNFIT_KEYS = {
+    "floating": "a floating-point key is not exact (1.0 would become the key \"1\", NaN the key \"nan\", and two "
+                "floats that print alike would be one record); cast it to an integer, decimal or string column first",
+    "boolean": "a boolean key holds two records at most (every row would be record \"true\" or \"false\"); key the "
+               "table by a column that identifies each record (integer, decimal, date or string)",
+    "nested": "a list, struct or map key has no exact text form; key the table by one integer, decimal, date or "
+              "string column (for a composite key, join its fields into one string column first)",
+}
+
+
+def unfit_key_kind(arrow_type: pa.DataType) -> str | None:
+    """The kind ("floating", "boolean", "nested") of an Arrow type that cannot be a record key, else None."""
+    if pa.types.is_floating(arrow_type):
+        return "floating"
+    if pa.types.is_boolean(arrow_type):
+        return "boolean"
+    if pa.types.is_nested(arrow_type):
+        return "nested"
+    return None
+
+
+def unfit_key_message(column: str, type_name: str, kind: str, where: str) -> str:
+    """What, where and how to fix, for a key column of an unfit type (`kind` from unfit_key_kind)."""
+    return f"key column {column!r} of {where} is {type_name}: {_UNFIT_KEYS[kind]}"

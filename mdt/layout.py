@@ -196,6 +196,16 @@ def now_instant() -> int:
     return int(now.strftime("%Y%m%d%H%M%S")) * 1000 + now.microsecond // 1000
 
 
+# No clock reaches year 9999: an instant id from there on is a typo or a crafted id (issue 29), and allocation (+1 on
+# the largest id known) could never get back below it, so such ids are refused, reported and repaired.
+FIRST_OUT_OF_RANGE = 9999 * 10 ** 13
+
+
+def instant_out_of_range(instant: str | int) -> bool:
+    """True for an instant id at the end of the 17-digit range (year 9999 or beyond), where no writer's clock is."""
+    return int(instant) >= FIRST_OUT_OF_RANGE
+
+
 def format_instant(value: int) -> str:
     """Instant ids are 17 digits; +1 ms arithmetic on the integer form may produce e.g. ...60 seconds, still ordered."""
     return f"{value:017d}"

@@ -6,15 +6,18 @@ housekeeping: its `.requested` / `.inflight` timeline files, its markers with th
 (touched-key files, losing attempts' data and index files) and its writer-presence files. None of them is ever read
 as table data (readers read only what a completion lists), but they cost space and listings, for ever.
 
-Who sweeps: every upsert sweeps settled instants before it starts (cheap: two listings); clean and both compactions
-also sweep temp files over the whole table, each older than `min_age_s` so that a live writer's temp file (seconds
-old) is never taken from under it.
+Who sweeps: every upsert sweeps settled instants before it starts (cheap: two listings), and after it publishes the
+temp files of the directories its files went to (one listing each: the partitions the batch touched, never the
+whole table); clean, both compactions and `dbidx repair` sweep temp files over the whole table. Every temp sweep
+takes only files older than `min_age_s`, so that a live writer's temp file (seconds old) is never taken from under
+it.
 """
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
 import pyarrow.fs as pafs
 
@@ -74,22 +77,60 @@ def sweep_settled(io: FileIO, timeline: Any, report: SweepReport | None = None) 
 
 def sweep_temp_files(io: FileIO, min_age_s: float = DEFAULT_TEMP_AGE_S, report: SweepReport | None = None,
                      now: float | None = None) -> SweepReport:
-    """Delete every `.tmp-*` file in the table older than min_age_s (one recursive listing). Object stores write
-    whole objects (no temp names), so there is nothing to list there."""
+    """Delete every `.tmp-*` file in the table older than min_age_s (one recursive listing)."""
     report = report if report is not None else SweepReport()
-    if not io.is_local and io.fs.type_name != "hdfs":
+    if not _has_temp_files(io):
         return report
+    selector = pafs.FileSelector(io.root, allow_not_found=True, recursive=True)
+    _delete_old_temps(io, io.fs.get_file_info(selector), min_age_s, report, now)
+    return report
+
+
+def sweep_temp_dirs(io: FileIO, rel_dirs: Iterable[str], min_age_s: float = DEFAULT_TEMP_AGE_S,
+                    report: SweepReport | None = None, now: float | None = None) -> SweepReport:
+    """Delete the `.tmp-*` files older than min_age_s directly inside these table-relative directories (one
+    non-recursive listing each): what an upsert runs over the directories its files went to."""
+    report = report if report is not None else SweepReport()
+    if not _has_temp_files(io):
+        return report
+    for rel_dir in sorted(set(rel_dirs)):
+        selector = pafs.FileSelector(io.path(rel_dir), allow_not_found=True, recursive=False)
+        _delete_old_temps(io, io.fs.get_file_info(selector), min_age_s, report, now)
+    return report
+
+
+def sweep_after_write(io: FileIO, record: Any, min_age_s: float = DEFAULT_TEMP_AGE_S) -> SweepReport:
+    """What an upsert runs after it publishes: old temp files in the directories of the files its record lists
+    (the partitions and index shards the batch touched). The instant is committed: a failure is a warning."""
+    try:
+        return sweep_temp_dirs(io, record_dirs(record), min_age_s)
+    except Exception as exc:  # noqa: BLE001 - clean, compaction and `dbidx repair` sweep again
+        warnings.warn(f"instant {record.instant} completed at seq {record.seq}, but sweeping old temp files of the "
+                      f"directories it wrote to failed: {exc}", RuntimeWarning, stacklevel=2)
+        return SweepReport()
+
+
+def record_dirs(record: Any) -> set[str]:
+    """The directories (table-relative, "" for the root) of every file a completion record lists."""
+    return {rel.rsplit("/", 1)[0] if "/" in rel else "" for rel in settled_files(record) or ()}
+
+
+def _has_temp_files(io: FileIO) -> bool:
+    """Object stores write whole objects (no temp names): only local filesystems and HDFS have temp files."""
+    return io.is_local or io.fs.type_name == "hdfs"
+
+
+def _delete_old_temps(io: FileIO, infos: Iterable[pafs.FileInfo], min_age_s: float, report: SweepReport,
+                      now: float | None) -> None:
     cutoff = (time.time() if now is None else now) - min_age_s
     prefix = io.root.rstrip("/") + "/"
-    selector = pafs.FileSelector(io.root, allow_not_found=True, recursive=True)
-    for info in io.fs.get_file_info(selector):
+    for info in infos:
         if info.type != pafs.FileType.File or not info.base_name.startswith(TEMP_PREFIX):
             continue
         modified = info.mtime.timestamp() if info.mtime is not None else 0.0
         rel = info.path[len(prefix):] if info.path.startswith(prefix) else info.path
         if modified <= cutoff and io.delete(rel):
             report.temp_files.append(rel)
-    return report
 
 
 def sweep_leftovers(io: FileIO, timeline: Any, min_age_s: float = DEFAULT_TEMP_AGE_S) -> SweepReport:

@@ -39,7 +39,10 @@ def marker_of(instant: str, rel: str) -> str:
 
 
 def announce(io: FileIO, instant: str, rel: str) -> None:
-    """Create the marker of a file about to be written (before the first byte of it)."""
+    """Create the marker of a file about to be written (before the first byte of it). The file's path is guarded
+    first: a path that resolves out of the table (a symlinked partition) fails here, before any marker or byte,
+    so the rollback that follows has nothing outside the table to delete."""
+    io.guard(rel, "write")
     name = marker_name(rel)
     io.write_atomic(f"{marker_dir(instant)}/{name}", rel.encode("utf-8") if name.startswith("h-") else b"")
 

@@ -21,7 +21,7 @@ from typing import Callable, Iterable
 from dbidx.errors import (
     CorruptFileError, DbidxError, ForeignCommitError, InstantStateError, StoreUnavailableError,
 )
-from dbidx.mdt import checkpoint, layout, markers, writer_presence
+from dbidx.mdt import checkpoint, instant_range, layout, markers, writer_presence
 from dbidx.mdt.fileio import EXCLUSIVE_LOCK, EXCLUSIVE_NONE, FileIO
 from dbidx.mdt.records import (  # noqa: F401 - re-exported: the record types are part of the timeline's API
     ACTION_BUILD_INDEX,
@@ -145,6 +145,10 @@ class Timeline:
         self.checkpoint = cp
         self.base_seq = cp.seq
         self._base_max_instant = cp.max_instant
+        if layout.instant_out_of_range(cp.max_instant):
+            # Older dbidx counted ids rollback records merely name (a typo's 99999999999999999): recompute the
+            # largest id from the records the checkpoint sums up (read once; the next checkpoint stores it right).
+            self._base_max_instant = max((r.instant for r in self._load_history()), default="")
 
     def _read_records(self, seqs: range, listed: set[int]) -> list[CompletedInstant]:
         return checkpoint.read_records(self.io, self.table_id, seqs, listed, self.legacy_upto)
@@ -266,10 +270,8 @@ class Timeline:
             hook()
         candidate = max(layout.now_instant(), self._max_known_instant() + 1)
         while True:
-            if candidate >= 10 ** 17:  # only a crafted or damaged id can be that far ahead of the clock
-                raise CorruptFileError(f"the timeline of {self.io.path('')} names an instant id at the end of the "
-                                       "17-digit range (a crafted record or marker): no new instant can be claimed; "
-                                       "`dbidx verify URI` and `dbidx commits URI` show the table's instants")
+            if layout.instant_out_of_range(candidate):  # only a typo's or a crafted id is that far ahead
+                raise instant_range.allocation_error(self.io, self)
             # 1. Exclusive create of the requested marker: two writers in the same millisecond get different ids.
             marker = json.dumps({"action": action, "start_seq": self.latest_seq, "host": socket.gethostname(),
                                  "pid": os.getpid(), "started_at_ms": int(time.time() * 1000)}).encode()

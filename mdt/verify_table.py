@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dbidx.errors import CorruptFileError, HistoryCompactedError
-from dbidx.mdt import layout, rli_files
+from dbidx.mdt import instant_range, layout, rli_files
 from dbidx.mdt.checkpoint import checkpoint_seqs, read_checkpoint
 from dbidx.mdt.data_view import DataView
 from dbidx.mdt.delta_log import DELTA_LOG_DIR, checkpoint_floor, listed_versions
@@ -73,6 +73,9 @@ def verify_table(table: Table, progress: Progress | None = None) -> TableCheck:
         steps.step(record.path)
     _check_vectors(table, check)
     _compare_checkpoint(table, check)
+    # Instant ids at the end of the range stop every writer (mdt/instant_range.py): each source is reported.
+    check.damaged += [{"path": s["path"], "problem": s["problem"]} for s in instant_range.sources(table.io,
+                                                                                                   table.timeline)]
     return check
 
 

@@ -122,12 +122,15 @@ def _boolean_columns(df: Any) -> dict[str, bool]:
     return {f.name: isinstance(f.dataType, BooleanType) for f in df.schema.fields}
 
 
-def _float_columns(df: Any) -> dict[str, str | None]:
-    """Column name -> its Spark type's name if it is floating point, else None (from the schema, no job)."""
-    from pyspark.sql.types import DoubleType, FloatType
+def _unfit_key_columns(df: Any) -> dict[str, tuple[str, str] | None]:
+    """Column name -> (its Spark type's name, kind) if it cannot be a key (mdt.keys.unfit_key_kind: floating
+    point, boolean, array/struct/map), else None (from the schema, no job)."""
+    from pyspark.sql import types as T
 
-    return {f.name: f.dataType.simpleString() if isinstance(f.dataType, (FloatType, DoubleType)) else None
-            for f in df.schema.fields}
+    kinds = ((T.FloatType, T.DoubleType), "floating"), ((T.BooleanType,), "boolean"), \
+        ((T.ArrayType, T.StructType, T.MapType), "nested")
+    return {f.name: next(((f.dataType.simpleString(), kind) for classes, kind in kinds
+                          if isinstance(f.dataType, classes)), None) for f in df.schema.fields}
 
 
 def tag(df: Any, table: Table, *, key: str, partition: str, ordering: str | None = None,
@@ -143,7 +146,7 @@ def tag(df: Any, table: Table, *, key: str, partition: str, ordering: str | None
     """
     options = make_options(table, key, partition, ordering, delete_column, hive_style, buckets, cache_options,
                            cache_config, df.sparkSession.conf)
-    options.check_columns(df.columns, "the DataFrame to tag", _boolean_columns(df), _float_columns(df))
+    options.check_columns(df.columns, "the DataFrame to tag", _boolean_columns(df), _unfit_key_columns(df))
     from pyspark.sql.pandas.types import from_arrow_schema
 
     schema = from_arrow_schema(pa.schema(list(arrow_schema_of(df)) + TAG_FIELDS))
@@ -211,7 +214,7 @@ def upsert(df: Any, table: Table, *, key: str, partition: str, ordering: str | N
     """
     options = make_options(table, key, partition, ordering, delete_column, hive_style, buckets, cache_options,
                            cache_config, df.sparkSession.conf)
-    options.check_columns(df.columns, "the upsert DataFrame", _boolean_columns(df), _float_columns(df))
+    options.check_columns(df.columns, "the upsert DataFrame", _boolean_columns(df), _unfit_key_columns(df))
     from dbidx.spark_integration.bulk import empty_table_seq
 
     # A table's first write cannot update anything: it takes the bulk path (tasks skip the caches).
@@ -283,6 +286,7 @@ def run_upsert(table: Table, options: TagOptions, job: Callable[[str], list[tupl
     scratch = {t.path for t in writer.touched() if t.path}
     deleted = datafiles.discard_unlisted(table.io, instant, keep=listed)
     summary.orphans_deleted = len([rel for rel in deleted if rel not in scratch])
+    leftovers.sweep_after_write(table.io, record)  # dead writers' temp files where this batch wrote
     summary.seq = record.seq
     summary.seconds = time.perf_counter() - started  # returned: the whole call, cleanup of orphans included
     return summary

@@ -18,7 +18,7 @@ from dbidx.config import CacheConfig
 from dbidx.errors import InvalidInputError
 from dbidx.mdt.table import Table
 from dbidx.spark_integration.api import (
-    CommitSummary, TaskHook, _boolean_columns, _float_columns, make_options, upsert_with_options,
+    CommitSummary, TaskHook, _boolean_columns, _unfit_key_columns, make_options, upsert_with_options,
 )
 
 
@@ -62,7 +62,7 @@ def bulk_insert(df: Any, table: Table, *, key: str, partition: str, ordering: st
     """
     options = make_options(table, key, partition, ordering, delete_column, hive_style, buckets, cache_options,
                            cache_config, df.sparkSession.conf)
-    options.check_columns(df.columns, "the bulk_insert DataFrame", _boolean_columns(df), _float_columns(df))
+    options.check_columns(df.columns, "the bulk_insert DataFrame", _boolean_columns(df), _unfit_key_columns(df))
     values = [row[0] for row in df.select(partition).distinct().collect()]
     import pyarrow as pa
 

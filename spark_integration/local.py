@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from dbidx.buckets.assigner import BucketSpec
 from dbidx.config import CacheConfig
+from dbidx.mdt.keys import unfit_key_kind
 from dbidx.mdt.table import Table
 from dbidx.progress import Progress, Steps
 from dbidx.spark_integration import task
@@ -33,7 +34,8 @@ def upsert_arrow(data: pa.Table, table: Table, *, key: str, partition: str, orde
                            cache_config)
     options.check_columns(data.column_names, "the upsert table",
                           {f.name: pa.types.is_boolean(f.type) for f in data.schema},
-                          {f.name: str(f.type) if pa.types.is_floating(f.type) else None for f in data.schema})
+                          {f.name: (str(f.type), kind) if (kind := unfit_key_kind(f.type)) else None
+                           for f in data.schema})
     options = replace(options, bulk_seq=empty_table_seq(table))  # a first write takes the bulk path
     schema = data.schema
     data = data.append_column(ROW_ID, pa.array(np.arange(data.num_rows, dtype=np.int64)))

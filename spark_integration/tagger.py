@@ -19,6 +19,7 @@ from dbidx.cache.record_cache import GLOBAL_PARTITION, RecordIndexCache
 from dbidx.config import CacheConfig
 from dbidx.counters import Counters
 from dbidx.errors import InvalidInputError, InvalidKeyError, InvalidPartitionError
+from dbidx.mdt.keys import unfit_key_kind, unfit_key_message
 from dbidx.mdt.layout import validate_partition
 from dbidx.mdt.table import Table
 from dbidx.mdt.writer import as_key_array
@@ -58,14 +59,15 @@ class TagOptions:
     bulk_seq: int | None = None
 
     def check_columns(self, names: list[str], where: str, boolean: Mapping[str, bool] | None = None,
-                      floating: Mapping[str, str | None] | None = None) -> None:
+                      unfit: Mapping[str, tuple[str, str] | None] | None = None) -> None:
         """Fail early, on the driver, naming the missing column and the ones that exist.
 
         `boolean` (column -> is its type boolean) checks the delete column: a delete column named explicitly must
         exist (a typo would silently turn every delete into an update and store the flag as data), and whichever
         delete column is present must be boolean. The default `_dbidx_delete` may be absent (no deletes).
-        `floating` (column -> its type's name if floating point, else None) refuses a floating-point key column:
-        1.0 would become the key "1" and NaN the key "nan", and two floats that print alike would be one record.
+        `unfit` (column -> (its type's name, kind) if its type cannot be a key, else None; kinds in
+        mdt.keys.unfit_key_kind) refuses a floating-point key column (1.0 would become the key "1", NaN the key
+        "nan"), a boolean one (two records at most) and a list, struct or map one (no exact text form).
         Column names must be unique: a duplicate would make "the key column" ambiguous.
         """
         duplicated = sorted({name for name in names if names.count(name) > 1})
@@ -75,8 +77,9 @@ class TagOptions:
         for role, column in (("key", self.key), ("partition", self.partition), ("ordering", self.ordering)):
             if column is not None and column not in names:
                 raise InvalidInputError(f"{where} has no {role} column {column!r}; its columns are {names}")
-        if floating is not None and floating.get(self.key, False):
-            raise InvalidKeyError(_float_key_message(self.key, floating[self.key], where))
+        bad = unfit.get(self.key) if unfit is not None else None
+        if bad is not None:
+            raise InvalidKeyError(unfit_key_message(self.key, bad[0], bad[1], where))
         column = self.delete_column
         if column is None:
             return
@@ -89,12 +92,13 @@ class TagOptions:
             raise InvalidInputError(f"delete column {column!r} of {where} must be boolean (true deletes the key)")
 
     def keys_of(self, batch: pa.Table) -> pa.Array:
-        """The record keys as strings (integers, decimals and dates are formatted; floats, binary that is not
-        UTF-8, nulls and empty strings are InvalidKeyErrors)."""
+        """The record keys as strings (integers, decimals and dates are formatted; floats, booleans, lists,
+        structs, maps, binary that is not UTF-8, nulls and empty strings are InvalidKeyErrors)."""
         column = batch.column(self.key)
         what = f"record key (column {self.key!r})"
-        if pa.types.is_floating(column.type):
-            raise InvalidKeyError(_float_key_message(self.key, str(column.type), "the batch"))
+        kind = unfit_key_kind(column.type)
+        if kind is not None:
+            raise InvalidKeyError(unfit_key_message(self.key, str(column.type), kind, "the batch"))
         if pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
             return as_key_array(_utf8_keys(column, what), what)
         if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
@@ -312,12 +316,6 @@ def latest_per_key(batch: pa.Table, options: TagOptions, global_mode: bool) -> t
         return batch, 0
     keep = np.sort(order.to_numpy()[first])
     return batch.take(pa.array(keep)), int(len(first) - first.sum())
-
-
-def _float_key_message(column: str, type_name: str | None, where: str) -> str:
-    return (f"key column {column!r} of {where} is {type_name or 'floating point'}: a floating-point key is not "
-            "exact (1.0 would become the key \"1\", NaN the key \"nan\", and two floats that print alike would be "
-            "one record); cast it to an integer, decimal or string column first")
 
 
 def _utf8_keys(column: pa.Array | pa.ChunkedArray, what: str) -> pa.Array:

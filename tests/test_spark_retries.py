@@ -258,6 +258,11 @@ def test_bad_input_gets_typed_errors_and_leaves_nothing(spark, setup) -> None:
     floats = spark.createDataFrame([(1.0, "2025-03-01")], "id double, dt string")
     with pytest.raises(InvalidKeyError, match="key column 'id' of the upsert DataFrame is double"):
         upsert(floats, table, key="id", partition="dt", cache_config=config)
+    for kind, match in (("boolean", "is boolean: a boolean key"), ("array<int>", "is array<int>: a list, struct"),
+                        ("struct<a:int>", "is struct<a:int>: a list, struct")):
+        unfit = spark.createDataFrame([], f"id {kind}, dt string")  # refused from the schema, before any job
+        with pytest.raises(InvalidKeyError, match=f"key column 'id' of the upsert DataFrame {match}"):
+            upsert(unfit, table, key="id", partition="dt", cache_config=config)
     twice = spark.createDataFrame(rows_of(3), SCHEMA).select("id", "dt", "v", "id")
     with pytest.raises(InvalidInputError, match="more than one column named 'id'"):
         upsert(twice, table, key="id", partition="dt", cache_config=config)
