@@ -255,7 +255,9 @@ def test_time_travel_inside_the_retention_window_reads_the_same_everywhere(tmp_p
         else:
             try:
                 got = sorted(via_dbidx_at(fresh, version))
-            except HistoryCompactedError:
+            except HistoryCompactedError:  # never stricter than Delta: its readers miss the same files
+                with pytest.raises(Exception, match="(?i)not found|no such file"):
+                    via_deltalake(uri, COLUMNS, version)
                 continue
             assert got == rows, f"version {version}, older than the window, reads other rows"
     with pytest.raises(HistoryCompactedError, match="older than the table retains"):
