@@ -38,17 +38,19 @@ def check(table: Table, oracle: Oracle) -> None:
 
 
 @pytest.mark.parametrize("global_index,buckets", [(False, BucketSpec(capacity=7)), (True, BucketSpec(capacity=7)),
-                                                  (False, BucketSpec(mode="simple", num_buckets=3))],
-                         ids=["partitioned-dynamic", "global-dynamic", "partitioned-simple"])
+                                                  (False, BucketSpec(mode="simple", num_buckets=3)),
+                                                  (True, BucketSpec(mode="simple", num_buckets=3))],
+                         ids=["partitioned-dynamic", "global-dynamic", "partitioned-simple", "global-simple"])
 def test_every_commit_kind_reads_the_same_in_every_engine(tmp_path: Path, global_index: bool,
                                                           buckets: BucketSpec) -> None:
     rng = random.Random(20261124 + global_index)
     table = Table.create(str(tmp_path / "t"), num_shards=3, global_index=global_index, checkpoint_interval=7)
     config = CacheConfig(base_path=str(tmp_path / "cache"))
-    oracle, serial = Oracle(global_index), [0]
+    oracle, serial, moves = Oracle(global_index), [0], [0]
 
     def upsert(batch: list[tuple]) -> None:
-        upsert_arrow(as_arrow(batch), table, key="id", partition="dt", buckets=buckets, cache_config=config)
+        summary = upsert_arrow(as_arrow(batch), table, key="id", partition="dt", buckets=buckets, cache_config=config)
+        moves[0] += summary.moves
         oracle.apply(batch)
 
     # 1. Inserts (the bulk first load), then updates, deletes, re-inserts, moves (global), repeats, ghosts.
@@ -87,6 +89,7 @@ def test_every_commit_kind_reads_the_same_in_every_engine(tmp_path: Path, global
     check(table, oracle)
     # 4. One Delta version per completion (version 0: the table's creation), checkpoints of both logs included.
     assert delta_log.listed_versions(table.io) == list(range(table.timeline.latest_seq + 1))
+    assert (moves[0] > 0) == global_index  # global mode: records moved partition (a delete row plus a new row)
 
 
 def test_time_travel_reads_each_version(tmp_path: Path) -> None:
@@ -133,6 +136,139 @@ def test_build_index_adopts_hive_files_and_upserts_update_them(tmp_path: Path) -
     assert_readers_agree(table, COLUMNS, {("a", "2025-01-01", 7), ("b", "2025-01-01", 1), ("d", "2025-01-02", 9)})
 
 
+def test_build_index_in_global_mode_then_upserts_that_move_records(tmp_path: Path) -> None:
+    """Global mode over adopted hive files: upserts that move keys to another day (a delete row in the old file
+    group, the live row in the new partition) read the same in every engine, twice in a row."""
+    root = tmp_path / "t"
+    for day, keys in (("2025-01-01", ["a", "b", "c"]), ("2025-01-02", ["d"])):
+        (root / f"dt={day}").mkdir(parents=True)
+        pq.write_table(pa.table({"id": keys, "v": list(range(len(keys)))}), root / f"dt={day}" / "part-0.parquet")
+    table = Table.create(str(root), num_shards=2, global_index=True)
+    build_index(table, "id", ["dt"])
+    assert_readers_agree(table, COLUMNS, {("a", "2025-01-01", 0), ("b", "2025-01-01", 1), ("c", "2025-01-01", 2),
+                                          ("d", "2025-01-02", 0)})
+    config = CacheConfig(base_path=str(tmp_path / "cache"))
+    first = upsert_arrow(pa.table({"id": ["a", "b", "d", "e"], "dt": ["2025-01-02", "2025-01-01", "2025-01-03",
+                                                                     "2025-01-01"], "v": [10, 11, 12, 13]}),
+                         table, key="id", partition="dt", cache_config=config)
+    assert (first.moves, first.updates, first.inserts) == (2, 3, 1)  # a move counts as an update too
+    assert_readers_agree(table, COLUMNS, {("a", "2025-01-02", 10), ("b", "2025-01-01", 11), ("c", "2025-01-01", 2),
+                                          ("d", "2025-01-03", 12), ("e", "2025-01-01", 13)})
+    second = upsert_arrow(pa.table({"id": ["a", "c", "e"], "dt": ["2025-01-01", "2025-01-03", "2025-01-01"],
+                                    "v": [20, 21, 22], "_dbidx_delete": [False, False, True]}),
+                          table, key="id", partition="dt", cache_config=config)
+    assert (second.moves, second.deletes) == (2, 1)  # a back to its first day, c away from the adopted file
+    assert_readers_agree(table, COLUMNS, {("a", "2025-01-01", 20), ("b", "2025-01-01", 11), ("c", "2025-01-03", 21),
+                                          ("d", "2025-01-03", 12)})
+    assert verify_table(table).ok
+
+
+def _files_outside_timeline(table: Table) -> set[str]:
+    return {rel for rel, _ in table.io.list_files_recursive("") if not rel.startswith(".dbidx/timeline")}
+
+
+@pytest.mark.parametrize("how", ["library", "cli"])
+def test_a_crashed_upsert_rolled_back_leaves_no_file_and_readers_agree(tmp_path: Path, monkeypatch, how: str) -> None:
+    """A writer dies after its tasks wrote data, index and touched files but before the publish (no except block
+    ran: no rollback): the pending instant is invisible to every reader; `rollback` then deletes all its files."""
+    from click.testing import CliRunner
+
+    from dbidx.cli import main
+    from dbidx.mdt.writer import CommitWriter
+    from dbidx.spark_integration import api
+
+    table = twice_updated(tmp_path, ("d1", "d2"))
+    config = CacheConfig(base_path=str(tmp_path / "cache"))
+    expected = {("a", "d1", 2), ("b", "d2", 2)}
+    before = _files_outside_timeline(table)
+
+    class Crash(BaseException):
+        """The process dying between the tasks and the publish."""
+
+    def crash(*args, **kwargs):
+        raise Crash("killed before the publish")
+
+    monkeypatch.setattr(api, "commit_results", crash)
+    monkeypatch.setattr(CommitWriter, "rollback", lambda self: None)  # a dead process cleans nothing up
+    with pytest.raises(Crash):
+        upsert_arrow(pa.table({"id": ["a", "b", "c"], "dt": ["d1", "d2", "d1"], "v": [3, 3, 3]}), table, key="id",
+                     partition="dt", cache_config=config)
+    monkeypatch.undo()
+    reopened = Table.open(table.uri)
+    [instant] = reopened.timeline.pending()
+    left = _files_outside_timeline(reopened) - before
+    assert any(p.endswith(".parquet") and instant in p and not p.startswith(".dbidx") for p in left), left
+    assert any(p.startswith(".dbidx/rli/") for p in left), left
+    assert_readers_agree(reopened, COLUMNS, expected)  # the pending instant's files are in no version
+    if how == "library":
+        assert reopened.rollback(instant).rolled_back == instant
+    else:
+        result = CliRunner().invoke(main, ["rollback", table.uri, "--all-pending", "--json"])
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.output)["rolled_back"] == [instant]
+    reopened = Table.open(table.uri)
+    assert reopened.timeline.pending() == []
+    # Every file the crashed instant wrote is gone; what is new is the rollback's own Delta version.
+    assert _files_outside_timeline(reopened) == before | {delta_log.version_file(3)}
+    assert_readers_agree(reopened, COLUMNS, expected)
+    assert verify_table(reopened).ok
+    upsert_arrow(pa.table({"id": ["a", "c"], "dt": ["d1", "d1"], "v": [4, 4]}), reopened, key="id", partition="dt",
+                 cache_config=config)
+    assert_readers_agree(reopened, COLUMNS, {("a", "d1", 4), ("b", "d2", 2), ("c", "d1", 4)})
+
+
+def test_time_travel_inside_the_retention_window_reads_the_same_everywhere(tmp_path: Path) -> None:
+    """After clean(retain_completions=4), every version inside the window reads the rows it had when written, in
+    dbidx, deltalake and polars alike; an older version whose files the clean removed is HistoryCompactedError in
+    dbidx, never fewer rows."""
+    table = Table.create(str(tmp_path / "t"), num_shards=2)
+    config = CacheConfig(base_path=str(tmp_path / "cache"))
+    oracle, rng, serial = Oracle(False), random.Random(77), [0]
+    states: dict[int, list[tuple]] = {}
+
+    def upsert() -> None:
+        batch = random_batch(rng, oracle, serial, size=25)
+        upsert_arrow(as_arrow(batch), table, key="id", partition="dt", cache_config=config)
+        oracle.apply(batch)
+
+    def remember() -> None:  # each version's rows as all readers saw them when it was the newest
+        states[table.timeline.latest_seq] = sorted(assert_readers_agree(table, COLUMNS, oracle.expected_rows()))
+
+    for step in range(9):  # upserts (deletion vectors replaced commit by commit) and data compactions
+        if step in (3, 6):
+            assert table.compact_data(min_files=2, deleted_share=0.01).record is not None
+        else:
+            upsert()
+        remember()
+    latest = table.timeline.latest_seq
+    cleaned = table.clean(retain_completions=4)
+    assert cleaned is not None and any(p.startswith(".dbidx/dv/") for p in cleaned.deleted)  # data and DV files
+    horizon = latest - 4
+    states[table.timeline.latest_seq] = states[latest]  # the clean changes no row
+    fresh, uri = Table.open(table.uri), table.uri
+    for version, rows in sorted(states.items()):
+        if version >= horizon:
+            got = sorted(via_dbidx_at(fresh, version))
+            assert got == rows, version
+            assert sorted(via_deltalake(uri, COLUMNS, version)) == rows, version
+            assert sorted(via_polars(uri, COLUMNS, version)) == rows, version
+        else:
+            try:
+                got = sorted(via_dbidx_at(fresh, version))
+            except HistoryCompactedError:  # never stricter than Delta: its readers miss the same files
+                with pytest.raises(Exception, match="(?i)not found|no such file"):
+                    via_deltalake(uri, COLUMNS, version)
+                continue
+            assert got == rows, f"version {version}, older than the window, reads other rows"
+    with pytest.raises(HistoryCompactedError, match="older than the table retains"):
+        via_dbidx_at(fresh, 2)  # before the first data compaction: its replaced files are gone
+
+
+def via_dbidx_at(table: Table, version: int) -> list[tuple]:
+    got = data_reader.read_arrow(table, columns=list(COLUMNS), version=version)
+    return list(zip(*(got.column(c).to_pylist() for c in COLUMNS)))
+
+
 def twice_updated(tmp_path: Path, days: tuple[str, str]) -> Table:
     """A one-shard table whose two keys were written twice (the second time superseding the first)."""
     table = Table.create(str(tmp_path / "t"), num_shards=1)
@@ -155,6 +291,13 @@ def test_a_damaged_deletion_vector_is_loud(tmp_path: Path) -> None:
         data_reader.read_arrow(table)
     report = verify_table(table)
     assert not report.ok and report.damaged[0]["path"] == record.dv_files[0].path
+    from click.testing import CliRunner
+
+    from dbidx.cli import main
+
+    result = CliRunner().invoke(main, ["verify", table.uri, "--json"])
+    assert result.exit_code == 4, result.output
+    assert [d["path"] for d in json.loads(result.output)["damaged"]] == [record.dv_files[0].path]
 
 
 def test_a_commit_another_engine_wrote_is_refused(tmp_path: Path) -> None:

@@ -15,13 +15,15 @@ import pytest
 from dbidx.buckets.assigner import BucketSpec
 from dbidx.config import CacheConfig
 from dbidx.errors import CommitError, HookError, InvalidInputError, InvalidKeyError
-from dbidx.mdt import leftovers
+from dbidx.mdt import data_schema, leftovers
 from dbidx.mdt.table import Table
 from dbidx.mdt.timeline import ACTION_ROLLBACK
 from dbidx.spark_integration import datafiles, task
-from dbidx.spark_integration.api import commit_results, committed_data_files, read_table, tag, upsert
+from dbidx.spark_integration.api import (_check_layout_and_schema, commit_results, committed_data_files, read_table,
+                                         tag, upsert)
 from dbidx.spark_integration.tagger import TagOptions
 
+from tests.delta_readers import assert_readers_agree
 from tests.spark_helpers import SCHEMA, Oracle, index_state
 
 pytestmark = pytest.mark.spark
@@ -68,6 +70,7 @@ def test_attempt_failing_after_writing_is_retried_without_duplicates(spark, setu
     expected |= {(k, d, v) for k, d, v, _ in batch}
     assert read_rows(spark, table) == expected
     assert len(index_state(table)) == 140
+    assert_readers_agree(table, ("id", "dt", "v"), expected)  # the failed attempts' files are in no Delta version
 
 
 def test_failed_job_is_rolled_back_and_the_batch_can_be_replayed(spark, setup) -> None:
@@ -90,8 +93,12 @@ def test_failed_job_is_rolled_back_and_the_batch_can_be_replayed(spark, setup) -
         time.sleep(0.2)
     assert parquet_on_disk(table) == before_files
     assert not table.timeline.pending()
+    first = {(k, d, v) for k, d, v, _ in rows_of(50)}
+    assert_readers_agree(table, ("id", "dt", "v"), first)  # the rollback is a Delta version that changes no row
     replay = upsert(batch, table, key="id", partition="dt", cache_config=config)
     assert (replay.updates, replay.inserts, replay.orphans_deleted) == (30, 30, 0)
+    replayed = {(k, d, v) for k, d, v, _ in rows_of(30, value=7) + rows_of(30, start=50)}
+    assert_readers_agree(table, ("id", "dt", "v"), replayed | {r for r in first if r[0] >= "k00030"})
 
 
 class LedgerClosedError(Exception):
@@ -154,6 +161,8 @@ def test_speculative_duplicate_attempts_leave_one_version(setup) -> None:
     assert [f["file_group"] for f in results[11]["files"]] == [f["file_group"] for f in results[12]["files"]]
     empty = task.upsert_batches([], table, options, writer.instant, 13)  # shard 1 has no rows in this batch
     winner = task.pack_payload(results[12])
+    schema, _seq = _check_layout_and_schema(table, options, shard0.schema, "the batch")  # as run_upsert records it
+    writer.extra[data_schema.SCHEMA_EXTRA] = data_schema.encode_schema(schema)
     record, summary = commit_results(writer, [(0, 12, winner), (1, 13, task.pack_payload(empty))], options,
                                      expected_tasks=2)
     keep = [f.path for f in record.data_files] + [f.path for f in record.files]
@@ -163,6 +172,8 @@ def test_speculative_duplicate_attempts_leave_one_version(setup) -> None:
                                      + [t["path"] for t in results[12]["touched"] if t["path"] not in keep])
     assert parquet_on_disk(table) == {f.path for f in record.data_files}
     assert summary.inserts == shard0.num_rows and len(index_state(table)) == shard0.num_rows
+    # The winner's rows, once: the loser's files are in no Delta version.
+    assert_readers_agree(table, ("id", "dt", "v"), {(r["id"], r["dt"], r["v"]) for r in shard0.to_pylist()})
 
 
 @pytest.mark.parametrize("bad", [{"hits": "many"}, {"hits": -7}, {"hits": 1.5}, {"shard": "0"},

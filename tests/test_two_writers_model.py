@@ -1,7 +1,7 @@
 """A randomized two-writer model test: two threads upsert overlapping keys at the same time (inserts, updates,
 deletes, re-inserts; moves in global mode), a writer that loses a race retries; after every round the committed data
-and the index agree exactly, there is one live row per key, and the table equals a serial oracle that applies the
-batches in commit order. Runs the real upsert tasks and publish step in-process (`upsert_arrow`) on real files and
+and the index agree exactly, there is one live row per key, the table equals a serial oracle that applies the
+batches in commit order, and the Delta readers read the same rows as dbidx. Runs the real upsert tasks and publish step in-process (`upsert_arrow`) on real files and
 real shard caches, so many rounds fit in seconds."""
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from dbidx.mdt.table import Table
 from dbidx.spark_integration import datafiles
 from dbidx.spark_integration.local import upsert_arrow
 
+from tests.delta_readers import assert_readers_agree
 from tests.spark_helpers import DAYS, Oracle, hive, index_state
 
 KEYS = [f"key-{i:03d}" for i in range(30)]
@@ -116,4 +117,6 @@ def test_two_writers_keep_data_and_index_in_agreement(tmp_path: Path, global_ind
         # 2. One live row per key (per partition and key in partitioned mode), equal to the serial oracle.
         expected = {(ident[-1], hive(day), value) for ident, (day, value) in oracle.rows.items()}
         assert {(ident[-1], part, v) for ident, (part, v, _fg) in rows.items()} == expected, round_no
+        # 3. The Delta readers (deltalake, polars, DuckDB) read exactly what dbidx reads: the oracle's rows.
+        assert_readers_agree(table, ("id", "dt", "v"), oracle.expected_rows())
     assert conflicts > 0  # the test did race
