@@ -164,7 +164,10 @@ def vectors_for_commit(io: FileIO, view: DataView, new_files: Sequence[DataFileR
         if len(positions) and positions.max() >= rows:
             raise CorruptFileError(f"row {positions.max()} of {path} was reported superseded, but the file has "
                                    f"{rows} rows; nothing was published")
-        vectors[path] = positions | load_vector(io, ref, rows, dv_bytes) if ref is not None else positions
+        current = load_vector(io, ref, rows, dv_bytes) if ref is not None else BitMap()
+        if positions.issubset(current):
+            continue  # nothing new: a vector "changed" to itself would be a remove and an add of one (path, DV)
+        vectors[path] = positions | current
     return write_vectors(io, instant, vectors)
 
 

@@ -10,7 +10,8 @@ import threading
 import time
 import uuid
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -205,10 +206,19 @@ class Table:
             return self._view
 
     def data_view(self) -> DataView:
-        """The data files of the current state, with the recorded schema and layout (refreshed first)."""
+        """The data files of the current state, with the recorded schema and layout (refreshed first). The object is
+        this table's own: another thread's refresh advances it in place (see `held_data_view`)."""
         with self._view_lock:
             self.refresh()
             return self._data
+
+    @contextmanager
+    def held_data_view(self) -> Iterator[DataView]:
+        """The data view, refreshed, that no other thread's refresh changes while the block runs (a computation
+        whose result is stamped with the view's `applied_seq` must see exactly that state)."""
+        with self._view_lock:
+            self.refresh()
+            yield self._data
 
     def _views_of(self, cp: Checkpoint) -> tuple[FileView, DataView]:
         """Index and data views rebuilt from a checkpoint, checked like records are."""

@@ -266,8 +266,11 @@ def upsert_batches(batches: Iterable[pa.RecordBatch], table: Table, options: Tag
     # 3b. The rows these files supersede (their deletion vectors), found here on the executor, where the keys are
     #     in memory and the older files' key columns stay cached in the worker; the driver uses them if nothing
     #     committed since changed these file groups (mdt/writer.CommitWriter._tasks_fresh).
-    view = table.data_view()
-    fresh = superseded_rows(table.io, view, written_rows, options.key)
+    #     The view is held while they are computed: the seq they are stamped with is exactly the state they saw (a
+    #     thread sharing this warm table may publish and refresh meanwhile; a later seq would hide its commit).
+    with table.held_data_view() as view:
+        basis_seq = view.applied_seq
+        fresh = superseded_rows(table.io, view, written_rows, options.key)
     del written_rows
     # 4. The shard's index delta files and touched keys, announced the same way.
     index_files, touched, changes = write_task_index(table, tagged, options, instant, attempt,
@@ -280,7 +283,7 @@ def upsert_batches(batches: Iterable[pa.RecordBatch], table: Table, options: Tag
         metrics.partitions = sorted({f.partition for f in files})
     return {"files": [asdict(f) for f in files], "index_files": [asdict(f) for f in index_files],
             "touched": [t.to_dict() for t in touched],
-            "superseded": {"seq": view.applied_seq, "rows": {p: b.serialize() for p, b in fresh.items()}},
+            "superseded": {"seq": basis_seq, "rows": {p: b.serialize() for p, b in fresh.items()}},
             "changes": {p: asdict(c) for p, c in changes.items()},
             "metrics": [m.to_dict() for m in shard_metrics]}
 

@@ -437,6 +437,34 @@ def test_a_hive_partition_value_holding_a_slash_is_refused(tmp_path: Path) -> No
     assert hive_values("region=eu/dt=1", ["region", "dt"]) == {"region": "eu", "dt": "1"}
 
 
+def test_a_commit_landing_right_after_a_task_found_its_superseded_rows_is_not_missed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Global index: the task of a move finds the rows it supersedes, then (before its result is stamped) another
+    writer sharing the worker's warm table updates the same key in its old partition. The task's rows must be
+    stamped with the state they saw, so the publisher sees the update and recomputes: the key stays live once."""
+    from dbidx.spark_integration import task
+
+    table = Table.create(str(tmp_path / "t"), num_shards=1, global_index=True)
+    config = CacheConfig(base_path=str(tmp_path / "cache"))
+    upsert_arrow(pa.table({"id": ["k", "other"], "dt": ["a", "a"], "v": [1, 1]}), table, key="id", partition="dt",
+                 cache_config=config)
+    real, calls = task.superseded_rows, []
+
+    def then_another_writer(*args, **kwargs):
+        found = real(*args, **kwargs)
+        if not calls:
+            calls.append(1)  # the other writer: an update of k where it lives (no conflict with a move)
+            upsert_arrow(pa.table({"id": ["k"], "dt": ["a"], "v": [2]}), task.warm_table(table), key="id",
+                         partition="dt", cache_config=config)
+        return found
+
+    monkeypatch.setattr(task, "superseded_rows", then_another_writer)
+    upsert_arrow(pa.table({"id": ["k"], "dt": ["b"], "v": [3]}), table, key="id", partition="dt",
+                 cache_config=config)
+    assert calls
+    assert_readers_agree(Table.open(table.uri), COLUMNS, {("k", "b", 3), ("other", "a", 1)})
+
+
 def test_a_missing_delta_version_is_written_by_the_next_writer(tmp_path: Path) -> None:
     table = twice_updated(tmp_path, ("d1", "d2"))
     written = Path(table.io.path(delta_log.version_file(2))).read_bytes()
