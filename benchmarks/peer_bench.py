@@ -55,7 +55,7 @@ SEED = 20261123
 SAMPLE_S = 0.2
 READS = 3  # timed full reads per system (the best is reported)
 HEADERS = ["system", "status", "load s", "median s/batch (excl. batch 1)", "steady rows/s", "peak RSS MiB",
-           "table MiB", "data files", "full read s", "polars read s", "check"]
+           "table MiB", "data files", "full read s", "polars read s", "compact s", "read after compact s", "check"]
 
 
 class Unsupported(Exception):
@@ -252,6 +252,10 @@ class DbidxPeer(SparkInput):
     def files(self) -> int | None:
         return len(self.table.data_view().live())
 
+    def compact(self) -> None:
+        """`dbidx compact --data` on the data files (the index is left as it is: reads do not use it)."""
+        self.table.compact_data()
+
 
 class SparkJoinPeer(SparkInput):
     """The do-it-yourself baseline: a Parquet key index (id -> dt) joined with each batch; merge on read."""
@@ -327,6 +331,8 @@ class Progress:
     read_s: float | None = None
     polars_s: float | None = None
     files: int | None = None
+    compact_s: float | None = None  # systems that compact data files on request (dbidx: compact_data)
+    compacted_read_s: float | None = None
     unsupported: str | None = None
 
     def save(self, path: Path) -> None:
@@ -373,6 +379,14 @@ def run_one(name: str, work: Path, shards: int) -> None:
             progress.polars_s = best_of(READS, lambda: polars.read_delta(str(work / name)))
         progress.rows, progress.sum_ver = system.counts()
         progress.table_bytes = _report.dir_bytes(work / name)
+        if hasattr(system, "compact"):
+            progress.save(out)
+            start = time.perf_counter()
+            system.compact()
+            progress.compact_s = time.perf_counter() - start
+            progress.compacted_read_s = best_of(READS, system.read_all)
+            if system.counts() != (progress.rows, progress.sum_ver):
+                progress.rows = -1  # the compacted table reads other rows: the check says WRONG
     except Unsupported as exc:
         progress.unsupported = str(exc)
     finally:
@@ -463,7 +477,9 @@ def row(name: str, outcome: Outcome, manifest: dict[str, Any]) -> list[Any]:
             round(outcome.peak_rss / (1 << 20)) if outcome.peak_rss else "-",
             "-" if progress.table_bytes is None else round(progress.table_bytes / (1 << 20), 1),
             "-" if progress.files is None else progress.files, "-" if progress.read_s is None else progress.read_s,
-            "-" if progress.polars_s is None else progress.polars_s, check(progress, manifest)]
+            "-" if progress.polars_s is None else progress.polars_s,
+            "-" if progress.compact_s is None else progress.compact_s,
+            "-" if progress.compacted_read_s is None else progress.compacted_read_s, check(progress, manifest)]
 
 
 def skipped_row(name: str, why: str) -> list[Any]:
@@ -568,8 +584,9 @@ def main() -> None:
         f"after the batches. Full read (best of {READS}): every column into one Arrow table, in the process that "
         f"wrote (dbidx: `read_arrow`, files minus deletion vectors; delta-rs: `to_pyarrow_table`; pyiceberg: "
         f"`scan().to_arrow`; pypaimon: its reader; Spark join: the latest-per-key aggregate); polars read (best of "
-        f"{READS}): `polars.read_delta` of the same table through its Delta log (the Delta tables only). Check: rows "
-        f"read back == "
+        f"{READS}): `polars.read_delta` of the same table through its Delta log (the Delta tables only). Compact s: "
+        f"dbidx's data compaction after the reads (`compact_data()`: each file group's small files into one), then "
+        f"read after compact s: the full read again (best of {READS}). Check: rows read back == "
         f"distinct keys and sum(ver) as generated. Spark systems run local[2] with {args.shards} shards; time cap "
         f"{args.timeout:.0f} s per system, {args.iceberg_timeout:.0f} s for pyiceberg.",
         _report.table(HEADERS, rows),
