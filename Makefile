@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast test-cluster pack-env bench bench-smoke bench-mdt bench-cache bench-bootstrap bench-spark bench-commit bench-footprint bench-skew bench-restart bench-peers bench-scale check-java clean
+.PHONY: demo test test-fast fuzz test-cluster pack-env bench bench-smoke bench-mdt bench-cache bench-bootstrap bench-spark bench-commit bench-footprint bench-skew bench-restart bench-peers bench-scale check-java clean
 
 demo: check-java $(STAMP)
 	$(BIN)/dbidx demo
@@ -16,6 +16,10 @@ test: check-java $(STAMP)
 # Day-to-day tier: no Spark, nothing marked slow (about a minute).
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not spark and not slow"
+
+# The decoder fuzz tests with 20,000 examples per decoder (make test runs 3,000; a few minutes).
+fuzz: $(STAMP)
+	DBIDX_FUZZ_EXAMPLES=20000 $(BIN)/python -m pytest tests/test_fuzz_decoders.py
 
 # The standalone-cluster tests alone (a master and two workers in subprocesses; docs/DEPLOY.md), the packed-environment
 # one included. `make test` runs all but that one.

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from functools import partial
 from typing import Sequence
 
 import numpy as np
@@ -257,6 +256,13 @@ def adopt_delta_table(table: Table, key_column: str, partition_columns: Sequence
     files: list[str] = []
     steps = Steps(progress, len(snapshot.files))
     table.adopting_delta = True  # no Delta version is written before this instant publishes its own
+    # At publish, whether or not other completions landed meanwhile (a commit check runs only then): another
+    # engine's commit after the snapshot refuses the adoption, nothing published.
+    def no_newer(record: CompletedInstant) -> None:
+        if record.action == ACTION_BUILD_INDEX:  # not its rollback: that one must publish
+            _no_newer_version(table, snapshot.version, None)
+
+    table.timeline.before_publish.append(no_newer)
     try:
         with CommitWriter(table, ACTION_BUILD_INDEX) as writer:
             for f in snapshot.files:
@@ -296,9 +302,9 @@ def adopt_delta_table(table: Table, key_column: str, partition_columns: Sequence
             writer.extra[SCHEMA_EXTRA] = encode_schema(pa.schema([f.with_nullable(True) for f in snapshot.schema]))
             writer.extra[DELTA_ADOPTED_EXTRA] = {"version": snapshot.version, "metaData": snapshot.metadata,
                                                  "protocol": snapshot.protocol}
-            writer.checks.append(partial(_no_newer_version, table, snapshot.version))
     finally:
         table.adopting_delta = False
+        table.timeline.before_publish.remove(no_newer)
     record = table.timeline.record_of(writer.instant)
     assert record is not None
     markers.discard_unlisted(table.io, writer.instant, keep={f.path for f in record.dv_files})

@@ -261,6 +261,10 @@ def _partition_of(add: dict[str, Any], columns: list[str], where: str) -> str:
         if value is None:
             raise DeltaFeatureError(f"{where} has a null (or no) value for partition column {column!r}; dbidx "
                                     "names partitions by their values")
+        if "/" in str(value):
+            raise DeltaFeatureError(f"{where} has partition value {value!r} for column {column!r}: dbidx names "
+                                    "partitions by path segments, and a '/' in a value would split it; nothing was "
+                                    "written")
         segments.append(f"{column}={value}")
     partition = "/".join(segments)
     try:

@@ -30,7 +30,7 @@ from dbidx.mdt.data_schema import recorded_schema
 from dbidx.mdt.data_view import DELTA_ADOPTED_EXTRA, DataView, DvRef
 from dbidx.mdt.deletion_vectors import inline_form
 from dbidx.mdt.fileio import FileIO
-from dbidx.mdt.layout import hive_values, layout_partition_columns
+from dbidx.mdt.layout import layout_partition_columns
 from dbidx.mdt.records import (
     ACTION_BUILD_INDEX, ACTION_COMMIT, ACTION_DATA_COMPACTION, ACTION_UPGRADE, CompletedInstant, DataFileRecord,
 )
@@ -213,6 +213,14 @@ def _partition_columns(record: CompletedInstant, view: DataView, schema: pa.Sche
     return columns
 
 
+def _partition_values(partition: str, columns: list[str]) -> dict[str, str]:
+    """A file's partitionValues: one `<name>=<value>` segment per column. Kept exactly as earlier versions derived
+    them (a version derived again must hold the same bytes); values holding a '/' are refused before they are written
+    (tagger, delta_adopt), so the reader's layout.hive_values gives the same values."""
+    values = dict(seg.split("=", 1) for seg in partition.split("/") if "=" in seg) if partition else {}
+    return {c: values[c] for c in columns if c in values}
+
+
 def _inline(ref: DvRef | None, body: Callable[[DvRef], bytes]) -> dict[str, Any] | None:
     """A vector as an inline Delta descriptor. Why inline and not a pointer into the DV file: deltalake's
     `DeltaTable.deletion_vectors()` (what polars reads through) stalled for minutes, at random, on tables with a
@@ -236,7 +244,7 @@ def _add(f: DataFileRecord, dv: dict[str, Any] | None, columns: list[str], ms: i
     stats: dict[str, Any] = {"numRecords": f.rows}
     if key is not None and key not in columns and f.min_key is not None:
         stats.update(minValues={key: f.min_key}, maxValues={key: f.max_key}, nullCount={key: 0})
-    add: dict[str, Any] = {"path": f.delta_path or delta_path(f.path), "partitionValues": hive_values(f.partition, columns),
+    add: dict[str, Any] = {"path": f.delta_path or delta_path(f.path), "partitionValues": _partition_values(f.partition, columns),
                            "size": f.size, "modificationTime": ms, "dataChange": data_change,
                            "stats": json.dumps(stats, sort_keys=True, separators=(",", ":"))}
     if dv is not None:
@@ -248,7 +256,7 @@ def _remove(f: DataFileRecord, dv: dict[str, Any] | None, columns: list[str], ms
             data_change: bool) -> dict[str, Any]:
     remove: dict[str, Any] = {"path": f.delta_path or delta_path(f.path), "deletionTimestamp": ms, "dataChange": data_change,
                               "extendedFileMetadata": True,
-                              "partitionValues": hive_values(f.partition, columns), "size": f.size}
+                              "partitionValues": _partition_values(f.partition, columns), "size": f.size}
     if dv is not None:
         remove["deletionVector"] = dv
     return {"remove": remove}
@@ -280,7 +288,8 @@ def checkpoint_floor(io: FileIO) -> int:
                                f"{raw[:200]!r}") from exc
     if isinstance(version, bool) or not isinstance(version, int) or version < 0:
         raise CorruptFileError(f"{io.path(DELTA_LOG_DIR)}/_last_checkpoint names version {version!r}")
-    if not io.exists(f"{DELTA_LOG_DIR}/{version:020d}.checkpoint.parquet") and version not in listed_versions(io):
+    names = io.list_names(DELTA_LOG_DIR)  # classic, multi-part (N.checkpoint.i.n.parquet) or V2 checkpoints
+    if not any(n.startswith(f"{version:020d}.checkpoint") or n == f"{version:020d}.json" for n in names):
         raise CorruptFileError(f"{io.path(DELTA_LOG_DIR)}/_last_checkpoint names version {version}, whose "
                                "checkpoint file and JSON are both missing")
     return version
@@ -329,7 +338,8 @@ class DeltaLogWriter:
             except CorruptFileError as exc:  # a vector's DV file is gone: fine if the version exists (sync checks)
                 self.pending[record.seq] = exc
 
-    def sync(self, io: FileIO, latest_seq: int, records: Any, recheck: Any, offset: int = 0, first_seq: int = 0) -> int:
+    def sync(self, io: FileIO, latest_seq: int, records: Any, recheck: Any, offset: int = 0, first_seq: int = 0,
+             in_memory: Callable[[int], CompletedInstant | None] = lambda _seq: None) -> int:
         """Write every missing version up to `latest_seq` (put-if-absent, compared if present) and refuse a version
         beyond it that no dbidx completion explains (`recheck()` refreshes the completion log and returns its latest
         seq: a dbidx writer may have published and written meanwhile). The first call of a process lists the log;
@@ -348,7 +358,7 @@ class DeltaLogWriter:
             versions |= set(range(floor + 1))
             present = {v - offset for v in versions if v - offset >= first_seq}
             beyond = sorted(v for v in versions if v > latest_seq + offset)
-            self._check_newest_own(io, present, latest_seq, records, offset)
+            self._check_newest_own(io, present, latest_seq, in_memory, offset)
         else:
             present = set(range(first_seq, self.written_upto + 1))
             nxt = latest_seq + offset + 1
@@ -389,20 +399,23 @@ class DeltaLogWriter:
             "this dbidx table's): dbidx refuses to write into it. Adopt the table with `dbidx build-index URI "
             "--key COLUMN` (it indexes the table's current files, deletion vectors honoured)")
 
-    def _check_newest_own(self, io: FileIO, present: set[int], latest_seq: int, records: Any, offset: int) -> None:
+    def _check_newest_own(self, io: FileIO, present: set[int], latest_seq: int,
+                          in_memory: Callable[[int], CompletedInstant | None], offset: int) -> None:
         """The newest version a completion has, when this process did not derive it: its commitInfo must name that
         completion's instant. Another engine that took a version in the instant between dbidx's last check and its
-        publish left exactly that version foreign; every later writer refuses here."""
+        publish left exactly that version foreign; every later writer refuses here. Skipped when the completion is
+        only in the timeline's checkpoint (the publisher, which checked its version, wrote that checkpoint after it)
+        or its JSON went with a Delta log cleanup."""
         newest = max((v for v in present if 0 < v <= latest_seq and v not in self.pending), default=None)
-        if newest is None:
+        mine = None if newest is None else in_memory(newest)
+        if mine is None or not io.exists(version_file(newest + offset)):
             return
-        mine = records(after_seq=newest - 1, upto_seq=newest)
         first_line = io.read_bytes(version_file(newest + offset)).split(b"\n", 1)[0]
         try:
             info = json.loads(first_line)["commitInfo"]["dbidx"]
         except (ValueError, KeyError, TypeError):
             info = None
-        if not mine or not isinstance(info, dict) or info.get("instant") != mine[0].instant \
+        if not isinstance(info, dict) or info.get("instant") != mine.instant \
                 or info.get("seq") != newest:
             raise ForeignCommitError(
                 f"Delta version {newest + offset} of {io.path(DELTA_LOG_DIR)} was not written by dbidx (it does not "

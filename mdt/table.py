@@ -270,14 +270,15 @@ class Table:
             if self.adopting_delta and self._data.delta_adopted is None:
                 return 0
             return self._delta.sync(self.io, self.timeline.latest_seq, self.timeline.completed, self._refreshed_seq,
-                                    self._data.delta_offset, self._data.delta_first_seq)
+                                    self._data.delta_offset, self._data.delta_first_seq, self.timeline.in_memory)
 
-    def _check_delta_slot(self, seq: int) -> None:
-        """Right before completion `seq` is published: its Delta version must still be free. The check before the
+    def _check_delta_slot(self, record: CompletedInstant) -> None:
+        """Right before `record` is published: the Delta version of its seq must still be free. The check before the
         instant started covers the log up to then; this one covers the tasks' run, so another engine's commit that
         landed meanwhile is refused with nothing published (only the create itself remains as a window)."""
         if self.adopting_delta and self._data.delta_adopted is None:
             return
+        seq = record.seq
         version = seq + self._data.delta_offset
         if not self.io.exists(version_file(version)):
             return

@@ -72,9 +72,9 @@ class Timeline:
         # Run before this process claims an instant (the table brings its Delta log up to date and checks that no
         # other engine wrote to it; an error here stops the write before anything is claimed).
         self.before_start: list[Callable[[], None]] = []
-        # Run right before the atomic create of a completion record, with the seq it is about to take (the table
-        # checks that the Delta version of that seq is still free); an error here publishes nothing.
-        self.before_publish: list[Callable[[int], None]] = []
+        # Run right before the atomic create of a completion record, with that record (the table checks that the
+        # Delta version of its seq is still free); an error here publishes nothing.
+        self.before_publish: list[Callable[[CompletedInstant], None]] = []
 
     # ---- reading -----------------------------------------------------------------------------------------
     def refresh(self) -> list[CompletedInstant]:
@@ -190,6 +190,14 @@ class Timeline:
             for name in self.io.list_names(layout.LATEST_DIR):
                 if name.isdigit() and int(name) < seq:
                     self.io.delete(f"{layout.LATEST_DIR}/{name}")
+
+    def in_memory(self, seq: int) -> CompletedInstant | None:
+        """Completion `seq` if this timeline holds it without reading (after its checkpoint, or history loaded)."""
+        if self.base_seq < seq <= self.latest_seq:
+            return self._records[seq - self.base_seq - 1]
+        if 0 < seq <= self.base_seq and self._history is not None:
+            return self._history[seq - 1]
+        return None
 
     def completed(self, after_seq: int = 0, upto_seq: int | None = None) -> list[CompletedInstant]:
         """Completion records with after_seq < seq <= upto_seq (cached; call refresh() for new ones). Records
@@ -324,7 +332,7 @@ class Timeline:
             # 2. Try to take the next sequence number; losing the race means someone else completed: look again.
             record = build(checked + 1)
             for hook in self.before_publish:
-                hook(record.seq)
+                hook(record)
             try:
                 created = self.io.create_exclusive(layout.completed_file(record.seq), record.to_json())
             except StoreUnavailableError:

@@ -162,3 +162,34 @@ def test_the_adoption_version_heals_and_survives_a_checkpoint(tmp_path: Path) ->
                  partition="dt", cache_config=CacheConfig(base_path=str(tmp_path / "c")))
     assert DeltaTable(str(path)).version() == version + 2
     assert ("k1", "d1", 5) in assert_readers_agree(again, COLUMNS)
+
+
+def test_a_commit_another_engine_makes_during_the_adoption_refuses_it(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The other engine appends while build-index reads the snapshot: nothing is published (the adoption would miss
+    that commit's rows), and build-index again adopts the newer version."""
+    from dbidx.mdt import build_index as adoption
+
+    path = tmp_path / "t"
+    write_deltalake(str(path), pa.table({"id": ["a"], "dt": ["d"], "v": pa.array([1], pa.int64())}),
+                    partition_by=["dt"])
+    real, calls = adoption._read_source, []
+
+    def read_then_append(*args, **kwargs):
+        if not calls:
+            calls.append(1)
+            write_deltalake(str(path), pa.table({"id": ["b"], "dt": ["d"], "v": pa.array([2], pa.int64())}),
+                            partition_by=["dt"], mode="append")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(adoption, "_read_source", read_then_append)
+    table = Table.create(str(path), num_shards=1)
+    with pytest.raises(ForeignCommitError, match="nothing was published") as caught:
+        build_index(table, "id")
+    assert caught.value.published is None
+    after = Table.open(str(path))
+    after.refresh()
+    assert [r.action for r in after.timeline.completed()] == ["rollback"] and not after.timeline.pending()
+    monkeypatch.undo()
+    build_index(Table.open(str(path)), "id")
+    assert_readers_agree(Table.open(str(path)), ("id", "dt", "v"), {("a", "d", 1), ("b", "d", 2)})

@@ -356,7 +356,7 @@ def test_a_foreign_commit_taking_the_version_after_the_publish_is_loud(tmp_path:
     upsert_arrow(pa.table({"id": ["a"], "dt": ["d1"], "v": [1]}), table, key="id", partition="dt",
                  cache_config=config)
     monkeypatch.setattr(table.timeline, "before_publish",
-                        table.timeline.before_publish + [lambda seq: _foreign_version(table, seq)])
+                        table.timeline.before_publish + [lambda record: _foreign_version(table, record.seq)])
     with pytest.raises(ForeignCommitError, match="completed at seq 2") as caught:
         upsert_arrow(pa.table({"id": ["a"], "dt": ["d1"], "v": [2]}), table, key="id", partition="dt",
                      cache_config=config)
