@@ -4,7 +4,7 @@ at a time, in pure Arrow.
 What a read returns: each live data file's rows minus its deletion vector, exactly what every Delta reader returns
 from `_delta_log/` (a superseded version of a record, a deleted record and a delete row are all in the vectors), so
 no merge by key, no shuffle: any number of file groups are read in parallel by any engine. Hive partition columns
-of string or date type come from the partition path, as Delta readers take them from `partitionValues`, instead of
+of string type come from the partition path, as Delta readers take them from `partitionValues`, instead of
 being decoded from every row of every file.
 
 Every file is read through the table's FileIO (any pyarrow filesystem: local, S3, GCS, HDFS) and verified against
@@ -48,7 +48,7 @@ class ReadUnit:
     instants: tuple[str, ...]
     vectors: tuple[DvRef | None, ...] = ()
     # The hive partition columns' values in the unit's partition path (what Delta readers take from
-    # `partitionValues`): string and date columns among them are built from these, not decoded from every file.
+    # `partitionValues`): string columns among them are built from these, not decoded from every file.
     path_values: tuple[tuple[str, str], ...] = ()
 
     @property
@@ -256,8 +256,9 @@ def _raise_if_cleaned(io: FileIO, table: Any, record: DataFileRecord, vector: Dv
 
 
 def _exact_from_text(type_: pa.DataType) -> bool:
-    """Whether a partition value's text gives back the column's value exactly (so it need not be decoded)."""
-    return pa.types.is_string(type_) or pa.types.is_large_string(type_) or pa.types.is_date32(type_)
+    """Whether a partition value's text is the column's value exactly (so it need not be decoded): text columns
+    only (a date's directory may spell it otherwise than Arrow parses, and decoding an int32 date is cheap)."""
+    return pa.types.is_string(type_) or pa.types.is_large_string(type_)
 
 
 def _aligned(data: pa.Table, schema: pa.Schema, key: str, record: DataFileRecord, instant: str,
