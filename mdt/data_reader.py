@@ -220,7 +220,8 @@ def read_unit(io: FileIO, unit: ReadUnit, key: str, schema: pa.Schema, table: An
     HistoryCompactedError (plan the read again) instead of a damaged table.
     origins: if given, gets (file, row positions kept) per file, in output order (a data compaction maps rows).
     """
-    from_path = {name: value for name, value in unit.path_values
+    path_values = dict(unit.path_values)
+    from_path = {name: value for name, value in path_values.items()
                  if name != key and name in schema.names and _exact_from_text(schema.field(name).type)}
     wanted = {f.name for f in schema} - {FILE_GROUP_COLUMN} - set(from_path) | {key}
     pieces = []
@@ -238,7 +239,7 @@ def read_unit(io: FileIO, unit: ReadUnit, key: str, schema: pa.Schema, table: An
             raise
         if origins is not None:
             origins.append((record, np.flatnonzero(keep)))
-        pieces.append(_aligned(data, schema, key, record, instant, io, dict(unit.path_values)))
+        pieces.append(_aligned(data, schema, key, record, instant, io, path_values))
     return pa.concat_tables(pieces).select([f.name for f in schema])
 
 
@@ -282,13 +283,20 @@ def _aligned(data: pa.Table, schema: pa.Schema, key: str, record: DataFileRecord
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
                     raise SchemaError(f"column {field_.name!r} of data file {io.path(record.path)} is "
                                       f"{column.type}, the table's schema says {field_.type}: {exc}") from exc
-        elif (value := (path_values or {}).get(field_.name, _hive_value(record.partition, field_.name))) is not None:
+        elif (value := _path_value(path_values, record.partition, field_.name)) is not None:
             column = _repeat(value, n, field_, record, io)  # from the path (a migrated file has it nowhere else)
         else:
             column = pa.nulls(n, field_.type)  # a column added after this file was written
         columns.append(column)
         names.append(field_.name)
     return pa.Table.from_arrays(columns, names=names)
+
+
+def _path_value(path_values: dict[str, str] | None, partition: str, column: str) -> str | None:
+    """A column's value from the unit's partition path: the layout's partition columns first, else any
+    `<column>=<value>` segment (a migrated file keeps it in its directory name only)."""
+    value = (path_values or {}).get(column)
+    return value if value is not None else _hive_value(partition, column)
 
 
 def _hive_value(partition: str, column: str) -> str | None:

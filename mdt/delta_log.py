@@ -263,22 +263,31 @@ def _remove(f: DataFileRecord, dv: dict[str, Any] | None, columns: list[str], ms
 
 
 # ---- the log on storage ------------------------------------------------------------------------------------
-def listed_versions(io: FileIO) -> list[int]:
-    """Versions present in `_delta_log/` (commit JSON files; checkpoints and temp files are not versions)."""
+def listed_versions(io: FileIO, names: list[str] | None = None) -> list[int]:
+    """Versions present in `_delta_log/` (commit JSON files; checkpoints and temp files are not versions); `names`:
+    the log's listing when the caller has it already."""
     out = []
-    for name in io.list_names(DELTA_LOG_DIR):
+    for name in io.list_names(DELTA_LOG_DIR) if names is None else names:
         stem = name[:-5] if name.endswith(".json") else ""
         if len(stem) == 20 and stem.isdigit():
             out.append(int(stem))
     return sorted(out)
 
 
-def checkpoint_floor(io: FileIO) -> int:
+def stored_versions(io: FileIO) -> tuple[set[int], int]:
+    """From one listing of `_delta_log/`: the versions whose JSON is there, and the newest Delta checkpoint's version
+    (checkpoint_floor). Every version up to that one counts as stored too (the caller adds the range it needs)."""
+    names = io.list_names(DELTA_LOG_DIR)
+    return set(listed_versions(io, names)), checkpoint_floor(io, names)
+
+
+def checkpoint_floor(io: FileIO, names: list[str] | None = None) -> int:
     """The version of the table's newest Delta checkpoint (`_delta_log/_last_checkpoint`), -1 without one. Every
     version up to it is summed up by the checkpoint, so another engine's log cleanup may have deleted their JSON;
-    the checkpoint's own Parquet file must then be there (else the log is damaged)."""
+    the checkpoint's own Parquet file must then be there (else the log is damaged). `names`: the log's listing."""
     pointer = f"{DELTA_LOG_DIR}/_last_checkpoint"
-    if not io.exists(pointer):
+    names = io.list_names(DELTA_LOG_DIR) if names is None else names
+    if "_last_checkpoint" not in names:
         return -1
     raw = io.read_bytes(pointer)
     try:
@@ -288,7 +297,7 @@ def checkpoint_floor(io: FileIO) -> int:
                                f"{raw[:200]!r}") from exc
     if isinstance(version, bool) or not isinstance(version, int) or version < 0:
         raise CorruptFileError(f"{io.path(DELTA_LOG_DIR)}/_last_checkpoint names version {version!r}")
-    names = io.list_names(DELTA_LOG_DIR)  # classic, multi-part (N.checkpoint.i.n.parquet) or V2 checkpoints
+    # classic, multi-part (N.checkpoint.i.n.parquet) or V2 checkpoints
     if not any(n.startswith(f"{version:020d}.checkpoint") or n == f"{version:020d}.json" for n in names):
         raise CorruptFileError(f"{io.path(DELTA_LOG_DIR)}/_last_checkpoint names version {version}, whose "
                                "checkpoint file and JSON are both missing")
@@ -350,9 +359,8 @@ class DeltaLogWriter:
         versions this call wrote."""
         # 1. What is on storage: listed once per process, then known from what this process wrote.
         if self.written_upto < 0:
-            versions = set(listed_versions(io))
+            versions, floor = stored_versions(io)
             # Versions up to a Delta checkpoint may have been expired (Delta's log cleanup): they count as present.
-            floor = checkpoint_floor(io)
             if first_seq == 0 and not (floor > 0 and 0 not in versions):
                 self._check_own_origin(io, versions)
             versions |= set(range(floor + 1))

@@ -15,7 +15,7 @@ from dbidx.errors import CorruptFileError, HistoryCompactedError
 from dbidx.mdt import instant_range, layout, rli_files
 from dbidx.mdt.checkpoint import checkpoint_seqs, read_checkpoint
 from dbidx.mdt.data_view import DataView
-from dbidx.mdt.delta_log import DELTA_LOG_DIR, checkpoint_floor, listed_versions
+from dbidx.mdt.delta_log import DELTA_LOG_DIR, stored_versions
 from dbidx.mdt.file_view import FileView
 from dbidx.mdt.records import FileRecord
 from dbidx.mdt.superseded import load_vector
@@ -97,8 +97,8 @@ def _check_vectors(table: Table, check: TableCheck) -> None:
     first, offset = data.delta_first_seq, data.delta_offset  # an adopted Delta table's own versions come first
     wanted = set(range(first + offset, table.timeline.latest_seq + offset + 1))
     # Versions a Delta checkpoint sums up may have been expired by a log cleanup.
-    covered = set(listed_versions(table.io)) | set(range(checkpoint_floor(table.io) + 1))
-    missing = sorted(wanted - covered)
+    listed, floor = stored_versions(table.io)
+    missing = sorted(v for v in wanted - listed if v > floor)
     if missing:
         check.damaged.append({"path": table.io.path(DELTA_LOG_DIR), "problem": f"Delta version(s) {missing[:10]} "
                               "are missing (a crash between a commit and its Delta version); `dbidx repair URI` "
