@@ -121,7 +121,7 @@ def _stats_text(p: dict[str, Any]) -> str:
         lines.append(f"{c['path']}: table {c['table_id']} shard {c['shard']}/{c['num_shards']}, watermark "
                      f"{c['watermark']}, {c['entries']} entries, {c['disk_bytes']} bytes")
         lines += [f"  {r['partition'] or '(global)'}\t{r['state']}\t{r['entries']} entries\t{r['disk_bytes']} B"
-                  f"\tlast access {r['last_access']}\tpending {r['pending_instants'] or '-'}" for r in c["partitions"]]
+                  f"\tlast access {r['last_access']}" for r in c["partitions"]]
     return "\n".join(lines)
 
 
@@ -187,7 +187,7 @@ def reap_cmd(cache_dir: str, ttl_hours: float | None, max_disk_mb: int | None, d
         [f"{a['path']}: {'would remove' if dry_run else 'removed'} abandoned cache (idle {a['idle_hours']} h, "
          f"{a['disk_bytes']} bytes)" for a in p["abandoned"]]
         + [f"{r['path']}: {verb} {len(r['dropped'])} partitions {r['dropped'] or ''} ({r['bytes_before']} -> "
-           f"{r['bytes_after']} bytes), kept {len(r['kept_pending'])} with pending entries" for r in p["caches"]]))
+           f"{r['bytes_after']} bytes)" for r in p["caches"]]))
 
 
 @cache_group.command("bootstrap")

@@ -44,6 +44,7 @@ class CacheConfig:
     load_threads: int = 0  # on-demand partition loads at once per open cache; 0: one per core, at most 8
     lock_timeout_s: float = 600.0
     reaper_interval_s: float = 300.0
+    stage_loads: bool = True  # a bulk load's tasks stage their entries for the caches: no cold first batch after it
 
     @property
     def on_demand_workers(self) -> int:

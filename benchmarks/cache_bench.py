@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -67,6 +68,28 @@ def load_cache(table: Table, path: Path, config: CacheConfig, partitions: list[s
     return cache, entries
 
 
+def measure_lookups(table: Table, cache: RecordIndexCache, shape: str, partition: str, size: int,
+                    repeats: int) -> tuple[list[object], list[str]]:
+    """One warm partition, a batch of `size` keys (80 % present): ([shape, batch, cache keys/s, raw multi-get
+    keys/s, cache / raw], the batch's keys). Medians of `repeats`, after one untimed lookup."""
+    present = table.snapshot(partition).column("key").to_pylist()
+    rng = np.random.default_rng(5)
+    n_present = int(size * 0.8)
+    absent = (uuid_keys(size - n_present, rng).to_pylist() if shape == "uuid"
+              else seq_keys(10**18, size - n_present).to_pylist())
+    batch = [present[i] for i in rng.integers(0, len(present), n_present)] + absent
+    rng.shuffle(batch)
+    view = cache.store.cf(cache.partitions()[partition].cf)  # type: ignore[union-attr]
+    arrow_batch = pa.array(batch, pa.string())  # as the tagger passes a batch's key column
+    cache.lookup(partition, arrow_batch)  # warm the block cache
+    cache_s, found = _report.median_time(lambda: cache.lookup(partition, arrow_batch), repeats)
+    encoded = sorted(codec.encode_keys(batch))
+    raw_s, _ = _report.median_time(partial(multi_get, view, encoded), repeats)
+    del view  # rocksdict keeps the DB's LOCK while any column family view is alive
+    assert sum(f is not None for f in found) >= n_present * 0.99
+    return [shape, len(batch), len(batch) / cache_s, len(batch) / raw_s, raw_s / cache_s], batch
+
+
 def rss_of(script: str) -> int:
     """Peak resident set size (bytes) of a fresh interpreter running `script` (it prints nothing we need)."""
     # VmHWM, not ru_maxrss: on Linux ru_maxrss carries the parent's high-water mark across fork + exec.
@@ -103,24 +126,9 @@ def main() -> None:
             headline.append([shape, entries, parquet / total, cache.disk_bytes() / entries,
                              cache.disk_bytes() / entries / (parquet / total)])
             # 2. Lookups: a batch of 80 % present / 20 % absent keys against one partition, warm.
-            partition = parts[len(parts) // 2]
-            present = table.snapshot(partition).column("key").to_pylist()
-            rng = np.random.default_rng(5)
-            n_present = int(args.batch * 0.8)
-            absent = (uuid_keys(args.batch - n_present, rng).to_pylist() if shape == "uuid"
-                      else seq_keys(10**18, args.batch - n_present).to_pylist())
-            batch = [present[i] for i in rng.integers(0, len(present), n_present)] + absent
-            rng.shuffle(batch)
-            view = cache.store.cf(cache.partitions()[partition].cf)  # type: ignore[union-attr]
-            arrow_batch = pa.array(batch, pa.string())  # as the tagger passes a batch's key column
-            cache.lookup(partition, arrow_batch)  # warm the block cache
-            cache_s, found = _report.median_time(lambda: cache.lookup(partition, arrow_batch), args.repeats)
-            encoded = sorted(codec.encode_keys(batch))
-            raw_s, _ = _report.median_time(lambda: multi_get(view, encoded), args.repeats)
-            assert sum(f is not None for f in found) >= n_present * 0.99
-            lookups.append([shape, len(batch), len(batch) / cache_s, len(batch) / raw_s, raw_s / cache_s])
+            row, batch = measure_lookups(table, cache, shape, parts[len(parts) // 2], args.batch, args.repeats)
+            lookups.append(row)
             cache_path = cache.path
-            del view  # rocksdict keeps the DB's LOCK while any column family view is alive
             cache.close()
             # 3. Memory: a process that opens the cache and looks keys up in every partition, vs a dict.
             if shape == "uuid":

@@ -46,6 +46,40 @@ def add_commits(table, count: int, commit_keys: int, rng: np.random.Generator) -
             writer.delete(partition_of(i % DAYS), victims)
 
 
+def warm_vs_full(work: Path, keys: int, commits: list[int], commit_keys: int, repeats: int,
+                 rng: np.random.Generator) -> list[list[object]]:
+    """Per K of `commits` (cumulative): [K, entries to catch up, entries in the window, warm restart s (median of
+    `repeats`), full re-bootstrap s (median), "<full / warm>x"], for a one-shard table of `keys` keys under work."""
+    now = str(FIRST_DAY + DAYS - 1)
+    rows: list[list[object]] = []
+    done = 0
+    table = build_table(work, DAYS, keys // DAYS, 1)
+    caches = work / "caches"
+    bootstrap(table, days=DAYS, now=now, base_path=caches)
+    for k in commits:
+        add_commits(table, k - done, commit_keys, rng)
+        done = k
+        # 1. Warm: the caches are intact; bootstrap reuses every partition and catches up the K commits.
+        #    Each repeat starts from caches that are K commits behind (a copy taken before the first run).
+        shutil.copytree(caches, work / "behind")
+        warm_runs = []
+        for _ in range(repeats):
+            shutil.rmtree(caches)
+            shutil.copytree(work / "behind", caches)
+            warm_runs.append(bootstrap(table, days=DAYS, now=now, base_path=caches))
+        warm = sorted(warm_runs, key=lambda r: r.seconds)[len(warm_runs) // 2]
+        # 2. Full: the same window into an empty base path.
+        full_runs = []
+        for _ in range(repeats):
+            shutil.rmtree(work / "full", ignore_errors=True)
+            full_runs.append(bootstrap(table, days=DAYS, now=now, base_path=work / "full"))
+        full = sorted(full_runs, key=lambda r: r.seconds)[len(full_runs) // 2]
+        shutil.rmtree(work / "behind")
+        rows.append([k, k * commit_keys, full.entries, warm.seconds, full.seconds,
+                     f"{full.seconds / warm.seconds:.0f}x"])
+    return rows
+
+
 FRACTIONS = (0.01, 0.1, 0.3, 1.0, 2.0, 4.0)
 
 
@@ -115,33 +149,9 @@ def main() -> None:
         args.keys, args.commits, args.commit_keys, args.repeats, args.held = 60_000, "1,2", 1_000, 1, 5_000
     work = Path(tempfile.mkdtemp(prefix="dbidx-restart-bench-", dir=str(Path.cwd())))
     rng = np.random.default_rng(21)
-    now = str(FIRST_DAY + DAYS - 1)
-    rows, done = [], 0
     try:
-        table = build_table(work, DAYS, args.keys // DAYS, 1)
-        caches = work / "caches"
-        bootstrap(table, days=DAYS, now=now, base_path=caches)
-        for k in (int(c) for c in args.commits.split(",")):
-            add_commits(table, k - done, args.commit_keys, rng)
-            done = k
-            # 1. Warm: the caches are intact; bootstrap reuses every partition and catches up the K commits.
-            #    Each repeat starts from caches that are K commits behind (a copy taken before the first run).
-            shutil.copytree(caches, work / "behind")
-            warm_runs = []
-            for _ in range(args.repeats):
-                shutil.rmtree(caches)
-                shutil.copytree(work / "behind", caches)
-                warm_runs.append(bootstrap(table, days=DAYS, now=now, base_path=caches))
-            warm = sorted(warm_runs, key=lambda r: r.seconds)[len(warm_runs) // 2]
-            # 2. Full: the same window into an empty base path.
-            full_runs = []
-            for _ in range(args.repeats):
-                shutil.rmtree(work / "full", ignore_errors=True)
-                full_runs.append(bootstrap(table, days=DAYS, now=now, base_path=work / "full"))
-            full = sorted(full_runs, key=lambda r: r.seconds)[len(full_runs) // 2]
-            shutil.rmtree(work / "behind")
-            rows.append([k, k * args.commit_keys, full.entries, warm.seconds, full.seconds,
-                         f"{full.seconds / warm.seconds:.0f}x"])
+        rows = warm_vs_full(work, args.keys, [int(c) for c in args.commits.split(",")], args.commit_keys,
+                            args.repeats, rng)
         cross = crossover(work, args.held, args.repeats, rng)
     finally:
         shutil.rmtree(work, ignore_errors=True)

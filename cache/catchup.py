@@ -6,8 +6,7 @@ read the committed entries after each partition's synced seq for this shard, app
 reload a partition from a snapshot when its history has been cleaned away, the gap is larger than
 `max_catchup_entries`, or the gap is large next to what the cache holds for the partition (more than
 RELOAD_FRACTION of it: applying costs a read and a write per entry, reloading streams the partition's snapshot into
-one SST, and the measured crossover is in benchmarks/RESULTS.md, "Catch-up crossover"). Overlay entries of instants
-that have completed or been rolled back are then dropped.
+one SST, and the measured crossover is in benchmarks/RESULTS.md, "Catch-up crossover").
 """
 from __future__ import annotations
 
@@ -22,10 +21,10 @@ import pyarrow.compute as pc
 from dbidx.cache.codec import global_location
 from dbidx.cache.loading import load_from_snapshot
 from dbidx.cache.record_cache import GLOBAL_PARTITION, RecordIndexCache
-from dbidx.errors import CacheMismatchError, HistoryCompactedError, InstantStateError
+from dbidx.cache.staging import promote
+from dbidx.errors import CacheMismatchError, HistoryCompactedError
 from dbidx.mdt.rli_files import DELETED, FILE_GROUP, KEY, PARTITION
 from dbidx.mdt.table import Table
-from dbidx.mdt.timeline import ACTION_ROLLBACK
 
 
 # Reload instead of apply when the entries to catch up exceed this fraction of the partition's cached entries (and
@@ -48,8 +47,8 @@ class CatchUpResult:
     applied_entries: int = 0
     applied_partitions: list[str] = field(default_factory=list)
     reloaded_partitions: list[str] = field(default_factory=list)
-    finished_instants: list[str] = field(default_factory=list)
     dropped_partitions: list[str] = field(default_factory=list)  # the cache was ahead of its table: rebuilt
+    staged_partitions: list[str] = field(default_factory=list)  # installed from a bulk load's staged SSTs
     seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
@@ -82,11 +81,12 @@ def sync(cache: RecordIndexCache, table: Table, max_catchup_entries: int | None 
         # The cache saw completions the table no longer has (the table was restored from a backup): what it holds
         # is another history. Never served: every partition is dropped and loads again from the table.
         result.dropped_partitions = sorted(cache.partitions())
-        for instant in cache.pending_instants():  # staged by a history that no longer exists: garbage
-            cache.finish_instant(instant)
         for partition in result.dropped_partitions:
             cache.drop_partition(partition)
         cache.set_watermark(0)
+    # 1b. Partitions a bulk load staged beside this cache, confirmed by its completion: installed at its seq, so
+    #     the steps below catch them up like any other (cache/staging.py).
+    result.staged_partitions = promote(cache, table).installed
     # 2. Group ready partitions by how far they already are (usually all at the watermark).
     by_start: dict[int, list[str]] = defaultdict(list)
     for partition, state in cache.partitions().items():
@@ -113,8 +113,6 @@ def sync(cache: RecordIndexCache, table: Table, max_catchup_entries: int | None 
         for partition in reload:
             load_from_snapshot(cache, table, partition, latest)
             result.reloaded_partitions.append(partition)
-    # 5. Overlay entries of instants the MDT has settled are now either committed entries or garbage.
-    result.finished_instants = finish_settled(cache, table)
     cache.set_watermark(latest)
     result.seconds = time.perf_counter() - started
     cache.metrics.add(syncs=1, sync_seconds=result.seconds, reloads=len(result.reloaded_partitions))
@@ -140,29 +138,3 @@ def _apply_incremental(cache: RecordIndexCache, table: Table, start: int, end: i
         applied += cache.apply(partition, rows.column(KEY), rows.column(FILE_GROUP).to_pylist(),
                                rows.column(DELETED).to_pylist(), synced_seq=end)
     return applied
-
-
-def finish_settled(cache: RecordIndexCache, table: Table) -> list[str]:
-    """Drop overlay entries of instants that completed or were rolled back in the MDT (in-flight ones stay)."""
-    finished = []
-    for instant in sorted(cache.pending_instants()):
-        record = table.timeline.record_of(instant)
-        if record is not None:
-            cache.finish_instant(instant)
-            finished.append(instant)
-    return finished
-
-
-def commit(cache: RecordIndexCache, table: Table, instant: str) -> CatchUpResult:
-    """An instant's overlay entries become plain cache entries: only once the MDT says it completed."""
-    table.refresh()
-    record = table.timeline.record_of(instant)
-    if record is None or record.action == ACTION_ROLLBACK:
-        state = "was rolled back" if record is not None else "has not completed"
-        raise InstantStateError(f"instant {instant} {state} in {table.uri}; the cache commits only completed instants")
-    return sync(cache, table)
-
-
-def rollback(cache: RecordIndexCache, instant: str, attempt: str | None = None) -> int:
-    """Forget an instant's (or one failed task attempt's) overlay entries; returns how many were removed."""
-    return cache.finish_instant(instant, attempt)

@@ -17,19 +17,15 @@ from dbidx.cache.store import multi_get, scan
 Decode = Callable[[bytes], str]
 
 
-def lookup_committed(view: Any, keys: pa.Array, todo: np.ndarray | None, result: list[str | None],
-                     decoder: dict[bytes, str], decode_strict: Decode) -> tuple[list[str | None], int]:
-    """Fill `result` (aligned with the encoded `keys`) at positions `todo` (None: all) with committed locations.
-
-    Returns the filled list and how many keys were found. A stored value the fast `decoder` map lacks is never
+def lookup_committed(view: Any, keys: pa.Array, decoder: dict[bytes, str],
+                     decode_strict: Decode) -> tuple[list[str | None], int]:
+    """The committed location of each encoded key (None: absent), in input order, and how many were found.
+ A stored value the fast `decoder` map lacks is never
     taken for an absent key: it goes through `decode_strict` (which raises on a value past the dictionary).
     """
-    if todo is not None and not len(todo):
-        return result, 0
     # 1. Multi-get in key order: about twice as fast as input order (codec.lookup_order).
-    candidates = keys if todo is None else keys.take(pa.array(todo))
-    order = codec.lookup_order(candidates)
-    values = multi_get(view, candidates.take(pa.array(order)).to_pylist())
+    order = codec.lookup_order(keys)
+    values = multi_get(view, keys.take(pa.array(order)).to_pylist())
     # 2. Decode with one dict map; absent keys map to None (dict.get(None) is None).
     decoded = list(map(decoder.get, values))
     absent = values.count(None)
@@ -37,9 +33,7 @@ def lookup_committed(view: Any, keys: pa.Array, todo: np.ndarray | None, result:
         decoded = [None if raw is None else (loc or decode_strict(raw)) for raw, loc in zip(values, decoded)]
     # 3. Scatter back to input order without a Python loop per key.
     scattered = np.empty(len(keys), dtype=object)
-    if todo is not None:
-        scattered[:] = result
-    scattered[order if todo is None else todo[order]] = decoded
+    scattered[order] = decoded
     return scattered.tolist(), len(values) - absent
 
 

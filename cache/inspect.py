@@ -52,7 +52,7 @@ def cache_report(cache: RecordIndexCache) -> dict[str, Any]:
             "partition": name, "state": state.state, "entries": state.entries,
             "disk_bytes": cache.disk_bytes(name), "loaded_seq": state.loaded_seq, "synced_seq": state.synced_seq,
             "last_access": _iso(state.last_access_ms), "loaded_at": _iso(state.loaded_at_ms),
-            "file_groups": len(state.fills), "pending_instants": cache.pending_instants(name),
+            "file_groups": len(state.fills),
         })
     entries = sum(p["entries"] for p in partitions)
     disk = cache.disk_bytes()
@@ -60,7 +60,7 @@ def cache_report(cache: RecordIndexCache) -> dict[str, Any]:
         "path": str(cache.path), "table_id": ident.table_id, "shard": ident.shard, "num_shards": ident.num_shards,
         "index_mode": ident.index_mode, "watermark": cache.watermark, "recovered": cache.recovered,
         "entries": entries, "disk_bytes": disk, "bytes_per_entry": round(disk / entries, 2) if entries else None,
-        "pending_instants": cache.pending_instants(), "partitions": partitions,
+        "partitions": partitions,
     }
 
 

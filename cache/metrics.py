@@ -20,13 +20,13 @@ class CacheCounters(Counters):
     on_demand_loads: int = 0
     stall_seconds: float = 0.0  # wall time tagging waited for on-demand loads
     catchup_entries: int = 0
+    staged_loads: int = 0  # partitions installed from a bulk load's staged SSTs (cache/staging.py), not reloaded
 
 
 @dataclass
 class PartitionCounters(CacheCounters):
     """Counters of one partition."""
 
-    pending_hits: int = 0
     loads: int = 0
     load_seconds: float = 0.0
 

@@ -1,7 +1,6 @@
 """The TTL reaper: keeps a cache bounded by dropping cold partitions (O(1) each: drop the column family).
 
-Rule: a partition with uncommitted overlay entries is never dropped, whatever its age, because its
-pending entries are the only record of keys assigned by an in-flight instant. Everything else goes in two passes:
+A cache holds committed entries only, all of them also in the index, so any partition may go, in two passes:
 1. TTL: partitions not accessed for `partition_ttl_hours`;
 2. budget: then least-recently-used partitions while the directory exceeds `max_disk_mb` (0 = no budget).
 A dropped partition is simply reloaded on demand the next time a batch touches it.
@@ -30,7 +29,6 @@ class ReapResult:
 
     dropped_ttl: list[str] = field(default_factory=list)
     dropped_budget: list[str] = field(default_factory=list)
-    kept_pending: list[str] = field(default_factory=list)
     bytes_before: int = 0
     bytes_after: int = 0
     dry_run: bool = False
@@ -52,17 +50,15 @@ def reap(
     dry_run: bool = False,
     now_ms: int | None = None,
 ) -> ReapResult:
-    """Drop expired partitions, then LRU partitions over the disk budget; never one with pending entries."""
+    """Drop expired partitions, then LRU partitions over the disk budget."""
     ttl = cache.config.partition_ttl_hours if ttl_hours is None else ttl_hours
     budget_mb = cache.config.max_disk_mb if max_disk_mb is None else max_disk_mb
     now = int(time.time() * 1000) if now_ms is None else now_ms
     result = ReapResult(dry_run=dry_run, bytes_before=cache.disk_bytes())
     states = cache.partitions()
-    pending = {p for p in states if cache.pending_instants(p)}
-    result.kept_pending = sorted(pending)
     # 1. TTL pass, oldest first.
     cutoff = now - int(ttl * 3600 * 1000)
-    by_age = sorted((s for p, s in states.items() if p not in pending), key=lambda s: s.last_access_ms)
+    by_age = sorted(states.values(), key=lambda s: s.last_access_ms)
     survivors = []
     for state in by_age:
         if state.last_access_ms < cutoff:
@@ -168,7 +164,8 @@ def _remove_locked(shard_dir: Path) -> None:
     """Delete a shard cache whose lock the caller holds: the directory, its SST staging, then the lock file while
     still holding it (openers re-check the inode they locked, see dir_lock.try_flock)."""
     shutil.rmtree(shard_dir)
-    shutil.rmtree(str(shard_dir) + ".tmp", ignore_errors=True)  # SST staging of its loads
+    shutil.rmtree(str(shard_dir) + ".tmp", ignore_errors=True)  # SST scratch of its loads
+    shutil.rmtree(str(shard_dir) + ".staged", ignore_errors=True)  # a bulk load's staged partitions (staging.py)
     lock_path(shard_dir).unlink(missing_ok=True)
 
 

@@ -1,9 +1,9 @@
 """RecordIndexCache: one table shard's executor-local record index in RocksDB.
 
-One column family per data partition (key -> location), the `default` column family as registry, and an
-`_overlay` column family of entries assigned by instants that have not completed yet. Lookups go overlay -> ready
-partition -> (not ready: the caller loads it) -> None = new key. The cache knows nothing of Spark; it reads the
-MDT only in catchup.py.
+One column family per data partition (key -> location) and the `default` column family as registry; it holds
+committed entries only (catch-up applies them once their instant completed). Lookups go ready partition -> (not
+ready: the caller loads it) -> None = new key. The cache knows nothing of Spark; it reads the MDT only in
+catchup.py (and installs a bulk load's staged partitions in staging.py).
 
 Crash-safety rules (the WAL is off): a partition's column family name is new for every load, so the registry can
 only point at a completely ingested family; the registry is flushed after the data; on open, families the registry
@@ -25,7 +25,6 @@ from dbidx.cache.changes import last_per_key, plan_changes
 from dbidx.cache.committed import committed_items, lookup_committed
 from dbidx.cache.locations import LocationDictionary
 from dbidx.cache.metrics import CacheMetrics
-from dbidx.cache.overlay import OVERLAY_CF, Overlay
 from dbidx.cache.registry import CacheIdentity, PartitionState, table_cache_dir_name  # noqa: F401 - re-exported
 from dbidx.cache.sst_builder import PreparedLoad, build_sst
 from dbidx.cache.store import Store, get, multi_get
@@ -56,7 +55,6 @@ class RecordIndexCache:
         self.watermark = 0
         self._states: dict[str, PartitionState] = {}
         self._dictionary = LocationDictionary(self.path)
-        self._overlay = Overlay()
         self._lock = threading.RLock()
         self._on_close: list[Callable[[], None]] = []
 
@@ -123,7 +121,8 @@ class RecordIndexCache:
         self._states = registry.ready_states(db, families, self.path)
         self.watermark = registry.read_watermark(db, self.path)
         # 4. Families nobody points at are leftovers of interrupted loads or drops.
-        wanted = {s.cf for s in self._states.values()} | {OVERLAY_CF}
+        #    (A cache written by an earlier version may hold an `_overlay` family of uncommitted entries: it goes too.)
+        wanted = {s.cf for s in self._states.values()}
         for name in families - wanted:
             self.store.drop(name)  # type: ignore[union-attr]
         for state in self._states.values():
@@ -132,7 +131,6 @@ class RecordIndexCache:
                 self._recount(state)
         if self.recovered:
             self.metrics.add(recoveries=1)
-        self._overlay.scan(self.store)  # type: ignore[arg-type]
         db[registry.SESSION_KEY] = registry.SESSION_OPEN
         self.store.flush()  # type: ignore[union-attr]
 
@@ -187,11 +185,6 @@ class RecordIndexCache:
         """The partitions of a batch that must be loaded before tagging (sorted, unique)."""
         return sorted({p for p in partitions if p not in self._states})
 
-    def pending_instants(self, partition: str | None = None) -> dict[str, int]:
-        """Instants with uncommitted overlay entries (of one partition or all) -> entry count."""
-        with self._lock:
-            return self._overlay.instants(partition)
-
     # ---- loading -------------------------------------------------------------------------------------------
     def load_partition(self, partition: str, keys: Any, locations: Any, synced_seq: int,
                        tmp_dir: Path | None = None) -> PartitionState:
@@ -245,9 +238,8 @@ class RecordIndexCache:
         return state
 
     def drop_partition(self, partition: str) -> bool:
-        """Forget a partition (O(1): drop its column family). Refuses one with uncommitted entries."""
+        """Forget a partition (O(1): drop its column family)."""
         with self._lock:
-            self._overlay.check_droppable(partition)
             state = self._states.pop(partition, None)
             if state is None:
                 return False
@@ -263,8 +255,8 @@ class RecordIndexCache:
     def lookup(self, partition: str, keys: Sequence[str] | pa.Array) -> list[str | None]:
         """Location of each key (None = not in the index: a new key), in input order.
 
-        Order: uncommitted overlay entries -> the partition's committed entries. The partition must be ready
-        (see not_ready()); in global mode pass partition "" and read locations as "partition\\0file group".
+        The partition must be ready (see not_ready()); in global mode pass partition "" and read locations as
+        "partition\\0file group".
         """
         store = self._require_store()
         # Take the family view and its decoder together: a concurrent reload or reaper drop may replace or
@@ -274,15 +266,10 @@ class RecordIndexCache:
             view, decoder, cf_name = store.cf(state.cf), self._dictionary.decoder(state.cf), state.cf
         binary = codec.encode_keys_binary(normalize_keys(keys))
         n = len(binary)
-        # 1. Overlay: entries of instants that have not completed yet; todo = positions still to look up (None: all).
-        result: list[str | None] = [None] * n
-        pending_hits, todo = self._overlay.resolve(store, partition, binary, result)
-        # 2. Committed entries of the family taken above (multi-get in key order, decoded, scattered back).
-        result, committed_hits = lookup_committed(view, binary, todo, result, decoder,
-                                                  lambda raw: self._dictionary.decode(cf_name, raw))
+        # The family taken above: multi-get in key order, decoded, scattered back.
+        result, hits = lookup_committed(view, binary, decoder, lambda raw: self._dictionary.decode(cf_name, raw))
         state.last_access_ms = _now_ms()
-        self.metrics.add(partition=partition, lookups=n, hits=committed_hits, pending_hits=pending_hits,
-                         misses=n - committed_hits - pending_hits)
+        self.metrics.add(partition=partition, lookups=n, hits=hits, misses=n - hits)
         return result
 
     def touch(self, partition: str, at_ms: int | None = None) -> None:
@@ -290,25 +277,6 @@ class RecordIndexCache:
         state = self._states.get(partition)
         if state is not None:
             state.last_access_ms = _now_ms() if at_ms is None else int(at_ms)
-
-    # ---- in-flight entries (overlay) -----------------------------------------------------------------------
-    def put_pending(self, instant: str, partition: str, keys: Sequence[str] | pa.Array,
-                    locations: Sequence[str], attempt: str | int = "") -> int:
-        """Record locations assigned by an instant that has not completed, so later lookups see them."""
-        encoded = codec.encode_keys(normalize_keys(keys))  # bad input fails before anything is touched
-        partition = validate_partition(partition)
-        store = self._require_store()
-        with self._lock:
-            added = self._overlay.put(store, instant, partition, encoded, locations, attempt)
-            self.touch(partition)
-        return added
-
-    def finish_instant(self, instant: str, attempt: str | int | None = None) -> int:
-        """Remove an instant's overlay entries (all, or one task attempt's): after it completed in the MDT
-        (catch-up has applied its committed entries) or after it was rolled back. Returns entries removed."""
-        store = self._require_store()
-        with self._lock:
-            return self._overlay.finish(store, instant, attempt)
 
     # ---- committed changes (catch-up) ----------------------------------------------------------------------
     def apply(self, partition: str, keys: Sequence[str] | pa.Array, locations: Sequence[str | None],
@@ -352,7 +320,7 @@ class RecordIndexCache:
         return changed
 
     def set_watermark(self, seq: int) -> None:
-        """Record the MDT completion seq up to which the whole cache (all partitions, overlay) is caught up."""
+        """Record the MDT completion seq up to which the whole cache (all its partitions) is caught up."""
         with self._lock:
             for state in self._states.values():
                 state.synced_seq = max(state.synced_seq, seq)

@@ -153,7 +153,7 @@ def unpack_list(raw: bytes | None) -> list[str]:
 
 def damaged(path: Path, what: str, problem: Exception | str) -> CacheCorruptError:
     """The error for stored cache bytes that do not read back as what was written (registry values, location
-    dictionaries, overlay entries): names the cache and the piece; the cache is disposable, so the way out is to
+    dictionaries): names the cache and the piece; the cache is disposable, so the way out is to
     delete it (a Spark task session does that itself)."""
     if isinstance(problem, Exception):
         problem = f"{type(problem).__name__}: {problem}"

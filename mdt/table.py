@@ -62,6 +62,7 @@ class Table:
         self._view = FileView()
         self._data = DataView()
         self._view_lock = threading.RLock()
+        self._pins = threading.local()  # per thread: inside `pinned()`, whether the one refresh has been made
         self._delta: DeltaLogWriter | None = None  # set once this process writes: it then derives Delta versions
         self.adopting_delta = False  # a build-index adopting a Delta table: no version is written until it publishes
 
@@ -189,21 +190,51 @@ class Table:
         return shard_of(keys, self.num_shards)
 
     # ---- timeline view -----------------------------------------------------------------------------------
+    @contextmanager
+    def pinned(self, refreshed: bool = False) -> Iterator["Table"]:
+        """Inside the block, this thread refreshes the table once: later `refresh` calls (and every read that
+        refreshes first) use the state that one found, without listing the timeline again.
+
+        Why: a task reads the table state through several layers (catch-up, planning, on-demand loads, superseded
+        rows), each of which refreshes; on an object store each refresh is two LIST requests. Nothing in a task
+        needs a state newer than the one it started from: its rows are tagged against the seq it caught up to,
+        and the driver checks every later completion at publish. A check that must see the newest state (has my
+        instant settled?) reads the timeline itself. Nested blocks share the outer block's refresh.
+        refreshed=True: the caller has just refreshed; the block makes none.
+        """
+        pins = self._pins
+        depth = getattr(pins, "depth", 0)
+        if depth == 0:
+            pins.fresh = refreshed
+        pins.depth = depth + 1
+        try:
+            yield self
+        finally:
+            pins.depth = depth
+
     def refresh(self) -> FileView:
         """Bring the timeline and the index and data views up to date with everything completed so far (from the
-        newest checkpoint on the first call, then record by record)."""
-        with self._view_lock:
-            self.timeline.refresh()
-            cp = self.timeline.checkpoint
-            if cp is not None and self._view.applied_seq < cp.seq:
-                self._view, self._data = self._views_of(cp)
-                self.timeline.checkpoint = None  # consumed: its dict form is not kept twice
-            news = self.timeline.completed(after_seq=self._view.applied_seq)
-            for rec in news:
-                self._check_files(rec.files, self.io.path(layout.completed_file(rec.seq)))
-            self._view.apply(news)
-            self._data.apply(news, before=self._delta.derive if self._delta is not None else None)
+        newest checkpoint on the first call, then record by record). Inside `pinned()`, only the first call does."""
+        pins = self._pins
+        if getattr(pins, "depth", 0) and pins.fresh:
             return self._view
+        with self._view_lock:
+            self._refresh_views()
+            if getattr(pins, "depth", 0):
+                pins.fresh = True
+            return self._view
+
+    def _refresh_views(self) -> None:
+        self.timeline.refresh()
+        cp = self.timeline.checkpoint
+        if cp is not None and self._view.applied_seq < cp.seq:
+            self._view, self._data = self._views_of(cp)
+            self.timeline.checkpoint = None  # consumed: its dict form is not kept twice
+        news = self.timeline.completed(after_seq=self._view.applied_seq)
+        for rec in news:
+            self._check_files(rec.files, self.io.path(layout.completed_file(rec.seq)))
+        self._view.apply(news)
+        self._data.apply(news, before=self._delta.derive if self._delta is not None else None)
 
     def data_view(self) -> DataView:
         """The data files of the current state, with the recorded schema and layout (refreshed first). The object is

@@ -256,8 +256,9 @@ def run_upsert(table: Table, options: TagOptions, job: Callable[[str], list[tupl
     progress: told of each task result as it is checked (one step per shard).
     """
     started = time.perf_counter()
-    _check_buckets(table, options.buckets)
-    new_schema, schema_seq = _check_layout_and_schema(table, options, input_schema, where)
+    with table.pinned():  # the checks before the start read one state (the start and the publish read anew)
+        _check_buckets(table, options.buckets)
+        new_schema, schema_seq = _check_layout_and_schema(table, options, input_schema, where)
     leftovers.sweep_settled(table.io, table.timeline)  # what writers that died after settling left
     writer = table.new_commit()
     instant = writer.instant

@@ -37,7 +37,7 @@ from dbidx.spark_integration.tagger import (
     ROW_ID, TAG_FILE_GROUP, TAG_IS_DELETE, TAG_IS_UPDATE, TAG_OLD_FILE_GROUP, TAG_OLD_PARTITION, TAG_PARTITION,
     ShardTagger, TagCounts, TagOptions, latest_per_key,
 )
-from dbidx.spark_integration.task_index import write_task_index, written_paths
+from dbidx.spark_integration.task_index import stage_bulk_entries, write_task_index, written_paths
 
 RESULT_DDL = "shard int, attempt long, payload binary"
 REAPER_INFO = "reaper"
@@ -64,6 +64,8 @@ class ShardMetrics(TaskCounts):
     sync_seconds: float = 0.0  # taken from the cache's counters, as its other counters
     tag_seconds: float = 0.0
     write_seconds: float = 0.0
+    stage_seconds: float = 0.0  # a bulk load's staging of its entries for the cache (inside write_seconds)
+    staged_entries: int = 0
     cache_disk_bytes: int = gauge()
     cache_entries: int = gauge()
     tagged_seq: int = gauge()  # the completion seq the shard's rows were tagged against
@@ -71,7 +73,8 @@ class ShardMetrics(TaskCounts):
 
 
 def warm_table(table: Table) -> Table:
-    """The worker's long-lived Table for this table id (its timeline is refreshed incrementally, not re-read)."""
+    """The worker's long-lived Table for this table id (its timeline is refreshed incrementally, not re-read),
+    refreshed: what a task's `pinned()` block starts from."""
     with _TABLES_LOCK:
         key = (table.props.table_id, table.uri)
         known = _TABLES.get(key)
@@ -81,6 +84,7 @@ def warm_table(table: Table) -> Table:
             except CorruptFileError:  # its log shrank (a restored table): start over from the task's own copy,
                 known = None          # which reports real damage again if there is any
         if known is None:
+            table.refresh()
             known = _TABLES[key] = table
         return known
 
@@ -177,6 +181,7 @@ def tag_batches(batches: Iterable[pa.RecordBatch], table: Table, options: TagOpt
     table = warm_table(table)
     taggers: dict[int, ShardTagger] = {}
     with ExitStack() as stack:
+        stack.enter_context(table.pinned(refreshed=True))  # one view of the table for the whole task
         current: tuple[int, ExitStack, OpenShard] | None = None
         for record_batch in batches:
             batch = pa.Table.from_batches([record_batch])
@@ -226,6 +231,12 @@ def upsert_batches(batches: Iterable[pa.RecordBatch], table: Table, options: Tag
     is metadata only (file records, touched-key ranges, partition stats, metrics): never a key.
     """
     table = warm_table(table)
+    with table.pinned(refreshed=True):  # one view of the table for the whole task (the settled check reads anew)
+        return _upsert_rows(batches, table, options, instant, attempt)
+
+
+def _upsert_rows(batches: Iterable[pa.RecordBatch], table: Table, options: TagOptions, instant: str,
+                 attempt: int) -> dict[str, Any]:
     received = [b for b in batches if b.num_rows]
     if not received:
         return {"files": [], "index_files": [], "touched": [], "changes": {}, "metrics": [],
@@ -276,6 +287,11 @@ def upsert_batches(batches: Iterable[pa.RecordBatch], table: Table, options: Tag
     index_files, touched, changes = write_task_index(table, tagged, options, instant, attempt,
                                                      {m.shard: m.tagged_seq for m in shard_metrics},
                                                      shard=slices[0][0] if len(slices) == 1 else None)
+    # 4b. A bulk load also stages its entries as the shard cache's own SSTs (a warm first batch after the load).
+    if options.bulk_seq is not None and options.cache.stage_loads and len(slices) == 1:
+        staged_started = time.perf_counter()
+        staged = stage_bulk_entries(table, tagged, options, instant, attempt, index_files, slices[0][0])
+        shard_metrics[0].stage_seconds, shard_metrics[0].staged_entries = time.perf_counter() - staged_started, staged
     # 5. An attempt that outlived its job (rolled back) or lost to another attempt (committed without it) withdraws.
     datafiles.withdraw_if_settled(table.io, table.timeline, instant, written_paths(files, index_files, touched))
     for metrics in shard_metrics:

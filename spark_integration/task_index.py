@@ -14,6 +14,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dbidx.cache.codec import GLOBAL_SEPARATOR
+from dbidx.cache.record_cache import GLOBAL_PARTITION, RecordIndexCache
+from dbidx.cache.staging import stage
 from dbidx.mdt import layout, markers
 from dbidx.mdt.conflicts import TouchedKeys, write_touched
 from dbidx.mdt.records import FileRecord, PartitionChange
@@ -99,6 +102,43 @@ def _buffer_entries(buffer: EntryBuffer, tagged: pa.Table, keys: pa.Array, shard
             mask = pc.equal(sub_part, p)
             buffer.add(p, sub_keys.filter(mask), sub_fg.filter(mask), deleted=deleted, live=live,
                        shards=sub_shards[mask.to_numpy(zero_copy_only=False)])
+
+
+def stage_bulk_entries(table: Table, tagged: pa.Table, options: TagOptions, instant: str, attempt: int,
+                       index_files: list[FileRecord], shard: int) -> int:
+    """A bulk load's task stages its shard's new entries beside the shard's cache, one SST per delta file it
+    wrote (cache/staging.py: the next catch-up installs them once the completion lists those files), so the first
+    batch after the load finds its partitions warm instead of loading them from the index. Returns the entries
+    staged.
+
+    Only inserts exist on the bulk path (delete rows delete nothing and add no entry), so a delta file holds exactly
+    the group's non-delete rows; a group whose count differs is not staged (nothing is ever staged on a guess).
+    """
+    live = tagged.filter(pc.invert(pc.fill_null(tagged.column(TAG_IS_DELETE), False)))
+    if live.num_rows == 0 or not index_files:
+        return 0
+    keys = options.keys_of(live)
+    part = live.column(TAG_PARTITION).combine_chunks()
+    fg = live.column(TAG_FILE_GROUP).combine_chunks()
+    groups = []
+    for record in index_files:
+        if record.shard != shard:
+            continue
+        if table.global_index:
+            group_keys = keys
+            locations = pc.binary_join_element_wise(part, fg, GLOBAL_SEPARATOR)
+            partition = GLOBAL_PARTITION
+        else:
+            mask = pc.equal(part, pa.scalar(record.partition, pa.string()))
+            group_keys, locations, partition = keys.filter(mask), fg.filter(mask), record.partition
+        if len(group_keys) != record.rows:
+            continue
+        groups.append((record, partition, group_keys, locations))
+    if not groups:
+        return 0
+    cache_path = RecordIndexCache.for_table(table, shard, options.cache).path
+    stage(cache_path, instant, attempt, groups, options.cache)
+    return sum(r.rows for r, _, _, _ in groups)
 
 
 def written_paths(data_files: list[Any], index_files: list[FileRecord], touched: list[TouchedKeys]) -> list[str]:

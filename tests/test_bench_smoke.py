@@ -45,6 +45,9 @@ SPARK_SMOKE = {  # Spark benchmarks -> lines their output must hold
     # Two tiny sizes: the per-size table, the disk/RAM table and the verdict comparing them.
     "scale_bench.py": ["| index keys | MDT B/entry | build s | cache B/entry |", "| 60,000 |",
                        "Warm s/batch (2,000 rows) at 60,000 keys is"],
+    # Every figure beside its anchor, then the read-back check (a mismatch also fails the script).
+    "speed_bench.py": ["| figure | dbidx | anchor | ratio | goal | met |", "| steady batch (median of batch 2) |",
+                       ": check ok."],
 }
 
 

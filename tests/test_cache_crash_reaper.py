@@ -38,13 +38,12 @@ CHILD = textwrap.dedent("""
     sync(cache, table)
     cache.flush()
     for i in itertools.count():
-        if mode == "write":   # another writer's commits, applied by catch-up, overlay entries in between
+        if mode == "write":   # another writer's commits, applied by catch-up
             keys = [f"w{i}-{j}" for j in range(400)]
             with table.new_commit() as w:
                 w.insert("dt=2025-01-02", keys, f"fg-w{i % 5}")
                 if i % 3 == 2:
                     w.delete("dt=2025-01-02", [f"w{i - 2}-{j}" for j in range(100)])
-            cache.put_pending(f"9{i:016d}", "dt=2025-01-03", keys[:50], ["fg-p"] * 50)
             sync(cache, table)
         else:                 # reload the biggest partition over and over
             load_from_snapshot(cache, table, "dt=2025-01-01", table.timeline.latest_seq)
@@ -106,32 +105,19 @@ def set_access(cache, partition: str, ms: int) -> None:
     cache.touch(partition, at_ms=ms)
 
 
-def test_reaper_honours_ttl_and_never_drops_pending(warm):
+def test_reaper_honours_ttl(warm):
     table, cache = warm
     now = 1_000_000_000_000
     hour = 3600 * 1000
     set_access(cache, DAY1, now - 100 * hour)
     set_access(cache, DAY2, now - 100 * hour)
     set_access(cache, DAY3, now - 1 * hour)
-    cache.put_pending("I1", DAY2, ["pending-key"], ["fg"])
-    set_access(cache, DAY2, now - 100 * hour)
     dry = reap(cache, ttl_hours=72, dry_run=True, now_ms=now)
-    assert dry.dropped_ttl == [DAY1] and dry.kept_pending == [DAY2] and cache.is_ready(DAY1)
+    assert dry.dropped_ttl == [DAY1, DAY2] and cache.is_ready(DAY1) and cache.is_ready(DAY2)
     result = reap(cache, ttl_hours=72, now_ms=now)
-    assert result.dropped_ttl == [DAY1] and not cache.is_ready(DAY1)
-    assert cache.is_ready(DAY2) and cache.is_ready(DAY3)
-    assert cache.lookup(DAY2, ["pending-key"]) == ["fg"]
-    assert cache.metrics.evictions == 1
-
-
-def test_budget_pass_never_drops_pending_partitions(warm):
-    table, cache = warm
-    cache.put_pending("I9", DAY3, ["x"], ["fg"])
-    result = reap(cache, ttl_hours=10_000, max_disk_mb=1)
-    if result.bytes_before > (1 << 20):
-        assert result.dropped_budget
-    assert DAY3 not in result.dropped and cache.is_ready(DAY3)
-    assert result.kept_pending == [DAY3]
+    assert result.dropped_ttl == [DAY1, DAY2] and not cache.is_ready(DAY1) and not cache.is_ready(DAY2)
+    assert cache.is_ready(DAY3)
+    assert cache.metrics.evictions == 2
 
 
 def test_budget_pass_drops_least_recently_used_first(tmp_path):

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dbidx.cache import codec
-from dbidx.cache.record_cache import OVERLAY_CF, RecordIndexCache
+from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.cache.registry import CacheIdentity
 from dbidx.config import CacheConfig, default_base_path, prepare_dir
 from dbidx.errors import (CacheBusyError, CacheError, CacheMismatchError, ConfigError, InvalidInputError,
@@ -59,7 +59,7 @@ def test_partitions_with_any_path_get_their_own_family(tmp_path):
         for i, partition in enumerate(WEIRD_PARTITIONS):
             assert cache.lookup(partition, ["shared", f"key-{i}", "nope"]) == [f"fg-{i}-b", f"fg-{i}", None]
         assert len({cache.partitions()[p].cf for p in WEIRD_PARTITIONS}) == len(WEIRD_PARTITIONS)
-    assert len([f for f in families if f != OVERLAY_CF]) == len(WEIRD_PARTITIONS)
+    assert len(families) == len(WEIRD_PARTITIONS)
     assert all(len(f.encode()) <= 255 and "/" not in f for f in families)
 
 
@@ -111,7 +111,7 @@ def test_duplicate_keys_in_a_load_are_rejected_and_leave_nothing(tmp_path):
         with pytest.raises(InvalidInputError, match="appears twice"):
             cache.load_partition(DAY1, ["a", "b", "a"], ["x", "y", "z"], synced_seq=1)
         assert not cache.is_ready(DAY1)
-        assert [f for f in cache.store.column_families() if f != OVERLAY_CF] == []
+        assert cache.store.column_families() == []
         assert not list(cache.scratch_dir.iterdir())
 
 
@@ -317,23 +317,21 @@ def test_a_well_formed_registry_entry_with_wrong_values_is_refused(tmp_path, fie
         RecordIndexCache(tmp_path / "c", ident()).open()
 
 
-@pytest.mark.parametrize("value", [b"\xc1 not msgpack", b"\x93\x01\x02\x03", b"\x92\xa1a\xa1b"])
-def test_a_damaged_overlay_entry_is_a_cache_error_naming_the_cache(tmp_path, value):
-    """Staged (uncommitted) entries are read back as untrusted bytes too: a damaged one stops the open with a
-    CacheError naming the cache and the entry, instead of an IndexError or a made-up pending instant."""
+def test_an_overlay_family_of_an_earlier_version_is_dropped_on_open(tmp_path):
+    """Earlier versions kept uncommitted entries in an `_overlay` column family; caches hold committed entries only
+    now, so an old cache's family is a leftover like any family the registry does not point at."""
     from dbidx.cache.store import Store
 
     with RecordIndexCache(tmp_path / "c", ident()) as cache:
         cache.load_partition(DAY1, ["k1"], ["fg-1"], synced_seq=1)
-        cache.put_pending("i1", DAY1, ["k2"], ["fg-2"])
     store = Store(tmp_path / "c", CacheConfig()).open()
     try:
-        key = next(iter(store.cf(OVERLAY_CF).keys()))
-        store.cf(OVERLAY_CF)[key] = value
+        store.cf("_overlay", create=True)[b"dt=x\x00k2"] = b"\x93\xa1i\xa10\xa4fg-2"
     finally:
         store.close()
-    with pytest.raises(CacheError, match=rf"cache {tmp_path / 'c'}: overlay entry .* is damaged"):
-        RecordIndexCache(tmp_path / "c", ident()).open()
+    with RecordIndexCache(tmp_path / "c", ident()) as cache:
+        assert "_overlay" not in cache.store.column_families()
+        assert cache.lookup(DAY1, ["k1", "k2"]) == ["fg-1", None]
 
 
 def test_lookup_order_follows_the_bytes_after_a_long_shared_prefix():

@@ -229,8 +229,8 @@ def test_a_table_json_that_does_not_match_its_timeline_is_refused(tmp_path: Path
         Table.open(table.uri)
 
 
-def restored_after_one_more_commit(tmp_path: Path, staged: bool = False) -> tuple[Table, CacheConfig]:
-    """A table whose caches saw seq 3, restored from a backup taken at seq 2 (optionally with an overlay entry)."""
+def restored_after_one_more_commit(tmp_path: Path) -> tuple[Table, CacheConfig]:
+    """A table whose caches saw seq 3, restored from a backup taken at seq 2."""
     table, config = make_table(tmp_path)
     backup = tmp_path / "backup"
     shutil.copytree(table.uri, backup)
@@ -238,8 +238,6 @@ def restored_after_one_more_commit(tmp_path: Path, staged: bool = False) -> tupl
                  cache_config=config)
     with RecordIndexCache.for_table(table, 0, config) as cache:
         assert sync(cache, table).to_seq == 3 and cache.watermark == 3
-        if staged:
-            cache.put_pending("29990101000000000", DAY, ["staged"], ["fg-x"])
     shutil.rmtree(table.uri)
     shutil.copytree(backup, table.uri)
     return Table.open(table.uri), config
@@ -254,10 +252,3 @@ def test_a_cache_ahead_of_its_table_is_dropped_and_rebuilt(tmp_path: Path) -> No
     summary = upsert_arrow(pa.table({"id": ["later", "k00002"], "dt": ["2025-03-01"] * 2, "v": [1, 2]}), restored,
                            key="id", partition="dt", cache_config=config)
     assert (summary.inserts, summary.updates, summary.on_demand_loads) == (1, 1, 1)
-
-
-def test_a_restored_table_clears_staged_overlay_entries_too(tmp_path: Path) -> None:
-    restored, config = restored_after_one_more_commit(tmp_path, staged=True)
-    with RecordIndexCache.for_table(restored, 0, config) as cache:
-        assert sync(cache, restored).dropped_partitions == [DAY]
-        assert cache.pending_instants() == {} and cache.partitions() == {}

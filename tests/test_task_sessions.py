@@ -112,3 +112,66 @@ def test_a_damaged_cache_is_rebuilt_within_the_task(tmp_path: Path) -> None:
     assert sorted(read_arrow(Table.open(table.uri)).column("id").to_pylist()) == sorted(keys + ["new-3"])
     with RecordIndexCache.for_table(table, 0, config) as cache:
         assert None not in cache.lookup("dt=2025-03-01", keys[:100])  # the rebuilt cache serves
+
+def test_an_upsert_task_reads_the_table_state_once(setup, monkeypatch) -> None:
+    """One view per task: catch-up, planning, superseded rows and the index writer share the task's one refresh
+    (on an object store each refresh is two LIST requests); only the settled check reads the timeline anew."""
+    table, config = setup
+    upsert_arrow(pa.table({"id": ["c"], "dt": ["2025-03-01"]}), table, key="id", partition="dt", cache_config=config)
+    refreshes: list[str] = []
+    real_refresh, real_rows = Table._refresh_views, task._upsert_rows
+    inside = []
+
+    def counted(self: Table) -> None:
+        refreshes.append("task" if inside else "driver")
+        real_refresh(self)
+
+    def marked(*args, **kwargs):
+        inside.append(True)
+        try:
+            return real_rows(*args, **kwargs)
+        finally:
+            inside.pop()
+
+    monkeypatch.setattr(Table, "_refresh_views", counted)
+    monkeypatch.setattr(task, "_upsert_rows", marked)
+    summary = upsert_arrow(pa.table({"id": ["a", "d"], "dt": ["2025-03-01"] * 2}), table, key="id",
+                           partition="dt", cache_config=config)
+    assert (summary.updates, summary.inserts) == (1, 1)
+    assert refreshes.count("task") == 0  # warm_table's refresh, just before the task body, is the one it uses
+    assert refreshes.count("driver") >= 1
+
+
+def test_a_pinned_table_keeps_its_state_in_its_thread_only(setup) -> None:
+    table, config = setup
+    other = Table.open(table.uri)
+    with table.pinned():
+        seen = table.refresh().applied_seq
+        upsert_arrow(pa.table({"id": ["e"], "dt": ["2025-03-01"]}), other, key="id", partition="dt",
+                     cache_config=config)
+        assert table.refresh().applied_seq == seen  # pinned: no new listing in this thread
+        with table.pinned():  # nested: shares the outer block's state
+            assert table.data_view().applied_seq == seen
+        import threading
+
+        found = []
+        thread = threading.Thread(target=lambda: found.append(table.refresh().applied_seq))
+        thread.start()
+        thread.join()
+        assert found == [seen + 1]  # another thread is not pinned
+    assert table.refresh().applied_seq == seen + 1
+
+
+def test_a_task_given_a_fresh_copy_of_the_table_tags_against_the_latest_commit(setup, monkeypatch) -> None:
+    """Spark hands each task an unpickled Table that has read nothing yet; the first task of a worker must still
+    start its one view from the table's latest state (the pinned block trusts warm_table to have refreshed)."""
+    import pickle
+
+    table, config = setup
+    monkeypatch.setattr(task, "_TABLES", {})
+    fresh = pickle.loads(pickle.dumps(table))
+    assert task.warm_table(fresh).timeline.latest_seq == table.refresh().applied_seq > 0
+    monkeypatch.setattr(task, "_TABLES", {})
+    summary = upsert_arrow(pa.table({"id": ["a"], "dt": ["2025-03-01"]}), pickle.loads(pickle.dumps(table)),
+                           key="id", partition="dt", cache_config=config)
+    assert summary.updates == 1

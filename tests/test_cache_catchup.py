@@ -1,4 +1,4 @@
-"""Overlay semantics, commit/rollback, and catch-up from the MDT (other writers, compaction, cleaning, global mode)."""
+"""Catch-up from the MDT: completed and rolled-back instants, other writers, compaction, cleaning, global mode."""
 from __future__ import annotations
 
 import pytest
@@ -9,7 +9,7 @@ from dbidx.cache.codec import global_location
 from dbidx.cache.loading import load_from_snapshot
 from dbidx.cache.record_cache import GLOBAL_PARTITION
 from dbidx.cache.verify import verify
-from dbidx.errors import CacheError, HistoryCompactedError, InstantStateError
+from dbidx.errors import HistoryCompactedError
 from dbidx.mdt.compaction import clean, compact
 from dbidx.mdt.table import Table
 
@@ -33,97 +33,28 @@ def loaded(table: Table, shard: int, base, partitions=(DAY1, DAY2, DAY3), **conf
     return cache
 
 
-def test_a_reopened_cache_counts_its_pending_entries_once(table, tmp_path):
-    """Closing and reopening one cache object rebuilds the overlay counts instead of adding to them, so a finished
-    instant leaves nothing pending and the partition can be dropped again."""
-    cache = loaded(table, 0, tmp_path / "c")
-    new = shard_keys(table, [f"re-{i}" for i in range(20)], 0)
-    with cache:
-        cache.put_pending("i1", DAY1, new, ["fg-x"] * len(new), attempt="7")
-    with cache.open():
-        assert cache.pending_instants(DAY1) == {"i1": len(new)}
-        assert cache.finish_instant("i1", attempt="7") == len(new)
-        assert cache.pending_instants() == {}
-        assert cache.drop_partition(DAY1)
-
-
-def test_overlay_input_is_checked_before_anything_is_written(table, tmp_path):
-    """What the overlay stores is what it reads back strictly (three strings): an int attempt (Spark's) is stored
-    as its string and finishes by either spelling; a missing location or instant is an InvalidInputError, also on
-    a closed cache, and leaves nothing staged that a later open would call damaged."""
-    from dbidx.cache.record_cache import RecordIndexCache
-    from dbidx.errors import InvalidInputError, InvalidPartitionError
-
-    cache = loaded(table, 0, tmp_path / "c")
-    key = shard_keys(table, [f"in-{i}" for i in range(20)], 0)[:2]
-    with cache:
-        assert cache.put_pending("i1", DAY1, key, ["fg-a", "fg-b"], attempt=7) == 2
-        with pytest.raises(InvalidInputError, match=r"locations must be non-empty strings, got None"):
-            cache.put_pending("i2", DAY1, key, ["fg-a", None])
-        with pytest.raises(InvalidInputError, match=r"instant must be a non-empty string"):
-            cache.put_pending("", DAY1, key, ["fg-a", "fg-b"])
-    with cache.open():
-        assert cache.pending_instants() == {"i1": 2} and cache.lookup(DAY1, key) == ["fg-a", "fg-b"]
-        assert cache.finish_instant("i1", attempt="7") == 2
-    closed = RecordIndexCache(tmp_path / "c", None)
-    with pytest.raises(InvalidPartitionError):
-        closed.put_pending("i3", "/abs", key, ["fg-a", "fg-b"])
-
-
-def test_overlay_sees_keys_of_the_same_and_earlier_uncommitted_batches(table, tmp_path):
-    with loaded(table, 0, tmp_path / "c") as cache:
-        new = shard_keys(table, [f"new-{i}" for i in range(40)], 0)
-        # Batch 1 of instant A assigns the first half; the same key twice in a batch keeps one entry.
-        assert cache.put_pending("A", DAY1, new[:5] + new[:1], ["fg-new"] * 6, attempt="t1") == 5
-        assert cache.lookup(DAY1, new[:6]) == ["fg-new"] * 5 + [None]
-        # A later batch of another, still uncommitted instant B sees A's keys and adds its own.
-        cache.put_pending("B", DAY1, new[5:8], ["fg-b"] * 3, attempt="t1")
-        assert cache.lookup(DAY1, new[:8]) == ["fg-new"] * 5 + ["fg-b"] * 3
-        assert cache.pending_instants(DAY1) == {"A": 5, "B": 3}
-        assert cache.metrics.to_dict()["pending_hits"] == 13
-        # Overlay entries of other partitions are not visible here.
-        assert cache.lookup(DAY2, new[:2]) == [None, None]
-        # Rolling back A removes exactly A's entries.
-        assert catchup.rollback(cache, "A") == 5
-        assert cache.lookup(DAY1, new[:8]) == [None] * 5 + ["fg-b"] * 3
-
-
-def test_retried_and_speculative_attempts_leave_one_set(table, tmp_path):
-    with loaded(table, 0, tmp_path / "c") as cache:
-        keys = shard_keys(table, [f"r-{i}" for i in range(60)], 0)
-        cache.put_pending("I", DAY1, keys, ["fg-1"] * len(keys), attempt="task3.attempt0")
-        cache.put_pending("I", DAY1, keys, ["fg-2"] * len(keys), attempt="task3.attempt1")  # retry overwrites
-        assert cache.pending_instants() == {"I": len(keys)}
-        assert set(cache.lookup(DAY1, keys)) == {"fg-2"}
-        # The failed first attempt is cleaned up by attempt id: the retry's entries stay.
-        assert catchup.rollback(cache, "I", attempt="task3.attempt0") == 0
-        assert set(cache.lookup(DAY1, keys)) == {"fg-2"}
-
-
-def test_commit_applies_completed_instants_and_drops_their_overlay(table, tmp_path):
+def test_a_completed_instants_entries_reach_the_cache_at_the_next_sync_and_a_rolled_back_ones_never(table,
+                                                                                                     tmp_path):
     with loaded(table, 0, tmp_path / "c") as cache:
         new = shard_keys(table, [f"c-{i}" for i in range(50)], 0)
         gone = shard_keys(table, [f"k1-{i:05d}" for i in range(20)], 0)
         writer = table.new_commit()
-        cache.put_pending(writer.instant, DAY1, new, ["fg-c"] * len(new))
-        with pytest.raises(InstantStateError, match="has not completed"):
-            catchup.commit(cache, table, writer.instant)
         writer.insert(DAY1, new, "fg-c")
         writer.delete(DAY1, gone)
+        assert sync(cache, table).applied_entries == 0  # in flight: nothing of it is in the cache
+        assert cache.lookup(DAY1, new) == [None] * len(new)
         writer.commit()
-        result = catchup.commit(cache, table, writer.instant)
-        assert result.finished_instants == [writer.instant] and cache.pending_instants() == {}
+        assert sync(cache, table).applied_entries == len(new) + len(gone)
         assert cache.lookup(DAY1, new + gone) == ["fg-c"] * len(new) + [None] * len(gone)
         assert cache.watermark == table.timeline.latest_seq
         assert verify(cache, table).ok
-        # A rolled-back instant's overlay entries disappear at the next sync.
         failed = table.new_commit()
-        cache.put_pending(failed.instant, DAY2, ["zz-1"], ["fg-z"])
+        failed.insert(DAY2, shard_keys(table, [f"zz-{i}" for i in range(20)], 0), "fg-z")
         table.rollback(failed.instant)
-        assert sync(cache, table).finished_instants == [failed.instant]
-        assert cache.lookup(DAY2, ["zz-1"]) == [None]
-        with pytest.raises(InstantStateError, match="rolled back"):
-            catchup.commit(cache, table, failed.instant)
+        sync(cache, table)
+        assert cache.lookup(DAY2, shard_keys(table, [f"zz-{i}" for i in range(20)], 0)) == \
+            [None] * len(shard_keys(table, [f"zz-{i}" for i in range(20)], 0))
+        assert verify(cache, table).ok
 
 
 def test_catch_up_after_commits_by_another_cache_instance(table, tmp_path):
@@ -206,15 +137,6 @@ def test_verify_reports_a_diff(table, tmp_path):
         diff = result.partitions[0]
         assert (diff.wrong_location, diff.extra, diff.missing) == (1, 1, 0)
         assert any("phantom" in e for e in diff.examples)
-
-
-def test_pending_partitions_cannot_be_dropped(table, tmp_path):
-    with loaded(table, 0, tmp_path / "c", partitions=(DAY1,)) as cache:
-        cache.put_pending("P", DAY1, ["a"], ["fg"])
-        with pytest.raises(CacheError, match="uncommitted"):
-            cache.drop_partition(DAY1)
-        catchup.rollback(cache, "P")
-        assert cache.drop_partition(DAY1) and not cache.is_ready(DAY1)
 
 
 def test_a_change_large_next_to_what_the_cache_holds_reloads(tmp_path):
