@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast fuzz test-cluster pack-env bench bench-smoke bench-mdt bench-cache bench-bootstrap bench-spark bench-commit bench-footprint bench-skew bench-restart bench-peers bench-scale check-java clean
+.PHONY: demo test test-fast fuzz test-cluster pack-env bench bench-smoke bench-mdt bench-cache bench-bootstrap bench-spark bench-commit bench-footprint bench-skew bench-restart bench-peers bench-scale bench-speed check-java clean
 
 demo: check-java $(STAMP)
 	$(BIN)/dbidx demo
@@ -42,6 +42,7 @@ bench: check-java $(STAMP)
 	$(BIN)/python benchmarks/table_bench.py --write-results
 	$(BIN)/python benchmarks/spark_bench.py --write-results
 	$(BIN)/python benchmarks/commit_bench.py --write-results
+	$(BIN)/python benchmarks/speed_bench.py --write-results
 	$(BIN)/python benchmarks/projection.py
 
 # Every benchmark at smoke size (under a minute); the test suite runs the same.
@@ -83,6 +84,10 @@ bench-peers: check-java $(STAMP)
 # dbidx's curve on one machine: index build, one-shard bootstrap and Spark tagging at 10 M and 100 M UUID keys.
 # Estimated from 1 M / 10 M runs: ~10 min, ~4 GB of disk under the current directory at peak (the script wants 9 GB
 # free), ~10 GB of RAM at peak (the cold first batch loads both shards' caches on demand).
+# Every row of the speed issue's table beside its anchor (Spark floor, Spark's own write), in one run.
+bench-speed: check-java $(STAMP)
+	$(BIN)/python benchmarks/speed_bench.py --write-results
+
 bench-scale: check-java $(STAMP)
 	$(BIN)/python benchmarks/scale_bench.py --write-results
 

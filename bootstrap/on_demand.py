@@ -80,8 +80,7 @@ class OnDemandLoader:
         if not wanted:
             return report
         # 1. Start a load for each cold partition nobody is loading yet; join the ones in flight.
-        self.table.refresh()
-        seq = self.table.timeline.latest_seq
+        seq = self.table.refresh().applied_seq  # the view's seq: a thread sharing the table may move the timeline
         futures: dict[str, Future] = {}
         with self._lock:
             for partition in wanted:

@@ -122,8 +122,7 @@ def bootstrap_caches(caches: Sequence[RecordIndexCache], table: Table, days: int
     for cache in caches:
         catchup.check_table(cache, table)
     # 1. The instant everything is loaded at, and the partitions of the window.
-    table.refresh()
-    seq = table.timeline.latest_seq
+    seq = table.refresh().applied_seq  # what the index view holds (the timeline object may be ahead of it)
     stats = table.partitions()
     selection = select_partitions(stats, days, now, pattern)
     table_keys = sum(s.live_keys for s in stats)

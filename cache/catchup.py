@@ -73,9 +73,10 @@ def sync(cache: RecordIndexCache, table: Table, max_catchup_entries: int | None 
     check_table(cache, table)
     bound = cache.config.max_catchup_entries if max_catchup_entries is None else max_catchup_entries
     shard = cache.identity.shard
-    # 1. The target: the latest completion the MDT has published.
-    table.refresh()
-    latest = table.timeline.latest_seq
+    # 1. The target: the latest completion the table's index view holds. Not the timeline's latest seq: a thread
+    #    sharing the table may have read newer records into the timeline (starting or publishing an instant) that
+    #    the view has not folded yet, and a watermark past the view would skip their entries for good.
+    latest = table.refresh().applied_seq
     result = CatchUpResult(from_seq=cache.watermark, to_seq=latest)
     if cache.watermark > latest:
         # The cache saw completions the table no longer has (the table was restored from a backup): what it holds

@@ -216,9 +216,9 @@ class Table:
         """Bring the timeline and the index and data views up to date with everything completed so far (from the
         newest checkpoint on the first call, then record by record). Inside `pinned()`, only the first call does."""
         pins = self._pins
-        if getattr(pins, "depth", 0) and pins.fresh:
-            return self._view
-        with self._view_lock:
+        with self._view_lock:  # also when pinned: another thread's refresh may be half done (timeline read, view not)
+            if getattr(pins, "depth", 0) and pins.fresh:
+                return self._view
             self._refresh_views()
             if getattr(pins, "depth", 0):
                 pins.fresh = True
