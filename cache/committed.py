@@ -18,8 +18,9 @@ Decode = Callable[[bytes], str]
 
 
 def lookup_committed(view: Any, keys: pa.Array, decoder: dict[bytes, str],
-                     decode_strict: Decode) -> tuple[list[str | None], int]:
-    """The committed location of each encoded key (None: absent), in input order, and how many were found.
+                     decode_strict: Decode) -> tuple[np.ndarray, int]:
+    """The committed location of each encoded key (None: absent), in input order, as an object array (what the
+    tagger computes with; no list round trip), and how many were found.
  A stored value the fast `decoder` map lacks is never
     taken for an absent key: it goes through `decode_strict` (which raises on a value past the dictionary).
     """
@@ -34,7 +35,7 @@ def lookup_committed(view: Any, keys: pa.Array, decoder: dict[bytes, str],
     # 3. Scatter back to input order without a Python loop per key.
     scattered = np.empty(len(keys), dtype=object)
     scattered[order] = decoded
-    return scattered.tolist(), len(values) - absent
+    return scattered, len(values) - absent
 
 
 def committed_items(view: Any, decode_strict: Decode) -> Iterator[tuple[str, str]]:

@@ -18,6 +18,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+import numpy as np
 import pyarrow as pa
 
 from dbidx.cache import codec, registry
@@ -258,6 +259,10 @@ class RecordIndexCache:
         The partition must be ready (see not_ready()); in global mode pass partition "" and read locations as
         "partition\\0file group".
         """
+        return self.lookup_array(partition, keys).tolist()
+
+    def lookup_array(self, partition: str, keys: Sequence[str] | pa.Array) -> np.ndarray:
+        """`lookup` as a numpy object array (what the tagger computes with: no list built and converted back)."""
         store = self._require_store()
         # Take the family view and its decoder together: a concurrent reload or reaper drop may replace or
         # remove the family, but this lookup keeps reading the consistent one it started with.

@@ -66,12 +66,17 @@ def build_sst(partition: str, keys: Any, locations: Any, sst_path: str | Path, c
     counts = np.bincount(indices, minlength=len(dictionary))
     fills = {loc: int(n) for loc, n in zip(dictionary, counts) if n}
     value_of = [codec.encode_index(i) for i in range(len(dictionary))]
-    # 2. Encode the keys and sort them bytewise (Arrow compares binary values with memcmp, like RocksDB).
+    # 2. Encode the keys and sort them bytewise (Arrow compares binary values with memcmp, like RocksDB). Keys
+    #    that arrive sorted (an index file's entries: sorted strings of canonical UUIDs or of raw keys encode in
+    #    the same order) are checked to be strictly ascending in one pass and not sorted again.
     binary = codec.encode_keys_binary(key_array)
-    order = pc.sort_indices(binary).to_numpy()
-    ordered = binary.take(order)
+    if len(binary) > 1 and pc.all(pc.less(binary.slice(0, len(binary) - 1), binary.slice(1))).as_py():
+        order, ordered = np.arange(len(binary)), binary
+    else:
+        order = pc.sort_indices(binary).to_numpy()
+        ordered = binary.take(order)
     # 3. A key twice in one load would silently keep one location: refuse it, naming the key.
-    if len(ordered) > 1:
+    if len(ordered) > 1 and ordered is not binary:
         same = pc.equal(ordered.slice(1), ordered.slice(0, len(ordered) - 1))
         if pc.any(same).as_py():
             first = int(np.argmax(same.to_numpy(zero_copy_only=False)))

@@ -73,37 +73,78 @@ def staged_root(cache_path: str | Path) -> Path:
     return Path(str(cache_path) + STAGED_SUFFIX)
 
 
+class StagedLoad:
+    """One task attempt's staged partitions, written one SST at a time (as the task writes each delta file), then
+    published complete by one rename; `abort` (or an error inside the `with` block) leaves nothing."""
+
+    def __init__(self, cache_path: str | Path, instant: str, attempt: int | str, config: CacheConfig) -> None:
+        self.root = staged_root(cache_path)
+        self.instant, self.attempt, self.config = instant, str(attempt), config
+        self.staged: list[StagedPartition] = []
+        self.entries = 0
+        self.seconds = 0.0  # building and publishing, summed (a task reports it as stage_seconds)
+        self._tmp: Path | None = None
+
+    def add(self, record: FileRecord, partition: str, keys: Any, locations: Any) -> None:
+        """Stage one partition: the entries of delta file `record` (keys and their cache locations)."""
+        started = time.perf_counter()
+        if self._tmp is None:
+            prepare_dir(self.root.parent)
+            self.root.mkdir(mode=0o700, exist_ok=True)
+            self._tmp = self.root / f".tmp-{uuid.uuid4().hex[:12]}"
+            self._tmp.mkdir(mode=0o700)
+        prepared = build_sst(partition, keys, locations, self._tmp / f"{len(self.staged):05d}.sst", self.config)
+        if prepared.sst_path is not None:
+            self.staged.append(StagedPartition(partition, record.path, record.checksum,
+                                               Path(prepared.sst_path).name, prepared.entries, prepared.locations,
+                                               prepared.fills))
+            self.entries += prepared.entries
+        self.seconds += time.perf_counter() - started
+
+    def publish(self) -> Path | None:
+        """Write the manifest and move the directory into place; None if nothing was staged."""
+        if self._tmp is None:
+            return None
+        if not self.staged:
+            self.abort()
+            return None
+        manifest = {"format": FORMAT, "instant": self.instant, "attempt": self.attempt,
+                    "partitions": [asdict(s) for s in self.staged]}
+        started = time.perf_counter()
+        (self._tmp / MANIFEST).write_text(json.dumps(manifest))
+        final = self.root / f"{self.instant}~{self.attempt}"
+        os.rename(self._tmp, final)  # an attempt stages once: a leftover of the same name means a retry of the process
+        self._tmp = None
+        self.seconds += time.perf_counter() - started
+        return final
+
+    def abort(self) -> None:
+        """Delete what was staged so far."""
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+
+    def __enter__(self) -> "StagedLoad":
+        return self
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        if exc_type is None:
+            self.publish()
+        else:
+            self.abort()
+
+
 def stage(cache_path: str | Path, instant: str, attempt: int | str,
           groups: Iterable[tuple[FileRecord, str, Any, Any]], config: CacheConfig) -> Path | None:
-    """Write one task attempt's staged partitions: per (delta record, cache partition, keys, locations) one SST.
-
-    Returns the staged directory, or None if there was nothing to stage. The directory appears complete or not at
-    all (a private temp directory renamed into place).
-    """
-    root = staged_root(cache_path)
-    prepare_dir(root.parent)
-    root.mkdir(mode=0o700, exist_ok=True)
-    tmp = root / f".tmp-{uuid.uuid4().hex[:12]}"
-    tmp.mkdir(mode=0o700)
+    """Stage one task attempt's partitions at once: per (delta record, cache partition, keys, locations) one SST.
+    Returns the staged directory, or None if there was nothing to stage."""
+    load = StagedLoad(cache_path, instant, attempt, config)
     try:
-        staged = []
-        for i, (record, partition, keys, locations) in enumerate(groups):
-            prepared = build_sst(partition, keys, locations, tmp / f"{i:05d}.sst", config)
-            if prepared.sst_path is None:
-                continue
-            staged.append(StagedPartition(partition, record.path, record.checksum, Path(prepared.sst_path).name,
-                                          prepared.entries, prepared.locations, prepared.fills))
-        if not staged:
-            shutil.rmtree(tmp, ignore_errors=True)
-            return None
-        manifest = {"format": FORMAT, "instant": instant, "attempt": str(attempt),
-                    "partitions": [asdict(s) for s in staged]}
-        (tmp / MANIFEST).write_text(json.dumps(manifest))
-        final = root / f"{instant}~{attempt}"
-        os.rename(tmp, final)  # an attempt stages once: a leftover of the same name means a retry of the process
-        return final
+        for record, partition, keys, locations in groups:
+            load.add(record, partition, keys, locations)
+        return load.publish()
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        load.abort()
         raise
 
 

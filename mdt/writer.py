@@ -113,12 +113,18 @@ class EntryBuffer:
         """One key-sorted table per group; a key may appear only once per instant and group."""
         return dict(self._each_sorted(release=False))
 
-    def write_each(self, io: FileIO, attempt: int | None = None, announce: bool = False) -> list[FileRecord]:
+    def write_each(self, io: FileIO, attempt: int | None = None, announce: bool = False,
+                   on_written: Callable[[FileRecord, pa.Table], None] | None = None) -> list[FileRecord]:
         """Sort, check and write one group at a time, letting go of its buffered entries before the next: what an
-        upsert task does, so a bulk task holds one sorted group beside its buffer, not a second copy of it all."""
+        upsert task does, so a bulk task holds one sorted group beside its buffer, not a second copy of it all.
+        on_written(record, sorted entries) runs after each file is written, before its entries are let go."""
         files = []
         for group, entries in self._each_sorted(release=True):
-            files += self.write(io, {group: entries}, attempt=attempt, announce=announce)
+            written = self.write(io, {group: entries}, attempt=attempt, announce=announce)
+            if on_written is not None:
+                for record in written:
+                    on_written(record, entries)
+            files += written
         return files
 
     def _each_sorted(self, release: bool) -> Iterator[tuple[GroupKey, pa.Table]]:

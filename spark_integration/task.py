@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 import traceback
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Iterator
 
@@ -28,6 +28,7 @@ from dbidx.cache.catchup import sync
 from dbidx.cache.metrics import CacheCounters
 from dbidx.cache.reaper import discard_cache_dir, reap, sweep_abandoned
 from dbidx.cache.record_cache import RecordIndexCache
+from dbidx.cache.staging import StagedLoad
 from dbidx.counters import gauge
 from dbidx.errors import CacheCorruptError, CacheError, CorruptFileError
 from dbidx.mdt.superseded import superseded_rows
@@ -37,7 +38,7 @@ from dbidx.spark_integration.tagger import (
     ROW_ID, TAG_FILE_GROUP, TAG_IS_DELETE, TAG_IS_UPDATE, TAG_OLD_FILE_GROUP, TAG_OLD_PARTITION, TAG_PARTITION,
     ShardTagger, TagCounts, TagOptions, latest_per_key,
 )
-from dbidx.spark_integration.task_index import stage_bulk_entries, write_task_index, written_paths
+from dbidx.spark_integration.task_index import stage_each_delta, write_task_index, written_paths
 
 RESULT_DDL = "shard int, attempt long, payload binary"
 REAPER_INFO = "reaper"
@@ -283,15 +284,19 @@ def _upsert_rows(batches: Iterable[pa.RecordBatch], table: Table, options: TagOp
         basis_seq = view.applied_seq
         fresh = superseded_rows(table.io, view, written_rows, options.key)
     del written_rows
-    # 4. The shard's index delta files and touched keys, announced the same way.
-    index_files, touched, changes = write_task_index(table, tagged, options, instant, attempt,
-                                                     {m.shard: m.tagged_seq for m in shard_metrics},
-                                                     shard=slices[0][0] if len(slices) == 1 else None)
-    # 4b. A bulk load also stages its entries as the shard cache's own SSTs (a warm first batch after the load).
+    # 4. The shard's index delta files and touched keys, announced the same way. A bulk load also stages each
+    #    delta's entries as the shard cache's own SST beside the cache (a warm first batch after the load).
+    load = None
     if options.bulk_seq is not None and options.cache.stage_loads and len(slices) == 1:
-        staged_started = time.perf_counter()
-        staged = stage_bulk_entries(table, tagged, options, instant, attempt, index_files, slices[0][0])
-        shard_metrics[0].stage_seconds, shard_metrics[0].staged_entries = time.perf_counter() - staged_started, staged
+        load = StagedLoad(RecordIndexCache.for_table(table, slices[0][0], options.cache).path, instant, attempt,
+                          options.cache)
+    with load if load is not None else nullcontext():
+        index_files, touched, changes = write_task_index(
+            table, tagged, options, instant, attempt, {m.shard: m.tagged_seq for m in shard_metrics},
+            shard=slices[0][0] if len(slices) == 1 else None,
+            on_written=None if load is None else stage_each_delta(load, table.global_index))
+    if load is not None:
+        shard_metrics[0].stage_seconds, shard_metrics[0].staged_entries = load.seconds, load.entries
     # 5. An attempt that outlived its job (rolled back) or lost to another attempt (committed without it) withdraws.
     datafiles.withdraw_if_settled(table.io, table.timeline, instant, written_paths(files, index_files, touched))
     for metrics in shard_metrics:

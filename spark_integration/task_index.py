@@ -8,33 +8,36 @@ entry (an initial load), else a small `touched-*.parquet` file holds them.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from dbidx.cache.codec import GLOBAL_SEPARATOR
-from dbidx.cache.record_cache import GLOBAL_PARTITION, RecordIndexCache
-from dbidx.cache.staging import stage
-from dbidx.mdt import layout, markers
+from dbidx.cache.record_cache import GLOBAL_PARTITION
+from dbidx.cache.staging import StagedLoad
+from dbidx.mdt import layout, markers, rli_files
 from dbidx.mdt.conflicts import TouchedKeys, write_touched
 from dbidx.mdt.records import FileRecord, PartitionChange
 from dbidx.mdt.table import Table
 from dbidx.mdt.writer import EntryBuffer
+from dbidx.spark_integration.grouping import runs
 from dbidx.spark_integration.tagger import (
     TAG_FILE_GROUP, TAG_IS_DELETE, TAG_IS_UPDATE, TAG_OLD_FILE_GROUP, TAG_OLD_PARTITION, TAG_PARTITION, TagOptions,
 )
 
 
 def write_task_index(table: Table, tagged: pa.Table, options: TagOptions, instant: str, attempt: int,
-                     since_seq: dict[int, int], shard: int | None = None) -> tuple[list[FileRecord],
+                     since_seq: dict[int, int], shard: int | None = None,
+                     on_written: Callable[[FileRecord, pa.Table], None] | None = None) -> tuple[list[FileRecord],
                                                                                   list[TouchedKeys],
                                                                                   dict[str, PartitionChange]]:
     """Write the delta and touched-keys files of a task's tagged rows; returns their records and the stats change.
 
     `since_seq[shard]` is the completion seq the shard's rows were tagged against (its cache's watermark).
     `shard`: the one shard every row belongs to, when the caller checked that already (keys are hashed once).
+    `on_written(record, sorted entries)`: run after each delta file is written (a bulk load stages its entries).
     """
     if tagged.num_rows == 0:
         return [], [], {}
@@ -42,7 +45,7 @@ def write_task_index(table: Table, tagged: pa.Table, options: TagOptions, instan
     shards = table.shard_of(keys) if shard is None else np.full(len(keys), shard, dtype=np.int32)
     buffer = EntryBuffer(table, instant)
     _buffer_entries(buffer, tagged, keys, shards)
-    files = buffer.write_each(table.io, attempt=attempt, announce=True)
+    files = buffer.write_each(table.io, attempt=attempt, announce=True, on_written=on_written)
     by_group = {(f.partition, f.shard): f for f in files}
     # Touched keys per group: every tagged key (updates and deletes of missing keys included).
     touched = []
@@ -98,47 +101,37 @@ def _buffer_entries(buffer: EntryBuffer, tagged: pa.Table, keys: pa.Array, shard
             sub_old_part, sub_old_fg = old_part.take(pa.array(positions)), old_fg.take(pa.array(positions))
             for p in pc.unique(sub_old_part).to_pylist():
                 buffer.count(p, sub_old_fg.filter(pc.equal(sub_old_part, p)), -1)
-        for p in pc.unique(sub_part).to_pylist():
-            mask = pc.equal(sub_part, p)
-            buffer.add(p, sub_keys.filter(mask), sub_fg.filter(mask), deleted=deleted, live=live,
-                       shards=sub_shards[mask.to_numpy(zero_copy_only=False)])
+        # One group of rows per partition, found by one sort of integer codes (not one comparison pass per
+        # partition), in arrival order within it.
+        encoded = pc.dictionary_encode(sub_part)
+        names = encoded.dictionary.to_pylist()
+        for code, positions in runs(encoded.indices.to_numpy(zero_copy_only=False)):
+            take = pa.array(positions)
+            buffer.add(names[code], sub_keys.take(take), sub_fg.take(take), deleted=deleted, live=live,
+                       shards=sub_shards[positions])
 
 
-def stage_bulk_entries(table: Table, tagged: pa.Table, options: TagOptions, instant: str, attempt: int,
-                       index_files: list[FileRecord], shard: int) -> int:
-    """A bulk load's task stages its shard's new entries beside the shard's cache, one SST per delta file it
-    wrote (cache/staging.py: the next catch-up installs them once the completion lists those files), so the first
-    batch after the load finds its partitions warm instead of loading them from the index. Returns the entries
-    staged.
+def stage_each_delta(load: StagedLoad, global_index: bool) -> Callable[[FileRecord, pa.Table], None]:
+    """The `write_each` callback of a bulk load's task: each delta file's entries, already sorted for the file,
+    staged as the shard cache's own SST beside the cache (cache/staging.py: the next catch-up installs them once the
+    completion lists that file), so the first batch after the load finds its partitions warm. Built right after
+    each file is written, so no second copy of the task's keys is held.
 
-    Only inserts exist on the bulk path (delete rows delete nothing and add no entry), so a delta file holds exactly
-    the group's non-delete rows; a group whose count differs is not staged (nothing is ever staged on a guess).
+    Only inserts are staged (a bulk load adds no other entry; a delta holding a tombstone is left to the index).
     """
-    live = tagged.filter(pc.invert(pc.fill_null(tagged.column(TAG_IS_DELETE), False)))
-    if live.num_rows == 0 or not index_files:
-        return 0
-    keys = options.keys_of(live)
-    part = live.column(TAG_PARTITION).combine_chunks()
-    fg = live.column(TAG_FILE_GROUP).combine_chunks()
-    groups = []
-    for record in index_files:
-        if record.shard != shard:
-            continue
-        if table.global_index:
-            group_keys = keys
-            locations = pc.binary_join_element_wise(part, fg, GLOBAL_SEPARATOR)
-            partition = GLOBAL_PARTITION
+    def stage_group(record: FileRecord, entries: pa.Table) -> None:
+        if record.tombstones:
+            return
+        keys = entries.column(rli_files.KEY).combine_chunks()
+        file_groups = entries.column(rli_files.FILE_GROUP).combine_chunks()
+        if global_index:
+            partitions = entries.column(rli_files.PARTITION).combine_chunks()
+            load.add(record, GLOBAL_PARTITION, keys,
+                     pc.binary_join_element_wise(partitions, file_groups, GLOBAL_SEPARATOR))
         else:
-            mask = pc.equal(part, pa.scalar(record.partition, pa.string()))
-            group_keys, locations, partition = keys.filter(mask), fg.filter(mask), record.partition
-        if len(group_keys) != record.rows:
-            continue
-        groups.append((record, partition, group_keys, locations))
-    if not groups:
-        return 0
-    cache_path = RecordIndexCache.for_table(table, shard, options.cache).path
-    stage(cache_path, instant, attempt, groups, options.cache)
-    return sum(r.rows for r, _, _, _ in groups)
+            load.add(record, record.partition, keys, file_groups)
+
+    return stage_group
 
 
 def written_paths(data_files: list[Any], index_files: list[FileRecord], touched: list[TouchedKeys]) -> list[str]:

@@ -15,7 +15,7 @@ from dbidx.config import CacheConfig, default_base_path, prepare_dir
 from dbidx.errors import (CacheBusyError, CacheError, CacheMismatchError, ConfigError, InvalidInputError,
                           PartitionNotReadyError)
 
-from tests.cache_helpers import DAY1, DAY2, make_table, open_cache, truth
+from tests.cache_helpers import DAY1, DAY2, DAY3, make_table, open_cache, truth
 
 WEIRD_PARTITIONS = [
     "dt=2025-01-01", "region=eu/dt=2025-01-01", "city=São Paulo", "名前=東京/日付=2025", "a b=c d",
@@ -113,6 +113,37 @@ def test_duplicate_keys_in_a_load_are_rejected_and_leave_nothing(tmp_path):
         assert not cache.is_ready(DAY1)
         assert cache.store.column_families() == []
         assert not list(cache.scratch_dir.iterdir())
+
+
+@pytest.mark.parametrize("keys", [
+    ["a", "b", "b", "c"],  # sorted, with a repeat: not strictly ascending, so the full path finds the repeat
+    ["00000000-0000-4000-8000-000000000001", "00000000-0000-4000-8000-000000000001"],
+], ids=["raw", "uuid"])
+def test_sorted_input_with_a_repeat_is_still_rejected(tmp_path, keys):
+    with RecordIndexCache(tmp_path / "c", ident()) as cache:
+        with pytest.raises(InvalidInputError, match="appears twice"):
+            cache.load_partition(DAY1, keys, ["x"] * len(keys), synced_seq=1)
+
+
+def test_keys_in_ascending_order_load_as_shuffled_ones_do(tmp_path):
+    """An index file's keys arrive sorted as strings; loaded without a second sort, they must read back exactly as
+    the same keys loaded in any order (mixed key classes too: their encoded order differs from the text order)."""
+    import random
+    import uuid as uuid_module
+
+    keys = sorted([str(uuid_module.UUID(int=random.getrandbits(128), version=4)) for _ in range(500)]
+                  + [f"k{i:04d}" for i in range(300)] + [str(i) for i in range(200)])
+    locations = [f"fg-{i % 7}" for i in range(len(keys))]
+    shuffled = list(zip(keys, locations))
+    random.shuffle(shuffled)
+    with RecordIndexCache(tmp_path / "c", ident()) as cache:
+        for name, (ks, ls) in ((DAY1, (keys, locations)), (DAY2, tuple(map(list, zip(*shuffled))))):
+            cache.load_partition(name, ks, ls, synced_seq=1)
+        only_uuids = [k for k in keys if len(k) == 36]
+        cache.load_partition(DAY3, only_uuids, ["fg-u"] * len(only_uuids), synced_seq=1)
+        probe = keys + ["absent", "99999"]
+        assert cache.lookup(DAY1, probe) == cache.lookup(DAY2, probe) == locations + [None, None]
+        assert dict(cache.items(DAY3)) == {k: "fg-u" for k in only_uuids}
 
 
 def test_a_directory_never_serves_another_table_or_shard(tmp_path):
