@@ -11,7 +11,7 @@ demo: check-java $(STAMP)
 
 # The full suite but the packed-environment cluster test (about 70 s, needs PyPI): `make test-cluster` runs that.
 test: check-java $(STAMP)
-	$(BIN)/python -m pytest -m "not packing"
+	$(BIN)/python -m pytest -m "not packing" --durations=15
 
 # Day-to-day tier: no Spark, nothing marked slow (about a minute).
 test-fast: $(STAMP)

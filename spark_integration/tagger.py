@@ -293,9 +293,10 @@ def latest_per_key(batch: pa.Table, options: TagOptions, global_mode: bool) -> t
     # 1. Sort (partition code, key, ordering desc, arrival desc): the first row of each record wins. The record's
     #    partition is an integer code, so no per-row "partition + key" string is built (memory of bulk tasks).
     keys = options.keys_of(batch)
-    # 0. Distinct keys (an initial load, most change batches): every row is its own record, nothing to sort. A
-    #    hash count is several times cheaper than the sort below, which only repeats need.
-    if pc.count_distinct(keys).as_py() == batch.num_rows:
+    # 0. Distinct keys (an initial load, most change batches): every row is its own record, nothing to sort. One
+    #    hash pass (`unique`; Arrow's count_distinct is several times slower) is cheaper than the sort below,
+    #    which only repeats need.
+    if len(pc.unique(keys)) == batch.num_rows:
         return batch, 0
     arrival = batch.column(ROW_ID) if ROW_ID in batch.column_names else pa.array(np.arange(batch.num_rows))
     helper = pa.table({"k": keys, "a": arrival})

@@ -242,7 +242,11 @@ def _upsert_rows(batches: Iterable[pa.RecordBatch], table: Table, options: TagOp
     if not received:
         return {"files": [], "index_files": [], "touched": [], "changes": {}, "metrics": [],
                 "superseded": {"seq": table.data_view().applied_seq, "rows": {}}}
-    batch = pa.Table.from_batches(received)
+    # One chunk per column: Spark hands a task its rows in batches of 10,000 (arrow.maxRecordsPerBatch), and every
+    # later gather (per data file, per index group) from a table of hundreds of chunks costs about five times
+    # one from a single chunk (measured: 30 takes over 2 M rows in 214 chunks 1.2 s, combined 0.23 s).
+    batch = pa.Table.from_batches(received).combine_chunks()
+    del received
     received_rows = batch.num_rows
     # 1. One row per record: ordering field first, then arrival.
     batch, dropped = latest_per_key(batch, options, table.global_index)
