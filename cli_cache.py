@@ -134,7 +134,8 @@ def sync_cmd(uri: str, cache_dir: str, as_json: bool) -> None:
     results = _table_reports(uri, cache_dir, sync)
     output(as_json).emit({"caches": results}, lambda p: "\n".join(
         f"{r['path']}: seq {r['from_seq']} -> {r['to_seq']}, applied {r['applied_entries']} entries, reloaded "
-        f"{len(r['reloaded_partitions'])} partitions" for r in p["caches"]))
+        f"{len(r['reloaded_partitions'])} partitions, installed {len(r['staged_partitions'])} staged by a load"
+        for r in p["caches"]))
 
 
 @cache_group.command("verify")
@@ -171,7 +172,7 @@ def _verify_text(p: dict[str, Any]) -> str:
 @json_option
 def reap_cmd(cache_dir: str, ttl_hours: float | None, max_disk_mb: int | None, dry_run: bool, as_json: bool) -> None:
     """Remove abandoned shard caches under a base path, then drop expired and over-budget partitions from the
-    others (never ones with uncommitted entries)."""
+    others."""
     from dbidx.cache.inspect import is_cache_dir
     from dbidx.cache.reaper import abandoned_to_dict, reap, sweep_abandoned
 

@@ -120,8 +120,10 @@ class OnDemandLoader:
         try:
             if self.on_build_start is not None:
                 self.on_build_start(partition)
-            prepared = prepare_slice(self.table, self.cache.identity.shard, partition, seq, self.cache.global_mode,
-                                     str(sst), self.cache.config)
+            # The caller's refresh found `seq` in the shared view: this thread reads that view, listing nothing.
+            with self.table.pinned(refreshed=True):
+                prepared = prepare_slice(self.table, self.cache.identity.shard, partition, seq,
+                                         self.cache.global_mode, str(sst), self.cache.config)
             self.cache.install_partition(prepared, seq)
             seconds = time.perf_counter() - started
             self.cache.metrics.add_to_partition(partition, on_demand_loads=1, stall_seconds=seconds)

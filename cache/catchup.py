@@ -77,6 +77,10 @@ def sync(cache: RecordIndexCache, table: Table, max_catchup_entries: int | None 
     #    sharing the table may have read newer records into the timeline (starting or publishing an instant) that
     #    the view has not folded yet, and a watermark past the view would skip their entries for good.
     latest = table.refresh().applied_seq
+    if cache.watermark > latest:
+        # A task's pinned view may be older than what another process caught this cache up to meanwhile: only a
+        # cache ahead of the table's newest state means a restored table.
+        latest = table.refresh(force=True).applied_seq
     result = CatchUpResult(from_seq=cache.watermark, to_seq=latest)
     if cache.watermark > latest:
         # The cache saw completions the table no longer has (the table was restored from a backup): what it holds

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.cache.dir_lock import incarnation, lock_path, read_incarnation, release_flock, try_flock
+from dbidx.cache.staging import ABANDONED_S, STAGED_SUFFIX
 from dbidx.cache.store import directory_bytes
 
 log = logging.getLogger(__name__)
@@ -127,6 +128,8 @@ def sweep_abandoned(base_path: str | Path, ttl_hours: float, dry_run: bool = Fal
     if not base.is_dir():
         return removed
     for table_dir in sorted(p for p in base.iterdir() if p.is_dir() and not p.is_symlink()):
+        if not dry_run:
+            sweep_staged(table_dir, now)
         for shard_dir in sorted(p for p in table_dir.iterdir() if p.is_dir() and _SHARD_DIR.match(p.name)):
             # 1. Cheap filter first: recently opened caches are not candidates (no lock attempt needed).
             if _last_use_s(shard_dir) >= cutoff:
@@ -160,12 +163,40 @@ def sweep_abandoned(base_path: str | Path, ttl_hours: float, dry_run: bool = Fal
     return removed
 
 
+def sweep_staged(table_dir: Path, now_s: float) -> list[str]:
+    """Remove a table directory's staged loads (cache/staging.py) older than staging.ABANDONED_S, and staging
+    directories left empty; returns what went.
+
+    Why here and by age: a bulk load stages beside a shard's cache without its lock (often before the cache even
+    exists), and only a task opening that cache on this node installs or deletes it; when the shard's next tasks run
+    elsewhere, nothing else would. A day-old staging is never needed (its partitions load from the index), and
+    writers only ever touch fresh `.tmp-*` directories, so age is a safe test without the lock.
+    """
+    removed = []
+    for staged in sorted(p for p in table_dir.glob(f"shard-*{STAGED_SUFFIX}") if p.is_dir() and not p.is_symlink()):
+        for entry in sorted(staged.iterdir()):
+            try:
+                old = now_s - entry.lstat().st_mtime > ABANDONED_S
+            except OSError:
+                continue
+            if old:
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
+                removed.append(str(entry))
+        try:
+            staged.rmdir()  # only succeeds when empty
+        except OSError:
+            pass
+    return removed
+
+
 def _remove_locked(shard_dir: Path) -> None:
     """Delete a shard cache whose lock the caller holds: the directory, its SST staging, then the lock file while
     still holding it (openers re-check the inode they locked, see dir_lock.try_flock)."""
     shutil.rmtree(shard_dir)
     shutil.rmtree(str(shard_dir) + ".tmp", ignore_errors=True)  # SST scratch of its loads
-    shutil.rmtree(str(shard_dir) + ".staged", ignore_errors=True)  # a bulk load's staged partitions (staging.py)
     lock_path(shard_dir).unlink(missing_ok=True)
 
 

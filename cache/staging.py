@@ -35,6 +35,8 @@ from typing import Any, Iterable
 from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.cache.sst_builder import PreparedLoad, build_sst
 from dbidx.config import CacheConfig, prepare_dir
+from dbidx.errors import DbidxError
+from dbidx.mdt.file_view import FileView
 from dbidx.mdt.layout import validate_partition
 from dbidx.mdt.records import FileRecord
 from dbidx.mdt.table import Table
@@ -83,27 +85,36 @@ class StagedLoad:
         self.staged: list[StagedPartition] = []
         self.entries = 0
         self.seconds = 0.0  # building and publishing, summed (a task reports it as stage_seconds)
+        self.failed: str | None = None  # why staging stopped (it never fails the load: the index has it all)
         self._tmp: Path | None = None
 
     def add(self, record: FileRecord, partition: str, keys: Any, locations: Any) -> None:
-        """Stage one partition: the entries of delta file `record` (keys and their cache locations)."""
+        """Stage one partition: the entries of delta file `record` (keys and their cache locations). A failure
+        (no space, a cache base path that is not private, ...) stops the staging with a warning, never the task."""
+        if self.failed is not None:
+            return
         started = time.perf_counter()
-        if self._tmp is None:
-            prepare_dir(self.root.parent)
-            self.root.mkdir(mode=0o700, exist_ok=True)
-            self._tmp = self.root / f".tmp-{uuid.uuid4().hex[:12]}"
-            self._tmp.mkdir(mode=0o700)
-        prepared = build_sst(partition, keys, locations, self._tmp / f"{len(self.staged):05d}.sst", self.config)
+        try:
+            if self._tmp is None:
+                prepare_dir(self.root.parent)
+                self.root.mkdir(mode=0o700, exist_ok=True)
+                self._tmp = self.root / f".tmp-{uuid.uuid4().hex[:12]}"
+                self._tmp.mkdir(mode=0o700)
+            prepared = build_sst(partition, keys, locations, self._tmp / f"{len(self.staged):05d}.sst", self.config)
+        except (OSError, DbidxError) as exc:
+            self._give_up(exc)
+            return
+        finally:
+            self.seconds += time.perf_counter() - started
         if prepared.sst_path is not None:
             self.staged.append(StagedPartition(partition, record.path, record.checksum,
                                                Path(prepared.sst_path).name, prepared.entries, prepared.locations,
                                                prepared.fills))
             self.entries += prepared.entries
-        self.seconds += time.perf_counter() - started
 
     def publish(self) -> Path | None:
         """Write the manifest and move the directory into place; None if nothing was staged."""
-        if self._tmp is None:
+        if self._tmp is None or self.failed is not None:
             return None
         if not self.staged:
             self.abort()
@@ -111,12 +122,23 @@ class StagedLoad:
         manifest = {"format": FORMAT, "instant": self.instant, "attempt": self.attempt,
                     "partitions": [asdict(s) for s in self.staged]}
         started = time.perf_counter()
-        (self._tmp / MANIFEST).write_text(json.dumps(manifest))
         final = self.root / f"{self.instant}~{self.attempt}"
-        os.rename(self._tmp, final)  # an attempt stages once: a leftover of the same name means a retry of the process
+        try:
+            (self._tmp / MANIFEST).write_text(json.dumps(manifest))
+            os.rename(self._tmp, final)  # fails if the same attempt id staged before (a reused id): then it is lost
+        except OSError as exc:
+            self._give_up(exc)
+            return None
+        finally:
+            self.seconds += time.perf_counter() - started
         self._tmp = None
-        self.seconds += time.perf_counter() - started
         return final
+
+    def _give_up(self, exc: BaseException) -> None:
+        self.failed = f"{type(exc).__name__}: {exc}"
+        log.warning("dbidx: staging the load's entries for the cache beside %s stopped (%s); the next batch loads "
+                    "those partitions from the index instead", self.root, self.failed)
+        self.abort()
 
     def abort(self) -> None:
         """Delete what was staged so far."""
@@ -150,40 +172,58 @@ def stage(cache_path: str | Path, instant: str, attempt: int | str,
 
 def promote(cache: RecordIndexCache, table: Table, now_s: float | None = None) -> PromoteResult:
     """Install the staged partitions the table's completions confirm (see the module docstring), delete staged
-    directories that can never be installed; leave those of instants still pending. The caller holds the cache
-    open (its lock) and has refreshed the table."""
+    directories that can never be installed; leave those of instants still pending (or completed past the table's
+    view). The caller holds the cache open (its lock) and has refreshed the table. Never raises for a staged
+    directory: whatever goes wrong with one (history cleaned since, a damaged SST, a stray file) discards it with a
+    warning, and its partitions load from the index as if nothing had been staged."""
     result = PromoteResult([], [])
     root = staged_root(cache.path)
     if not root.is_dir():
         return result
     now = time.time() if now_s is None else now_s
+    view = table.refresh()
     for entry in sorted(root.iterdir()):
-        # 1. Temp directories of tasks that died mid-write go once nobody can still be writing them.
-        if entry.name.startswith("."):
-            if now - _mtime(entry) > ABANDONED_S:
-                _discard(entry, result)
-            continue
         try:
-            staged = _read_manifest(entry)
-        except (OSError, ValueError, TypeError, KeyError) as exc:
-            log.warning("dbidx: staged load %s is unreadable (%s); discarded, the partitions load from the index",
-                        entry, exc)
+            _promote_one(cache, table, view, entry, now, result)
+        except (OSError, DbidxError) as exc:
+            log.warning("dbidx: staged load %s could not be installed (%s: %s); discarded, the partitions load "
+                        "from the index", entry, type(exc).__name__, exc)
             _discard(entry, result)
-            continue
-        instant = staged[0]
-        record = table.timeline.record_of(instant)
-        # 2. Pending: keep (until it is clearly abandoned); rolled back: nothing of it is committed.
-        if record is None:
-            if now - _mtime(entry) > ABANDONED_S:
-                _discard(entry, result)
-            continue
-        if record.action != ACTION_ROLLBACK:
-            result.installed += _install(cache, table, record, entry, staged[1])
-        _discard(entry, result)
     return result
 
 
-def _install(cache: RecordIndexCache, table: Table, record: Any, entry: Path,
+def _promote_one(cache: RecordIndexCache, table: Table, view: FileView, entry: Path, now: float,
+                 result: PromoteResult) -> None:
+    """Install, keep or discard one staged directory."""
+    # 1. Only directories are staged; temp directories of tasks that died mid-write go once nobody can still be
+    #    writing them.
+    if entry.is_symlink() or not entry.is_dir():
+        _discard(entry, result)
+        return
+    if entry.name.startswith("."):
+        if now - _mtime(entry) > ABANDONED_S:
+            _discard(entry, result)
+        return
+    try:
+        instant, partitions = _read_manifest(entry)
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        log.warning("dbidx: staged load %s is unreadable (%s); discarded, the partitions load from the index",
+                    entry, exc)
+        _discard(entry, result)
+        return
+    # 2. Pending (or completed after the view this catch-up works from): keep, until it is clearly abandoned.
+    record = table.timeline.record_of(instant)
+    if record is None or record.seq > view.applied_seq:
+        if now - _mtime(entry) > ABANDONED_S:
+            _discard(entry, result)
+        return
+    # 3. Rolled back: nothing of it is committed. Completed: install what the record confirms, then discard.
+    if record.action != ACTION_ROLLBACK:
+        result.installed += _install(cache, view, record, entry, partitions)
+    _discard(entry, result)
+
+
+def _install(cache: RecordIndexCache, view: FileView, record: Any, entry: Path,
              partitions: list[StagedPartition]) -> list[str]:
     """Install each staged partition the record confirms and the cache lacks; returns those installed."""
     listed = {(f.path, f.checksum): f for f in record.files}
@@ -194,11 +234,12 @@ def _install(cache: RecordIndexCache, table: Table, record: Any, entry: Path,
         if record_file is None or record_file.shard != shard or cache.is_ready(staged.partition):
             continue  # another attempt's files were committed, or the partition is there already
         group = None if cache.global_mode else staged.partition
-        if record_file.partition != group or record_file.rows != staged.entries:
+        if record_file.partition != group or record_file.rows != staged.entries or record_file.tombstones:
             continue
-        live = table.refresh().files(group, shard, upto_seq=record.seq)
-        if [f.path for f in live] != [staged.index_path]:
-            continue  # the group held other files at that seq: the staged entries are not its whole state
+        # The staged entries are the group's whole state only if its delta is the group's one live file at that
+        # seq (HistoryCompactedError if a clean removed that history since: the directory is discarded).
+        if [f.path for f in view.files(group, shard, upto_seq=record.seq)] != [staged.index_path]:
+            continue
         prepared = PreparedLoad(staged.partition, str(entry / staged.sst), list(staged.locations),
                                 dict(staged.fills), staged.entries)
         cache.install_partition(prepared, synced_seq=record.seq, durable=False)
@@ -238,5 +279,8 @@ def _mtime(path: Path) -> float:
 
 
 def _discard(entry: Path, result: PromoteResult) -> None:
-    shutil.rmtree(entry, ignore_errors=True)
+    if entry.is_dir() and not entry.is_symlink():
+        shutil.rmtree(entry, ignore_errors=True)
+    else:
+        entry.unlink(missing_ok=True)
     result.discarded.append(entry.name)

@@ -192,8 +192,9 @@ class Table:
     # ---- timeline view -----------------------------------------------------------------------------------
     @contextmanager
     def pinned(self, refreshed: bool = False) -> Iterator["Table"]:
-        """Inside the block, this thread refreshes the table once: later `refresh` calls (and every read that
-        refreshes first) use the state that one found, without listing the timeline again.
+        """Inside the block, this thread refreshes the table once: its later `refresh` calls (and every read that
+        refreshes first) list nothing and use the view as it is. Not a snapshot: another thread's refresh (a loader
+        thread, a second writer in the same worker) still moves the shared view forward in place.
 
         Why: a task reads the table state through several layers (catch-up, planning, on-demand loads, superseded
         rows), each of which refreshes; on an object store each refresh is two LIST requests. Nothing in a task
@@ -212,12 +213,18 @@ class Table:
         finally:
             pins.depth = depth
 
-    def refresh(self) -> FileView:
+    def unpin_thread(self) -> None:
+        """End any `pinned()` block this thread left open (a generator abandoned mid-iteration exits its block only
+        when collected): the next refresh lists again."""
+        self._pins.depth = 0
+
+    def refresh(self, force: bool = False) -> FileView:
         """Bring the timeline and the index and data views up to date with everything completed so far (from the
-        newest checkpoint on the first call, then record by record). Inside `pinned()`, only the first call does."""
+        newest checkpoint on the first call, then record by record). Inside `pinned()`, only the first call does,
+        unless `force` (a caller that must not act on a state older than what it just met elsewhere)."""
         pins = self._pins
         with self._view_lock:  # also when pinned: another thread's refresh may be half done (timeline read, view not)
-            if getattr(pins, "depth", 0) and pins.fresh:
+            if getattr(pins, "depth", 0) and pins.fresh and not force:
                 return self._view
             self._refresh_views()
             if getattr(pins, "depth", 0):
@@ -517,7 +524,7 @@ class Table:
         try:
             return read() if read is not None else rli_files.read_rli_file(self.io, record)
         except CorruptFileError as exc:
-            if not self.io.exists(record.path) and self.refresh().is_cleaned(record.path):
+            if not self.io.exists(record.path) and self.refresh(force=True).is_cleaned(record.path):
                 raise HistoryCompactedError(f"index file {record.path} was removed by a clean while it was being "
                                             "read; read a newer snapshot (caches reload the partition)") from exc
             raise

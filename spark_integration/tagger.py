@@ -290,14 +290,14 @@ def latest_per_key(batch: pa.Table, options: TagOptions, global_mode: bool) -> t
     latest arrival (ROW_ID, else position). Returns the rows kept and how many were dropped."""
     if batch.num_rows < 2:
         return batch, 0
-    # 1. Sort (partition code, key, ordering desc, arrival desc): the first row of each record wins. The record's
-    #    partition is an integer code, so no per-row "partition + key" string is built (memory of bulk tasks).
     keys = options.keys_of(batch)
     # 0. Distinct keys (an initial load, most change batches): every row is its own record, nothing to sort. One
     #    hash pass (`unique`; Arrow's count_distinct is several times slower) is cheaper than the sort below,
     #    which only repeats need.
     if len(pc.unique(keys)) == batch.num_rows:
         return batch, 0
+    # 1. Sort (partition code, key, ordering desc, arrival desc): the first row of each record wins. The record's
+    #    partition is an integer code, so no per-row "partition + key" string is built (memory of bulk tasks).
     arrival = batch.column(ROW_ID) if ROW_ID in batch.column_names else pa.array(np.arange(batch.num_rows))
     helper = pa.table({"k": keys, "a": arrival})
     sort_keys: list[tuple[str, str]] = [("k", "ascending")]

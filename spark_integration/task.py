@@ -87,6 +87,7 @@ def warm_table(table: Table) -> Table:
         if known is None:
             table.refresh()
             known = _TABLES[key] = table
+        known.unpin_thread()  # a task that ended without leaving its pinned block (an abandoned generator) pins nothing
         return known
 
 

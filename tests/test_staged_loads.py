@@ -156,3 +156,70 @@ def test_a_pending_instants_staging_is_kept_until_it_settles(tmp_path: Path) -> 
         # An instant that never settles is abandoned after a day.
         result = staging.promote(cache, table, now_s=staged.stat().st_mtime + staging.ABANDONED_S + 1)
         assert result.discarded == [staged.name] and not staged.exists()
+
+
+def test_a_staging_whose_history_was_compacted_and_cleaned_is_discarded_and_sync_goes_on(tmp_path: Path,
+                                                                                         caplog) -> None:
+    """The load's delta compacted into a base and cleaned before the shard's cache was next opened on this node:
+    the staged entries can no longer be checked against the index, so they go (with a warning), and catch-up
+    carries on; the partitions load from the index."""
+    table, config, _ = load(tmp_path)
+    table.compact(min_files=1)
+    table.clean(retain_completions=0)
+    reopened = Table.open(table.uri)
+    with caplog.at_level(logging.WARNING):
+        for shard in range(2):
+            with RecordIndexCache.for_table(reopened, shard, config) as cache:
+                result = sync(cache, reopened)
+                assert result.staged_partitions == [] and cache.partitions() == {}
+    assert staged_dirs(reopened, config) == []
+    summary = upsert_arrow(as_arrow(rows(10, "d1", 2)), reopened, key="id", partition="dt", cache_config=config)
+    assert summary.updates == 10 and summary.on_demand_loads == 2
+
+
+def test_a_failing_staging_never_fails_the_load(tmp_path: Path, monkeypatch, caplog) -> None:
+    def no_space(*_args, **_kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(staging, "build_sst", no_space)
+    with caplog.at_level(logging.WARNING):
+        table, config, first = load(tmp_path)
+    assert "staging the load's entries" in caplog.text
+    assert current(table) == {(k, d, v) for k, d, v, _ in first[:700]}
+    assert staged_dirs(table, config) == []
+    root = staging.staged_root(RecordIndexCache.for_table(table, 0, config).path)
+    assert not root.exists() or not [p for p in root.iterdir()]  # the temp directory went too
+
+
+def test_a_task_pinned_at_an_older_view_does_not_take_a_cache_ahead_of_it_for_a_restore(tmp_path: Path) -> None:
+    """Another process caught the shard's cache up past the view this task pinned (it waited for the lock):
+    catch-up looks again instead of dropping the cache as if the table had been restored from a backup."""
+    table, config, _ = load(tmp_path)
+    other = Table.open(table.uri)
+    with table.pinned():
+        seen = table.refresh().applied_seq
+        keys = [k for k, s in zip(["late-1", "late-2", "late-3", "late-4"], other.shard_of(["late-1", "late-2",
+                                                                                          "late-3", "late-4"]))
+                if s == 0]
+        with other.new_commit() as writer:  # another process's commit, and its catch-up of this shard's cache
+            writer.insert("dt=d1", keys, "fg-late")
+        with RecordIndexCache.for_table(other, 0, config) as cache:
+            sync(cache, other)
+            assert cache.watermark == seen + 1
+        with RecordIndexCache.for_table(table, 0, config) as cache:
+            result = sync(cache, table)
+            assert result.dropped_partitions == [] and result.to_seq == seen + 1 and cache.partitions()
+
+
+def test_the_reaper_removes_staging_nobody_opened_for_a_day(tmp_path: Path) -> None:
+    import os
+
+    from dbidx.cache.reaper import sweep_abandoned
+
+    table, config, _ = load(tmp_path)
+    found = staged_dirs(table, config)
+    assert len(found) == 2
+    old = found[0].stat().st_mtime - staging.ABANDONED_S - 60
+    os.utime(found[0], (old, old))
+    sweep_abandoned(tmp_path / "cache", config.partition_ttl_hours)
+    assert staged_dirs(table, config) == found[1:]  # the fresh one stays: a task of its shard may come

@@ -147,13 +147,17 @@ def test_a_pinned_table_keeps_its_state_in_its_thread_only(setup) -> None:
     other = Table.open(table.uri)
     with table.pinned():
         seen = table.refresh().applied_seq
-        upsert_arrow(pa.table({"id": ["e"], "dt": ["2025-03-01"]}), other, key="id", partition="dt",
-                     cache_config=config)
+        with other.new_commit() as writer:  # another handle's commit (another process, as far as `table` knows)
+            writer.insert("dt=2025-03-01", ["e"], "fg-e")
         assert table.refresh().applied_seq == seen  # pinned: no new listing in this thread
+        assert table.refresh(force=True).applied_seq == seen + 1  # unless forced
+        seen += 1
         with table.pinned():  # nested: shares the outer block's state
             assert table.data_view().applied_seq == seen
         import threading
 
+        with other.new_commit() as writer:
+            writer.insert("dt=2025-03-01", ["f"], "fg-f")
         found = []
         thread = threading.Thread(target=lambda: found.append(table.refresh().applied_seq))
         thread.start()
