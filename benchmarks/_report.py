@@ -163,18 +163,27 @@ def spark_session(local_dir: Path, shards: int, app: str) -> Any:
     return spark
 
 
-def tree_rss_each(pid: int) -> list[int]:
-    """Resident bytes of a process and of each of its descendants (psutil if installed, else /proc); [] if the
-    process is gone."""
+def tree_processes(pid: int) -> list[Any] | None:
+    """psutil Process objects of a process and its descendants ([] if it is gone); None without psutil."""
     try:
         import psutil
     except ImportError:
-        return _proc_tree_rss_each(pid)
+        return None
     try:
         root = psutil.Process(pid)
-        procs = [root] + root.children(recursive=True)
+        return [root] + root.children(recursive=True)
     except psutil.Error:
         return []
+
+
+def tree_rss_each(pid: int) -> list[int]:
+    """Resident bytes of a process and of each of its descendants (psutil if installed, else /proc); [] if the
+    process is gone."""
+    procs = tree_processes(pid)
+    if procs is None:
+        return _proc_tree_rss_each(pid)
+    import psutil  # tree_processes found it
+
     sizes = []
     for proc in procs:
         try:

@@ -141,15 +141,11 @@ def parquet_write(df: Any, out: Path, shards: int | None) -> None:
 def tree_rss_named(pid: int) -> list[tuple[str, int]]:
     """(role, resident bytes) of a process and each of its descendants: "driver" (pid itself), "JVM" or "Python
     worker" (with psutil; without it every role is "?")."""
-    try:
-        import psutil
-    except ImportError:
+    procs = _report.tree_processes(pid)
+    if procs is None:
         return [("?", size) for size in _report.tree_rss_each(pid)]
-    try:
-        root = psutil.Process(pid)
-        procs = [root] + root.children(recursive=True)
-    except psutil.Error:
-        return []
+    import psutil  # tree_processes found it
+
     named = []
     for proc in procs:
         try:
@@ -539,6 +535,8 @@ def parse() -> argparse.Namespace:
     args.restart_k, args.restart_commit_keys, args.restart_repeats = RESTART_K, RESTART_COMMIT_KEYS, RESTART_REPEATS
     args.lookup_repeats = LOOKUP_REPEATS
     if args.smoke:
+        global FLOOR_REPEATS
+        FLOOR_REPEATS = 1  # a smoke run checks that every step runs, not its figures
         # restart and lookup have their own smoke runs (restart_bench, cache_bench): here only the Spark rows.
         args.keys, args.batches, args.batch, args.restart_keys = 20_000, 2, 2_000, 60_000
         args.restart_k, args.restart_commit_keys, args.restart_repeats, args.lookup_repeats = 2, 1_000, 1, 1
