@@ -76,11 +76,13 @@ def sync(cache: RecordIndexCache, table: Table, max_catchup_entries: int | None 
     # 1. The target: the latest completion the table's index view holds. Not the timeline's latest seq: a thread
     #    sharing the table may have read newer records into the timeline (starting or publishing an instant) that
     #    the view has not folded yet, and a watermark past the view would skip their entries for good.
-    latest = table.refresh().applied_seq
+    view = table.refresh()
+    latest = view.applied_seq
     if cache.watermark > latest:
         # A task's pinned view may be older than what another process caught this cache up to meanwhile: only a
         # cache ahead of the table's newest state means a restored table.
-        latest = table.refresh(force=True).applied_seq
+        view = table.refresh(force=True)
+        latest = view.applied_seq
     result = CatchUpResult(from_seq=cache.watermark, to_seq=latest)
     if cache.watermark > latest:
         # The cache saw completions the table no longer has (the table was restored from a backup): what it holds
@@ -91,7 +93,7 @@ def sync(cache: RecordIndexCache, table: Table, max_catchup_entries: int | None 
         cache.set_watermark(0)
     # 1b. Partitions a bulk load staged beside this cache, confirmed by its completion: installed at its seq, so
     #     the steps below catch them up like any other (cache/staging.py).
-    result.staged_partitions = promote(cache, table).installed
+    result.staged_partitions = promote(cache, table, view, latest).installed
     # 2. Group ready partitions by how far they already are (usually all at the watermark).
     by_start: dict[int, list[str]] = defaultdict(list)
     for partition, state in cache.partitions().items():

@@ -22,7 +22,8 @@ def lookup_committed(view: Any, keys: pa.Array, decoder: dict[bytes, str],
     """The committed location of each encoded key (None: absent), in input order, as an object array (what the
     tagger computes with; no list round trip), and how many were found.
 
-    A stored value the fast `decoder` map lacks is never taken for an absent key: it goes through `decode_strict` (which raises on a value past the dictionary).
+    A stored value the fast `decoder` map lacks is never taken for an absent key: it goes through `decode_strict`
+    (which raises on a value past the dictionary).
     """
     # 1. Multi-get in key order: about twice as fast as input order (codec.lookup_order).
     order = codec.lookup_order(keys)

@@ -22,13 +22,19 @@ def snapshot_entries(table: Table, shard: int, partition: str, as_of_seq: int,
     Reads only that shard's file group(s), never the whole partition. Picklable inputs: loaders call it in worker
     processes too.
     """
+    return cache_entries(table.snapshot(None if global_mode else partition, shard=shard, as_of=as_of_seq),
+                         global_mode)
+
+
+def cache_entries(entries: pa.Table, global_mode: bool) -> tuple[pa.Array, pa.Array]:
+    """(keys, cache locations) of live index entries: the file group, or in global mode "partition\\0file
+    group" (codec.global_location, vectorised)."""
     if global_mode:
-        snap = table.snapshot(None, shard=shard, as_of=as_of_seq)
-        locations = pc.binary_join_element_wise(snap.column(PARTITION), snap.column(FILE_GROUP), GLOBAL_SEPARATOR)
+        locations = pc.binary_join_element_wise(entries.column(PARTITION), entries.column(FILE_GROUP),
+                                                GLOBAL_SEPARATOR)
     else:
-        snap = table.snapshot(partition, shard=shard, as_of=as_of_seq)
-        locations = snap.column(FILE_GROUP)
-    return _single_chunk(snap.column(KEY)), _single_chunk(locations)
+        locations = entries.column(FILE_GROUP)
+    return _single_chunk(entries.column(KEY)), _single_chunk(locations)
 
 
 def _single_chunk(column: pa.ChunkedArray | pa.Array) -> pa.Array:

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.cache.dir_lock import incarnation, lock_path, read_incarnation, release_flock, try_flock
-from dbidx.cache.staging import ABANDONED_S, STAGED_SUFFIX
+from dbidx.cache.staging import STAGED_SUFFIX, abandoned, remove as remove_staged
 from dbidx.cache.store import directory_bytes
 
 log = logging.getLogger(__name__)
@@ -164,7 +164,7 @@ def sweep_abandoned(base_path: str | Path, ttl_hours: float, dry_run: bool = Fal
 
 
 def sweep_staged(table_dir: Path, now_s: float) -> list[str]:
-    """Remove a table directory's staged loads (cache/staging.py) older than staging.ABANDONED_S, and staging
+    """Remove a table directory's staged loads (cache/staging.py) unchanged for staging.ABANDONED_S, and staging
     directories left empty; returns what went.
 
     Why here and by age: a bulk load stages beside a shard's cache without its lock (often before the cache even
@@ -175,15 +175,8 @@ def sweep_staged(table_dir: Path, now_s: float) -> list[str]:
     removed = []
     for staged in sorted(p for p in table_dir.glob(f"shard-*{STAGED_SUFFIX}") if p.is_dir() and not p.is_symlink()):
         for entry in sorted(staged.iterdir()):
-            try:
-                old = now_s - entry.lstat().st_mtime > ABANDONED_S
-            except OSError:
-                continue
-            if old:
-                if entry.is_dir() and not entry.is_symlink():
-                    shutil.rmtree(entry, ignore_errors=True)
-                else:
-                    entry.unlink(missing_ok=True)
+            if abandoned(entry, now_s):
+                remove_staged(entry)
                 removed.append(str(entry))
         try:
             staged.rmdir()  # only succeeds when empty

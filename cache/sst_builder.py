@@ -70,13 +70,15 @@ def build_sst(partition: str, keys: Any, locations: Any, sst_path: str | Path, c
     #    that arrive sorted (an index file's entries: sorted strings of canonical UUIDs or of raw keys encode in
     #    the same order) are checked to be strictly ascending in one pass and not sorted again.
     binary = codec.encode_keys_binary(key_array)
-    if len(binary) > 1 and pc.all(pc.less(binary.slice(0, len(binary) - 1), binary.slice(1))).as_py():
+    ascending = len(binary) > 1 and pc.all(pc.less(binary.slice(0, len(binary) - 1), binary.slice(1))).as_py()
+    if ascending:
         order, ordered = np.arange(len(binary)), binary
     else:
         order = pc.sort_indices(binary).to_numpy()
         ordered = binary.take(order)
-    # 3. A key twice in one load would silently keep one location: refuse it, naming the key.
-    if len(ordered) > 1 and ordered is not binary:
+    # 3. A key twice in one load would silently keep one location: refuse it, naming the key (strictly ascending
+    #    keys hold no repeat).
+    if len(ordered) > 1 and not ascending:
         same = pc.equal(ordered.slice(1), ordered.slice(0, len(ordered) - 1))
         if pc.any(same).as_py():
             first = int(np.argmax(same.to_numpy(zero_copy_only=False)))

@@ -30,7 +30,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.cache.sst_builder import PreparedLoad, build_sst
@@ -156,35 +156,22 @@ class StagedLoad:
             self.abort()
 
 
-def stage(cache_path: str | Path, instant: str, attempt: int | str,
-          groups: Iterable[tuple[FileRecord, str, Any, Any]], config: CacheConfig) -> Path | None:
-    """Stage one task attempt's partitions at once: per (delta record, cache partition, keys, locations) one SST.
-    Returns the staged directory, or None if there was nothing to stage."""
-    load = StagedLoad(cache_path, instant, attempt, config)
-    try:
-        for record, partition, keys, locations in groups:
-            load.add(record, partition, keys, locations)
-        return load.publish()
-    except BaseException:
-        load.abort()
-        raise
-
-
-def promote(cache: RecordIndexCache, table: Table, now_s: float | None = None) -> PromoteResult:
-    """Install the staged partitions the table's completions confirm (see the module docstring), delete staged
-    directories that can never be installed; leave those of instants still pending (or completed past the table's
-    view). The caller holds the cache open (its lock) and has refreshed the table. Never raises for a staged
-    directory: whatever goes wrong with one (history cleaned since, a damaged SST, a stray file) discards it with a
-    warning, and its partitions load from the index as if nothing had been staged."""
+def promote(cache: RecordIndexCache, table: Table, view: FileView, upto_seq: int,
+            now_s: float | None = None) -> PromoteResult:
+    """Install the staged partitions the table's completions up to `upto_seq` confirm (see the module docstring),
+    delete staged directories that can never be installed; leave those of instants still pending (or completed
+    after `upto_seq`). The caller holds the cache open (its lock); `view` is the table's index view it refreshed,
+    folded at least to `upto_seq`. Never raises for a staged directory: whatever goes wrong with one (history
+    cleaned since, a damaged SST, a stray file) discards it with a warning, and its partitions load from the index
+    as if nothing had been staged."""
     result = PromoteResult([], [])
     root = staged_root(cache.path)
     if not root.is_dir():
         return result
     now = time.time() if now_s is None else now_s
-    view = table.refresh()
     for entry in sorted(root.iterdir()):
         try:
-            _promote_one(cache, table, view, entry, now, result)
+            _promote_one(cache, table, view, upto_seq, entry, now, result)
         except (OSError, DbidxError) as exc:
             log.warning("dbidx: staged load %s could not be installed (%s: %s); discarded, the partitions load "
                         "from the index", entry, type(exc).__name__, exc)
@@ -192,7 +179,7 @@ def promote(cache: RecordIndexCache, table: Table, now_s: float | None = None) -
     return result
 
 
-def _promote_one(cache: RecordIndexCache, table: Table, view: FileView, entry: Path, now: float,
+def _promote_one(cache: RecordIndexCache, table: Table, view: FileView, upto_seq: int, entry: Path, now: float,
                  result: PromoteResult) -> None:
     """Install, keep or discard one staged directory."""
     # 1. Only directories are staged; temp directories of tasks that died mid-write go once nobody can still be
@@ -201,7 +188,7 @@ def _promote_one(cache: RecordIndexCache, table: Table, view: FileView, entry: P
         _discard(entry, result)
         return
     if entry.name.startswith("."):
-        if now - _mtime(entry) > ABANDONED_S:
+        if abandoned(entry, now):
             _discard(entry, result)
         return
     try:
@@ -211,10 +198,10 @@ def _promote_one(cache: RecordIndexCache, table: Table, view: FileView, entry: P
                     entry, exc)
         _discard(entry, result)
         return
-    # 2. Pending (or completed after the view this catch-up works from): keep, until it is clearly abandoned.
+    # 2. Pending (or completed after the state this catch-up works to): keep, until it is clearly abandoned.
     record = table.timeline.record_of(instant)
-    if record is None or record.seq > view.applied_seq:
-        if now - _mtime(entry) > ABANDONED_S:
+    if record is None or record.seq > upto_seq:
+        if abandoned(entry, now):
             _discard(entry, result)
         return
     # 3. Rolled back: nothing of it is committed. Completed: install what the record confirms, then discard.
@@ -271,16 +258,22 @@ def _read_manifest(entry: Path) -> tuple[str, list[StagedPartition]]:
     return data["instant"], partitions
 
 
-def _mtime(path: Path) -> float:
+def abandoned(entry: Path, now_s: float) -> bool:
+    """Whether a staged entry has not changed for ABANDONED_S (a writer only ever touches fresh ones)."""
     try:
-        return path.stat().st_mtime
+        return now_s - entry.lstat().st_mtime > ABANDONED_S
     except OSError:
-        return 0.0
+        return False  # gone meanwhile: nothing to remove
 
 
-def _discard(entry: Path, result: PromoteResult) -> None:
+def remove(entry: Path) -> None:
+    """Delete a staged entry: a directory with what is in it, anything else (a stray file, a link) itself."""
     if entry.is_dir() and not entry.is_symlink():
         shutil.rmtree(entry, ignore_errors=True)
     else:
         entry.unlink(missing_ok=True)
+
+
+def _discard(entry: Path, result: PromoteResult) -> None:
+    remove(entry)
     result.discarded.append(entry.name)

@@ -14,10 +14,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dbidx.cache.codec import GLOBAL_SEPARATOR
+from dbidx.cache.loading import cache_entries
 from dbidx.cache.record_cache import GLOBAL_PARTITION
 from dbidx.cache.staging import StagedLoad
-from dbidx.mdt import layout, markers, rli_files
+from dbidx.mdt import layout, markers
 from dbidx.mdt.conflicts import TouchedKeys, write_touched
 from dbidx.mdt.records import FileRecord, PartitionChange
 from dbidx.mdt.table import Table
@@ -122,14 +122,8 @@ def stage_each_delta(load: StagedLoad, global_index: bool) -> Callable[[FileReco
     def stage_group(record: FileRecord, entries: pa.Table) -> None:
         if record.tombstones:
             return
-        keys = entries.column(rli_files.KEY).combine_chunks()
-        file_groups = entries.column(rli_files.FILE_GROUP).combine_chunks()
-        if global_index:
-            partitions = entries.column(rli_files.PARTITION).combine_chunks()
-            load.add(record, GLOBAL_PARTITION, keys,
-                     pc.binary_join_element_wise(partitions, file_groups, GLOBAL_SEPARATOR))
-        else:
-            load.add(record, record.partition, keys, file_groups)
+        keys, locations = cache_entries(entries, global_index)
+        load.add(record, GLOBAL_PARTITION if global_index else record.partition, keys, locations)
 
     return stage_group
 

@@ -31,6 +31,15 @@ def load(tmp_path: Path, global_index: bool = False, **config: object) -> tuple[
     return table, cache_config, first
 
 
+def stage(cache_path: Path, instant: str, attempt: str, groups: list[tuple], config: CacheConfig) -> Path:
+    """Stage partitions as a task would (one StagedLoad, one SST per delta record); returns the staged directory."""
+    with staging.StagedLoad(cache_path, instant, attempt, config) as load:
+        for record, partition, keys, locations in groups:
+            load.add(record, partition, keys, locations)
+    assert load.failed is None, load.failed
+    return load.root / f"{instant}~{attempt}"
+
+
 def staged_dirs(table: Table, config: CacheConfig) -> list[Path]:
     found = []
     for shard in range(table.num_shards):
@@ -110,10 +119,10 @@ def test_staging_a_completion_does_not_confirm_is_discarded_unread(tmp_path: Pat
     # 1. Another attempt's file name (a losing attempt), 2. a checksum the record does not hold, 3. a damaged
     #    manifest: none is installed, all are deleted.
     other = type(d1)(**{**vars(d1), "path": d1.path.replace(".parquet", "-x.parquet")})
-    staging.stage(cache_path, record.instant, "other", [(other, "dt=d1", keys, locations)], config)
+    stage(cache_path, record.instant, "other", [(other, "dt=d1", keys, locations)], config)
     wrong = type(d1)(**{**vars(d1), "checksum": "0" * len(d1.checksum)})
-    staging.stage(cache_path, record.instant, "wrong", [(wrong, "dt=d1", keys, locations)], config)
-    damaged = staging.stage(cache_path, record.instant, "damaged", [(d1, "dt=d1", keys, locations)], config)
+    stage(cache_path, record.instant, "wrong", [(wrong, "dt=d1", keys, locations)], config)
+    damaged = stage(cache_path, record.instant, "damaged", [(d1, "dt=d1", keys, locations)], config)
     manifest = json.loads((damaged / staging.MANIFEST).read_text())
     manifest["partitions"][0]["entries"] += 1
     (damaged / staging.MANIFEST).write_text(json.dumps(manifest))
@@ -136,7 +145,7 @@ def test_a_partition_with_other_files_at_that_seq_is_not_installed(tmp_path: Pat
     cache_path = RecordIndexCache.for_table(table, delta.shard, config).path
     entries = table.incremental(record.seq - 1, record.seq, ["dt=d1"], delta.shard)
     keys, locations = entries.column("key").combine_chunks(), entries.column("file_group").combine_chunks()
-    staging.stage(cache_path, record.instant, "0", [(delta, "dt=d1", keys, locations)], config)
+    stage(cache_path, record.instant, "0", [(delta, "dt=d1", keys, locations)], config)
     with RecordIndexCache.for_table(table, delta.shard, config) as cache:
         result = sync(cache, table)
         assert result.staged_partitions == []
@@ -150,11 +159,13 @@ def test_a_pending_instants_staging_is_kept_until_it_settles(tmp_path: Path) -> 
     d1 = next(f for f in record.files if f.partition == "dt=d1" and f.shard == 0)
     keys, locations = snapshot_entries(table, 0, "dt=d1", record.seq, False)
     cache_path = RecordIndexCache.for_table(table, 0, config).path
-    staged = staging.stage(cache_path, "29990101000000000", "0", [(d1, "dt=d1", keys, locations)], config)
+    staged = stage(cache_path, "29990101000000000", "0", [(d1, "dt=d1", keys, locations)], config)
     with RecordIndexCache.for_table(table, 0, config) as cache:
-        assert staging.promote(cache, table).installed == [] and staged.is_dir()
+        view = table.refresh()
+        assert staging.promote(cache, table, view, view.applied_seq).installed == [] and staged.is_dir()
         # An instant that never settles is abandoned after a day.
-        result = staging.promote(cache, table, now_s=staged.stat().st_mtime + staging.ABANDONED_S + 1)
+        result = staging.promote(cache, table, view, view.applied_seq,
+                                 now_s=staged.stat().st_mtime + staging.ABANDONED_S + 1)
         assert result.discarded == [staged.name] and not staged.exists()
 
 
