@@ -307,7 +307,7 @@ def repair_cmd(uri: str, as_json: bool) -> None:
     """Write the Delta log versions (_delta_log/) that completed instants lack (after a crash between the two), then
     sweep what dead writers left (settled instants' timeline files and markers, temp files older than an hour, and
     requested/inflight files of instant ids at the end of the 17-digit range that no completion names)."""
-    from dbidx.mdt.instant_range import remove_strays
+    from dbidx.table.instant_range import remove_strays
 
     table = open_table(uri)
     strays = remove_strays(table.io, table.timeline)  # 1. first: they stop every writer

@@ -29,7 +29,8 @@ import _report  # noqa: E402
 
 from dbidx.config import CacheConfig  # noqa: E402
 from dbidx.mdt.table import Table  # noqa: E402
-from dbidx.spark_integration.api import read_table, upsert  # noqa: E402
+from dbidx.spark_integration.api import upsert
+from dbidx.spark_integration.reads import read_table
 
 PARTITIONS = 30
 

@@ -8,7 +8,7 @@ and a version column `ver`; an initial load of every key (ver 0), then `--batche
 `ver` = batch number. Each system starts from the input already in memory (Arrow, or a cached Spark DataFrame).
 Systems (a system whose package is missing is skipped with a message, never failed):
   dbidx: Spark `upsert` (dbidx.spark_integration.api) into a `--shards`-shard table, local[2]; read back with
-    `data_reader.read_arrow`.
+    `reads.read_arrow`.
   delta-rs (deltalake): `write_deltalake` for the load, `DeltaTable.merge` for each batch, once on `id` alone and
     once on (dt, id): two rows.
   pyiceberg: `Table.upsert(join_cols=["id"])` on a SQLite SQL catalog, partitioned by dt (identity); its time cap
@@ -240,14 +240,14 @@ class DbidxPeer(SparkInput):
         upsert(data, self.table, key="id", partition="dt", cache_config=self.config)
 
     def counts(self) -> tuple[int, int]:
-        from dbidx.mdt import data_reader
+        from dbidx.data import reads
 
-        return arrow_counts(data_reader.read_arrow(self.table, columns=["ver"]))
+        return arrow_counts(reads.read_arrow(self.table, columns=["ver"]))
 
     def read_all(self) -> int:
-        from dbidx.mdt import data_reader
+        from dbidx.data import reads
 
-        return data_reader.read_arrow(self.table).num_rows
+        return reads.read_arrow(self.table).num_rows
 
     def files(self) -> int | None:
         return len(self.table.data_view().live())

@@ -21,7 +21,7 @@ import _report  # noqa: E402
 from bootstrap_bench import uuid_keys  # noqa: E402
 
 from dbidx.buckets.assigner import DynamicBucketAssigner, SimpleBucketAssigner  # noqa: E402
-from dbidx.mdt.keyhash import shard_of  # noqa: E402
+from dbidx.table.keyhash import shard_of  # noqa: E402
 
 PARTITION = "region=eu"
 

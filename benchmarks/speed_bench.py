@@ -18,7 +18,7 @@ What is measured, in one run (Spark local[2], `--shards` key shards, every input
   6. Optional, `--scale-keys A,B`: warm tagging s/batch at B keys vs at A keys (scale_bench.run_size). Goal: <= 1.2x.
 Untimed warm-ups run first for both sides (a floor job, a small Spark Parquet write, a small dbidx upsert into a
 scratch table), so JVM and Python-worker start-up bias neither; then the Spark write anchors, the dbidx load, and
-the batches, each after its floor runs. At the end the table is read back (`data_reader.read_arrow`) and checked:
+the batches, each after its floor runs. At the end the table is read back (`reads.read_arrow`) and checked:
 rows == distinct keys, sum(ver) == the generator's; a mismatch is reported and the script exits non-zero.
 Data: peer_bench.generate into `--work` (reused when it holds a data set of the same size; without `--work` a
 temporary dir, removed at the end): `--keys` UUID keys over 30 daily partitions `dt`, then `--batches` batches of
@@ -49,7 +49,7 @@ import peer_bench  # noqa: E402
 import restart_bench  # noqa: E402
 
 from dbidx.config import CacheConfig  # noqa: E402
-from dbidx.mdt import data_reader  # noqa: E402
+from dbidx.data import reads  # noqa: E402
 from dbidx.mdt.table import Table  # noqa: E402
 
 KEY, PARTITION = "id", "dt"
@@ -227,7 +227,7 @@ class Dbidx:
 
     def counts(self) -> tuple[int, int]:
         """(rows, sum of ver) read back from the table's files."""
-        data = data_reader.read_arrow(self.table, columns=["ver"])
+        data = reads.read_arrow(self.table, columns=["ver"])
         return data.num_rows, int(pc.sum(data.column("ver")).as_py() or 0)
 
 
@@ -461,7 +461,7 @@ def memory_rows(part: SparkPart) -> list[list[Any]]:
 def check_line(part: SparkPart, manifest: dict[str, Any]) -> tuple[str, bool]:
     (rows, sum_ver), expected = part.counts, (manifest["rows"], manifest["sum_ver"])
     ok = (rows, sum_ver) == expected
-    return (f"Check (the table read back with `data_reader.read_arrow`): {rows:,} rows, sum(ver) {sum_ver:,}; "
+    return (f"Check (the table read back with `reads.read_arrow`): {rows:,} rows, sum(ver) {sum_ver:,}; "
             f"expected {expected[0]:,} distinct keys, sum(ver) {expected[1]:,}: "
             f"{'check ok' if ok else 'MISMATCH'}."), ok
 

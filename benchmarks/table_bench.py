@@ -4,7 +4,7 @@ a delta-rs table of the same data in the same run; data bytes on disk per live r
 Data: `--keys` UUID keys over 30 daily partitions, loaded in one upsert; then commits of `--batch` rows (80% updates
 to the last 7 days, 5% late updates to older days, 15% new keys), each with a version column `ver` = commit number.
 dbidx writes through `upsert_arrow` (in process, no Spark: the read side is what is measured) and reads with
-`data_reader.read_arrow`; delta-rs (the `peers` extra; skipped with a message if missing) writes the same load with
+`reads.read_arrow`; delta-rs (the `peers` extra; skipped with a message if missing) writes the same load with
 `write_deltalake` and every batch with `merge` on (dt, id), and reads with `DeltaTable.to_pyarrow_table()`. Both
 reads are checked: one row per key, and the sum of `ver` equal to the expected one.
 Second part: the time to open a table and plan a read of its latest state after `--completions` small commits
@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _report  # noqa: E402
 
 from dbidx.config import CacheConfig  # noqa: E402
-from dbidx.mdt import data_reader  # noqa: E402
+from dbidx.data import reads  # noqa: E402
 from dbidx.mdt.table import Table  # noqa: E402
 from dbidx.spark_integration.local import upsert_arrow  # noqa: E402
 
@@ -89,7 +89,7 @@ def check(data: pa.Table, expected: tuple[int, int], who: str) -> None:
 
 
 def dbidx_files(table: Table) -> int:
-    return sum(len(u.files) for u in data_reader.plan_read(table).units)
+    return sum(len(u.files) for u in reads.plan_read(table).units)
 
 
 def data_bytes(root: Path) -> int:
@@ -117,7 +117,7 @@ def open_times(work: Path, completions: int) -> tuple[str, dict[str, Any]]:
     rows, figures = [], {}
     for name, path in (("log only", work / "plain"), ("checkpoint + archive", work / "checkpointed")):
         open_s, _ = _report.median_time(lambda: Table.open(str(path)).refresh(), 3)
-        plan_s, _ = _report.median_time(lambda: data_reader.plan_read(Table.open(str(path))), 3)
+        plan_s, _ = _report.median_time(lambda: reads.plan_read(Table.open(str(path))), 3)
         files = len(list((path / ".dbidx" / "timeline" / "completed").iterdir()))
         rows.append([name, f"{Table.open(str(path)).refresh().applied_seq:,}", files, f"{open_s * 1000:.1f}",
                      f"{plan_s * 1000:.1f}"])
@@ -127,7 +127,7 @@ def open_times(work: Path, completions: int) -> tuple[str, dict[str, Any]]:
         f"Machine: {_report.machine()}. Command: `{_report.command()}`. One-key commits over 30 partitions through "
         f"the library writer ({write_s / completions * 1000:.1f} ms per commit, log only), the index compacted and "
         f"cleaned every {COMPACT_EVERY} commits ({compactions} times). Open = `Table.open(..).refresh()`; "
-        "plan = open + `data_reader.plan_read` (what a read of the latest state needs). Median of 3, local disk; on "
+        "plan = open + `reads.plan_read` (what a read of the latest state needs). Median of 3, local disk; on "
         "an object store every record file read is a request, so the gap grows with the request latency.",
         _report.table(["timeline", "completions", "record files listed", "open ms", "open + plan ms"], rows),
     ])
@@ -200,7 +200,7 @@ def main() -> None:
             if commit not in CHECKPOINTS and commit != args.commits:
                 continue
             expected = stream.expected()
-            read_s, data = timed(lambda: data_reader.read_arrow(table))
+            read_s, data = timed(lambda: reads.read_arrow(table))
             check(data, expected, "dbidx")
             latest = table.latest()
             written = f"{len(latest.data_files)} / {len(latest.dv_files)} / {len(latest.files)}"
@@ -222,7 +222,7 @@ def main() -> None:
         # After compaction (data, then clean): the same rows from one file per group.
         compact_s, result = timed(lambda: table.compact_data(min_files=2))
         table.clean(retain_completions=0)
-        read_s, data = timed(lambda: data_reader.read_arrow(table))
+        read_s, data = timed(lambda: reads.read_arrow(table))
         check(data, stream.expected(), "dbidx after compaction")
         polars_s = "-"
         if polars is not None:

@@ -26,13 +26,13 @@ from dbidx.cache.changes import last_per_key, plan_changes
 from dbidx.cache.committed import committed_items, lookup_committed
 from dbidx.cache.locations import LocationDictionary
 from dbidx.cache.metrics import CacheMetrics
-from dbidx.cache.registry import CacheIdentity, PartitionState, table_cache_dir_name  # noqa: F401 - re-exported
+from dbidx.cache.registry import CacheIdentity, PartitionState
 from dbidx.cache.sst_builder import PreparedLoad, build_sst
 from dbidx.cache.store import Store, get, multi_get
 from dbidx.config import CacheConfig, default_base_path, prepare_dir
 from dbidx.errors import CacheError, InvalidInputError, PartitionNotReadyError
-from dbidx.mdt.keys import normalize_keys
-from dbidx.mdt.layout import partition_dir_name, validate_partition
+from dbidx.table.keys import normalize_keys
+from dbidx.table.layout import partition_dir_name, validate_partition
 
 GLOBAL_PARTITION = ""  # global mode keeps the whole shard in one partition entry
 

@@ -36,11 +36,11 @@ from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.cache.sst_builder import PreparedLoad, build_sst
 from dbidx.config import CacheConfig, prepare_dir
 from dbidx.errors import DbidxError
-from dbidx.mdt.file_view import FileView
-from dbidx.mdt.layout import validate_partition
-from dbidx.mdt.records import FileRecord
+from dbidx.table.file_view import FileView
+from dbidx.table.layout import validate_partition
+from dbidx.table.records import FileRecord
 from dbidx.mdt.table import Table
-from dbidx.mdt.timeline import ACTION_ROLLBACK
+from dbidx.table.records import ACTION_ROLLBACK
 
 STAGED_SUFFIX = ".staged"
 MANIFEST = "manifest.json"

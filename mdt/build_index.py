@@ -21,18 +21,19 @@ import pyarrow.parquet as pq
 from dbidx.errors import (
     CorruptFileError, DuplicateKeyError, ForeignCommitError, InvalidInputError, InvalidKeyError, SchemaError,
 )
-from dbidx.mdt import layout, markers
-from dbidx.mdt.data_reader import LAYOUT_EXTRA, key_range
-from dbidx.mdt.data_schema import SCHEMA_EXTRA, encode_schema
-from dbidx.mdt.data_view import DELTA_ADOPTED_EXTRA
-from dbidx.mdt.delta_adopt import is_foreign_delta_table, read_snapshot
-from dbidx.mdt.delta_log import delta_path, initial_version, version_file
-from dbidx.mdt.fileio import file_checksum
-from dbidx.mdt.keys import unfit_key_kind, unfit_key_message
-from dbidx.mdt.records import DataFileRecord
-from dbidx.mdt.superseded import write_vectors
+from dbidx.table import layout, markers
+from dbidx.data.files import key_range
+from dbidx.data.schema import encode_schema
+from dbidx.table.data_view import SCHEMA_EXTRA
+from dbidx.table.data_view import DELTA_ADOPTED_EXTRA, LAYOUT_EXTRA
+from dbidx.data.delta_adopt import is_foreign_delta_table, read_snapshot
+from dbidx.data.delta_log import delta_path, initial_version, version_file
+from dbidx.table.fileio import file_checksum
+from dbidx.table.keys import unfit_key_kind, unfit_key_message
+from dbidx.table.records import DataFileRecord
+from dbidx.data.superseded import write_vectors
 from dbidx.mdt.table import Table
-from dbidx.mdt.timeline import ACTION_BUILD_INDEX, CompletedInstant
+from dbidx.table.records import ACTION_BUILD_INDEX, CompletedInstant
 from dbidx.mdt.writer import CommitWriter, as_key_array
 from dbidx.progress import Progress, Steps
 

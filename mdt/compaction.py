@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from dbidx.errors import ConflictError, CorruptFileError
-from dbidx.mdt import layout, rli_files
+from dbidx.mdt import rli_files
+from dbidx.table import layout
 from dbidx.mdt.table import Table
-from dbidx.mdt.timeline import ACTION_CLEAN, ACTION_COMPACTION, CompletedInstant, FileRecord
+from dbidx.table.records import ACTION_CLEAN, ACTION_COMPACTION, CompletedInstant, FileRecord
 from dbidx.progress import Progress, Steps
 
 

@@ -21,9 +21,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dbidx.errors import ConflictError, CorruptFileError, DbidxError
-from dbidx.mdt import layout, rli_files
-from dbidx.mdt.fileio import FileIO, file_checksum
-from dbidx.mdt.records import ACTION_BUILD_INDEX, ACTION_COMMIT, CompletedInstant, FileRecord
+from dbidx.mdt import rli_files
+from dbidx.table import layout
+from dbidx.table.fileio import DECODE_ERRORS, FileIO, file_checksum
+from dbidx.table.records import ACTION_BUILD_INDEX, ACTION_COMMIT, CompletedInstant, FileRecord
 
 GroupKey = tuple[str | None, int]
 
@@ -77,7 +78,7 @@ class TouchedKeys:
         data = io.read_verified(self.path, self.size, self.checksum, "touched-keys file")
         try:
             return pq.read_table(pa.BufferReader(data), columns=[rli_files.KEY]).column(rli_files.KEY).combine_chunks()
-        except rli_files.DECODE_ERRORS as exc:
+        except DECODE_ERRORS as exc:
             raise CorruptFileError(f"touched-keys file {io.path(self.path)} is unreadable: {exc}") from exc
 
 

@@ -16,8 +16,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dbidx.errors import InvalidInputError
-from dbidx.mdt import layout, rli_files
-from dbidx.mdt.keys import normalize_keys
+from dbidx.mdt import rli_files
+from dbidx.table import layout
+from dbidx.table.keys import normalize_keys
 
 if TYPE_CHECKING:
     from dbidx.mdt.table import Table

@@ -14,8 +14,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dbidx.errors import CorruptFileError
-from dbidx.mdt.fileio import FileIO, file_checksum
-from dbidx.mdt.records import FileRecord
+from dbidx.table.fileio import DECODE_ERRORS, FileIO, file_checksum
+from dbidx.table.records import FileRecord
 
 KEY = "key"
 PARTITION = "partition"
@@ -31,8 +31,6 @@ GLOBAL_SCHEMA = pa.schema(
      (INSTANT, pa.string(), False), (DELETED, pa.bool_(), False)]
 )
 _ORD = "__ord"
-# What decoding a damaged Parquet file can raise (footer statistics that are not UTF-8 surface as UnicodeError).
-DECODE_ERRORS = (pa.ArrowException, OSError, ValueError, UnicodeError, IndexError)
 
 # Default chosen by benchmarks/mdt_bench.py: the fraction of a file's row groups a lookup must touch above which
 # one sequential read of the key column beats reading the touched row groups one by one.

@@ -22,27 +22,29 @@ from dbidx.errors import (
     CorruptFileError, FormatUpgradeError, HistoryCompactedError, InvalidInputError, TableExistsError,
     TableNotFoundError,
 )
-from dbidx.mdt import layout, rli_files
-from dbidx.mdt.checkpoint import Checkpoint
-from dbidx.mdt.commit_lock import CommitLock
-from dbidx.mdt.data_view import DataView
-from dbidx.mdt.delta_log import (
+from dbidx.mdt import rli_files
+from dbidx.table import layout
+from dbidx.table.checkpoint import Checkpoint
+from dbidx.table.commit_lock import CommitLock
+from dbidx.table.data_view import DataView
+from dbidx.data.delta_log import (
     DeltaLogWriter, TableShape, check_no_foreign, delta_checkpoint, initial_version, listed_versions, put_version,
     version_file,
 )
-from dbidx.mdt.file_view import FileView, PartitionStats
-from dbidx.mdt.fileio import FileIO
-from dbidx.mdt.keyhash import HASH_NAME, shard_of
-from dbidx.mdt.leftovers import DEFAULT_TEMP_AGE_S, SweepReport, sweep_leftovers
-from dbidx.mdt.properties import (  # noqa: F401 - re-exported: part of the table's API
+from dbidx.table.file_view import FileView, PartitionStats
+from dbidx.table.fileio import FileIO
+from dbidx.table.keyhash import HASH_NAME, shard_of
+from dbidx.table.leftovers import DEFAULT_TEMP_AGE_S, SweepReport, sweep_leftovers
+from dbidx.table.properties import (
     DEFAULT_CHECKPOINT_INTERVAL, FORMAT_VERSION, INDEX_GLOBAL, INDEX_PARTITIONED, TableProperties, parse_properties,
     properties_json,
 )
-from dbidx.mdt.timeline import CompletedInstant, FileRecord, Timeline
+from dbidx.table.timeline import Timeline
+from dbidx.table.records import CompletedInstant, FileRecord
 
 if TYPE_CHECKING:
     from dbidx.mdt.compaction import CompactionResult
-    from dbidx.mdt.data_compaction import DataCompactionResult
+    from dbidx.data.compaction import DataCompactionResult
     from dbidx.mdt.writer import CommitWriter
     from dbidx.progress import Progress
 
@@ -86,7 +88,7 @@ class Table:
 
         storage_options: endpoint, region, credentials, allow_http, ... for object stores (delta-rs style names;
         the environment is read for anything not given). commit_lock: for filesystems with neither an exclusive
-        create nor a conditional put (see mdt/commit_lock.py); every writer of the table must use the same one.
+        create nor a conditional put (see table/commit_lock.py); every writer of the table must use the same one.
         """
         if not isinstance(num_shards, int) or not 1 <= num_shards <= 65536:
             raise InvalidInputError(f"num_shards must be an integer in 1..65536, got {num_shards!r}")
@@ -106,7 +108,7 @@ class Table:
             raise TableExistsError(f"a dbidx table already exists at {io.path(layout.PROPERTIES_FILE)}")
         io.makedirs(layout.COMPLETED_DIR)
         io.create_exclusive(layout.latest_file(0), b"")
-        if not listed_versions(io):  # else a Delta table is there: `build-index` adopts it (mdt/delta_adopt.py)
+        if not listed_versions(io):  # else a Delta table is there: `build-index` adopts it (data/delta_adopt.py)
             put_version(io, 0, initial_version(props.table_id, props.created_at_ms))
         return cls(io, props)
 
@@ -272,7 +274,7 @@ class Table:
         """Save the folded table state at the latest completion as a checkpoint (FORMAT.md 7a); returns its seq,
         or None if the table is empty or that checkpoint exists already. Writers call this every
         `checkpoint_interval` completions; then older records are bundled into an archive and old checkpoints go."""
-        from dbidx.mdt.checkpoint import archive_before, write_checkpoint
+        from dbidx.table.checkpoint import archive_before, write_checkpoint
 
         with self._view_lock:
             self.refresh()
@@ -297,7 +299,7 @@ class Table:
     def sync_delta_log(self) -> int:
         """Write the Delta versions (`_delta_log/`) of every completion that has none yet (right after a publish, and
         before this process claims an instant, so a crash between a publish and its Delta version heals at the next
-        write); refuses with ForeignCommitError when another engine wrote to the Delta log (mdt/delta_log.py).
+        write); refuses with ForeignCommitError when another engine wrote to the Delta log (data/delta_log.py).
         Returns the number of versions written."""
         with self._view_lock:
             if self._delta is None:
@@ -476,8 +478,8 @@ class Table:
         """Rewrite, per file group, its small data files (under `target_file_bytes`) when there are at least
         `min_files` of them, and every file with at least `deleted_share` of its rows deleted, into one base of their
         live rows, as one data compaction instant that concurrent upserts do not conflict with (see
-        mdt.data_compaction)."""
-        from dbidx.mdt.data_compaction import compact_data
+        data.compaction)."""
+        from dbidx.data.compaction import compact_data
 
         result = compact_data(self, partitions, min_files=min_files, deleted_share=deleted_share,
                               target_file_bytes=target_file_bytes, progress=progress)
@@ -495,7 +497,7 @@ class Table:
         return record
 
     def sweep_leftovers(self, min_age_s: float = DEFAULT_TEMP_AGE_S) -> SweepReport:
-        """Delete what dead writers left (mdt/leftovers.py): settled instants' timeline files, markers and unlisted
+        """Delete what dead writers left (table/leftovers.py): settled instants' timeline files, markers and unlisted
         files, and `.tmp-*` files older than min_age_s. Clean and both compactions run it; so does `dbidx repair`."""
         return sweep_leftovers(self.io, self.timeline, min_age_s)
 
@@ -509,8 +511,8 @@ class Table:
 
 
     def data_schema(self) -> pa.Schema | None:
-        """The data columns the table's writes recorded (mdt/data_schema.py); None before the first write."""
-        from dbidx.mdt.data_schema import recorded_schema
+        """The data columns the table's writes recorded (data/schema.py); None before the first write."""
+        from dbidx.data.schema import recorded_schema
 
         return recorded_schema(self.data_view().schema)
 

@@ -27,15 +27,15 @@ import pyarrow as pa
 from pyroaring import BitMap
 
 from dbidx.errors import CorruptFileError, FormatUpgradeError, InstantStateError, TableNotFoundError
-from dbidx.mdt import layout, markers
-from dbidx.mdt.checkpoint import checkpoint_seqs
-from dbidx.mdt.data_view import LAYOUT_EXTRA, DataView, LiveDataFile
-from dbidx.mdt.fileio import FileIO
-from dbidx.mdt.keyhash import HASH_NAME
-from dbidx.mdt.properties import FORMAT_VERSION, TableProperties, parse_properties, properties_json
-from dbidx.mdt.records import ACTION_UPGRADE, CompletedInstant
-from dbidx.mdt.superseded import _read_columns, write_vectors
-from dbidx.mdt.timeline import StartedInstant, Timeline
+from dbidx.table import layout, markers
+from dbidx.table.checkpoint import checkpoint_seqs
+from dbidx.table.data_view import LAYOUT_EXTRA, DataView, LiveDataFile
+from dbidx.table.fileio import FileIO
+from dbidx.table.keyhash import HASH_NAME
+from dbidx.table.properties import FORMAT_VERSION, TableProperties, parse_properties, properties_json
+from dbidx.table.records import ACTION_UPGRADE, CompletedInstant
+from dbidx.data.superseded import _read_columns, write_vectors
+from dbidx.table.timeline import StartedInstant, Timeline
 from dbidx.progress import Progress, Steps
 
 UPGRADE_FROM = 3

@@ -12,13 +12,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dbidx.errors import CorruptFileError, HistoryCompactedError
-from dbidx.mdt import instant_range, layout, rli_files
-from dbidx.mdt.checkpoint import checkpoint_seqs, read_checkpoint
-from dbidx.mdt.data_view import DataView
-from dbidx.mdt.delta_log import DELTA_LOG_DIR, stored_versions
-from dbidx.mdt.file_view import FileView
-from dbidx.mdt.records import FileRecord
-from dbidx.mdt.superseded import load_vector
+from dbidx.mdt import rli_files
+from dbidx.table import instant_range, layout
+from dbidx.table.checkpoint import checkpoint_seqs, read_checkpoint
+from dbidx.table.data_view import DataView
+from dbidx.data.delta_log import DELTA_LOG_DIR, stored_versions
+from dbidx.table.file_view import FileView
+from dbidx.table.records import FileRecord
+from dbidx.data.superseded import load_vector
 from dbidx.mdt.table import Table
 from dbidx.progress import Progress, Steps
 
@@ -73,7 +74,7 @@ def verify_table(table: Table, progress: Progress | None = None) -> TableCheck:
         steps.step(record.path)
     _check_vectors(table, check)
     _compare_checkpoint(table, check)
-    # Instant ids at the end of the range stop every writer (mdt/instant_range.py): each source is reported.
+    # Instant ids at the end of the range stop every writer (table/instant_range.py): each source is reported.
     check.damaged += [{"path": s["path"], "problem": s["problem"]} for s in instant_range.sources(table.io,
                                                                                                    table.timeline)]
     return check

@@ -21,23 +21,24 @@ import pyarrow.compute as pc
 from pyroaring import BitMap
 
 from dbidx.errors import CommitError, DuplicateKeyError, InstantStateError, InvalidKeyError
-from dbidx.mdt import layout, markers, rli_files
+from dbidx.mdt import rli_files
+from dbidx.table import layout, markers
 from dbidx.mdt.conflicts import GroupKey, TouchedKeys, check_conflicts, touched_in_memory
-from dbidx.mdt.fileio import FileIO
-from dbidx.mdt.keys import normalize_keys
-from dbidx.mdt.data_view import LAYOUT_EXTRA, DataView
-from dbidx.mdt.records import (
+from dbidx.table.fileio import FileIO
+from dbidx.table.keys import normalize_keys
+from dbidx.table.data_view import LAYOUT_EXTRA, DataView
+from dbidx.table.records import (
     ACTION_COMMIT, CompletedInstant, DataFileRecord, DeletionVectorRecord, DvFileRecord, FileRecord, PartitionChange,
 )
-from dbidx.mdt.superseded import vectors_for_commit
+from dbidx.data.superseded import vectors_for_commit
 from dbidx.mdt.table import Table
-from dbidx.mdt.timeline import StartedInstant
+from dbidx.table.timeline import StartedInstant
 
 Keys = Sequence[str] | pa.Array | pa.ChunkedArray
 
 
 def as_key_array(keys: Keys, what: str = "key") -> pa.Array:
-    """Validate record keys (mdt/keys.py: strings, not null, not empty, not a bare string) as one Arrow array."""
+    """Validate record keys (table/keys.py: strings, not null, not empty, not a bare string) as one Arrow array."""
     return normalize_keys(keys, what)
 
 
@@ -289,7 +290,7 @@ class CommitWriter:
 
     def _deletion_vectors(self) -> tuple[tuple[DvFileRecord, ...], tuple[DeletionVectorRecord, ...]]:
         """The rows this commit's data files supersede or delete, as deletion vectors against the table exactly as
-        it stands right before the seq being published (mdt/superseded.py). A build-index adds the first data of
+        it stands right before the seq being published (data/superseded.py). A build-index adds the first data of
         an empty table: nothing to supersede."""
         if self.adopted_vectors is not None:  # a build-index adopting a Delta table: the table's existing vectors
             return self.adopted_vectors

@@ -21,18 +21,19 @@ from dbidx.buckets.assigner import BucketSpec
 from dbidx.config import CacheConfig
 from dbidx.counters import gauge
 from dbidx.errors import CommitError, ConfigError, ConflictError, CorruptFileError, SchemaError
-from dbidx.mdt import data_reader, data_schema, layout, leftovers
+from dbidx.data import reads
+from dbidx.data.schema import data_columns, encode_schema, evolve, recorded_schema
+from dbidx.table.data_view import SCHEMA_EXTRA
+from dbidx.table import layout, leftovers, markers
 from dbidx.mdt.conflicts import TouchedKeys
-from dbidx.mdt.records import DataFileRecord, FileRecord, PartitionChange
+from dbidx.table.data_view import LAYOUT_EXTRA
+from dbidx.table.records import DataFileRecord, FileRecord, PartitionChange
 from dbidx.mdt.table import Table
 from dbidx.progress import Progress, Steps, null_progress
-from dbidx.spark_integration import datafiles, task
-from dbidx.spark_integration.reads import (  # noqa: F401 - part of this module's API since before the split
-    committed_data_files, committed_data_records, read_table,
-)
+from dbidx.spark_integration import task
 from dbidx.spark_integration.tagger import ROW_ID, TAG_FIELDS, TagOptions
-from dbidx.spark_integration.task_errors import (  # noqa: F401 - HOOK_ERROR_MARKER, typed_errors: part of the API
-    HOOK_ERROR_MARKER, TaskHook, hook_error, retyped, run_hook, typed_errors,
+from dbidx.spark_integration.task_errors import (
+    TaskHook, hook_error, retyped, run_hook,
 )
 
 
@@ -123,7 +124,7 @@ def _boolean_columns(df: Any) -> dict[str, bool]:
 
 
 def _unfit_key_columns(df: Any) -> dict[str, tuple[str, str] | None]:
-    """Column name -> (its Spark type's name, kind) if it cannot be a key (mdt.keys.unfit_key_kind: floating
+    """Column name -> (its Spark type's name, kind) if it cannot be a key (table.keys.unfit_key_kind: floating
     point, boolean, array/struct/map), else None (from the schema, no job)."""
     from pyspark.sql import types as T
 
@@ -270,7 +271,7 @@ def run_upsert(table: Table, options: TagOptions, job: Callable[[str], list[tupl
         results = job(instant)
         # 2. Check that every task reported and every listed file is there, then publish data and index together.
         if new_schema is not None:
-            writer.extra[data_schema.SCHEMA_EXTRA] = data_schema.encode_schema(new_schema)
+            writer.extra[SCHEMA_EXTRA] = encode_schema(new_schema)
         record, summary = commit_results(writer, results, options, expected_tasks=table.num_shards,
                                          started=started, progress=progress)
     except BaseException as exc:
@@ -285,7 +286,7 @@ def run_upsert(table: Table, options: TagOptions, job: Callable[[str], list[tupl
     # 3. Files of failed or losing attempts (and the touched-key files) were never listed; now they go.
     listed = leftovers.settled_files(record) or set()
     scratch = {t.path for t in writer.touched() if t.path}
-    deleted = datafiles.discard_unlisted(table.io, instant, keep=listed)
+    deleted = markers.discard_unlisted(table.io, instant, keep=listed)
     summary.orphans_deleted = len([rel for rel in deleted if rel not in scratch])
     leftovers.sweep_after_write(table.io, record)  # dead writers' temp files where this batch wrote
     summary.seq = record.seq
@@ -296,11 +297,11 @@ def run_upsert(table: Table, options: TagOptions, job: Callable[[str], list[tupl
 def _check_layout_and_schema(table: Table, options: TagOptions, input_schema: pa.Schema,
                              where: str) -> tuple[pa.Schema | None, int]:
     """The driver's checks before any task: the same key/partition layout as the table's earlier writes, no input
-    column in dbidx's own `_dbidx_` namespace, and the data schema (mdt/data_schema.py). Returns the schema to
+    column in dbidx's own `_dbidx_` namespace, and the data schema (data/schema.py). Returns the schema to
     record (None if unchanged) and the seq it was checked at."""
     view = table.data_view()  # refreshed: schema, layout and seq agree
-    recorded, seq = data_schema.recorded_schema(view.schema), view.applied_seq
-    layout = data_reader.layout_of(table, view)
+    recorded, seq = recorded_schema(view.schema), view.applied_seq
+    layout = reads.layout_of(table, view)
     if layout is not None:
         for name, mine in (("key", options.key), ("partition", options.partition), ("hive_style", options.hive_style)):
             if name in layout and layout[name] != mine:
@@ -312,14 +313,14 @@ def _check_layout_and_schema(table: Table, options: TagOptions, input_schema: pa
         raise SchemaError(f"{where} has column(s) {own} in dbidx's own `_dbidx_` namespace (data files use such "
                           "names for the writing instant and the delete flag); rename them")
     consumed = [c for c in (options.delete_column,) if c]
-    new_schema = data_schema.evolve(recorded, data_schema.data_columns(input_schema, consumed), where, consumed)
+    new_schema = evolve(recorded, data_columns(input_schema, consumed), where, consumed)
     return new_schema, seq
 
 
 def _schema_unchanged(news: list[Any], instant: str) -> None:
     """Publish check: no completion since the upsert's schema check recorded another data schema."""
     for rec in news:
-        if data_schema.SCHEMA_EXTRA in rec.extra:
+        if SCHEMA_EXTRA in rec.extra:
             raise ConflictError(f"instant {instant}: {rec.action} {rec.instant} (seq {rec.seq}) changed the table's "
                                 "data schema while this upsert ran; nothing was published: run it again (it is "
                                 "checked against the new schema)")
@@ -374,7 +375,7 @@ def commit_results(writer: Any, results: list[tuple[int, int, bytes]], options: 
     _check_files_exist(writer.table.io, writer.instant, [(f.path, f.size) for f in files + index_files]
                        + [(t.path, t.size) for t in touched if t.path])
     summary = _summarize(writer.instant, files, index_files, shards)
-    writer.extra[data_reader.LAYOUT_EXTRA] = {"key": options.key, "partition": options.partition,
+    writer.extra[LAYOUT_EXTRA] = {"key": options.key, "partition": options.partition,
                                   "hive_style": options.hive_style, "ordering": options.ordering,
                                   "buckets": options.buckets.to_dict()}
     if started is not None:

@@ -17,9 +17,8 @@ from dbidx.buckets.assigner import BucketSpec
 from dbidx.config import CacheConfig
 from dbidx.errors import InvalidInputError
 from dbidx.mdt.table import Table
-from dbidx.spark_integration.api import (
-    CommitSummary, TaskHook, _boolean_columns, _unfit_key_columns, make_options, upsert_with_options,
-)
+from dbidx.spark_integration.api import CommitSummary, _boolean_columns, _unfit_key_columns, make_options, upsert_with_options
+from dbidx.spark_integration.task_errors import TaskHook
 
 
 def empty_table_seq(table: Table) -> int | None:

@@ -1,6 +1,6 @@
 """Data files of an upsert: one Parquet file per (partition, file group, task attempt), each announced by a marker.
 
-A task announces every file before writing it (mdt/markers.py); the commit lists the files of the winning attempts
+A task announces every file before writing it (table/markers.py); the commit lists the files of the winning attempts
 only, with their size and checksum, and everything else a marker names is deleted after the commit (or all of it
 after a rollback). Readers only read files a completed commit lists, and verify their bytes first, so an orphan or
 a damaged file is never read as table data.
@@ -13,14 +13,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dbidx.mdt import markers
-from dbidx.mdt.fileio import FileIO
-from dbidx.mdt.leftovers import settled_files
-from dbidx.mdt.markers import MARKERS_DIR, announced_files, discard_unlisted, marker_dir, marker_of  # noqa: F401
-from dbidx.mdt.data_reader import (  # noqa: F401 - used by tasks and tests
-    DELETED_COLUMN, INSTANT_COLUMN, data_file_path, read_data_file, write_data_file,
-)
-from dbidx.mdt.records import DataFileRecord
+from dbidx.table import markers
+from dbidx.table.fileio import FileIO
+from dbidx.table.leftovers import settled_files
+from dbidx.data.files import DELETED_COLUMN, INSTANT_COLUMN, data_file_path, write_data_file
+from dbidx.table.records import DataFileRecord
 from dbidx.spark_integration.grouping import runs
 
 

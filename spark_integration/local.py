@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from dbidx.buckets.assigner import BucketSpec
 from dbidx.config import CacheConfig
-from dbidx.mdt.keys import unfit_key_kind
+from dbidx.table.keys import unfit_key_kind
 from dbidx.mdt.table import Table
 from dbidx.progress import Progress, Steps
 from dbidx.spark_integration import task

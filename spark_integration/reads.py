@@ -1,7 +1,7 @@
 """Reading a dbidx table with Spark: the current rows, planned per file group so that no shuffle is needed.
 
 `read_table` hands each task whole file groups (a record lives in one) balanced by bytes; each task merges them with
-mdt/data_reader.py. `committed_data_files` / `committed_data_records` list what completed upserts published.
+data/reads.py. `committed_data_files` / `committed_data_records` list what completed upserts published.
 """
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import pyarrow as pa
 
-from dbidx.mdt import data_reader
-from dbidx.mdt.records import ACTION_COMMIT, DataFileRecord
+from dbidx.data import reads
+from dbidx.table.records import ACTION_COMMIT, DataFileRecord
 from dbidx.mdt.table import Table
 
 
@@ -27,17 +27,17 @@ def committed_data_records(table: Table) -> list[tuple[DataFileRecord, int, str]
             if rec.action == ACTION_COMMIT for f in rec.data_files]
 
 
-def _read_unit_groups(ids: Iterator[pa.RecordBatch], table: Table, groups: list[list[data_reader.ReadUnit]],
+def _read_unit_groups(ids: Iterator[pa.RecordBatch], table: Table, groups: list[list[reads.ReadUnit]],
                       key: str, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-    """mapInArrow body of `read_table`: the live rows of this task's file groups (data_reader.read_unit)."""
+    """mapInArrow body of `read_table`: the live rows of this task's file groups (reads.read_unit)."""
     for batch in ids:
         for task_id in batch.column(0).to_pylist():
-            yield from data_reader.read_units(table.io, groups[task_id], key, schema, table)
+            yield from reads.read_units(table.io, groups[task_id], key, schema, table)
 
 
-def _balanced(units: Sequence[data_reader.ReadUnit], tasks: int) -> list[list[data_reader.ReadUnit]]:
+def _balanced(units: Sequence[reads.ReadUnit], tasks: int) -> list[list[reads.ReadUnit]]:
     """Units spread over at most `tasks` groups of about equal bytes (largest first, each to the lightest group)."""
-    groups: list[list[data_reader.ReadUnit]] = [[] for _ in range(max(1, min(tasks, len(units))))]
+    groups: list[list[reads.ReadUnit]] = [[] for _ in range(max(1, min(tasks, len(units))))]
     loads = [0] * len(groups)
     for unit in sorted(units, key=lambda u: u.bytes, reverse=True):
         lightest = loads.index(min(loads))
@@ -52,7 +52,7 @@ def read_table(spark: Any, table: Table, partitions: Iterable[str] | None = None
     """The table's current rows as a DataFrame: per record the version of the latest commit, deletes dropped.
 
     Planned per file group (a record lives in one), so the read needs no shuffle: each task merges whole file
-    groups (mdt/data_reader.py). partitions: partition paths to read (e.g. ["dt=2025-01-15"]); columns: the data
+    groups (data/reads.py). partitions: partition paths to read (e.g. ["dt=2025-01-15"]); columns: the data
     columns to return; with_meta adds `_dbidx_file_group` and `_dbidx_instant`; as_of (a completion seq or instant
     id) or version (a Delta version: `_delta_log/`'s numbering) reads that older version. An empty table reads as an empty
     DataFrame with the table's schema. Files are read through the table's FileIO (any pyarrow filesystem, S3
@@ -61,8 +61,8 @@ def read_table(spark: Any, table: Table, partitions: Iterable[str] | None = None
     """
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    plan = data_reader.plan_read(table, partitions, as_of, version)
-    schema = data_reader.output_schema(plan, columns, with_meta)
+    plan = reads.plan_read(table, partitions, as_of, version)
+    schema = reads.output_schema(plan, columns, with_meta)
     spark_schema = from_arrow_schema(schema)
     if plan.key is None or not plan.units:
         return spark.createDataFrame([], spark_schema)

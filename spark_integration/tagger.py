@@ -19,8 +19,8 @@ from dbidx.cache.record_cache import GLOBAL_PARTITION, RecordIndexCache
 from dbidx.config import CacheConfig
 from dbidx.counters import Counters
 from dbidx.errors import InvalidInputError, InvalidKeyError, InvalidPartitionError
-from dbidx.mdt.keys import unfit_key_kind, unfit_key_message
-from dbidx.mdt.layout import validate_partition
+from dbidx.table.keys import unfit_key_kind, unfit_key_message
+from dbidx.table.layout import validate_partition
 from dbidx.mdt.table import Table
 from dbidx.mdt.writer import as_key_array
 from dbidx.spark_integration.grouping import runs
@@ -66,7 +66,7 @@ class TagOptions:
         exist (a typo would silently turn every delete into an update and store the flag as data), and whichever
         delete column is present must be boolean. The default `_dbidx_delete` may be absent (no deletes).
         `unfit` (column -> (its type's name, kind) if its type cannot be a key, else None; kinds in
-        mdt.keys.unfit_key_kind) refuses a floating-point key column (1.0 would become the key "1", NaN the key
+        table.keys.unfit_key_kind) refuses a floating-point key column (1.0 would become the key "1", NaN the key
         "nan"), a boolean one (two records at most) and a list, struct or map one (no exact text form).
         Column names must be unique: a duplicate would make "the key column" ambiguous.
         """

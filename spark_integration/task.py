@@ -31,7 +31,7 @@ from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.cache.staging import StagedLoad
 from dbidx.counters import gauge
 from dbidx.errors import CacheCorruptError, CacheError, CorruptFileError
-from dbidx.mdt.superseded import superseded_rows
+from dbidx.data.superseded import superseded_rows
 from dbidx.mdt.table import Table
 from dbidx.spark_integration import datafiles
 from dbidx.spark_integration.tagger import (
@@ -348,7 +348,7 @@ def _rebuilding(metrics: ShardMetrics, damage: CacheCorruptError) -> None:
 
 def move_tombstones(tagged: pa.Table) -> pa.Table:
     """Delete rows for the old file groups of records that moved partition (global index): readers merge one file
-    group at a time (mdt/data_reader.py), so the old group must itself say that the record left it."""
+    group at a time (data/reads.py), so the old group must itself say that the record left it."""
     old_part = tagged.column(TAG_OLD_PARTITION)
     moved = pc.and_(pc.fill_null(tagged.column(TAG_IS_UPDATE), False),
                     pc.fill_null(pc.not_equal(old_part, tagged.column(TAG_PARTITION)), False))

@@ -17,9 +17,9 @@ import pyarrow.compute as pc
 from dbidx.cache.loading import cache_entries
 from dbidx.cache.record_cache import GLOBAL_PARTITION
 from dbidx.cache.staging import StagedLoad
-from dbidx.mdt import layout, markers
+from dbidx.table import layout, markers
 from dbidx.mdt.conflicts import TouchedKeys, write_touched
-from dbidx.mdt.records import FileRecord, PartitionChange
+from dbidx.table.records import FileRecord, PartitionChange
 from dbidx.mdt.table import Table
 from dbidx.mdt.writer import EntryBuffer
 from dbidx.spark_integration.grouping import runs

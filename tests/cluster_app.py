@@ -86,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import SparkSession
 
     from dbidx.mdt.table import Table
-    from dbidx.spark_integration.api import read_table, upsert
+    from dbidx.spark_integration.api import upsert
+    from dbidx.spark_integration.reads import read_table
 
     builder = (SparkSession.builder.master(args.master).appName(Path(args.out).stem)
                .config("spark.executor.cores", "1").config("spark.cores.max", "2")

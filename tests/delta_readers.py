@@ -10,7 +10,7 @@ import polars as pl
 import pyarrow as pa
 from deltalake import DeltaTable, QueryBuilder
 
-from dbidx.mdt import data_reader
+from dbidx.data import reads
 from dbidx.mdt.table import Table
 from dbidx.spark_integration.demo import duckdb_delta_extension
 
@@ -44,7 +44,7 @@ def via_duckdb(path: str, columns: Sequence[str]) -> list[tuple]:
 
 
 def via_dbidx(table: Table, columns: Sequence[str]) -> list[tuple]:
-    return _rows(data_reader.read_arrow(table, columns=list(columns)), columns)
+    return _rows(reads.read_arrow(table, columns=list(columns)), columns)
 
 
 def assert_readers_agree(table: Table, columns: Sequence[str], expected: set[tuple] | None = None) -> list[tuple]:

@@ -13,7 +13,8 @@ import pytest
 from dbidx.bootstrap.on_demand import OnDemandLoader, ensure_loaded
 from dbidx.bootstrap.time_bounded import INFO_NAME, bootstrap
 from dbidx.cache.codec import global_location
-from dbidx.cache.record_cache import GLOBAL_PARTITION, RecordIndexCache, table_cache_dir_name
+from dbidx.cache.record_cache import GLOBAL_PARTITION, RecordIndexCache
+from dbidx.cache.registry import table_cache_dir_name
 from dbidx.cache.verify import verify
 from dbidx.config import CacheConfig
 from dbidx.errors import CacheMismatchError, InvalidInputError

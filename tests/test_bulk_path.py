@@ -9,7 +9,7 @@ import pytest
 
 from dbidx.config import CacheConfig
 from dbidx.errors import ConflictError, InvalidInputError
-from dbidx.mdt import data_reader
+from dbidx.data import reads
 from dbidx.mdt.table import Table
 from dbidx.mdt.verify_table import verify_table
 from dbidx.spark_integration import task
@@ -70,7 +70,7 @@ def test_a_concurrent_write_of_the_same_keys_is_a_conflict(tmp_path: Path, monke
     with pytest.raises(ConflictError):
         upsert_arrow(as_arrow(rows(10, "d1", 1)), table, key="id", partition="dt", cache_config=config)
     monkeypatch.undo()
-    assert data_reader.read_arrow(table).num_rows == 0
+    assert reads.read_arrow(table).num_rows == 0
     assert table.lookup(["k00003"], "dt=d1").column("file_group").to_pylist() == ["elsewhere"]
 
 
@@ -107,7 +107,7 @@ def test_spark_bulk_insert_backfills_new_partitions(spark, tmp_path: Path) -> No
     summary = upsert(spark.createDataFrame([("k1", "d2", 4), ("k2", "d1", 4)], schema), table, key="id",
                      partition="dt", cache_config=config)
     assert (summary.inserts, summary.updates) == (0, 2)
-    data = data_reader.read_arrow(table)
+    data = reads.read_arrow(table)
     got = dict(zip(zip(data.column("id").to_pylist(), data.column("dt").to_pylist()), data.column("v").to_pylist()))
     assert len(got) == 80 and got[("k1", "d2")] == 4 and got[("k2", "d1")] == 4 and got[("k0", "d2")] == 2
     assert pa.types.is_int64(data.schema.field("v").type)

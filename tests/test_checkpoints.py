@@ -12,9 +12,10 @@ import pytest
 from dbidx.buckets.assigner import BucketSpec
 from dbidx.config import CacheConfig
 from dbidx.errors import CorruptFileError, HistoryCompactedError
-from dbidx.mdt import checkpoint, data_reader, layout
-from dbidx.mdt.data_view import DataView
-from dbidx.mdt.file_view import FileView
+from dbidx.data import reads
+from dbidx.table import checkpoint, layout
+from dbidx.table.data_view import DataView
+from dbidx.table.file_view import FileView
 from dbidx.mdt.table import Table
 from dbidx.mdt.verify_table import verify_table
 from dbidx.spark_integration.api import commit_history
@@ -195,7 +196,7 @@ def test_an_explicit_checkpoint_and_an_empty_table(tmp_path: Path) -> None:
     assert table.checkpoint() == 1 and table.checkpoint() is None
     fresh = Table.open(table.uri)
     assert fresh.lookup(["a"], "p").num_rows == 1 and fresh.timeline.base_seq == 1
-    assert data_reader.read_arrow(fresh).num_rows == 0
+    assert reads.read_arrow(fresh).num_rows == 0
 
 
 def test_a_cache_behind_a_pruned_history_reloads_every_partition(tmp_path: Path) -> None:

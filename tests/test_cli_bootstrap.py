@@ -5,7 +5,7 @@ import json
 
 from click.testing import CliRunner
 
-from dbidx.cache.record_cache import table_cache_dir_name
+from dbidx.cache.registry import table_cache_dir_name
 from dbidx.cache.verify import verify
 from dbidx.cli import main
 

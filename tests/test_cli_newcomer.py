@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from dbidx.cache.inspect import find_cache_dirs
 from dbidx.config import CacheConfig, base_path_choice, default_base_path
 from dbidx.errors import UnsafeConcurrencyError
-from dbidx.mdt import markers
+from dbidx.table import markers
 from dbidx.mdt.build_index import build_index
 from dbidx.mdt.table import Table
 from dbidx.mdt.upgrade import upgrade_table

@@ -10,8 +10,8 @@ import pytest
 from dbidx.buckets.assigner import BucketSpec
 from dbidx.config import CacheConfig
 from dbidx.errors import CorruptFileError
-from dbidx.mdt import data_compaction, data_reader
-from dbidx.mdt.data_view import DataView
+from dbidx.data import compaction as data_compaction, reads
+from dbidx.table.data_view import DataView
 from dbidx.mdt.table import Table
 from dbidx.mdt.verify_table import verify_table
 from dbidx.spark_integration.local import upsert_arrow
@@ -26,7 +26,7 @@ def as_arrow(batch: list[tuple]) -> pa.Table:
 
 
 def current(table: Table) -> set[tuple]:
-    data = data_reader.read_arrow(table)
+    data = reads.read_arrow(table)
     days = [d.split("=", 1)[1] if "=" in d else d for d in data.column("dt").to_pylist()]
     return set(zip(data.column("id").to_pylist(), days, data.column("v").to_pylist()))
 
@@ -52,7 +52,7 @@ def test_compaction_keeps_every_row_and_a_concurrent_upsert_lands(tmp_path: Path
     for _ in range(12):
         upsert(random_batch(rng, oracle, serial))
     assert current(table) == oracle.expected_rows()
-    before = data_reader.plan_read(table)
+    before = reads.plan_read(table)
     # 1. A compaction during which another writer commits a batch touching the same file groups.
     concurrent = random_batch(rng, oracle, serial)
     real_write_base = data_compaction._write_base
@@ -70,19 +70,19 @@ def test_compaction_keeps_every_row_and_a_concurrent_upsert_lands(tmp_path: Path
     assert result.record is not None and result.files_replaced > result.file_groups
     # 2. Same rows as the oracle (the concurrent batch included), from fewer files.
     assert current(table) == oracle.expected_rows()
-    after = data_reader.plan_read(table)
+    after = reads.plan_read(table)
     assert sum(len(u.files) for u in after.units) < sum(len(u.files) for u in before.units)
     # 3. Later upserts merge on top of the bases; a second compaction leaves one file per group.
     for _ in range(3):
         upsert(random_batch(rng, oracle, serial))
     table.compact_data(min_files=2)
     assert current(table) == oracle.expected_rows()
-    assert all(len(u.files) == 1 for u in data_reader.plan_read(table).units)
+    assert all(len(u.files) == 1 for u in reads.plan_read(table).units)
     # 4. Clean deletes replaced files once they are old enough, and the table still verifies and reads the same.
     on_disk = data_files_on_disk(table) | {p.relative_to(tmp_path / "t").as_posix() for p in tmp_path.joinpath("t").glob("**/deletion_vector_*.bin")}
     cleaned = table.clean(retain_completions=0)
     assert cleaned is not None and set(cleaned.deleted) <= on_disk  # data files and DV files no vector points into
-    assert data_files_on_disk(table) == {f.path for u in data_reader.plan_read(table).units for f in u.files}
+    assert data_files_on_disk(table) == {f.path for u in reads.plan_read(table).units for f in u.files}
     assert verify_table(table).ok
     assert current(table) == oracle.expected_rows()
 
@@ -128,7 +128,7 @@ def test_a_compaction_published_between_snapshot_and_start_is_a_conflict(tmp_pat
     """Another compaction (and an upsert) landing after this compaction planned, before it started: this one must
     publish nothing, and the upsert's newer row must stay the answer."""
     from dbidx.errors import ConflictError
-    from dbidx.mdt import timeline as timeline_module
+    from dbidx.table import timeline as timeline_module
 
     table = Table.create(str(tmp_path / "t"), num_shards=1)
     other = Table.open(table.uri)
@@ -160,12 +160,12 @@ def test_a_read_planned_before_a_clean_says_so(tmp_path: Path) -> None:
     config = CacheConfig(base_path=str(tmp_path / "cache"))
     for v in range(2):
         upsert_arrow(as_arrow([("a", "d", v, False)]), table, key="id", partition="dt", cache_config=config)
-    plan = data_reader.plan_read(table)
-    schema = data_reader.output_schema(plan)
+    plan = reads.plan_read(table)
+    schema = reads.output_schema(plan)
     table.compact_data()
     table.clean(retain_completions=0)
     with pytest.raises(HistoryCompactedError, match="removed by a clean after this read was planned"):
-        list(data_reader.read_units(table.io, plan.units, plan.key, schema, table))
+        list(reads.read_units(table.io, plan.units, plan.key, schema, table))
     assert current(table) == {("a", "d", 1)}  # planned again: fine
 
 
@@ -189,7 +189,7 @@ def test_a_file_is_rewritten_once_enough_of_its_rows_are_deleted(tmp_path: Path)
     result = table.compact_data(min_files=100, deleted_share=0.5)
     assert result.record is not None and result.files_replaced == 1 and result.rows_written == 5
     assert current(table) == before
-    unit, = data_reader.plan_read(table).units
+    unit, = reads.plan_read(table).units
     assert len(unit.files) == 2 and unit.vectors == (None, None)
 
 
@@ -203,11 +203,11 @@ def test_files_at_the_target_size_are_left_alone(tmp_path: Path) -> None:
     for n in range(2):
         upsert_arrow(as_arrow([(f"n{n}", "d", 0, False)]), table, key="id", partition="dt", cache_config=config)
     before = current(table)
-    sizes = sorted(f.size for f in data_reader.plan_read(table).units[0].files)
+    sizes = sorted(f.size for f in reads.plan_read(table).units[0].files)
     assert table.compact_data(target_file_bytes=sizes[0]).record is None  # nothing is small
     result = table.compact_data(target_file_bytes=sizes[-1])  # the two one-row files only
     assert result.files_replaced == 2 and result.rows_written == 2
     assert current(table) == before
-    assert len(data_reader.plan_read(table).units[0].files) == 2
+    assert len(reads.plan_read(table).units[0].files) == 2
     assert table.compact_data(target_file_bytes=None).files_replaced == 2  # now the base too
     assert current(table) == before

@@ -17,7 +17,8 @@ from dbidx.config import CacheConfig
 from dbidx.errors import (
     ConflictError, CorruptFileError, FormatUpgradeError, HookError, InvalidKeyError, InvalidPartitionError,
 )
-from dbidx.mdt import compaction, layout, leftovers, markers
+from dbidx.mdt import compaction
+from dbidx.table import layout, leftovers, markers
 from dbidx.mdt.table import Table
 from dbidx.spark_integration.local import upsert_arrow
 
@@ -133,7 +134,7 @@ def test_key_and_partition_are_required_keywords_of_upsert_arrow_and_tag_options
 def test_a_hook_error_marker_carries_any_message_and_rebuilds_only_exception_types() -> None:
     """The text a failing on_task_written leaves in a task's error brings back its type and exact message; a marker
     naming something that is not an Exception subclass, or nothing importable, is reported as HookError."""
-    from dbidx.spark_integration.api import hook_error, run_hook
+    from dbidx.spark_integration.task_errors import hook_error, run_hook
 
     def hook(partition_id: int, attempt_number: int) -> None:
         raise ValueError('two\nlines, "quotes" and a ] bracket')

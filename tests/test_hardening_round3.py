@@ -14,8 +14,8 @@ from dbidx.config import CacheConfig
 from dbidx.errors import (
     ConfigError, CorruptFileError, InstantStateError, InvalidInputError, InvalidKeyError, InvalidPartitionError,
 )
-from dbidx.mdt import layout, markers
-from dbidx.mdt.data_reader import read_arrow
+from dbidx.table import layout, markers
+from dbidx.data.reads import read_arrow
 from dbidx.mdt.table import Table
 from dbidx.mdt.verify_table import verify_table
 from dbidx.spark_integration.local import upsert_arrow
@@ -74,7 +74,7 @@ def test_reads_never_follow_a_symlink_out_of_the_table(tmp_path: Path) -> None:
     reads, verify and compaction refuse them (typed), instead of returning the outside rows."""
     import shutil
 
-    from dbidx.mdt import data_reader
+    from dbidx.data import reads
 
     table = Table.create(str(tmp_path / "t"), num_shards=1)
     config = CacheConfig(base_path=str(tmp_path / "c"))
@@ -86,7 +86,7 @@ def test_reads_never_follow_a_symlink_out_of_the_table(tmp_path: Path) -> None:
     inside.symlink_to(outside, target_is_directory=True)
     reopened = Table.open(table.uri)
     with pytest.raises(CorruptFileError, match="outside the table"):
-        data_reader.read_arrow(reopened)
+        reads.read_arrow(reopened)
     assert not verify_table(reopened).ok
     with pytest.raises(CorruptFileError, match="outside the table"):
         reopened.compact_data()

@@ -19,12 +19,12 @@ from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.cli import main
 from dbidx.config import CacheConfig
 from dbidx.errors import CorruptFileError
-from dbidx.mdt import layout
-from dbidx.mdt.records import _record_checksum
+from dbidx.table import layout
+from dbidx.table.records import _record_checksum
 from dbidx.mdt.table import Table
 from dbidx.mdt.verify_table import verify_table
-from dbidx.spark_integration import datafiles
 from dbidx.spark_integration.local import upsert_arrow
+from dbidx.data.files import read_data_file
 
 DAY = "dt=2025-03-01"
 
@@ -119,11 +119,11 @@ def test_a_flipped_byte_anywhere_in_a_data_file_fails_its_read(damaged_table, fr
     path.write_bytes(bytes(raw))
     try:
         with pytest.raises(CorruptFileError, match=f"data file .*{record.path}.*checksum"):
-            datafiles.read_data_file(table.io, record)
+            read_data_file(table.io, record)
     finally:
         raw[offset] ^= mask
         path.write_bytes(bytes(raw))
-    assert datafiles.read_data_file(table.io, record).num_rows == record.rows
+    assert read_data_file(table.io, record).num_rows == record.rows
 
 
 def test_truncated_files_and_verify_reports_every_damaged_file(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dbidx.errors import DbidxError, InvalidInputError, InvalidKeyError
-from dbidx.mdt.keyhash import HASH_NAME, shard_of, shard_of_one, spark_hash, spark_hash_one
+from dbidx.table.keyhash import HASH_NAME, shard_of, shard_of_one, spark_hash, spark_hash_one
 from dbidx.mdt.table import Table
 
 GOLDEN: dict[str, int] = {
@@ -85,7 +85,7 @@ def test_empty_inputs() -> None:
 def test_stable_across_processes() -> None:
     """Another interpreter with a different PYTHONHASHSEED computes the same hashes."""
     keys = list(GOLDEN) + ["key-1", "ñandú", "x" * 77]
-    code = ("import sys; from dbidx.mdt.keyhash import spark_hash, spark_hash_one as h; ks = sys.argv[1:];"
+    code = ("import sys; from dbidx.table.keyhash import spark_hash, spark_hash_one as h; ks = sys.argv[1:];"
             "print(*[h(k) for k in ks]); print(*spark_hash(ks).tolist())")
     out = subprocess.run([sys.executable, "-c", code, *keys], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONHASHSEED": "12345"}, cwd=Path(__file__).parent).stdout

@@ -8,9 +8,9 @@ import pyarrow.compute as pc
 import pytest
 
 from dbidx.errors import InstantStateError, TableExistsError, TableNotFoundError
-from dbidx.mdt import layout
+from dbidx.table import layout
 from dbidx.mdt.table import Table
-from dbidx.mdt.timeline import ACTION_ROLLBACK
+from dbidx.table.records import ACTION_ROLLBACK
 
 
 def entries(table: pa.Table) -> dict[str, str]:

@@ -45,8 +45,9 @@ def test_compaction_keeps_the_snapshot_and_drops_tombstones(table):
 
 def test_snapshot_during_compaction_sees_the_old_files(table):
     """A compaction that has written its bases but not published them is invisible."""
-    from dbidx.mdt import layout, rli_files
-    from dbidx.mdt.timeline import ACTION_COMPACTION
+    from dbidx.mdt import rli_files
+    from dbidx.table import layout
+    from dbidx.table.records import ACTION_COMPACTION
 
     before = as_map(table.snapshot("dt=2025-01-01"))
     started = table.timeline.start(ACTION_COMPACTION)

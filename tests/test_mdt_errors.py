@@ -6,7 +6,7 @@ import os
 import pytest
 
 from dbidx.errors import CorruptFileError, DbidxError, InvalidKeyError, InvalidPartitionError
-from dbidx.mdt import layout
+from dbidx.table import layout
 from dbidx.mdt.table import Table
 
 

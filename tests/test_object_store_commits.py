@@ -14,8 +14,8 @@ import pytest
 
 from dbidx.config import CacheConfig
 from dbidx.errors import ConflictError, UnsafeConcurrencyError
-from dbidx.mdt.commit_lock import FileCommitLock
-from dbidx.mdt.fileio import EXCLUSIVE_CONDITIONAL_PUT
+from dbidx.table.commit_lock import FileCommitLock
+from dbidx.table.fileio import EXCLUSIVE_CONDITIONAL_PUT
 from dbidx.mdt.table import Table
 
 from tests.s3_helpers import s3_server
@@ -130,7 +130,8 @@ def test_a_filesystem_without_exclusive_create_refuses_a_second_writer(tmp_path:
 @pytest.mark.spark
 @pytest.mark.slow
 def test_two_spark_upserts_on_s3_with_overlapping_new_keys(spark, s3: dict[str, str], tmp_path: Path) -> None:
-    from dbidx.spark_integration.api import read_table, upsert
+    from dbidx.spark_integration.api import upsert
+    from dbidx.spark_integration.reads import read_table
     from tests.spark_helpers import SCHEMA
     from tests.test_spark_conflicts import race
 
@@ -153,8 +154,9 @@ def test_two_spark_upserts_on_s3_with_overlapping_new_keys(spark, s3: dict[str, 
 def test_s3_end_to_end_create_upsert_read_compact_read(spark, s3: dict[str, str], tmp_path: Path) -> None:
     """A table on S3 (a local S3-protocol server): Spark upserts, read_table, index and data compaction, clean,
     and reads again, through Spark and through Arrow; the table's URI keeps its scheme."""
-    from dbidx.mdt import data_reader
-    from dbidx.spark_integration.api import read_table, upsert
+    from dbidx.data import reads
+    from dbidx.spark_integration.api import upsert
+    from dbidx.spark_integration.reads import read_table
     from tests.spark_helpers import SCHEMA
 
     uri = f"s3://dbidx-test/e2e-{uuid.uuid4().hex[:8]}"
@@ -176,7 +178,7 @@ def test_s3_end_to_end_create_upsert_read_compact_read(spark, s3: dict[str, str]
     assert reopened.compact_data().files_replaced >= 3
     assert reopened.clean(retain_completions=0) is not None
     assert spark_rows() == expected
-    arrow = data_reader.read_arrow(reopened, columns=["id", "dt", "v"])
+    arrow = reads.read_arrow(reopened, columns=["id", "dt", "v"])
     assert set(zip(*(arrow.column(c).to_pylist() for c in ("id", "dt", "v")))) == expected
 
 
@@ -255,8 +257,8 @@ def test_delta_checkpoints_are_written_on_s3_and_readers_agree(s3: dict[str, str
     import polars as pl
     import pyarrow as pa
 
-    from dbidx.mdt import data_reader
-    from dbidx.mdt.object_store import pyarrow_filesystem
+    from dbidx.data import reads
+    from dbidx.table.object_store import pyarrow_filesystem
     from dbidx.spark_integration.local import upsert_arrow
 
     uri = f"s3://dbidx-test/ckpt-{uuid.uuid4().hex[:8]}"
@@ -268,7 +270,7 @@ def test_delta_checkpoints_are_written_on_s3_and_readers_agree(s3: dict[str, str
     fs, root = pyarrow_filesystem(uri, table.io.storage_options)
     names = {i.base_name for i in fs.get_file_info(pafs.FileSelector(f"{root}/_delta_log"))}
     assert f"{2:020d}.checkpoint.parquet" in names and "_last_checkpoint" in names
-    ours = sorted(data_reader.read_arrow(table, columns=["id", "dt", "v"]).to_pylist(), key=lambda r: r["id"])
+    ours = sorted(reads.read_arrow(table, columns=["id", "dt", "v"]).to_pylist(), key=lambda r: r["id"])
     theirs = pl.read_delta(uri, storage_options=table.io.storage_options).sort("id").select("id", "dt", "v")
     assert theirs.to_dicts() == ours == [{"id": "a", "dt": "d1", "v": 2}] + \
         [{"id": f"n{v}", "dt": "d2", "v": v} for v in range(3)]

@@ -13,7 +13,7 @@ import pytest
 from dbidx.buckets.assigner import BucketSpec
 from dbidx.config import CacheConfig
 from dbidx.errors import CorruptFileError, ForeignCommitError, HistoryCompactedError, InvalidInputError
-from dbidx.mdt import data_compaction, data_reader, delta_log
+from dbidx.data import compaction as data_compaction, delta_log, reads
 from dbidx.mdt.build_index import build_index
 from dbidx.mdt.table import Table
 from dbidx.mdt.verify_table import verify_table
@@ -106,20 +106,20 @@ def test_time_travel_reads_each_version(tmp_path: Path) -> None:
         # dbidx reads the same version by Delta version, by completion seq and by instant id
         instant = table.timeline.completed(after_seq=version - 1, upto_seq=version)[0].instant
         for point in ({"version": version}, {"as_of": version}, {"as_of": instant}):
-            got = data_reader.read_arrow(Table.open(table.uri), columns=list(COLUMNS), **point)
+            got = reads.read_arrow(Table.open(table.uri), columns=list(COLUMNS), **point)
             assert sorted(zip(*(got.column(c).to_pylist() for c in COLUMNS))) == expected, point
     assert states[-1] == [("a", "2025-01-01", 3), ("b", "2025-01-02", 30)]
-    assert data_reader.read_arrow(table, version=0).num_rows == 0  # the creation: no rows yet
+    assert reads.read_arrow(table, version=0).num_rows == 0  # the creation: no rows yet
     with pytest.raises(InvalidInputError, match="does not exist yet"):
-        data_reader.read_arrow(table, version=9)
+        reads.read_arrow(table, version=9)
     with pytest.raises(InvalidInputError, match="not both"):
-        data_reader.read_arrow(table, version=1, as_of=1)
+        reads.read_arrow(table, version=1, as_of=1)
     # 2. Once a compaction rewrote the files and a clean removed them, the old version is gone, loudly.
     table.compact_data()
     table.clean(retain_completions=0)
     assert sorted(via_deltalake(table.io.path(""), COLUMNS)) == states[-1]
     with pytest.raises(HistoryCompactedError, match="older than the table retains"):
-        data_reader.read_arrow(Table.open(table.uri), version=1)
+        reads.read_arrow(Table.open(table.uri), version=1)
 
 
 def test_build_index_adopts_hive_files_and_upserts_update_them(tmp_path: Path) -> None:
@@ -265,7 +265,7 @@ def test_time_travel_inside_the_retention_window_reads_the_same_everywhere(tmp_p
 
 
 def via_dbidx_at(table: Table, version: int) -> list[tuple]:
-    got = data_reader.read_arrow(table, columns=list(COLUMNS), version=version)
+    got = reads.read_arrow(table, columns=list(COLUMNS), version=version)
     return list(zip(*(got.column(c).to_pylist() for c in COLUMNS)))
 
 
@@ -288,7 +288,7 @@ def test_a_damaged_deletion_vector_is_loud(tmp_path: Path) -> None:
     raw[-6] ^= 0xFF
     dv.write_bytes(bytes(raw))
     with pytest.raises(CorruptFileError, match="DV file"):
-        data_reader.read_arrow(table)
+        reads.read_arrow(table)
     report = verify_table(table)
     assert not report.ok and report.damaged[0]["path"] == record.dv_files[0].path
     from click.testing import CliRunner
@@ -310,7 +310,7 @@ def test_a_commit_another_engine_wrote_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ForeignCommitError, match="another engine"):
         upsert_arrow(pa.table({"id": ["a"], "dt": ["d1"], "v": [2]}), table, key="id", partition="dt",
                      cache_config=config)
-    assert data_reader.read_arrow(table, columns=["v"]).column("v").to_pylist() == [1]
+    assert reads.read_arrow(table, columns=["v"]).column("v").to_pylist() == [1]
 
 
 def _foreign_version(table: Table, version: int) -> None:
@@ -343,7 +343,7 @@ def test_a_foreign_commit_landing_while_the_tasks_run_is_refused_at_publish(tmp_
     reopened = Table.open(table.uri)
     reopened.refresh()
     assert reopened.timeline.latest_seq == 1  # nothing published (not even the rollback: its version is taken too)
-    assert data_reader.read_arrow(reopened, columns=["v"]).column("v").to_pylist() == [1]
+    assert reads.read_arrow(reopened, columns=["v"]).column("v").to_pylist() == [1]
     assert via_deltalake(table.uri, ["id", "v"], version=1) == [("a", 1)]
 
 
@@ -387,7 +387,7 @@ def test_delta_log_cleanup_below_a_checkpoint_is_not_a_foreign_commit(tmp_path: 
     expected = [("a", "d1", 9)] + [(f"k{v}", "d2", v) for v in range(1, 5)]
     assert sorted(via_deltalake(table.uri, COLUMNS)) == sorted(expected)
     assert sorted(via_polars(table.uri, COLUMNS)) == sorted(expected)
-    assert sorted(data_reader.read_arrow(reopened, columns=list(COLUMNS)).to_pylist(),
+    assert sorted(reads.read_arrow(reopened, columns=list(COLUMNS)).to_pylist(),
                   key=lambda r: r["id"]) == [dict(zip(COLUMNS, r)) for r in sorted(expected)]
 
 
@@ -424,7 +424,7 @@ def test_a_hive_partition_value_holding_a_slash_is_refused(tmp_path: Path) -> No
     `dt=x`: refused before anything is written; the same values as plain paths (hive_style=False) are fine, and
     Delta's partitionValues of a one-column layout hold the whole value."""
     from dbidx.errors import InvalidPartitionError
-    from dbidx.mdt.layout import hive_values
+    from dbidx.table.layout import hive_values
 
     table = Table.create(str(tmp_path / "t"), num_shards=1)
     config = CacheConfig(base_path=str(tmp_path / "cache"))
@@ -432,7 +432,7 @@ def test_a_hive_partition_value_holding_a_slash_is_refused(tmp_path: Path) -> No
         upsert_arrow(pa.table({"id": ["a", "b"], "dt": ["z", "x/y"], "v": [1, 2]}), table, key="id",
                      partition="dt", cache_config=config)
     assert [r.action for r in table.timeline.completed()] == ["rollback"]  # the instant rolled back, no data
-    assert data_reader.read_arrow(table).num_rows == 0
+    assert reads.read_arrow(table).num_rows == 0
     assert hive_values("dt=x/y", ["dt"]) == {"dt": "x/y"}
     assert hive_values("region=eu/dt=1", ["region", "dt"]) == {"region": "eu", "dt": "1"}
 
@@ -491,7 +491,7 @@ def test_two_writers_interleave_without_a_false_alarm(tmp_path: Path) -> None:
 def test_inline_vectors_round_trip() -> None:
     from pyroaring import BitMap
 
-    from dbidx.mdt.deletion_vectors import decode_vector, encode_vector, inline_form, z85_decode
+    from dbidx.data.deletion_vectors import decode_vector, encode_vector, inline_form, z85_decode
 
     for positions in ([], [0], [1, 5, 4095, 4096, 70000], list(range(0, 9000, 2))):
         body = encode_vector(BitMap(positions))
@@ -502,7 +502,7 @@ def test_inline_vectors_round_trip() -> None:
 
 
 def test_the_tasks_superseded_rows_are_used_unless_a_commit_changed_their_groups(tmp_path: Path, monkeypatch) -> None:
-    from dbidx.mdt import superseded
+    from dbidx.data import superseded
     from dbidx.spark_integration import task
 
     table = Table.create(str(tmp_path / "t"), num_shards=1)

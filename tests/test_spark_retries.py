@@ -15,13 +15,16 @@ import pytest
 from dbidx.buckets.assigner import BucketSpec
 from dbidx.config import CacheConfig
 from dbidx.errors import CommitError, HookError, InvalidInputError, InvalidKeyError
-from dbidx.mdt import data_schema, leftovers
+from dbidx.data.schema import encode_schema
+from dbidx.table.data_view import SCHEMA_EXTRA
+from dbidx.table import leftovers
 from dbidx.mdt.table import Table
-from dbidx.mdt.timeline import ACTION_ROLLBACK
-from dbidx.spark_integration import datafiles, task
-from dbidx.spark_integration.api import (_check_layout_and_schema, commit_results, committed_data_files, read_table,
-                                         tag, upsert)
+from dbidx.table.records import ACTION_ROLLBACK
+from dbidx.spark_integration import task
+from dbidx.spark_integration.api import _check_layout_and_schema, commit_results, tag, upsert
+from dbidx.spark_integration.reads import committed_data_files, read_table
 from dbidx.spark_integration.tagger import TagOptions
+from dbidx.table import markers
 
 from tests.delta_readers import assert_readers_agree
 from tests.spark_helpers import SCHEMA, Oracle, index_state
@@ -65,7 +68,7 @@ def test_attempt_failing_after_writing_is_retried_without_duplicates(spark, setu
     assert parquet_on_disk(table) == {p for p, _, _ in committed_data_files(table)}
     index_on_disk = {rel for rel, _ in table.io.list_files_recursive(".dbidx/rli")}
     assert index_on_disk == {f.path for rec in table.timeline.completed() for f in rec.files}
-    assert not table.io.list_names(datafiles.marker_dir(summary.instant))
+    assert not table.io.list_names(markers.marker_dir(summary.instant))
     expected = {(k, d, v) for k, d, v, _ in rows_of(100)} - {(k, d, v) for k, d, v, _ in rows_of(60)}
     expected |= {(k, d, v) for k, d, v, _ in batch}
     assert read_rows(spark, table) == expected
@@ -162,11 +165,11 @@ def test_speculative_duplicate_attempts_leave_one_version(setup) -> None:
     empty = task.upsert_batches([], table, options, writer.instant, 13)  # shard 1 has no rows in this batch
     winner = task.pack_payload(results[12])
     schema, _seq = _check_layout_and_schema(table, options, shard0.schema, "the batch")  # as run_upsert records it
-    writer.extra[data_schema.SCHEMA_EXTRA] = data_schema.encode_schema(schema)
+    writer.extra[SCHEMA_EXTRA] = encode_schema(schema)
     record, summary = commit_results(writer, [(0, 12, winner), (1, 13, task.pack_payload(empty))], options,
                                      expected_tasks=2)
     keep = [f.path for f in record.data_files] + [f.path for f in record.files]
-    deleted = datafiles.discard_unlisted(table.io, writer.instant, keep=keep)
+    deleted = markers.discard_unlisted(table.io, writer.instant, keep=keep)
     loser = [f["path"] for f in results[11]["files"] + results[11]["index_files"]]
     assert sorted(deleted) == sorted(loser + [t["path"] for t in results[11]["touched"] if t["path"] not in loser]
                                      + [t["path"] for t in results[12]["touched"] if t["path"] not in keep])
@@ -205,10 +208,10 @@ def test_late_attempts_withdraw_and_leftovers_are_swept(setup) -> None:
     assert late["files"] and parquet_on_disk(table) == set()
     # A killed attempt: its file and marker were written, nothing withdrew them; the next upsert sweeps them.
     killed = f"dt=2025-03-01/00000000-{'0' * 24}_{instant}_78.parquet"
-    table.io.write_atomic(datafiles.marker_of(instant, killed), b"")
+    table.io.write_atomic(markers.marker_of(instant, killed), b"")
     table.io.write_atomic(killed, b"partial")
     assert leftovers.sweep_settled(table.io, table.timeline).settled_files == [killed]
-    assert parquet_on_disk(table) == set() and table.io.list_dirs(datafiles.MARKERS_DIR) == []
+    assert parquet_on_disk(table) == set() and table.io.list_dirs(markers.MARKERS_DIR) == []
 
 
 def test_shard_served_by_other_processes_and_writers_stays_correct(spark, setup) -> None:

@@ -11,9 +11,10 @@ import pytest
 from dbidx.buckets.assigner import BucketSpec
 from dbidx.buckets.naming import bucket_of
 from dbidx.config import CacheConfig
-from dbidx.mdt.keyhash import shard_of
+from dbidx.table.keyhash import shard_of
 from dbidx.mdt.table import Table
-from dbidx.spark_integration.api import commit_history, read_table, tag, upsert
+from dbidx.spark_integration.api import commit_history, tag, upsert
+from dbidx.spark_integration.reads import read_table
 
 from tests.delta_readers import assert_readers_agree
 from tests.spark_helpers import SCHEMA, Oracle, as_expected_index, bucket_layout, hive, index_state, random_batch
@@ -100,7 +101,7 @@ def test_a_lazy_read_overtaken_by_a_clean_fails_typed(spark, tmp_path: Path) -> 
     """read_table's DataFrame is lazy: a compaction + clean between planning and the action removed its files. Inside
     `typed_errors()` the action raises HistoryCompactedError itself (not a PythonException); read again, it works."""
     from dbidx.errors import HistoryCompactedError
-    from dbidx.spark_integration.api import typed_errors
+    from dbidx.spark_integration.task_errors import typed_errors
 
     table = Table.create(str(tmp_path / "t"), num_shards=1)
     config = CacheConfig(base_path=str(tmp_path / "cache"))

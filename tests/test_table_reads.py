@@ -9,7 +9,7 @@ import pytest
 
 from dbidx.config import CacheConfig
 from dbidx.errors import SchemaError
-from dbidx.mdt import data_reader
+from dbidx.data import reads
 from dbidx.mdt.table import Table
 from dbidx.spark_integration.local import upsert_arrow
 
@@ -39,34 +39,34 @@ def test_arrow_read_latest_commit_wins_and_deletes_drop(table: Table, tmp_path: 
     write(table, rows(["k0"], "d1", 3), tmp_path)  # a second update of the same key
     expected = {(f"k{i}", "d1", 1) for i in range(5, 19)} | {(f"k{i}", "d1", 2) for i in range(1, 5)} \
         | {("k0", "d1", 3), ("x", "d2", 1)}
-    current = data_reader.read_arrow(table)
+    current = reads.read_arrow(table)
     assert current.num_rows == len(expected) and as_set(current, "id", "dt", "v") == expected
     assert current.schema.names == ["id", "dt", "v"]  # no _dbidx_ column, the delete flag neither
     # Partition and column pruning; the file group and the instant that wrote each row on request.
-    only = data_reader.read_arrow(table, partitions=["dt=d2"], columns=["id", "v"], with_meta=True)
+    only = reads.read_arrow(table, partitions=["dt=d2"], columns=["id", "v"], with_meta=True)
     assert only.schema.names == ["id", "v", "_dbidx_file_group", "_dbidx_instant"]
     assert only.column("id").to_pylist() == ["x"]
     assert only.column("_dbidx_instant")[0].as_py() == table.timeline.completed()[0].instant
     # Streaming: the same rows, one file group at a time.
-    streamed = data_reader.record_batch_reader(table).read_all()
+    streamed = reads.record_batch_reader(table).read_all()
     assert as_set(streamed, "id", "dt", "v") == expected
     with pytest.raises(Exception, match="not in the table"):
-        data_reader.read_arrow(table, columns=["nope"])
+        reads.read_arrow(table, columns=["nope"])
 
 
 def test_duckdb_reads_the_arrow_snapshot(table: Table, tmp_path: Path) -> None:
     duckdb = pytest.importorskip("duckdb", reason="duckdb (dev extra) is not installed")
     write(table, rows(["a", "b", "c"], "d1", 1), tmp_path)
     write(table, rows(["a"], "d1", 5), tmp_path)
-    snapshot = data_reader.read_arrow(table)  # noqa: F841 - DuckDB finds the Arrow table by its variable name
+    snapshot = reads.read_arrow(table)  # noqa: F841 - DuckDB finds the Arrow table by its variable name
     assert duckdb.sql("select sum(v) as s, count(*) as n from snapshot").fetchone() == (7, 3)
 
 
 def test_empty_table_reads_empty_with_the_schema(table: Table, tmp_path: Path) -> None:
-    assert data_reader.read_arrow(table).num_rows == 0  # never written: no columns known yet, nothing raised
+    assert reads.read_arrow(table).num_rows == 0  # never written: no columns known yet, nothing raised
     write(table, rows(["a"], "d1", 1), tmp_path)
     write(table, rows(["a"], "d1", 1, delete=True), tmp_path)
-    empty = data_reader.read_arrow(table)
+    empty = reads.read_arrow(table)
     assert empty.num_rows == 0 and empty.schema.names == ["id", "dt", "v"]
 
 
@@ -91,7 +91,7 @@ def test_schema_is_recorded_and_checked_before_anything_is_written(table: Table,
     evolved = rows(["b"], "d1", 2).append_column("note", pa.array(["hi"]))
     write(table, evolved, tmp_path)
     assert table.data_schema().names == ["id", "dt", "v", "note"]
-    current = data_reader.read_arrow(table)
+    current = reads.read_arrow(table)
     assert as_set(current, "id", "v", "note") == {("a", 1, None), ("b", 2, "hi")}
     # From now on the new column belongs to the table like the others.
     with pytest.raises(SchemaError, match=r"no column 'note'"):
@@ -104,7 +104,7 @@ def test_a_long_key_table_reads_back(tmp_path: Path) -> None:
     data = pa.table({"id": pa.array([1, 2, 3], pa.int64()), "dt": ["d"] * 3, "v": pa.array([1, 1, 1], pa.int64())})
     write(table, data, tmp_path)
     write(table, data.set_column(2, "v", pa.array([1, 9, 1], pa.int64())).slice(1, 1), tmp_path)
-    current = data_reader.read_arrow(table)
+    current = reads.read_arrow(table)
     assert current.schema.field("id").type == pa.int64()
     assert sorted(as_set(current, "id", "v")) == [(1, 1), (2, 9), (3, 1)]
     assert pc.sum(current.column("v")).as_py() == 11
@@ -112,7 +112,8 @@ def test_a_long_key_table_reads_back(tmp_path: Path) -> None:
 
 @pytest.mark.spark
 def test_spark_read_table_empty_pruned_and_schema_error(spark, tmp_path: Path) -> None:
-    from dbidx.spark_integration.api import read_table, upsert
+    from dbidx.spark_integration.api import upsert
+    from dbidx.spark_integration.reads import read_table
 
     table = Table.create(str(tmp_path / "t"), num_shards=2)
     config = CacheConfig(base_path=str(tmp_path / "cache"))
@@ -144,7 +145,8 @@ def test_a_migrated_table_is_table_data(spark, tmp_path: Path) -> None:
     import pyarrow.parquet as pq
 
     from dbidx.mdt.build_index import build_index
-    from dbidx.spark_integration.api import read_table, upsert
+    from dbidx.spark_integration.api import upsert
+    from dbidx.spark_integration.reads import read_table
 
     # 1. A hive-partitioned data set as a pipeline left it: dt only in the directory names, two files per day,
     #    names that differ only after their first dot.
@@ -178,9 +180,9 @@ def test_a_migrated_table_is_table_data(spark, tmp_path: Path) -> None:
     assert len(expected) == 200
     got = {(r.id, r.dt, r.v) for r in read_table(spark, table).select("id", "dt", "v").collect()}
     assert got == expected
-    assert as_set(data_reader.read_arrow(table), "id", "dt", "v") == expected
+    assert as_set(reads.read_arrow(table), "id", "dt", "v") == expected
     # The source files were listed by reference, not copied; each is its own file group, named by its whole name.
-    groups = {s for s in data_reader.read_arrow(table, with_meta=True).column("_dbidx_file_group").to_pylist()}
+    groups = {s for s in reads.read_arrow(table, with_meta=True).column("_dbidx_file_group").to_pylist()}
     assert {"events.2026-11-22.0", "events.2026-11-22.1", "events.2026-11-23.0"} <= groups
 
 
@@ -220,14 +222,14 @@ def test_two_upserts_that_change_the_schema_at_once_do_not_both_publish(table: T
         write(table, rows(["c"], "d1", 1).append_column("x", pa.array(["ex"])), tmp_path)
     monkeypatch.undo()
     assert table.data_schema().names == ["id", "dt", "v", "y"]
-    assert as_set(data_reader.read_arrow(table), "id", "y") == {("a", None), ("b", "why")}
+    assert as_set(reads.read_arrow(table), "id", "y") == {("a", None), ("b", "why")}
     # The retry is checked against the new schema: it must carry y now.
     with pytest.raises(SchemaError, match="no column 'y'"):
         write(table, rows(["c"], "d1", 1).append_column("x", pa.array(["ex"])), tmp_path)
 
 
 def test_schema_types_equal_up_to_what_does_not_change_a_value() -> None:
-    from dbidx.mdt.data_schema import same_type
+    from dbidx.data.schema import same_type
 
     assert same_type(pa.timestamp("us", tz="UTC"), pa.timestamp("us", tz="Etc/UTC"))
     assert not same_type(pa.timestamp("us", tz="UTC"), pa.timestamp("us"))
@@ -241,7 +243,8 @@ def test_schema_types_equal_up_to_what_does_not_change_a_value() -> None:
 def test_spark_upsert_with_a_timestamp_column(spark, tmp_path: Path) -> None:
     import datetime as dt
 
-    from dbidx.spark_integration.api import read_table, upsert
+    from dbidx.spark_integration.api import upsert
+    from dbidx.spark_integration.reads import read_table
 
     table = Table.create(str(tmp_path / "t"), num_shards=2)
     config = CacheConfig(base_path=str(tmp_path / "cache"))

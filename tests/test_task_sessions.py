@@ -14,7 +14,7 @@ from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.cache.store import lock_path
 from dbidx.config import CacheConfig
 from dbidx.errors import InvalidKeyError
-from dbidx.mdt.data_reader import read_arrow
+from dbidx.data.reads import read_arrow
 from dbidx.mdt.table import Table
 from dbidx.spark_integration import task
 from dbidx.spark_integration.local import upsert_arrow

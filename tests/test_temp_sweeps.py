@@ -10,8 +10,8 @@ import pyarrow as pa
 import pytest
 
 from dbidx.config import CacheConfig
-from dbidx.mdt import layout
-from dbidx.mdt.data_reader import read_arrow
+from dbidx.table import layout
+from dbidx.data.reads import read_arrow
 from dbidx.mdt.table import Table
 from dbidx.spark_integration.local import upsert_arrow
 

@@ -14,10 +14,10 @@ import pytest
 
 from dbidx.config import CacheConfig
 from dbidx.errors import ConflictError
-from dbidx.mdt.records import ACTION_COMMIT
+from dbidx.table.records import ACTION_COMMIT
 from dbidx.mdt.table import Table
-from dbidx.spark_integration import datafiles
 from dbidx.spark_integration.local import upsert_arrow
+from dbidx.data.files import DELETED_COLUMN, read_data_file
 
 from tests.delta_readers import assert_readers_agree
 from tests.spark_helpers import DAYS, Oracle, hive, index_state
@@ -53,10 +53,10 @@ def live_rows(table: Table) -> dict[tuple[str, ...], tuple[str, int, str]]:
             continue
         seen: dict[tuple[str, ...], list[bool]] = {}
         for f in rec.data_files:
-            data = datafiles.read_data_file(table.io, f).to_pylist()
+            data = read_data_file(table.io, f).to_pylist()
             for row in data:
                 ident = (row["id"],) if table.global_index else (f.partition, row["id"])
-                deleted = row[datafiles.DELETED_COLUMN]
+                deleted = row[DELETED_COLUMN]
                 seen.setdefault(ident, []).append(deleted)
                 if ident in latest and latest[ident][0] == rec.seq and deleted:
                     continue  # the move's leftover in its old file group: the commit's live row stands

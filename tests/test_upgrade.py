@@ -17,8 +17,10 @@ from click.testing import CliRunner
 from dbidx.cli import main
 from dbidx.config import CacheConfig
 from dbidx.errors import FormatUpgradeError, InvalidInputError
-from dbidx.mdt import data_reader, layout, upgrade
-from dbidx.mdt.records import CompletedInstant, _record_checksum
+from dbidx.data import reads
+from dbidx.mdt import upgrade
+from dbidx.table import layout
+from dbidx.table.records import CompletedInstant, _record_checksum
 from dbidx.mdt.table import Table
 from dbidx.mdt.verify_table import verify_table
 from dbidx.spark_integration.local import upsert_arrow
@@ -76,8 +78,8 @@ def test_upgrade_makes_a_delta_table_that_every_reader_reads_whole(tmp_path: Pat
     assert set(assert_readers_agree(Table.open(root), COLUMNS)) == set(model.values())
     # Time travel stops at the upgrade: format-3 states were merged by key, not read as of then.
     with pytest.raises(InvalidInputError, match="predates its upgrade"):
-        data_reader.read_arrow(Table.open(root), as_of=report["upgraded_at_seq"] - 1)
-    assert data_reader.read_arrow(Table.open(root), as_of=report["upgraded_at_seq"]).num_rows == len(expected)
+        reads.read_arrow(Table.open(root), as_of=report["upgraded_at_seq"] - 1)
+    assert reads.read_arrow(Table.open(root), as_of=report["upgraded_at_seq"]).num_rows == len(expected)
     again = CliRunner().invoke(main, ["upgrade", root])
     assert again.exit_code == 0 and "format 4 already" in again.output, again.output
 
@@ -109,7 +111,7 @@ def test_a_crash_at_any_step_leaves_a_table_the_old_or_the_new_reader_reads_whol
     else:
         # After the switch: the new reader reads the whole table (opening publishes a staged record first).
         table = Table.open(root)
-        assert {tuple(r) for r in zip(*(data_reader.read_arrow(table, columns=list(COLUMNS)).column(c).to_pylist()
+        assert {tuple(r) for r in zip(*(reads.read_arrow(table, columns=list(COLUMNS)).column(c).to_pylist()
                                         for c in COLUMNS))} == expected
     report = upgrade.upgrade_table(root)
     assert report.status in ("upgraded", "finished", "already")

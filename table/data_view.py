@@ -3,7 +3,7 @@
 Built by replaying completion records in order, like the index's FileView (file_view.py): commits and build-index
 add data files, data compactions swap the files they replace for bases, cleans forget replaced files they deleted.
 It also keeps the newest recorded data schema, key/partition layout and bucket spec, so nothing that plans a read
-or checks a write has to walk the whole completion log (a checkpoint stores this view; mdt/checkpoint.py).
+or checks a write has to walk the whole completion log (a checkpoint stores this view; table/checkpoint.py).
 """
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 from dbidx.errors import CorruptFileError
-from dbidx.mdt import layout
-from dbidx.mdt.records import (
+from dbidx.table import layout
+from dbidx.table.records import (
     ACTION_BUILD_INDEX, ACTION_CLEAN, ACTION_COMMIT, ACTION_DATA_COMPACTION, DATA_ACTIONS, CompletedInstant,
     DataFileRecord, DeletionVectorRecord, DvFileRecord, FieldError, parse_instant, parse_int, parse_items,
     parse_object, parse_order, parse_path, record_dict,
 )
 
 LAYOUT_EXTRA = "upsert"  # the completion record's extra that names key and partition columns (and bucket spec)
-SCHEMA_EXTRA = "schema"  # the completion record's extra that holds the data schema (mdt/data_schema.py)
+SCHEMA_EXTRA = "schema"  # the completion record's extra that holds the data schema (data/schema.py)
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ class DataView:
         """Fold newly published completion records (in seq order) into the view; an inconsistent log (a data file
         under the metadata folder, a compaction of a file that is not live) is a CorruptFileError naming it.
         `before(record, view)` sees each record with the view as it stood right before it (the Delta log's
-        commit for a record is a function of both: mdt/delta_log.py)."""
+        commit for a record is a function of both: data/delta_log.py)."""
         for rec in records:
             if rec.seq <= self.applied_seq:
                 continue

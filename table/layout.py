@@ -176,7 +176,7 @@ def completed_file(seq: int) -> str:
     return f"{COMPLETED_DIR}/{seq:012d}.json"
 
 
-CHECKPOINT_DIR = f"{TIMELINE_DIR}/checkpoints"  # the folded table state at a seq (mdt/checkpoint.py)
+CHECKPOINT_DIR = f"{TIMELINE_DIR}/checkpoints"  # the folded table state at a seq (table/checkpoint.py)
 ARCHIVE_DIR = f"{TIMELINE_DIR}/archive"  # bundles of older completion records
 
 

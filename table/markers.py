@@ -14,8 +14,8 @@ from urllib.parse import quote, unquote
 import xxhash
 
 from dbidx.errors import CorruptFileError, InvalidInputError
-from dbidx.mdt import layout
-from dbidx.mdt.fileio import FileIO
+from dbidx.table import layout
+from dbidx.table.fileio import FileIO
 
 MARKERS_DIR = f"{layout.META_DIR}/markers"
 _MAX_NAME = 200  # common filesystems allow 255 bytes per name

@@ -21,19 +21,12 @@ from typing import Callable, Iterable
 from dbidx.errors import (
     CorruptFileError, DbidxError, ForeignCommitError, InstantStateError, StoreUnavailableError,
 )
-from dbidx.mdt import checkpoint, instant_range, layout, markers, writer_presence
-from dbidx.mdt.fileio import EXCLUSIVE_LOCK, EXCLUSIVE_NONE, FileIO
-from dbidx.mdt.records import (  # noqa: F401 - re-exported: the record types are part of the timeline's API
-    ACTION_BUILD_INDEX,
-    ACTION_CLEAN,
-    ACTION_COMMIT,
-    ACTION_COMPACTION,
+from dbidx.table import checkpoint, instant_range, layout, markers, writer_presence
+from dbidx.table.fileio import EXCLUSIVE_LOCK, EXCLUSIVE_NONE, FileIO
+from dbidx.table.records import (
     ACTION_ROLLBACK,
     ACTIONS,
     CompletedInstant,
-    DataFileRecord,
-    FileRecord,
-    PartitionChange,
 )
 
 _POINTER_LOOKS = 3  # listings of the latest-seq pointer before a missing one is damage (see refresh)

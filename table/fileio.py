@@ -28,12 +28,15 @@ import pyarrow.fs as pafs
 import xxhash
 
 from dbidx.errors import CorruptFileError, DbidxError, InvalidInputError
-from dbidx.mdt.commit_lock import CommitLock
-from dbidx.mdt.layout import validate_table_path
-from dbidx.mdt.object_store import (
+from dbidx.table.commit_lock import CommitLock
+from dbidx.table.layout import validate_table_path
+from dbidx.table.object_store import (
     CONDITIONAL_PUT_SCHEMES, ConditionalPut, endpoint_url, normalize_options, pyarrow_filesystem,
 )
 
+# What decoding a damaged Parquet file can raise (footer statistics that are not UTF-8 surface as UnicodeError):
+# callers turn it into a CorruptFileError naming the file.
+DECODE_ERRORS = (pa.ArrowException, OSError, ValueError, UnicodeError, IndexError)
 CHECKSUM_PREFIX = "xxh64:"
 
 # Serializes the check-then-write of a commit lock among the threads of one process (the lock itself serializes

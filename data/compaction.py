@@ -2,7 +2,7 @@
 
 Why: every upsert adds a file per file group it touches and never removes a superseded or deleted row, so data on
 disk and the files a read must open grow with every batch. A data compaction merges each chosen file group
-exactly as a reader would (mdt/data_reader.py) and publishes, as one `data_compaction` instant, the new bases and
+exactly as a reader would (data/reads.py) and publishes, as one `data_compaction` instant, the new bases and
 the files they replace.
 
 Concurrent upserts never conflict with it: the compaction reads a snapshot (its start seq) and replaces only files
@@ -24,13 +24,12 @@ import pyarrow.compute as pc
 from pyroaring import BitMap
 
 from dbidx.errors import ConflictError, CorruptFileError, InvalidInputError
-from dbidx.mdt import layout, markers
-from dbidx.mdt.data_view import DvRef
-from dbidx.mdt.superseded import load_vector, write_vectors
-from dbidx.mdt.data_reader import (
-    DELETED_COLUMN, INSTANT_COLUMN, ReadUnit, data_file_path, plan_read, read_unit, write_data_file,
-)
-from dbidx.mdt.records import ACTION_DATA_COMPACTION, CompletedInstant, DataFileRecord
+from dbidx.table import layout, markers
+from dbidx.table.data_view import DvRef
+from dbidx.data.superseded import load_vector, write_vectors
+from dbidx.data.reads import ReadUnit, plan_read, read_unit
+from dbidx.data.files import DELETED_COLUMN, INSTANT_COLUMN, data_file_path, write_data_file
+from dbidx.table.records import ACTION_DATA_COMPACTION, CompletedInstant, DataFileRecord
 from dbidx.mdt.table import Table
 from dbidx.progress import Progress, Steps
 

@@ -17,7 +17,7 @@ from urllib.parse import unquote
 import xxhash
 
 from dbidx.errors import CorruptFileError, InvalidInputError
-from dbidx.mdt import layout
+from dbidx.table import layout
 
 ACTION_COMMIT = "commit"
 ACTION_COMPACTION = "compaction"
@@ -355,7 +355,7 @@ def _order(value: Any, name: str) -> tuple[int, int]:
     return _int(value[0], name), int(value[1])
 
 
-# The strict field parsers, shared with the other formats read back from storage (checkpoints, mdt/checkpoint.py).
+# The strict field parsers, shared with the other formats read back from storage (checkpoints, table/checkpoint.py).
 FieldError = _Bad
 parse_int = _int
 parse_str = _str

@@ -21,9 +21,9 @@ import pyarrow as pa
 import xxhash
 
 from dbidx.errors import CorruptFileError
-from dbidx.mdt import layout
-from dbidx.mdt.fileio import FileIO
-from dbidx.mdt.records import CompletedInstant, FieldError, parse_instant, parse_int, parse_object, parse_str
+from dbidx.table import layout
+from dbidx.table.fileio import FileIO
+from dbidx.table.records import CompletedInstant, FieldError, parse_instant, parse_int, parse_object, parse_str
 
 CHECKPOINT_FORMAT = 1
 _CHECKPOINT_NAME = re.compile(r"^(\d{12})\.ckpt$")

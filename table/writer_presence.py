@@ -14,8 +14,8 @@ import uuid
 from typing import Any, Callable
 
 from dbidx.errors import UnsafeConcurrencyError
-from dbidx.mdt import layout
-from dbidx.mdt.fileio import FileIO
+from dbidx.table import layout
+from dbidx.table.fileio import FileIO
 
 
 def announce(io: FileIO, instant: str) -> str:
@@ -39,7 +39,7 @@ def refuse_second(io: FileIO, instant: str, ignore: set[str], record_of: Callabl
             f"the table at {io.root} is on a filesystem ({io.fs.type_name}) with neither an exclusive create nor a "
             f"conditional put, and another writer is active (instant {others[0].split('-')[0]}): two writers there "
             "could both publish the same completion and one commit would be lost. Give every writer the same "
-            "commit_lock (e.g. dbidx.mdt.commit_lock.FileCommitLock on a shared path), or, if that writer died (its "
+            "commit_lock (e.g. dbidx.table.commit_lock.FileCommitLock on a shared path), or, if that writer died (its "
             f"marker {layout.WRITERS_DIR}/{others[0]} is stale), roll its instant back: `dbidx rollback {io.root} "
             f"{others[0].split('-')[0]}`, or `dbidx rollback {io.root} --all-pending` when no writer runs.")
 

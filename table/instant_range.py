@@ -6,7 +6,7 @@ Allocation claims max(clock, largest id known + 1), so one such id known to the 
 kinds of source, three answers:
 
 - a checkpoint's `max_instant` (older dbidx counted the ids rollback records merely name): the timeline ignores it
-  and recomputes the largest id from the records it sums up (mdt/timeline.py); nothing to repair.
+  and recomputes the largest id from the records it sums up (table/timeline.py); nothing to repair.
 - a `.requested` / `.inflight` file of an id no completion names: a stray; `dbidx repair URI` removes it (with the
   files its plan and markers announce, which no completion lists, so nothing live is lost).
 - a completion record whose own instant is out of range: damage; only a backup of `.dbidx/timeline` restores it.
@@ -18,8 +18,8 @@ from __future__ import annotations
 from typing import Any
 
 from dbidx.errors import CorruptFileError, DbidxError
-from dbidx.mdt import layout, markers, writer_presence
-from dbidx.mdt.fileio import FileIO
+from dbidx.table import layout, markers, writer_presence
+from dbidx.table.fileio import FileIO
 
 _TIMELINE_KINDS = ("requested", "inflight")
 

@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from dbidx.errors import CorruptFileError, SchemaError
 
-from dbidx.mdt.data_view import SCHEMA_EXTRA, Recorded  # noqa: F401 - SCHEMA_EXTRA: part of this module's API
+from dbidx.table.data_view import Recorded
 
 
 def encode_schema(schema: pa.Schema) -> str:

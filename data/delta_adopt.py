@@ -20,9 +20,9 @@ import pyarrow.parquet as pq
 from pyroaring import BitMap
 
 from dbidx.errors import CorruptFileError, DeltaFeatureError, InvalidInputError
-from dbidx.mdt import layout
-from dbidx.mdt.delta_log import DELTA_LOG_DIR, listed_versions, version_file
-from dbidx.mdt.fileio import FileIO
+from dbidx.table import layout
+from dbidx.data.delta_log import DELTA_LOG_DIR, listed_versions, version_file
+from dbidx.table.fileio import FileIO
 
 # Features dbidx keeps intact when it writes (each checked below where it has a condition).
 READER_FEATURES = {"deletionVectors", "timestampNtz", "variantType"}

@@ -10,15 +10,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from dbidx.errors import CorruptFileError, HistoryCompactedError
-from dbidx.mdt.records import FieldError, parse_instant, parse_int, parse_items, parse_object, parse_order, parse_str
-from dbidx.mdt.timeline import (
-    ACTION_BUILD_INDEX,
-    ACTION_CLEAN,
-    ACTION_COMMIT,
-    ACTION_COMPACTION,
-    CompletedInstant,
-    FileRecord,
-)
+from dbidx.table.records import FieldError, parse_instant, parse_int, parse_items, parse_object, parse_order, parse_str
+from dbidx.table.records import ACTION_BUILD_INDEX, ACTION_CLEAN, ACTION_COMMIT, ACTION_COMPACTION, CompletedInstant, FileRecord
 
 GroupKey = tuple[str | None, int]  # (partition, or None for the global index; shard)
 

@@ -21,8 +21,8 @@ from typing import Any, Iterable
 
 import pyarrow.fs as pafs
 
-from dbidx.mdt import layout, markers, writer_presence
-from dbidx.mdt.fileio import FileIO
+from dbidx.table import layout, markers, writer_presence
+from dbidx.table.fileio import FileIO
 
 TEMP_PREFIX = ".tmp-"
 DEFAULT_TEMP_AGE_S = 3600.0  # a temp file lives for one write (seconds); an hour-old one belongs to a dead writer

@@ -26,15 +26,15 @@ from urllib.parse import quote
 import pyarrow as pa
 
 from dbidx.errors import CorruptFileError, ForeignCommitError
-from dbidx.mdt.data_schema import recorded_schema
-from dbidx.mdt.data_view import DELTA_ADOPTED_EXTRA, DataView, DvRef
-from dbidx.mdt.deletion_vectors import inline_form
-from dbidx.mdt.fileio import FileIO
-from dbidx.mdt.layout import layout_partition_columns
-from dbidx.mdt.records import (
+from dbidx.data.schema import recorded_schema
+from dbidx.table.data_view import DELTA_ADOPTED_EXTRA, DataView, DvRef
+from dbidx.data.deletion_vectors import inline_form
+from dbidx.table.fileio import FileIO
+from dbidx.table.layout import layout_partition_columns
+from dbidx.table.records import (
     ACTION_BUILD_INDEX, ACTION_COMMIT, ACTION_DATA_COMPACTION, ACTION_UPGRADE, CompletedInstant, DataFileRecord,
 )
-from dbidx.mdt.superseded import load_vector_bytes
+from dbidx.data.superseded import load_vector_bytes
 
 DELTA_LOG_DIR = "_delta_log"
 ENGINE = "dbidx"
@@ -150,7 +150,7 @@ def _upgrade_actions(shape: TableShape, record: CompletedInstant, view: DataView
 def adoption_protocol(existing: dict[str, Any]) -> dict[str, Any]:
     """The protocol of an adopted table once dbidx writes to it: table features (reader 3 / writer 7) with
     deletionVectors added to what it had; a legacy writer version 2 brings its implied appendOnly and invariants
-    (mdt/delta_adopt.py refused every protocol it cannot keep)."""
+    (data/delta_adopt.py refused every protocol it cannot keep)."""
     readers = set(existing.get("readerFeatures") or []) | {"deletionVectors"}
     writers = set(existing.get("writerFeatures") or []) | {"deletionVectors"}
     if existing.get("minWriterVersion", 1) >= 2 and "writerFeatures" not in existing:
@@ -183,7 +183,7 @@ def _delta_schema(schema: pa.Schema) -> dict[str, Any]:
 
 def _schema_after(record: CompletedInstant, view: DataView) -> pa.Schema | None:
     if "schema" in record.extra:
-        from dbidx.mdt.data_schema import decode_schema
+        from dbidx.data.schema import decode_schema
 
         return decode_schema(record.extra["schema"], f"completion {record.seq} ({record.instant})")
     return recorded_schema(view.schema)

@@ -1,7 +1,7 @@
 """The key column of data files, kept per process, with a hash index for finding given keys' rows.
 
 Why: every upsert must find, in each touched file group's older live files, the rows whose key the batch writes
-again (they become deletion vectors: mdt/superseded.py). Data files are immutable, so a file's keys are read once per
+again (they become deletion vectors: data/superseded.py). Data files are immutable, so a file's keys are read once per
 process and kept (a bounded LRU); a scan of every older row per batch (`is_in`) grows with the table, so each file
 also keeps its keys' 32-bit hashes sorted once: finding m keys in a file of n rows is then m binary searches
 (O(m log n)), and every hash match is confirmed by comparing the key itself (collisions never make a false hit).
@@ -18,8 +18,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dbidx.mdt.keyhash import spark_hash
-from dbidx.mdt.records import DataFileRecord
+from dbidx.table.keyhash import spark_hash
+from dbidx.table.records import DataFileRecord
 
 KEY_CACHE_BYTES = int(os.environ.get("DBIDX_KEY_CACHE_MB", "512")) * 2 ** 20
 

@@ -5,10 +5,10 @@ are in the older live files of that same group. The vectors are computed by the 
 table exactly as it stands right before the completion it publishes (inside the publish loop, after the conflict
 check): a commit that lands meanwhile, a data compaction that rewrote the group, every earlier vector - all are
 in that state, so the union it writes is never stale. Each data file's key column is read once per process and
-kept with a hash index (mdt/key_columns.py), and a writer keeps the keys of the files it writes, so a steady
+kept with a hash index (data/key_columns.py), and a writer keeps the keys of the files it writes, so a steady
 stream of batches reads few files and probes only the batch's keys, not every older row.
 
-The result is one Delta DV file per commit (mdt/deletion_vectors.py) and, per data file whose vector changed, its
+The result is one Delta DV file per commit (data/deletion_vectors.py) and, per data file whose vector changed, its
 whole new vector. A new file's own delete rows (deletes, global-mode moves out of the group) are in its vector
 from the start, so no Delta reader ever sees them.
 """
@@ -26,14 +26,14 @@ import pyarrow.compute as pc
 from pyroaring import BitMap
 
 from dbidx.errors import CorruptFileError
-from dbidx.mdt import layout, markers
-from dbidx.mdt.data_view import DataView, DvRef
-from dbidx.mdt.deletion_vectors import DvFileBuilder, VectorSlot, dv_file_name, read_vector, vector_body
-from dbidx.mdt.fileio import FileIO, file_checksum
-from dbidx.mdt.key_columns import KEYS, Probe
-from dbidx.mdt.records import DataFileRecord, DeletionVectorRecord, DvFileRecord
+from dbidx.table import layout, markers
+from dbidx.table.data_view import DataView, DvRef
+from dbidx.data.files import DELETED_COLUMN, read_data_file
+from dbidx.data.deletion_vectors import DvFileBuilder, VectorSlot, dv_file_name, read_vector, vector_body
+from dbidx.table.fileio import FileIO, file_checksum
+from dbidx.data.key_columns import KEYS, Probe
+from dbidx.table.records import DataFileRecord, DeletionVectorRecord, DvFileRecord
 
-DELETED_COLUMN = "_dbidx_deleted"
 _THREADS = 8
 
 
@@ -41,8 +41,6 @@ def _read_columns(io: FileIO, record: DataFileRecord, key: str, with_deleted: bo
                   ) -> tuple[pa.Array, np.ndarray]:
     """A data file's keys (as strings) and delete flags (False where the file has none, or when not
     `with_deleted`), verified first."""
-    from dbidx.mdt.data_reader import read_data_file
-
     table = read_data_file(io, record, [key, DELETED_COLUMN] if with_deleted else [key])
     if key not in table.column_names:
         raise CorruptFileError(f"data file {io.path(record.path)} has no key column {key!r}")

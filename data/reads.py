@@ -1,5 +1,4 @@
-"""The table's data files (naming, writing, verified reading) and reads of a version of the table, one file group
-at a time, in pure Arrow.
+"""Reads of a version of the table, one file group at a time, in pure Arrow (the files themselves: data/files.py).
 
 What a read returns: each live data file's rows minus its deletion vector, exactly what every Delta reader returns
 from `_delta_log/` (a superseded version of a record, a deleted record and a delete row are all in the vectors), so
@@ -19,20 +18,16 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from dbidx.errors import CorruptFileError, HistoryCompactedError, InvalidInputError, SchemaError
-from dbidx.mdt.data_schema import recorded_schema
-from dbidx.mdt.fileio import FileIO, file_checksum
-from dbidx.mdt.layout import hive_values, layout_partition_columns
-from dbidx.mdt.data_view import LAYOUT_EXTRA, DataView, DvRef, LiveDataFile  # noqa: F401 - LAYOUT_EXTRA: part of this module's API
-from dbidx.mdt.records import DataFileRecord
-from dbidx.mdt.rli_files import DECODE_ERRORS
-from dbidx.mdt.superseded import load_vector
+from dbidx.data.schema import recorded_schema
+from dbidx.table.fileio import FileIO
+from dbidx.table.layout import hive_values, layout_partition_columns
+from dbidx.table.data_view import LAYOUT_EXTRA, DataView, DvRef, LiveDataFile
+from dbidx.table.records import DataFileRecord
+from dbidx.data.files import DELETED_COLUMN, INSTANT_COLUMN, read_data_file
+from dbidx.data.superseded import load_vector
 
-INSTANT_COLUMN = "_dbidx_instant"  # written in every data file: the instant that wrote the row
-DELETED_COLUMN = "_dbidx_deleted"  # written in every data file: the row deletes its record
 FILE_GROUP_COLUMN = "_dbidx_file_group"  # optional in reads: the file group a row lives in
 MAX_READ_THREADS = 8
 
@@ -65,53 +60,6 @@ class ReadPlan:
     key: str | None  # None: nothing written yet
     schema: pa.Schema  # the table's data columns (no _dbidx_ columns)
     units: tuple[ReadUnit, ...]
-
-
-def data_file_path(partition: str, file_group: str, instant: str, attempt: int) -> str:
-    """`<partition>/<file group>_<instant>_<attempt>.parquet`: where an upsert (attempt = the task attempt) or a
-    data compaction (attempt 0) writes a file group's file; at the table root for the partition "" of a
-    non-partitioned table. Nothing parses the name back: commit records say which file is which."""
-    name = f"{file_group}_{instant}_{attempt}.parquet"
-    return f"{partition}/{name}" if partition else name
-
-
-def write_data_file(io: FileIO, rel: str, rows: pa.Table, partition: str, file_group: str,
-                    key: str | None = None) -> DataFileRecord:
-    """Write one data file and return its record; the bytes are serialized in memory first, so the recorded size and
-    checksum cover exactly what was written (and readers verify them before use). `key`: the key column, whose
-    range the record keeps when it is a string column (the Delta log's statistics)."""
-    sink = pa.BufferOutputStream()
-    pq.write_table(rows, sink, compression="zstd")
-    data = sink.getvalue()
-    io.write_atomic(rel, data)
-    low, high = key_range(rows.column(key)) if key is not None and key in rows.column_names else (None, None)
-    deletes = pc.sum(rows.column(DELETED_COLUMN)).as_py() or 0 if DELETED_COLUMN in rows.column_names else 0
-    return DataFileRecord(path=rel, partition=partition, file_group=file_group, rows=rows.num_rows,
-                          size=data.size, checksum=file_checksum(data), min_key=low, max_key=high, deletes=deletes)
-
-
-def key_range(keys: pa.ChunkedArray | pa.Array) -> tuple[str | None, str | None]:
-    """(smallest, largest) value of a string key column; (None, None) for other types or no rows."""
-    if not (pa.types.is_string(keys.type) or pa.types.is_large_string(keys.type)) or len(keys) == 0:
-        return None, None
-    bounds = pc.min_max(keys)
-    return bounds["min"].as_py(), bounds["max"].as_py()
-
-
-def read_data_file(io: FileIO, record: DataFileRecord, columns: Sequence[str] | None = None) -> pa.Table:
-    """One published data file, its bytes verified against the commit record first."""
-    data = io.read_verified(record.path, record.size, record.checksum, "data file")
-    try:
-        handle = pq.ParquetFile(pa.BufferReader(data))
-        names = handle.schema_arrow.names
-        table = handle.read(columns=None if columns is None else [c for c in columns if c in names])
-        rows = handle.metadata.num_rows
-    except DECODE_ERRORS as exc:
-        raise CorruptFileError(f"data file {io.path(record.path)} is unreadable: {exc}") from exc
-    if rows != record.rows:
-        raise CorruptFileError(f"data file {io.path(record.path)} holds {rows} rows but its commit recorded "
-                               f"{record.rows}")
-    return table
 
 
 def layout_of(table: Any, view: DataView | None = None) -> dict[str, Any] | None:

@@ -1,0 +1,63 @@
+"""The table's data files: their names, writing one (bytes serialized in memory, so its record's size and checksum
+cover exactly what was written) and reading one back verified against its commit record."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from dbidx.errors import CorruptFileError
+from dbidx.table.fileio import DECODE_ERRORS, FileIO, file_checksum
+from dbidx.table.records import DataFileRecord
+
+INSTANT_COLUMN = "_dbidx_instant"  # written in every data file: the instant that wrote the row
+DELETED_COLUMN = "_dbidx_deleted"  # written in every data file: the row deletes its record
+
+
+def data_file_path(partition: str, file_group: str, instant: str, attempt: int) -> str:
+    """`<partition>/<file group>_<instant>_<attempt>.parquet`: where an upsert (attempt = the task attempt) or a
+    data compaction (attempt 0) writes a file group's file; at the table root for the partition "" of a
+    non-partitioned table. Nothing parses the name back: commit records say which file is which."""
+    name = f"{file_group}_{instant}_{attempt}.parquet"
+    return f"{partition}/{name}" if partition else name
+
+
+def write_data_file(io: FileIO, rel: str, rows: pa.Table, partition: str, file_group: str,
+                    key: str | None = None) -> DataFileRecord:
+    """Write one data file and return its record; the bytes are serialized in memory first, so the recorded size and
+    checksum cover exactly what was written (and readers verify them before use). `key`: the key column, whose
+    range the record keeps when it is a string column (the Delta log's statistics)."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(rows, sink, compression="zstd")
+    data = sink.getvalue()
+    io.write_atomic(rel, data)
+    low, high = key_range(rows.column(key)) if key is not None and key in rows.column_names else (None, None)
+    deletes = pc.sum(rows.column(DELETED_COLUMN)).as_py() or 0 if DELETED_COLUMN in rows.column_names else 0
+    return DataFileRecord(path=rel, partition=partition, file_group=file_group, rows=rows.num_rows,
+                          size=data.size, checksum=file_checksum(data), min_key=low, max_key=high, deletes=deletes)
+
+
+def key_range(keys: pa.ChunkedArray | pa.Array) -> tuple[str | None, str | None]:
+    """(smallest, largest) value of a string key column; (None, None) for other types or no rows."""
+    if not (pa.types.is_string(keys.type) or pa.types.is_large_string(keys.type)) or len(keys) == 0:
+        return None, None
+    bounds = pc.min_max(keys)
+    return bounds["min"].as_py(), bounds["max"].as_py()
+
+
+def read_data_file(io: FileIO, record: DataFileRecord, columns: Sequence[str] | None = None) -> pa.Table:
+    """One published data file, its bytes verified against the commit record first."""
+    data = io.read_verified(record.path, record.size, record.checksum, "data file")
+    try:
+        handle = pq.ParquetFile(pa.BufferReader(data))
+        names = handle.schema_arrow.names
+        table = handle.read(columns=None if columns is None else [c for c in columns if c in names])
+        rows = handle.metadata.num_rows
+    except DECODE_ERRORS as exc:
+        raise CorruptFileError(f"data file {io.path(record.path)} is unreadable: {exc}") from exc
+    if rows != record.rows:
+        raise CorruptFileError(f"data file {io.path(record.path)} holds {rows} rows but its commit recorded "
+                               f"{record.rows}")
+    return table

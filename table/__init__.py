@@ -1,0 +1,1 @@
+"""The table's storage, log and state: FileIO, the timeline and its records, markers, properties, checkpoints and the folded views."""
