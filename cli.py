@@ -156,7 +156,7 @@ def _lookup_text(p: dict[str, Any]) -> str:
 @json_option
 def commits_cmd(uri: str, last: int, as_json: bool) -> None:
     """Recent completions of a table, with each upsert's metrics (rows, inserts, hit rate, on-demand loads...)."""
-    from dbidx.spark_integration.api import commit_history
+    from dbidx.spark_integration.driver import commit_history
 
     table = open_table(uri)
     output(as_json).emit({"commits": commit_history(table, last)}, _commits_text)

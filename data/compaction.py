@@ -30,7 +30,7 @@ from dbidx.data.superseded import load_vector, write_vectors
 from dbidx.data.reads import ReadUnit, plan_read, read_unit
 from dbidx.data.files import DELETED_COLUMN, INSTANT_COLUMN, data_file_path, write_data_file
 from dbidx.table.records import ACTION_DATA_COMPACTION, CompletedInstant, DataFileRecord
-from dbidx.mdt.table import Table
+from dbidx.table.state import TableState
 from dbidx.progress import Progress, Steps
 
 
@@ -50,7 +50,7 @@ DEFAULT_DELETED_SHARE = 0.2
 DEFAULT_TARGET_FILE_BYTES = 64 << 20
 
 
-def compact_data(table: Table, partitions: Iterable[str] | None = None, min_files: int = 2,
+def compact_data(table: TableState, partitions: Iterable[str] | None = None, min_files: int = 2,
                  deleted_share: float | None = DEFAULT_DELETED_SHARE,
                  target_file_bytes: int | None = DEFAULT_TARGET_FILE_BYTES,
                  progress: Progress | None = None) -> DataCompactionResult:
@@ -142,7 +142,7 @@ def _to_rewrite(unit: ReadUnit, min_files: int, deleted_share: float | None,
                    instants=tuple(unit.instants[i] for i in picked), vectors=tuple(vectors[i] for i in picked))
 
 
-def _write_base(table: Table, unit: ReadUnit, key: str, schema: pa.Schema, rel: str,
+def _write_base(table: TableState, unit: ReadUnit, key: str, schema: pa.Schema, rel: str,
                 moved: dict[str, tuple[str, np.ndarray]]) -> DataFileRecord | None:
     """One file group's live rows as a base data file (None when every record of the group was deleted); `moved`
     gets, per replaced file, the base row each of its rows became (-1: not table data), so rows a concurrent
@@ -165,7 +165,7 @@ def _write_base(table: Table, unit: ReadUnit, key: str, schema: pa.Schema, rel: 
     return write_data_file(table.io, layout.validate_table_path(rel), live, unit.partition, unit.file_group, key)
 
 
-def _rebased_vectors(table: Table, instant: str, seen: dict[str, DvRef | None], later: dict[str, DvRef],
+def _rebased_vectors(table: TableState, instant: str, seen: dict[str, DvRef | None], later: dict[str, DvRef],
                      moved: dict[str, tuple[str, np.ndarray]]) -> tuple[tuple, tuple]:
     """Rows of replaced files that commits superseded after the snapshot, as vectors of the bases that hold them:
     the compaction then publishes without conflicting with those commits, and no version of a record is live

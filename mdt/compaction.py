@@ -15,7 +15,7 @@ from typing import Iterable
 from dbidx.errors import ConflictError, CorruptFileError
 from dbidx.mdt import rli_files
 from dbidx.table import layout
-from dbidx.mdt.table import Table
+from dbidx.table.state import TableState
 from dbidx.table.records import ACTION_CLEAN, ACTION_COMPACTION, CompletedInstant, FileRecord
 from dbidx.progress import Progress, Steps
 
@@ -31,7 +31,7 @@ class CompactionResult:
 
 
 def compact(
-    table: Table,
+    table: TableState,
     partitions: Iterable[str] | None = None,
     min_files: int = 2,
     progress: Progress | None = None,
@@ -91,7 +91,7 @@ def compact(
     return CompactionResult(record, len(todo), len(replaced), sum(b.rows for b in bases))
 
 
-def clean(table: Table, retain_completions: int = 10, delete_migrated: bool = False) -> CompletedInstant | None:
+def clean(table: TableState, retain_completions: int = 10, delete_migrated: bool = False) -> CompletedInstant | None:
     """Delete index files replaced by compactions, data files replaced by data compactions, and DV files no live
     deletion vector points into any more, at least `retain_completions` completions ago. Source files build-index listed stay unless delete_migrated=True.
 

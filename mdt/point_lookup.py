@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 import difflib
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -20,11 +20,10 @@ from dbidx.mdt import rli_files
 from dbidx.table import layout
 from dbidx.table.keys import normalize_keys
 
-if TYPE_CHECKING:
-    from dbidx.mdt.table import Table
+from dbidx.table.state import TableState
 
 
-def lookup(table: "Table", keys: Sequence[str] | pa.Array, partition: str | None, mode: str,
+def lookup(table: TableState, keys: Sequence[str] | pa.Array, partition: str | None, mode: str,
            seek_threshold: float, plan: dict[str, int] | None) -> pa.Table:
     """Live entries of `keys` (see Table.lookup for the arguments); absent keys are not in the result."""
     if mode not in ("auto", "seek", "scan"):
@@ -71,7 +70,7 @@ class LookupReport:
         return asdict(self)
 
 
-def lookup_report(table: "Table", keys: Sequence[str], partition: str | None, mode: str = "auto") -> LookupReport:
+def lookup_report(table: TableState, keys: Sequence[str], partition: str | None, mode: str = "auto") -> LookupReport:
     """`Table.lookup` of `keys`, plus whether `partition` is one of the table's (with the nearest ones if not), so a
     key of a partition the table lacks is not mistaken for a new key of an existing one."""
     rows = table.lookup(list(keys), partition, mode=mode).to_pylist()
@@ -87,7 +86,7 @@ def lookup_report(table: "Table", keys: Sequence[str], partition: str | None, mo
     return report
 
 
-def table_partitions(table: "Table") -> set[str] | None:
+def table_partitions(table: TableState) -> set[str] | None:
     """The partitions the table has: of its index (partitioned mode) or of its data files (global mode; None
     when it has none, e.g. an index written without data)."""
     if not table.global_index:

@@ -11,42 +11,59 @@ import time
 import uuid
 import warnings
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
+from dbidx.data.compaction import DataCompactionResult, compact_data
+from dbidx.data.delta_log import (
+    DeltaLogWriter,
+    TableShape,
+    check_no_foreign,
+    delta_checkpoint,
+    initial_version,
+    listed_versions,
+    put_version,
+    version_file,
+)
+from dbidx.data.schema import recorded_schema
 from dbidx.errors import (
-    CorruptFileError, FormatUpgradeError, HistoryCompactedError, InvalidInputError, TableExistsError,
+    CorruptFileError,
+    FormatUpgradeError,
+    HistoryCompactedError,
+    InvalidInputError,
+    TableExistsError,
     TableNotFoundError,
 )
 from dbidx.mdt import rli_files
+from dbidx.mdt.compaction import CompactionResult, clean, compact
+from dbidx.mdt.point_lookup import lookup
+from dbidx.mdt.writer import CommitWriter
+from dbidx.progress import Progress
 from dbidx.table import layout
-from dbidx.table.checkpoint import Checkpoint
+from dbidx.table.checkpoint import Checkpoint, archive_before, write_checkpoint
 from dbidx.table.commit_lock import CommitLock
 from dbidx.table.data_view import DataView
-from dbidx.data.delta_log import (
-    DeltaLogWriter, TableShape, check_no_foreign, delta_checkpoint, initial_version, listed_versions, put_version,
-    version_file,
-)
 from dbidx.table.file_view import FileView, PartitionStats
 from dbidx.table.fileio import FileIO
+from dbidx.table.format_switch import finish_upgrade
 from dbidx.table.keyhash import HASH_NAME, shard_of
 from dbidx.table.leftovers import DEFAULT_TEMP_AGE_S, SweepReport, sweep_leftovers
 from dbidx.table.properties import (
-    DEFAULT_CHECKPOINT_INTERVAL, FORMAT_VERSION, INDEX_GLOBAL, INDEX_PARTITIONED, TableProperties, parse_properties,
+    DEFAULT_CHECKPOINT_INTERVAL,
+    FORMAT_VERSION,
+    INDEX_GLOBAL,
+    INDEX_PARTITIONED,
+    TableProperties,
+    parse_properties,
     properties_json,
 )
-from dbidx.table.timeline import Timeline
 from dbidx.table.records import CompletedInstant, FileRecord
+from dbidx.table.timeline import Timeline
 
-if TYPE_CHECKING:
-    from dbidx.mdt.compaction import CompactionResult
-    from dbidx.data.compaction import DataCompactionResult
-    from dbidx.mdt.writer import CommitWriter
-    from dbidx.progress import Progress
 
 class Table:
     """A dbidx table: FileIO + properties + timeline; picklable, so Spark tasks can receive it."""
@@ -137,8 +154,6 @@ class Table:
                 f"format {FORMAT_VERSION} / hash {HASH_NAME}"
             )
         if props.upgraded_at_seq:
-            from dbidx.mdt.upgrade import finish_upgrade
-
             finish_upgrade(io, props)  # a crash between the flip of table.json and the publish: publish it now
         return cls(io, props)
 
@@ -274,8 +289,6 @@ class Table:
         """Save the folded table state at the latest completion as a checkpoint (FORMAT.md 7a); returns its seq,
         or None if the table is empty or that checkpoint exists already. Writers call this every
         `checkpoint_interval` completions; then older records are bundled into an archive and old checkpoints go."""
-        from dbidx.table.checkpoint import archive_before, write_checkpoint
-
         with self._view_lock:
             self.refresh()
             seq = self._view.applied_seq
@@ -446,14 +459,10 @@ class Table:
         the row groups whose key range contains a lookup key), "scan" (read whole files) or "auto" (seek unless
         more than `seek_threshold` of a file's row groups are touched). `plan`, if given, counts files per method.
         """
-        from dbidx.mdt.point_lookup import lookup
-
         return lookup(self, keys, partition, mode, seek_threshold, plan)
 
-    def new_commit(self) -> "CommitWriter":
+    def new_commit(self) -> CommitWriter:
         """Start a new instant that adds index entries; use as a context manager or call commit()/rollback()."""
-        from dbidx.mdt.writer import CommitWriter
-
         return CommitWriter(self)
 
     def rollback(self, instant: str, also_dead: Iterable[str] = ()) -> CompletedInstant:
@@ -463,24 +472,20 @@ class Table:
         return self.timeline.rollback(instant, ignore=also_dead)
 
     def compact(self, partitions: Iterable[str] | None = None, min_files: int = 2,
-                progress: "Progress | None" = None) -> "CompactionResult":
+                progress: Progress | None = None) -> CompactionResult:
         """Merge each (partition, shard) with at least `min_files` index files into one base without tombstones,
         as one compaction instant; concurrent commits are not in conflict with it (see mdt.compaction)."""
-        from dbidx.mdt.compaction import compact
-
         result = compact(self, partitions, min_files=min_files, progress=progress)
         self._sweep_after("index compaction")
         return result
 
     def compact_data(self, partitions: Iterable[str] | None = None, min_files: int = 2,
                      deleted_share: float | None = 0.2, target_file_bytes: int | None = 64 << 20,
-                     progress: "Progress | None" = None) -> "DataCompactionResult":
+                     progress: Progress | None = None) -> DataCompactionResult:
         """Rewrite, per file group, its small data files (under `target_file_bytes`) when there are at least
         `min_files` of them, and every file with at least `deleted_share` of its rows deleted, into one base of their
         live rows, as one data compaction instant that concurrent upserts do not conflict with (see
         data.compaction)."""
-        from dbidx.data.compaction import compact_data
-
         result = compact_data(self, partitions, min_files=min_files, deleted_share=deleted_share,
                               target_file_bytes=target_file_bytes, progress=progress)
         self._sweep_after("data compaction")
@@ -490,8 +495,6 @@ class Table:
         """Delete index and data files that compactions replaced at least `retain_completions` completions ago
         (the user's source files build-index listed only with delete_migrated=True); returns the clean's record,
         or None when nothing was old enough. Caches behind it reload (`dbidx cache sync`)."""
-        from dbidx.mdt.compaction import clean
-
         record = clean(self, retain_completions=retain_completions, delete_migrated=delete_migrated)
         self._sweep_after("clean")
         return record
@@ -512,8 +515,6 @@ class Table:
 
     def data_schema(self) -> pa.Schema | None:
         """The data columns the table's writes recorded (data/schema.py); None before the first write."""
-        from dbidx.data.schema import recorded_schema
-
         return recorded_schema(self.data_view().schema)
 
     def partitions(self) -> list[PartitionStats]:

@@ -26,20 +26,20 @@ import numpy as np
 import pyarrow as pa
 from pyroaring import BitMap
 
-from dbidx.errors import CorruptFileError, FormatUpgradeError, InstantStateError, TableNotFoundError
+from dbidx.data.superseded import _read_columns, write_vectors
+from dbidx.errors import CorruptFileError, FormatUpgradeError, TableNotFoundError
+from dbidx.mdt.table import Table
+from dbidx.progress import Progress, Steps
 from dbidx.table import layout, markers
 from dbidx.table.checkpoint import checkpoint_seqs
 from dbidx.table.data_view import LAYOUT_EXTRA, DataView, LiveDataFile
 from dbidx.table.fileio import FileIO
+from dbidx.table.format_switch import STAGED_RECORD, UPGRADE_FROM, finish_upgrade, publish, revert
 from dbidx.table.keyhash import HASH_NAME
-from dbidx.table.properties import FORMAT_VERSION, TableProperties, parse_properties, properties_json
+from dbidx.table.properties import FORMAT_VERSION, parse_properties, properties_json
 from dbidx.table.records import ACTION_UPGRADE, CompletedInstant
-from dbidx.data.superseded import _read_columns, write_vectors
-from dbidx.table.timeline import StartedInstant, Timeline
-from dbidx.progress import Progress, Steps
+from dbidx.table.timeline import Timeline
 
-UPGRADE_FROM = 3
-STAGED_RECORD = f"{layout.META_DIR}/upgrade-from-3.json"
 UPGRADE_LOCK = f"{layout.META_DIR}/upgrade.lock"
 _ALL_LEGACY = 10 ** 18  # while the table is still format 3, every record is a format-3 record
 
@@ -82,8 +82,6 @@ def upgrade_table(uri: str, fs: Any = None, storage_options: Mapping[str, Any] |
 def _upgrade_locked(io: FileIO, uri: str, fs: Any, storage_options: Mapping[str, Any] | None,
                     rollback_pending: bool, progress: Progress | None = None) -> UpgradeReport:
     """upgrade_table's steps, run while this process holds the upgrade lock."""
-    from dbidx.mdt.table import Table
-
     original = io.read_bytes(layout.PROPERTIES_FILE)
     props = parse_properties(original, io.path(layout.PROPERTIES_FILE))
     if props.format_version == FORMAT_VERSION:
@@ -130,9 +128,9 @@ def _upgrade_locked(io: FileIO, uri: str, fs: Any, storage_options: Mapping[str,
                                                                     upgraded_at_seq=record.seq)))
     # 4. Publish; a format-3 commit that slipped in first takes the switch back.
     try:
-        _publish(timeline, started, record)
+        publish(timeline, started, record)
     except FormatUpgradeError:
-        _revert(io, original, record)
+        revert(io, original, record)
         raise
     io.delete(STAGED_RECORD)
     report = UpgradeReport(io.root, "upgraded", record.seq, len(view.live()), len(vectors),
@@ -148,18 +146,6 @@ def _roll_back(table: Any, instants: list[str]) -> list[str]:
     for instant in instants:
         table.rollback(instant)
     return list(instants)
-
-
-def _revert(io: FileIO, format3_json: bytes, record: CompletedInstant) -> None:
-    """Take the switch back: table.json in its format-3 form, and nothing of the upgrade left (its staged record,
-    DV file, markers and timeline files), so format-3 readers and writers go on as before."""
-    io.write_atomic(layout.PROPERTIES_FILE, format3_json)
-    io.delete(STAGED_RECORD)
-    for dv in record.dv_files:
-        io.delete(dv.path)
-    markers.discard_unlisted(io, record.instant, ())
-    io.delete(layout.inflight_file(record.instant))
-    io.delete(layout.requested_file(record.instant))
 
 
 class _UpgradeLock:
@@ -197,48 +183,6 @@ class _UpgradeLock:
 
     def __exit__(self, *exc: Any) -> None:
         self.io.delete(UPGRADE_LOCK)
-
-
-def finish_upgrade(io: FileIO, props: TableProperties) -> bool:
-    """Publish the staged upgrade record if a crash left the table switched to format 4 without it; True if this
-    call published it. Idempotent: any process that opens the table may do it, the record's bytes are fixed. If a
-    format-3 writer published that seq instead, the switch is taken back (FormatUpgradeError): the table stays a
-    format-3 table that its writers and readers read whole."""
-    seq = props.upgraded_at_seq
-    if not seq or not io.exists(STAGED_RECORD):
-        return False  # never upgraded, or done (the staged record goes after the publish)
-    where = io.path(STAGED_RECORD)
-    try:
-        staged = io.read_bytes(STAGED_RECORD)
-    except CorruptFileError:
-        if io.exists(STAGED_RECORD):
-            raise
-        return False  # the upgrading process published and removed it meanwhile
-    record = CompletedInstant.from_json(staged, where)
-    if record.seq != seq or record.action != ACTION_UPGRADE or record.table_id != props.table_id:
-        raise CorruptFileError(f"{where} is not the upgrade record table.json names (seq {seq}): restore table.json "
-                               "from a backup or remove the staged record and run `dbidx upgrade URI` again")
-    # 1. The seq is taken: by the upgrade itself (the staged copy is left over), or by a format-3 writer.
-    if io.exists(layout.completed_file(seq)):
-        there = CompletedInstant.from_json(io.read_bytes(layout.completed_file(seq)),
-                                           io.path(layout.completed_file(seq)), legacy=True)
-        if there.action == ACTION_UPGRADE and there.instant == record.instant:
-            io.delete(STAGED_RECORD)
-            return False
-        _revert(io, properties_json(replace(props, format_version=UPGRADE_FROM, upgraded_at_seq=0)), record)
-        raise FormatUpgradeError(
-            f"a format-3 writer committed seq {seq} to {io.root} while it was being upgraded: the table is format 3 "
-            "again; stop every writer of the table and run `dbidx upgrade URI` again")
-    # 2. Not taken: publish it.
-    timeline = Timeline(io, props.table_id)
-    timeline.legacy_upto = seq - 1
-    timeline.first_checkpoint = seq
-    timeline.refresh()
-    if timeline.latest_seq >= seq:
-        return False  # published (maybe archived) by another process meanwhile
-    _publish(timeline, StartedInstant(record.instant, ACTION_UPGRADE, record.start_seq), record)
-    io.delete(STAGED_RECORD)
-    return True
 
 
 def table_vectors(io: FileIO, view: DataView, progress: Progress | None = None) -> dict[str, BitMap]:
@@ -291,27 +235,6 @@ def _discard_crashed_upgrades(io: FileIO, timeline: Timeline) -> None:
             io.delete(layout.inflight_file(instant))
             io.delete(layout.requested_file(instant))
     io.delete(STAGED_RECORD)
-
-
-def _publish(timeline: Timeline, started: StartedInstant, record: CompletedInstant) -> None:
-    """Publish the upgrade record at exactly its seq; another record there is a format-3 writer that committed
-    during the upgrade (FormatUpgradeError, nothing published)."""
-    def build(seq: int) -> CompletedInstant:
-        if seq != record.seq:
-            raise FormatUpgradeError(
-                f"a writer committed seq {record.seq} to {timeline.io.root} while it was being upgraded: the table "
-                "stays in format 3; stop every writer of the table and run `dbidx upgrade URI` again")
-        return record
-
-    try:
-        timeline.publish(started, build)
-    except InstantStateError as exc:
-        mine = timeline.record_of(record.instant)
-        if mine is None or mine.action != ACTION_UPGRADE or mine.seq != record.seq:
-            # rolled back (e.g. by an older dbidx that took it for a dead writer's instant): not published
-            raise FormatUpgradeError(f"the upgrade's instant {record.instant} of {timeline.io.root} was rolled back "
-                                     "by another process: the table stays in format 3; run `dbidx upgrade URI` "
-                                     "again") from exc
 
 
 def _settle(table: Any, report: UpgradeReport) -> None:

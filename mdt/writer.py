@@ -31,7 +31,7 @@ from dbidx.table.records import (
     ACTION_COMMIT, CompletedInstant, DataFileRecord, DeletionVectorRecord, DvFileRecord, FileRecord, PartitionChange,
 )
 from dbidx.data.superseded import vectors_for_commit
-from dbidx.mdt.table import Table
+from dbidx.table.state import TableState
 from dbidx.table.timeline import StartedInstant
 
 Keys = Sequence[str] | pa.Array | pa.ChunkedArray
@@ -58,7 +58,7 @@ class EntryBuffer:
     Pure Arrow until `write`: used by the library writer on the committing process and by upsert tasks on executors.
     """
 
-    def __init__(self, table: Table, instant: str) -> None:
+    def __init__(self, table: TableState, instant: str) -> None:
         self.table = table
         self.instant = instant
         self._groups: dict[GroupKey, list[pa.Table]] = defaultdict(list)
@@ -153,7 +153,7 @@ class EntryBuffer:
 class CommitWriter:
     """Collects the index entries of one instant and commits or rolls them back as a unit."""
 
-    def __init__(self, table: Table, action: str = ACTION_COMMIT) -> None:
+    def __init__(self, table: TableState, action: str = ACTION_COMMIT) -> None:
         self.table = table
         self.started: StartedInstant = table.timeline.start(action)
         self.buffer = EntryBuffer(table, self.started.instant)

@@ -9,97 +9,23 @@ come back with their own type (task_errors.py).
 """
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from functools import partial
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 import pyarrow as pa
-from pyroaring import BitMap
 
 from dbidx.buckets.assigner import BucketSpec
 from dbidx.config import CacheConfig
-from dbidx.counters import gauge
-from dbidx.errors import CommitError, ConfigError, ConflictError, CorruptFileError, SchemaError
-from dbidx.data import reads
-from dbidx.data.schema import data_columns, encode_schema, evolve, recorded_schema
-from dbidx.table.data_view import SCHEMA_EXTRA
-from dbidx.table import layout, leftovers, markers
-from dbidx.mdt.conflicts import TouchedKeys
-from dbidx.table.data_view import LAYOUT_EXTRA
-from dbidx.table.records import DataFileRecord, FileRecord, PartitionChange
 from dbidx.mdt.table import Table
-from dbidx.progress import Progress, Steps, null_progress
+from dbidx.progress import Progress, null_progress
 from dbidx.spark_integration import task
+from dbidx.spark_integration.bulk import empty_table_seq, new_partitions_seq
+from dbidx.spark_integration.driver import CommitSummary, make_options, run_upsert
 from dbidx.spark_integration.tagger import ROW_ID, TAG_FIELDS, TagOptions
 from dbidx.spark_integration.task_errors import (
-    TaskHook, hook_error, retyped, run_hook,
+    TaskHook, hook_error, run_hook,
 )
-
-
-@dataclass
-class CommitSummary(task.TaskCounts):
-    """What one upsert did (docs/DESIGN.md section 6): instant, row kinds, files, timings, per-shard cache metrics.
-
-    input_rows counts the rows the DataFrame held; rows counts the records written after repeats of a key were
-    collapsed (input_rows - duplicates_dropped). seconds is the whole call; the copy stored in the completion
-    record (`dbidx commits`) runs from the start to the publish.
-    """
-
-    instant: str = ""
-    seq: int = gauge()
-    partitions: list[str] = field(default_factory=list)
-    data_files: int = 0
-    data_bytes: int = 0
-    index_entries: int = 0
-    orphans_deleted: int = 0
-    seconds: float = 0.0
-    per_shard: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def hit_rate(self) -> float:
-        """Share of looked-up keys found in the cache (updates, deletes and moves over all rows looked up)."""
-        looked = self.hits + self.misses
-        return self.hits / looked if looked else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-friendly form (also stored, without per_shard, in the commit's metadata)."""
-        data = super().to_dict()
-        data["hit_rate"] = round(self.hit_rate, 4)
-        return data
-
-
-def make_options(table: Table, key: str, partition: str, ordering: str | None, delete_column: str | None,
-                 hive_style: bool, buckets: BucketSpec | None, cache_options: Mapping[str, Any] | None,
-                 cache_config: CacheConfig | None, spark_conf: Any = None) -> TagOptions:
-    """TagOptions from the call's arguments, the Spark conf and the environment (in that order of precedence)."""
-    if cache_config is None:
-        cache_config = CacheConfig.from_sources(mapping=cache_options, spark_conf=spark_conf)
-    elif cache_options:
-        raise ConfigError("pass either cache_config or cache_options, not both")
-    spec = buckets or recorded_buckets(table) or BucketSpec()
-    return TagOptions(key=key, partition=partition, ordering=ordering, delete_column=delete_column,
-                      hive_style=hive_style, buckets=spec, cache=cache_config)
-
-
-def recorded_buckets(table: Table) -> BucketSpec | None:
-    """The bucket spec the table's last upsert used (a table must keep routing new keys the same way)."""
-    recorded = table.data_view().buckets
-    if recorded is None:
-        return None
-    try:
-        return BucketSpec(**recorded.value)
-    except (TypeError, ConfigError) as exc:
-        raise CorruptFileError(f"completion {recorded.seq} ({recorded.instant}) of {table.uri} records an invalid "
-                               f"bucket spec {recorded.value!r}: {exc}") from exc
-
-
-def _check_buckets(table: Table, spec: BucketSpec) -> None:
-    recorded = recorded_buckets(table)
-    if recorded is not None and recorded.to_dict() != spec.to_dict():
-        raise ConfigError(f"table {table.uri} routes new keys with buckets {recorded.to_dict()}, but this upsert "
-                          f"asked for {spec.to_dict()}; changing the bucket mode of a written table would put keys "
-                          "of one bucket in two layouts")
 
 
 def arrow_schema_of(df: Any) -> pa.Schema:
@@ -216,16 +142,35 @@ def upsert(df: Any, table: Table, *, key: str, partition: str, ordering: str | N
     options = make_options(table, key, partition, ordering, delete_column, hive_style, buckets, cache_options,
                            cache_config, df.sparkSession.conf)
     options.check_columns(df.columns, "the upsert DataFrame", _boolean_columns(df), _unfit_key_columns(df))
-    from dbidx.spark_integration.bulk import empty_table_seq
-
     # A table's first write cannot update anything: it takes the bulk path (tasks skip the caches).
     return upsert_with_options(df, table, replace(options, bulk_seq=empty_table_seq(table)), on_task_written,
                                progress)
 
 
+def bulk_insert(df: Any, table: Table, *, key: str, partition: str, ordering: str | None = None,
+                delete_column: str | None = "_dbidx_delete", hive_style: bool = True,
+                buckets: BucketSpec | None = None, cache_options: Mapping[str, Any] | None = None,
+                cache_config: CacheConfig | None = None, on_task_written: TaskHook | None = None) -> CommitSummary:
+    """Load rows into partitions the table has never had (any partition of an empty table), as one upsert instant
+    that skips the caches: the initial load of a table or a backfill of new days.
+
+    Contract: every partition of `df` is new to the table (checked: InvalidInputError names the ones that are not;
+    in global mode the table must be empty). Within `df`, repeats of a key collapse as in `upsert` (`ordering`,
+    then arrival) and delete rows delete nothing. Arguments as for `upsert`; `upsert` itself takes this path on a
+    table's first write.
+    """
+    options = make_options(table, key, partition, ordering, delete_column, hive_style, buckets, cache_options,
+                           cache_config, df.sparkSession.conf)
+    options.check_columns(df.columns, "the bulk_insert DataFrame", _boolean_columns(df), _unfit_key_columns(df))
+    values = [row[0] for row in df.select(partition).distinct().collect()]
+    paths = options.partitions_of(pa.table({partition: pa.array(values)})).to_pylist() if values else []
+    seq = new_partitions_seq(table, paths)
+    return upsert_with_options(df, table, replace(options, bulk_seq=seq), on_task_written)
+
+
 def upsert_with_options(df: Any, table: Table, options: TagOptions,
                         on_task_written: TaskHook | None = None, progress: Progress | None = None) -> CommitSummary:
-    """`upsert` with its options made (and checked) already: what `upsert` and `bulk.bulk_insert` run."""
+    """`upsert` with its options made (and checked) already: what `upsert` and `bulk_insert` run."""
     from pyspark.sql import functions as F
     input_schema = arrow_schema_of(df)
 
@@ -247,182 +192,3 @@ def upsert_with_options(df: Any, table: Table, options: TagOptions,
     return run_upsert(table, options, job, input_schema, "the upsert DataFrame", progress)
 
 
-def run_upsert(table: Table, options: TagOptions, job: Callable[[str], list[tuple[int, int, bytes]]],
-               input_schema: pa.Schema, where: str, progress: Progress | None = None) -> CommitSummary:
-    """One upsert instant around a job that runs the shard tasks and returns their results (Spark, or in-process
-    for `upsert_arrow`): start, publish after the checks, or roll back and delete every announced file.
-
-    input_schema: the input's Arrow schema, checked against the table's data schema before anything runs
-    (SchemaError); a first write or a new column records the schema in this instant's completion.
-    progress: told of each task result as it is checked (one step per shard).
-    """
-    started = time.perf_counter()
-    with table.pinned():  # the checks before the start read one state (the start and the publish read anew)
-        _check_buckets(table, options.buckets)
-        new_schema, schema_seq = _check_layout_and_schema(table, options, input_schema, where)
-    leftovers.sweep_settled(table.io, table.timeline)  # what writers that died after settling left
-    writer = table.new_commit()
-    instant = writer.instant
-    guard = partial(_schema_unchanged, instant=instant)
-    writer.checks.append(guard)  # also at publish: the schema this upsert was checked against still stands
-    try:
-        guard(table.timeline.completed(after_seq=schema_seq))
-        # 1. One job: tag and write data and index files per shard; one result per task, of its winning attempt.
-        results = job(instant)
-        # 2. Check that every task reported and every listed file is there, then publish data and index together.
-        if new_schema is not None:
-            writer.extra[SCHEMA_EXTRA] = encode_schema(new_schema)
-        record, summary = commit_results(writer, results, options, expected_tasks=table.num_shards,
-                                         started=started, progress=progress)
-    except BaseException as exc:
-        try:
-            writer.rollback()  # also deletes every file any attempt announced
-        except Exception as cleanup:  # noqa: BLE001 - reported with the error that caused the rollback
-            exc.add_note(f"rolling back instant {instant} failed too: {type(cleanup).__name__}: {cleanup}")
-        error = retyped(exc)
-        if error is exc:
-            raise  # as it is, with its own cause (`raise exc from exc` would replace that cause by itself)
-        raise error from exc
-    # 3. Files of failed or losing attempts (and the touched-key files) were never listed; now they go.
-    listed = leftovers.settled_files(record) or set()
-    scratch = {t.path for t in writer.touched() if t.path}
-    deleted = markers.discard_unlisted(table.io, instant, keep=listed)
-    summary.orphans_deleted = len([rel for rel in deleted if rel not in scratch])
-    leftovers.sweep_after_write(table.io, record)  # dead writers' temp files where this batch wrote
-    summary.seq = record.seq
-    summary.seconds = time.perf_counter() - started  # returned: the whole call, cleanup of orphans included
-    return summary
-
-
-def _check_layout_and_schema(table: Table, options: TagOptions, input_schema: pa.Schema,
-                             where: str) -> tuple[pa.Schema | None, int]:
-    """The driver's checks before any task: the same key/partition layout as the table's earlier writes, no input
-    column in dbidx's own `_dbidx_` namespace, and the data schema (data/schema.py). Returns the schema to
-    record (None if unchanged) and the seq it was checked at."""
-    view = table.data_view()  # refreshed: schema, layout and seq agree
-    recorded, seq = recorded_schema(view.schema), view.applied_seq
-    layout = reads.layout_of(table, view)
-    if layout is not None:
-        for name, mine in (("key", options.key), ("partition", options.partition), ("hive_style", options.hive_style)):
-            if name in layout and layout[name] != mine:
-                raise ConfigError(f"table {table.uri} was written with {name}={layout[name]!r}, but this upsert "
-                                  f"passes {name}={mine!r}: records would be merged or placed under another identity "
-                                  "than before")
-    own = [f.name for f in input_schema if f.name.startswith("_dbidx_") and f.name != options.delete_column]
-    if own:
-        raise SchemaError(f"{where} has column(s) {own} in dbidx's own `_dbidx_` namespace (data files use such "
-                          "names for the writing instant and the delete flag); rename them")
-    consumed = [c for c in (options.delete_column,) if c]
-    new_schema = evolve(recorded, data_columns(input_schema, consumed), where, consumed)
-    return new_schema, seq
-
-
-def _schema_unchanged(news: list[Any], instant: str) -> None:
-    """Publish check: no completion since the upsert's schema check recorded another data schema."""
-    for rec in news:
-        if SCHEMA_EXTRA in rec.extra:
-            raise ConflictError(f"instant {instant}: {rec.action} {rec.instant} (seq {rec.seq}) changed the table's "
-                                "data schema while this upsert ran; nothing was published: run it again (it is "
-                                "checked against the new schema)")
-
-
-def commit_results(writer: Any, results: list[tuple[int, int, bytes]], options: TagOptions,
-                   expected_tasks: int, started: float | None = None,
-                   progress: Progress | None = None) -> tuple[Any, CommitSummary]:
-    """Publish the task results of the winning attempts as the writer's instant, or raise and publish nothing.
-
-    started: the upsert's perf_counter start; the completion record then stores the seconds from there to the
-    publish (what `dbidx commits` shows), measured just before the record is written.
-
-    The driver holds per task only the records of the files it wrote (a few hundred bytes per file), its
-    touched-key ranges and its metrics. It publishes only what it has checked is complete: exactly one result per
-    task of the job, and every listed file present with its recorded size.
-    """
-    # 1. Exactly one result per task: a lost result (a driver-side failure while collecting) must never become
-    #    a smaller commit.
-    seen = sorted(shard for shard, _, _ in results)
-    if seen != list(range(expected_tasks)):
-        missing = sorted(set(range(expected_tasks)) - set(seen))
-        repeated = sorted({s for s in seen if seen.count(s) > 1})
-        raise CommitError(f"instant {writer.instant}: the job returned {len(results)} task results for "
-                          f"{expected_tasks} shard tasks (missing {missing[:10]}, repeated {repeated[:10]}, others "
-                          f"{sorted(set(seen) - set(range(expected_tasks)))[:10]}); the driver may have failed "
-                          "while collecting them (out of memory?). Nothing was published; run the upsert again.")
-    # 2. Parse every record strictly (task results are input like any other) and check the files exist.
-    files, index_files, touched, shards = [], [], [], []
-    writer.table.refresh()  # tasks tagged against seqs up to the latest; none can be newer
-    steps = Steps(progress, len(results))
-    try:
-        for shard, _attempt, payload in results:
-            result = task.unpack_result(payload)
-            task_files = [DataFileRecord.parse(f, "data file") for f in result["files"]]
-            task_index = [FileRecord.parse(f, "index file") for f in result["index_files"]]
-            task_touched = [TouchedKeys.parse(t, writer.started.start_seq, writer.table.timeline.latest_seq)
-                            for t in result["touched"]]
-            writer.add_written(task_index, task_files,
-                               {p: PartitionChange.parse(c, p) for p, c in result["changes"].items()}, task_touched)
-            writer.add_superseded(*_superseded(result["superseded"]))
-            files += task_files
-            index_files += task_index
-            touched += task_touched
-            # Strict: every number present, >= 0, whole where an int; kept beside the dict as sent.
-            task_metrics = [(task.ShardMetrics.from_dict(m), m) for m in result["metrics"]]
-            shards += task_metrics
-            steps.step(f"shard {shard} checked", sum(parsed.input_rows for parsed, _ in task_metrics))
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise CommitError(f"instant {writer.instant}: a task result is malformed ({exc}); nothing was "
-                          "published") from exc
-    _check_files_exist(writer.table.io, writer.instant, [(f.path, f.size) for f in files + index_files]
-                       + [(t.path, t.size) for t in touched if t.path])
-    summary = _summarize(writer.instant, files, index_files, shards)
-    writer.extra[LAYOUT_EXTRA] = {"key": options.key, "partition": options.partition,
-                                  "hive_style": options.hive_style, "ordering": options.ordering,
-                                  "buckets": options.buckets.to_dict()}
-    if started is not None:
-        summary.seconds = time.perf_counter() - started  # stored: start to publish (cleanup after is not in it)
-    writer.extra["metrics"] = {k: v for k, v in summary.to_dict().items() if k != "per_shard"}
-    # 3. Publish: data and index become visible together, or not at all.
-    return writer.commit(), summary
-
-
-def _superseded(sent: Any) -> tuple[int, dict[str, BitMap]]:
-    """A task's superseded rows (view seq, data file -> positions), parsed strictly (bad input: ValueError)."""
-    seq, rows = sent["seq"], sent["rows"]
-    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0 or not isinstance(rows, dict):
-        raise ValueError(f"superseded rows {sent!r:.100} are not (seq, positions)")
-    return seq, {layout.validate_table_path(p): BitMap.deserialize(b) for p, b in rows.items()}
-
-
-def _check_files_exist(io: Any, instant: str, expected: list[tuple[str, int]]) -> None:
-    """Every file a task listed must exist with the size it reported (one metadata call for all of them)."""
-    sizes = io.sizes([rel for rel, _ in expected])
-    wrong = [(rel, size, sizes.get(rel)) for rel, size in expected if sizes.get(rel) != size]
-    if wrong:
-        rel, size, found = wrong[0]
-        raise CommitError(f"instant {instant}: {len(wrong)} file(s) the tasks listed are missing or have another "
-                          f"size, e.g. {io.path(rel)} ({size} bytes reported, "
-                          f"{'missing' if found is None else f'{found} found'}); nothing was published")
-
-
-def _summarize(instant: str, files: list[DataFileRecord], index_files: list[FileRecord],
-               shards: list[tuple[task.ShardMetrics, dict[str, Any]]]) -> CommitSummary:
-    """The commit's counts (the shards' sum) and files; shards: each shard's parsed metrics and the dict as sent."""
-    ordered = sorted(shards, key=lambda pair: pair[0].shard)
-    summary = CommitSummary(instant=instant, seq=0, per_shard=[sent for _, sent in ordered])
-    summary.add(*(parsed for parsed, _ in ordered))
-    summary.partitions = sorted({f.partition for f in files})
-    summary.data_files = len(files)
-    summary.data_bytes = sum(f.size for f in files)
-    summary.index_entries = sum(f.rows for f in index_files)
-    return summary
-
-
-def commit_history(table: Table, last: int = 20) -> list[dict[str, Any]]:
-    """The last `last` completions (all actions), newest first, with the metrics upserts stored in them."""
-    table.refresh()
-    out = []
-    for rec in reversed(table.timeline.completed(after_seq=max(table.timeline.latest_seq - max(last, 0), 0))):
-        out.append({"seq": rec.seq, "instant": rec.instant, "action": rec.action,
-                    "completed_at_ms": rec.completed_at_ms, "rolled_back": rec.rolled_back,
-                    "metrics": rec.extra.get("metrics")})
-    return out

@@ -10,15 +10,10 @@ any upsert; later batches' caches take the new partitions by loading their snaps
 """
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Any, Iterable, Mapping
+from typing import Iterable
 
-from dbidx.buckets.assigner import BucketSpec
-from dbidx.config import CacheConfig
 from dbidx.errors import InvalidInputError
 from dbidx.mdt.table import Table
-from dbidx.spark_integration.api import CommitSummary, _boolean_columns, _unfit_key_columns, make_options, upsert_with_options
-from dbidx.spark_integration.task_errors import TaskHook
 
 
 def empty_table_seq(table: Table) -> int | None:
@@ -45,26 +40,3 @@ def new_partitions_seq(table: Table, partitions: Iterable[str]) -> int:
         raise InvalidInputError(f"bulk_insert writes only partitions table {table.uri} has never had; {clash[:5]} "
                                 f"({len(clash)} in all) already hold records: write them with upsert")
     return view.applied_seq
-
-
-def bulk_insert(df: Any, table: Table, *, key: str, partition: str, ordering: str | None = None,
-                delete_column: str | None = "_dbidx_delete", hive_style: bool = True,
-                buckets: BucketSpec | None = None, cache_options: Mapping[str, Any] | None = None,
-                cache_config: CacheConfig | None = None, on_task_written: TaskHook | None = None) -> CommitSummary:
-    """Load rows into partitions the table has never had (any partition of an empty table), as one upsert instant
-    that skips the caches: the initial load of a table or a backfill of new days.
-
-    Contract: every partition of `df` is new to the table (checked: InvalidInputError names the ones that are not;
-    in global mode the table must be empty). Within `df`, repeats of a key collapse as in `upsert` (`ordering`,
-    then arrival) and delete rows delete nothing. Arguments as for `upsert`; `upsert` itself takes this path on a
-    table's first write.
-    """
-    options = make_options(table, key, partition, ordering, delete_column, hive_style, buckets, cache_options,
-                           cache_config, df.sparkSession.conf)
-    options.check_columns(df.columns, "the bulk_insert DataFrame", _boolean_columns(df), _unfit_key_columns(df))
-    values = [row[0] for row in df.select(partition).distinct().collect()]
-    import pyarrow as pa
-
-    paths = options.partitions_of(pa.table({partition: pa.array(values)})).to_pylist() if values else []
-    seq = new_partitions_seq(table, paths)
-    return upsert_with_options(df, table, replace(options, bulk_seq=seq), on_task_written)

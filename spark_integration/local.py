@@ -18,7 +18,7 @@ from dbidx.table.keys import unfit_key_kind
 from dbidx.mdt.table import Table
 from dbidx.progress import Progress, Steps
 from dbidx.spark_integration import task
-from dbidx.spark_integration.api import CommitSummary, make_options, run_upsert
+from dbidx.spark_integration.driver import CommitSummary, make_options, run_upsert
 from dbidx.spark_integration.bulk import empty_table_seq
 from dbidx.spark_integration.tagger import ROW_ID
 

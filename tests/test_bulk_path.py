@@ -91,7 +91,7 @@ def test_bulk_insert_takes_only_partitions_the_table_never_had(tmp_path: Path) -
 @pytest.mark.spark
 def test_spark_bulk_insert_backfills_new_partitions(spark, tmp_path: Path) -> None:
     from dbidx.spark_integration.api import upsert
-    from dbidx.spark_integration.bulk import bulk_insert
+    from dbidx.spark_integration.api import bulk_insert
 
     table = Table.create(str(tmp_path / "t"), num_shards=2)
     config = CacheConfig(base_path=str(tmp_path / "cache"))

@@ -16,9 +16,10 @@ from dbidx.data import reads
 from dbidx.table import checkpoint, layout
 from dbidx.table.data_view import DataView
 from dbidx.table.file_view import FileView
+from dbidx.mdt import table as table_module
 from dbidx.mdt.table import Table
 from dbidx.mdt.verify_table import verify_table
-from dbidx.spark_integration.api import commit_history
+from dbidx.spark_integration.driver import commit_history
 from dbidx.spark_integration.local import upsert_arrow
 
 from tests.spark_helpers import Oracle, random_batch
@@ -116,7 +117,7 @@ def test_a_failing_checkpoint_write_never_fails_the_commit(tmp_path: Path, monke
     def broken(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(checkpoint, "write_checkpoint", broken)
+    monkeypatch.setattr(table_module, "write_checkpoint", broken)  # what Table.checkpoint calls
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with table.new_commit() as writer:

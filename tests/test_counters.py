@@ -7,7 +7,7 @@ import pytest
 
 from dbidx.cache.metrics import CacheMetrics
 from dbidx.counters import Counters, gauge
-from dbidx.spark_integration.api import CommitSummary
+from dbidx.spark_integration.driver import CommitSummary
 from dbidx.spark_integration.tagger import TagCounts
 from dbidx.spark_integration.task import ShardMetrics, TaskCounts
 

@@ -175,7 +175,7 @@ def test_a_crashed_upsert_rolled_back_leaves_no_file_and_readers_agree(tmp_path:
 
     from dbidx.cli import main
     from dbidx.mdt.writer import CommitWriter
-    from dbidx.spark_integration import api
+    from dbidx.spark_integration import driver
 
     table = twice_updated(tmp_path, ("d1", "d2"))
     config = CacheConfig(base_path=str(tmp_path / "cache"))
@@ -188,7 +188,7 @@ def test_a_crashed_upsert_rolled_back_leaves_no_file_and_readers_agree(tmp_path:
     def crash(*args, **kwargs):
         raise Crash("killed before the publish")
 
-    monkeypatch.setattr(api, "commit_results", crash)
+    monkeypatch.setattr(driver, "commit_results", crash)
     monkeypatch.setattr(CommitWriter, "rollback", lambda self: None)  # a dead process cleans nothing up
     with pytest.raises(Crash):
         upsert_arrow(pa.table({"id": ["a", "b", "c"], "dt": ["d1", "d2", "d1"], "v": [3, 3, 3]}), table, key="id",

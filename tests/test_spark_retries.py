@@ -21,7 +21,8 @@ from dbidx.table import leftovers
 from dbidx.mdt.table import Table
 from dbidx.table.records import ACTION_ROLLBACK
 from dbidx.spark_integration import task
-from dbidx.spark_integration.api import _check_layout_and_schema, commit_results, tag, upsert
+from dbidx.spark_integration.api import tag, upsert
+from dbidx.spark_integration.driver import _check_layout_and_schema, commit_results
 from dbidx.spark_integration.reads import committed_data_files, read_table
 from dbidx.spark_integration.tagger import TagOptions
 from dbidx.table import markers

@@ -13,7 +13,8 @@ from dbidx.buckets.naming import bucket_of
 from dbidx.config import CacheConfig
 from dbidx.table.keyhash import shard_of
 from dbidx.mdt.table import Table
-from dbidx.spark_integration.api import commit_history, tag, upsert
+from dbidx.spark_integration.api import tag, upsert
+from dbidx.spark_integration.driver import commit_history
 from dbidx.spark_integration.reads import read_table
 
 from tests.delta_readers import assert_readers_agree

@@ -90,14 +90,14 @@ def test_a_crash_at_any_step_leaves_a_table_the_old_or_the_new_reader_reads_whol
     root, expected = unpack(tmp_path, "partitioned")
     before = format3_state(root)
     real = {"vectors written": upgrade.write_vectors, "record staged": upgrade.properties_json,
-            "switched": upgrade._publish, "published": upgrade._settle}[step]
+            "switched": upgrade.publish, "published": upgrade._settle}[step]
 
     def crash_around(*args, **kwargs):
         if step in ("vectors written", "published"):
             real(*args, **kwargs)  # the step ran, the process died right after it
         raise Crash(step)
 
-    attr = {"vectors written": "write_vectors", "record staged": "properties_json", "switched": "_publish",
+    attr = {"vectors written": "write_vectors", "record staged": "properties_json", "switched": "publish",
             "published": "_settle"}[step]
     with monkeypatch.context() as patched:
         patched.setattr(upgrade, attr, crash_around)
@@ -139,7 +139,7 @@ def test_pending_instants_refuse_the_upgrade_unless_rolled_back(tmp_path: Path) 
 def test_a_format3_commit_during_the_upgrade_takes_the_switch_back(tmp_path: Path, monkeypatch) -> None:
     root, expected = unpack(tmp_path, "partitioned")
     original = Path(root, layout.PROPERTIES_FILE).read_bytes()
-    real_publish = upgrade._publish
+    real_publish = upgrade.publish
 
     def writer_wins(timeline, started, record) -> None:
         # A format-3 writer publishes the seq the upgrade wanted (its record: the last one, renumbered).
@@ -151,7 +151,7 @@ def test_a_format3_commit_during_the_upgrade_takes_the_switch_back(tmp_path: Pat
         CompletedInstant.from_json(json.dumps(last).encode(), "crafted", legacy=True)  # a valid format-3 record
         real_publish(timeline, started, record)
 
-    monkeypatch.setattr(upgrade, "_publish", writer_wins)
+    monkeypatch.setattr(upgrade, "publish", writer_wins)
     with pytest.raises(FormatUpgradeError, match="while it was being upgraded"):
         upgrade.upgrade_table(root)
     assert Path(root, layout.PROPERTIES_FILE).read_bytes() == original  # format 3 again
@@ -186,7 +186,7 @@ def test_a_format3_commit_after_the_switch_and_a_crash_takes_the_switch_back_at_
         raise Crash("died before publishing")
 
     with monkeypatch.context() as patched:
-        patched.setattr(upgrade, "_publish", format3_writer_wins_then_crash)
+        patched.setattr(upgrade, "publish", format3_writer_wins_then_crash)
         with pytest.raises(Crash):
             upgrade.upgrade_table(root)
     with pytest.raises(FormatUpgradeError, match="format 3 again"):
