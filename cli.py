@@ -18,7 +18,7 @@ import click
 
 from dbidx import __version__, cli_cache
 from dbidx.cli_output import (
-    Output, ProgressBar, json_option, open_table, output, resolve_table, storage_options, table_argument, wants_json,
+    Output, ProgressBar, json_option, open_table, output, storage_options, table_argument, wants_json,
 )
 from dbidx.errors import DbidxError
 
@@ -121,7 +121,7 @@ def build_index_cmd(uri: str, key_column: str, partition_columns: tuple[str, ...
 
 
 @main.command("lookup")
-@table_argument(rest="keys")
+@table_argument()
 @click.argument("keys", nargs=-1)
 @click.option("--partition", default=None, help="Partition path of the keys (required unless global index).")
 @click.option("--mode", type=click.Choice(["auto", "seek", "scan"]), default="auto", show_default=True)
@@ -176,19 +176,12 @@ def _commits_text(payload: dict[str, Any]) -> str:
 
 
 @main.command("stats")
-@click.argument("uri", required=False)
-@click.option("--table", "table_option", default=None, hidden=True, help="Deprecated: the table's URI.")
-@click.option("--cache-dir", default=None, help="Report the cache(s) in this shard dir or base path instead.")
+@table_argument()
 @json_option
-def stats_cmd(uri: str | None, table_option: str | None, cache_dir: str | None, as_json: bool) -> None:
-    """Per-partition stats of the persisted index (last commit, live keys, file groups) or of local caches."""
-    if cache_dir is not None:
-        if uri is not None or table_option is not None:
-            raise click.UsageError("stats reports a table or local caches, not both: `dbidx stats URI`, or "
-                                   "`dbidx cache stats --cache-dir DIR`")
-        cli_cache.renamed("dbidx cache stats")
-        return cli_cache.stats_cmd.callback(cache_dir=cache_dir, as_json=as_json)  # type: ignore[misc]
-    table = open_table(resolve_table(uri, table_option, " (or --cache-dir DIR: `dbidx cache stats`)"))
+def stats_cmd(uri: str, as_json: bool) -> None:
+    """Per-partition stats of the persisted index (last commit, live keys, file groups); `dbidx cache stats` for
+    local caches."""
+    table = open_table(uri)
     parts = [{"partition": s.partition, "last_instant": s.last_instant, "last_commit": s.last_commit_time.isoformat(),
               "live_keys": s.live_keys, "file_groups": len(s.bucket_fills), "bucket_fills": s.bucket_fills}
              for s in table.partitions()]
@@ -209,14 +202,10 @@ def stats_cmd(uri: str | None, table_option: str | None, cache_dir: str | None, 
 
 @main.command("verify")
 @table_argument()
-@click.option("--cache-dir", default=None, help="Compare the cache(s) in this shard dir or base path with the "
-              "index; without it, check every file of the table against its recorded size and checksum.")
 @json_option
-def verify_cmd(uri: str, cache_dir: str | None, as_json: bool) -> None:
-    """Check the table's files (exit 4 on damage), or compare caches with the index (exit 1 on a difference)."""
-    if cache_dir is not None:
-        cli_cache.renamed("dbidx cache verify")
-        return cli_cache.verify_cmd.callback(uri=uri, cache_dir=cache_dir, as_json=as_json)  # type: ignore[misc]
+def verify_cmd(uri: str, as_json: bool) -> None:
+    """Check every file of the table against its recorded size and checksum (exit 4 on damage); `dbidx cache
+    verify` compares caches with the index."""
     _verify_table_files(open_table(uri), as_json)
 
 
@@ -374,8 +363,6 @@ def demo_cmd(workdir: str, keys: int, days: int, batches: int, batch_rows: int |
 
 
 main.add_command(cli_cache.cache_group)
-for _name in ("sync", "reap", "bootstrap"):  # the pre-group spellings, for one release
-    main.add_command(cli_cache.alias(cli_cache.cache_group.commands[_name], f"dbidx cache {_name}"), _name)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -2,9 +2,7 @@
 
 Each is a few lines over the library (`dbidx.cache`, `dbidx.bootstrap`); `each_cache` is the one loop that finds
 the shard caches under a directory (a shard dir or a base path; by default the one base path Spark tasks use too,
-`config.base_path_choice`, which `dbidx cache info` shows) and opens them one at a time. The pre-group
-spellings (`dbidx sync`, `dbidx reap`, `dbidx bootstrap`, `dbidx stats --cache-dir`, `dbidx verify --cache-dir`)
-still work for one release and say on stderr what they are now called.
+`config.base_path_choice`, which `dbidx cache info` shows) and opens them one at a time.
 """
 from __future__ import annotations
 
@@ -227,19 +225,3 @@ def bootstrap_cmd(uri: str, days: int | None, shards: tuple[int, ...], num_shard
         f"{p['entries_per_second']:,} entries/s ({p['parallelism']}); "
         f"{sum(len(s['already_ready']) for s in p['shards'])} already ready (caught up "
         f"{sum(s['caught_up_entries'] for s in p['shards']):,} entries)"))
-
-
-def renamed(new_spelling: str) -> None:
-    """Say on stderr (stdout stays the result, JSON included) what an old spelling is called now."""
-    click.echo(f"note: this command is now `{new_spelling}`; the old spelling goes in the next release", err=True)
-
-
-def alias(command: click.Command, new_spelling: str) -> click.Command:
-    """The command under its pre-group name: hidden from --help, the same options, and the note above."""
-
-    def callback(**kwargs: Any) -> Any:
-        renamed(new_spelling)
-        return command.callback(**kwargs)  # type: ignore[misc]
-
-    return click.Command(command.name, params=list(command.params), callback=callback, help=command.help,
-                         hidden=True)

@@ -1,11 +1,10 @@
 """What every `dbidx` command shares: its output (text or one JSON object), progress on stderr, and how it names a
-table (URI as the first argument; `--table URI` is a hidden, deprecated alias).
+table (its URI, the first argument).
 
 Imported by cli.py and cli_cache.py; it imports neither, so there is no cycle.
 """
 from __future__ import annotations
 
-import functools
 import json
 import sys
 import time
@@ -117,38 +116,6 @@ def command_name() -> str:
     return " ".join(["dbidx"] + names)
 
 
-def resolve_table(uri: str | None, table_option: str | None, hint: str = "") -> str:
-    """The table a command names: its URI argument, or the deprecated --table (the same value, if both)."""
-    if table_option is not None:
-        if uri is not None and uri != table_option:
-            raise click.UsageError(f"the table is named twice, as URI {uri!r} and as --table {table_option!r}; name "
-                                   f"it once, as the first argument: {command_name()} URI ... (--table is deprecated)")
-        click.echo(f"note: --table is deprecated; name the table as the first argument: {command_name()} URI ...",
-                   err=True)
-        return table_option
-    if uri is None:
-        raise click.UsageError(f"missing the table: name its URI as the first argument: {command_name()} URI ...{hint}")
-    return uri
-
-
-def table_argument(rest: str | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """URI, the table, as the command's first argument, plus the hidden deprecated `--table URI`.
-
-    rest: the name of a variadic argument after URI (lookup's KEYS). With --table given, a first positional that
-    differs from it is the first of those (the old spelling `lookup --table URI KEY...`), not a second table.
-    """
-
-    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(fn)
-        def callback(*args: Any, **kwargs: Any) -> Any:
-            uri, table_option = kwargs.get("uri"), kwargs.pop("table_option", None)
-            if rest is not None and table_option is not None and uri is not None and uri != table_option:
-                kwargs[rest], uri = (uri, *kwargs.get(rest, ())), None
-            kwargs["uri"] = resolve_table(uri, table_option)
-            return fn(*args, **kwargs)
-
-        callback = click.option("--table", "table_option", default=None, hidden=True,
-                                help="Deprecated: the table's URI (give it as the first argument).")(callback)
-        return click.argument("uri", required=False)(callback)
-
-    return decorate
+def table_argument() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """URI, the table, as the command's first argument (the one way every command names its table)."""
+    return click.argument("uri")

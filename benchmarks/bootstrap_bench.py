@@ -21,7 +21,7 @@ import pyarrow as pa
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _report  # noqa: E402
 
-from dbidx.bootstrap.on_demand import ensure_loaded  # noqa: E402
+from dbidx.bootstrap.on_demand import OnDemandLoader  # noqa: E402
 from dbidx.bootstrap.time_bounded import bootstrap  # noqa: E402
 from dbidx.cache.record_cache import RecordIndexCache  # noqa: E402
 from dbidx.config import CacheConfig  # noqa: E402
@@ -109,9 +109,9 @@ def main() -> None:
         cache = RecordIndexCache.for_table(table, 0, CacheConfig(), base_path=work / "caches").open()
         cold = [partition_of(d) for d in range(min(args.repeats, args.days_total - args.window))]
         stalls = []
-        for partition in cold:
-            report = ensure_loaded(cache, table, [partition])
-            stalls.append(report.stall_seconds)
+        with OnDemandLoader(cache, table) as loader:
+            for partition in cold:
+                stalls.append(loader.ensure_loaded([partition]).stall_seconds)
         cold_entries = cache.partitions()[cold[0]].entries
         cache.close()
         stall = sorted(stalls)[len(stalls) // 2]

@@ -23,9 +23,9 @@ from functools import partial
 from pathlib import Path
 from typing import Callable
 
-from dbidx.cache.loading import snapshot_entries
+from dbidx.cache.loading import prepare_slice
 from dbidx.cache.record_cache import RecordIndexCache
-from dbidx.cache.sst_builder import PreparedLoad, build_sst
+from dbidx.cache.sst_builder import PreparedLoad
 from dbidx.config import CacheConfig
 from dbidx.errors import CacheError, InvalidInputError
 from dbidx.mdt.table import Table
@@ -59,13 +59,6 @@ class LoadOutcome:
     build_seconds: float
     started: float  # time.monotonic() when the build began
     finished: float  # time.monotonic() when the partition became ready
-
-
-def prepare_slice(table: Table, shard: int, partition: str, seq: int, global_mode: bool, sst_path: str,
-                  config: CacheConfig) -> PreparedLoad:
-    """Read one shard's slice of a partition from the MDT and write it as an SST (runs in a pool worker)."""
-    keys, locations = snapshot_entries(table, shard, partition, seq, global_mode)
-    return build_sst(partition, keys, locations, sst_path, config)
 
 
 def _timed_prepare(table: Table, shard: int, partition: str, seq: int, global_mode: bool, sst_path: str,

@@ -5,8 +5,8 @@ partitions stalls five times in a row (its review comment on stalls). Here the t
 partitions once; all the cold ones load at the same time, and the batch waits once, for the slowest. Concurrent
 callers sharing one loader (threads tagging other batches of the same shard) that need a partition already being
 loaded wait for that load instead of starting a second one (single flight). Stalls are counted in the cache's
-metrics. A loader belongs to whoever holds the cache open for a while (a Spark task session), or is shared by the
-callers of `ensure_loaded` on one open cache until it closes (`RecordIndexCache.on_close`).
+metrics. A loader belongs to whoever holds the cache open (a Spark task session, spark_integration/task.py), which
+closes it with the cache.
 """
 from __future__ import annotations
 
@@ -15,18 +15,13 @@ import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from dbidx.bootstrap.loader import prepare_slice
+from dbidx.cache.loading import prepare_slice
 from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.errors import CacheCorruptError
 from dbidx.mdt.table import Table
-
-_SHARED: dict[int, "OnDemandLoader"] = {}  # id(open cache) -> its shared loader, until the cache closes
-_SHARED_LOCK = threading.Lock()
-
 
 @dataclass
 class OnDemandReport:
@@ -134,27 +129,3 @@ class OnDemandLoader:
         finally:
             with self._lock:
                 self._inflight.pop(partition, None)
-
-
-def shared_loader(cache: RecordIndexCache, table: Table) -> OnDemandLoader:
-    """The loader every `ensure_loaded` call on one open cache shares, so concurrent callers that need the same cold
-    partition load it once and at most `load.threads` loads run per cache; stopped when the cache closes."""
-    with _SHARED_LOCK:
-        loader = _SHARED.get(id(cache))
-        if loader is None or loader.cache is not cache or loader.table.props.table_id != table.props.table_id:
-            loader = _SHARED[id(cache)] = OnDemandLoader(cache, table, cache.config.on_demand_workers)
-            cache.on_close(partial(_release, id(cache), loader))
-        return loader
-
-
-def _release(key: int, loader: OnDemandLoader) -> None:
-    with _SHARED_LOCK:
-        if _SHARED.get(key) is loader:
-            del _SHARED[key]
-    loader.close()
-
-
-def ensure_loaded(cache: RecordIndexCache, table: Table, partitions: Iterable[str]) -> OnDemandReport:
-    """Load every not-ready partition of a batch concurrently; returns when all are ready (through the cache's
-    shared loader: a Spark task session owns its own, spark_integration/task.py)."""
-    return shared_loader(cache, table).ensure_loaded(partitions)

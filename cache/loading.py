@@ -1,16 +1,23 @@
 """Loading: a shard's slice of the persisted index (its snapshot at a completion seq) into a cache partition.
 
-What bootstrap, on-demand loading and catch-up's reloads share: read only the shard's file groups of one partition
-(of the whole index in global mode) and hand the keys and their cache locations to `RecordIndexCache.load_partition`
-(one SST, visible only once complete). Catch-up (cache/catchup.py) decides when to reload; this module only loads.
+The one loading path: `prepare_slice` reads only the shard's file groups of one partition (of the whole index in
+global mode) and writes them as one SST, anywhere (a pool worker, a loader thread); `RecordIndexCache.
+install_partition` ingests it, visible only once complete. Who calls it, and how many at once, is the only
+difference between the loaders: bootstrap builds many in a pool (bootstrap/loader.py), an on-demand loader a
+batch's cold partitions concurrently (bootstrap/on_demand.py), catch-up one reload at a time
+(`load_from_snapshot`; cache/catchup.py decides when).
 """
 from __future__ import annotations
+
+import uuid
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from dbidx.cache.codec import GLOBAL_SEPARATOR
 from dbidx.cache.record_cache import RecordIndexCache
+from dbidx.cache.sst_builder import PreparedLoad, build_sst
+from dbidx.config import CacheConfig
 from dbidx.mdt.rli_files import FILE_GROUP, KEY, PARTITION
 from dbidx.mdt.table import Table
 
@@ -41,8 +48,23 @@ def _single_chunk(column: pa.ChunkedArray | pa.Array) -> pa.Array:
     return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
 
 
+def prepare_slice(table: Table, shard: int, partition: str, seq: int, global_mode: bool, sst_path: str,
+                  config: CacheConfig) -> PreparedLoad:
+    """Read one shard's slice of a partition from the index and write it as an SST at `sst_path` (picklable
+    inputs: bootstrap runs it in worker processes)."""
+    keys, locations = snapshot_entries(table, shard, partition, seq, global_mode)
+    return build_sst(partition, keys, locations, sst_path, config)
+
+
 def load_from_snapshot(cache: RecordIndexCache, table: Table, partition: str, as_of_seq: int) -> int:
-    """(Re)load one partition of the cache's shard from the MDT snapshot at a completion seq; returns entries."""
-    keys, locations = snapshot_entries(table, cache.identity.shard, partition, as_of_seq, cache.global_mode)
-    cache.load_partition(partition, keys, locations, synced_seq=as_of_seq)
-    return len(keys)
+    """(Re)load one partition of the cache's shard from the index snapshot at a completion seq, in this thread;
+    returns its entries."""
+    sst = cache.scratch_dir / f"load-{uuid.uuid4().hex[:12]}.sst"
+    try:
+        prepared = prepare_slice(table, cache.identity.shard, partition, as_of_seq, cache.global_mode, str(sst),
+                                 cache.config)
+        cache.install_partition(prepared, as_of_seq)
+    except BaseException:
+        sst.unlink(missing_ok=True)
+        raise
+    return prepared.entries

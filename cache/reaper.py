@@ -10,11 +10,10 @@ from __future__ import annotations
 import logging
 import re
 import shutil
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.cache.dir_lock import incarnation, lock_path, read_incarnation, release_flock, try_flock
@@ -222,50 +221,3 @@ def discard_cache_dir(shard_dir: str | Path, seen: str | None) -> str:
 def abandoned_to_dict(found: list[AbandonedCache]) -> list[dict[str, Any]]:
     """JSON-friendly form."""
     return [asdict(a) for a in found]
-
-
-class BackgroundReaper:
-    """Runs reap() every `interval_s` on a daemon thread for long-lived processes; stop() ends it."""
-
-    def __init__(self, cache: RecordIndexCache, interval_s: float | None = None,
-                 on_result: Callable[[ReapResult], None] | None = None) -> None:
-        self.cache = cache
-        self.interval_s = cache.config.reaper_interval_s if interval_s is None else interval_s
-        self.on_result = on_result
-        self.passes = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> "BackgroundReaper":
-        """Start the thread (idempotent)."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name=f"dbidx-reaper-{self.cache.path.name}",
-                                            daemon=True)
-            self._thread.start()
-        return self
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        """Ask the thread to stop and wait for the pass in progress."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            self._thread = None
-
-    def __enter__(self) -> "BackgroundReaper":
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            if self.cache.store is None:
-                return
-            try:
-                result = reap(self.cache)
-            except Exception:  # a failed pass must not kill the thread; the next one retries
-                log.exception("dbidx reaper pass on %s failed", self.cache.path)
-                continue
-            self.passes += 1
-            if self.on_result is not None:
-                self.on_result(result)

@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -57,7 +57,6 @@ class RecordIndexCache:
         self._states: dict[str, PartitionState] = {}
         self._dictionary = LocationDictionary(self.path)
         self._lock = threading.RLock()
-        self._on_close: list[Callable[[], None]] = []
 
     # ---- construction --------------------------------------------------------------------------------------
     @classmethod
@@ -135,23 +134,10 @@ class RecordIndexCache:
         db[registry.SESSION_KEY] = registry.SESSION_OPEN
         self.store.flush()  # type: ignore[union-attr]
 
-    def on_close(self, callback: Callable[[], None]) -> None:
-        """Run `callback` when this cache closes, before its directory is released (e.g. stop helpers that write
-        to it, such as a shared on-demand loader); each runs once."""
-        self._on_close.append(callback)
-
     def close(self) -> None:
         """Persist counters and last-access times, mark the session closed and release the directory."""
         if self.store is None:
             return
-        callbacks, self._on_close = self._on_close, []
-        try:
-            for callback in callbacks:
-                callback()
-        finally:  # a failing callback still leaves the cache closed and its directory released
-            self._close_store()
-
-    def _close_store(self) -> None:
         with self._lock:
             store, self.store = self.store, None
             try:

@@ -10,7 +10,7 @@ from urllib.parse import quote
 
 import xxhash
 
-from dbidx.errors import InvalidInputError, InvalidKeyError, InvalidPartitionError
+from dbidx.errors import InvalidInputError, InvalidPartitionError
 
 META_DIR = ".dbidx"
 PROPERTIES_FILE = f"{META_DIR}/table.json"
@@ -67,15 +67,6 @@ def validate_partition(partition: object) -> str:
         raise InvalidPartitionError(f"partition path {partition!r} has a {META_DIR!r} segment, the name of the "
                                     "metadata folder")
     return partition
-
-
-def validate_key(key: object) -> str:
-    """Return the record key if it is a non-empty string without NUL bytes, else raise naming it."""
-    if not isinstance(key, str):
-        raise InvalidKeyError(f"record key must be a string, got {type(key).__name__}: {key!r}")
-    if key == "":
-        raise InvalidKeyError("record key is empty; every record needs a non-empty key")
-    return key
 
 
 def validate_table_path(rel: object) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dbidx.bootstrap.on_demand import OnDemandLoader, ensure_loaded
+from dbidx.bootstrap.on_demand import OnDemandLoader
 from dbidx.bootstrap.time_bounded import INFO_NAME, bootstrap
 from dbidx.cache.codec import global_location
 from dbidx.cache.record_cache import GLOBAL_PARTITION, RecordIndexCache
@@ -196,44 +196,18 @@ def test_two_callers_asking_for_one_cold_partition_trigger_one_load(table, tmp_p
         assert dict(cache.items(DAYS[2])) == shard_truth(table, DAYS[2], 1)
 
 
-def test_ensure_loaded_is_a_no_op_for_ready_partitions_and_shared_per_cache(table, tmp_path):
-    with open_cache(table, 2, tmp_path / "c") as cache:
-        first = ensure_loaded(cache, table, [DAYS[4], DAYS[4]])
+def test_ensure_loaded_is_a_no_op_for_ready_partitions(table, tmp_path):
+    with open_cache(table, 2, tmp_path / "c") as cache, OnDemandLoader(cache, table) as loader:
+        first = loader.ensure_loaded([DAYS[4], DAYS[4]])
         assert first.loaded == [DAYS[4]]
-        second = ensure_loaded(cache, table, [DAYS[4]])
+        second = loader.ensure_loaded([DAYS[4]])
         assert second.loaded == [] and second.stall_seconds == 0
         assert cache.metrics.on_demand_loads == 1
 
 
-def test_concurrent_ensure_loaded_callers_on_one_cache_load_a_partition_once(table, tmp_path):
-    """Library callers sharing an open cache share its loader (single flight); it stops when the cache closes."""
-    from dbidx.bootstrap.on_demand import shared_loader
-
-    cache = open_cache(table, 1, tmp_path / "c")
-    with cache:
-        barrier = threading.Barrier(2)
-        reports = []
-
-        def caller() -> None:
-            barrier.wait()
-            reports.append(ensure_loaded(cache, table, [DAYS[3]]))
-
-        threads = [threading.Thread(target=caller) for _ in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert cache.metrics.loads == 1 and sorted(len(r.loaded) for r in reports) == [0, 1]
-        assert sorted(len(r.joined) + len(r.loaded) for r in reports) == [1, 1]
-        loader = shared_loader(cache, table)
-    assert loader.closed  # stopped with the cache
-    with cache.open():  # the same object reopened gets a fresh loader
-        assert shared_loader(cache, table) is not loader
-
-
 def test_an_on_demand_load_of_a_missing_partition_is_ready_and_empty(table, tmp_path):
-    with open_cache(table, 0, tmp_path / "c") as cache:
-        ensure_loaded(cache, table, ["dt=2030-01-01"])
+    with open_cache(table, 0, tmp_path / "c") as cache, OnDemandLoader(cache, table) as loader:
+        loader.ensure_loaded(["dt=2030-01-01"])
         assert cache.lookup("dt=2030-01-01", ["nope"]) == [None]
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from dbidx.cache.catchup import sync
 from dbidx.cache.loading import load_from_snapshot
-from dbidx.cache.reaper import BackgroundReaper, reap
+from dbidx.cache.reaper import reap
 from dbidx.cache.verify import verify
 from dbidx.mdt.table import Table
 
@@ -135,17 +135,6 @@ def test_budget_pass_drops_least_recently_used_first(tmp_path):
         result = reap(cache, ttl_hours=10_000, max_disk_mb=budget_mb, now_ms=now)
         assert result.dropped_budget == [DAY2, DAY1]
         assert cache.is_ready(DAY3) and result.bytes_after <= budget_mb << 20
-
-
-def test_background_reaper_runs_and_stops(warm):
-    table, cache = warm
-    set_access(cache, DAY1, 0)
-    seen = []
-    with BackgroundReaper(cache, interval_s=0.05, on_result=seen.append):
-        deadline = time.monotonic() + 10
-        while cache.is_ready(DAY1) and time.monotonic() < deadline:
-            time.sleep(0.02)
-    assert not cache.is_ready(DAY1) and seen and seen[0].dropped_ttl == [DAY1]
 
 
 def test_lookups_loads_and_the_reaper_share_one_cache_across_threads(warm):

@@ -383,21 +383,6 @@ def test_lookup_order_follows_the_bytes_after_a_long_shared_prefix():
         assert inversions < len(keys) // 1000, (template, inversions)
 
 
-def test_a_failing_close_callback_still_releases_the_cache(tmp_path):
-    """on_close callbacks run before the directory is released; one that raises does not keep the lock."""
-    cache = RecordIndexCache(tmp_path / "c", ident()).open()
-
-    def broken() -> None:
-        raise RuntimeError("helper failed")
-
-    cache.on_close(broken)
-    with pytest.raises(RuntimeError, match="helper failed"):
-        cache.close()
-    assert cache.store is None
-    with RecordIndexCache(tmp_path / "c", ident()) as again:  # the lock was released
-        assert again.partitions() == {}
-
-
 def test_flipped_bytes_in_a_cache_file_are_a_typed_error_naming_the_file(tmp_path):
     """RocksDB's block checksums catch a flipped byte; the library turns its bare Exception into CacheCorruptError
     (a CacheError) naming the SST, on the lookup path and the scan path alike - never a key read as absent."""

@@ -47,24 +47,24 @@ def test_bootstrap_text_output_and_one_shard(tmp_path):
 def test_bootstrap_error_exits(tmp_path):
     table = make_daily_table(tmp_path, keys_per_day=20, num_shards=2)
     base = tmp_path / "caches"
-    missing = invoke(["bootstrap", str(tmp_path / "nope"), "--days", "1", "--json"])
+    missing = invoke(["cache", "bootstrap", str(tmp_path / "nope"), "--days", "1", "--json"])
     assert missing.exit_code == 3 and "no dbidx table" in missing.output
-    out_of_range = invoke(["bootstrap", table.uri, "--shard", "2", "--cache-dir", str(base)])
+    out_of_range = invoke(["cache", "bootstrap", table.uri, "--shard", "2", "--cache-dir", str(base)])
     assert out_of_range.exit_code == 2 and "out of range 0..1" in out_of_range.output
-    wrong_count = invoke(["bootstrap", table.uri, "--shard", "0", "--num-shards", "4",
+    wrong_count = invoke(["cache", "bootstrap", table.uri, "--shard", "0", "--num-shards", "4",
                           "--cache-dir", str(base)])
     assert wrong_count.exit_code == 2 and "has 2 shards" in wrong_count.output
-    both = invoke(["bootstrap", table.uri, "--shard", "0", "--all-shards", "--cache-dir", str(base)])
+    both = invoke(["cache", "bootstrap", table.uri, "--shard", "0", "--all-shards", "--cache-dir", str(base)])
     assert both.exit_code == 2
-    bad_now = invoke(["bootstrap", table.uri, "--now", "someday", "--cache-dir", str(base)])
+    bad_now = invoke(["cache", "bootstrap", table.uri, "--now", "someday", "--cache-dir", str(base)])
     assert bad_now.exit_code == 2 and "--now" in bad_now.output
-    bad_pattern = invoke(["bootstrap", table.uri, "--partition-pattern", "dt=%Y", "--cache-dir",
+    bad_pattern = invoke(["cache", "bootstrap", table.uri, "--partition-pattern", "dt=%Y", "--cache-dir",
                           str(base)])
     assert bad_pattern.exit_code == 2 and "partition pattern" in bad_pattern.output
     # a cache dir that belongs to another table
-    assert invoke(["bootstrap", table.uri, "--days", "1", "--cache-dir", str(base)]).exit_code == 0
+    assert invoke(["cache", "bootstrap", table.uri, "--days", "1", "--cache-dir", str(base)]).exit_code == 0
     other = make_daily_table(tmp_path / "other", keys_per_day=20, num_shards=2)
-    foreign = invoke(["bootstrap", other.uri, "--cache-dir", str(base / table_cache_dir_name(table)),
+    foreign = invoke(["cache", "bootstrap", other.uri, "--cache-dir", str(base / table_cache_dir_name(table)),
                       "--json"])
     assert foreign.exit_code == 6, foreign.output
     assert json.loads(foreign.stdout)["error"] == "CacheMismatchError"

@@ -38,12 +38,12 @@ def run(args: list[str], code: int = 0) -> dict:
 
 def test_stats_of_every_cache_under_a_base_path(setup):
     table, base = setup
-    report = run(["stats", "--cache-dir", str(base), "--json"])
+    report = run(["cache", "stats", "--cache-dir", str(base), "--json"])
     assert [c["shard"] for c in report["caches"]] == [0, 1]
     per_shard = [{p["partition"]: p["entries"] for p in c["partitions"]} for c in report["caches"]]
     assert sum(s[DAY1] for s in per_shard) == 300 and sum(s[DAY2] for s in per_shard) == 300
     assert all(p["state"] == "ready" and p["disk_bytes"] > 0 for c in report["caches"] for p in c["partitions"])
-    text = CliRunner().invoke(main, ["stats", "--cache-dir", str(find_cache_dirs(base)[0])])
+    text = CliRunner().invoke(main, ["cache", "stats", "--cache-dir", str(find_cache_dirs(base)[0])])
     assert text.exit_code == 0 and DAY1 in text.output and "watermark 3" in text.output
 
 
@@ -51,14 +51,14 @@ def test_sync_then_verify(setup):
     table, base = setup
     with table.new_commit() as w:
         w.insert(DAY1, [f"new-{i}" for i in range(50)], "fg-new")
-    synced = run(["sync", table.uri, "--cache-dir", str(base), "--json"])
+    synced = run(["cache", "sync", table.uri, "--cache-dir", str(base), "--json"])
     assert sum(c["applied_entries"] for c in synced["caches"]) == 50
-    assert run(["verify", table.uri, "--cache-dir", str(base), "--json"])["ok"] is True
+    assert run(["cache", "verify", table.uri, "--cache-dir", str(base), "--json"])["ok"] is True
     # Damage one cache through the library: verify exits 1 and names the difference.
     path = find_cache_dirs(base)[0]
     with open_cache_dir(path) as cache:
         cache.apply(DAY2, ["ghost"], ["fg-ghost"], [False], synced_seq=cache.watermark)
-    result = CliRunner().invoke(main, ["verify", table.uri, "--cache-dir", str(base)])
+    result = CliRunner().invoke(main, ["cache", "verify", table.uri, "--cache-dir", str(base)])
     assert result.exit_code == 1 and "ghost" in result.output and "MISMATCH" in result.output
 
 
@@ -73,13 +73,13 @@ def _touch_locks(base, seconds_from_now: float) -> None:
 def test_reap_dry_run_then_for_real(setup):
     table, base = setup
     _touch_locks(base, 3600)  # opened "recently": not abandoned, so only their partitions' own TTL applies
-    dry = run(["reap", "--cache-dir", str(base), "--ttl-hours", "0.0000001", "--dry-run", "--json"])
+    dry = run(["cache", "reap", "--cache-dir", str(base), "--ttl-hours", "0.0000001", "--dry-run", "--json"])
     assert dry["abandoned"] == [] and all(sorted(c["dropped"]) == [DAY1, DAY2] for c in dry["caches"])
     for path in find_cache_dirs(base):
         with open_cache_dir(path) as cache:
             assert len(cache.partitions()) == 2
     _touch_locks(base, 3600)
-    run(["reap", "--cache-dir", str(base), "--ttl-hours", "0.0000001", "--json"])
+    run(["cache", "reap", "--cache-dir", str(base), "--ttl-hours", "0.0000001", "--json"])
     for path in find_cache_dirs(base):
         with open_cache_dir(path) as cache:
             assert cache.partitions() == {}
@@ -99,9 +99,9 @@ def test_reap_removes_abandoned_caches_but_never_a_held_one(setup):
     with open_cache_dir(held) as cache:  # the held cache kept its partitions
         assert len(cache.partitions()) == 2
     # The CLI: a cache opened a minute ago stays; one idle past the TTL goes, and the table dir with it.
-    assert run(["reap", "--cache-dir", str(base), "--ttl-hours", "1", "--json"])["abandoned"] == []
+    assert run(["cache", "reap", "--cache-dir", str(base), "--ttl-hours", "1", "--json"])["abandoned"] == []
     _touch_locks(base, -7200)
-    text = CliRunner().invoke(main, ["reap", "--cache-dir", str(base), "--ttl-hours", "1"])
+    text = CliRunner().invoke(main, ["cache", "reap", "--cache-dir", str(base), "--ttl-hours", "1"])
     assert text.exit_code == 0, text.output
     assert f"{held}: removed abandoned cache" in text.output
     assert list(base.iterdir()) == []
@@ -118,40 +118,10 @@ def test_sweep_leaves_what_it_does_not_recognise(tmp_path):
 
 def test_cache_command_errors(setup, tmp_path):
     table, base = setup
-    result = CliRunner().invoke(main, ["stats", "--cache-dir", str(tmp_path / "nowhere")])
+    result = CliRunner().invoke(main, ["cache", "stats", "--cache-dir", str(tmp_path / "nowhere")])
     assert result.exit_code == 6 and "does not exist" in result.output
     other = make_table(tmp_path / "other")
-    result = CliRunner().invoke(main, ["verify", other.uri, "--cache-dir", str(find_cache_dirs(base)[0])])
+    result = CliRunner().invoke(main, ["cache", "verify", other.uri, "--cache-dir", str(find_cache_dirs(base)[0])])
     assert result.exit_code == 6 and "replicates table" in result.output
     result = CliRunner().invoke(main, ["stats"])
-    assert result.exit_code == 2 and "--cache-dir" in result.output
-
-
-def test_the_cache_group_and_its_old_spellings_agree(setup):
-    """`dbidx cache ...` is the spelling; the pre-group ones still work for one release, print the same result on
-    stdout and say on stderr what they are called now. `--json` works on the group too."""
-    table, base = setup
-    runner = CliRunner()
-    for new, old in ((["cache", "stats", "--cache-dir", str(base)], ["stats", "--cache-dir", str(base)]),
-                     (["cache", "verify", table.uri, "--cache-dir", str(base)],
-                      ["verify", table.uri, "--cache-dir", str(base)]),
-                     (["cache", "sync", table.uri, "--cache-dir", str(base)],
-                      ["sync", table.uri, "--cache-dir", str(base)]),
-                     (["cache", "reap", "--cache-dir", str(base), "--dry-run"],
-                      ["reap", "--cache-dir", str(base), "--dry-run"])):
-        now = runner.invoke(main, ["--json"] + new)
-        assert now.exit_code == 0, now.output
-        before = runner.invoke(main, old + ["--json"])
-        assert before.exit_code == 0, before.output
-        assert f"now `dbidx {' '.join(new[:2])}`" in before.stderr and "now `" not in now.stderr
-        drop = {"last_access", "seconds", "from_seq", "idle_hours", "disk_bytes", "bytes_per_entry", "bytes_before",
-                "bytes_after"}  # what may differ between two runs (each open writes a little to the directory)
-
-        def stable(out: str) -> object:
-            return json.loads(out, object_hook=lambda d: {k: v for k, v in d.items() if k not in drop})
-
-        assert stable(now.stdout) == stable(before.stdout), new
-    help_text = runner.invoke(main, ["--help"]).output
-    assert "cache" in help_text and " sync " not in help_text and " reap " not in help_text  # aliases hidden
-    # State through the library: the caches are still there, in sync and complete.
-    assert [p.name for p in find_cache_dirs(base)] == ["shard-00000-of-00002", "shard-00001-of-00002"]
+    assert result.exit_code == 2 and "Missing argument 'URI'" in result.output

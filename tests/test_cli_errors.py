@@ -17,18 +17,18 @@ TABLE_COMMANDS = [
     ["lookup", "{t}", "k1", "--partition", "dt=1"],
     ["commits", "{t}"],
     ["stats", "{t}"],
-    ["bootstrap", "{t}", "--cache-dir", "{c}"],
-    ["sync", "{t}", "--cache-dir", "{c}"],
+    ["cache", "bootstrap", "{t}", "--cache-dir", "{c}"],
+    ["cache", "sync", "{t}", "--cache-dir", "{c}"],
     ["verify", "{t}"],
-    ["verify", "{t}", "--cache-dir", "{c}"],
+    ["cache", "verify", "{t}", "--cache-dir", "{c}"],
     ["compact", "{t}"],
     ["rollback", "{t}", "--all-pending"],
 ]
 CACHE_COMMANDS = [
-    ["stats", "--cache-dir", "{c}"],
-    ["reap", "--cache-dir", "{c}"],
-    ["sync", "{t}", "--cache-dir", "{c}"],
-    ["verify", "{t}", "--cache-dir", "{c}"],
+    ["cache", "stats", "--cache-dir", "{c}"],
+    ["cache", "reap", "--cache-dir", "{c}"],
+    ["cache", "sync", "{t}", "--cache-dir", "{c}"],
+    ["cache", "verify", "{t}", "--cache-dir", "{c}"],
 ]
 
 
@@ -49,7 +49,7 @@ def check(args: list[str], codes: set[int]) -> None:
 
 
 @pytest.mark.parametrize("case", ["a file", "a missing table", "a bad URI scheme"])
-@pytest.mark.parametrize("command", TABLE_COMMANDS, ids=lambda c: " ".join(c[:2]))
+@pytest.mark.parametrize("command", TABLE_COMMANDS, ids=lambda c: " ".join(c[:3]))
 def test_table_commands_with_a_bad_table(tmp_path: Path, command: list[str], case: str) -> None:
     a_file = tmp_path / "notes.txt"
     a_file.write_text("not a table")
@@ -61,7 +61,7 @@ def test_table_commands_with_a_bad_table(tmp_path: Path, command: list[str], cas
 
 
 @pytest.mark.parametrize("case", ["a file", "a missing dir"])
-@pytest.mark.parametrize("command", CACHE_COMMANDS, ids=lambda c: " ".join(c[:2]))
+@pytest.mark.parametrize("command", CACHE_COMMANDS, ids=lambda c: " ".join(c[:3]))
 def test_cache_commands_with_a_bad_cache_dir(tmp_path: Path, command: list[str], case: str) -> None:
     table = Table.create(str(tmp_path / "t"))
     a_file = tmp_path / "notes.txt"

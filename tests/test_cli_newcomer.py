@@ -1,6 +1,5 @@
 """Issue 31, a newcomer's first hour, through the CLI (click's CliRunner) with state checked through the library:
-progress on stderr for long work (never in --json stdout), one way to name a table (URI first; --table a hidden
-alias), one default cache directory shown by `dbidx cache info`, lookups in a partition the table lacks, and errors
+progress on stderr for long work (never in --json stdout), one way to name a table (URI first), one default cache directory shown by `dbidx cache info`, lookups in a partition the table lacks, and errors
 that name their remedy."""
 from __future__ import annotations
 
@@ -125,28 +124,19 @@ def test_upgrade_library_progress_ends_at_its_total(tmp_path: Path) -> None:
 
 # 2. One way to name a table ----------------------------------------------------------------------------------------
 
-def test_every_table_command_takes_the_uri_first_and_refuses_two_different_tables(dataset: Path,
-                                                                                 tmp_path: Path) -> None:
+def test_every_table_command_takes_the_uri_first_and_only_there(dataset: Path, tmp_path: Path) -> None:
     table = built(dataset)
     uri = table.uri
     result = invoke(["lookup", uri, "2025-01-01-0-7", "--partition", "dt=2025-01-01", "--json"])
     assert result.exit_code == 0, result.output
     assert [r["key"] for r in json.loads(result.stdout)["found"]] == ["2025-01-01-0-7"]
-    # The old spelling still works (hidden alias), the same value twice is fine, two values are a usage error.
-    old = invoke(["lookup", "--table", uri, "2025-01-01-0-7", "--partition", "dt=2025-01-01", "--json"])
-    assert old.exit_code == 0, old.output
-    assert json.loads(old.stdout) == json.loads(result.stdout) and "deprecated" in old.stderr
-    same = invoke(["verify", uri, "--table", uri, "--json"])
-    assert same.exit_code == 0, same.output
-    assert json.loads(same.stdout)["ok"] is True
-    for args in (["verify", uri, "--table", str(tmp_path / "other")],
-                 ["stats", uri, "--table", str(tmp_path / "other")],
+    # No other spelling: a --table option is unknown, a missing URI a usage error (exit 2) naming it.
+    for args in (["verify", uri, "--table", str(tmp_path / "other")], ["lookup", "--table", uri, "k"],
                  ["cache", "sync", uri, "--table", str(tmp_path / "other")]):
         result = invoke(args)
-        assert result.exit_code == 2 and "named twice" in result.output, (args, result.output)
+        assert result.exit_code == 2 and "No such option '--table'" in result.output, (args, result.output)
     result = invoke(["verify"])
-    assert result.exit_code == 2 and "dbidx verify URI" in result.output
-    assert "--table" not in invoke(["lookup", "--help"]).output
+    assert result.exit_code == 2 and "Missing argument 'URI'" in result.output
 
 
 # 3. One default cache directory -------------------------------------------------------------------------------------

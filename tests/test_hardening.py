@@ -179,7 +179,7 @@ def test_a_copied_table_never_shares_caches_with_its_original(tmp_path: Path) ->
                            key="id", partition="dt", cache_config=config)
     assert (summary.inserts, summary.updates) == (1, 1)  # the copy's key is new to the original
     assert RecordIndexCache.for_table(copy, 0, config).path != RecordIndexCache.for_table(original, 0, config).path
-    result = CliRunner().invoke(main, ["verify", original.uri, "--cache-dir", str(tmp_path / "cache")])
+    result = CliRunner().invoke(main, ["cache", "verify", original.uri, "--cache-dir", str(tmp_path / "cache")])
     assert result.exit_code == 0, result.output
 
 

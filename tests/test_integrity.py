@@ -152,7 +152,7 @@ def test_deleting_the_newest_completion_record_is_an_error_not_a_smaller_table(t
     with pytest.raises(CorruptFileError, match="completion records 2..2 are missing"):
         Table.open(table.uri).snapshot(DAY)
     for args in (["stats", table.uri], ["verify", table.uri],
-                 ["bootstrap", table.uri, "--cache-dir", str(tmp_path / "c2"), "--days", "100000"]):
+                 ["cache", "bootstrap", table.uri, "--cache-dir", str(tmp_path / "c2"), "--days", "100000"]):
         result = CliRunner().invoke(main, args)
         assert result.exit_code == 4, (args, result.output)
         assert "missing" in result.output and "Traceback" not in result.output
