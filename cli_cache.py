@@ -2,7 +2,7 @@
 
 Each is a few lines over the library (`dbidx.cache`, `dbidx.bootstrap`); `each_cache` is the one loop that finds
 the shard caches under a directory (a shard dir or a base path; by default the one base path Spark tasks use too,
-`config.base_path_choice`, which `dbidx cache info` shows) and opens them one at a time.
+`base_dir.base_path_choice`, which `dbidx cache info` shows) and opens them one at a time.
 """
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def cli_cache_config() -> Any:
 
 def base_path() -> Path:
     """The caches' base path for CLI tools: the config's base.path (DBIDX_CACHE_BASE_PATH), else the default."""
-    from dbidx.config import default_base_path
+    from dbidx.cache.base_dir import default_base_path
 
     configured = cli_cache_config().base_path
     return Path(configured) if configured else default_base_path()

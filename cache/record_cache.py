@@ -29,7 +29,8 @@ from dbidx.cache.metrics import CacheMetrics
 from dbidx.cache.registry import CacheIdentity, PartitionState
 from dbidx.cache.sst_builder import PreparedLoad, build_sst
 from dbidx.cache.store import Store, get, multi_get
-from dbidx.config import CacheConfig, default_base_path, prepare_dir
+from dbidx.config import CacheConfig
+from dbidx.cache.base_dir import default_base_path, prepare_dir
 from dbidx.errors import CacheError, InvalidInputError, PartitionNotReadyError
 from dbidx.table.keys import normalize_keys
 from dbidx.table.layout import partition_dir_name, validate_partition

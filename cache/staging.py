@@ -34,7 +34,8 @@ from typing import Any
 
 from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.cache.sst_builder import PreparedLoad, build_sst
-from dbidx.config import CacheConfig, prepare_dir
+from dbidx.config import CacheConfig
+from dbidx.cache.base_dir import prepare_dir
 from dbidx.errors import DbidxError
 from dbidx.table.file_view import FileView
 from dbidx.table.layout import validate_partition

@@ -377,7 +377,7 @@ class Timeline:
         for rel in files:
             self.io.delete(rel)
         markers.discard_unlisted(self.io, instant, keep=())
-        self._forget_markers(instant)
+        self._delete_claim_files(instant)
         return record
 
     # ---- helpers -----------------------------------------------------------------------------------------
@@ -388,7 +388,7 @@ class Timeline:
         publish and the publish (a ForeignCommitError). That is raised once every step ran, marked `published`
         with the record, so the caller neither rolls back nor reports success: Delta readers and dbidx disagree
         until the table is re-indexed, and every later dbidx write refuses (the version differs)."""
-        steps = [lambda: self._advance_latest(record.seq), self.refresh, lambda: self._forget_markers(instant)]
+        steps = [lambda: self._advance_latest(record.seq), self.refresh, lambda: self._delete_claim_files(instant)]
         steps += [lambda hook=hook: hook(record) for hook in self.after_publish]
         foreign: ForeignCommitError | None = None
         for step in steps:
@@ -405,7 +405,9 @@ class Timeline:
             error.published = record
             raise error from foreign
 
-    def _forget_markers(self, instant: str) -> None:
+    def _delete_claim_files(self, instant: str) -> None:
+        """A settled instant's claim on the timeline: its requested and inflight files (and, where writers notice
+        each other by presence files, its presence file). Its markers are the writer's to discard."""
         self.io.delete(layout.inflight_file(instant))
         self.io.delete(layout.requested_file(instant))
         if self.io.exclusive_create in (EXCLUSIVE_NONE, EXCLUSIVE_LOCK):

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from dbidx.cache import codec
 from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.cache.registry import CacheIdentity
-from dbidx.config import CacheConfig, default_base_path, prepare_dir
+from dbidx.config import CacheConfig
+from dbidx.cache.base_dir import default_base_path, prepare_dir
 from dbidx.errors import (CacheBusyError, CacheError, CacheMismatchError, ConfigError, InvalidInputError,
                           PartitionNotReadyError)
 
@@ -219,10 +220,16 @@ def test_config_keys_in_every_documented_form():
             CacheConfig.from_sources({wrong: "/mnt/c"}, environ={})
     with pytest.raises(ConfigError, match="same setting base_path"):
         CacheConfig.from_sources({"base.path": "/a", "base_path": "/b"}, environ={})
-    # `enabled` is RFC-107's: true is accepted (Hudi-style blocks), false is refused rather than ignored.
-    assert CacheConfig.from_sources({"enabled": "true"}, environ={}).enabled is True
-    with pytest.raises(ConfigError, match="no cache-less tagging path"):
-        CacheConfig.from_sources(spark_conf={"hoodie.index.cache.rocksdb.enabled": "false"}, environ={})
+    # `enabled` is RFC-107's switch, not a setting: true is accepted and changes nothing (Hudi-style blocks), false
+    # is refused rather than ignored, from every source.
+    assert CacheConfig.from_sources({"enabled": "true", "hoodie.index.cache.rocksdb.enabled": True},
+                                    environ={"DBIDX_CACHE_ENABLED": "1"}) == CacheConfig()
+    for source in ({"mapping": {"enabled": False}}, {"environ": {"DBIDX_CACHE_ENABLED": "no"}},
+                   {"spark_conf": {"hoodie.index.cache.rocksdb.enabled": "false"}}):
+        with pytest.raises(ConfigError, match="no cache-less tagging path"):
+            CacheConfig.from_sources(**({"environ": {}} | source))
+    with pytest.raises(ConfigError, match="cannot read 'maybe' as bool"):
+        CacheConfig.from_sources({"enabled": "maybe"}, environ={})
     with pytest.raises(ConfigError, match="DBIDX_CACHE_BLOCK_CACHE_MB"):
         CacheConfig.from_sources(environ={"DBIDX_CACHE_BLOCK_CACHE_MB": "lots"})
     with pytest.raises(ConfigError, match="compression"):
@@ -299,10 +306,10 @@ def test_on_demand_loads_at_once_follow_load_threads(tmp_path):
 
 def test_config_values_are_read_by_their_declared_types():
     """Coercion follows the dataclass's annotations: ints, floats, bools, optional strings and enumerations."""
-    conf = CacheConfig.from_sources({"compression": " LZ4 ", "compaction.style": "Universal", "enabled": "yes",
+    conf = CacheConfig.from_sources({"compression": " LZ4 ", "compaction.style": "Universal", "stage.loads": "no",
                                      "partition.ttl.hours": "1.5", "base.path": ""}, environ={})
-    assert (conf.compression, conf.compaction_style, conf.enabled, conf.partition_ttl_hours, conf.base_path) == \
-        ("lz4", "universal", True, 1.5, None)
+    assert (conf.compression, conf.compaction_style, conf.stage_loads, conf.partition_ttl_hours, conf.base_path) == \
+        ("lz4", "universal", False, 1.5, None)
     with pytest.raises(ConfigError, match=r"key compression: cannot read 'brotli' as one of zstd, lz4, snappy, none"):
         CacheConfig.from_sources({"compression": "brotli"}, environ={})
     with pytest.raises(ConfigError, match=r"DBIDX_CACHE_LOAD_THREADS: cannot read 'two' as int for load_threads"):

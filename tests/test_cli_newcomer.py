@@ -13,7 +13,8 @@ import pytest
 from click.testing import CliRunner
 
 from dbidx.cache.inspect import find_cache_dirs
-from dbidx.config import CacheConfig, base_path_choice, default_base_path
+from dbidx.config import CacheConfig
+from dbidx.cache.base_dir import base_path_choice, default_base_path
 from dbidx.errors import UnsafeConcurrencyError
 from dbidx.table import markers
 from dbidx.mdt.build_index import build_index

@@ -112,7 +112,7 @@ def test_a_cache_base_others_can_write_is_refused(tmp_path: Path) -> None:
 
 def test_a_cache_dir_another_user_owns_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Seen as another uid (we cannot chown without root), our own private directories are someone else's."""
-    from dbidx.config import prepare_dir
+    from dbidx.cache.base_dir import prepare_dir
 
     made = prepare_dir(tmp_path / "base" / "table")
     real_uid = os.geteuid()
