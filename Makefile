@@ -28,7 +28,7 @@ test-cluster: check-java $(STAMP)
 
 # dbidx and its runtime dependencies (not pyspark) as a packed virtualenv for spark.archives (docs/DEPLOY.md).
 pack-env: $(STAMP)
-	$(BIN)/python -m dbidx.spark_integration.packing --out dist/dbidx-env.tar.gz
+	$(BIN)/python tools/pack_env.py --out dist/dbidx-env.tar.gz
 
 # Every benchmark at full size (tens of minutes); rewrites benchmarks/RESULTS.md and benchmarks/results/*.png.
 bench: check-java $(STAMP)

@@ -353,7 +353,7 @@ def _upgrade_text(p: dict[str, Any]) -> str:
 def demo_cmd(workdir: str, keys: int, days: int, batches: int, batch_rows: int | None, force: bool,
              as_json: bool) -> None:
     """End-to-end demo: a change stream upserted through Spark (batch and streaming), warm restart, checked."""
-    from dbidx.spark_integration.demo import run_demo
+    from dbidx.demo import run_demo
 
     # With --json the narrative goes to stderr, so stdout stays one JSON document.
     report = run_demo(workdir, keys=keys, days=days, batches=batches, batch_rows=batch_rows,

@@ -12,7 +12,7 @@ from deltalake import DeltaTable, QueryBuilder
 
 from dbidx.data import reads
 from dbidx.mdt.table import Table
-from dbidx.spark_integration.demo import duckdb_delta_extension
+from dbidx.demo import duckdb_delta_extension
 
 
 def extension_file() -> str:

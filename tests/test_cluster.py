@@ -152,7 +152,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneClus
 def packed_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """dbidx and its runtime dependencies packed once per module (a fresh venv, pip installs, venv-pack)."""
     pytest.importorskip("venv_pack", reason="the packed-env test needs venv-pack (dbidx's dev extra)")
-    from dbidx.spark_integration.packing import pack_env
+    from tools.pack_env import pack_env
 
     result = pack_env(tmp_path_factory.mktemp("pack") / "dbidx-env.tar.gz")
     print(f"packed env: {result.bytes / 2**20:.0f} MiB in {result.seconds:.1f} s {result.step_seconds}")

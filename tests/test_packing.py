@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from dbidx.spark_integration.packing import REPO_ROOT, copy_sources, runtime_requirements
+from tools.pack_env import REPO_ROOT, copy_sources, runtime_requirements
 
 
 def names(requirements: list[str]) -> list[str]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import time
 from dataclasses import dataclass, field
 from datetime import date, timedelta
@@ -28,6 +27,7 @@ from dbidx.mdt.table import Table
 from dbidx.spark_integration.api import upsert
 from dbidx.spark_integration.driver import CommitSummary
 from dbidx.spark_integration.reads import read_table
+from dbidx.spark_integration.session import quiet_local_session
 
 Echo = Callable[[str], None] | None
 FIRST_DAY = date(2025, 6, 1)
@@ -104,40 +104,10 @@ def expected_state(batches: list[pd.DataFrame]) -> pd.DataFrame:
     return latest[~latest["_dbidx_delete"]].drop(columns="_dbidx_delete")
 
 
-_QUIET_LOG4J = """# Written by `dbidx demo`: Spark's own log at ERROR from the JVM's first line (setLogLevel comes too late for
-# the start-up warnings).
-rootLogger.level = error
-rootLogger.appenderRef.stderr.ref = console
-appender.console.type = Console
-appender.console.name = console
-appender.console.target = SYSTEM_ERR
-appender.console.layout.type = PatternLayout
-appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n%ex
-"""
-
-
-def _spark(local_dir: Path) -> Any:
-    """A local[2] session whose log is at ERROR from the start (the demo's own lines are the output)."""
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
-    local_dir.mkdir(parents=True, exist_ok=True)
-    log4j = local_dir / "log4j2-demo.properties"
-    log4j.write_text(_QUIET_LOG4J)
-    spark = (SparkSession.builder.master("local[2]").appName("dbidx-demo")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "2")
-             .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}")
-             .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-             .config("spark.local.dir", str(local_dir)).config("spark.driver.memory", "2g").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
-
-
 def _start_spark(local_dir: Path, say: Callable[[str], None], why: str) -> Any:
     say(f"  starting Spark ({why}) ...")
     started = time.perf_counter()
-    spark = _spark(local_dir)
+    spark = quiet_local_session(local_dir, app_name="dbidx-demo")
     say(f"  Spark is up in {time.perf_counter() - started:.1f} s")
     return spark
 

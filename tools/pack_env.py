@@ -8,7 +8,7 @@ packed with venv-pack and unpacked by Spark in each executor's working directory
 pyspark itself is left out: the cluster's Spark puts its own pyspark (matching its JVM) on the Python workers'
 path, and a second copy of pyspark in the env could disagree with it. Nothing here imports pyspark.
 
-Usage: `python -m dbidx.spark_integration.packing --out dist/dbidx-env.tar.gz [--extra object-store]`
+Usage: `python tools/pack_env.py --out dist/dbidx-env.tar.gz [--extra object-store]`
 (or `make pack-env`). The archive's `bin/python` links to the interpreter the venv was made from, so every node
 needs that same Python at the same path (docs/DEPLOY.md).
 """
