@@ -264,7 +264,7 @@ def test_a_table_of_the_previous_format_is_refused_by_name(table: Table) -> None
     for old in (1, 2, 3):
         props["format_version"] = old
         Path(table.io.path(layout.PROPERTIES_FILE)).write_text(json.dumps(props))
-        if old == 3:  # convertible: the error names the command (tests/test_upgrade.py converts real ones)
+        if old == 3:  # convertible: the error names the command (tests/mdt/test_upgrade.py converts real ones)
             with pytest.raises(FormatUpgradeError, match="format 3 .* reads format 4 .*dbidx upgrade URI"):
                 Table.open(table.uri)
             continue

@@ -27,7 +27,7 @@ from dbidx.spark_integration.local import upsert_arrow
 
 from tests.delta_readers import assert_readers_agree
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 COLUMNS = ("id", "dt", "v")
 
 

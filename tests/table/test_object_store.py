@@ -133,7 +133,7 @@ def test_two_spark_upserts_on_s3_with_overlapping_new_keys(spark, s3: dict[str, 
     from dbidx.spark_integration.api import upsert
     from dbidx.spark_integration.reads import read_table
     from tests.spark_helpers import SCHEMA
-    from tests.test_spark_conflicts import race
+    from tests.spark_integration.test_conflicts import race
 
     table = Table.create(f"s3://dbidx-test/spark-{uuid.uuid4().hex[:8]}", num_shards=2, storage_options=s3)
     config = CacheConfig(base_path=str(tmp_path / "cache"))
@@ -232,7 +232,7 @@ def test_dead_writers_can_all_be_rolled_back_without_an_exclusive_create() -> No
         writer.insert(PART, ["a"], "fg")
 
 
-if __name__ == "__main__":  # `python -m tests.test_object_store_commits`: the race with and without the safe path
+if __name__ == "__main__":  # `python -m tests.table.test_object_store`: the race with and without the safe path
     import tempfile
 
     for unsafe in (True, False):

@@ -16,7 +16,7 @@ from dbidx.config import CacheConfig
 from dbidx.mdt.table import Table
 from dbidx.spark_integration.local import upsert_arrow
 
-from tests.test_data_compaction import as_arrow, current
+from tests.data.test_compaction import as_arrow, current
 
 
 def rows(n: int, day: str, value: int, start: int = 0) -> list[tuple]:

@@ -10,7 +10,7 @@ from dbidx.cache.verify import verify
 from dbidx.cli import main
 
 from tests.cache_helpers import open_cache
-from tests.test_bootstrap_load import DAYS, make_daily_table
+from tests.bootstrap.test_loading import DAYS, make_daily_table
 
 
 def invoke(args: list[str]):

@@ -23,8 +23,8 @@ from dbidx.mdt.upgrade import upgrade_table
 from dbidx.cli import main
 from dbidx.spark_integration.local import upsert_arrow
 
-from tests.test_bootstrap_load import make_daily_table
-from tests.test_upgrade import unpack
+from tests.bootstrap.test_loading import make_daily_table
+from tests.mdt.test_upgrade import unpack
 
 DAYS = ("2025-01-01", "2025-01-02", "2025-01-03")
 

@@ -16,7 +16,7 @@ from dbidx.config import CacheConfig
 from dbidx.mdt.table import Table
 from dbidx.spark_integration.local import upsert_arrow
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "CLI.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "CLI.md"
 
 
 def documented_keys() -> dict[str, set[str]]:

@@ -23,7 +23,7 @@ from dbidx.spark_integration.driver import commit_history
 from dbidx.spark_integration.local import upsert_arrow
 
 from tests.spark_helpers import Oracle, random_batch
-from tests.test_data_compaction import as_arrow, current
+from tests.data.test_compaction import as_arrow, current
 
 INTERVAL = 4
 

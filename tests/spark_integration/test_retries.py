@@ -127,8 +127,9 @@ def local_failure(partition_id: int, attempt_number: int) -> None:
 @pytest.mark.parametrize(("hook", "kind", "message"), [
     (closed_ledger, LedgerClosedError, r"ledger of shard [01] is closed"),
     (missing_entry, KeyError, r"'entry-[01]'"),
-    (local_failure, HookError, (r"on_task_written raised tests\.test_spark_retries\.local_failure\.<locals>\."
-                                r"NotImportable: local failure in shard [01] \(that type cannot be imported .*")),
+    (local_failure, HookError, (r"on_task_written raised tests\.spark_integration\.test_retries\.local_failure\."
+                                r"<locals>\.NotImportable: local failure in shard [01] \(that type cannot be "
+                                r"imported .*")),
 ], ids=["custom", "builtin", "not-importable"])
 def test_an_exception_of_the_hook_comes_back_with_its_own_type(spark, setup, hook, kind, message) -> None:
     """What on_task_written raises in a task reaches the caller as its own type and message, not as a Spark error."""

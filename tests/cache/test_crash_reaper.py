@@ -19,7 +19,7 @@ from dbidx.mdt.table import Table
 
 from tests.cache_helpers import DAY1, DAY2, DAY3, make_table, open_cache, truth
 
-REPO_PARENT = str(Path(__file__).resolve().parents[1])
+REPO_PARENT = str(Path(__file__).resolve().parents[2])
 
 CHILD = textwrap.dedent("""
     import sys, itertools

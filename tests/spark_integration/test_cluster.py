@@ -28,8 +28,8 @@ from tests.cluster_harness import StandaloneCluster, WorkerNode, java_missing, r
 
 pytestmark = [pytest.mark.spark, pytest.mark.cluster]
 
-APP = Path(__file__).with_name("cluster_app.py")
-REPO = Path(__file__).resolve().parent.parent
+APP = Path(__file__).parents[1] / "cluster_app.py"
+REPO = Path(__file__).resolve().parents[2]
 SHARDS = 4
 CACHE_DIR = "dbidx-cache"  # cache.base_dir.default_base_path: <node's local dir>/dbidx-cache
 SHARD_DIR = re.compile(r"^shard-\d{5}-of-\d{5}$")  # one RocksDB directory per (table, key shard)
