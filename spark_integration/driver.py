@@ -245,7 +245,8 @@ def _superseded(sent: Any) -> tuple[int, dict[str, BitMap]]:
 
 
 def _check_files_exist(io: Any, instant: str, expected: list[tuple[str, int]]) -> None:
-    """Every file a task listed must exist with the size it reported (one metadata call for all of them)."""
+    """Every file a task listed must exist with the size it reported (one `FileIO.sizes` call: a request per file on
+    an object store)."""
     sizes = io.sizes([rel for rel, _ in expected])
     wrong = [(rel, size, sizes.get(rel)) for rel, size in expected if sizes.get(rel) != size]
     if wrong:

@@ -178,7 +178,8 @@ class FileIO:
         return info.size or 0 if info.type == pafs.FileType.File else 0
 
     def sizes(self, rels: list[str]) -> dict[str, int]:
-        """Sizes of many files in one metadata call; missing files are absent from the result."""
+        """Sizes of many files in one `get_file_info` call (one stat per path locally, one HEAD request per path on
+        an object store: the call batches the API, not the requests); missing files are absent from the result."""
         if not rels:
             return {}
         infos = self.fs.get_file_info([self.path(rel) for rel in rels])
