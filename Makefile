@@ -13,7 +13,7 @@ demo: check-java $(STAMP)
 test: check-java $(STAMP)
 	$(BIN)/python -m pytest -m "not packing" --durations=15
 
-# Day-to-day tier: no Spark, nothing marked slow (about a minute).
+# Day-to-day tier: no Spark, nothing marked slow (under two minutes on 2 cores).
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not spark and not slow"
 

@@ -36,7 +36,6 @@ PARALLELISM = ("auto", "threads", "processes", "serial")
 # threads lose to serial (measured in benchmarks/bootstrap_bench.py).
 PROCESS_THRESHOLD_ENTRIES = 3_000_000
 
-ProgressCallback = Progress  # the one progress protocol; bootstrap's steps are entries (done == rows)
 
 
 @dataclass
@@ -82,7 +81,7 @@ class PartitionLoader:
     """Loads many slices at once: builds in a pool, installs in the calling thread as builds finish."""
 
     def __init__(self, table: Table, parallelism: str = "auto", workers: int | None = None,
-                 progress: ProgressCallback | None = None, flush_interval_s: float = 1.0) -> None:
+                 progress: Progress | None = None, flush_interval_s: float = 1.0) -> None:
         """flush_interval_s: how often installed partitions are made durable (a flush per partition costs a tiny
         registry SST each; a crash loses at most this much loading progress, never correctness)."""
         choose_parallelism(parallelism, 0, 0)  # validate early

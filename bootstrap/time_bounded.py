@@ -13,15 +13,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from dbidx.bootstrap.loader import LoadJob, PartitionLoader, ProgressCallback
+from dbidx.bootstrap.loader import LoadJob, PartitionLoader
 from dbidx.bootstrap.selection import Selection, select_partitions
 from dbidx.cache import catchup
+from dbidx.cache.inspect import is_cache_dir
 from dbidx.cache.record_cache import GLOBAL_PARTITION, RecordIndexCache
 from dbidx.cache.registry import table_cache_dir_name
 from dbidx.config import CacheConfig
-from dbidx.cache.inspect import is_cache_dir
 from dbidx.errors import CacheMismatchError, InvalidInputError
 from dbidx.mdt.table import Table
+from dbidx.progress import Progress
 
 INFO_NAME = "bootstrap"
 
@@ -112,7 +113,7 @@ def plan_jobs(cache: RecordIndexCache, table: Table, selection: Selection, seq: 
 
 def bootstrap_caches(caches: Sequence[RecordIndexCache], table: Table, days: int | None = None,
                      now: Any = None, pattern: str | None = None, parallelism: str = "auto",
-                     workers: int | None = None, progress: ProgressCallback | None = None,
+                     workers: int | None = None, progress: Progress | None = None,
                      flush_interval_s: float = 1.0) -> BootstrapResult:
     """Bootstrap open shard caches of one table: catch up what they hold, load the window's missing partitions."""
     started = time.perf_counter()
@@ -172,7 +173,7 @@ def check_base_path(base: Path, table: Table) -> None:
 def bootstrap(table: Table, days: int | None = None, shards: Sequence[int] | None = None,
               now: Any = None, config: CacheConfig | None = None, base_path: str | Path | None = None,
               pattern: str | None = None, parallelism: str = "auto", workers: int | None = None,
-              progress: ProgressCallback | None = None, flush_interval_s: float = 1.0) -> BootstrapResult:
+              progress: Progress | None = None, flush_interval_s: float = 1.0) -> BootstrapResult:
     """Open the caches of the given shards (None = all) under the base path, bootstrap them, close them.
 
     What `dbidx cache bootstrap` runs; in a long-lived process, open the caches yourself and call bootstrap_caches().

@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.cache.dir_lock import incarnation, lock_path, read_incarnation, release_flock, try_flock
+from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.cache.staging import STAGED_SUFFIX, abandoned, remove as remove_staged
 from dbidx.cache.store import directory_bytes
 

@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from dbidx.cache import codec, registry
+from dbidx.cache.base_dir import default_base_path, prepare_dir
 from dbidx.cache.changes import last_per_key, plan_changes
 from dbidx.cache.committed import committed_items, lookup_committed
 from dbidx.cache.locations import LocationDictionary
@@ -30,7 +31,6 @@ from dbidx.cache.registry import CacheIdentity, PartitionState
 from dbidx.cache.sst_builder import PreparedLoad, build_sst
 from dbidx.cache.store import Store, get, multi_get
 from dbidx.config import CacheConfig
-from dbidx.cache.base_dir import default_base_path, prepare_dir
 from dbidx.errors import CacheError, InvalidInputError, PartitionNotReadyError
 from dbidx.table.keys import normalize_keys
 from dbidx.table.layout import partition_dir_name, validate_partition

@@ -32,15 +32,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from dbidx.cache.base_dir import prepare_dir
 from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.cache.sst_builder import PreparedLoad, build_sst
 from dbidx.config import CacheConfig
-from dbidx.cache.base_dir import prepare_dir
 from dbidx.errors import DbidxError
+from dbidx.mdt.table import Table
 from dbidx.table.file_view import FileView
 from dbidx.table.layout import validate_partition
 from dbidx.table.records import FileRecord
-from dbidx.mdt.table import Table
 from dbidx.table.records import ACTION_ROLLBACK
 
 STAGED_SUFFIX = ".staged"

@@ -17,9 +17,9 @@ from typing import Any, Iterator
 
 import rocksdict as rd
 
+from dbidx.cache.base_dir import make_private_dirs
 from dbidx.cache.dir_lock import acquire_flock, incarnation, lock_path, release_flock
 from dbidx.config import CacheConfig
-from dbidx.cache.base_dir import make_private_dirs
 from dbidx.errors import CacheCorruptError, CacheError
 
 DEFAULT_CF = "default"

@@ -63,7 +63,7 @@ def verify(cache: RecordIndexCache, table: Table) -> VerifyResult:
         raise HistoryCompactedError(
             f"{exc}. The cache {cache.path} is behind a clean of the index, so its state at its synced seq cannot "
             "be rebuilt to compare with: sync it first (dbidx.cache.catchup.sync(cache, table), or `dbidx cache sync "
-            f"--table {table.uri} --cache-dir <dir>`), then verify") from exc
+            f"{table.uri} --cache-dir <dir>`), then verify") from exc
 
 
 def _verify(cache: RecordIndexCache, table: Table) -> VerifyResult:

@@ -23,15 +23,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyroaring import BitMap
 
+from dbidx.data.files import DELETED_COLUMN, INSTANT_COLUMN, data_file_path, write_data_file
+from dbidx.data.reads import ReadUnit, plan_read, read_unit
+from dbidx.data.superseded import load_vector, write_vectors
 from dbidx.errors import ConflictError, CorruptFileError, InvalidInputError
+from dbidx.progress import Progress, Steps
 from dbidx.table import layout, markers
 from dbidx.table.data_view import DvRef
-from dbidx.data.superseded import load_vector, write_vectors
-from dbidx.data.reads import ReadUnit, plan_read, read_unit
-from dbidx.data.files import DELETED_COLUMN, INSTANT_COLUMN, data_file_path, write_data_file
 from dbidx.table.records import ACTION_DATA_COMPACTION, CompletedInstant, DataFileRecord
 from dbidx.table.state import TableState
-from dbidx.progress import Progress, Steps
 
 
 @dataclass(frozen=True)

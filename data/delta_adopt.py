@@ -19,9 +19,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyroaring import BitMap
 
+from dbidx.data.delta_log import DELTA_LOG_DIR, listed_versions, version_file
 from dbidx.errors import CorruptFileError, DeltaFeatureError, InvalidInputError
 from dbidx.table import layout
-from dbidx.data.delta_log import DELTA_LOG_DIR, listed_versions, version_file
 from dbidx.table.fileio import FileIO
 
 # Features dbidx keeps intact when it writes (each checked below where it has a condition).

@@ -25,16 +25,16 @@ from urllib.parse import quote
 
 import pyarrow as pa
 
-from dbidx.errors import CorruptFileError, ForeignCommitError
-from dbidx.data.schema import recorded_schema
-from dbidx.table.data_view import DELTA_ADOPTED_EXTRA, DataView, DvRef
 from dbidx.data.deletion_vectors import inline_form
+from dbidx.data.schema import recorded_schema
+from dbidx.data.superseded import load_vector_bytes
+from dbidx.errors import CorruptFileError, ForeignCommitError
+from dbidx.table.data_view import DELTA_ADOPTED_EXTRA, DataView, DvRef
 from dbidx.table.fileio import FileIO
 from dbidx.table.layout import layout_partition_columns
 from dbidx.table.records import (
     ACTION_BUILD_INDEX, ACTION_COMMIT, ACTION_DATA_COMPACTION, ACTION_UPGRADE, CompletedInstant, DataFileRecord,
 )
-from dbidx.data.superseded import load_vector_bytes
 
 DELTA_LOG_DIR = "_delta_log"
 ENGINE = "dbidx"

@@ -19,14 +19,14 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
-from dbidx.errors import CorruptFileError, HistoryCompactedError, InvalidInputError, SchemaError
+from dbidx.data.files import DELETED_COLUMN, INSTANT_COLUMN, read_data_file
 from dbidx.data.schema import recorded_schema
+from dbidx.data.superseded import load_vector
+from dbidx.errors import CorruptFileError, HistoryCompactedError, InvalidInputError, SchemaError
+from dbidx.table.data_view import LAYOUT_EXTRA, DataView, DvRef, LiveDataFile
 from dbidx.table.fileio import FileIO
 from dbidx.table.layout import hive_values, layout_partition_columns
-from dbidx.table.data_view import LAYOUT_EXTRA, DataView, DvRef, LiveDataFile
 from dbidx.table.records import DataFileRecord
-from dbidx.data.files import DELETED_COLUMN, INSTANT_COLUMN, read_data_file
-from dbidx.data.superseded import load_vector
 
 FILE_GROUP_COLUMN = "_dbidx_file_group"  # optional in reads: the file group a row lives in
 MAX_READ_THREADS = 8

@@ -25,13 +25,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyroaring import BitMap
 
+from dbidx.data.deletion_vectors import DvFileBuilder, VectorSlot, dv_file_name, read_vector, vector_body
+from dbidx.data.files import DELETED_COLUMN, read_data_file
+from dbidx.data.key_columns import KEYS, Probe
 from dbidx.errors import CorruptFileError
 from dbidx.table import layout, markers
 from dbidx.table.data_view import DataView, DvRef
-from dbidx.data.files import DELETED_COLUMN, read_data_file
-from dbidx.data.deletion_vectors import DvFileBuilder, VectorSlot, dv_file_name, read_vector, vector_body
 from dbidx.table.fileio import FileIO, file_checksum
-from dbidx.data.key_columns import KEYS, Probe
 from dbidx.table.records import DataFileRecord, DeletionVectorRecord, DvFileRecord
 
 _THREADS = 8

@@ -18,24 +18,24 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from dbidx.data.delta_adopt import is_foreign_delta_table, read_snapshot
+from dbidx.data.delta_log import delta_path, initial_version, version_file
+from dbidx.data.files import key_range
+from dbidx.data.schema import encode_schema
+from dbidx.data.superseded import write_vectors
 from dbidx.errors import (
     CorruptFileError, DuplicateKeyError, ForeignCommitError, InvalidInputError, InvalidKeyError, SchemaError,
 )
+from dbidx.mdt.table import Table
+from dbidx.mdt.writer import CommitWriter, as_key_array
+from dbidx.progress import Progress, Steps
 from dbidx.table import layout, markers
-from dbidx.data.files import key_range
-from dbidx.data.schema import encode_schema
 from dbidx.table.data_view import SCHEMA_EXTRA
 from dbidx.table.data_view import DELTA_ADOPTED_EXTRA, LAYOUT_EXTRA
-from dbidx.data.delta_adopt import is_foreign_delta_table, read_snapshot
-from dbidx.data.delta_log import delta_path, initial_version, version_file
 from dbidx.table.fileio import file_checksum
 from dbidx.table.keys import unfit_key_kind, unfit_key_message
 from dbidx.table.records import DataFileRecord
-from dbidx.data.superseded import write_vectors
-from dbidx.mdt.table import Table
 from dbidx.table.records import ACTION_BUILD_INDEX, CompletedInstant
-from dbidx.mdt.writer import CommitWriter, as_key_array
-from dbidx.progress import Progress, Steps
 
 PARQUET_SUFFIX = ".parquet"
 

@@ -14,10 +14,10 @@ from typing import Iterable
 
 from dbidx.errors import ConflictError, CorruptFileError
 from dbidx.mdt import rli_files
-from dbidx.table import layout
-from dbidx.table.state import TableState
-from dbidx.table.records import ACTION_CLEAN, ACTION_COMPACTION, CompletedInstant, FileRecord
 from dbidx.progress import Progress, Steps
+from dbidx.table import layout
+from dbidx.table.records import ACTION_CLEAN, ACTION_COMPACTION, CompletedInstant, FileRecord
+from dbidx.table.state import TableState
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Check every file of a table's latest snapshot against its completion record: size and checksum.
 
-What `dbidx verify --table` runs. Unlike a read, which stops at the first damaged file, it looks at every live
+What `dbidx verify URI` runs. Unlike a read, which stops at the first damaged file, it looks at every live
 index file (the files the latest snapshot of each (partition, shard) merges) and every data file a completed
 upsert listed, and reports each problem, so an operator sees the whole extent of the damage at once. The timeline
 itself is parsed on the way (a damaged or missing completion record raises CorruptFileError), and the newest
@@ -11,17 +11,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from dbidx.data.delta_log import DELTA_LOG_DIR, stored_versions
+from dbidx.data.superseded import load_vector
 from dbidx.errors import CorruptFileError, HistoryCompactedError
 from dbidx.mdt import rli_files
+from dbidx.mdt.table import Table
+from dbidx.progress import Progress, Steps
 from dbidx.table import instant_range, layout
 from dbidx.table.checkpoint import checkpoint_seqs, read_checkpoint
 from dbidx.table.data_view import DataView
-from dbidx.data.delta_log import DELTA_LOG_DIR, stored_versions
 from dbidx.table.file_view import FileView
 from dbidx.table.records import FileRecord
-from dbidx.data.superseded import load_vector
-from dbidx.mdt.table import Table
-from dbidx.progress import Progress, Steps
 
 
 @dataclass

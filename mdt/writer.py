@@ -20,17 +20,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyroaring import BitMap
 
+from dbidx.data.superseded import vectors_for_commit
 from dbidx.errors import CommitError, DuplicateKeyError, InstantStateError, InvalidKeyError
 from dbidx.mdt import rli_files
-from dbidx.table import layout, markers
 from dbidx.mdt.conflicts import GroupKey, TouchedKeys, check_conflicts, touched_in_memory
+from dbidx.table import layout, markers
+from dbidx.table.data_view import LAYOUT_EXTRA, DataView
 from dbidx.table.fileio import FileIO
 from dbidx.table.keys import normalize_keys
-from dbidx.table.data_view import LAYOUT_EXTRA, DataView
 from dbidx.table.records import (
     ACTION_COMMIT, CompletedInstant, DataFileRecord, DeletionVectorRecord, DvFileRecord, FileRecord, PartitionChange,
 )
-from dbidx.data.superseded import vectors_for_commit
 from dbidx.table.state import TableState
 from dbidx.table.timeline import StartedInstant
 

@@ -13,12 +13,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dbidx.data.files import DELETED_COLUMN, INSTANT_COLUMN, data_file_path, write_data_file
+from dbidx.spark_integration.grouping import runs
 from dbidx.table import markers
 from dbidx.table.fileio import FileIO
 from dbidx.table.leftovers import settled_files
-from dbidx.data.files import DELETED_COLUMN, INSTANT_COLUMN, data_file_path, write_data_file
 from dbidx.table.records import DataFileRecord
-from dbidx.spark_integration.grouping import runs
 
 
 

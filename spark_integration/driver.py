@@ -15,14 +15,10 @@ from pyroaring import BitMap
 from dbidx.buckets.assigner import BucketSpec
 from dbidx.config import CacheConfig
 from dbidx.counters import gauge
-from dbidx.errors import CommitError, ConfigError, ConflictError, CorruptFileError, SchemaError
 from dbidx.data import reads
 from dbidx.data.schema import data_columns, encode_schema, evolve, recorded_schema
-from dbidx.table.data_view import SCHEMA_EXTRA
-from dbidx.table import layout, leftovers, markers
+from dbidx.errors import CommitError, ConfigError, ConflictError, CorruptFileError, SchemaError
 from dbidx.mdt.conflicts import TouchedKeys
-from dbidx.table.data_view import LAYOUT_EXTRA
-from dbidx.table.records import DataFileRecord, FileRecord, PartitionChange
 from dbidx.mdt.table import Table
 from dbidx.progress import Progress, Steps
 from dbidx.spark_integration import task
@@ -30,6 +26,10 @@ from dbidx.spark_integration.tagger import TagOptions
 from dbidx.spark_integration.task_errors import (
     retyped,
 )
+from dbidx.table import layout, leftovers, markers
+from dbidx.table.data_view import SCHEMA_EXTRA
+from dbidx.table.data_view import LAYOUT_EXTRA
+from dbidx.table.records import DataFileRecord, FileRecord, PartitionChange
 
 
 

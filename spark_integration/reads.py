@@ -11,8 +11,8 @@ from typing import Any, Iterable, Iterator, Sequence
 import pyarrow as pa
 
 from dbidx.data import reads
-from dbidx.table.records import ACTION_COMMIT, DataFileRecord
 from dbidx.mdt.table import Table
+from dbidx.table.records import ACTION_COMMIT, DataFileRecord
 
 
 def committed_data_files(table: Table) -> list[tuple[str, int, str]]:

@@ -30,8 +30,8 @@ from dbidx.cache.reaper import discard_cache_dir, reap, sweep_abandoned
 from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.cache.staging import StagedLoad
 from dbidx.counters import gauge
-from dbidx.errors import CacheCorruptError, CacheError, CorruptFileError
 from dbidx.data.superseded import superseded_rows
+from dbidx.errors import CacheCorruptError, CacheError, CorruptFileError
 from dbidx.mdt.table import Table
 from dbidx.spark_integration import datafiles
 from dbidx.spark_integration.tagger import (

@@ -17,15 +17,15 @@ import pyarrow.compute as pc
 from dbidx.cache.loading import cache_entries
 from dbidx.cache.record_cache import GLOBAL_PARTITION
 from dbidx.cache.staging import StagedLoad
-from dbidx.table import layout, markers
 from dbidx.mdt.conflicts import TouchedKeys, write_touched
-from dbidx.table.records import FileRecord, PartitionChange
 from dbidx.mdt.table import Table
 from dbidx.mdt.writer import EntryBuffer
 from dbidx.spark_integration.grouping import runs
 from dbidx.spark_integration.tagger import (
     TAG_FILE_GROUP, TAG_IS_DELETE, TAG_IS_UPDATE, TAG_OLD_FILE_GROUP, TAG_OLD_PARTITION, TAG_PARTITION, TagOptions,
 )
+from dbidx.table import layout, markers
+from dbidx.table.records import FileRecord, PartitionChange
 
 
 def write_task_index(table: Table, tagged: pa.Table, options: TagOptions, instant: str, attempt: int,

@@ -61,7 +61,7 @@ def allocation_error(io: FileIO, timeline: Any) -> CorruptFileError:
     listed = "; ".join(f"{s['path']}: {s['problem']}" for s in found[:5])
     more = f" (and {len(found) - 5} more)" if len(found) > 5 else ""
     return CorruptFileError(f"no new instant can be claimed on {io.path('')}: the timeline names an instant id at the "
-                            f"end of the 17-digit range. {listed}{more}. `dbidx verify --table URI` lists every "
+                            f"end of the 17-digit range. {listed}{more}. `dbidx verify URI` lists every "
                             "such id")
 
 

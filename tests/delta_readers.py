@@ -11,8 +11,8 @@ import pyarrow as pa
 from deltalake import DeltaTable, QueryBuilder
 
 from dbidx.data import reads
-from dbidx.mdt.table import Table
 from dbidx.demo import duckdb_delta_extension
+from dbidx.mdt.table import Table
 
 
 def extension_file() -> str:

@@ -18,9 +18,9 @@ from dbidx.errors import (
     ConflictError, CorruptFileError, FormatUpgradeError, HookError, InvalidKeyError, InvalidPartitionError,
 )
 from dbidx.mdt import compaction
-from dbidx.table import layout, leftovers, markers
 from dbidx.mdt.table import Table
 from dbidx.spark_integration.local import upsert_arrow
+from dbidx.table import layout, leftovers, markers
 
 DAY = "dt=2025-03-01"
 

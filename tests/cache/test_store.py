@@ -9,10 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dbidx.cache import codec
+from dbidx.cache.base_dir import default_base_path, prepare_dir
 from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.cache.registry import CacheIdentity
 from dbidx.config import CacheConfig
-from dbidx.cache.base_dir import default_base_path, prepare_dir
 from dbidx.errors import (CacheBusyError, CacheError, CacheMismatchError, ConfigError, InvalidInputError,
                           PartitionNotReadyError)
 

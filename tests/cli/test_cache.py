@@ -10,9 +10,9 @@ from click.testing import CliRunner
 
 from dbidx.cache.loading import load_from_snapshot
 
+from dbidx.cache.dir_lock import lock_path
 from dbidx.cache.inspect import find_cache_dirs, open_cache_dir
 from dbidx.cache.reaper import sweep_abandoned
-from dbidx.cache.dir_lock import lock_path
 from dbidx.cli import main
 
 from tests.cache_helpers import DAY1, DAY2, make_table, open_cache

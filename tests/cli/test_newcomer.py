@@ -12,16 +12,16 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from dbidx.cache.inspect import find_cache_dirs
-from dbidx.config import CacheConfig
 from dbidx.cache.base_dir import base_path_choice, default_base_path
+from dbidx.cache.inspect import find_cache_dirs
+from dbidx.cli import main
+from dbidx.config import CacheConfig
 from dbidx.errors import UnsafeConcurrencyError
-from dbidx.table import markers
 from dbidx.mdt.build_index import build_index
 from dbidx.mdt.table import Table
 from dbidx.mdt.upgrade import upgrade_table
-from dbidx.cli import main
 from dbidx.spark_integration.local import upsert_arrow
+from dbidx.table import markers
 
 from tests.bootstrap.test_loading import make_daily_table
 from tests.mdt.test_upgrade import unpack

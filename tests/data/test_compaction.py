@@ -9,12 +9,12 @@ import pytest
 
 from dbidx.buckets.assigner import BucketSpec
 from dbidx.config import CacheConfig
-from dbidx.errors import CorruptFileError
 from dbidx.data import compaction as data_compaction, reads
-from dbidx.table.data_view import DataView
+from dbidx.errors import CorruptFileError
 from dbidx.mdt.table import Table
 from dbidx.mdt.verify_table import verify_table
 from dbidx.spark_integration.local import upsert_arrow
+from dbidx.table.data_view import DataView
 
 from tests.spark_helpers import Oracle, random_batch
 

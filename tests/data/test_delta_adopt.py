@@ -17,9 +17,9 @@ from pyroaring import BitMap
 
 from dbidx.cli import main
 from dbidx.config import CacheConfig
+from dbidx.data.deletion_vectors import DvFileBuilder, dv_file_name, encode_vector, inline_form, z85_encode
 from dbidx.errors import DeltaFeatureError, ForeignCommitError
 from dbidx.mdt.build_index import build_index
-from dbidx.data.deletion_vectors import DvFileBuilder, dv_file_name, encode_vector, inline_form, z85_encode
 from dbidx.mdt.table import Table
 from dbidx.mdt.verify_table import verify_table
 from dbidx.spark_integration.local import upsert_arrow

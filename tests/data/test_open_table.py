@@ -12,8 +12,8 @@ import pytest
 
 from dbidx.buckets.assigner import BucketSpec
 from dbidx.config import CacheConfig
-from dbidx.errors import CorruptFileError, ForeignCommitError, HistoryCompactedError, InvalidInputError
 from dbidx.data import compaction as data_compaction, delta_log, reads
+from dbidx.errors import CorruptFileError, ForeignCommitError, HistoryCompactedError, InvalidInputError
 from dbidx.mdt.build_index import build_index
 from dbidx.mdt.table import Table
 from dbidx.mdt.verify_table import verify_table

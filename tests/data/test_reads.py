@@ -8,8 +8,8 @@ import pyarrow.compute as pc
 import pytest
 
 from dbidx.config import CacheConfig
-from dbidx.errors import SchemaError
 from dbidx.data import reads
+from dbidx.errors import SchemaError
 from dbidx.mdt.table import Table
 from dbidx.spark_integration.local import upsert_arrow
 

@@ -8,8 +8,8 @@ import pyarrow.compute as pc
 import pytest
 
 from dbidx.errors import InstantStateError, TableExistsError, TableNotFoundError
-from dbidx.table import layout
 from dbidx.mdt.table import Table
+from dbidx.table import layout
 from dbidx.table.records import ACTION_ROLLBACK
 
 

@@ -6,8 +6,8 @@ import os
 import pytest
 
 from dbidx.errors import CorruptFileError, DbidxError, InvalidKeyError, InvalidPartitionError
-from dbidx.table import layout
 from dbidx.mdt.table import Table
+from dbidx.table import layout
 
 
 @pytest.fixture()

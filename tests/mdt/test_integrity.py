@@ -18,13 +18,13 @@ from dbidx.cache.loading import load_from_snapshot
 from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.cli import main
 from dbidx.config import CacheConfig
+from dbidx.data.files import read_data_file
 from dbidx.errors import CorruptFileError
-from dbidx.table import layout
-from dbidx.table.records import _record_checksum
 from dbidx.mdt.table import Table
 from dbidx.mdt.verify_table import verify_table
 from dbidx.spark_integration.local import upsert_arrow
-from dbidx.data.files import read_data_file
+from dbidx.table import layout
+from dbidx.table.records import _record_checksum
 
 DAY = "dt=2025-03-01"
 

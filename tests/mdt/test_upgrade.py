@@ -16,14 +16,14 @@ from click.testing import CliRunner
 
 from dbidx.cli import main
 from dbidx.config import CacheConfig
-from dbidx.errors import FormatUpgradeError, InvalidInputError
 from dbidx.data import reads
+from dbidx.errors import FormatUpgradeError, InvalidInputError
 from dbidx.mdt import upgrade
-from dbidx.table import layout
-from dbidx.table.records import CompletedInstant, _record_checksum
 from dbidx.mdt.table import Table
 from dbidx.mdt.verify_table import verify_table
 from dbidx.spark_integration.local import upsert_arrow
+from dbidx.table import layout
+from dbidx.table.records import CompletedInstant, _record_checksum
 
 from tests.delta_readers import assert_readers_agree
 
@@ -136,19 +136,23 @@ def test_pending_instants_refuse_the_upgrade_unless_rolled_back(tmp_path: Path) 
     assert table.timeline.pending() == [] and set(assert_readers_agree(table, COLUMNS)) == expected
 
 
+def format3_commit_at(root: str, seq: int) -> None:
+    """A format-3 writer publishes `seq`, the one the upgrade wanted (its record: the last one, renumbered)."""
+    last = json.loads(Path(root, layout.completed_file(seq - 1)).read_bytes())
+    last.pop("checksum")
+    last.update(seq=seq, instant="2099" + last["instant"][4:], start_seq=seq - 1)
+    last["checksum"] = _record_checksum(last)
+    Path(root, layout.completed_file(seq)).write_text(json.dumps(last))
+    CompletedInstant.from_json(json.dumps(last).encode(), "crafted", legacy=True)  # a valid format-3 record
+
+
 def test_a_format3_commit_during_the_upgrade_takes_the_switch_back(tmp_path: Path, monkeypatch) -> None:
     root, expected = unpack(tmp_path, "partitioned")
     original = Path(root, layout.PROPERTIES_FILE).read_bytes()
     real_publish = upgrade.publish
 
     def writer_wins(timeline, started, record) -> None:
-        # A format-3 writer publishes the seq the upgrade wanted (its record: the last one, renumbered).
-        last = json.loads(Path(root, layout.completed_file(record.seq - 1)).read_bytes())
-        last.pop("checksum")
-        last.update(seq=record.seq, instant="2099" + last["instant"][4:], start_seq=record.seq - 1)
-        last["checksum"] = _record_checksum(last)
-        Path(root, layout.completed_file(record.seq)).write_text(json.dumps(last))
-        CompletedInstant.from_json(json.dumps(last).encode(), "crafted", legacy=True)  # a valid format-3 record
+        format3_commit_at(root, record.seq)
         real_publish(timeline, started, record)
 
     monkeypatch.setattr(upgrade, "publish", writer_wins)
@@ -177,11 +181,7 @@ def test_a_format3_commit_after_the_switch_and_a_crash_takes_the_switch_back_at_
     seen: dict[str, int] = {}
 
     def format3_writer_wins_then_crash(timeline, started, record) -> None:
-        last = json.loads(Path(root, layout.completed_file(record.seq - 1)).read_bytes())
-        last.pop("checksum")
-        last.update(seq=record.seq, instant="2099" + last["instant"][4:], start_seq=record.seq - 1)
-        last["checksum"] = _record_checksum(last)
-        Path(root, layout.completed_file(record.seq)).write_text(json.dumps(last))
+        format3_commit_at(root, record.seq)
         seen["seq"] = record.seq
         raise Crash("died before publishing")
 

@@ -8,8 +8,8 @@ import pyarrow as pa
 import pytest
 
 from dbidx.config import CacheConfig
-from dbidx.errors import ConflictError, InvalidInputError
 from dbidx.data import reads
+from dbidx.errors import ConflictError, InvalidInputError
 from dbidx.mdt.table import Table
 from dbidx.mdt.verify_table import verify_table
 from dbidx.spark_integration import task

@@ -14,18 +14,18 @@ import pytest
 
 from dbidx.buckets.assigner import BucketSpec
 from dbidx.config import CacheConfig
-from dbidx.errors import CommitError, HookError, InvalidInputError, InvalidKeyError
 from dbidx.data.schema import encode_schema
-from dbidx.table.data_view import SCHEMA_EXTRA
-from dbidx.table import leftovers
+from dbidx.errors import CommitError, HookError, InvalidInputError, InvalidKeyError
 from dbidx.mdt.table import Table
-from dbidx.table.records import ACTION_ROLLBACK
 from dbidx.spark_integration import task
 from dbidx.spark_integration.api import tag, upsert
 from dbidx.spark_integration.driver import _check_layout_and_schema, commit_results
 from dbidx.spark_integration.reads import committed_data_files, read_table
 from dbidx.spark_integration.tagger import TagOptions
+from dbidx.table import leftovers
 from dbidx.table import markers
+from dbidx.table.data_view import SCHEMA_EXTRA
+from dbidx.table.records import ACTION_ROLLBACK
 
 from tests.delta_readers import assert_readers_agree
 from tests.spark_helpers import SCHEMA, Oracle, index_state

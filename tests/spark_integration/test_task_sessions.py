@@ -13,8 +13,8 @@ import pytest
 from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.cache.store import lock_path
 from dbidx.config import CacheConfig
-from dbidx.errors import InvalidKeyError
 from dbidx.data.reads import read_arrow
+from dbidx.errors import InvalidKeyError
 from dbidx.mdt.table import Table
 from dbidx.spark_integration import task
 from dbidx.spark_integration.local import upsert_arrow

@@ -11,16 +11,16 @@ import pytest
 
 from dbidx.buckets.assigner import BucketSpec
 from dbidx.config import CacheConfig
-from dbidx.errors import CorruptFileError, HistoryCompactedError
 from dbidx.data import reads
-from dbidx.table import checkpoint, layout
-from dbidx.table.data_view import DataView
-from dbidx.table.file_view import FileView
+from dbidx.errors import CorruptFileError, HistoryCompactedError
 from dbidx.mdt import table as table_module
 from dbidx.mdt.table import Table
 from dbidx.mdt.verify_table import verify_table
 from dbidx.spark_integration.driver import commit_history
 from dbidx.spark_integration.local import upsert_arrow
+from dbidx.table import checkpoint, layout
+from dbidx.table.data_view import DataView
+from dbidx.table.file_view import FileView
 
 from tests.spark_helpers import Oracle, random_batch
 from tests.data.test_compaction import as_arrow, current

@@ -13,13 +13,13 @@ from click.testing import CliRunner
 
 from dbidx.cli import main
 from dbidx.config import CacheConfig
-from dbidx.errors import CorruptFileError
-from dbidx.table import checkpoint, layout, markers
 from dbidx.data.reads import read_arrow
-from dbidx.table.records import ACTION_ROLLBACK, CompletedInstant
+from dbidx.errors import CorruptFileError
 from dbidx.mdt.table import Table
 from dbidx.mdt.verify_table import verify_table
 from dbidx.spark_integration.local import upsert_arrow
+from dbidx.table import checkpoint, layout, markers
+from dbidx.table.records import ACTION_ROLLBACK, CompletedInstant
 
 FAR = "99999999999999999"
 

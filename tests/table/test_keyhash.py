@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dbidx.errors import DbidxError, InvalidInputError, InvalidKeyError
-from dbidx.table.keyhash import HASH_NAME, shard_of, shard_of_one, spark_hash, spark_hash_one
 from dbidx.mdt.table import Table
+from dbidx.table.keyhash import HASH_NAME, shard_of, shard_of_one, spark_hash, spark_hash_one
 
 GOLDEN: dict[str, int] = {
     "": 142593372, "a": 1485273170, "ab": -97053317, "abc": 1322437556, "abcd": -396302900,

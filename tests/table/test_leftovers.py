@@ -10,10 +10,10 @@ import pyarrow as pa
 import pytest
 
 from dbidx.config import CacheConfig
-from dbidx.table import layout
 from dbidx.data.reads import read_arrow
 from dbidx.mdt.table import Table
 from dbidx.spark_integration.local import upsert_arrow
+from dbidx.table import layout
 
 OLD = 1e9  # 2001: a dead writer's
 

@@ -14,9 +14,9 @@ import pytest
 
 from dbidx.config import CacheConfig
 from dbidx.errors import ConflictError, UnsafeConcurrencyError
+from dbidx.mdt.table import Table
 from dbidx.table.commit_lock import FileCommitLock
 from dbidx.table.fileio import EXCLUSIVE_CONDITIONAL_PUT
-from dbidx.mdt.table import Table
 
 from tests.s3_helpers import s3_server
 

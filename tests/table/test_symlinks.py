@@ -11,12 +11,12 @@ from click.testing import CliRunner
 
 from dbidx.cli import main
 from dbidx.config import CacheConfig
-from dbidx.errors import CorruptFileError
-from dbidx.table import markers
 from dbidx.data.reads import read_arrow
+from dbidx.errors import CorruptFileError
 from dbidx.mdt.table import Table
 from dbidx.mdt.verify_table import verify_table
 from dbidx.spark_integration.local import upsert_arrow
+from dbidx.table import markers
 
 
 def rows(ids: list[str], day: str = "2025-03-01") -> pa.Table:
