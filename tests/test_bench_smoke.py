@@ -27,6 +27,7 @@ def test_every_benchmark_script_is_smoke_tested():
     assert scripts == set(SMOKE) | set(SPARK_SMOKE)
 
 
+@pytest.mark.slow  # a benchmark run end to end, in a subprocess: `make test` and `make bench-smoke`, not the fast tier
 @pytest.mark.parametrize("script", sorted(SMOKE))
 def test_benchmark_runs_at_smoke_size(script, tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
