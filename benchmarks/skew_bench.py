@@ -43,11 +43,11 @@ def simulate(days: int, first_day: int, growth: float, shards: int, num_buckets:
         n = int(first_day * (1 + growth) ** (day - 1))
         keys = uuid_keys(n, rng)
         total += n
-        simple_sizes.update(simple.assign(PARTITION, keys, {}))
+        simple_sizes.update(simple.assign(PARTITION, keys, {}).to_pylist())
         owners = shard_of(keys, shards)
         for shard, assigner in enumerate(dynamic):
             mine = keys.filter(pa.array(owners == shard))
-            dynamic_sizes.update(assigner.assign(PARTITION, mine, {}))
+            dynamic_sizes.update(assigner.assign(PARTITION, mine, {}).to_pylist())
         rows.append([day, n, total, *sizes_summary(simple_sizes), *sizes_summary(dynamic_sizes)])
     return rows
 

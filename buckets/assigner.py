@@ -52,8 +52,9 @@ class BucketSpec:
 class BucketAssigner(Protocol):
     """Assigns file groups to the new keys of a partition."""
 
-    def assign(self, partition: str, keys: pa.Array, fills: Fills) -> list[str]:
-        """File group per new key (keys not in the index yet), in input order."""
+    def assign(self, partition: str, keys: pa.Array, fills: Fills) -> pa.Array:
+        """File group per new key (keys not in the index yet), in input order, as a string array (built from runs
+        or a dictionary: a Python list of millions of repeated names costs a second to convert)."""
         ...
 
 
@@ -87,20 +88,23 @@ class DynamicBucketAssigner:
             self._fills[partition] = state
         return state
 
-    def assign(self, partition: str, keys: pa.Array, fills: Fills) -> list[str]:
+    def assign(self, partition: str, keys: pa.Array, fills: Fills) -> pa.Array:
         """File groups for len(keys) new keys of `partition` (the keys themselves do not matter here)."""
-        remaining = len(keys)
+        return _runs(self._runs(partition, len(keys), fills))
+
+    def _runs(self, partition: str, remaining: int, fills: Fills) -> list[tuple[str, int]]:
+        """(file group, how many keys) in placement order."""
         if remaining == 0:
             return []
         owned = self._owned(partition, fills)
-        out: list[str] = []
+        out: list[tuple[str, int]] = []
         # 1. Fill the owned buckets that have room, lowest bucket id first (fewer, fuller files).
         for bucket in sorted(owned):
             room = self.capacity - owned[bucket]
             if room <= 0:
                 continue
             take = min(room, remaining)
-            out += [file_group_id(self.table_id, partition, bucket)] * take
+            out.append((file_group_id(self.table_id, partition, bucket), take))
             owned[bucket] += take
             remaining -= take
             if remaining == 0:
@@ -114,7 +118,7 @@ class DynamicBucketAssigner:
                 raise ConfigError(f"partition {partition!r} needs more than {MAX_BUCKET + 1} buckets; raise the "
                                   f"bucket capacity (now {self.capacity})")
             take = min(self.capacity, remaining)
-            out += [file_group_id(self.table_id, partition, candidate)] * take
+            out.append((file_group_id(self.table_id, partition, candidate), take))
             owned[candidate] = take
             self.opened.setdefault(partition, []).append(candidate)
             remaining -= take
@@ -129,16 +133,24 @@ class SimpleBucketAssigner:
         self.num_buckets = num_buckets
         self._names: dict[tuple[str, int], str] = {}
 
-    def assign(self, partition: str, keys: pa.Array, fills: Fills) -> list[str]:
+    def assign(self, partition: str, keys: pa.Array, fills: Fills) -> pa.Array:
         """File group per key from its hash alone; fills are not needed."""
         if len(keys) == 0:
-            return []
+            return pa.array([], pa.string())
         buckets = shard_of(keys, self.num_buckets)
-        names = {int(b): self._name(partition, int(b)) for b in np.unique(buckets)}
-        return [names[int(b)] for b in buckets]
+        used, codes = np.unique(buckets, return_inverse=True)
+        names = pa.array([self._name(partition, int(b)) for b in used], pa.string())
+        return names.take(pa.array(codes.astype(np.int32)))
 
     def _name(self, partition: str, bucket: int) -> str:
         name = self._names.get((partition, bucket))
         if name is None:
             name = self._names[(partition, bucket)] = file_group_id(self.table_id, partition, bucket)
         return name
+
+
+def _runs(runs: list[tuple[str, int]]) -> pa.Array:
+    """A string array of `count` times each name, in order."""
+    if not runs:
+        return pa.array([], pa.string())
+    return pa.concat_arrays([pa.repeat(pa.scalar(name, pa.string()), count) for name, count in runs])

@@ -161,7 +161,16 @@ def encode_keys_binary(keys: Any) -> pa.Array:
         for rows, body in bodies:
             out[offsets[rows][:, None] + np.arange(body.shape[1])] = body
     raw_rows = np.nonzero(~done)[0]
-    if len(raw_rows):
+    if len(raw_rows) == n and n and bool((lengths == lengths[0]).all()):
+        # Every key raw and of one length (fixed-width ids, e.g. 32 hex digits): a tag column beside the keys'
+        # bytes as rows, instead of per-byte index arrays (64 M of them for 2 M such keys).
+        width = int(lengths[0])
+        grid = np.empty((n, width + 1), dtype=np.uint8)
+        grid[:, 0] = TAG_RAW
+        if width:
+            grid[:, 1:] = _matrix(data, starts, width)
+        out = grid.reshape(-1)
+    elif len(raw_rows):
         out[offsets[raw_rows]] = TAG_RAW
         raw_len = lengths[raw_rows]
         total = int(raw_len.sum())

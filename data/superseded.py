@@ -109,7 +109,8 @@ def superseded_rows(io: FileIO, view: DataView, new: Sequence[NewRows], key: str
         with ThreadPoolExecutor(max_workers=max(1, min(_THREADS, len(missing)))) as pool:
             list(pool.map(lambda r: KEYS.get(r, reader), missing))
     # 3. In each, the rows whose key a new row of its group carries (hash index, confirmed by key), minus its vector.
-    probes = {g: Probe.of(pa.concat_arrays(k)) for g, k in new_keys.items()}
+    #    Only the groups that have older files are indexed (a load into new partitions has none).
+    probes = {g: Probe.of(pa.concat_arrays(new_keys[g])) for g in {(r.partition, r.file_group) for r in older}}
     dv_bytes: dict[str, bytes] = {}
     found: list[tuple[DataFileRecord, BitMap, pa.Array]] = []
     for record in older:

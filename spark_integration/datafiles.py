@@ -58,7 +58,8 @@ def write_groups(io: FileIO, rows: pa.Table, deleted: pa.Array, partitions: pa.A
             continue
         take = pa.array(positions)
         group = rows.take(take)
-        group = group.append_column(INSTANT_COLUMN, pa.array([instant] * len(positions), pa.string()))
+        # The instant column from one scalar (a Python list of the same string was 1.2 s per 5 M rows).
+        group = group.append_column(INSTANT_COLUMN, pa.repeat(pa.scalar(instant, pa.string()), len(positions)))
         group = group.append_column(DELETED_COLUMN, deleted.take(take))
         written.append(write_group(io, part_names[part_code], group_names[group_code], group, instant, attempt, key))
         if written_rows is not None and key is not None:

@@ -35,10 +35,11 @@ from dbidx.errors import CacheCorruptError, CacheError, CorruptFileError
 from dbidx.mdt.table import Table
 from dbidx.spark_integration import datafiles
 from dbidx.spark_integration.tagger import (
-    ROW_ID, TAG_FILE_GROUP, TAG_IS_DELETE, TAG_IS_UPDATE, TAG_OLD_FILE_GROUP, TAG_OLD_PARTITION, TAG_PARTITION,
+    ROW_ID, TAG_FILE_GROUP, TAG_IS_DELETE, TAG_IS_UPDATE, TAG_NAMES, TAG_OLD_FILE_GROUP, TAG_OLD_PARTITION, TAG_PARTITION,
     ShardTagger, TagCounts, TagOptions, latest_per_key,
 )
 from dbidx.spark_integration.task_index import stage_each_delta, write_task_index, written_paths
+from dbidx.table.keyhash import shards_of_hashes, spark_hash
 
 RESULT_DDL = "shard int, attempt long, payload binary"
 REAPER_INFO = "reaper"
@@ -165,9 +166,10 @@ def reap_if_due(cache: RecordIndexCache, now_ms: int | None = None) -> bool:
     return True
 
 
-def _shard_slices(table: Table, batch: pa.Table, options: TagOptions) -> list[tuple[int, pa.Table]]:
-    """The batch split by key shard (after repartitioning by shard there is exactly one)."""
-    shards = table.shard_of(options.keys_of(batch))
+def _shard_slices(table: Table, batch: pa.Table, hashes: np.ndarray) -> list[tuple[int, pa.Table]]:
+    """The batch split by key shard (after repartitioning by shard there is exactly one); `hashes`: the keys'
+    `spark_hash`."""
+    shards = shards_of_hashes(hashes, table.num_shards)
     distinct = np.unique(shards)
     if len(distinct) == 1:
         return [(int(distinct[0]), batch)]
@@ -189,7 +191,7 @@ def tag_batches(batches: Iterable[pa.RecordBatch], table: Table, options: TagOpt
             batch = pa.Table.from_batches([record_batch])
             if batch.num_rows == 0:
                 continue
-            for shard, rows in _shard_slices(table, batch, options):
+            for shard, rows in _shard_slices(table, batch, spark_hash(options.keys_of(batch))):
                 tagger = taggers.setdefault(shard, ShardTagger(table, shard, options))
                 for attempt in (0, 1):
                     try:
@@ -243,16 +245,17 @@ def _upsert_rows(batches: Iterable[pa.RecordBatch], table: Table, options: TagOp
     if not received:
         return {"files": [], "index_files": [], "touched": [], "changes": {}, "metrics": [],
                 "superseded": {"seq": table.data_view().applied_seq, "rows": {}}}
-    # One chunk per column: Spark hands a task its rows in batches of 10,000 (arrow.maxRecordsPerBatch), and every
-    # later gather (per data file, per index group) from a table of hundreds of chunks costs about five times
-    # one from a single chunk (measured: 30 takes over 2 M rows in 214 chunks 1.2 s, combined 0.23 s).
-    batch = pa.Table.from_batches(received).combine_chunks()
-    del received
+    batch = _one_chunk(received)
     received_rows = batch.num_rows
-    # 1. One row per record: ordering field first, then arrival.
-    batch, dropped = latest_per_key(batch, options, table.global_index)
+    # 1. One row per record: ordering field first, then arrival. The keys' hashes serve both the test for distinct
+    #    keys and the shard split.
+    hashes = spark_hash(options.keys_of(batch))
+    batch, dropped = latest_per_key(batch, options, table.global_index, hashes)
+    if dropped:
+        hashes = spark_hash(options.keys_of(batch))
     tagged_parts, shard_metrics = [], []
-    slices = _shard_slices(table, batch, options)
+    slices = _shard_slices(table, batch, hashes)
+    del hashes
     for shard, rows in slices:
         first = not shard_metrics  # the task-wide counts go to its first shard, once
         metrics = ShardMetrics(shard=shard, duplicates_dropped=dropped if first else 0,
@@ -280,6 +283,11 @@ def _upsert_rows(batches: Iterable[pa.RecordBatch], table: Table, options: TagOp
                                    to_write.column(TAG_FILE_GROUP).combine_chunks(), instant, attempt, options.key,
                                    written_rows)
     del to_write
+    # From here on only the key and the tag columns are read: the user's other columns (most of the input's bytes)
+    # are let go before the deletion vectors and the index files are built.
+    shards = [shard for shard, _rows in slices]
+    tagged = tagged.select([c for c in tagged.column_names if c == options.key or c in TAG_NAMES])
+    del batch, slices, tagged_parts, rows
     # 3b. The rows these files supersede (their deletion vectors), found here on the executor, where the keys are
     #     in memory and the older files' key columns stay cached in the worker; the driver uses them if nothing
     #     committed since changed these file groups (mdt/writer.CommitWriter._tasks_fresh).
@@ -292,13 +300,13 @@ def _upsert_rows(batches: Iterable[pa.RecordBatch], table: Table, options: TagOp
     # 4. The shard's index delta files and touched keys, announced the same way. A bulk load also stages each
     #    delta's entries as the shard cache's own SST beside the cache (a warm first batch after the load).
     load = None
-    if options.bulk_seq is not None and options.cache.stage_loads and len(slices) == 1:
-        load = StagedLoad(RecordIndexCache.for_table(table, slices[0][0], options.cache).path, instant, attempt,
+    if options.bulk_seq is not None and options.cache.stage_loads and len(shards) == 1:
+        load = StagedLoad(RecordIndexCache.for_table(table, shards[0], options.cache).path, instant, attempt,
                           options.cache)
     with load if load is not None else nullcontext():
         index_files, touched, changes = write_task_index(
             table, tagged, options, instant, attempt, {m.shard: m.tagged_seq for m in shard_metrics},
-            shard=slices[0][0] if len(slices) == 1 else None,
+            shard=shards[0] if len(shards) == 1 else None,
             on_written=None if load is None else stage_each_delta(load, table.global_index))
     if load is not None:
         shard_metrics[0].stage_seconds, shard_metrics[0].staged_entries = load.seconds, load.entries
@@ -312,6 +320,23 @@ def _upsert_rows(batches: Iterable[pa.RecordBatch], table: Table, options: TagOp
             "superseded": {"seq": basis_seq, "rows": {p: b.serialize() for p, b in fresh.items()}},
             "changes": {p: asdict(c) for p, c in changes.items()},
             "metrics": [m.to_dict() for m in shard_metrics]}
+
+
+def _one_chunk(batches: list[pa.RecordBatch]) -> pa.Table:
+    """The task's input as one chunk per column, built a column at a time so the input's copy of a column is
+    freed once its combined copy exists (peak: the input plus one column, not two inputs).
+
+    Why one chunk: Spark hands a task its rows in batches of 10,000 (arrow.maxRecordsPerBatch), and every later
+    gather (per data file, per index group) from a table of hundreds of chunks costs about five times one from a
+    single chunk (measured: 30 takes over 2 M rows in 214 chunks 1.2 s, combined 0.23 s)."""
+    schema = batches[0].schema
+    columns = [pa.chunked_array([b.column(i) for b in batches], schema.field(i).type) for i in range(len(schema))]
+    batches.clear()  # the caller's list: its batches now live only in `columns`
+    combined = []
+    for i in range(len(columns)):
+        combined.append(columns[i].combine_chunks())
+        columns[i] = None  # type: ignore[call-overload]  # this column's input chunks go now
+    return pa.Table.from_arrays(combined, schema=schema)
 
 
 def _tag_rebuilding(table: Table, shard: int, options: TagOptions, metrics: ShardMetrics,

@@ -147,9 +147,14 @@ def spark_hash(keys: Any) -> np.ndarray:
 
 def shard_of(keys: Any, num_shards: int) -> np.ndarray:
     """`pmod(hash(key), num_shards)` per key: the shard (and Spark partition after repartition) of each key."""
+    return shards_of_hashes(spark_hash(keys), num_shards)
+
+
+def shards_of_hashes(hashes: np.ndarray, num_shards: int) -> np.ndarray:
+    """`shard_of` from the keys' `spark_hash` values, for a caller that needs the hashes for something else too."""
     if not isinstance(num_shards, (int, np.integer)) or num_shards < 1:
         raise InvalidInputError(f"num_shards must be a positive integer, got {num_shards!r}")
-    return np.mod(spark_hash(keys).astype(np.int64), int(num_shards)).astype(np.int32)
+    return np.mod(hashes.astype(np.int64), int(num_shards)).astype(np.int32)
 
 
 def shard_of_one(key: str, num_shards: int) -> int:

@@ -29,9 +29,9 @@ def test_file_group_id_is_stable_named_and_parsable() -> None:
 def test_dynamic_first_bucket_is_the_shard_then_fills_before_opening() -> None:
     assigner = DynamicBucketAssigner("t", num_shards=4, shard=2, capacity=3)
     fgs = assigner.assign("p", keys(7), {})
-    assert [bucket_of(f) for f in fgs] == [2, 2, 2, 6, 6, 6, 10]
+    assert fgs.type == pa.string() and [bucket_of(f) for f in fgs.to_pylist()] == [2, 2, 2, 6, 6, 6, 10]
     # Later batches (same task) continue from what this assigner placed: bucket 10 has room for 2 more.
-    assert [bucket_of(f) for f in assigner.assign("p", keys(3, "x"), {})] == [10, 10, 14]
+    assert [bucket_of(f) for f in assigner.assign("p", keys(3, "x"), {}).to_pylist()] == [10, 10, 14]
     assert assigner.opened["p"] == [2, 6, 10, 14]
 
 
@@ -40,7 +40,7 @@ def test_dynamic_reuses_non_full_buckets_from_the_index_and_ignores_foreign_ones
              "migrated-file": 100}
     assigner = DynamicBucketAssigner("t", num_shards=2, shard=1, capacity=5)
     # Bucket 1 is full, bucket 3 (owned by shard 1) has room for 3; bucket 2 belongs to shard 0.
-    assert [bucket_of(f) for f in assigner.assign("p", keys(5), fills)] == [3, 3, 3, 5, 5]
+    assert [bucket_of(f) for f in assigner.assign("p", keys(5), fills).to_pylist()] == [3, 3, 3, 5, 5]
 
 
 @settings(max_examples=60, deadline=None)
@@ -53,7 +53,9 @@ def test_dynamic_never_exceeds_capacity_and_shards_never_collide(num_shards: int
     for shard in range(num_shards):
         assigner = DynamicBucketAssigner("t", num_shards, shard, capacity)
         for i, n in enumerate(batches):
-            for fg in assigner.assign("p", keys(n, f"s{shard}b{i}-"), {}):
+            assigned = assigner.assign("p", keys(n, f"s{shard}b{i}-"), {})
+            assert len(assigned) == n
+            for fg in assigned.to_pylist():
                 bucket = bucket_of(fg)
                 per_bucket[bucket] = per_bucket.get(bucket, 0) + 1
                 assert owner.setdefault(bucket, shard) == shard  # no bucket is created by two shards
@@ -65,7 +67,7 @@ def test_dynamic_never_exceeds_capacity_and_shards_never_collide(num_shards: int
 
 def test_simple_routes_by_the_spark_hash() -> None:
     ks = keys(500)
-    fgs = SimpleBucketAssigner("t", 8).assign("p", ks, {})
+    fgs = SimpleBucketAssigner("t", 8).assign("p", ks, {}).to_pylist()
     assert [bucket_of(f) for f in fgs] == shard_of(ks, 8).tolist()
     assert len(set(fgs)) == 8
 

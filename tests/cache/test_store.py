@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import uuid
 
+import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -38,6 +39,19 @@ def test_key_codec_round_trips_and_is_injective(keys):
     encoded = codec.encode_keys(keys)
     assert [codec.decode_key(e) for e in encoded] == keys
     assert len(set(encoded)) == len(set(keys))
+
+
+@given(st.integers(0, 47).flatmap(lambda width: st.lists(
+    st.text(alphabet="0123456789abcdef-_", min_size=width, max_size=width).map(lambda k: "X" + k),
+    min_size=1, max_size=50)), st.integers(0, 3))
+@settings(max_examples=100, deadline=None)
+def test_fixed_width_raw_keys_encode_like_any_other_raw_key(keys, skip):
+    """Every key raw and of one length (32-hex ids: the rows-at-once path) encodes as the raw class does - the tag
+    byte, then the key's bytes - sliced arrays included, and decodes back."""
+    array = pa.array(["pad"] * skip + keys).slice(skip)
+    encoded = codec.encode_keys_binary(array).to_pylist()
+    assert encoded == [b"\x00" + k.encode() for k in keys]
+    assert [codec.decode_key(e) for e in encoded] == keys
 
 
 def test_key_codec_sizes():
@@ -376,8 +390,6 @@ def test_lookup_order_follows_the_bytes_after_a_long_shared_prefix():
     """Multi-gets run in (nearly) key order for locality; keys that share a long prefix are ordered by the bytes
     after it, and keys identical for the whole window fall back to an exact sort."""
     import random
-
-    import pyarrow as pa
 
     rng = random.Random(0)
     for template, width in (("tenant-0042/orders/{:09d}", 9), ("{}".rjust(41, "x"), 6)):
