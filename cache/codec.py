@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dbidx.arrays import one_chunk
 from dbidx.errors import CacheError, InvalidKeyError
 
 TAG_RAW = 0x00
@@ -33,7 +34,7 @@ _POW10 = (10 ** np.arange(9, -1, -1, dtype=np.uint64)).astype(np.uint64)
 def as_string_array(values: Any) -> pa.Array:
     """One Arrow array from a list of str, an Arrow array or a chunked array; large_string becomes string."""
     if isinstance(values, pa.ChunkedArray):
-        values = values.combine_chunks()
+        values = one_chunk(values)
     if not isinstance(values, pa.Array):
         values = pa.array(list(values), pa.string())
     if pa.types.is_large_string(values.type):

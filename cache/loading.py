@@ -14,6 +14,7 @@ import uuid
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dbidx.arrays import one_chunk
 from dbidx.cache.codec import GLOBAL_SEPARATOR
 from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.cache.sst_builder import PreparedLoad, build_sst
@@ -41,11 +42,7 @@ def cache_entries(entries: pa.Table, global_mode: bool) -> tuple[pa.Array, pa.Ar
                                                 GLOBAL_SEPARATOR)
     else:
         locations = entries.column(FILE_GROUP)
-    return _single_chunk(entries.column(KEY)), _single_chunk(locations)
-
-
-def _single_chunk(column: pa.ChunkedArray | pa.Array) -> pa.Array:
-    return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    return one_chunk(entries.column(KEY)), one_chunk(locations)
 
 
 def prepare_slice(table: Table, shard: int, partition: str, seq: int, global_mode: bool, sst_path: str,

@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyroaring import BitMap
 
+from dbidx.arrays import one_chunk
 from dbidx.data.deletion_vectors import DvFileBuilder, VectorSlot, dv_file_name, read_vector, vector_body
 from dbidx.data.files import DELETED_COLUMN, read_data_file
 from dbidx.data.key_columns import KEYS, Probe
@@ -44,7 +45,7 @@ def _read_columns(io: FileIO, record: DataFileRecord, key: str, with_deleted: bo
     table = read_data_file(io, record, [key, DELETED_COLUMN] if with_deleted else [key])
     if key not in table.column_names:
         raise CorruptFileError(f"data file {io.path(record.path)} has no key column {key!r}")
-    keys = pc.cast(table.column(key), pa.string()).combine_chunks()
+    keys = one_chunk(pc.cast(table.column(key), pa.string()))
     if DELETED_COLUMN in table.column_names:
         deleted = pc.fill_null(table.column(DELETED_COLUMN), False).to_numpy(zero_copy_only=False)
     else:

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from dbidx.arrays import one_chunk
 from dbidx.errors import ConflictError, CorruptFileError, DbidxError
 from dbidx.mdt import rli_files
 from dbidx.table import layout
@@ -77,7 +78,7 @@ class TouchedKeys:
         assert self.path is not None
         data = io.read_verified(self.path, self.size, self.checksum, "touched-keys file")
         try:
-            return pq.read_table(pa.BufferReader(data), columns=[rli_files.KEY]).column(rli_files.KEY).combine_chunks()
+            return one_chunk(pq.read_table(pa.BufferReader(data), columns=[rli_files.KEY]).column(rli_files.KEY))
         except DECODE_ERRORS as exc:
             raise CorruptFileError(f"touched-keys file {io.path(self.path)} is unreadable: {exc}") from exc
 

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from dbidx.arrays import one_chunk
 from dbidx.errors import CorruptFileError
 from dbidx.table.fileio import DECODE_ERRORS, FileIO, file_checksum
 from dbidx.table.records import FileRecord
@@ -166,7 +167,7 @@ def resolve_latest(tables: list[pa.Table], schema: pa.Schema, keep_tombstones: b
     # 2. Sort by key, newest first within a key.
     stacked = stacked.take(pc.sort_indices(stacked, sort_keys=[(KEY, "ascending"), (_ORD, "descending")]))
     # 3. Keep the first row of each run of equal keys.
-    keys = stacked.column(KEY).combine_chunks()
+    keys = one_chunk(stacked.column(KEY))
     first = np.ones(len(keys), dtype=bool)
     if len(keys) > 1:
         first[1:] = pc.not_equal(keys[1:], keys[:-1]).to_numpy(zero_copy_only=False)

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyroaring import BitMap
 
+from dbidx.arrays import one_chunk
 from dbidx.data.superseded import vectors_for_commit
 from dbidx.errors import CommitError, DuplicateKeyError, InstantStateError, InvalidKeyError
 from dbidx.mdt import rli_files
@@ -268,7 +269,7 @@ class CommitWriter:
         files = self.buffer.write(io, groups) + self._written
         changes = merge_changes(self.buffer.changes(), self._written_changes)
         touched = dict(self._touched)
-        touched.update(touched_in_memory({g: t.column(rli_files.KEY).combine_chunks() for g, t in groups.items()},
+        touched.update(touched_in_memory({g: one_chunk(t.column(rli_files.KEY)) for g, t in groups.items()},
                                          self.started.start_seq))
 
         def build(seq: int) -> CompletedInstant:
@@ -364,7 +365,7 @@ def _reject_repeated_groups(groups: list[GroupKey], instant: str) -> None:
 
 def _reject_repeated_keys(entries: pa.Table, partition: str | None, shard: int, instant: str) -> None:
     """A key may have one entry per instant and group: two would make its location ambiguous."""
-    keys = entries.column(rli_files.KEY).combine_chunks()
+    keys = one_chunk(entries.column(rli_files.KEY))
     if len(keys) < 2:
         return
     same = pc.equal(keys[1:], keys[:-1])

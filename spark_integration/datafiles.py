@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dbidx.arrays import one_chunk
 from dbidx.data.files import DELETED_COLUMN, INSTANT_COLUMN, data_file_path, write_data_file
 from dbidx.spark_integration.grouping import runs
 from dbidx.table import markers
@@ -63,7 +64,7 @@ def write_groups(io: FileIO, rows: pa.Table, deleted: pa.Array, partitions: pa.A
         group = group.append_column(DELETED_COLUMN, deleted.take(take))
         written.append(write_group(io, part_names[part_code], group_names[group_code], group, instant, attempt, key))
         if written_rows is not None and key is not None:
-            written_rows.append((written[-1], pc.cast(group.column(key), pa.string()).combine_chunks(),
+            written_rows.append((written[-1], one_chunk(pc.cast(group.column(key), pa.string())),
                                  pc.fill_null(group.column(DELETED_COLUMN), False).to_numpy(zero_copy_only=False)))
     return written
 

@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dbidx.arrays import one_chunk
 from dbidx.buckets.assigner import BucketSpec
 from dbidx.cache.codec import split_global_location
 from dbidx.cache.record_cache import GLOBAL_PARTITION, RecordIndexCache
@@ -110,7 +111,7 @@ class TagOptions:
         """The partition path of each row, validated once per distinct value."""
         column = batch.column(self.partition)
         if isinstance(column, pa.ChunkedArray):
-            column = column.combine_chunks()
+            column = one_chunk(column)
         values = pc.cast(column, pa.string())
         if values.null_count:
             row = pc.index(pc.is_null(values), True).as_py()

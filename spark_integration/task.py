@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dbidx.arrays import one_chunk
 from dbidx.bootstrap.on_demand import OnDemandLoader
 from dbidx.cache.catchup import sync
 from dbidx.cache.metrics import CacheCounters
@@ -275,12 +276,15 @@ def _upsert_rows(batches: Iterable[pa.RecordBatch], table: Table, options: TagOp
     tagged = pa.concat_tables(tagged_parts)
     # 3. Data files, one per (partition, file group) of this attempt, each announced by a marker first.
     started = time.perf_counter()
-    to_write = pa.concat_tables([tagged, move_tombstones(tagged)])
+    moves = move_tombstones(tagged)
+    # Without moves (every bulk load, most batches) the columns stay one chunk each: no copy to combine them.
+    to_write = pa.concat_tables([tagged, moves]) if moves.num_rows else tagged
+    del moves
     written_rows: list = []
     files = datafiles.write_groups(table.io, data_rows(to_write, options),
-                                   to_write.column(TAG_IS_DELETE).combine_chunks(),
-                                   to_write.column(TAG_PARTITION).combine_chunks(),
-                                   to_write.column(TAG_FILE_GROUP).combine_chunks(), instant, attempt, options.key,
+                                   one_chunk(to_write.column(TAG_IS_DELETE)),
+                                   one_chunk(to_write.column(TAG_PARTITION)),
+                                   one_chunk(to_write.column(TAG_FILE_GROUP)), instant, attempt, options.key,
                                    written_rows)
     del to_write
     # From here on only the key and the tag columns are read: the user's other columns (most of the input's bytes)
@@ -334,7 +338,7 @@ def _one_chunk(batches: list[pa.RecordBatch]) -> pa.Table:
     batches.clear()  # the caller's list: its batches now live only in `columns`
     combined = []
     for i in range(len(columns)):
-        combined.append(columns[i].combine_chunks())
+        combined.append(one_chunk(columns[i]))
         columns[i] = None  # type: ignore[call-overload]  # this column's input chunks go now
     return pa.Table.from_arrays(combined, schema=schema)
 

@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dbidx.arrays import one_chunk
 from dbidx.cache.loading import cache_entries
 from dbidx.cache.record_cache import GLOBAL_PARTITION
 from dbidx.cache.staging import StagedLoad
@@ -53,7 +54,7 @@ def write_task_index(table: Table, tagged: pa.Table, options: TagOptions, instan
     if table.global_index:
         names, codes = [None], np.zeros(len(keys), dtype=np.int64)
     else:
-        encoded = pc.dictionary_encode(tagged.column(TAG_PARTITION).combine_chunks())
+        encoded = pc.dictionary_encode(one_chunk(tagged.column(TAG_PARTITION)))
         names, codes = encoded.dictionary.to_pylist(), encoded.indices.to_numpy(zero_copy_only=False)
     for shard in np.unique(shards).tolist():
         in_shard = shards == shard
@@ -81,10 +82,10 @@ def _buffer_entries(buffer: EntryBuffer, tagged: pa.Table, keys: pa.Array, shard
     """
     is_update = tagged.column(TAG_IS_UPDATE).to_numpy()
     is_delete = tagged.column(TAG_IS_DELETE).to_numpy()
-    part = tagged.column(TAG_PARTITION).combine_chunks()
-    old_part = tagged.column(TAG_OLD_PARTITION).combine_chunks()
-    fg = tagged.column(TAG_FILE_GROUP).combine_chunks()
-    old_fg = tagged.column(TAG_OLD_FILE_GROUP).combine_chunks()
+    part = one_chunk(tagged.column(TAG_PARTITION))
+    old_part = one_chunk(tagged.column(TAG_OLD_PARTITION))
+    fg = one_chunk(tagged.column(TAG_FILE_GROUP))
+    old_fg = one_chunk(tagged.column(TAG_OLD_FILE_GROUP))
     moved = is_update & ~is_delete & pc.fill_null(pc.not_equal(part, old_part), False).to_numpy(zero_copy_only=False)
     kinds: list[tuple[np.ndarray, bool, int]] = [(~is_update & ~is_delete, False, +1),
                                                  (is_update & is_delete, True, -1), (moved, False, +1)]

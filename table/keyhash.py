@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from dbidx.arrays import one_chunk
 from dbidx.errors import InvalidInputError, InvalidKeyError
 
 HASH_NAME = "spark-murmur3-x86_32-seed42"
@@ -66,7 +67,7 @@ def _to_string_array(keys: Any) -> pa.Array:
     if isinstance(keys, (str, bytes)):
         raise InvalidInputError(f"pass a list or array of record keys, not one {type(keys).__name__} ({keys!r:.40})")
     if isinstance(keys, pa.ChunkedArray):
-        keys = keys.combine_chunks() if keys.num_chunks != 1 else keys.chunk(0)
+        keys = one_chunk(keys)
     if not isinstance(keys, pa.Array):
         keys = list(keys)
         bad = next((k for k in keys if k is not None and not isinstance(k, str)), None)

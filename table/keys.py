@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dbidx.arrays import one_chunk
 from dbidx.errors import InvalidKeyError
 
 _SCALARS = (str, bytes, bytearray, memoryview)
@@ -28,7 +29,7 @@ def normalize_keys(keys: Any, what: str = "key") -> pa.Array:
                               f"pass a list, e.g. [{keys!r:.40}]")
     # 2. Arrow input: a string type, no nulls, no empty values.
     if isinstance(keys, pa.ChunkedArray):
-        keys = keys.combine_chunks() if keys.num_chunks != 1 else keys.chunk(0)
+        keys = one_chunk(keys)
     if isinstance(keys, pa.Array):
         if pa.types.is_large_string(keys.type):
             keys = keys.cast(pa.string())
