@@ -2,8 +2,8 @@
 
 Exit codes: 0 ok, 1 unexpected dbidx error, 2 bad input or config, 3 table missing/exists, 4 corrupt data or
 history compacted away, 5 concurrency conflict, incomplete commit or bad instant state, 6 cache problem (busy, of
-another table, missing or damaged). `verify --cache-dir` and `lookup` exit 1 when the answer is "differs" or "not
-found"; `verify` without `--cache-dir` exits 4 when a table file is damaged.
+another table, missing or damaged). `cache verify` and `lookup` exit 1 when the answer is "differs" or "not
+found"; `verify` exits 4 when a table file is damaged.
 """
 from __future__ import annotations
 
@@ -21,7 +21,6 @@ from dbidx.cli_output import (
     Output, ProgressBar, json_option, open_table, output, storage_options, table_argument, wants_json,
 )
 from dbidx.errors import DbidxError
-
 
 
 class DbidxGroup(click.Group):

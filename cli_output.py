@@ -107,15 +107,6 @@ class ProgressBar:
             self.bar.__exit__(*exc)
 
 
-def command_name() -> str:
-    """The running command as a user types it (`dbidx cache sync`)."""
-    ctx, names = click.get_current_context(silent=True), []
-    while ctx is not None and ctx.parent is not None:
-        names.insert(0, ctx.info_name or "")
-        ctx = ctx.parent
-    return " ".join(["dbidx"] + names)
-
-
 def table_argument() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """URI, the table, as the command's first argument (the one way every command names its table)."""
     return click.argument("uri")

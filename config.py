@@ -80,11 +80,11 @@ class CacheConfig:
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {}
         seen: dict[str, str] = {}
-        switch_env = ENV_PREFIX + SWITCH.upper()
-        if switch_env in env:
-            _check_switch(env[switch_env], switch_env)
+        switch: tuple[Any, str] | None = None  # RFC-107's switch, by the same precedence as the settings
+        if ENV_PREFIX + SWITCH.upper() in env:
+            switch = (env[ENV_PREFIX + SWITCH.upper()], ENV_PREFIX + SWITCH.upper())
         if spark_conf is not None and spark_conf.get(PREFIX + SWITCH, None) is not None:
-            _check_switch(spark_conf.get(PREFIX + SWITCH, None), f"Spark conf {PREFIX}{SWITCH}")
+            switch = (spark_conf.get(PREFIX + SWITCH, None), f"Spark conf {PREFIX}{SWITCH}")
         for key, name in cls.keys().items():
             env_name = ENV_PREFIX + key[len(PREFIX):].replace(".", "_").upper()
             if env_name in env:
@@ -96,7 +96,7 @@ class CacheConfig:
                     values[name] = (value, f"Spark conf {key}")
         for key, value in (mapping or {}).items():
             if key in (SWITCH, PREFIX + SWITCH):
-                _check_switch(value, f"key {key}")
+                switch = (value, f"key {key}")
                 continue
             name = cls.field_for(key)
             if name in seen:
@@ -104,6 +104,8 @@ class CacheConfig:
                                   "give it once")
             seen[name] = key
             values[name] = (value, f"key {key}")
+        if switch is not None:
+            _check_switch(*switch)
         return replace(cls(), **{n: _coerce(n, v, where) for n, (v, where) in values.items()})
 
     def __post_init__(self) -> None:

@@ -41,16 +41,17 @@ class OnDemandReport:
 class OnDemandLoader:
     """Loads cold partitions of one open shard cache from the MDT, concurrently and at most once at a time."""
 
-    def __init__(self, cache: RecordIndexCache, table: Table, workers: int = 8,
+    def __init__(self, cache: RecordIndexCache, table: Table, workers: int | None = None,
                  on_build_start: Callable[[str], None] | None = None,
                  on_join: Callable[[str], None] | None = None) -> None:
-        """Instrumentation hooks: on_build_start(partition) runs in the loading thread before the read;
+        """workers: loads at once (default: the cache's `load.threads`, CacheConfig.on_demand_workers).
+        Instrumentation hooks: on_build_start(partition) runs in the loading thread before the read;
         on_join(partition) runs in a caller that found the partition's load already in flight, before it waits."""
         self.cache = cache
         self.table = table
         self.on_build_start = on_build_start
         self.on_join = on_join
-        self.workers = max(1, workers)
+        self.workers = max(1, cache.config.on_demand_workers if workers is None else workers)
         self.closed = False
         self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="dbidx-on-demand")
         self._inflight: dict[str, Future] = {}

@@ -90,9 +90,9 @@ class DynamicBucketAssigner:
 
     def assign(self, partition: str, keys: pa.Array, fills: Fills) -> pa.Array:
         """File groups for len(keys) new keys of `partition` (the keys themselves do not matter here)."""
-        return _runs(self._runs(partition, len(keys), fills))
+        return _repeated(self._placements(partition, len(keys), fills))
 
-    def _runs(self, partition: str, remaining: int, fills: Fills) -> list[tuple[str, int]]:
+    def _placements(self, partition: str, remaining: int, fills: Fills) -> list[tuple[str, int]]:
         """(file group, how many keys) in placement order."""
         if remaining == 0:
             return []
@@ -149,8 +149,8 @@ class SimpleBucketAssigner:
         return name
 
 
-def _runs(runs: list[tuple[str, int]]) -> pa.Array:
+def _repeated(placements: list[tuple[str, int]]) -> pa.Array:
     """A string array of `count` times each name, in order."""
-    if not runs:
+    if not placements:
         return pa.array([], pa.string())
-    return pa.concat_arrays([pa.repeat(pa.scalar(name, pa.string()), count) for name, count in runs])
+    return pa.concat_arrays([pa.repeat(pa.scalar(name, pa.string()), count) for name, count in placements])

@@ -155,14 +155,11 @@ def encode_keys_binary(keys: Any) -> pa.Array:
     #    case, is the buffer as it stands).
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(widths, out=offsets[1:])
+    raw_rows = np.nonzero(~done)[0]
+    fixed_raw = len(raw_rows) == n > 0 and bool((lengths == lengths[0]).all())
     if len(bodies) == 1 and len(bodies[0][0]) == n:
         out = bodies[0][1].reshape(-1)
-    else:
-        out = np.empty(int(offsets[-1]), dtype=np.uint8)
-        for rows, body in bodies:
-            out[offsets[rows][:, None] + np.arange(body.shape[1])] = body
-    raw_rows = np.nonzero(~done)[0]
-    if len(raw_rows) == n and n and bool((lengths == lengths[0]).all()):
+    elif fixed_raw:
         # Every key raw and of one length (fixed-width ids, e.g. 32 hex digits): a tag column beside the keys'
         # bytes as rows, instead of per-byte index arrays (64 M of them for 2 M such keys).
         width = int(lengths[0])
@@ -171,7 +168,11 @@ def encode_keys_binary(keys: Any) -> pa.Array:
         if width:
             grid[:, 1:] = _matrix(data, starts, width)
         out = grid.reshape(-1)
-    elif len(raw_rows):
+    else:
+        out = np.empty(int(offsets[-1]), dtype=np.uint8)
+        for rows, body in bodies:
+            out[offsets[rows][:, None] + np.arange(body.shape[1])] = body
+    if len(raw_rows) and not fixed_raw:
         out[offsets[raw_rows]] = TAG_RAW
         raw_len = lengths[raw_rows]
         total = int(raw_len.sum())

@@ -67,8 +67,8 @@ def cache_report(cache: RecordIndexCache) -> dict[str, Any]:
 def caches_summary(config: CacheConfig | None = None) -> dict[str, Any]:
     """Where caches live by default and what is there, without opening any (what `dbidx cache info` prints): the
     base path, the rule that chose it, and each shard cache under it with its bytes on disk."""
-    from dbidx.config import PREFIX
     from dbidx.cache.base_dir import base_path_choice
+    from dbidx.config import PREFIX
 
     if config is not None and config.base_path:
         base, chosen_by = Path(config.base_path), f"{PREFIX}base.path (DBIDX_CACHE_BASE_PATH)"

@@ -40,8 +40,7 @@ from dbidx.errors import DbidxError
 from dbidx.mdt.table import Table
 from dbidx.table.file_view import FileView
 from dbidx.table.layout import validate_partition
-from dbidx.table.records import FileRecord
-from dbidx.table.records import ACTION_ROLLBACK
+from dbidx.table.records import ACTION_ROLLBACK, FileRecord
 
 STAGED_SUFFIX = ".staged"
 MANIFEST = "manifest.json"

@@ -80,7 +80,7 @@ def _slot(ref: DvRef) -> VectorSlot:
 def dv_file_for(instant: str) -> str:
     """A fresh DV file path for an instant, under `.dbidx/dv/` (out of a Delta VACUUM's reach): Delta names DV files
     by a uuid; ours starts with the instant's 17 digits (so a rollback may delete it:
-    mdt/layout.validate_instant_file) and ends with 15 random hex digits."""
+    table/layout.validate_instant_file) and ends with 15 random hex digits."""
     return f"{layout.DV_DIR}/{dv_file_name(uuid.UUID(hex=instant + secrets.token_hex(8)[:15]))}"
 
 

@@ -30,12 +30,10 @@ from dbidx.mdt.table import Table
 from dbidx.mdt.writer import CommitWriter, as_key_array
 from dbidx.progress import Progress, Steps
 from dbidx.table import layout, markers
-from dbidx.table.data_view import SCHEMA_EXTRA
-from dbidx.table.data_view import DELTA_ADOPTED_EXTRA, LAYOUT_EXTRA
+from dbidx.table.data_view import DELTA_ADOPTED_EXTRA, LAYOUT_EXTRA, SCHEMA_EXTRA
 from dbidx.table.fileio import file_checksum
 from dbidx.table.keys import unfit_key_kind, unfit_key_message
-from dbidx.table.records import DataFileRecord
-from dbidx.table.records import ACTION_BUILD_INDEX, CompletedInstant
+from dbidx.table.records import ACTION_BUILD_INDEX, CompletedInstant, DataFileRecord
 
 PARQUET_SUFFIX = ".parquet"
 

@@ -232,7 +232,7 @@ class CommitWriter:
             self._touched[group] = t
 
     def add_superseded(self, basis_seq: int, fresh: dict[str, BitMap]) -> None:
-        """Rows a task found its data files supersede (mdt/superseded.superseded_rows), against the table as of
+        """Rows a task found its data files supersede (data/superseded.superseded_rows), against the table as of
         `basis_seq`; used at publish when nothing committed since changed the groups involved."""
         self._check_open()
         self._fresh.append((basis_seq, fresh))

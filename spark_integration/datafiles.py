@@ -22,7 +22,6 @@ from dbidx.table.leftovers import settled_files
 from dbidx.table.records import DataFileRecord
 
 
-
 def write_group(io: FileIO, partition: str, file_group: str, rows: pa.Table, instant: str,
                 attempt: int, key: str | None = None) -> DataFileRecord:
     """Write one file group's rows of an instant: the marker first, so no file is ever written unannounced; the

@@ -27,8 +27,7 @@ from dbidx.spark_integration.task_errors import (
     retyped,
 )
 from dbidx.table import layout, leftovers, markers
-from dbidx.table.data_view import SCHEMA_EXTRA
-from dbidx.table.data_view import LAYOUT_EXTRA
+from dbidx.table.data_view import LAYOUT_EXTRA, SCHEMA_EXTRA
 from dbidx.table.records import DataFileRecord, FileRecord, PartitionChange
 
 

@@ -1,4 +1,5 @@
-"""A quiet local SparkSession (`quiet_local_session`): what the demo and a notebook start. pyspark is imported lazily."""
+"""A quiet local SparkSession (`quiet_local_session`): what the demo and a notebook start. pyspark is imported
+lazily."""
 from __future__ import annotations
 
 import os
@@ -7,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 
-_QUIET_LOG4J = """# Written by dbidx (quiet_local_session): Spark's own log at ERROR from the JVM's first line (setLogLevel comes too late for
-# the start-up warnings).
+_QUIET_LOG4J = """# Written by dbidx (quiet_local_session): Spark's own log at ERROR from the JVM's first line
+# (setLogLevel comes too late for the start-up warnings).
 rootLogger.level = error
 rootLogger.appenderRef.stderr.ref = console
 appender.console.type = Console

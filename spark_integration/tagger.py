@@ -236,6 +236,8 @@ class ShardTagger:
         if placed:
             where = np.concatenate(placed)
             slot[where] = np.arange(len(where))
+        if sum(a.nbytes for a in assigned) >= 2**31:  # past 32-bit string offsets: one large_string column
+            assigned = [a.cast(pa.large_string()) for a in assigned]
         values = pa.concat_arrays(assigned) if assigned else pa.array([], pa.string())
         fg = values.take(pa.array(slot, mask=slot < 0))
         self.counts.add(TagCounts(rows=n, inserts=len(inserts), deletes_missing=n - len(inserts)))

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dbidx.arrays import one_chunk
+from dbidx.arrays import batches_as_one_chunk, one_chunk
 from dbidx.bootstrap.on_demand import OnDemandLoader
 from dbidx.cache.catchup import sync
 from dbidx.cache.metrics import CacheCounters
@@ -36,7 +36,8 @@ from dbidx.errors import CacheCorruptError, CacheError, CorruptFileError
 from dbidx.mdt.table import Table
 from dbidx.spark_integration import datafiles
 from dbidx.spark_integration.tagger import (
-    ROW_ID, TAG_FILE_GROUP, TAG_IS_DELETE, TAG_IS_UPDATE, TAG_NAMES, TAG_OLD_FILE_GROUP, TAG_OLD_PARTITION, TAG_PARTITION,
+    ROW_ID, TAG_FILE_GROUP, TAG_IS_DELETE, TAG_IS_UPDATE, TAG_NAMES, TAG_OLD_FILE_GROUP, TAG_OLD_PARTITION,
+    TAG_PARTITION,
     ShardTagger, TagCounts, TagOptions, latest_per_key,
 )
 from dbidx.spark_integration.task_index import stage_each_delta, write_task_index, written_paths
@@ -138,7 +139,7 @@ def _opened(cache: RecordIndexCache, table: Table, metrics: ShardMetrics) -> Ite
     try:
         metrics.open_seconds += time.perf_counter() - started
         metrics.tagged_seq = sync(cache, table).to_seq
-        with OnDemandLoader(cache, table, cache.config.on_demand_workers) as loader:
+        with OnDemandLoader(cache, table) as loader:
             yield OpenShard(cache, loader)
         reap_if_due(cache)
         metrics.add(cache.metrics)  # hits, misses, loads and stalls, catch-up entries and seconds, evictions
@@ -246,7 +247,8 @@ def _upsert_rows(batches: Iterable[pa.RecordBatch], table: Table, options: TagOp
     if not received:
         return {"files": [], "index_files": [], "touched": [], "changes": {}, "metrics": [],
                 "superseded": {"seq": table.data_view().applied_seq, "rows": {}}}
-    batch = _one_chunk(received)
+    # One chunk per column (arrays.batches_as_one_chunk says why), the input's copy freed column by column.
+    batch = batches_as_one_chunk(received)
     received_rows = batch.num_rows
     # 1. One row per record: ordering field first, then arrival. The keys' hashes serve both the test for distinct
     #    keys and the shard split.
@@ -271,6 +273,7 @@ def _upsert_rows(batches: Iterable[pa.RecordBatch], table: Table, options: TagOp
         else:
             tagged_part, tagger = _tag_rebuilding(table, shard, options, metrics, rows)
             tagged_parts.append(tagged_part)
+            del tagged_part  # held only by tagged_parts: the user's columns can go once the data files are written
         metrics.add(tagger.counts)
         shard_metrics.append(metrics)
     tagged = pa.concat_tables(tagged_parts)
@@ -324,23 +327,6 @@ def _upsert_rows(batches: Iterable[pa.RecordBatch], table: Table, options: TagOp
             "superseded": {"seq": basis_seq, "rows": {p: b.serialize() for p, b in fresh.items()}},
             "changes": {p: asdict(c) for p, c in changes.items()},
             "metrics": [m.to_dict() for m in shard_metrics]}
-
-
-def _one_chunk(batches: list[pa.RecordBatch]) -> pa.Table:
-    """The task's input as one chunk per column, built a column at a time so the input's copy of a column is
-    freed once its combined copy exists (peak: the input plus one column, not two inputs).
-
-    Why one chunk: Spark hands a task its rows in batches of 10,000 (arrow.maxRecordsPerBatch), and every later
-    gather (per data file, per index group) from a table of hundreds of chunks costs about five times one from a
-    single chunk (measured: 30 takes over 2 M rows in 214 chunks 1.2 s, combined 0.23 s)."""
-    schema = batches[0].schema
-    columns = [pa.chunked_array([b.column(i) for b in batches], schema.field(i).type) for i in range(len(schema))]
-    batches.clear()  # the caller's list: its batches now live only in `columns`
-    combined = []
-    for i in range(len(columns)):
-        combined.append(one_chunk(columns[i]))
-        columns[i] = None  # type: ignore[call-overload]  # this column's input chunks go now
-    return pa.Table.from_arrays(combined, schema=schema)
 
 
 def _tag_rebuilding(table: Table, shard: int, options: TagOptions, metrics: ShardMetrics,

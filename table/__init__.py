@@ -1,1 +1,2 @@
-"""The table's storage, log and state: FileIO, the timeline and its records, markers, properties, checkpoints and the folded views."""
+"""The table's storage, log and state: FileIO, the timeline and its records, markers, properties, checkpoints and
+the folded views."""

@@ -10,8 +10,10 @@ from datetime import datetime, timezone
 from typing import Any
 
 from dbidx.errors import CorruptFileError, HistoryCompactedError
-from dbidx.table.records import FieldError, parse_instant, parse_int, parse_items, parse_object, parse_order, parse_str
-from dbidx.table.records import ACTION_BUILD_INDEX, ACTION_CLEAN, ACTION_COMMIT, ACTION_COMPACTION, CompletedInstant, FileRecord
+from dbidx.table.records import (
+    ACTION_BUILD_INDEX, ACTION_CLEAN, ACTION_COMMIT, ACTION_COMPACTION, CompletedInstant, FieldError, FileRecord,
+    parse_instant, parse_int, parse_items, parse_object, parse_order, parse_str,
+)
 
 GroupKey = tuple[str | None, int]  # (partition, or None for the global index; shard)
 

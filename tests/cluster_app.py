@@ -1,4 +1,5 @@
-"""A driver application for tests/spark_integration/test_cluster.py: upserts a change stream into a table on a standalone cluster.
+"""A driver application for tests/spark_integration/test_cluster.py: upserts a change stream into a table on a
+standalone cluster.
 
 Run as its own process (plain python or spark-submit), because the test session's JVM already hosts a
 SparkContext. Input: a JSON file of batches (rows of `id, dt, v, _dbidx_delete`). Output: a JSON file with each

@@ -242,6 +242,8 @@ def test_config_keys_in_every_documented_form():
                    {"spark_conf": {"hoodie.index.cache.rocksdb.enabled": "false"}}):
         with pytest.raises(ConfigError, match="no cache-less tagging path"):
             CacheConfig.from_sources(**({"environ": {}} | source))
+    # The same precedence as every setting (mapping > Spark conf > environment): the mapping's true stands.
+    assert CacheConfig.from_sources({"enabled": True}, environ={"DBIDX_CACHE_ENABLED": "false"}) == CacheConfig()
     with pytest.raises(ConfigError, match="cannot read 'maybe' as bool"):
         CacheConfig.from_sources({"enabled": "maybe"}, environ={})
     with pytest.raises(ConfigError, match="DBIDX_CACHE_BLOCK_CACHE_MB"):

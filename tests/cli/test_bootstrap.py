@@ -1,4 +1,4 @@
-"""`dbidx bootstrap` through click's CliRunner, checked back through the library; and its error exits."""
+"""`dbidx cache bootstrap` through click's CliRunner, checked back through the library; and its error exits."""
 from __future__ import annotations
 
 import json

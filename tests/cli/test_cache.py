@@ -1,4 +1,4 @@
-"""The cache commands of the CLI (stats --cache-dir, sync, verify, reap), checked back through the library."""
+"""The `dbidx cache` commands (stats, sync, verify, reap), checked back through the library."""
 from __future__ import annotations
 
 import json

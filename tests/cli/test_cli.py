@@ -34,7 +34,8 @@ def dataset(tmp_path) -> Path:
 def test_help_and_version(runner):
     result = runner.invoke(main, ["--help"])
     assert result.exit_code == 0, result.output
-    for command in ("build-index", "lookup", "stats", "commits", "compact", "demo", "init", "rollback", "cache", "verify", "upgrade"):
+    for command in ("build-index", "lookup", "stats", "commits", "compact", "demo", "init", "rollback", "cache",
+                    "verify", "upgrade"):
         assert command in result.output
     result = runner.invoke(main, ["--version"])
     assert result.exit_code == 0 and __version__ in result.output

@@ -1,5 +1,6 @@
 """Issue 31, a newcomer's first hour, through the CLI (click's CliRunner) with state checked through the library:
-progress on stderr for long work (never in --json stdout), one way to name a table (URI first), one default cache directory shown by `dbidx cache info`, lookups in a partition the table lacks, and errors
+progress on stderr for long work (never in --json stdout), one way to name a table (URI first), one default
+cache directory shown by `dbidx cache info`, lookups in a partition the table lacks, and errors
 that name their remedy."""
 from __future__ import annotations
 

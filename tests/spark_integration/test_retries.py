@@ -22,8 +22,7 @@ from dbidx.spark_integration.api import tag, upsert
 from dbidx.spark_integration.driver import _check_layout_and_schema, commit_results
 from dbidx.spark_integration.reads import committed_data_files, read_table
 from dbidx.spark_integration.tagger import TagOptions
-from dbidx.table import leftovers
-from dbidx.table import markers
+from dbidx.table import leftovers, markers
 from dbidx.table.data_view import SCHEMA_EXTRA
 from dbidx.table.records import ACTION_ROLLBACK
 

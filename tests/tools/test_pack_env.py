@@ -1,4 +1,5 @@
-"""What `make pack-env` puts into the shipped virtualenv (the build itself runs in tests/spark_integration/test_cluster.py)."""
+"""What `make pack-env` puts into the shipped virtualenv (the build itself runs in
+tests/spark_integration/test_cluster.py)."""
 from __future__ import annotations
 
 from pathlib import Path

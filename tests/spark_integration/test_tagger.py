@@ -1,0 +1,61 @@
+"""The tagger's batch logic without Spark: the distinct-keys test (with and without the keys' hashes), one row per
+record, and the bulk path's tags (file groups per partition, nulls for delete rows)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dbidx.buckets.assigner import BucketSpec
+from dbidx.buckets.naming import bucket_of
+from dbidx.config import CacheConfig
+from dbidx.mdt.table import Table
+from dbidx.spark_integration.tagger import (
+    TAG_FILE_GROUP, TAG_IS_DELETE, TAG_IS_UPDATE, TAG_PARTITION, ShardTagger, TagOptions, all_distinct, latest_per_key,
+)
+from dbidx.table.keyhash import spark_hash
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.sampled_from(["a", "b", "c", "d", "e", "f", "g"]), max_size=12), st.integers(0, 3))
+def test_all_distinct_is_exact_whatever_the_hashes(keys: list[str], buckets: int) -> None:
+    """Hashes that collide a lot (every key in `buckets + 1` hash values, all equal when 0) or not at all give the
+    same answer as comparing the keys: only keys sharing a hash are compared, and equal keys always do."""
+    array = pa.array(keys, pa.string())
+    truth = len(set(keys)) == len(keys)
+    forced = np.array([ord(k) % (buckets + 1) for k in keys], dtype=np.int32)
+    assert all_distinct(array, forced) is truth
+    assert all_distinct(array, spark_hash(array)) is truth
+    assert all_distinct(array) is truth
+
+
+def test_latest_per_key_with_hashes_keeps_distinct_keys_and_collapses_repeats() -> None:
+    options = TagOptions(key="id", partition="dt", ordering="v")
+    batch = pa.table({"id": ["k1", "k2", "k3", "k2"], "dt": ["d1"] * 4, "v": [1, 5, 1, 9]})
+    colliding = np.zeros(4, dtype=np.int32)  # every key shares one hash: the keys themselves decide
+    kept, dropped = latest_per_key(batch, options, False, colliding)
+    assert dropped == 1 and sorted(zip(kept.column("id").to_pylist(), kept.column("v").to_pylist())) == [
+        ("k1", 1), ("k2", 9), ("k3", 1)]
+    distinct = batch.slice(0, 3)
+    assert latest_per_key(distinct, options, False, np.zeros(3, dtype=np.int32)) == (distinct, 0)
+
+
+def test_tag_new_places_inserts_per_partition_and_leaves_deletes_without_a_file_group(tmp_path: Path) -> None:
+    table = Table.create(str(tmp_path / "t"), num_shards=1)
+    options = TagOptions(key="id", partition="dt", buckets=BucketSpec(capacity=2),
+                         cache=CacheConfig(base_path=str(tmp_path / "c")), bulk_seq=0)
+    rows = pa.table({"id": ["a", "b", "c", "d", "e", "f"], "dt": ["d2", "d1", "d2", "d1", "d2", "d2"],
+                     "_dbidx_delete": [False, False, True, False, False, False]})
+    tagged = ShardTagger(table, 0, options).tag_new(rows)
+    groups = tagged.column(TAG_FILE_GROUP).to_pylist()
+    assert tagged.column(TAG_PARTITION).to_pylist() == ["dt=d2", "dt=d1", "dt=d2", "dt=d1", "dt=d2", "dt=d2"]
+    assert groups[2] is None and all(g is not None for i, g in enumerate(groups) if i != 2)
+    # Capacity 2 per bucket: d1's two keys share the first bucket; d2's three inserts fill it, then open the next.
+    assert [bucket_of(groups[i]) for i in (1, 3)] == [0, 0]
+    assert [bucket_of(groups[i]) for i in (0, 4, 5)] == [0, 0, 1]
+    assert groups[1] != groups[0]  # one partition's bucket 0 is not another's
+    assert tagged.column(TAG_IS_DELETE).to_pylist() == [False, False, True, False, False, False]
+    assert not any(tagged.column(TAG_IS_UPDATE).to_pylist())
