@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from dbidx.cache.loading import prepare_slice
+from dbidx.cache.loading import load_from_snapshot
 from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.errors import CacheCorruptError
 from dbidx.mdt.table import Table
@@ -112,21 +110,15 @@ class OnDemandLoader:
     def _load(self, partition: str, seq: int) -> tuple[int, float]:
         """Build and install one partition (in a loader thread); always leaves the in-flight map."""
         started = time.perf_counter()
-        sst = Path(self.cache.scratch_dir) / f"ondemand-{uuid.uuid4().hex[:12]}.sst"
         try:
             if self.on_build_start is not None:
                 self.on_build_start(partition)
             # The caller's refresh found `seq` in the shared view: this thread reads that view, listing nothing.
             with self.table.pinned(refreshed=True):
-                prepared = prepare_slice(self.table, self.cache.identity.shard, partition, seq,
-                                         self.cache.global_mode, str(sst), self.cache.config)
-            self.cache.install_partition(prepared, seq)
+                entries = load_from_snapshot(self.cache, self.table, partition, seq)
             seconds = time.perf_counter() - started
             self.cache.metrics.add_to_partition(partition, on_demand_loads=1, stall_seconds=seconds)
-            return prepared.entries, seconds
-        except BaseException:
-            sst.unlink(missing_ok=True)
-            raise
+            return entries, seconds
         finally:
             with self._lock:
                 self._inflight.pop(partition, None)

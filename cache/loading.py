@@ -1,15 +1,14 @@
 """Loading: a shard's slice of the persisted index (its snapshot at a completion seq) into a cache partition.
 
-The one loading path: `prepare_slice` reads only the shard's file groups of one partition (of the whole index in
-global mode) and writes them as one SST, anywhere (a pool worker, a loader thread); `RecordIndexCache.
-install_partition` ingests it, visible only once complete. Who calls it, and how many at once, is the only
-difference between the loaders: bootstrap builds many in a pool (bootstrap/loader.py), an on-demand loader a
-batch's cold partitions concurrently (bootstrap/on_demand.py), catch-up one reload at a time
-(`load_from_snapshot`; cache/catchup.py decides when).
+The one loading path: read only the shard's file groups of one partition (of the whole index in global mode), write
+them as one SST (`sst_builder.build_sst`), and let `RecordIndexCache.install_partition` ingest it, visible only once
+complete. `load_from_snapshot` does it in the calling thread (through `RecordIndexCache.load_partition`): catch-up's
+reloads (cache/catchup.py decides when) and an on-demand loader's threads (bootstrap/on_demand.py) call it;
+`prepare_slice` builds the SST alone, for bootstrap's pool of workers, whose owner installs the results
+(bootstrap/loader.py).
 """
 from __future__ import annotations
 
-import uuid
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -56,12 +55,5 @@ def prepare_slice(table: Table, shard: int, partition: str, seq: int, global_mod
 def load_from_snapshot(cache: RecordIndexCache, table: Table, partition: str, as_of_seq: int) -> int:
     """(Re)load one partition of the cache's shard from the index snapshot at a completion seq, in this thread;
     returns its entries."""
-    sst = cache.scratch_dir / f"load-{uuid.uuid4().hex[:12]}.sst"
-    try:
-        prepared = prepare_slice(table, cache.identity.shard, partition, as_of_seq, cache.global_mode, str(sst),
-                                 cache.config)
-        cache.install_partition(prepared, as_of_seq)
-    except BaseException:
-        sst.unlink(missing_ok=True)
-        raise
-    return prepared.entries
+    keys, locations = snapshot_entries(table, cache.identity.shard, partition, as_of_seq, cache.global_mode)
+    return cache.load_partition(partition, keys, locations, synced_seq=as_of_seq).entries

@@ -184,11 +184,10 @@ class RecordIndexCache:
         keys = normalize_keys(keys)
         sst = (tmp_dir or self.scratch_dir) / f"load-{uuid.uuid4().hex[:12]}.sst"
         try:
-            prepared = build_sst(partition, keys, locations, sst, self.config)
+            return self.install_partition(build_sst(partition, keys, locations, sst, self.config), synced_seq)
         except BaseException:
-            sst.unlink(missing_ok=True)
+            sst.unlink(missing_ok=True)  # a build or an ingest that failed leaves no scratch file behind
             raise
-        return self.install_partition(prepared, synced_seq)
 
     def install_partition(self, prepared: PreparedLoad, synced_seq: int, durable: bool = True) -> PartitionState:
         """Ingest a prepared SST into a fresh column family, then flip the registry to it in one write.
