@@ -31,7 +31,7 @@ class CacheConfig:
     base_path: str | None = None  # None: base_path_choice (the node's Spark local dir, else the user cache dir)
     bootstrap_days: int = 7
     partition_ttl_hours: float = 72.0
-    block_cache_mb: int = 64
+    block_cache_mb: int = 256  # per Python worker process, shared by the shards it opens (cache/store.py)
     compaction_style: CompactionStyle = "level"
     compression: Compression = "zstd"
     block_size_kb: int = 16
