@@ -27,6 +27,7 @@ TAG_UUID = 0x01
 TAG_DIGITS = 0x20
 _UUID_DASHES = (8, 13, 18, 23)
 _UUID_HEX_RUNS = ((0, 8), (9, 13), (14, 18), (19, 23), (24, 36))  # the hex digits between the dashes
+_NIBBLES = bytes(int(chr(b), 16) if chr(b) in "0123456789abcdef" else 0xFF for b in range(256))
 _ORDER_WINDOW = 40  # lookup_order looks this far into the keys for the first byte that varies
 _POW10 = (10 ** np.arange(9, -1, -1, dtype=np.uint64)).astype(np.uint64)
 
@@ -62,19 +63,24 @@ def _offsets_and_data(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
 
 def _all_uuids(data: np.ndarray, starts: np.ndarray, n: int) -> np.ndarray | None:
     """Encoded bodies (n x 17) when every key is a canonical UUID, else None (the general path decides per key).
+    Only for arrays whose every key is 36 bytes long (so the keys are stored back to back).
 
-    Why a second path: batches of UUID keys are the common case, and checking the hex digits with bytes.translate
-    and decoding them with bytes.fromhex runs in C, ~40 % faster than the per-byte numpy arithmetic below.
+    Why a second path: batches of UUID keys are the common case, and one bytes.translate (in C) both maps every hex
+    digit to its value and deletes the dashes, several times faster than the per-byte numpy arithmetic below. The
+    dashes are checked in place first; exactly 32 bytes per key remain only if there was no other dash, and those
+    are the hex runs' values in order.
     """
-    mat = _matrix(data, starts, 36)
-    if not np.all(mat[:, list(_UUID_DASHES)] == ord("-")):
+    block = data[int(starts[0]):int(starts[0]) + 36 * n]
+    if not np.all(block.reshape(n, 36)[:, list(_UUID_DASHES)] == ord("-")):
         return None
-    hexed = np.concatenate([mat[:, a:b] for a, b in _UUID_HEX_RUNS], axis=1).tobytes()
-    if hexed.translate(None, b"0123456789abcdef"):  # a byte that is not a lower-case hex digit
+    nibbles = block.tobytes().translate(_NIBBLES, b"-")  # hex digit -> its value, any other byte -> 0xFF
+    if len(nibbles) != 32 * n or b"\xff" in nibbles:  # a stray dash, or a byte that is not a lower-case hex digit
         return None
+    pairs = np.frombuffer(nibbles, dtype=np.uint8).reshape(n, 16, 2)
     body = np.empty((n, 17), dtype=np.uint8)
     body[:, 0] = TAG_UUID
-    body[:, 1:] = np.frombuffer(bytes.fromhex(hexed.decode("ascii")), dtype=np.uint8).reshape(n, 16)
+    np.left_shift(pairs[:, :, 0], 4, out=body[:, 1:])
+    body[:, 1:] |= pairs[:, :, 1]
     return body
 
 

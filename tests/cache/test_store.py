@@ -54,6 +54,25 @@ def test_fixed_width_raw_keys_encode_like_any_other_raw_key(keys, skip):
     assert [codec.decode_key(e) for e in encoded] == keys
 
 
+UUID_LIKE = st.one_of(
+    st.uuids().map(str),
+    st.tuples(st.uuids().map(str), st.integers(0, 35), st.sampled_from("-AFgz0f\u00e9")).map(
+        lambda t: (t[0][:t[1]] + t[2] + t[0][t[1] + 1:])[:36]),  # one byte changed: a dash moved, upper case, ...
+)
+
+
+@given(st.lists(UUID_LIKE, min_size=1, max_size=30), st.integers(0, 2))
+@settings(max_examples=150, deadline=None)
+def test_batches_of_36_byte_keys_encode_as_the_general_path(keys, skip):
+    """A batch whose every key is 36 bytes takes the all-UUIDs path: it must encode each key exactly as the general
+    path does (a stray or moved dash, upper case or a non-hex byte anywhere sends the batch to it), sliced too."""
+    keys = [k for k in keys if len(k.encode()) == 36] or [str(uuid.uuid4())]
+    fast = codec.encode_keys_binary(pa.array(["pad"] * skip + keys).slice(skip)).to_pylist()
+    general = codec.encode_keys_binary(pa.array(keys + ["not 36 bytes"])).to_pylist()[:-1]
+    assert fast == general
+    assert [codec.decode_key(e) for e in fast] == keys
+
+
 def test_key_codec_sizes():
     u = str(uuid.uuid4())
     assert len(codec.encode_keys([u])[0]) == 17
