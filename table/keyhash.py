@@ -87,13 +87,16 @@ def _hash_chunk(keys: pa.Array) -> np.ndarray:
     off_type = np.int64 if pa.types.is_large_string(keys.type) else np.int32
     buffers = keys.buffers()
     offsets = np.frombuffer(buffers[1], dtype=off_type, count=n + 1, offset=keys.offset * np.dtype(off_type).itemsize)
-    data = np.frombuffer(buffers[2], dtype=np.uint8) if buffers[2] is not None else np.zeros(0, np.uint8)
-    data = np.concatenate([data, np.zeros(4, np.uint8)])  # reads past the end of the last key stay in bounds
-    starts = offsets[:-1].astype(np.int64)
-    lengths = (offsets[1:] - offsets[:-1]).astype(np.int64)
+    offsets = offsets.astype(np.int64)
+    # Only this chunk's bytes (a slice of a larger array shares the whole data buffer), offsets rebased onto them.
+    lo, hi = (int(offsets[0]), int(offsets[-1])) if n else (0, 0)
+    raw = np.frombuffer(buffers[2], dtype=np.uint8)[lo:hi] if buffers[2] is not None else np.zeros(0, np.uint8)
+    starts = offsets[:-1] - lo
+    lengths = np.diff(offsets)
     aligned = lengths - lengths % 4
     h1 = np.full(n, SEED, dtype=np.uint32)
     c1, c2 = np.uint32(_C1), np.uint32(_C2)
+    spare = np.empty(n, dtype=np.uint32)  # reused by every mix of the uniform path: no temporaries per word
 
     def mix(h: np.ndarray, k: np.ndarray) -> np.ndarray:
         k = k * c1
@@ -103,17 +106,33 @@ def _hash_chunk(keys: pa.Array) -> np.ndarray:
         h = (h << np.uint32(13)) | (h >> np.uint32(19))
         return h * np.uint32(5) + np.uint32(0xE6546B64)
 
+    def mix_in_place(h: np.ndarray, word: np.ndarray) -> None:
+        """mix(h, word) into h, with `spare` and one scratch array."""
+        k = np.multiply(word, c1)
+        np.right_shift(k, np.uint32(17), out=spare)
+        k <<= np.uint32(15)
+        k |= spare
+        k *= c2
+        h ^= k
+        np.right_shift(h, np.uint32(19), out=spare)
+        h <<= np.uint32(13)
+        h |= spare
+        h *= np.uint32(5)
+        h += np.uint32(0xE6546B64)
+
     with np.errstate(over="ignore"):
         # 1. Aligned 4-byte little-endian words, one word position at a time across all keys still that long. Keys
         #    of one length (UUIDs, fixed-width ids) are one contiguous block: its words are a 2-D view, no gathers.
         max_words = int(aligned.max() // 4) if n else 0
-        uniform = n > 0 and bool((lengths == lengths[0]).all())
+        uniform = n > 0 and bool(lengths.min() == lengths.max())
         if uniform and max_words:
-            first = int(starts[0])
-            block = data[first:first + n * int(lengths[0])].reshape(n, int(lengths[0]))
-            words = np.ascontiguousarray(block[:, :4 * max_words]).view("<u4").astype(np.uint32)
+            block = raw.reshape(n, int(lengths[0]))
+            words = np.ascontiguousarray(block[:, :4 * max_words].view("<u4").T)  # word positions as rows
             for w in range(max_words):
-                h1 = mix(h1, words[:, w])
+                mix_in_place(h1, words[w])
+        if not uniform:
+            raw = np.concatenate([raw, np.zeros(4, np.uint8)])  # reads past the end of the last key stay in bounds
+        data = raw
         for w in range(0 if uniform else max_words):
             active = np.nonzero(aligned > 4 * w)[0]
             pos = starts[active] + 4 * w
