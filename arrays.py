@@ -1,8 +1,55 @@
 """Arrow helpers every floor uses: a column as one array without a copy when it is one already, record batches as
-one chunk per column."""
+one chunk per column, the sort order of a string column."""
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+
+_SMALL_SORT = 1024  # below this many values Arrow's sort is as fast
+
+
+def string_sort_indices(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Positions (int64) that sort a string or binary column (no nulls) bytewise ascending, equal values in arrival
+    order: exactly what `pc.sort_indices` gives, about twice as fast for values whose first 8 bytes mostly differ
+    (UUIDs, hashes, random ids: 167 k UUIDs in ~20 ms against 44 ms).
+
+    One numpy sort of each value's first 8 bytes read as a big-endian integer (zero-padded: a shorter value sorts
+    first, as bytewise), then the values whose 8 bytes another shares are sorted exactly by (those bytes, value,
+    arrival). Values sharing long prefixes (paths, padded numbers) would all be such ties: past one in 16 tied, Arrow
+    sorts the whole column instead.
+    """
+    values = one_chunk(values)
+    n = len(values)
+    if n < _SMALL_SORT:
+        return pc.sort_indices(values).to_numpy()
+    # 1. The first 8 bytes of every value, bytes past its end read as zero.
+    large = pa.types.is_large_string(values.type) or pa.types.is_large_binary(values.type)
+    offsets = np.frombuffer(values.buffers()[1], dtype=np.int64 if large else np.int32, count=n + 1,
+                            offset=values.offset * (8 if large else 4)).astype(np.int64)
+    data = values.buffers()[2]
+    data = np.frombuffer(data, dtype=np.uint8)[offsets[0]:offsets[-1]] if data is not None else np.zeros(0, np.uint8)
+    data = np.concatenate([data, np.zeros(8, np.uint8)])
+    window = np.lib.stride_tricks.sliding_window_view(data, 8)[offsets[:-1] - offsets[0]]
+    heads = np.where(np.arange(8) < np.diff(offsets)[:, None], window, 0).astype(np.uint8)
+    heads = np.ascontiguousarray(heads).view(">u8").ravel().astype(np.uint64)  # native order: faster to sort
+    # 2. Sorted by those bytes; the runs of equal heads are sorted exactly, in place.
+    order = np.argsort(heads)
+    ordered = heads[order]
+    same = ordered[1:] == ordered[:-1]
+    if not same.any():
+        return order
+    if int(same.sum()) > n // 16:
+        return pc.sort_indices(values).to_numpy()
+    tied = np.zeros(n, dtype=bool)
+    tied[1:] |= same
+    tied[:-1] |= same
+    where = np.flatnonzero(tied)
+    rows = order[where]
+    exact = pc.sort_indices(pa.table({"head": ordered[where], "value": values.take(pa.array(rows)), "row": rows}),
+                            sort_keys=[("head", "ascending"), ("value", "ascending"), ("row", "ascending")])
+    order[where] = rows[exact.to_numpy()]
+    return order
 
 
 def one_chunk(column: pa.Array | pa.ChunkedArray) -> pa.Array:

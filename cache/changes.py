@@ -14,7 +14,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
+
+from dbidx.arrays import string_sort_indices
 
 
 @dataclass(frozen=True)
@@ -52,8 +53,8 @@ def last_per_key(keys: pa.Array, locations: Sequence[str | None],
     if not last:
         return [], [], np.zeros(0, dtype=bool)
     final = np.fromiter(last.values(), dtype=np.int64, count=len(last))
-    # 3. Sort by key with Arrow (no Python compare per key).
-    final = final[pc.sort_indices(keys.take(pa.array(final))).to_numpy()]
+    # 3. Sort by key (no Python compare per key).
+    final = final[string_sort_indices(keys.take(pa.array(final)))]
     return keys.take(pa.array(final)).to_pylist(), location_array[final].tolist(), deleted_array[final]
 
 

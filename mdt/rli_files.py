@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from dbidx.arrays import one_chunk
+from dbidx.arrays import one_chunk, string_sort_indices
 from dbidx.errors import CorruptFileError
 from dbidx.table.fileio import DECODE_ERRORS, FileIO, file_checksum
 from dbidx.table.records import FileRecord
@@ -44,8 +44,8 @@ def schema_for(global_mode: bool) -> pa.Schema:
 
 
 def sort_entries(table: pa.Table) -> pa.Table:
-    """Entries sorted by key (the order every RLI file is written in)."""
-    return table.take(pc.sort_indices(table, sort_keys=[(KEY, "ascending")]))
+    """Entries sorted by key (the order every RLI file is written in; the commit writer checks it before writing)."""
+    return table.take(pa.array(string_sort_indices(table.column(KEY))))
 
 
 def write_rli_file(io: FileIO, rel: str, table: pa.Table, row_group_size: int, partition: str | None = None,

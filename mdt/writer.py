@@ -364,12 +364,19 @@ def _reject_repeated_groups(groups: list[GroupKey], instant: str) -> None:
 
 
 def _reject_repeated_keys(entries: pa.Table, partition: str | None, shard: int, instant: str) -> None:
-    """A key may have one entry per instant and group: two would make its location ambiguous."""
+    """A key may have one entry per instant and group: two would make its location ambiguous. Also checks the
+    entries are in key order (an RLI file's lookups depend on it): strictly ascending keys are both at once."""
     keys = one_chunk(entries.column(rli_files.KEY))
     if len(keys) < 2:
         return
+    ascending = pc.less(keys[:-1], keys[1:])
+    if pc.all(ascending).as_py():
+        return
     same = pc.equal(keys[1:], keys[:-1])
+    where = "the global index" if partition is None else f"partition {partition!r}"
     if pc.any(same).as_py():
         key = keys[pc.index(same, True).as_py()].as_py()
-        where = "the global index" if partition is None else f"partition {partition!r}"
         raise DuplicateKeyError(f"key {key!r} appears more than once in instant {instant} for {where}")
+    first = pc.index(ascending, False).as_py()
+    raise CommitError(f"instant {instant}: the index entries for {where}, shard {shard}, are not in key order "
+                      f"({keys[first].as_py()!r} before {keys[first + 1].as_py()!r}); nothing was written")

@@ -63,6 +63,20 @@ def test_delta_files_are_sorted_and_one_per_partition_and_shard(table):
         assert set(table.shard_of(file_keys).tolist()) == {f.shard}
 
 
+def test_entries_out_of_key_order_are_never_written(table, monkeypatch):
+    """The writer checks its sort (arrays.string_sort_indices is a fast path): entries out of order fail the commit
+    with a CommitError naming the pair, and nothing is published."""
+    from dbidx.errors import CommitError
+    from dbidx.mdt import rli_files
+
+    monkeypatch.setattr(rli_files, "sort_entries", lambda entries: entries.take(pa.array([1, 0, 2])))
+    writer = table.new_commit()
+    writer.insert("p", ["a", "b", "c"], "fg")
+    with pytest.raises(CommitError, match="not in key order.*'b' before 'a'"):
+        writer.commit()
+    assert table.snapshot("p").num_rows == 0
+
+
 def test_rollback_removes_files_and_blocks_commit(table):
     writer = table.new_commit()
     writer.insert("p", ["x", "y"], "fg")
