@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dbidx.arrays import one_chunk
+from dbidx.arrays import one_chunk, repeated_strings
 from dbidx.data.files import DELETED_COLUMN, INSTANT_COLUMN, data_file_path, write_data_file
 from dbidx.spark_integration.grouping import runs
 from dbidx.table import markers
@@ -58,8 +58,9 @@ def write_groups(io: FileIO, rows: pa.Table, deleted: pa.Array, partitions: pa.A
             continue
         take = pa.array(positions)
         group = rows.take(take)
-        # The instant column from one scalar (a Python list of the same string was 1.2 s per 5 M rows).
-        group = group.append_column(INSTANT_COLUMN, pa.repeat(pa.scalar(instant, pa.string()), len(positions)))
+        # The instant column tiled from its bytes (a Python list of the same string was 1.2 s per 5 M rows, pa.repeat
+        # 0.2 s per 167 k).
+        group = group.append_column(INSTANT_COLUMN, repeated_strings([(instant, len(positions))]))
         group = group.append_column(DELETED_COLUMN, deleted.take(take))
         written.append(write_group(io, part_names[part_code], group_names[group_code], group, instant, attempt, key))
         if written_rows is not None and key is not None:
