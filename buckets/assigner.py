@@ -11,7 +11,6 @@ from typing import Callable, Mapping, Protocol
 import numpy as np
 import pyarrow as pa
 
-from dbidx.arrays import repeated_strings
 from dbidx.buckets.naming import MAX_BUCKET, bucket_of, file_group_id
 from dbidx.errors import ConfigError
 from dbidx.table.keyhash import shard_of
@@ -152,4 +151,6 @@ class SimpleBucketAssigner:
 
 def _repeated(placements: list[tuple[str, int]]) -> pa.Array:
     """A string array of `count` times each name, in order."""
-    return repeated_strings(placements)
+    if not placements:
+        return pa.array([], pa.string())
+    return pa.concat_arrays([pa.repeat(pa.scalar(name, pa.string()), count) for name, count in placements])

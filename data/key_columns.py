@@ -6,10 +6,9 @@ process and kept (a bounded LRU); a scan of every older row per batch (`is_in`) 
 also keeps its keys' 32-bit hashes sorted once: finding m keys in a file of n rows is then m binary searches
 (O(m log n)), and every hash match is confirmed by comparing the key itself (collisions never make a false hit).
 
-The hash is this module's own (`index_hashes`), not Spark's: nothing outside this index sees it, so it only has to be
-a function of the key's bytes and cheap. Indexing the files a process did not write is what the first batch after a
-large load pays (5 M keys per shard at 10 M rows): Spark's Murmur3 took 0.6 s of it and a stable argsort 0.75 s; this
-hash takes ~0.2 s and the unstable sort 0.2 s (rows of one hash value need no order).
+Indexing the files a process did not write is what the first batch a worker runs after a large load pays (5 M keys
+per shard at 10 M rows): the sort is numpy's unstable one (0.2 s for 5 M hashes, against 0.75 s for a stable sort:
+rows of one hash value need no order), and the hash Spark's (table/keyhash.py, ~0.35 s for 5 M UUIDs).
 """
 from __future__ import annotations
 
@@ -23,64 +22,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dbidx.arrays import one_chunk
+from dbidx.table.keyhash import spark_hash
 from dbidx.table.records import DataFileRecord
 
 KEY_CACHE_BYTES = int(os.environ.get("DBIDX_KEY_CACHE_MB", "512")) * 2 ** 20
-_MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)
-_SHIFT = np.uint64(31)
-_FOLD = np.uint64(32)
-_GATHER_BYTES = 1 << 24  # bytes gathered at once for keys of one length stored apart (bounds the index arrays)
-
-
-def index_hashes(keys: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """A 32-bit hash (uint32) of each key (strings, no nulls) for the index: a function of the key's UTF-8 bytes
-    alone, the same whichever array holds the key (a probe and a file must agree).
-
-    Per key of L bytes, zero-padded to 8-byte little-endian words w: h = L * M, then per word h = (h ^ w) * M,
-    h ^= h >> 31 (mod 2**64), and the result is the low 32 bits of h ^ (h >> 32). Keys of one length are hashed
-    together as the rows of a matrix of words (one numpy pass per word position), so UUIDs cost 4 passes.
-    """
-    keys = one_chunk(keys) if isinstance(keys, pa.ChunkedArray) else keys
-    n = len(keys)
-    off_type = np.int64 if pa.types.is_large_string(keys.type) else np.int32
-    offsets = np.frombuffer(keys.buffers()[1], dtype=off_type, count=n + 1,
-                            offset=keys.offset * np.dtype(off_type).itemsize).astype(np.int64)
-    data = keys.buffers()[2]
-    data = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, np.uint8)
-    lengths = np.diff(offsets)
-    out = np.empty(n, dtype=np.uint64)
-    if n and lengths.min() == lengths.max():  # one length (UUIDs, fixed-width ids): the keys are back to back
-        length = int(lengths[0])
-        out[:] = _hash_rows(data[offsets[0]:offsets[0] + n * length].reshape(n, length))
-    elif n:
-        for length in np.unique(lengths).tolist():
-            rows = np.flatnonzero(lengths == length)
-            step = max(1, _GATHER_BYTES // max(length, 1))
-            for lo in range(0, len(rows), step):
-                part = rows[lo:lo + step]
-                out[part] = _hash_rows(data[offsets[part][:, None] + np.arange(length)])
-    out ^= out >> _FOLD
-    return out.astype(np.uint32)
-
-
-def _hash_rows(block: np.ndarray) -> np.ndarray:
-    """index_hashes' 64-bit state for keys of one length, given as the rows of a uint8 matrix."""
-    count, length = block.shape
-    width = -(-length // 8) * 8
-    if width != length or not block.flags.c_contiguous:
-        padded = np.zeros((count, width), dtype=np.uint8)
-        padded[:, :length] = block
-        block = padded
-    words = block.view("<u8")
-    with np.errstate(over="ignore"):
-        h = np.full(count, length, dtype=np.uint64)
-        h *= _MULTIPLIER
-        for w in range(width // 8):
-            h ^= words[:, w]
-            h *= _MULTIPLIER
-            h ^= h >> _SHIFT
-    return h
 
 
 @dataclass(frozen=True)
@@ -94,7 +39,7 @@ class Probe:
     def of(cls, keys: pa.Array) -> "Probe":
         """A probe for these keys (strings, no nulls), sorted by hash (binary searches of sorted needles touch
         memory in order: several times faster than in arrival order)."""
-        hashes = index_hashes(keys)
+        hashes = spark_hash(keys).view(np.uint32)
         order = np.argsort(hashes)
         return cls(keys.take(pa.array(order)), hashes[order])
 
@@ -110,7 +55,7 @@ class FileKeys:
     @classmethod
     def of(cls, keys: pa.Array) -> "FileKeys":
         """Index a file's keys (strings, no nulls, in row order)."""
-        hashes = index_hashes(keys)
+        hashes = spark_hash(keys).view(np.uint32)
         order = np.argsort(hashes).astype(np.int32)  # a data file has far fewer than 2**31 rows
         return cls(keys, hashes[order], order)
 

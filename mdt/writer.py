@@ -119,10 +119,14 @@ class EntryBuffer:
                    on_written: Callable[[FileRecord, pa.Table], None] | None = None) -> list[FileRecord]:
         """Sort, check and write one group at a time, letting go of its buffered entries before the next: what an
         upsert task does, so a bulk task holds one sorted group beside its buffer, not a second copy of it all.
-        on_written(record, sorted entries) runs after each file is written, before its entries are let go."""
+        on_written(record, sorted entries) runs after each file is written, before its entries are let go.
+        announce: every group's file is announced first, by one list marker (a task's files; table/markers.py)."""
+        if announce:
+            markers.announce_all(io, self.instant, [layout.delta_file(partition, shard, self.instant, attempt)
+                                                    for partition, shard in self._groups])
         files = []
         for group, entries in self._each_sorted(release=True):
-            written = self.write(io, {group: entries}, attempt=attempt, announce=announce)
+            written = self.write(io, {group: entries}, attempt=attempt)
             if on_written is not None:
                 for record in written:
                     on_written(record, entries)

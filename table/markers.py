@@ -1,13 +1,16 @@
 """Markers: every file an instant's tasks write is announced under `.dbidx/markers/<instant>/` before it is written.
 
 Why: a task attempt that dies, or a speculative duplicate that loses, leaves files the committing process never
-hears of. A marker is an empty file named by the quoted table-relative path of the file it announces; the commit
+hears of. A marker is an empty file named by the quoted table-relative path of the file it announces, or (a task
+announcing a whole phase's files at once, `announce_all`) a list marker `l-<XXH64 of its content>` holding them as a
+JSON list: one write instead of one per file, one PUT on an object store for a phase's 30-odd data files. The commit
 lists the files of the winning attempts only, and everything else a marker names is deleted after the commit (or
 all of it after a rollback). Readers only read files a completed commit lists, so an unlisted file is never visible,
 even before it is cleaned.
 """
 from __future__ import annotations
 
+import json
 from typing import Iterable
 from urllib.parse import quote, unquote
 
@@ -19,6 +22,7 @@ from dbidx.table.fileio import FileIO
 
 MARKERS_DIR = f"{layout.META_DIR}/markers"
 _MAX_NAME = 200  # common filesystems allow 255 bytes per name
+LIST_PREFIX = "l-"
 
 
 def marker_dir(instant: str) -> str:
@@ -47,6 +51,40 @@ def announce(io: FileIO, instant: str, rel: str) -> None:
     io.write_atomic(f"{marker_dir(instant)}/{name}", rel.encode("utf-8") if name.startswith("h-") else b"")
 
 
+def announce_all(io: FileIO, instant: str, rels: Iterable[str]) -> None:
+    """Announce several files about to be written with one list marker (one file alone: its own marker). Every
+    path is guarded first, as in `announce`, so a path out of the table fails before any marker or byte."""
+    rels = sorted(set(rels))
+    if len(rels) <= 1:
+        for rel in rels:
+            announce(io, instant, rel)
+        return
+    for rel in rels:
+        io.guard(rel, "write")
+    body = json.dumps(rels).encode("utf-8")
+    io.write_atomic(f"{marker_dir(instant)}/{LIST_PREFIX}{xxhash.xxh64_hexdigest(body)}", body)
+
+
+def _listed_in(io: FileIO, instant: str, name: str) -> list[str]:
+    """The paths a list marker names, checked: its name is the XXH64 of its content, a JSON list of strings."""
+    body = io.read_bytes(f"{marker_dir(instant)}/{name}")
+    if name != LIST_PREFIX + xxhash.xxh64_hexdigest(body):
+        raise InvalidInputError("its content does not match the checksum in its name")
+    rels = json.loads(body.decode("utf-8"))
+    if not isinstance(rels, list) or not all(isinstance(rel, str) for rel in rels):
+        raise InvalidInputError("it does not hold a list of paths")
+    return rels
+
+
+def _named_by(io: FileIO, instant: str, name: str) -> list[str]:
+    """The files one marker announces (unvalidated)."""
+    if name.startswith(LIST_PREFIX):
+        return _listed_in(io, instant, name)
+    if name.startswith("h-"):
+        return [io.read_bytes(f"{marker_dir(instant)}/{name}").decode("utf-8")]
+    return [unquote(name)]
+
+
 def announced_files(io: FileIO, instant: str) -> list[str]:
     """Every file some attempt of an instant announced (it may or may not exist); crafted names that would leave
     the table are refused, never followed."""
@@ -55,16 +93,14 @@ def announced_files(io: FileIO, instant: str) -> list[str]:
         if name.startswith(".tmp-"):
             continue
         try:
-            rel = io.read_bytes(f"{marker_dir(instant)}/{name}").decode("utf-8") if name.startswith("h-") \
-                else unquote(name)
-            out.append(layout.validate_instant_file(rel, instant))
-        except (InvalidInputError, UnicodeDecodeError) as exc:
+            out += [layout.validate_instant_file(rel, instant) for rel in _named_by(io, instant, name)]
+        except (InvalidInputError, UnicodeDecodeError, ValueError) as exc:
             raise CorruptFileError(
                 f"marker {io.path(marker_dir(instant))}/{name} of instant {instant} is not valid: {exc}. A marker only "
                 "announces a file dbidx writes, and this one names none: delete it, then run `dbidx rollback "
                 f"{io.root} --all-pending` if the instant is still pending (its writer died), else `dbidx repair "
                 f"{io.root}` to sweep what the settled instant left") from exc
-    return sorted(out)
+    return sorted(set(out))
 
 
 def discard_unlisted(io: FileIO, instant: str, keep: Iterable[str]) -> list[str]:
@@ -76,8 +112,21 @@ def discard_unlisted(io: FileIO, instant: str, keep: Iterable[str]) -> list[str]
 
 
 def withdraw(io: FileIO, instant: str, written: Iterable[str], listed: set[str]) -> None:
-    """Delete this attempt's files that a settled instant did not list, with their markers."""
+    """Delete this attempt's files that a settled instant did not list, with their markers: a file's own marker, and
+    each list marker whose files were all deleted here (another attempt's list markers are left alone)."""
+    gone = set()
     for rel in written:
         if rel not in listed:
             io.delete(rel)
             io.delete(marker_of(instant, rel))
+            gone.add(rel)
+    if not gone:
+        return
+    for name in io.list_names(marker_dir(instant)):
+        if name.startswith(LIST_PREFIX):
+            try:
+                named = _listed_in(io, instant, name)
+            except (InvalidInputError, ValueError, CorruptFileError):
+                continue  # not this attempt's to judge: the instant's sweep reports a damaged marker
+            if named and set(named) <= gone:
+                io.delete(f"{marker_dir(instant)}/{name}")

@@ -9,7 +9,7 @@ import pyarrow.compute as pc
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dbidx.arrays import one_chunk, repeated_strings, string_sort_indices
+from dbidx.arrays import one_chunk, string_sort_indices
 
 
 def test_one_chunk_never_copies_a_single_chunk() -> None:
@@ -50,13 +50,3 @@ def test_string_sort_indices_of_unique_heads_and_of_shared_prefixes() -> None:
     for values in (ids, few, shared, short):
         array = pa.array(values, pa.string())
         assert string_sort_indices(array).tolist() == pc.sort_indices(array).to_numpy().tolist()
-
-
-@settings(max_examples=100, deadline=None)
-@given(st.lists(st.tuples(st.text(max_size=12), st.integers(0, 50)), max_size=8))
-def test_repeated_strings_equals_repeating_each_value(runs: list[tuple[str, int]]) -> None:
-    """Each run's value `count` times, in order; empty strings, zero counts and non-ASCII included."""
-    got = repeated_strings(runs)
-    assert got.type == pa.string()
-    got.validate(full=True)
-    assert got.to_pylist() == [value for value, count in runs for _ in range(count)]

@@ -7,40 +7,10 @@ import pyarrow.compute as pc
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dbidx.data.key_columns import FileKeys, KeyColumns, Probe, index_hashes
+from dbidx.data.key_columns import FileKeys, KeyColumns, Probe
 from dbidx.table.records import DataFileRecord
 
 WORDS = st.text(alphabet="abcé\x00", min_size=0, max_size=6)
-
-
-MASK = 2 ** 64 - 1
-M = 0x9E3779B97F4A7C15
-
-
-def reference_hash(key: str) -> int:
-    """index_hashes' definition, one key at a time in plain Python."""
-    data = key.encode("utf-8")
-    data += bytes(-len(data) % 8)
-    h = (len(key.encode("utf-8")) * M) & MASK
-    for i in range(0, len(data), 8):
-        h = ((h ^ int.from_bytes(data[i:i + 8], "little")) * M) & MASK
-        h ^= h >> 31
-    return (h ^ (h >> 32)) & 0xFFFFFFFF
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.text(alphabet="ab\x00é😀", max_size=20), max_size=30), st.integers(0, 5), st.booleans())
-def test_index_hash_is_a_function_of_the_key_alone(keys: list[str], cut: int, large: bool) -> None:
-    """Whatever array holds a key (one length or many, sliced, large_string, chunked), its hash is the reference's:
-    a probe and a file must agree, or a superseded row would be missed."""
-    array = pa.array(keys, pa.large_string() if large else pa.string())
-    expected_hashes = [reference_hash(k) for k in keys]
-    assert index_hashes(array).tolist() == expected_hashes
-    assert index_hashes(array.slice(min(cut, len(keys)))).tolist() == expected_hashes[min(cut, len(keys)):]
-    assert index_hashes(pa.chunked_array([array[:cut], array[cut:]], array.type)).tolist() == expected_hashes
-    for width in (6, 8, 13):  # keys of one length: the back-to-back fast path (padded and not)
-        uniform = [k.encode("utf-8").hex().ljust(width, "0")[:width] for k in keys]
-        assert index_hashes(pa.array(uniform, pa.string())).tolist() == [reference_hash(k) for k in uniform]
 
 
 def expected(file_keys: list[str], wanted: list[str]) -> list[int]:
