@@ -28,6 +28,9 @@ from dbidx.table.fileio import DECODE_ERRORS, FileIO, file_checksum
 from dbidx.table.records import ACTION_BUILD_INDEX, ACTION_COMMIT, CompletedInstant, FileRecord
 
 GroupKey = tuple[str | None, int]
+# The partition column of a task's touched-keys file that spans several partitions. Not "partition": a global-mode
+# delta file, which serves as its group's touched file when it holds every touched key, has a column of that name.
+TOUCHED_PARTITION = "touched_partition"
 
 
 @dataclass(frozen=True)
@@ -78,9 +81,30 @@ class TouchedKeys:
         assert self.path is not None
         data = io.read_verified(self.path, self.size, self.checksum, "touched-keys file")
         try:
-            return one_chunk(pq.read_table(pa.BufferReader(data), columns=[rli_files.KEY]).column(rli_files.KEY))
+            parquet = pq.ParquetFile(pa.BufferReader(data))
+            if TOUCHED_PARTITION not in parquet.schema_arrow.names:  # one group's keys (or its delta file)
+                return one_chunk(parquet.read(columns=[rli_files.KEY]).column(rli_files.KEY))
+            table = parquet.read(columns=[TOUCHED_PARTITION, rli_files.KEY])  # a task's file of several groups
+            return one_chunk(table.filter(pc.equal(table.column(TOUCHED_PARTITION), self.partition))
+                             .column(rli_files.KEY))
         except DECODE_ERRORS as exc:
             raise CorruptFileError(f"touched-keys file {io.path(self.path)} is unreadable: {exc}") from exc
+
+
+def write_touched_groups(io: FileIO, rel: str, groups: list[tuple[str, pa.Array]], shard: int,
+                         since_seq: int) -> list[TouchedKeys]:
+    """Write the touched keys of several partitions of one shard (each sorted, distinct, non-empty) as one file of
+    (partition, key) rows: one write per task instead of one per partition; each group's record names the file and
+    its key range, and `TouchedKeys.load` reads back its own partition's rows."""
+    table = pa.table({TOUCHED_PARTITION: pa.concat_arrays([pa.repeat(pa.scalar(p, pa.string()), len(k))
+                                                            for p, k in groups]),
+                      rli_files.KEY: pa.concat_arrays([k.cast(pa.string()) for _, k in groups])})
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd", use_dictionary=[TOUCHED_PARTITION])
+    data = sink.getvalue()
+    io.write_atomic(rel, data)
+    checksum = file_checksum(data)
+    return [TouchedKeys(p, shard, k[0].as_py(), k[-1].as_py(), since_seq, rel, data.size, checksum) for p, k in groups]
 
 
 def write_touched(io: FileIO, rel: str, keys: pa.Array, partition: str | None, shard: int,

@@ -138,6 +138,12 @@ def touched_file(partition: str | None, shard: int, instant: str, attempt: int) 
     return f"{rli_dir(partition, shard)}/touched-{instant}-a{attempt}.parquet"
 
 
+def task_touched_file(shard: int, instant: str, attempt: int) -> str:
+    """Table-relative path of the keys an upsert task tagged in several partitions of one shard (one file of
+    (partition, key) rows instead of one per partition), kept until the instant settles, like `touched_file`."""
+    return f"{RLI_DIR}/_touched/{shard:04d}/touched-{instant}-a{attempt}.parquet"  # partition dirs start p_
+
+
 def base_file(partition: str | None, shard: int, instant: str) -> str:
     """Table-relative path of the base file a compaction instant writes for one (partition, shard)."""
     return f"{rli_dir(partition, shard)}/base-{instant}.parquet"

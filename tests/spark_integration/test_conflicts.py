@@ -20,6 +20,7 @@ from dbidx.spark_integration import api
 from dbidx.spark_integration.api import upsert
 from dbidx.spark_integration.reads import read_table
 from dbidx.table import markers
+from dbidx.table.keyhash import shard_of_one
 from dbidx.table.records import ACTION_ROLLBACK
 
 from tests.delta_readers import assert_readers_agree
@@ -75,6 +76,7 @@ def caches_agree(table: Table, config: CacheConfig) -> None:
             assert verify(cache, table).ok, shard
 
 
+K1_TWIN = next(k for k in (f"twin{i}" for i in range(100)) if shard_of_one(k, 2) == shard_of_one("k1", 2))
 CASES = {
     # name: (global index, existing rows, later writer's batch, first writer's batch, expected rows after retry)
     "update vs delete": (False, [("k1", D1, 1, False)], [("k1", D1, 2, False)], [("k1", D1, 0, True)],
@@ -84,6 +86,10 @@ CASES = {
     "delete of a missing key vs re-insert": (False, [("k1", D1, 1, False), ("k1", D1, 1, True)],
                                              [("k1", D1, 0, True)], [("k1", D1, 5, False)], set()),
     "insert vs insert": (False, [], [("k9", D1, 2, False)], [("k9", D1, 1, False)], {("k9", D1, 2)}),
+    # The later task's touched keys span two partitions of one shard: one touched file holds both groups.
+    "updates in two partitions vs a delete in one": (
+        False, [("k1", D1, 1, False), (K1_TWIN, D2, 1, False)], [("k1", D1, 2, False), (K1_TWIN, D2, 2, False)],
+        [(K1_TWIN, D2, 0, True)], {("k1", D1, 2), (K1_TWIN, D2, 2)}),
 }
 
 
