@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from dbidx.arrays import string_sort_indices
 
@@ -48,14 +49,18 @@ def last_per_key(keys: pa.Array, locations: Sequence[str | None],
     positions = np.arange(len(keys), dtype=np.int64)
     if not effective.all():
         positions = positions[effective]
-    # 2. dict(zip(...)) keeps the last position of a repeated key: the final entry wins, as in commit order.
-    last = dict(zip(keys.take(pa.array(positions)).to_pylist(), positions.tolist()))
-    if not last:
+    if not len(positions):
         return [], [], np.zeros(0, dtype=bool)
-    final = np.fromiter(last.values(), dtype=np.int64, count=len(last))
-    # 3. Sort by key (no Python compare per key).
-    final = final[string_sort_indices(keys.take(pa.array(final)))]
-    return keys.take(pa.array(final)).to_pylist(), location_array[final].tolist(), deleted_array[final]
+    # 2. Sorted by key, stably (a repeated key's entries stay in commit order); the last entry of each run of one
+    #    key wins, as in commit order. No Python object per entry until the final keys are listed.
+    effective_keys = keys.take(pa.array(positions))
+    order = string_sort_indices(effective_keys)
+    ordered = effective_keys.take(pa.array(order))
+    last = np.ones(len(order), dtype=bool)
+    if len(order) > 1:
+        last[:-1] = pc.not_equal(ordered.slice(0, len(order) - 1), ordered.slice(1)).to_numpy(zero_copy_only=False)
+    final = positions[order[last]]
+    return ordered.filter(pa.array(last)).to_pylist(), location_array[final].tolist(), deleted_array[final]
 
 
 def plan_changes(keys: Sequence[bytes], locations: Sequence[str | None], deleted: np.ndarray,

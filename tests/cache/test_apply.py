@@ -85,3 +85,20 @@ def test_plan_moves_counters_by_the_net_change():
     assert plan.put_keys == [b"k1"] and plan.put_locations == ["fg-b"] and plan.delete_keys == [b"k2"]
     assert plan.entries_delta == -1
     assert {loc: n for loc, n in plan.fills_delta.items() if n} == {"fg-a": -1}
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["a", "b", "c", "dd", "é", "a\x00"]), st.sampled_from(["fg-1", "fg-2", None]),
+                          st.booleans()), max_size=30), st.integers(1, 80))
+def test_last_per_key_equals_a_plain_replay(entries: list, spread: int) -> None:
+    """Against a dict replay of the entries in order (no-op entries skipped), with enough distinct keys to take the
+    fast sort (the key set is widened by `spread` copies with suffixes)."""
+    entries = [(f"{k}{i % spread}", loc, dead) for i, (k, loc, dead) in enumerate(entries * 40)]
+    expected: dict[bytes, tuple] = {}
+    encoded = encode_keys_binary(pa.array([k for k, _, _ in entries], pa.string()))
+    for raw, (_k, loc, dead) in zip(encoded.to_pylist(), entries):
+        if dead or loc is not None:
+            expected[raw] = (loc, dead)
+    unique, locations, deleted = last_per_key(encoded, [loc for _, loc, _ in entries], [d for _, _, d in entries])
+    assert unique == sorted(expected)
+    assert dict(zip(unique, zip(locations, deleted.tolist()))) == expected
