@@ -11,6 +11,7 @@ even before it is cleaned.
 from __future__ import annotations
 
 import json
+import re
 from typing import Iterable
 from urllib.parse import quote, unquote
 
@@ -23,6 +24,11 @@ from dbidx.table.fileio import FileIO
 MARKERS_DIR = f"{layout.META_DIR}/markers"
 _MAX_NAME = 200  # common filesystems allow 255 bytes per name
 LIST_PREFIX = "l-"
+# Whole names of a list marker and of a long path's hashed marker (an XXH64 is 16 hex digits). A file's own marker,
+# its quoted path, never matches either (every dbidx file ends in .parquet or .bin), even when the path starts with
+# "l-" or "h-" (a partition value or column named so).
+_LIST_NAME = re.compile(r"l-[0-9a-f]{16}")
+_HASHED_NAME = re.compile(r"h-[0-9a-f]{16}")
 
 
 def marker_dir(instant: str) -> str:
@@ -48,7 +54,7 @@ def announce(io: FileIO, instant: str, rel: str) -> None:
     so the rollback that follows has nothing outside the table to delete."""
     io.guard(rel, "write")
     name = marker_name(rel)
-    io.write_atomic(f"{marker_dir(instant)}/{name}", rel.encode("utf-8") if name.startswith("h-") else b"")
+    io.write_atomic(f"{marker_dir(instant)}/{name}", rel.encode("utf-8") if _HASHED_NAME.fullmatch(name) else b"")
 
 
 def announce_all(io: FileIO, instant: str, rels: Iterable[str]) -> None:
@@ -70,7 +76,10 @@ def _listed_in(io: FileIO, instant: str, name: str) -> list[str]:
     body = io.read_bytes(f"{marker_dir(instant)}/{name}")
     if name != LIST_PREFIX + xxhash.xxh64_hexdigest(body):
         raise InvalidInputError("its content does not match the checksum in its name")
-    rels = json.loads(body.decode("utf-8"))
+    try:
+        rels = json.loads(body.decode("utf-8"))
+    except RecursionError as exc:  # a crafted, deeply nested body
+        raise InvalidInputError("it is nested too deeply to be a list of paths") from exc
     if not isinstance(rels, list) or not all(isinstance(rel, str) for rel in rels):
         raise InvalidInputError("it does not hold a list of paths")
     return rels
@@ -78,9 +87,9 @@ def _listed_in(io: FileIO, instant: str, name: str) -> list[str]:
 
 def _named_by(io: FileIO, instant: str, name: str) -> list[str]:
     """The files one marker announces (unvalidated)."""
-    if name.startswith(LIST_PREFIX):
+    if _LIST_NAME.fullmatch(name):
         return _listed_in(io, instant, name)
-    if name.startswith("h-"):
+    if _HASHED_NAME.fullmatch(name):
         return [io.read_bytes(f"{marker_dir(instant)}/{name}").decode("utf-8")]
     return [unquote(name)]
 
@@ -93,7 +102,13 @@ def announced_files(io: FileIO, instant: str) -> list[str]:
         if name.startswith(".tmp-"):
             continue
         try:
-            out += [layout.validate_instant_file(rel, instant) for rel in _named_by(io, instant, name)]
+            try:
+                named = _named_by(io, instant, name)
+            except CorruptFileError:
+                if not io.exists(f"{marker_dir(instant)}/{name}"):
+                    continue  # withdrawn meanwhile by its own attempt, which deleted its files first
+                raise
+            out += [layout.validate_instant_file(rel, instant) for rel in named]
         except (InvalidInputError, UnicodeDecodeError, ValueError) as exc:
             raise CorruptFileError(
                 f"marker {io.path(marker_dir(instant))}/{name} of instant {instant} is not valid: {exc}. A marker only "
@@ -123,7 +138,7 @@ def withdraw(io: FileIO, instant: str, written: Iterable[str], listed: set[str])
     if not gone:
         return
     for name in io.list_names(marker_dir(instant)):
-        if name.startswith(LIST_PREFIX):
+        if _LIST_NAME.fullmatch(name):
             try:
                 named = _listed_in(io, instant, name)
             except (InvalidInputError, ValueError, CorruptFileError):

@@ -88,3 +88,40 @@ def test_an_upsert_announces_its_data_and_index_files_with_list_markers(table: T
     assert marker_writes and all(rel.rsplit("/", 1)[1].startswith(markers.LIST_PREFIX) for rel in marker_writes)
     assert len(marker_writes) <= 2 * table.num_shards  # data files, then index files, per task
     assert table.io.list_dirs(markers.MARKERS_DIR) == []
+
+
+@pytest.mark.parametrize("column, value, hive", [("dt", "l-eu", False), ("l-region", "eu", True),
+                                                 ("dt", "h-eu", False)])
+def test_a_files_own_marker_that_starts_like_a_list_or_hashed_marker_is_read_as_its_own(
+        table: Table, tmp_path: Path, column: str, value: str, hive: bool) -> None:
+    """A task writing one data file announces it with its own marker, the quoted path; a path starting `l-` or `h-`
+    (a partition value or column named so) must still be read as that file's marker, or the cleanup after the
+    publish fails, and every later upsert's sweep with it."""
+    config = CacheConfig(base_path=str(tmp_path / "c"))
+    for i in range(2):
+        upsert_arrow(pa.table({"id": [f"k{i}"], column: [value]}), table, key="id", partition=column,
+                     hive_style=hive, cache_config=config)
+    assert len(table.timeline.completed()) == 2 and table.io.list_dirs(markers.MARKERS_DIR) == []
+
+
+def test_a_list_marker_withdrawn_while_the_publisher_reads_the_markers_is_skipped(
+        table: Table, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The publisher lists an instant's markers, then reads each; a losing attempt may withdraw (its files first,
+    then its list marker) in between. The vanished marker is skipped, not reported as damage."""
+    instant = table.timeline.start("commit").instant
+    loser = files_of(instant, 9, 2)
+    markers.announce_all(table.io, instant, loser)
+    for rel in loser:
+        table.io.write_atomic(rel, b"x")
+    listed = table.io.list_names(markers.marker_dir(instant))
+    markers.withdraw(table.io, instant, loser, listed=set())
+    monkeypatch.setattr(table.io, "list_names", lambda rel_dir: listed)  # the listing taken before the withdraw
+    assert markers.announced_files(table.io, instant) == []
+
+
+def test_a_deeply_nested_list_marker_is_refused_as_damage(table: Table) -> None:
+    instant = table.timeline.start("commit").instant
+    body = b"[" * 100_000 + b"]" * 100_000
+    table.io.write_atomic(f"{markers.marker_dir(instant)}/{markers.LIST_PREFIX}{xxhash.xxh64_hexdigest(body)}", body)
+    with pytest.raises(CorruptFileError, match="nested"):
+        markers.announced_files(table.io, instant)
