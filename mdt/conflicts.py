@@ -85,10 +85,16 @@ class TouchedKeys:
             if TOUCHED_PARTITION not in parquet.schema_arrow.names:  # one group's keys (or its delta file)
                 return one_chunk(parquet.read(columns=[rli_files.KEY]).column(rli_files.KEY))
             table = parquet.read(columns=[TOUCHED_PARTITION, rli_files.KEY])  # a task's file of several groups
-            return one_chunk(table.filter(pc.equal(table.column(TOUCHED_PARTITION), self.partition))
+            keys = one_chunk(table.filter(pc.equal(table.column(TOUCHED_PARTITION), self.partition))
                              .column(rli_files.KEY))
         except DECODE_ERRORS as exc:
             raise CorruptFileError(f"touched-keys file {io.path(self.path)} is unreadable: {exc}") from exc
+        # This group's rows must be there and span the range its record states: none would hide every conflict.
+        if not len(keys) or keys[0].as_py() != self.min_key or keys[-1].as_py() != self.max_key:
+            raise CorruptFileError(f"touched-keys file {io.path(self.path)} does not hold the keys its record states "
+                                   f"for partition {self.partition!r} ({len(keys)} found, range {self.min_key!r} to "
+                                   f"{self.max_key!r} expected)")
+        return keys
 
 
 def write_touched_groups(io: FileIO, rel: str, groups: list[tuple[str, pa.Array]], shard: int,

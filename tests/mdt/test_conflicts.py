@@ -33,6 +33,10 @@ def test_a_task_touched_file_reads_back_each_partitions_keys_and_finds_a_conflic
     damaged = replace(records[0], checksum="0" * 16)
     with pytest.raises(CorruptFileError, match="touched-keys file"):
         damaged.load(table.io)
+    # A record naming a partition the file does not hold (or another key range) is damage, never "no keys".
+    for forged in (replace(records[0], partition="p9"), replace(records[1], max_key="y")):
+        with pytest.raises(CorruptFileError, match="does not hold the keys its record states"):
+            forged.load(table.io)
 
 
 def test_a_global_delta_file_serving_as_touched_keys_reads_back_whole(tmp_path: Path) -> None:
