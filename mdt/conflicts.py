@@ -82,11 +82,12 @@ class TouchedKeys:
         data = io.read_verified(self.path, self.size, self.checksum, "touched-keys file")
         try:
             parquet = pq.ParquetFile(pa.BufferReader(data))
-            if TOUCHED_PARTITION not in parquet.schema_arrow.names:  # one group's keys (or its delta file)
+            if TOUCHED_PARTITION not in parquet.schema_arrow.names:  # the group's delta file
                 return one_chunk(parquet.read(columns=[rli_files.KEY]).column(rli_files.KEY))
-            table = parquet.read(columns=[TOUCHED_PARTITION, rli_files.KEY])  # a task's file of several groups
-            keys = one_chunk(table.filter(pc.equal(table.column(TOUCHED_PARTITION), self.partition))
-                             .column(rli_files.KEY))
+            table = parquet.read(columns=[TOUCHED_PARTITION, rli_files.KEY])  # a task's touched-keys file
+            column = table.column(TOUCHED_PARTITION)
+            mine = pc.is_null(column) if self.partition is None else pc.equal(column, self.partition)
+            keys = one_chunk(table.filter(mine).column(rli_files.KEY))
         except DECODE_ERRORS as exc:
             raise CorruptFileError(f"touched-keys file {io.path(self.path)} is unreadable: {exc}") from exc
         # This group's rows must be there and span the range its record states: none would hide every conflict.
@@ -97,11 +98,11 @@ class TouchedKeys:
         return keys
 
 
-def write_touched_groups(io: FileIO, rel: str, groups: list[tuple[str, pa.Array]], shard: int,
+def write_touched_groups(io: FileIO, rel: str, groups: list[tuple[str | None, pa.Array]], shard: int,
                          since_seq: int) -> list[TouchedKeys]:
-    """Write the touched keys of several partitions of one shard (each sorted, distinct, non-empty) as one file of
-    (partition, key) rows: one write per task instead of one per partition; each group's record names the file and
-    its key range, and `TouchedKeys.load` reads back its own partition's rows."""
+    """Write the keys a task tagged in the groups of one shard (each group's keys sorted, distinct, non-empty;
+    partition None in global mode) as one file of (partition, key) rows: one write per task, not one per partition.
+    Each group's record names the file and its own key range; `TouchedKeys.load` reads back that group's rows."""
     table = pa.table({TOUCHED_PARTITION: pa.concat_arrays([pa.repeat(pa.scalar(p, pa.string()), len(k))
                                                             for p, k in groups]),
                       rli_files.KEY: pa.concat_arrays([k.cast(pa.string()) for _, k in groups])})
@@ -111,17 +112,6 @@ def write_touched_groups(io: FileIO, rel: str, groups: list[tuple[str, pa.Array]
     io.write_atomic(rel, data)
     checksum = file_checksum(data)
     return [TouchedKeys(p, shard, k[0].as_py(), k[-1].as_py(), since_seq, rel, data.size, checksum) for p, k in groups]
-
-
-def write_touched(io: FileIO, rel: str, keys: pa.Array, partition: str | None, shard: int,
-                  since_seq: int) -> TouchedKeys:
-    """Write the sorted distinct keys (non-empty) a task tagged in one group; returns the record the task reports."""
-    sink = pa.BufferOutputStream()
-    pq.write_table(pa.table({rli_files.KEY: keys}), sink, compression="zstd", use_dictionary=False)
-    data = sink.getvalue()
-    io.write_atomic(rel, data)
-    return TouchedKeys(partition, shard, keys[0].as_py(), keys[-1].as_py(), since_seq, rel, data.size,
-                       file_checksum(data))
 
 
 def check_conflicts(io: FileIO, instant: str, news: list[CompletedInstant], touched: dict[GroupKey, TouchedKeys],

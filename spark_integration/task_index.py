@@ -18,7 +18,7 @@ from dbidx.arrays import one_chunk
 from dbidx.cache.loading import cache_entries
 from dbidx.cache.record_cache import GLOBAL_PARTITION
 from dbidx.cache.staging import StagedLoad
-from dbidx.mdt.conflicts import TouchedKeys, write_touched, write_touched_groups
+from dbidx.mdt.conflicts import TouchedKeys, write_touched_groups
 from dbidx.mdt.table import Table
 from dbidx.mdt.writer import EntryBuffer
 from dbidx.spark_integration.grouping import runs
@@ -58,7 +58,7 @@ def write_task_index(table: Table, tagged: pa.Table, options: TagOptions, instan
         names, codes = encoded.dictionary.to_pylist(), encoded.indices.to_numpy(zero_copy_only=False)
     for shard in np.unique(shards).tolist():
         in_shard = shards == shard
-        unlisted: list[tuple[str, pa.Array]] = []  # groups whose touched keys are not exactly their delta's
+        unlisted: list[tuple[str | None, pa.Array]] = []  # groups whose touched keys are not exactly their delta's
         for code in np.unique(codes[in_shard]).tolist():
             partition = names[code]
             mask = in_shard & (codes == code)
@@ -71,13 +71,8 @@ def write_task_index(table: Table, tagged: pa.Table, options: TagOptions, instan
                 continue
             unlisted.append((partition, pc.unique(keys.filter(pa.array(mask))).sort()))
         # The other groups' keys: one file for the shard (one write and one marker, not one per partition).
-        if len(unlisted) == 1:
-            partition, group_keys = unlisted[0]
-            rel = layout.touched_file(partition, shard, instant, attempt)
-            markers.announce(table.io, instant, rel)
-            touched.append(write_touched(table.io, rel, group_keys, partition, shard, since_seq[shard]))
-        elif unlisted:
-            rel = layout.task_touched_file(shard, instant, attempt)
+        if unlisted:
+            rel = layout.touched_file(shard, instant, attempt)
             markers.announce(table.io, instant, rel)
             touched += write_touched_groups(table.io, rel, unlisted, shard, since_seq[shard])
     return files, touched, buffer.changes()

@@ -132,16 +132,11 @@ def delta_file(partition: str | None, shard: int, instant: str, attempt: int | N
     return f"{rli_dir(partition, shard)}/delta-{instant}{suffix}.parquet"
 
 
-def touched_file(partition: str | None, shard: int, instant: str, attempt: int) -> str:
-    """Table-relative path of the keys an upsert task tagged in one (partition, shard), kept until the instant
-    settles: its publish checks them against commits that completed meanwhile (never part of the index)."""
-    return f"{rli_dir(partition, shard)}/touched-{instant}-a{attempt}.parquet"
-
-
-def task_touched_file(shard: int, instant: str, attempt: int) -> str:
-    """Table-relative path of the keys an upsert task tagged in several partitions of one shard (one file of
-    (partition, key) rows instead of one per partition), kept until the instant settles, like `touched_file`."""
-    return f"{RLI_DIR}/_touched/{shard:04d}/touched-{instant}-a{attempt}.parquet"  # partition dirs start p_
+def touched_file(shard: int, instant: str, attempt: int) -> str:
+    """Table-relative path of the keys an upsert task tagged in one shard, as (partition, key) rows, kept until the
+    instant settles: its publish checks them against commits that completed meanwhile (never part of the index).
+    Under `_touched/`, which no partition directory can be (those start `p_`)."""
+    return f"{RLI_DIR}/_touched/{shard:04d}/touched-{instant}-a{attempt}.parquet"
 
 
 def base_file(partition: str | None, shard: int, instant: str) -> str:

@@ -18,7 +18,7 @@ def test_a_task_touched_file_reads_back_each_partitions_keys_and_finds_a_conflic
     since = table.timeline.latest_seq
     instant = table.timeline.start("commit").instant
     groups = [("p1", pa.array(["a", "c"])), ("p2", pa.array(["a", "b", "z"]))]
-    records = write_touched_groups(table.io, layout.task_touched_file(0, instant, 3), groups, 0, since)
+    records = write_touched_groups(table.io, layout.touched_file(0, instant, 3), groups, 0, since)
     assert [r.load(table.io).to_pylist() for r in records] == [["a", "c"], ["a", "b", "z"]]
     assert [(r.partition, r.min_key, r.max_key) for r in records] == [("p1", "a", "c"), ("p2", "a", "z")]
     # A commit that landed meanwhile with an entry for "b" in p2 (not in p1) conflicts on p2 only.
