@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dbidx.arrays import one_chunk
+from dbidx.arrays import offsets_and_data, one_chunk
 from dbidx.errors import CacheError, InvalidKeyError
 
 TAG_RAW = 0x00
@@ -46,19 +46,8 @@ def as_string_array(values: Any) -> pa.Array:
 def _string_parts(keys: Any) -> tuple[pa.Array, np.ndarray, np.ndarray, np.ndarray]:
     """(array, starts, lengths, data bytes) of an Arrow string array or a list of str."""
     keys = as_string_array(keys)
-    offsets, data = _offsets_and_data(keys)
+    offsets, data = offsets_and_data(keys)
     return keys, offsets[:-1], offsets[1:] - offsets[:-1], data
-
-
-def _offsets_and_data(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """(n + 1 value offsets as int64, data bytes) of an Arrow string or binary array, large or not, sliced or not."""
-    n = len(array)
-    buffers = array.buffers()
-    width = 8 if pa.types.is_large_binary(array.type) or pa.types.is_large_string(array.type) else 4
-    offsets = np.frombuffer(buffers[1], dtype=np.int64 if width == 8 else np.int32, count=n + 1,
-                            offset=array.offset * width).astype(np.int64)
-    data = np.frombuffer(buffers[2], dtype=np.uint8) if buffers[2] is not None else np.zeros(0, np.uint8)
-    return offsets, data
 
 
 def _all_uuids(data: np.ndarray, starts: np.ndarray, n: int) -> np.ndarray | None:
@@ -220,7 +209,7 @@ def lookup_order(encoded: pa.Array) -> np.ndarray:
     n = len(encoded)
     if not n:
         return np.zeros(0, dtype=np.int64)
-    offsets, data = _offsets_and_data(encoded)
+    offsets, data = offsets_and_data(encoded)
     heads = _matrix(np.concatenate([data, np.zeros(_ORDER_WINDOW + 8, np.uint8)]), offsets[:-1], _ORDER_WINDOW + 8)
     sample = heads[:: max(1, n // 1024), :_ORDER_WINDOW]  # where keys start to differ, judged on ~1 k of them
     varying = np.flatnonzero((sample != sample[0]).any(axis=0))

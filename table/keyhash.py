@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from dbidx.arrays import one_chunk
+from dbidx.arrays import offsets_and_data, one_chunk
 from dbidx.errors import InvalidInputError, InvalidKeyError
 
 HASH_NAME = "spark-murmur3-x86_32-seed42"
@@ -84,14 +84,9 @@ def _to_string_array(keys: Any) -> pa.Array:
 def _hash_chunk(keys: pa.Array) -> np.ndarray:
     """Vectorized Spark Murmur3 over one Arrow string array (no nulls)."""
     n = len(keys)
-    off_type = np.int64 if pa.types.is_large_string(keys.type) else np.int32
-    buffers = keys.buffers()
-    offsets = np.frombuffer(buffers[1], dtype=off_type, count=n + 1, offset=keys.offset * np.dtype(off_type).itemsize)
-    offsets = offsets.astype(np.int64)
     # Only this chunk's bytes (a slice of a larger array shares the whole data buffer), offsets rebased onto them.
-    lo, hi = (int(offsets[0]), int(offsets[-1])) if n else (0, 0)
-    raw = np.frombuffer(buffers[2], dtype=np.uint8)[lo:hi] if buffers[2] is not None else np.zeros(0, np.uint8)
-    starts = offsets[:-1] - lo
+    offsets, raw = offsets_and_data(keys)
+    starts = offsets[:-1]
     lengths = np.diff(offsets)
     aligned = lengths - lengths % 4
     h1 = np.full(n, SEED, dtype=np.uint32)
