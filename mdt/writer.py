@@ -142,14 +142,11 @@ class EntryBuffer:
             _reject_repeated_keys(entries, group[0], group[1], self.instant)
             yield group, entries
 
-    def write(self, io: FileIO, groups: dict[GroupKey, pa.Table], attempt: int | None = None,
-              announce: bool = False) -> list[FileRecord]:
-        """Write one delta file per group (announced by a marker first when a task writes them)."""
+    def write(self, io: FileIO, groups: dict[GroupKey, pa.Table], attempt: int | None = None) -> list[FileRecord]:
+        """Write one delta file per group (a task's are announced first, by `write_each`)."""
         files = []
         for (partition, shard), entries in groups.items():
             rel = layout.delta_file(partition, shard, self.instant, attempt)
-            if announce:
-                markers.announce(io, self.instant, rel)
             files.append(rli_files.write_rli_file(io, rel, entries, self.table.props.row_group_size, partition,
                                                   shard, "delta"))
         return files
