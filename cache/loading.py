@@ -9,7 +9,6 @@ reloads (cache/catchup.py decides when) and an on-demand loader's threads (boots
 """
 from __future__ import annotations
 
-
 import pyarrow as pa
 import pyarrow.compute as pc
 

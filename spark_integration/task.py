@@ -37,8 +37,7 @@ from dbidx.mdt.table import Table
 from dbidx.spark_integration import datafiles
 from dbidx.spark_integration.tagger import (
     ROW_ID, TAG_FILE_GROUP, TAG_IS_DELETE, TAG_IS_UPDATE, TAG_NAMES, TAG_OLD_FILE_GROUP, TAG_OLD_PARTITION,
-    TAG_PARTITION,
-    ShardTagger, TagCounts, TagOptions, latest_per_key,
+    TAG_PARTITION, ShardTagger, TagCounts, TagOptions, latest_per_key,
 )
 from dbidx.spark_integration.task_index import stage_each_delta, write_task_index, written_paths
 from dbidx.table.keyhash import shards_of_hashes, spark_hash
