@@ -6,8 +6,8 @@ bootstrapped, K commits of `--commit-keys` entries each arrive (new keys on the 
 keys); then both ways of getting a serving cache are timed: `bootstrap()` over the intact caches (it only catches up)
 and `bootstrap()` into an emptied base path.
 Second part, the catch-up crossover: one partition of `--held` keys in one shard cache, then one commit whose
-change is a fraction of it (half updates of held keys to another file group, half new keys); timed both ways a cache
-can take it: applying the entries (`sync`, read-before-write per key) and reloading the partition from the snapshot
+change is a fraction of it (half deletes of held keys, the rest new keys); timed both ways a cache can take it:
+applying the entries (`sync`, one write per entry) and reloading the partition from the snapshot
 (the bulk SST path). The ratio where reloading wins is what `sync` uses to choose (cache/catchup.py).
 Run: `python benchmarks/restart_bench.py [--keys 10000000] [--held 300000] [--smoke] [--write-results]`.
 """
@@ -112,9 +112,11 @@ def _crossover_rows(work: Path, table: Table, partition: str, held: int, repeats
             cache.set_watermark(table.timeline.latest_seq)
         shutil.copytree(base, work / "behind")
         current = table.snapshot(partition).column("key")
+        # What a partitioned table commits: tombstones of held keys (at their location) and inserts of new ones.
+        gone = min(n // 2, len(current))
         with table.new_commit() as writer:
-            writer.insert(partition, current.slice(0, n // 2), "fg-1")
-            writer.insert(partition, uuid_keys(n - n // 2, rng), "fg-1")
+            writer.delete(partition, current.slice(0, gone))  # resolved to their file groups
+            writer.insert(partition, uuid_keys(n - gone, rng), "fg-1")
         apply_s, reload_s = [], []
         for _ in range(repeats):
             for way, out in (("apply", apply_s), ("reload", reload_s)):
@@ -176,8 +178,8 @@ def main() -> None:
                        "full re-bootstrap s", "full / warm"], rows),
         verdict,
         f"### Catch-up crossover: applying a change vs reloading the partition ({args.held:,} keys, one shard)",
-        "One commit changes a fraction of the partition (half updates moving keys to another file group, half new "
-        "keys); the cache takes it by applying the entries (`sync`) or by reloading the partition's snapshot through "
+        "One commit changes a fraction of the partition (half deletes of held keys, as far as there are, the rest new "
+        "keys: a partitioned table's index entries); the cache takes it by applying the entries (`sync`) or by reloading the partition's snapshot through "
         "the SST bulk path. `sync` reloads when the change exceeds `catchup.RELOAD_FRACTION` of what the cache holds "
         "for the partition (cache/catchup.py).",
         _report.table(["change / held", "entries to apply", "keys held", "apply s", "reload s", "faster",

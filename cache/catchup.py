@@ -5,8 +5,12 @@ executor ran the shard, another writer committed, this process crashed with its 
 read the committed entries after each partition's synced seq for this shard, apply them in commit order, and
 reload a partition from a snapshot when its history has been cleaned away, the gap is larger than
 `max_catchup_entries`, or the gap is large next to what the cache holds for the partition (more than
-RELOAD_FRACTION of it: applying costs a read and a write per entry, reloading streams the partition's snapshot into
-one SST, and the measured crossover is in benchmarks/RESULTS.md, "Catch-up crossover").
+RELOAD_FRACTION of it: applying costs a write per entry, reloading streams the partition's snapshot into one SST, and
+the measured crossover is in benchmarks/RESULTS.md, "Catch-up crossover").
+
+A partitioned table's entries are applied without reading the cache first (RecordIndexCache.apply_exact): each one
+inserts an absent key or removes a present one at the location it names, so it says itself how it moves the
+counters. A global table's moves do not name the location they leave, so its entries are applied read-first.
 """
 from __future__ import annotations
 
@@ -15,9 +19,11 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dbidx.arrays import one_chunk
 from dbidx.cache.codec import global_location
 from dbidx.cache.loading import load_from_snapshot
 from dbidx.cache.record_cache import GLOBAL_PARTITION, RecordIndexCache
@@ -134,14 +140,25 @@ def _apply_incremental(cache: RecordIndexCache, table: Table, start: int, end: i
         for partition in partitions:
             cache.apply(partition, [], [], [], synced_seq=end)
         return 0
-    applied = 0
+    deleted = changes.column(DELETED).to_numpy()
     if cache.global_mode:
+        # A move's entry does not name the location it leaves: only a read says what each entry changes.
         locations = [global_location(p, fg) if fg is not None else None
                      for p, fg in zip(changes.column(PARTITION).to_pylist(), changes.column(FILE_GROUP).to_pylist())]
-        return cache.apply(GLOBAL_PARTITION, changes.column(KEY), locations,
-                           changes.column(DELETED).to_pylist(), synced_seq=end)
+        return cache.apply(GLOBAL_PARTITION, changes.column(KEY), locations, deleted, synced_seq=end)
+    # 1. Rows grouped by partition with one stable sort of integer codes (commit order kept inside each), not one
+    #    filter pass over every row per partition.
+    encoded = pc.dictionary_encode(one_chunk(changes.column(PARTITION)))
+    codes = encoded.indices.to_numpy(zero_copy_only=False)
+    order = np.argsort(codes, kind="stable")
+    bounds = np.searchsorted(codes[order], np.arange(len(encoded.dictionary) + 1))
+    rows_of = {name: order[bounds[i]:bounds[i + 1]] for i, name in enumerate(encoded.dictionary.to_pylist())}
+    keys, file_groups = one_chunk(changes.column(KEY)), one_chunk(changes.column(FILE_GROUP))
+    applied = 0
     for partition in partitions:
-        rows = changes.filter(pc.equal(changes.column(PARTITION), pa.scalar(partition, pa.string())))
-        applied += cache.apply(partition, rows.column(KEY), rows.column(FILE_GROUP).to_pylist(),
-                               rows.column(DELETED).to_pylist(), synced_seq=end)
+        # 2. Each entry's effect is known without a read (changes.exact_changes): one write per entry.
+        rows = rows_of.get(partition, np.zeros(0, dtype=np.int64))
+        take = pa.array(rows)
+        applied += cache.apply_exact(partition, keys.take(take), file_groups.take(take), deleted[rows],
+                                     synced_seq=end)
     return applied

@@ -5,6 +5,8 @@ value, compare, count, put) costs ~2 us an entry and made a warm restart after m
 than a full re-bootstrap. Within one catch-up range only each key's *last* entry decides its final state, so the
 entries are first reduced to one per key (a dict built from zip keeps the last occurrence, in C); after that no key
 depends on another and every step is a vectorised pass: numpy masks over object arrays, Counter over locations.
+
+ExactChanges skips even the read: a partitioned table's entries each say what they change (see exact_changes).
 """
 from __future__ import annotations
 
@@ -91,3 +93,49 @@ def plan_changes(keys: Sequence[bytes], locations: Sequence[str | None], deleted
                       delete_keys=key_array[delete_mask].tolist(),
                       entries_delta=int(np.count_nonzero(put_mask & ~present)) - int(np.count_nonzero(delete_mask)),
                       fills_delta=fills_delta)
+
+
+@dataclass(frozen=True)
+class ExactChanges:
+    """Entries whose effect on a family is known without reading it: each insert adds a key the family does not
+    hold, each tombstone removes one it holds, at the location the entry names."""
+
+    keys: list[bytes]  # sorted, a key's entries in commit order (the last one wins, as in a write batch)
+    values: list[str]  # each entry's location (a tombstone's: the location it removes)
+    deleted: np.ndarray
+    entries_delta: int
+    fills_delta: Counter
+
+    @property
+    def changed(self) -> int:
+        return len(self.keys)
+
+
+def exact_changes(keys: pa.Array, locations: pa.Array, deleted: np.ndarray) -> ExactChanges | None:
+    """Counter movements summed over the entries themselves (None if an entry names no location: only a read can
+    say what it changes).
+
+    Why this holds for a partitioned table's committed entries: a key's location in a partition never changes
+    (an update in place writes no index entry), so an insert entry is only ever written for a key the partition
+    does not hold and a tombstone only for one it holds, at that location; the commit protocol refuses two
+    writers' entries for one key. Applied in commit order from the state the family held at the range's start,
+    every entry therefore moves the counters by exactly +1 or -1 at its own location, whatever follows it.
+    """
+    n = len(keys)
+    if n == 0:
+        return ExactChanges([], [], np.zeros(0, dtype=bool), 0, Counter())
+    if locations.null_count:
+        return None
+    # 1. Fills: +1 per insert and -1 per tombstone at the entry's location, counted in Arrow (few distinct values).
+    fills: Counter = Counter()
+    mask = pa.array(deleted)
+    for selected, sign in ((pc.invert(mask), 1), (mask, -1)):
+        counts = pc.value_counts(locations.filter(selected))
+        for loc, count in zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist()):
+            fills[loc] += sign * count
+    removed = int(np.count_nonzero(deleted))
+    # 2. Key order, stably (a repeated key's entries stay in commit order): RocksDB takes sorted writes ~3x faster.
+    order = string_sort_indices(keys)
+    take = pa.array(order)
+    return ExactChanges(keys=keys.take(take).to_pylist(), values=locations.take(take).to_pylist(), deleted=deleted[order],
+                        entries_delta=(n - removed) - removed, fills_delta=fills)

@@ -102,3 +102,81 @@ def test_last_per_key_equals_a_plain_replay(entries: list, spread: int) -> None:
     unique, locations, deleted = last_per_key(encoded, [loc for _, loc, _ in entries], [d for _, _, d in entries])
     assert unique == sorted(expected)
     assert dict(zip(unique, zip(locations, deleted.tolist()))) == expected
+
+
+# A partitioned table's committed entries: an insert only of a key the partition does not hold, a tombstone only of
+# one it holds, naming its location (a key's location never changes in place). Drawn as a walk over the key space.
+step = st.tuples(st.sampled_from(KEYS), st.sampled_from(LOCATIONS))
+
+
+def committed_walk(initial: dict[str, str], steps: list[tuple[str, str]]) -> list[tuple[str, str, bool]]:
+    """Entries a partitioned table could commit from `initial`: each step inserts its key where it is absent and
+    deletes it (at its current location) where it is present."""
+    state, entries = dict(initial), []
+    for key, location in steps:
+        if key in state:
+            entries.append((key, state.pop(key), True))
+        else:
+            state[key] = location
+            entries.append((key, location, False))
+    return entries
+
+
+@given(initial=st.dictionaries(st.sampled_from(KEYS), st.sampled_from(LOCATIONS[:3]), max_size=15),
+       steps=st.lists(step, max_size=40))
+@settings(max_examples=60, deadline=None)
+def test_apply_exact_matches_one_entry_at_a_time(table, initial, steps):
+    """Without reading the family, the same final map and the same counters as the reference."""
+    entries = committed_walk(initial, steps)
+    with tempfile.TemporaryDirectory() as base, open_cache(table, 0, Path(base)) as cache:
+        cache.load_partition(DAY1, list(initial), list(initial.values()), synced_seq=1)
+        expected = sequential(initial, entries)
+
+        changed = cache.apply_exact(DAY1, pa.array([k for k, _, _ in entries], pa.string()),
+                                    pa.array([loc for _, loc, _ in entries], pa.string()),
+                                    np.array([gone for _, _, gone in entries], dtype=bool), synced_seq=2)
+
+        assert dict(cache.items(DAY1)) == expected
+        assert cache.partitions()[DAY1].entries == len(expected)
+        assert cache.fills(DAY1) == dict(Counter(expected.values()))
+        assert cache.partitions()[DAY1].synced_seq == 2
+        assert changed == len(entries)
+
+
+def test_apply_exact_reads_first_when_an_entry_names_no_location(table, tmp_path):
+    """An entry without a location says nothing about what it changes: the read-first apply takes the batch."""
+    with open_cache(table, 0, tmp_path) as cache:
+        cache.load_partition(DAY1, ["k0", "k1"], ["fg-a", "fg-a"], synced_seq=1)
+        # "k0" inserted again at fg-b (its location moves: only a read sees the old one), "k1" a no-op entry.
+        cache.apply_exact(DAY1, pa.array(["k0", "k1"]), pa.array(["fg-b", None], pa.string()),
+                          np.array([False, False]), synced_seq=2)
+        assert dict(cache.items(DAY1)) == {"k0": "fg-b", "k1": "fg-a"}
+        assert cache.fills(DAY1) == {"fg-a": 1, "fg-b": 1} and cache.partitions()[DAY1].entries == 2
+
+
+def test_apply_exact_reads_first_after_an_unclean_shutdown(table, tmp_path):
+    """A cache opened after a crash may hold entries its registry does not count yet (the data flushed, the
+    registry lost): replaying them must not count them twice, so its partitions read first once."""
+    entries = (pa.array(["k2", "k3"]), pa.array(["fg-b", "fg-b"]), np.array([False, False]))
+    cache = open_cache(table, 0, tmp_path)
+    cache.load_partition(DAY1, ["k0", "k1"], ["fg-a", "fg-a"], synced_seq=1)
+    cache.apply_exact(DAY1, *entries, synced_seq=2)
+    cache.flush()
+    state = cache.partitions()[DAY1]
+    # The crash: the data stays, the registry goes back to before the apply, and the session is still "open".
+    store = cache.store
+    from dbidx.cache import registry
+    state.entries, state.fills, state.synced_seq = 2, {"fg-a": 2}, 1
+    store.write(registry.put_states(store.batch(), [state]))
+    store.flush()
+    store.close()
+    cache.store = None
+    with open_cache(table, 0, tmp_path) as reopened:
+        assert reopened.recovered
+        reopened.apply_exact(DAY1, *entries, synced_seq=2)  # the replay
+        assert reopened.partitions()[DAY1].entries == 4
+        assert reopened.fills(DAY1) == {"fg-a": 2, "fg-b": 2}
+        # Once read, the family's counters are its content's again: the next entries take the exact path.
+        reopened.apply_exact(DAY1, pa.array(["k4"]), pa.array(["fg-c"]), np.array([False]), synced_seq=3)
+        assert reopened.fills(DAY1) == {"fg-a": 2, "fg-b": 2, "fg-c": 1}
+        assert DAY1 not in reopened._unsure
