@@ -101,10 +101,12 @@ class ExactChanges:
     hold, each tombstone removes one it holds, at the location the entry names."""
 
     keys: list[bytes]  # sorted, a key's entries in commit order (the last one wins, as in a write batch)
-    values: list[str]  # each entry's location (a tombstone's: the location it removes)
+    locations: list[str]  # the distinct locations the entries name
+    codes: np.ndarray  # each entry's location, as an index into `locations` (a tombstone's: the one it removes)
     deleted: np.ndarray
     entries_delta: int
     fills_delta: Counter
+    last: np.ndarray  # each key's last entry (what an SST, which holds a key once, takes)
 
     @property
     def changed(self) -> int:
@@ -122,20 +124,20 @@ def exact_changes(keys: pa.Array, locations: pa.Array, deleted: np.ndarray) -> E
     every entry therefore moves the counters by exactly +1 or -1 at its own location, whatever follows it.
     """
     n = len(keys)
-    if n == 0:
-        return ExactChanges([], [], np.zeros(0, dtype=bool), 0, Counter())
     if locations.null_count:
         return None
-    # 1. Fills: +1 per insert and -1 per tombstone at the entry's location, counted in Arrow (few distinct values).
-    fills: Counter = Counter()
-    mask = pa.array(deleted)
-    for selected, sign in ((pc.invert(mask), 1), (mask, -1)):
-        counts = pc.value_counts(locations.filter(selected))
-        for loc, count in zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist()):
-            fills[loc] += sign * count
+    # 1. Fills: +1 per insert and -1 per tombstone at the entry's location, summed over location codes.
+    encoded = locations.dictionary_encode()
+    names: list[str] = encoded.dictionary.to_pylist()
+    codes = encoded.indices.to_numpy(zero_copy_only=False)
+    moves = np.bincount(codes, weights=np.where(deleted, -1, 1), minlength=len(names)).astype(np.int64)
+    fills = Counter({loc: int(m) for loc, m in zip(names, moves.tolist()) if m})
     removed = int(np.count_nonzero(deleted))
     # 2. Key order, stably (a repeated key's entries stay in commit order): RocksDB takes sorted writes ~3x faster.
-    order = string_sort_indices(keys)
-    take = pa.array(order)
-    return ExactChanges(keys=keys.take(take).to_pylist(), values=locations.take(take).to_pylist(), deleted=deleted[order],
-                        entries_delta=(n - removed) - removed, fills_delta=fills)
+    order = string_sort_indices(keys) if n else np.zeros(0, dtype=np.int64)
+    ordered = keys.take(pa.array(order))
+    last = np.ones(n, dtype=bool)
+    if n > 1:
+        last[:-1] = pc.not_equal(ordered.slice(0, n - 1), ordered.slice(1)).to_numpy(zero_copy_only=False)
+    return ExactChanges(keys=ordered.to_pylist(), locations=names, codes=codes[order], deleted=deleted[order],
+                        entries_delta=(n - removed) - removed, fills_delta=fills, last=last)

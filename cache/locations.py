@@ -46,6 +46,10 @@ class LocationDictionary:
         """The stored value -> location map of a family (take it together with the family's view)."""
         return self._decoders[cf]
 
+    def locations(self, cf: str) -> list[str]:
+        """A family's whole dictionary, index order (a copy)."""
+        return list(self._locations.get(cf, []))
+
     def decode(self, cf: str, raw: bytes) -> str:
         """The location of a stored value, also when it is not in the canonical map (a non-minimal varint); an
         index past the dictionary is a damaged cache (CacheCorruptError), never a missing key."""

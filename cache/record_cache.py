@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from dbidx.cache import codec, registry
 from dbidx.cache.base_dir import default_base_path, prepare_dir
+from dbidx.cache.change_writes import uses_sst, write_changes
 from dbidx.cache.changes import exact_changes, last_per_key, plan_changes
 from dbidx.cache.committed import committed_items, lookup_committed
 from dbidx.cache.locations import LocationDictionary
@@ -333,20 +334,14 @@ class RecordIndexCache:
             if plan is None:
                 return self.apply(partition, keys, locations.to_pylist(), deleted, synced_seq)
             store = self._require_store()
-            handle = store.handle(state.cf)
-            # 1. One write batch, in commit order: new dictionary entries, the puts and deletes, then the registry.
+            # 1. New dictionary entries, the changes in key order (a write batch, or one SST when large), the registry.
             batch = store.batch()
-            put, delete = batch.put, batch.delete
-            values = {loc: self._dictionary.encode(store, state.cf, loc, batch) for loc in dict.fromkeys(plan.values)}
-            if plan.entries_delta == plan.changed:  # inserts only (the usual catch-up): no branch per entry
-                for key, loc in zip(plan.keys, plan.values):
-                    put(key, values[loc], handle)
-            else:
-                for key, loc, gone in zip(plan.keys, plan.values, plan.deleted.tolist()):
-                    if gone:
-                        delete(key, handle)
-                    else:
-                        put(key, values[loc], handle)
+            known = len(self._dictionary.locations(state.cf))
+            value_of = np.empty(len(plan.locations), dtype=object)
+            value_of[:] = [self._dictionary.encode(store, state.cf, loc, batch) for loc in plan.locations]
+            dictionary = self._dictionary.locations(state.cf)
+            write_changes(store, state.cf, plan, value_of[plan.codes].tolist(), batch,
+                          dictionary if len(dictionary) > known else None, self.scratch_dir, self.config)
             # 2. Counters by the entries' own movements, and the partition's synced seq, in the same batch.
             state.entries += plan.entries_delta
             for loc, delta in plan.fills_delta.items():
@@ -354,6 +349,10 @@ class RecordIndexCache:
                     state.bump_fill(loc, delta)
             state.synced_seq = max(state.synced_seq, synced_seq)
             store.write(registry.put_states(batch, [state]))
+            if uses_sst(plan):
+                # The ingested SST is durable at once, the registry only once flushed: flush it now, so a crash
+                # leaves the data ahead of its registry (counted again by the next open) for milliseconds only.
+                store.flush()
         self.metrics.add(partition=partition, catchup_entries=plan.changed)
         return plan.changed
 

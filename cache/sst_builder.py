@@ -103,3 +103,23 @@ def sst_options(config: CacheConfig) -> rd.Options:
     if opts is None:
         opts = _OPTIONS[config] = column_family_options(config, None)
     return opts
+
+
+def build_changes_sst(sst_path: str | Path, keys: list[bytes], values: list[bytes], deleted: list[bool],
+                      dictionary: list[str] | None, config: CacheConfig) -> None:
+    """Write a column family's changes (sorted distinct encoded keys: a value, or a tombstone where `deleted`) into
+    one SST to ingest over what the family holds: a large catch-up skips the memtable and its flush.
+
+    `dictionary`: the family's whole location dictionary when the changes extended it, written under LOCATIONS_KEY
+    so the values and the dictionary they reference arrive in one ingest.
+    """
+    writer = rd.SstFileWriter(sst_options(config))
+    writer.open(str(sst_path))
+    for key, value, gone in zip(keys, values, deleted):
+        if gone:
+            del writer[key]
+        else:
+            writer[key] = value
+    if dictionary is not None:
+        writer[LOCATIONS_KEY] = registry.pack(dictionary)
+    writer.finish()

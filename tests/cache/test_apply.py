@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import tempfile
+from contextlib import contextmanager
 from collections import Counter
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dbidx.cache import change_writes
 from dbidx.cache.changes import last_per_key, plan_changes
 from dbidx.cache.codec import encode_keys_binary
 from dbidx.mdt.table import Table
@@ -122,13 +124,16 @@ def committed_walk(initial: dict[str, str], steps: list[tuple[str, str]]) -> lis
     return entries
 
 
+@pytest.mark.parametrize("sst_from", [10 ** 9, 1], ids=["write-batch", "sst"])
 @given(initial=st.dictionaries(st.sampled_from(KEYS), st.sampled_from(LOCATIONS[:3]), max_size=15),
        steps=st.lists(step, max_size=40))
 @settings(max_examples=60, deadline=None)
-def test_apply_exact_matches_one_entry_at_a_time(table, initial, steps):
-    """Without reading the family, the same final map and the same counters as the reference."""
+def test_apply_exact_matches_one_entry_at_a_time(table, sst_from, initial, steps):
+    """Without reading the family, the same final map and the same counters as the reference, whether the changes
+    go through a write batch or (large ones) one ingested SST holding each key's last change."""
     entries = committed_walk(initial, steps)
-    with tempfile.TemporaryDirectory() as base, open_cache(table, 0, Path(base)) as cache:
+    with tempfile.TemporaryDirectory() as base, open_cache(table, 0, Path(base)) as cache, \
+            _sst_from(sst_from):
         cache.load_partition(DAY1, list(initial), list(initial.values()), synced_seq=1)
         expected = sequential(initial, entries)
 
@@ -141,6 +146,32 @@ def test_apply_exact_matches_one_entry_at_a_time(table, initial, steps):
         assert cache.fills(DAY1) == dict(Counter(expected.values()))
         assert cache.partitions()[DAY1].synced_seq == 2
         assert changed == len(entries)
+
+
+@contextmanager
+def _sst_from(entries: int):
+    """apply_exact's SST threshold set to `entries` for a block."""
+    chosen, change_writes.SST_APPLY_MIN_ENTRIES = change_writes.SST_APPLY_MIN_ENTRIES, entries
+    try:
+        yield
+    finally:
+        change_writes.SST_APPLY_MIN_ENTRIES = chosen
+
+
+def test_apply_exact_by_sst_keeps_new_locations_after_a_reopen(table, tmp_path):
+    """A large catch-up that names a location the family has not seen writes the extended dictionary into its SST:
+    after a clean reopen (the registry flushed, the SST durable on its own) every value still decodes."""
+    keys = [f"n{i:06d}" for i in range(20_000)]
+    with open_cache(table, 0, tmp_path) as cache:
+        cache.load_partition(DAY1, ["k0", "k1"], ["fg-a", "fg-a"], synced_seq=1)
+        cache.apply_exact(DAY1, pa.array(keys + ["k0"]), pa.array(["fg-new"] * len(keys) + ["fg-a"]),
+                          np.array([False] * len(keys) + [True]), synced_seq=2)
+        assert not any(cache.scratch_dir.iterdir())  # the scratch SST was moved into the family
+    with open_cache(table, 0, tmp_path) as reopened:
+        assert not reopened.recovered
+        assert dict(reopened.items(DAY1)) == {"k1": "fg-a", **{k: "fg-new" for k in keys}}
+        assert reopened.fills(DAY1) == {"fg-a": 1, "fg-new": len(keys)}
+        assert reopened.partitions()[DAY1].entries == len(keys) + 1
 
 
 def test_apply_exact_reads_first_when_an_entry_names_no_location(table, tmp_path):

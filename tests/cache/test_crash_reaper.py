@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,10 @@ CHILD = textwrap.dedent("""
                 if i % 3 == 2:
                     w.delete("dt=2025-01-02", [f"w{i - 2}-{j}" for j in range(100)])
             sync(cache, table)
+        elif mode == "ingest":  # catch-ups large enough to arrive as one SST, each naming a new file group
+            with table.new_commit() as w:
+                w.insert("dt=2025-01-03", [f"i{i}-{j}" for j in range(17_000)], f"fg-i{i}")
+            sync(cache, table)
         else:                 # reload the biggest partition over and over
             load_from_snapshot(cache, table, "dt=2025-01-01", table.timeline.latest_seq)
         print(i, flush=True)
@@ -65,7 +70,7 @@ def run_and_kill(table: Table, base: Path, mode: str, iterations: int) -> None:
         proc.wait(30)
 
 
-@pytest.mark.parametrize("mode", ["write", "load"])
+@pytest.mark.parametrize("mode", ["write", "ingest", "load"])
 def test_sigkill_then_reopen_verifies_and_answers_like_the_mdt(tmp_path, mode, monkeypatch):
     from dbidx.cache import catchup
 
@@ -77,7 +82,16 @@ def test_sigkill_then_reopen_verifies_and_answers_like_the_mdt(tmp_path, mode, m
     with open_cache(table, 0, tmp_path / "cache") as cache:
         assert cache.recovered  # it knows it was not closed cleanly
         # What survived is consistent at the seq each partition claims ...
-        assert verify(cache, table).ok, verify(cache, table).to_dict()
+        survived = verify(cache, table)
+        if mode == "ingest" and not survived.ok:
+            # ... except that a kill between a large catch-up's SST ingest and the registry flush right after it
+            # (milliseconds) leaves that partition's data ahead of its registry: then it holds only entries the MDT
+            # committed later (never a wrong or a missing one), which the open counted and catch-up replays
+            # read-first.
+            assert all(d.missing == d.wrong_location == 0 for d in survived.partitions), survived.to_dict()
+            assert set(cache.items(DAY3)) <= set(truth(table, DAY3, 0).items())
+        else:
+            assert survived.ok, survived.to_dict()
         # ... and catch-up from there restores everything, with no re-bootstrap.
         result = sync(cache, table)
         assert sorted(cache.partitions()) == [DAY1, DAY2, DAY3]
@@ -87,6 +101,9 @@ def test_sigkill_then_reopen_verifies_and_answers_like_the_mdt(tmp_path, mode, m
             probe = list(expected)[:3000] + ["never-inserted"]
             assert cache.lookup(p, probe) == [expected.get(k) for k in probe]
             assert dict(cache.items(p)) == expected
+            # The counters too: entries a crash left ahead of the registry were not counted twice.
+            assert cache.fills(p) == dict(Counter(expected.values()))
+            assert cache.partitions()[p].entries == len(expected)
         assert verify(cache, table).ok
         assert not list(cache.scratch_dir.iterdir())
 
