@@ -91,6 +91,11 @@ def sync(cache: RecordIndexCache, table: Table, max_catchup_entries: int | None 
         # cache ahead of the table's newest state means a restored table.
         view = table.refresh(force=True)
         latest = view.applied_seq
+    if cache.needs_recovery_bound:
+        # Opened after a crash: whatever the crashed session applied was completed before this open, so the newest
+        # completed seq read now bounds it (the task's pinned view may be older; catch-up reads first up to it).
+        table.timeline.refresh()  # the timeline only: the task's (pinned) index view stays as it is
+        cache.bound_recovery(table.timeline.latest_seq)
     result = CatchUpResult(from_seq=cache.watermark, to_seq=latest)
     if cache.watermark > latest:
         # The cache saw completions the table no longer has (the table was restored from a backup): what it holds

@@ -58,6 +58,7 @@ class RecordIndexCache:
         self.watermark = 0
         self._states: dict[str, PartitionState] = {}
         self._unsure: set[str] = set()  # partitions whose data may be ahead of their registry (see apply_exact)
+        self.recovery_bound: int | None = None  # the seq past which a crashed session cannot have applied anything
         self._dictionary = LocationDictionary(self.path)
         self._lock = threading.RLock()
 
@@ -135,6 +136,7 @@ class RecordIndexCache:
         if self.recovered:
             self.metrics.add(recoveries=1)
         self._unsure = set(self._states) if self.recovered else set()
+        self.recovery_bound = None
         db[registry.SESSION_KEY] = registry.SESSION_OPEN
         self.store.flush()  # type: ignore[union-attr]
 
@@ -148,7 +150,9 @@ class RecordIndexCache:
                 try:
                     batch = store.batch()  # type: ignore[union-attr]
                     registry.put_states(batch, self._states.values())
-                    batch.put(registry.SESSION_KEY, registry.SESSION_CLOSED)
+                    # A partition still unsure (a crash left its data possibly ahead of its registry, and no catch-up
+                    # has passed the crash's reach yet) keeps the session "open": the next open recovers it again.
+                    batch.put(registry.SESSION_KEY, registry.SESSION_OPEN if self._unsure else registry.SESSION_CLOSED)
                     store.write(batch)  # type: ignore[union-attr]
                 finally:
                     store.close()  # type: ignore[union-attr]  # releases the directory lock whatever happened
@@ -312,8 +316,20 @@ class RecordIndexCache:
             store.write(registry.put_states(batch, [state]))
             changed = plan.changed
         self.metrics.add(partition=partition, catchup_entries=changed)
-        self._unsure.discard(partition)  # apply() made data and counters agree again
+        if self.recovery_bound is not None and synced_seq >= self.recovery_bound:
+            self._unsure.discard(partition)  # read-first past anything a crashed session can have applied
         return changed
+
+    @property
+    def needs_recovery_bound(self) -> bool:
+        """Whether partitions are unsure and catch-up has not yet said how far a crashed session can have got."""
+        return bool(self._unsure) and self.recovery_bound is None
+
+    def bound_recovery(self, seq: int) -> None:
+        """Record the table's newest completed seq, read after this open: a session that crashed before it could
+        not have applied anything past it, so a partition read-first up to it is sure again (apply_exact)."""
+        if self._unsure and self.recovery_bound is None:
+            self.recovery_bound = seq
 
     def apply_exact(self, partition: str, keys: Sequence[str] | pa.Array, locations: pa.Array,
                     deleted: np.ndarray, synced_seq: int) -> int:
@@ -322,8 +338,8 @@ class RecordIndexCache:
         by its own +1 or -1, so a catch-up costs no lookup per entry.
 
         Falls back to `apply` where the entries cannot say what they change (an entry without a location) or the
-        family may already hold some of them (opened after an unclean shutdown: its data may be ahead of its
-        registry, and only a read makes a replay harmless).
+        family may already hold some of them: opened after an unclean shutdown, its data may be ahead of its
+        registry, and only a read makes a replay harmless, until the partition is caught up past `recovery_bound`.
         """
         with self._lock:
             state = self._states.get(partition)

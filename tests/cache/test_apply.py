@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dbidx.cache import change_writes
+from dbidx.cache import change_writes, registry
 from dbidx.cache.changes import last_per_key, plan_changes
 from dbidx.cache.codec import encode_keys_binary
 from dbidx.mdt.table import Table
@@ -185,29 +185,78 @@ def test_apply_exact_reads_first_when_an_entry_names_no_location(table, tmp_path
         assert cache.fills(DAY1) == {"fg-a": 1, "fg-b": 1} and cache.partitions()[DAY1].entries == 2
 
 
-def test_apply_exact_reads_first_after_an_unclean_shutdown(table, tmp_path):
-    """A cache opened after a crash may hold entries its registry does not count yet (the data flushed, the
-    registry lost): replaying them must not count them twice, so its partitions read first once."""
-    entries = (pa.array(["k2", "k3"]), pa.array(["fg-b", "fg-b"]), np.array([False, False]))
-    cache = open_cache(table, 0, tmp_path)
+def _crash_after_apply(table, path: Path, entries: tuple, synced_seq: int = 2) -> None:
+    """A cache whose partition DAY1 holds k0, k1 at fg-a plus `entries` applied at `synced_seq`, left as a crash
+    between the data's flush and the registry's: the data stays, the registry is back at seq 1 and the session
+    still "open"."""
+    cache = open_cache(table, 0, path)
     cache.load_partition(DAY1, ["k0", "k1"], ["fg-a", "fg-a"], synced_seq=1)
-    cache.apply_exact(DAY1, *entries, synced_seq=2)
+    cache.apply_exact(DAY1, *entries, synced_seq=synced_seq)
     cache.flush()
     state = cache.partitions()[DAY1]
-    # The crash: the data stays, the registry goes back to before the apply, and the session is still "open".
     store = cache.store
-    from dbidx.cache import registry
     state.entries, state.fills, state.synced_seq = 2, {"fg-a": 2}, 1
     store.write(registry.put_states(store.batch(), [state]))
     store.flush()
     store.close()
     cache.store = None
+
+
+NEW = (pa.array(["k2", "k3"]), pa.array(["fg-b", "fg-b"]), np.array([False, False]))
+
+
+def test_apply_exact_reads_first_after_an_unclean_shutdown(table, tmp_path):
+    """A cache opened after a crash may hold entries its registry does not count yet: replaying them must not count
+    them twice, so its partitions read first until caught up past what the crashed session can have applied."""
+    _crash_after_apply(table, tmp_path, NEW)
     with open_cache(table, 0, tmp_path) as reopened:
-        assert reopened.recovered
-        reopened.apply_exact(DAY1, *entries, synced_seq=2)  # the replay
+        assert reopened.recovered and reopened.needs_recovery_bound
+        reopened.bound_recovery(2)  # what catch-up does first: the table's newest completed seq
+        reopened.apply_exact(DAY1, *NEW, synced_seq=2)  # the replay
         assert reopened.partitions()[DAY1].entries == 4
         assert reopened.fills(DAY1) == {"fg-a": 2, "fg-b": 2}
-        # Once read, the family's counters are its content's again: the next entries take the exact path.
+        # Read first up to the bound: the family's counters are its content's again, the next entries go exact.
+        assert not reopened.needs_recovery_bound
         reopened.apply_exact(DAY1, pa.array(["k4"]), pa.array(["fg-c"]), np.array([False]), synced_seq=3)
+        assert reopened.fills(DAY1) == {"fg-a": 2, "fg-b": 2, "fg-c": 1}
+    with open_cache(table, 0, tmp_path) as clean:
+        assert not clean.recovered  # caught up past the crash: the close was a clean one
+
+
+def test_a_clean_close_before_catching_up_keeps_the_partition_unsure(table, tmp_path):
+    """Opened after a crash and closed again without a catch-up (`dbidx cache stats`, a task whose sync failed):
+    the next open must still know the data may be ahead, or its replay would count entries twice."""
+    _crash_after_apply(table, tmp_path, NEW)
+    with open_cache(table, 0, tmp_path) as looked_at:
+        assert looked_at.recovered
+    with open_cache(table, 0, tmp_path) as reopened:
+        assert reopened.recovered  # still: nothing caught the partition up
+        reopened.bound_recovery(2)
+        reopened.apply_exact(DAY1, *NEW, synced_seq=2)
+        assert reopened.partitions()[DAY1].entries == 4
+        assert reopened.fills(DAY1) == {"fg-a": 2, "fg-b": 2}
+
+
+def test_a_catch_up_short_of_the_bound_keeps_reading_first(table, tmp_path):
+    """A task whose view is older than what the crashed session applied catches up only part of the way: the
+    partition stays unsure, so the entries after that point (already in the data) are read first too."""
+    later = (pa.array(["k4"]), pa.array(["fg-c"]), np.array([False]))
+    cache = open_cache(table, 0, tmp_path)
+    cache.load_partition(DAY1, ["k0", "k1"], ["fg-a", "fg-a"], synced_seq=1)
+    cache.apply_exact(DAY1, *NEW, synced_seq=2)
+    cache.apply_exact(DAY1, *later, synced_seq=3)
+    cache.flush()
+    state = cache.partitions()[DAY1]
+    state.entries, state.fills, state.synced_seq = 2, {"fg-a": 2}, 1
+    cache.store.write(registry.put_states(cache.store.batch(), [state]))
+    cache.store.flush()
+    cache.store.close()
+    cache.store = None
+    with open_cache(table, 0, tmp_path) as reopened:
+        reopened.bound_recovery(3)
+        reopened.apply_exact(DAY1, *NEW, synced_seq=2)  # a pinned view at seq 2
+        assert reopened.needs_recovery_bound is False and DAY1 in reopened._unsure
+        reopened.apply_exact(DAY1, *later, synced_seq=3)  # the next task's catch-up: k4 is already there
+        assert reopened.partitions()[DAY1].entries == 5
         assert reopened.fills(DAY1) == {"fg-a": 2, "fg-b": 2, "fg-c": 1}
         assert DAY1 not in reopened._unsure
