@@ -189,12 +189,22 @@ class CommitWriter:
 
     # ---- collecting entries --------------------------------------------------------------------------------
     def insert(self, partition: str, keys: Keys, file_groups: Keys | str) -> None:
-        """Add new keys of a partition with their file group (keys must not exist in the index yet)."""
+        """Add new keys of a partition with their file group.
+
+        The keys must not be live in the partition (not checked here: the upsert path knows it from its lookups, a
+        migration from an empty table). The partition stats and every shard cache's counters count each insert as
+        one more key at its file group; a key inserted again would be counted twice (its lookups stay right).
+        """
         self._check_open()
         self.buffer.add(partition, keys, file_groups, deleted=False, live=+1)
 
     def delete(self, partition: str, keys: Keys, file_groups: Keys | str | None = None) -> int:
-        """Tombstone existing keys of a partition; keys without a live entry are skipped. Returns the count."""
+        """Tombstone existing keys of a partition. Returns the count.
+
+        Without `file_groups` each key's location is looked up and keys without a live entry are skipped. With them,
+        the caller states where each key lives (the upsert path, from its lookups): they are written as given, and
+        the stats and the caches' counters take one key off each named file group.
+        """
         self._check_open()
         array = as_key_array(keys)
         if file_groups is None:
@@ -206,7 +216,8 @@ class CommitWriter:
 
     def move(self, keys: Keys, from_partition: str, from_file_groups: Keys | str, to_partition: str,
              to_file_groups: Keys | str) -> None:
-        """Move existing keys to another partition (global mode: one new entry; partitioned: tombstone + insert)."""
+        """Move existing keys to another partition (global mode: one new entry; partitioned: tombstone + insert).
+        As for `insert` and `delete`: the keys live at `from_file_groups` and are not live in `to_partition`."""
         self._check_open()
         array = as_key_array(keys)
         if not self.table.global_index:
