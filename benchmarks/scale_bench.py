@@ -204,7 +204,7 @@ def run_size(spark: Any, work: Path, keys: int, args: argparse.Namespace) -> dic
     log(f"{keys:,} keys: one-shard bootstrap, 30 days {full['seconds']:.1f} s ({full['entries_per_s']:,.0f}/s, "
         f"{full['parallelism']}), 7 days {window['seconds']:.1f} s")
     # 3. Spark tagging: cold first batch (on-demand loads), a warm-up batch, then the timed batches.
-    config = CacheConfig(base_path=str(root / "cache"))
+    config = CacheConfig.from_sources({**args.cache_options, "base_path": str(root / "cache")})
     plan = Batches(samples, args.batch_rows, batches_needed, seed=keys % 2**31 + 2)
     del samples
     frames = [spark_batch(spark, plan.table()) for _ in range(batches_needed)]
@@ -268,8 +268,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed warm batches per size (median)")
     parser.add_argument("--join", action="store_true", help="also time the Spark join against the RLI files")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, one batch (seconds; used by tests)")
+    parser.add_argument("--cache", default="", help="cache settings of the tagging, e.g. "
+                        "'compression=none,mmap.reads=true' (docs/CONFIG.md names)")
     parser.add_argument("--write-results", action="store_true")
     args = parser.parse_args()
+    args.cache_options = dict(item.split("=", 1) for item in args.cache.split(",") if item)
     if args.smoke:
         args.sizes, args.batch_rows, args.repeats = "30000,60000", 2_000, 1
     sizes = sorted(int(s) for s in args.sizes.split(","))
