@@ -236,6 +236,7 @@ class RecordIndexCache:
         """Forget a partition (O(1): drop its column family)."""
         with self._lock:
             state = self._states.pop(partition, None)
+            self._unsure.discard(partition)  # gone: nothing of it can be counted twice
             if state is None:
                 return False
             store = self._require_store()

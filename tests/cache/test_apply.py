@@ -260,3 +260,14 @@ def test_a_catch_up_short_of_the_bound_keeps_reading_first(table, tmp_path):
         assert reopened.partitions()[DAY1].entries == 5
         assert reopened.fills(DAY1) == {"fg-a": 2, "fg-b": 2, "fg-c": 1}
         assert DAY1 not in reopened._unsure
+
+
+def test_a_dropped_partition_does_not_keep_a_recovered_cache_unsure(table, tmp_path):
+    """The reaper may drop a partition a crash left unsure: nothing of it is left to count twice, so it must not keep
+    the session "open" (and every later open recovering) on its own."""
+    _crash_after_apply(table, tmp_path, NEW)
+    with open_cache(table, 0, tmp_path) as reopened:
+        assert reopened.recovered
+        reopened.drop_partition(DAY1)
+    with open_cache(table, 0, tmp_path) as clean:
+        assert not clean.recovered
