@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from dbidx.arrays import one_chunk
 from dbidx.cache.codec import global_location
@@ -141,31 +140,38 @@ def sync(cache: RecordIndexCache, table: Table, max_catchup_entries: int | None 
 
 def _apply_incremental(cache: RecordIndexCache, table: Table, start: int, end: int, partitions: list[str]) -> int:
     """Read (start, end] for the partitions of this shard and apply them partition by partition."""
-    shard = cache.identity.shard
-    changes = table.incremental(start, end, partitions=None if cache.global_mode else partitions, shard=shard)
+    if not cache.global_mode:
+        return _apply_partitioned(cache, table, start, end, partitions)
+    changes = table.incremental(start, end, shard=cache.identity.shard)
     if changes.num_rows == 0:
-        for partition in partitions:
-            cache.apply(partition, [], [], [], synced_seq=end)
-        return 0
-    deleted = changes.column(DELETED).to_numpy()
-    if cache.global_mode:
-        # A move's entry does not name the location it leaves: only a read says what each entry changes.
-        locations = [global_location(p, fg) if fg is not None else None
-                     for p, fg in zip(changes.column(PARTITION).to_pylist(), changes.column(FILE_GROUP).to_pylist())]
-        return cache.apply(GLOBAL_PARTITION, changes.column(KEY), locations, deleted, synced_seq=end)
-    # 1. Rows grouped by partition with one stable sort of integer codes (commit order kept inside each), not one
-    #    filter pass over every row per partition.
-    encoded = pc.dictionary_encode(one_chunk(changes.column(PARTITION)))
-    codes = encoded.indices.to_numpy(zero_copy_only=False)
-    order = np.argsort(codes, kind="stable")
-    bounds = np.searchsorted(codes[order], np.arange(len(encoded.dictionary) + 1))
-    rows_of = {name: order[bounds[i]:bounds[i + 1]] for i, name in enumerate(encoded.dictionary.to_pylist())}
-    keys, file_groups = one_chunk(changes.column(KEY)), one_chunk(changes.column(FILE_GROUP))
+        return cache.apply(GLOBAL_PARTITION, [], [], [], synced_seq=end)
+    # A move's entry does not name the location it leaves: only a read says what each entry changes.
+    locations = [global_location(p, fg) if fg is not None else None
+                 for p, fg in zip(changes.column(PARTITION).to_pylist(), changes.column(FILE_GROUP).to_pylist())]
+    return cache.apply(GLOBAL_PARTITION, changes.column(KEY), locations, changes.column(DELETED).to_numpy(),
+                       synced_seq=end)
+
+
+def _apply_partitioned(cache: RecordIndexCache, table: Table, start: int, end: int, partitions: list[str]) -> int:
+    """Each partition's entries, read by a helper thread ahead of the one being applied (Parquet decoding releases
+    the GIL, so reading the next partition overlaps writing this one) and applied without a read of the cache
+    (changes.exact_changes): one write per entry."""
+    shard = cache.identity.shard
+
+    def read(partition: str) -> pa.Table:
+        with table.pinned(refreshed=True):  # the caller's view: no listing from this thread
+            return table.incremental(start, end, partitions=[partition], shard=shard)
+
     applied = 0
-    for partition in partitions:
-        # 2. Each entry's effect is known without a read (changes.exact_changes): one write per entry.
-        rows = rows_of.get(partition, np.zeros(0, dtype=np.int64))
-        take = pa.array(rows)
-        applied += cache.apply_exact(partition, keys.take(take), file_groups.take(take), deleted[rows],
-                                     synced_seq=end)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="dbidx-catchup-read") as reader:
+        pending = [reader.submit(read, partition) for partition in partitions]
+        try:
+            for partition, future in zip(partitions, pending):
+                changes = future.result()
+                applied += cache.apply_exact(partition, one_chunk(changes.column(KEY)),
+                                             one_chunk(changes.column(FILE_GROUP)), changes.column(DELETED).to_numpy(),
+                                             synced_seq=end)
+        finally:
+            for future in pending:  # a failed apply or read: the reads not started yet are not made
+                future.cancel()
     return applied
