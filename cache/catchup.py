@@ -14,13 +14,12 @@ counters. A global table's moves do not name the location they leave, so its ent
 """
 from __future__ import annotations
 
+import itertools
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
-
-import pyarrow as pa
 
 from dbidx.arrays import one_chunk
 from dbidx.cache.codec import global_location
@@ -34,10 +33,11 @@ from dbidx.mdt.table import Table
 
 # Reload instead of apply when the entries to catch up exceed this fraction of the partition's cached entries (and
 # RELOAD_MIN_ENTRIES): benchmarks/restart_bench.py measures applying against reloading per change fraction.
-# Measured since applying stopped reading first: applying won at every fraction up to 4x the held entries (0.93 s
-# vs 1.53 s at 4x, 300 k held); past 3x a reload is kept anyway, as it leaves one compact SST instead of a pile.
+# Measured since applying stopped reading first (300 k held): applying wins up to 2x the held entries, and at 4x the
+# two are even (1.09 s vs 1.05 s; 0.93 s vs 1.53 s in another run); past 3x a reload also leaves one compact SST.
 RELOAD_FRACTION = 3.0
 RELOAD_MIN_ENTRIES = 2_000
+READ_AHEAD = 2  # partitions whose entries catch-up's reader thread may hold beside the one being applied
 
 
 def prefers_reload(pending: int, held: int, bound: int) -> bool:
@@ -75,7 +75,11 @@ def check_table(cache: RecordIndexCache, table: Table) -> None:
 
 
 def sync(cache: RecordIndexCache, table: Table, max_catchup_entries: int | None = None) -> CatchUpResult:
-    """Catch the cache up to the table's latest completed instant (its shard, its ready partitions only)."""
+    """Catch the cache up to the table's latest completed instant (its shard, its ready partitions only).
+
+    Not to be called while this thread holds the table's view (`Table.held_data_view`): the reader thread of a
+    catch-up may need the view's lock to report a file a clean removed meanwhile.
+    """
     started = time.perf_counter()
     check_table(cache, table)
     bound = cache.config.max_catchup_entries if max_catchup_entries is None else max_catchup_entries
@@ -153,25 +157,35 @@ def _apply_incremental(cache: RecordIndexCache, table: Table, start: int, end: i
 
 
 def _apply_partitioned(cache: RecordIndexCache, table: Table, start: int, end: int, partitions: list[str]) -> int:
-    """Each partition's entries, read by a helper thread ahead of the one being applied (Parquet decoding releases
-    the GIL, so reading the next partition overlaps writing this one) and applied without a read of the cache
-    (changes.exact_changes): one write per entry."""
-    shard = cache.identity.shard
+    """Each partition's entries, applied without a read of the cache (changes.exact_changes): one write per entry.
 
-    def read(partition: str) -> pa.Table:
-        with table.pinned(refreshed=True):  # the caller's view: no listing from this thread
-            return table.incremental(start, end, partitions=[partition], shard=shard)
-
+    The delta files are listed once, here; a helper thread reads the next partition's files while this one is
+    applied (Parquet decoding releases the GIL), at most READ_AHEAD partitions ahead so memory holds a few
+    partitions' entries, not the whole gap. The helper only reads files: no listing, no refresh, no lock the caller
+    may hold.
+    """
+    files: dict[str | None, list] = defaultdict(list)
+    for seq, record in table.incremental_files(start, end, partitions, shard=cache.identity.shard):
+        files[record.partition].append((seq, record))
+    todo = iter(partitions)
     applied = 0
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="dbidx-catchup-read") as reader:
-        pending = [reader.submit(read, partition) for partition in partitions]
+        ahead: deque = deque()
+
+        def top_up() -> None:
+            for partition in itertools.islice(todo, READ_AHEAD - len(ahead)):
+                ahead.append((partition, reader.submit(table.read_incremental, files.get(partition, []))))
+
+        top_up()
         try:
-            for partition, future in zip(partitions, pending):
+            while ahead:
+                partition, future = ahead.popleft()
                 changes = future.result()
+                top_up()
                 applied += cache.apply_exact(partition, one_chunk(changes.column(KEY)),
                                              one_chunk(changes.column(FILE_GROUP)), changes.column(DELETED).to_numpy(),
                                              synced_seq=end)
         finally:
-            for future in pending:  # a failed apply or read: the reads not started yet are not made
+            for _, future in ahead:  # a failed read or apply: the reads not started yet are not made
                 future.cancel()
     return applied

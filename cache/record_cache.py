@@ -236,7 +236,6 @@ class RecordIndexCache:
         """Forget a partition (O(1): drop its column family)."""
         with self._lock:
             state = self._states.pop(partition, None)
-            self._unsure.discard(partition)  # gone: nothing of it can be counted twice
             if state is None:
                 return False
             store = self._require_store()
@@ -244,6 +243,7 @@ class RecordIndexCache:
             batch.delete(registry.partition_key(partition))
             store.write(batch)
             store.flush(registry_too=True)
+            self._unsure.discard(partition)  # gone from disk too: nothing of it can be counted twice
             self._forget_family(state.cf)
             return True
 

@@ -402,22 +402,33 @@ class Table:
 
         What a cache applies to catch up. Raises HistoryCompactedError if cleaning removed a needed file.
         """
+        wanted = None if partitions is None else {layout.validate_partition(p) for p in partitions}
+        return self.read_incremental(self.incremental_files(start_exclusive, end_inclusive, wanted, shard), wanted)
+
+    def incremental_files(self, start_exclusive: int | str | None, end_inclusive: int | str | None = None,
+                          partitions: Iterable[str] | None = None,
+                          shard: int | None = None) -> list[tuple[int, FileRecord]]:
+        """The (seq, record) of each delta file `incremental` reads, in commit order (a global file holds every
+        partition: it is listed whatever `partitions` says)."""
         start = self.seq_at(start_exclusive) if start_exclusive is not None else 0
         end = self.seq_at(end_inclusive)
-        wanted = None if partitions is None else {layout.validate_partition(p) for p in partitions}
+        wanted = None if partitions is None else set(partitions)
         shards = set(self._shards(shard))
+        return [(seq, record) for seq, record in self._view.delta_files_between(start, end)
+                if record.shard in shards and (wanted is None or record.partition is None or record.partition in wanted)]
+
+    def read_incremental(self, files: list[tuple[int, FileRecord]], partitions: Iterable[str] | None = None) -> pa.Table:
+        """Read listed delta files (verified) into one table with `partition` and `seq`, a global file's rows cut to
+        `partitions`. Needs no refresh: a reader thread can run it beside its caller (cache catch-up does)."""
+        wanted = None if partitions is None else sorted(set(partitions))
         pieces = []
-        for seq, record in self._view.delta_files_between(start, end):
-            if record.shard not in shards:
-                continue
-            if wanted is not None and record.partition is not None and record.partition not in wanted:
-                continue
+        for seq, record in files:
             table = self.read_index_file(record)
             if record.partition is not None:
                 table = table.add_column(1, rli_files.PARTITION, pa.array([record.partition] * table.num_rows,
                                                                          pa.string()))
-            if wanted is not None and record.partition is None:
-                table = table.filter(pc.is_in(table.column(rli_files.PARTITION), pa.array(sorted(wanted))))
+            elif wanted is not None:
+                table = table.filter(pc.is_in(table.column(rli_files.PARTITION), pa.array(wanted, pa.string())))
             pieces.append(table.append_column("seq", pa.array(np.full(table.num_rows, seq, dtype=np.int64))))
         if not pieces:
             return rli_files.GLOBAL_SCHEMA.append(pa.field("seq", pa.int64())).empty_table()

@@ -104,6 +104,33 @@ def test_catch_up_across_compaction_and_cleaning(table, tmp_path):
         assert verify(cache, table).ok
 
 
+def test_a_clean_between_listing_and_reading_reloads_every_partition_of_the_range(table, tmp_path, monkeypatch):
+    """The reader thread meets a delta file a clean removed after catch-up listed it: the error reaches sync, the
+    reads not started are not made, and every partition of the range is reloaded (those applied before included),
+    ending exactly at the table's state."""
+    with loaded(table, 0, tmp_path / "c") as cache:
+        with table.new_commit() as w:
+            for day in (DAY1, DAY2, DAY3):
+                w.insert(day, shard_keys(table, [f"z-{day}-{i}" for i in range(40)], 0), "fg-z")
+        compact(table)
+        read = table.read_incremental
+        reads = []
+
+        def clean_first(files, partitions=None):
+            if not reads:
+                clean(table, retain_completions=0)  # the listed delta files are gone now
+            reads.append(len(files))
+            return read(files, partitions)
+
+        monkeypatch.setattr(table, "read_incremental", clean_first)
+        result = sync(cache, table)
+        assert sorted(result.reloaded_partitions) == [DAY1, DAY2, DAY3] and result.applied_partitions == []
+        assert len(reads) <= catchup.READ_AHEAD + 1  # no read was made past the failure's read-ahead
+        for day in (DAY1, DAY2, DAY3):
+            assert dict(cache.items(day)) == truth(table, day, 0)
+        assert verify(cache, table).ok
+
+
 def test_a_gap_larger_than_the_bound_reloads(table, tmp_path):
     with loaded(table, 0, tmp_path / "c", max_catchup_entries=10) as cache:
         with table.new_commit() as w:
