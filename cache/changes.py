@@ -3,8 +3,8 @@
 Catch-up applies thousands to millions of entries per sync. Walking them one by one in Python (look up the old
 value, compare, count, put) costs ~2 us an entry and made a warm restart after many commits only a few times faster
 than a full re-bootstrap. Within one catch-up range only each key's *last* entry decides its final state, so the
-entries are first reduced to one per key (a dict built from zip keeps the last occurrence, in C); after that no key
-depends on another and every step is a vectorised pass: numpy masks over object arrays, Counter over locations.
+entries are first reduced to one per key (a stable sort by key, the last of each run of one key kept); after that no
+key depends on another and every step is a vectorised pass: numpy masks over object arrays, Counter over locations.
 
 ExactChanges skips even the read: a partitioned table's entries each say what they change (see exact_changes).
 """
@@ -36,6 +36,18 @@ class ChangePlan:
         return len(self.put_keys) + len(self.delete_keys)
 
 
+def sorted_with_last(keys: pa.Array) -> tuple[np.ndarray, pa.Array, np.ndarray]:
+    """(order, keys in that order, whether each is its key's last entry): a stable sort by key, so a repeated key's
+    entries stay in commit order and the last of its run is its final one."""
+    n = len(keys)
+    order = string_sort_indices(keys) if n else np.zeros(0, dtype=np.int64)
+    ordered = keys.take(pa.array(order))
+    last = np.ones(n, dtype=bool)
+    if n > 1:
+        last[:-1] = pc.not_equal(ordered.slice(0, n - 1), ordered.slice(1)).to_numpy(zero_copy_only=False)
+    return order, ordered, last
+
+
 def last_per_key(keys: pa.Array, locations: Sequence[str | None],
                  deleted: Sequence[bool]) -> tuple[list[bytes], list[str | None], np.ndarray]:
     """Each key's last effective entry (keys: encoded, Arrow binary), keys sorted (sorted multi-gets and writes
@@ -53,14 +65,9 @@ def last_per_key(keys: pa.Array, locations: Sequence[str | None],
         positions = positions[effective]
     if not len(positions):
         return [], [], np.zeros(0, dtype=bool)
-    # 2. Sorted by key, stably (a repeated key's entries stay in commit order); the last entry of each run of one
-    #    key wins, as in commit order. No Python object per entry until the final keys are listed.
-    effective_keys = keys.take(pa.array(positions))
-    order = string_sort_indices(effective_keys)
-    ordered = effective_keys.take(pa.array(order))
-    last = np.ones(len(order), dtype=bool)
-    if len(order) > 1:
-        last[:-1] = pc.not_equal(ordered.slice(0, len(order) - 1), ordered.slice(1)).to_numpy(zero_copy_only=False)
+    # 2. Sorted by key; the last entry of each run of one key wins, as in commit order. No Python object per entry
+    #    until the final keys are listed.
+    order, ordered, last = sorted_with_last(keys.take(pa.array(positions)))
     final = positions[order[last]]
     return ordered.filter(pa.array(last)).to_pylist(), location_array[final].tolist(), deleted_array[final]
 
@@ -133,11 +140,7 @@ def exact_changes(keys: pa.Array, locations: pa.Array, deleted: np.ndarray) -> E
     moves = np.bincount(codes, weights=np.where(deleted, -1, 1), minlength=len(names)).astype(np.int64)
     fills = Counter({loc: int(m) for loc, m in zip(names, moves.tolist()) if m})
     removed = int(np.count_nonzero(deleted))
-    # 2. Key order, stably (a repeated key's entries stay in commit order): RocksDB takes sorted writes ~3x faster.
-    order = string_sort_indices(keys) if n else np.zeros(0, dtype=np.int64)
-    ordered = keys.take(pa.array(order))
-    last = np.ones(n, dtype=bool)
-    if n > 1:
-        last[:-1] = pc.not_equal(ordered.slice(0, n - 1), ordered.slice(1)).to_numpy(zero_copy_only=False)
+    # 2. Key order (RocksDB takes sorted writes ~3x faster), each key's last entry marked for an SST.
+    order, ordered, last = sorted_with_last(keys)
     return ExactChanges(keys=ordered.to_pylist(), locations=names, codes=codes[order], deleted=deleted[order],
                         entries_delta=(n - removed) - removed, fills_delta=fills, last=last)
