@@ -20,20 +20,16 @@ from dbidx.config import CacheConfig
 SST_APPLY_MIN_ENTRIES = 16_384
 
 
-def uses_sst(plan: ExactChanges) -> bool:
-    """Whether `write_changes` takes the SST way for this plan (its caller then flushes the registry at once)."""
-    return plan.changed >= SST_APPLY_MIN_ENTRIES
-
-
 def write_changes(store: Store, cf: str, plan: ExactChanges, values: list[bytes], batch: Any,
-                  dictionary: list[str] | None, scratch_dir: Path, config: CacheConfig) -> None:
+                  dictionary: list[str] | None, scratch_dir: Path, config: CacheConfig) -> bool:
     """Write the plan's changes (keys sorted, `values` aligned with them) into family `cf`: into `batch` (written by
-    the caller together with the registry), or, when large, as one SST ingested now.
+    the caller together with the registry), or, when large, as one SST ingested now. Returns whether it ingested
+    (the data is then durable ahead of the registry: the caller flushes the registry at once).
 
     `dictionary`: the family's whole location dictionary when these changes extended it (the SST carries it too,
     so values never arrive without the dictionary they reference).
     """
-    if uses_sst(plan):
+    if plan.changed >= SST_APPLY_MIN_ENTRIES:
         # 1. Each key's last change (an SST holds a key once), ingested over what the family holds.
         last = plan.last.tolist()
         sst = scratch_dir / f"apply-{uuid.uuid4().hex[:12]}.sst"
@@ -43,15 +39,16 @@ def write_changes(store: Store, cf: str, plan: ExactChanges, values: list[bytes]
             store.ingest(cf, [str(sst)])
         finally:
             sst.unlink(missing_ok=True)
-        return
+        return True
     # 2. Small: every entry into the batch, in key order (a later entry of a key overrides an earlier one).
     handle, put, delete = store.handle(cf), batch.put, batch.delete
     if plan.entries_delta == plan.changed:  # inserts only (the usual catch-up): no branch per entry
         for key, value in zip(plan.keys, values):
             put(key, value, handle)
-        return
+        return False
     for key, value, gone in zip(plan.keys, values, plan.deleted.tolist()):
         if gone:
             delete(key, handle)
         else:
             put(key, value, handle)
+    return False

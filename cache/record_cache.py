@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from dbidx.cache import codec, registry
 from dbidx.cache.base_dir import default_base_path, prepare_dir
-from dbidx.cache.change_writes import uses_sst, write_changes
+from dbidx.cache.change_writes import write_changes
 from dbidx.cache.changes import exact_changes, last_per_key, plan_changes
 from dbidx.cache.committed import committed_items, lookup_committed
 from dbidx.cache.locations import LocationDictionary
@@ -357,8 +357,8 @@ class RecordIndexCache:
             value_of = np.empty(len(plan.locations), dtype=object)
             value_of[:] = [self._dictionary.encode(store, state.cf, loc, batch) for loc in plan.locations]
             dictionary = self._dictionary.locations(state.cf)
-            write_changes(store, state.cf, plan, value_of[plan.codes].tolist(), batch,
-                          dictionary if len(dictionary) > known else None, self.scratch_dir, self.config)
+            ingested = write_changes(store, state.cf, plan, value_of[plan.codes].tolist(), batch,
+                                     dictionary if len(dictionary) > known else None, self.scratch_dir, self.config)
             # 2. Counters by the entries' own movements, and the partition's synced seq, in the same batch.
             state.entries += plan.entries_delta
             for loc, delta in plan.fills_delta.items():
@@ -366,7 +366,7 @@ class RecordIndexCache:
                     state.bump_fill(loc, delta)
             state.synced_seq = max(state.synced_seq, synced_seq)
             store.write(registry.put_states(batch, [state]))
-            if uses_sst(plan):
+            if ingested:
                 # The ingested SST is durable at once, the registry only once flushed: flush it now, so a crash
                 # leaves the data ahead of its registry (counted again by the next open) for milliseconds only.
                 store.flush()
