@@ -185,13 +185,14 @@ def test_apply_exact_reads_first_when_an_entry_names_no_location(table, tmp_path
         assert cache.fills(DAY1) == {"fg-a": 1, "fg-b": 1} and cache.partitions()[DAY1].entries == 2
 
 
-def _crash_after_apply(table, path: Path, entries: tuple, synced_seq: int = 2) -> None:
-    """A cache whose partition DAY1 holds k0, k1 at fg-a plus `entries` applied at `synced_seq`, left as a crash
+def _crash_after_apply(table, path: Path, *applied: tuple[tuple, int]) -> None:
+    """A cache whose partition DAY1 holds k0, k1 at fg-a plus each (entries, seq) of `applied`, left as a crash
     between the data's flush and the registry's: the data stays, the registry is back at seq 1 and the session
     still "open"."""
     cache = open_cache(table, 0, path)
     cache.load_partition(DAY1, ["k0", "k1"], ["fg-a", "fg-a"], synced_seq=1)
-    cache.apply_exact(DAY1, *entries, synced_seq=synced_seq)
+    for entries, seq in applied:
+        cache.apply_exact(DAY1, *entries, synced_seq=seq)
     cache.flush()
     state = cache.partitions()[DAY1]
     store = cache.store
@@ -208,7 +209,7 @@ NEW = (pa.array(["k2", "k3"]), pa.array(["fg-b", "fg-b"]), np.array([False, Fals
 def test_apply_exact_reads_first_after_an_unclean_shutdown(table, tmp_path):
     """A cache opened after a crash may hold entries its registry does not count yet: replaying them must not count
     them twice, so its partitions read first until caught up past what the crashed session can have applied."""
-    _crash_after_apply(table, tmp_path, NEW)
+    _crash_after_apply(table, tmp_path, (NEW, 2))
     with open_cache(table, 0, tmp_path) as reopened:
         assert reopened.recovered and reopened.needs_recovery_bound
         reopened.bound_recovery(2)  # what catch-up does first: the table's newest completed seq
@@ -226,7 +227,7 @@ def test_apply_exact_reads_first_after_an_unclean_shutdown(table, tmp_path):
 def test_a_clean_close_before_catching_up_keeps_the_partition_unsure(table, tmp_path):
     """Opened after a crash and closed again without a catch-up (`dbidx cache stats`, a task whose sync failed):
     the next open must still know the data may be ahead, or its replay would count entries twice."""
-    _crash_after_apply(table, tmp_path, NEW)
+    _crash_after_apply(table, tmp_path, (NEW, 2))
     with open_cache(table, 0, tmp_path) as looked_at:
         assert looked_at.recovered
     with open_cache(table, 0, tmp_path) as reopened:
@@ -241,17 +242,7 @@ def test_a_catch_up_short_of_the_bound_keeps_reading_first(table, tmp_path):
     """A task whose view is older than what the crashed session applied catches up only part of the way: the
     partition stays unsure, so the entries after that point (already in the data) are read first too."""
     later = (pa.array(["k4"]), pa.array(["fg-c"]), np.array([False]))
-    cache = open_cache(table, 0, tmp_path)
-    cache.load_partition(DAY1, ["k0", "k1"], ["fg-a", "fg-a"], synced_seq=1)
-    cache.apply_exact(DAY1, *NEW, synced_seq=2)
-    cache.apply_exact(DAY1, *later, synced_seq=3)
-    cache.flush()
-    state = cache.partitions()[DAY1]
-    state.entries, state.fills, state.synced_seq = 2, {"fg-a": 2}, 1
-    cache.store.write(registry.put_states(cache.store.batch(), [state]))
-    cache.store.flush()
-    cache.store.close()
-    cache.store = None
+    _crash_after_apply(table, tmp_path, (NEW, 2), (later, 3))
     with open_cache(table, 0, tmp_path) as reopened:
         reopened.bound_recovery(3)
         reopened.apply_exact(DAY1, *NEW, synced_seq=2)  # a pinned view at seq 2
@@ -265,7 +256,7 @@ def test_a_catch_up_short_of_the_bound_keeps_reading_first(table, tmp_path):
 def test_a_dropped_partition_does_not_keep_a_recovered_cache_unsure(table, tmp_path):
     """The reaper may drop a partition a crash left unsure: nothing of it is left to count twice, so it must not keep
     the session "open" (and every later open recovering) on its own."""
-    _crash_after_apply(table, tmp_path, NEW)
+    _crash_after_apply(table, tmp_path, (NEW, 2))
     with open_cache(table, 0, tmp_path) as reopened:
         assert reopened.recovered
         reopened.drop_partition(DAY1)
