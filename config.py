@@ -43,6 +43,7 @@ class CacheConfig:
     lock_timeout_s: float = 600.0
     reaper_interval_s: float = 300.0
     stage_loads: bool = True  # a bulk load's tasks stage their entries for the caches: no cold first batch after it
+    key_files_mb: int = 4096  # per table and executor: data files' key indexes on local disk (data/key_files.py)
 
     @property
     def on_demand_workers(self) -> int:
@@ -114,7 +115,7 @@ class CacheConfig:
         if self.compaction_style not in COMPACTION_STYLES:
             raise ConfigError(f"compaction.style {self.compaction_style!r} is not one of {COMPACTION_STYLES}")
         for name in ("bootstrap_days", "block_cache_mb", "block_size_kb", "max_open_files", "max_disk_mb",
-                     "max_catchup_entries", "load_threads"):
+                     "max_catchup_entries", "load_threads", "key_files_mb"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{PREFIX}{name.replace('_', '.')} must be >= 0, got {getattr(self, name)}")
         if self.partition_ttl_hours <= 0:

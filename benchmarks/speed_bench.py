@@ -422,7 +422,8 @@ def goal_rows(part: SparkPart, restart: dict[str, Any] | None, lookup: dict[str,
 
 
 STEP_HEADERS = ["step", "rows", "dbidx s", "anchor", "anchor s", "on-demand loads", "stall s", "staged loads",
-                "catch-up entries", "sync s (slowest shard)", "hit rate"]
+                "catch-up entries", "sync s (slowest shard)", "tag s (slowest)", "write s (slowest)",
+                "key indexes: memory / key files / decoded", "hit rate"]
 
 
 def summary_cells(summary: dict[str, Any]) -> list[Any]:
@@ -431,9 +432,15 @@ def summary_cells(summary: dict[str, Any]) -> list[Any]:
         return fmt.format(summary[name]) if name in summary else "-"
 
     shards = summary.get("per_shard") or []
-    sync = max((s.get("sync_seconds", 0.0) for s in shards), default=None)
+
+    def slowest(name: str) -> str:
+        return f"{max(s.get(name, 0.0) for s in shards):.3f}" if shards else "-"
+
+    sources = " / ".join(f"{sum(s.get('keys_from_' + name, 0) for s in shards):,}"
+                         for name in ("memory", "key_files", "data_files")) if shards else "-"
     return [get("on_demand_loads"), get("stall_seconds", "{:.2f}"), get("staged_loads"), get("catchup_entries"),
-            "-" if sync is None else f"{sync:.3f}", get("hit_rate", "{:.1%}")]
+            slowest("sync_seconds"), slowest("tag_seconds"), slowest("write_seconds"), sources,
+            get("hit_rate", "{:.1%}")]
 
 
 def step_rows(part: SparkPart) -> list[list[Any]]:
@@ -508,7 +515,10 @@ def render(args: argparse.Namespace, origin: str, part: SparkPart, goals: list[l
         _report.table(HEADERS, goals),
         check,
         "Per step (from the upsert's summary: on-demand loads and their stall, partitions ingested from SSTs the "
-        "load staged, catch-up entries, the slowest shard's cache sync, hit rate):",
+        "load staged, catch-up entries, the slowest shard task's cache sync, tagging and writing (data files, "
+        "deletion vectors, index files), where the key indexes of the older data files the deletion vectors "
+        "searched came from (the worker's memory, the executor's key files, or decoded from the data file), hit "
+        "rate):",
         _report.table(STEP_HEADERS, step_rows(part)),
         "RSS per step, when it began and at its peak (largest single process, and the sum over the process tree: "
         "driver, Spark JVM, Python workers):",

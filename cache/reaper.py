@@ -19,6 +19,7 @@ from dbidx.cache.dir_lock import incarnation, lock_path, read_incarnation, relea
 from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.cache.staging import STAGED_SUFFIX, abandoned, remove as remove_staged
 from dbidx.cache.store import directory_bytes
+from dbidx.data.key_files import KEY_FILES_DIR, sweep_unused
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +113,8 @@ def _last_use_s(shard_dir: Path) -> float:
 def sweep_abandoned(base_path: str | Path, ttl_hours: float, dry_run: bool = False,
                     now_s: float | None = None) -> list[AbandonedCache]:
     """Remove whole shard caches under a base path (`<base>/<table dir>/shard-*`) that no live process holds and
-    nobody has opened for `ttl_hours`, then the table directories left empty.
+    nobody has opened for `ttl_hours`, and key files (data/key_files.py) nobody used for as long, then the table
+    directories left empty.
 
     Why: an executor that died (or an application whose executors moved elsewhere) leaves its caches on the node's
     disk, and no task of theirs will ever open them again to run the per-partition TTL. A cache idle for the TTL
@@ -153,6 +155,7 @@ def sweep_abandoned(base_path: str | Path, ttl_hours: float, dry_run: bool = Fal
             finally:
                 release_flock(fd)
         if not dry_run:
+            sweep_unused(table_dir / KEY_FILES_DIR, cutoff)
             try:
                 table_dir.rmdir()  # only succeeds when empty
             except OSError:

@@ -15,8 +15,8 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 from dbidx.table.keyhash import spark_hash
 from dbidx.table.records import DataFileRecord
 
+HASH_NAME = "spark-murmur3-x86-32-seed42"  # what sorted_hashes hold (data/key_files.py refuses any other)
 KEY_CACHE_BYTES = int(os.environ.get("DBIDX_KEY_CACHE_MB", "512")) * 2 ** 20
 
 
@@ -82,6 +83,21 @@ class FileKeys:
         return rows[same.to_numpy(zero_copy_only=False)]
 
 
+@dataclass
+class KeySources:
+    """Where the key indexes of a search came from: this process, the executor's key files, or the data files."""
+
+    memory: int = 0
+    key_files: int = 0
+    data_files: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def count(self, source: str, n: int = 1) -> None:
+        """Add n to one source's count (safe from the reader threads of a search)."""
+        with self._lock:
+            setattr(self, source, getattr(self, source) + n)
+
+
 class KeyColumns:
     """Per process: FileKeys of data files, by (path, checksum), least recently used dropped past a byte budget."""
 
@@ -100,21 +116,34 @@ class KeyColumns:
                 self._items.move_to_end(ident)
             return found
 
-    def get(self, record: DataFileRecord, read: Callable[[DataFileRecord], pa.Array]) -> FileKeys:
-        """The file's keys, read by `read(record)` (verified by the caller) on a miss and kept."""
+    def get(self, record: DataFileRecord, read: Callable[[DataFileRecord], pa.Array],
+            disk: KeyStore | None = None, sources: KeySources | None = None) -> FileKeys:
+        """The file's keys: from this process, else from `disk` (another process built them), else read by
+        `read(record)` (verified by the caller), indexed and kept (on `disk` too); `sources` counts which."""
+        sources = sources if sources is not None else KeySources()
         found = self.find(record)
         if found is not None:
+            sources.count("memory")
             return found
-        return self.put(record, read(record))
+        loaded = disk.load(record) if disk is not None else None
+        if loaded is not None:
+            sources.count("key_files")
+            return self._keep(record, loaded)
+        sources.count("data_files")
+        return self.put(record, read(record), disk)
 
-    def put(self, record: DataFileRecord, keys: pa.Array) -> FileKeys:
+    def put(self, record: DataFileRecord, keys: pa.Array, disk: KeyStore | None = None) -> FileKeys:
         """Keep a file's keys (strings in row order): what a writer just wrote or read; returns them indexed."""
-        ident = (record.path, record.checksum)
-        with self._lock:
-            known = self._items.get(ident)
-            if known is not None:
-                return known
+        known = self.find(record)
+        if known is not None:
+            return known
         indexed = FileKeys.of(keys)
+        if disk is not None:
+            disk.save(record, indexed)
+        return self._keep(record, indexed)
+
+    def _keep(self, record: DataFileRecord, indexed: FileKeys) -> FileKeys:
+        ident = (record.path, record.checksum)
         with self._lock:
             if ident not in self._items:
                 self._items[ident] = indexed
@@ -123,6 +152,14 @@ class KeyColumns:
                 _, dropped = self._items.popitem(last=False)
                 self._bytes -= dropped.nbytes
             return self._items.get(ident, indexed)
+
+
+class KeyStore(Protocol):
+    """A second tier of FileKeys shared beyond this process (data/key_files.KeyFiles): never required."""
+
+    def load(self, record: DataFileRecord) -> FileKeys | None: ...
+
+    def save(self, record: DataFileRecord, keys: FileKeys) -> None: ...
 
 
 KEYS = KeyColumns(KEY_CACHE_BYTES)

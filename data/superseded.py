@@ -28,7 +28,7 @@ from pyroaring import BitMap
 from dbidx.arrays import one_chunk
 from dbidx.data.deletion_vectors import DvFileBuilder, VectorSlot, dv_file_name, read_vector, vector_body
 from dbidx.data.files import DELETED_COLUMN, read_data_file
-from dbidx.data.key_columns import KEYS, Probe
+from dbidx.data.key_columns import KEYS, KeySources, KeyStore, Probe
 from dbidx.errors import CorruptFileError
 from dbidx.table import layout, markers
 from dbidx.table.data_view import DataView, DvRef
@@ -87,10 +87,13 @@ def dv_file_for(instant: str) -> str:
 NewRows = tuple[DataFileRecord, pa.Array, np.ndarray]  # a new data file, its keys (strings) and delete flags
 
 
-def superseded_rows(io: FileIO, view: DataView, new: Sequence[NewRows], key: str) -> dict[str, BitMap]:
+def superseded_rows(io: FileIO, view: DataView, new: Sequence[NewRows], key: str,
+                     disk: KeyStore | None = None, sources: KeySources | None = None) -> dict[str, BitMap]:
     """Rows that new data files make non-table data, against `view`: each new file's own delete rows, and the rows
     of the touched groups' older live files whose key a new row carries, minus their current vector ("fresh"
-    positions, not unions). What a writing task computes for its own files, and the driver when it must."""
+    positions, not unions). What a writing task computes for its own files, and the driver when it must.
+    `disk`: the executor's key files (data/key_files.py), read before a data file and given what is built;
+    `sources` counts where the older files' key indexes came from."""
     # 1. The new files' own delete rows; the new keys per file group. The new files' keys are kept: the next batch
     #    probes them as older files.
     fresh: dict[str, BitMap] = {}
@@ -99,23 +102,25 @@ def superseded_rows(io: FileIO, view: DataView, new: Sequence[NewRows], key: str
         if deleted.any():
             fresh[f.path] = BitMap(np.flatnonzero(deleted).astype(np.uint32))
         new_keys.setdefault((f.partition, f.file_group), []).append(keys)
-        KEYS.put(f, keys)
+        KEYS.put(f, keys, disk)
     # 2. Older live files of the touched groups: the keys of those not in this process yet, read on a few threads.
     new_paths = {f.path for f, _k, _d in new}
     older = [f.record for f in view.live() if (f.record.partition, f.record.file_group) in new_keys
              and f.record.path not in new_paths]
     reader = partial(_read_keys, io, key=key)
     missing = [r for r in older if KEYS.find(r) is None]
+    sources = sources if sources is not None else KeySources()
+    sources.count("memory", len(older) - len(missing))
     if missing:
         with ThreadPoolExecutor(max_workers=max(1, min(_THREADS, len(missing)))) as pool:
-            list(pool.map(lambda r: KEYS.get(r, reader), missing))
+            list(pool.map(lambda r: KEYS.get(r, reader, disk, sources), missing))
     # 3. In each, the rows whose key a new row of its group carries (hash index, confirmed by key), minus its vector.
     #    Only the groups that have older files are indexed (a load into new partitions has none).
     probes = {g: Probe.of(pa.concat_arrays(new_keys[g])) for g in {(r.partition, r.file_group) for r in older}}
     dv_bytes: dict[str, bytes] = {}
     found: list[tuple[DataFileRecord, BitMap, pa.Array]] = []
     for record in older:
-        file_keys = KEYS.get(record, reader)
+        file_keys = KEYS.get(record, reader, disk)
         rows = file_keys.rows_of(probes[(record.partition, record.file_group)])
         if not len(rows):
             continue

@@ -14,6 +14,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dbidx.arrays import one_chunk
+from dbidx.cache.base_dir import make_private_dirs
+from dbidx.cache.record_cache import RecordIndexCache
+from dbidx.config import CacheConfig
+from dbidx.data.key_files import KEY_FILES_DIR, KeyFiles
 from dbidx.data.files import DELETED_COLUMN, INSTANT_COLUMN, data_file_path, write_data_file
 from dbidx.spark_integration.grouping import runs
 from dbidx.table import markers
@@ -75,3 +79,13 @@ def withdraw_if_settled(io: FileIO, timeline: Any, instant: str, written: Iterab
         return False
     markers.withdraw(io, instant, written, listed)
     return True
+
+
+def key_files_for(table: Any, shard: int, config: CacheConfig) -> KeyFiles | None:
+    """The executor's key files of a table's data files (data/key_files.py), in a private directory beside its shard
+    caches; None when key.files.mb is 0."""
+    if not config.key_files_mb:
+        return None
+    root = RecordIndexCache.for_table(table, shard, config).path.parent / KEY_FILES_DIR
+    make_private_dirs(root)
+    return KeyFiles.shared(root, config.key_files_mb << 20)

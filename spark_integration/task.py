@@ -31,6 +31,7 @@ from dbidx.cache.reaper import discard_cache_dir, reap, sweep_abandoned
 from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.cache.staging import StagedLoad
 from dbidx.counters import gauge
+from dbidx.data.key_columns import KeySources
 from dbidx.data.superseded import superseded_rows
 from dbidx.errors import CacheCorruptError, CacheError, CorruptFileError
 from dbidx.mdt.table import Table
@@ -69,6 +70,11 @@ class ShardMetrics(TaskCounts):
     write_seconds: float = 0.0
     stage_seconds: float = 0.0  # a bulk load's staging of its entries for the cache (inside write_seconds)
     staged_entries: int = 0
+    # Older data files whose key index the deletion vectors needed, by where it came from (data/key_columns.py):
+    # this worker's memory, the executor's key files, or the data file itself (decoded, hashed, sorted).
+    keys_from_memory: int = 0
+    keys_from_key_files: int = 0
+    keys_from_data_files: int = 0
     cache_disk_bytes: int = gauge()
     cache_entries: int = gauge()
     tagged_seq: int = gauge()  # the completion seq the shard's rows were tagged against
@@ -301,7 +307,12 @@ def _upsert_rows(batches: Iterable[pa.RecordBatch], table: Table, options: TagOp
     #     thread sharing this warm table may publish and refresh meanwhile; a later seq would hide its commit).
     with table.held_data_view() as view:
         basis_seq = view.applied_seq
-        fresh = superseded_rows(table.io, view, written_rows, options.key)
+        sources = KeySources()
+        fresh = superseded_rows(table.io, view, written_rows, options.key,
+                                datafiles.key_files_for(table, shards[0], options.cache), sources)
+    first = shard_metrics[0]  # task-wide figures go to its first shard, once
+    first.keys_from_memory, first.keys_from_key_files = sources.memory, sources.key_files
+    first.keys_from_data_files = sources.data_files
     del written_rows
     # 4. The shard's index delta files and touched keys, announced the same way. A bulk load also stages each
     #    delta's entries as the shard cache's own SST beside the cache (a warm first batch after the load).

@@ -5,6 +5,7 @@ import json
 import os
 import time
 
+import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 
@@ -14,6 +15,9 @@ from dbidx.cache.dir_lock import lock_path
 from dbidx.cache.inspect import find_cache_dirs, open_cache_dir
 from dbidx.cache.reaper import sweep_abandoned
 from dbidx.cli import main
+from dbidx.data.key_columns import FileKeys
+from dbidx.data.key_files import KEY_FILES_DIR, KeyFiles
+from dbidx.table.records import DataFileRecord
 
 from tests.cache_helpers import DAY1, DAY2, make_table, open_cache
 
@@ -125,3 +129,20 @@ def test_cache_command_errors(setup, tmp_path):
     assert result.exit_code == 6 and "replicates table" in result.output
     result = CliRunner().invoke(main, ["stats"])
     assert result.exit_code == 2 and "Missing argument 'URI'" in result.output
+
+
+def test_reap_removes_key_files_unused_for_the_ttl(setup):
+    _table, base = setup
+    table_dir = find_cache_dirs(base)[0].parent
+    store = KeyFiles(table_dir / KEY_FILES_DIR, 1 << 30)
+    records = [DataFileRecord(path=f"d/{n}.parquet", partition="d", file_group="0", rows=3, size=1,
+                              checksum=f"xxh64:{n:016x}") for n in range(2)]
+    for rec in records:
+        store.save(rec, FileKeys.of(pa.array(["a", "b", "c"])))
+    os.utime(store.path_of(records[0]), (time.time() - 7200,) * 2)
+    assert sweep_abandoned(base, ttl_hours=1) == []  # the caches were opened just now: they stay
+    assert [p.name for p in store.root.iterdir()] == [store.path_of(records[1]).name]
+    _touch_locks(base, -7200)
+    os.utime(store.path_of(records[1]), (time.time() - 7200,) * 2)
+    assert len(sweep_abandoned(base, ttl_hours=1)) == 2
+    assert list(base.iterdir()) == []  # key files, caches and the table directory: all gone
