@@ -124,6 +124,8 @@ class KeyColumns:
         found = self.find(record)
         if found is not None:
             sources.count("memory")
+            if disk is not None:
+                disk.touch(record)  # used: its key file is not the one a trim drops first
             return found
         loaded = disk.load(record) if disk is not None else None
         if loaded is not None:
@@ -160,6 +162,8 @@ class KeyStore(Protocol):
     def load(self, record: DataFileRecord) -> FileKeys | None: ...
 
     def save(self, record: DataFileRecord, keys: FileKeys) -> None: ...
+
+    def touch(self, record: DataFileRecord) -> None: ...
 
 
 KEYS = KeyColumns(KEY_CACHE_BYTES)

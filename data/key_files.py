@@ -10,21 +10,26 @@ worker process of the executor maps it (Arrow IPC, uncompressed: no decoding) in
 
 A key file is a cache and never needed: it is named by the data file's checksum and row count (the same content,
 whichever table or path holds it), checked before use (magic, its own XXH64, the data file it claims to index, the
-hash it was built with, lengths, sort order, a sample of its hashes recomputed), and one that fails any check is
-deleted with a warning and rebuilt from the data file. Every file is kept, a batch's small ones too: its next batch
+hash it was built with, a full Arrow validation, each row once, sort order, a sample of its hashes recomputed;
+`_decode` says what is left unchecked), and one that fails any check is deleted with a warning and rebuilt from the
+data file; nothing a key file holds can fail a batch. Every file is kept, a batch's small ones too: its next batch
 may run on another worker, and mapping a key file costs ~0.2 ms against 1-2 ms to decode even a tiny data file.
-The directory is bounded: past `max_bytes` or MAX_FILES files, the least recently used go (a use touches a file's
-mtime), and the cache reaper removes a table's key files unused for its TTL (cache/reaper.py).
+The directory is bounded: past `max_bytes` or MAX_FILES files (plus what each writing process saved since its last
+trim, 1/64 of either), the least recently used go (every use touches a file's mtime, a worker's memory hit too), and
+the cache reaper removes a table's key files unused for its TTL (cache/reaper.py). The directory is private (0700)
+like the caches; a save never re-creates a table directory the reaper removed, nor writes through a symbolic link.
 """
 from __future__ import annotations
 
 import logging
 import os
+import re
 import struct
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import IO, Any
 
 import numpy as np
 import pyarrow as pa
@@ -37,10 +42,13 @@ from dbidx.table.records import DataFileRecord
 TRIM_EVERY = 64  # trim after saving 1/64 of the byte budget, or of MAX_FILES files
 MAX_FILES = 65_536
 SAMPLE = 256  # (hash, row) pairs recomputed when a key file is read
+MAX_QUEUED_BYTES = 256 << 20  # index bytes waiting for the saver thread; past this, saves are skipped
 MAGIC = b"DBIDXKF1"
 KEY_FILES_DIR = "keys"  # beside a table's shard caches: <base>/<table dir>/keys
 SUFFIX = ".keys"
+NAME = re.compile(r"^(?:[0-9a-f]{16}-\d{1,10}|\.tmp-[0-9a-f]{32})\.keys$")  # what this module writes, nothing else
 _HEADER = struct.Struct("<8sQ")  # magic, XXH64 of the Arrow IPC payload that follows (16 bytes: keeps 8-byte alignment)
+_COLUMNS = ["key", "sorted_hash", "row"]
 _SHARED: dict[tuple[str, int], "KeyFiles"] = {}
 _SHARED_LOCK = threading.Lock()
 _SAVER: tuple[int, ThreadPoolExecutor] | None = None
@@ -55,6 +63,7 @@ class KeyFiles:
         self.max_bytes = max_bytes
         self.background = background
         self._unchecked = (max_bytes, MAX_FILES)  # bytes and files saved since the last trim (the first save trims)
+        self._queued = 0  # bytes of indexes handed to the saver thread and not written yet
         self._lock = threading.Lock()
 
     @classmethod
@@ -67,13 +76,12 @@ class KeyFiles:
     def path_of(self, record: DataFileRecord) -> Path | None:
         """Where a data file's key index is kept (by content: its checksum's hex digits and its row count); None for
         a checksum that cannot name a file (read from a commit, so never trusted to become a path part)."""
-        digest = record.checksum.rsplit(":", 1)[-1]
-        if not (digest.isascii() and digest.isalnum()) or not 0 <= record.rows < 2**31:
-            return None
-        return self.root / f"{digest}-{record.rows}{SUFFIX}"
+        name = f"{record.checksum.rsplit(':', 1)[-1]}-{record.rows}{SUFFIX}"
+        return self.root / name if NAME.match(name) and not name.startswith(".") else None
 
     def load(self, record: DataFileRecord) -> FileKeys | None:
-        """The file's key index mapped from disk, checked; None when absent or damaged (a damaged one is deleted)."""
+        """The file's key index mapped from disk, checked; None when absent or damaged (a damaged one is deleted).
+        Never raises: a key file is never needed."""
         path = self.path_of(record)
         if path is None:
             return None
@@ -82,56 +90,89 @@ class KeyFiles:
                 data = mapped.read_buffer()
         except FileNotFoundError:
             return None
-        except OSError as exc:
+        except Exception as exc:  # noqa: BLE001 - unreadable: the data file is read instead
             log.warning("dbidx could not read the key file %s (%s); reading the data file instead", path, exc)
             return None
         try:
             found = _decode(data, record)
-        except (ValueError, pa.ArrowException) as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever the damage, the data file answers instead
             log.warning("dbidx deleted the damaged key file %s (%s); it is rebuilt from the data file", path, exc)
-            path.unlink(missing_ok=True)
+            _unlink(path)
             return None
-        _touch(path)
+        self.touch(record)
         return found
+
+    def touch(self, record: DataFileRecord) -> None:
+        """Mark a data file's key file used (the budget drops the least recently used first): also when a worker
+        found the index in its own memory, so a file every batch needs is never the one trimmed."""
+        path = self.path_of(record)
+        if path is not None:
+            try:
+                os.utime(path)
+            except OSError:
+                pass
 
     def save(self, record: DataFileRecord, keys: FileKeys) -> None:
         """Keep a file's key index (written whole to a temporary name, then renamed), then trim to the budget; on
         the process's saver thread when `background` (a task does not wait: its worker writes while the driver
-        commits; `wait_for_saves` drains). Best effort: a failure costs the next worker a rebuild, never the batch."""
-        if self.background:
-            _saver().submit(self._save_logged, record, keys)
-        else:
-            self._save_now(record, keys)
+        commits; `wait_for_saves` drains; past MAX_QUEUED_BYTES waiting, a save is skipped rather than held in
+        memory). Never raises: a failure costs the next worker a rebuild, never the batch."""
+        if not self.background:
+            self._save_logged(record, keys, 0)
+            return
+        size = keys.nbytes
+        with self._lock:
+            if self._queued + size > MAX_QUEUED_BYTES:
+                return
+            self._queued += size
+        try:
+            _saver().submit(self._save_logged, record, keys, size)
+        except RuntimeError:  # the interpreter is shutting down: nothing is saved any more
+            with self._lock:
+                self._queued -= size
 
-    def _save_logged(self, record: DataFileRecord, keys: FileKeys) -> None:
+    def _save_logged(self, record: DataFileRecord, keys: FileKeys, queued: int) -> None:
         try:
             self._save_now(record, keys)
-        except Exception as exc:  # noqa: BLE001 - nobody waits for a background save: said here, or never
+        except Exception as exc:  # noqa: BLE001 - nobody waits for a save: said here, or never
             log.warning("dbidx could not keep the key index of %s in %s: %s", record.path, self.root, exc)
+        finally:
+            with self._lock:
+                self._queued -= queued
 
     def _save_now(self, record: DataFileRecord, keys: FileKeys) -> None:
         path = self.path_of(record)
         if path is None or len(keys.keys) != record.rows or self.max_bytes <= 0:
             return
         if path.exists():
-            _touch(path)
+            self.touch(record)
             return
+        # 1. The directory, private, but only inside a table directory that still exists (the reaper may have
+        #    removed it since the task made it: then nothing is saved, rather than a directory made anew by umask).
+        if not self.root.is_dir():
+            if not self.root.parent.is_dir():
+                return
+            self.root.mkdir(mode=0o700, exist_ok=True)
+            os.chmod(self.root, 0o700)
+        if self.root.is_symlink():
+            return
+        # 2. Written whole under a temporary name (0600), hashed as it is written (no copy of the payload), renamed.
         tmp = path.with_name(f".tmp-{uuid.uuid4().hex}{SUFFIX}")
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            payload = _encode(keys, record)
-            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as out:
-                out.write(_HEADER.pack(MAGIC, xxhash.xxh64(payload).intdigest()))
-                out.write(payload)
+            with os.fdopen(os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600), "w+b") as out:
+                out.write(bytes(_HEADER.size))
+                sink = _HashingSink(out)
+                _encode(keys, record, pa.PythonFile(sink, mode="w"))
+                out.seek(0)
+                out.write(_HEADER.pack(MAGIC, sink.digest.intdigest()))
             os.replace(tmp, path)
-        except OSError as exc:
-            log.warning("dbidx could not keep the key index of %s in %s: %s", record.path, self.root, exc)
-            tmp.unlink(missing_ok=True)
-            return
-        # Trimming lists the directory: done once per 1/TRIM_EVERY of the budget saved, so the directory stays
-        # within its bounds plus that slice per writing process.
+        except BaseException:
+            _unlink(tmp)
+            raise
+        # 3. Trimming lists the directory: done once per 1/TRIM_EVERY of the budget saved, so the directory stays
+        #    within its bounds plus that slice per writing process.
         with self._lock:
-            saved, files = self._unchecked[0] + _HEADER.size + payload.size, self._unchecked[1] + 1
+            saved, files = self._unchecked[0] + sink.size, self._unchecked[1] + 1
             due = saved >= self.max_bytes // TRIM_EVERY or files >= MAX_FILES // TRIM_EVERY
             self._unchecked = (0, 0) if due else (saved, files)
         if due:
@@ -144,13 +185,13 @@ class KeyFiles:
         try:
             with os.scandir(self.root) as entries:
                 for entry in entries:
-                    if entry.name.endswith(SUFFIX) and not entry.name.startswith(".tmp-"):
+                    if NAME.match(entry.name) and not entry.name.startswith("."):
                         try:
-                            info = entry.stat()
-                        except FileNotFoundError:
+                            info = entry.stat(follow_symlinks=False)
+                        except OSError:
                             continue
                         files.append((info.st_mtime, info.st_size, entry.path))
-        except FileNotFoundError:
+        except OSError:
             return 0
         total = sum(size for _m, size, _p in files)
         removed = 0
@@ -158,11 +199,32 @@ class KeyFiles:
         for _mtime, size, path in sorted(files):
             if total <= self.max_bytes and count <= MAX_FILES:
                 break
-            Path(path).unlink(missing_ok=True)  # a reader that mapped it keeps its pages
+            _unlink(Path(path))  # a reader that mapped it keeps its pages
             total -= size
             count -= 1
             removed += 1
         return removed
+
+
+class _HashingSink:
+    """A binary file that also hashes what goes through it (Arrow writes the IPC file into it)."""
+
+    def __init__(self, out: IO[bytes]) -> None:
+        self.out = out
+        self.digest = xxhash.xxh64()
+        self.size = 0
+        self.closed = False
+
+    def write(self, data: bytes) -> int:
+        self.digest.update(data)
+        self.size += len(data)
+        return self.out.write(data)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+    def close(self) -> None:
+        self.closed = True  # the caller closes the file itself
 
 
 def wait_for_saves() -> None:
@@ -179,19 +241,23 @@ def _saver() -> ThreadPoolExecutor:
         return _SAVER[1]
 
 
-def _encode(keys: FileKeys, record: DataFileRecord) -> pa.Buffer:
-    """The Arrow IPC file of one key index: keys, sorted hashes and their rows, with what they index."""
-    batch = pa.record_batch([keys.keys, pa.array(keys.sorted_hashes), pa.array(keys.order)],
-                            names=["key", "sorted_hash", "row"])
+def _encode(keys: FileKeys, record: DataFileRecord, sink: Any) -> None:
+    """Write the Arrow IPC file of one key index into `sink`: keys, sorted hashes and their rows, with what they
+    index."""
+    batch = pa.record_batch([keys.keys, pa.array(keys.sorted_hashes), pa.array(keys.order)], names=_COLUMNS)
     meta = {"data_checksum": record.checksum, "rows": str(record.rows), "hash": HASH_NAME}
-    sink = pa.BufferOutputStream()
     with pa.ipc.new_file(sink, batch.schema.with_metadata(meta)) as writer:
         writer.write_batch(batch)
-    return sink.getvalue()
 
 
 def _decode(data: pa.Buffer, record: DataFileRecord) -> FileKeys:
-    """A key file's index, every check passed (ValueError or ArrowException naming the first that fails)."""
+    """A key file's index, every check passed (ValueError or ArrowException naming the first that fails).
+
+    The checksum catches damage; the rest is checked as if the bytes were hostile, because a wrong index hides rows
+    from the search (a record left twice in the table) or crashes the reader. Left unchecked: a hash at a row the
+    sample skips (recomputing all of them is the work a key file saves). Writing such a file takes write access to
+    the private cache directory, which could as well rewrite the cache's own entries.
+    """
     if data.size < _HEADER.size:
         raise ValueError(f"{data.size} bytes, shorter than the header")
     magic, digest = _HEADER.unpack(data.slice(0, _HEADER.size).to_pybytes())
@@ -208,21 +274,23 @@ def _decode(data: pa.Buffer, record: DataFileRecord) -> FileKeys:
     if reader.num_record_batches != 1:
         raise ValueError(f"{reader.num_record_batches} record batches, not 1")
     batch = reader.get_batch(0)
-    if batch.schema.names != ["key", "sorted_hash", "row"] or batch.num_rows != record.rows:
+    if batch.schema.names != _COLUMNS or batch.num_rows != record.rows:
         raise ValueError(f"columns {batch.schema.names} of {batch.num_rows} rows")
+    if batch.schema.types != [pa.string(), pa.uint32(), pa.int32()]:
+        raise ValueError(f"column types {batch.schema.types}")
+    batch.validate(full=True)  # offsets, UTF-8, buffer sizes: what a reader would otherwise trust blindly
     keys, hashes, rows = batch.column(0), batch.column(1), batch.column(2)
-    if not (pa.types.is_string(keys.type) or pa.types.is_large_string(keys.type)) or keys.null_count:
-        raise ValueError(f"key column of type {keys.type} with {keys.null_count} nulls")
-    if hashes.type != pa.uint32() or rows.type != pa.int32() or hashes.null_count or rows.null_count:
-        raise ValueError(f"hash and row columns of types {hashes.type}, {rows.type}")
+    if keys.null_count or hashes.null_count or rows.null_count:
+        raise ValueError("a null in a key file")
     sorted_hashes = hashes.to_numpy(zero_copy_only=True)
     order = rows.to_numpy(zero_copy_only=True)
-    # Wrong rows would mark the wrong records deleted: the rows must be in range and the hashes sorted.
-    if len(order) and (order.min() < 0 or order.max() >= record.rows):
-        raise ValueError("a row number is out of range")
+    # Each row exactly once (a row listed twice stands in for one that would be missed), hashes ascending, and a
+    # sample of (hash, row) pairs recomputed.
+    if len(order) and (order.min() < 0 or order.max() >= record.rows
+                       or np.bincount(order, minlength=record.rows).max() != 1):
+        raise ValueError("the rows are not each row of the file once")
     if np.any(sorted_hashes[1:] < sorted_hashes[:-1]):
         raise ValueError("hashes out of order")
-    # A sample of the pairs recomputed: hashes that belong to other rows would hide rows from the search.
     sample = np.linspace(0, len(order) - 1, num=min(len(order), SAMPLE), dtype=np.int64)
     if len(sample) and not np.array_equal(spark_hash(keys.take(pa.array(order[sample]))).view(np.uint32),
                                           sorted_hashes[sample]):
@@ -230,23 +298,26 @@ def _decode(data: pa.Buffer, record: DataFileRecord) -> FileKeys:
     return FileKeys(keys, sorted_hashes, order)
 
 
-def _touch(path: Path) -> None:
-    """Mark a key file used (the budget drops the least recently used first)."""
+def _unlink(path: Path) -> None:
     try:
-        os.utime(path)
-    except OSError:
-        pass
+        path.unlink(missing_ok=True)
+    except OSError as exc:
+        log.warning("dbidx could not delete the key file %s: %s", path, exc)
 
 
 def sweep_unused(root: str | Path, cutoff_s: float) -> list[str]:
     """Delete key files (and temporary ones a killed writer left) not used since `cutoff_s` (epoch seconds), then
-    the directory if that emptied it; returns what went. The cache reaper's part for key files: an executor's
-    shards move on, and nothing else would ever read them again."""
+    the directory if that emptied it and it was not changed since either; returns what went. The cache reaper's part
+    for key files: an executor's shards move on, and nothing else would ever read them again. Only names this module
+    writes are deleted, never through a symbolic link."""
     removed: list[str] = []
+    root = Path(root)
+    if root.is_symlink() or not root.is_dir():
+        return removed
     try:
         with os.scandir(root) as entries:
             for entry in entries:
-                if not entry.name.endswith(SUFFIX) or not entry.is_file(follow_symlinks=False):
+                if not NAME.match(entry.name) or not entry.is_file(follow_symlinks=False):
                     continue  # never delete what we cannot recognise
                 try:
                     if entry.stat(follow_symlinks=False).st_mtime < cutoff_s:
@@ -254,10 +325,8 @@ def sweep_unused(root: str | Path, cutoff_s: float) -> list[str]:
                         removed.append(entry.path)
                 except FileNotFoundError:
                     continue
-    except (FileNotFoundError, NotADirectoryError):
-        return removed
-    try:
-        os.rmdir(root)  # only succeeds when empty
+        if root.stat().st_mtime < cutoff_s or removed:
+            os.rmdir(root)  # only succeeds when empty
     except OSError:
         pass
     return removed

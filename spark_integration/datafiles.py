@@ -7,6 +7,7 @@ a damaged file is never read as table data.
 """
 from __future__ import annotations
 
+import logging
 from typing import Any, Iterable
 
 import numpy as np
@@ -14,16 +15,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dbidx.arrays import one_chunk
-from dbidx.cache.base_dir import make_private_dirs
+from dbidx.cache.base_dir import prepare_dir
 from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.config import CacheConfig
 from dbidx.data.key_files import KEY_FILES_DIR, KeyFiles
 from dbidx.data.files import DELETED_COLUMN, INSTANT_COLUMN, data_file_path, write_data_file
+from dbidx.errors import DbidxError
 from dbidx.spark_integration.grouping import runs
 from dbidx.table import markers
 from dbidx.table.fileio import FileIO
 from dbidx.table.leftovers import settled_files
 from dbidx.table.records import DataFileRecord
+
+log = logging.getLogger(__name__)
 
 
 def write_groups(io: FileIO, rows: pa.Table, deleted: pa.Array, partitions: pa.Array, file_groups: pa.Array,
@@ -83,9 +87,13 @@ def withdraw_if_settled(io: FileIO, timeline: Any, instant: str, written: Iterab
 
 def key_files_for(table: Any, shard: int, config: CacheConfig) -> KeyFiles | None:
     """The executor's key files of a table's data files (data/key_files.py), in a private directory beside its shard
-    caches; None when key.files.mb is 0."""
+    caches; None when key.files.mb is 0, or with a warning when the directory is not usable (never needed)."""
     if not config.key_files_mb:
         return None
     root = RecordIndexCache.for_table(table, shard, config).path.parent / KEY_FILES_DIR
-    make_private_dirs(root)
+    try:
+        prepare_dir(root)  # private (0700) like the caches, ours alone, writable, not full
+    except (OSError, DbidxError) as exc:
+        log.warning("dbidx keeps no key files for %s this task: %s", table.uri, exc)
+        return None
     return KeyFiles.shared(root, config.key_files_mb << 20)

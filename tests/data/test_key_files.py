@@ -1,5 +1,6 @@
-"""Key files (data/key_files.py): what one process builds another maps back equal; anything damaged, misnamed or
-forged is refused, deleted and rebuilt from the data file; the directory keeps to its bounds and the reaper's age."""
+"""Key files (data/key_files.py): what one process builds another maps back equal; anything damaged or misnamed, and
+forgeries with a valid checksum that a full check can see, are refused, deleted and rebuilt from the data file; the
+directory keeps to its bounds, its privacy and the reaper's age."""
 from __future__ import annotations
 
 import logging
@@ -89,7 +90,9 @@ def test_a_key_file_under_another_files_name_is_refused(tmp_path: Path) -> None:
 
 def _forge(store: KeyFiles, rec: DataFileRecord, index: FileKeys) -> None:
     """A key file with a valid checksum around whatever index it is given (what a bug or a hand could write)."""
-    payload = key_files._encode(index, rec)
+    sink = pa.BufferOutputStream()
+    key_files._encode(index, rec, sink)
+    payload = sink.getvalue()
     store.root.mkdir(parents=True, exist_ok=True)
     store.path_of(rec).write_bytes(struct.pack("<8sQ", key_files.MAGIC, xxhash.xxh64(payload).intdigest())
                                    + payload.to_pybytes())
@@ -115,7 +118,22 @@ def test_forged_indexes_with_valid_checksums_are_refused(tmp_path: Path) -> None
     short = FileKeys.of(keys.slice(0, 2999))
     _forge(store, rec, short)
     assert store.load(rec) is None
-    # 5. The honest one passes.
+    # 5. A row listed twice (standing in for one the search would then miss).
+    order = good.order.copy()
+    order[7] = order[8]
+    _forge(store, rec, FileKeys(keys, good.sorted_hashes, order))
+    assert store.load(rec) is None
+    # 6. String offsets that run backwards or past the data (a reader trusting them crashes), and large strings.
+    offsets = np.frombuffer(keys.buffers()[1], dtype=np.int32)[:3001].copy()
+    for bad in (offsets[10] - 5, offsets[-1] + 10_000_000):
+        broken = offsets.copy()
+        broken[1500] = bad
+        forged = pa.Array.from_buffers(pa.string(), 3000, [None, pa.py_buffer(broken.tobytes()), keys.buffers()[2]])
+        _forge(store, rec, FileKeys(forged, good.sorted_hashes, good.order))
+        assert store.load(rec) is None and not store.path_of(rec).exists()
+    _forge(store, rec, FileKeys(keys.cast(pa.large_string()), good.sorted_hashes, good.order))
+    assert store.load(rec) is None
+    # 7. The honest one passes.
     _forge(store, rec, good)
     assert store.load(rec) is not None
 
@@ -158,13 +176,15 @@ def test_sweep_removes_unused_files_and_the_empty_directory(tmp_path: Path) -> N
     old = time.time() - 7200
     for n in (0, 1):
         os.utime(store.path_of(record(1000, n)), (old, old))
-    stranger = store.root / "notes.txt"
-    stranger.write_text("not ours")
-    os.utime(stranger, (old, old))
+    stranger, lookalike = store.root / "notes.txt", store.root / "backup.keys"
+    for foreign in (stranger, lookalike):
+        foreign.write_text("not ours")
+        os.utime(foreign, (old, old))
     removed = sweep_unused(store.root, time.time() - 3600)
     assert sorted(removed) == sorted(str(store.path_of(record(1000, n))) for n in (0, 1))
-    assert stranger.exists() and store.path_of(record(1000, 2)).exists()
+    assert stranger.exists() and lookalike.exists() and store.path_of(record(1000, 2)).exists()
     stranger.unlink()
+    lookalike.unlink()
     sweep_unused(store.root, time.time() + 1)
     assert not store.root.exists()
     assert sweep_unused(tmp_path / "never", time.time()) == []
@@ -185,22 +205,65 @@ def test_key_columns_map_what_another_process_built(tmp_path: Path) -> None:
     reader = KeyColumns(1 << 30)
     found = reader.get(record(4000), unreadable, store, sources)
     assert found.keys.equals(keys) and (sources.memory, sources.key_files, sources.data_files) == (0, 1, 0)
+    os.utime(store.path_of(record(4000)), (0, 0))
     assert reader.get(record(4000), unreadable, store, sources) is found
     assert sources.memory == 1
+    assert store.path_of(record(4000)).stat().st_mtime > time.time() - 60  # a memory hit marks its key file used
     # No key file: the data file is read, and its index kept for the next process.
     third = KeyColumns(1 << 30)
     third.get(record(4000, 7), lambda _r: keys, store, sources)
     assert sources.data_files == 1 and store.path_of(record(4000, 7)).exists()
 
 
-def test_background_saves_land_and_failures_only_warn(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_background_saves_land_and_failures_only_warn(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     store = KeyFiles(tmp_path / "keys", 1 << 30, background=True)
     store.save(record(1000), FileKeys.of(uuid_keys(1000)))
     key_files.wait_for_saves()
     assert store.load(record(1000)) is not None
-    (tmp_path / "blocked").write_text("a file where the directory should be")
-    blocked = KeyFiles(tmp_path / "blocked" / "keys", 1 << 30, background=True)
+
+    def disk_full(*_args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(key_files, "_encode", disk_full)
     with caplog.at_level(logging.WARNING, logger="dbidx.data.key_files"):
-        blocked.save(record(1000), FileKeys.of(uuid_keys(1000)))
+        store.save(record(1000, 1), FileKeys.of(uuid_keys(1000)))
         key_files.wait_for_saves()
-    assert "could not keep the key index" in caplog.text
+    assert "could not keep the key index" in caplog.text and "No space left" in caplog.text
+    assert [p.name for p in store.root.iterdir()] == [store.path_of(record(1000)).name]  # no temporary file left
+    assert store._queued == 0
+    # Past MAX_QUEUED_BYTES waiting, a save is skipped rather than held in memory.
+    monkeypatch.setattr(key_files, "MAX_QUEUED_BYTES", 0)
+    store.save(record(1000, 2), FileKeys.of(uuid_keys(1000)))
+    key_files.wait_for_saves()
+    assert not store.path_of(record(1000, 2)).exists()
+
+
+def test_the_directory_is_made_private_and_never_again_once_removed(tmp_path: Path) -> None:
+    old_mask = os.umask(0o002)
+    try:
+        table_dir = tmp_path / "table"
+        table_dir.mkdir(mode=0o700)
+        store = KeyFiles(table_dir / "keys", 1 << 30)
+        store.save(record(1000), FileKeys.of(uuid_keys(1000)))
+        assert (store.root.stat().st_mode & 0o777) == 0o700
+        # The table directory reaped meanwhile: nothing is saved (no directory made anew by the umask).
+        sweep_unused(store.root, time.time() + 1)
+        table_dir.rmdir()
+        store.save(record(1000, 1), FileKeys.of(uuid_keys(1000)))
+        assert not table_dir.exists()
+    finally:
+        os.umask(old_mask)
+
+
+def test_a_symlinked_directory_is_neither_swept_nor_written(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    victim = elsewhere / f"{'0' * 16}-3.keys"
+    victim.write_text("someone else's")
+    os.utime(victim, (0, 0))
+    (tmp_path / "table").mkdir()
+    (tmp_path / "table" / "keys").symlink_to(elsewhere)
+    assert sweep_unused(tmp_path / "table" / "keys", time.time()) == [] and victim.exists()
+    KeyFiles(tmp_path / "table" / "keys", 1 << 30).save(record(1000, 5), FileKeys.of(uuid_keys(1000)))
+    assert sorted(p.name for p in elsewhere.iterdir()) == [victim.name]

@@ -3,6 +3,7 @@ and a task in another process finds superseded rows through them without decodin
 `key.files.mb = 0` keeps none. The table read back is the same either way."""
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pyarrow as pa
@@ -61,3 +62,15 @@ def test_no_key_files_when_turned_off(tmp_path: Path) -> None:
         upsert_arrow(rows([f"k{i}" for i in range(100)], v), table, key="id", partition="dt", cache_config=config)
     assert not key_dir(tmp_path / "cache").exists()
     assert reads.read_arrow(table).num_rows == 100
+
+
+def test_an_unusable_key_directory_only_warns(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The first write (the bulk path opens no cache) with a cache base path under a regular file: no key files and
+    no staging, each said in a warning, and the load itself succeeds."""
+    (tmp_path / "afile").write_text("not a directory")
+    table = Table.create(str(tmp_path / "t"), num_shards=1)
+    config = CacheConfig(base_path=str(tmp_path / "afile" / "cache"))
+    with caplog.at_level(logging.WARNING):
+        upsert_arrow(rows([f"k{i}" for i in range(50)], 1), table, key="id", partition="dt", cache_config=config)
+    assert "keeps no key files" in caplog.text
+    assert reads.read_arrow(table).num_rows == 50
