@@ -97,7 +97,9 @@ def _info_text(p: dict[str, Any]) -> str:
     lines = [f"base path: {p['base_path']}", f"chosen by: {p['chosen_by']}",
              f"exists: {'yes' if p['exists'] else 'no (created by the first job or bootstrap)'}",
              f"caches: {len(p['caches'])} shard cache(s), {p['disk_bytes']:,} bytes"]
-    return "\n".join(lines + [f"  {c['path']} ({c['disk_bytes']:,} bytes)" for c in p["caches"]] + [
+    lines += [f"  {c['path']} ({c['disk_bytes']:,} bytes)" for c in p["caches"]]
+    lines += [f"key files: {k['path']} ({k['files']:,} files, {k['disk_bytes']:,} bytes)" for k in p["key_files"]]
+    return "\n".join(lines + [
         "a job whose base.path or spark.local.dir names another directory keeps its caches there "
         "(<spark.local.dir>/dbidx-cache, unless that is the system temp dir): pass --cache-dir"])
 

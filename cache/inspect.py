@@ -7,6 +7,7 @@ from typing import Any
 
 from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.config import CacheConfig
+from dbidx.data.key_files import KEY_FILES_DIR, SUFFIX
 from dbidx.errors import CacheError
 
 
@@ -66,7 +67,8 @@ def cache_report(cache: RecordIndexCache) -> dict[str, Any]:
 
 def caches_summary(config: CacheConfig | None = None) -> dict[str, Any]:
     """Where caches live by default and what is there, without opening any (what `dbidx cache info` prints): the
-    base path, the rule that chose it, and each shard cache under it with its bytes on disk."""
+    base path, the rule that chose it, each shard cache under it with its bytes on disk, and each table's key files
+    (data/key_files.py: count and bytes)."""
     from dbidx.cache.base_dir import base_path_choice
     from dbidx.config import PREFIX
 
@@ -77,5 +79,8 @@ def caches_summary(config: CacheConfig | None = None) -> dict[str, Any]:
     found = sorted(p for p in base.glob("*/shard-*") if is_cache_dir(p)) if base.is_dir() else []
     caches = [{"path": str(p), "disk_bytes": sum(f.stat().st_size for f in p.rglob("*") if f.is_file())}
               for p in found]
+    key_dirs = sorted(p for p in base.glob(f"*/{KEY_FILES_DIR}") if p.is_dir()) if base.is_dir() else []
+    key_files = [{"path": str(p), "files": len(files), "disk_bytes": sum(f.stat().st_size for f in files)}
+                 for p in key_dirs for files in [[f for f in p.iterdir() if f.name.endswith(SUFFIX) and f.is_file()]]]
     return {"base_path": str(base), "chosen_by": chosen_by, "exists": base.is_dir(), "caches": caches,
-            "disk_bytes": sum(c["disk_bytes"] for c in caches)}
+            "disk_bytes": sum(c["disk_bytes"] for c in caches), "key_files": key_files}

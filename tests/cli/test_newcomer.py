@@ -168,11 +168,18 @@ def test_cache_info_shows_the_default_and_the_cache_commands_use_it(tmp_path: Pa
     assert len(find_cache_dirs(base)) == 2
     info = json.loads(invoke(["cache", "info", "--json"], env).stdout)
     assert info["exists"] and len(info["caches"]) == 2 and info["disk_bytes"] > 0
+    assert info["key_files"] == []  # a bootstrap reads no data file
+    keys_dir = find_cache_dirs(base)[0].parent / "keys"
+    keys_dir.mkdir()
+    (keys_dir / f"{'0' * 16}-7.keys").write_bytes(b"x" * 100)
+    info = json.loads(invoke(["cache", "info", "--json"], env).stdout)
+    assert info["key_files"] == [{"path": str(keys_dir), "files": 1, "disk_bytes": 100}]
     stats = invoke(["cache", "stats", "--json"], env)  # no --cache-dir: the same default
     assert stats.exit_code == 0, stats.output
     assert {c["shard"] for c in json.loads(stats.stdout)["caches"]} == {0, 1}
     text = invoke(["cache", "info"], env)
     assert text.exit_code == 0 and f"base path: {base}" in text.output
+    assert f"key files: {keys_dir} (1 files, 100 bytes)" in text.output
 
 
 # 4. A partition the table does not have ----------------------------------------------------------------------------
