@@ -17,7 +17,7 @@ from dbidx.cache.store import multi_get, scan
 Decode = Callable[[bytes], str]
 
 
-def lookup_committed(view: Any, keys: pa.Array, decoder: dict[bytes, str],
+def lookup_committed(view: Any, keys: pa.Array, decoder: dict[bytes | None, str | None],
                      decode_strict: Decode) -> tuple[np.ndarray, int]:
     """The committed location of each encoded key (None: absent), in input order, as an object array (what the
     tagger computes with; no list round trip), and how many were found.
@@ -28,15 +28,17 @@ def lookup_committed(view: Any, keys: pa.Array, decoder: dict[bytes, str],
     # 1. Multi-get in key order: about twice as fast as input order (codec.lookup_order).
     order = codec.lookup_order(keys)
     values = multi_get(view, keys.take(pa.array(order)).to_pylist())
-    # 2. Decode with one dict map; absent keys map to None (dict.get(None) is None).
-    decoded = list(map(decoder.get, values))
-    absent = values.count(None)
-    if decoded.count(None) != absent:
-        decoded = [None if raw is None else (loc or decode_strict(raw)) for raw, loc in zip(values, decoded)]
+    # 2. Decode with one dict lookup per key straight into an object array (the decoder maps None, an absent key, to
+    #    None); a value it lacks raises KeyError and the whole batch takes the strict path.
+    try:
+        decoded = np.fromiter(map(decoder.__getitem__, values), dtype=object, count=len(values))
+    except KeyError:
+        decoded = np.fromiter((None if raw is None else (decoder.get(raw) or decode_strict(raw)) for raw in values),
+                              dtype=object, count=len(values))
     # 3. Scatter back to input order without a Python loop per key.
     scattered = np.empty(len(keys), dtype=object)
     scattered[order] = decoded
-    return scattered, len(values) - absent
+    return scattered, len(values) - values.count(None)
 
 
 def committed_items(view: Any, decode_strict: Decode) -> Iterator[tuple[str, str]]:

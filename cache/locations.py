@@ -22,7 +22,7 @@ class LocationDictionary:
     def __init__(self, cache_path: Path) -> None:
         self.cache_path = cache_path
         self._locations: dict[str, list[str]] = {}
-        self._decoders: dict[str, dict[bytes, str]] = {}
+        self._decoders: dict[str, dict[bytes | None, str | None]] = {}
         self._encoders: dict[str, dict[str, bytes]] = {}
 
     def load(self, store: Store, cf: str) -> None:
@@ -39,11 +39,14 @@ class LocationDictionary:
     def set(self, cf: str, locations: list[str]) -> None:
         """Adopt a family's dictionary as a list (a load's SST carries the same list)."""
         self._locations[cf] = locations
-        self._decoders[cf] = {codec.encode_index(i): loc for i, loc in enumerate(locations)}
-        self._encoders[cf] = {loc: value for value, loc in self._decoders[cf].items()}
+        decoders: dict[bytes | None, str | None] = {codec.encode_index(i): loc for i, loc in enumerate(locations)}
+        self._encoders[cf] = {loc: value for value, loc in decoders.items() if value is not None and loc is not None}
+        decoders[None] = None  # an absent key (a multi-get's None) decodes to None: lookups map without a test
+        self._decoders[cf] = decoders
 
-    def decoder(self, cf: str) -> dict[bytes, str]:
-        """The stored value -> location map of a family (take it together with the family's view)."""
+    def decoder(self, cf: str) -> dict[bytes | None, str | None]:
+        """The stored value -> location map of a family, None -> None for an absent key (take it together with the
+        family's view)."""
         return self._decoders[cf]
 
     def locations(self, cf: str) -> list[str]:

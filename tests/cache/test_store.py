@@ -472,3 +472,24 @@ def test_a_damaged_location_dictionary_is_a_typed_error_naming_the_family(tmp_pa
     with pytest.raises(CacheCorruptError, match=rf"cache {tmp_path / 'c'}: the location dictionary of column family "
                                                 rf"'{cf}' is damaged .*delete the cache directory"):
         RecordIndexCache(tmp_path / "c", ident()).open()
+
+
+def test_stored_values_outside_the_canonical_map_decode_strictly(tmp_path):
+    """A lookup's fast map knows each location's canonical varint; any other stored value takes the strict path: a
+    non-minimal varint still names its location, an index past the dictionary is damage, never an absent key."""
+    from dbidx.errors import CacheCorruptError
+
+    table = make_table(tmp_path)
+    cache = open_cache(table, 0, tmp_path / "caches")
+    try:
+        cache.load_partition("p", ["a", "b", "c"], ["fg-0", "fg-1", "fg-0"], table.timeline.latest_seq)
+        view = cache.store.cf(cache.partitions()["p"].cf)
+        odd, past = codec.encode_keys_binary(pa.array(["odd", "past"])).to_pylist()
+        view[odd] = b"\x81\x00"  # index 1, in two bytes
+        assert cache.lookup("p", ["a", "odd", "b", "zz"]) == ["fg-0", "fg-1", "fg-1", None]
+        view[past] = b"\x7f"  # index 127 of a 2-entry dictionary
+        with pytest.raises(CacheCorruptError, match="location #127"):
+            cache.lookup("p", ["a", "past"])
+        del view
+    finally:
+        cache.close()
