@@ -10,7 +10,7 @@ worker process of the executor maps it (Arrow IPC, uncompressed: no decoding) in
 
 A key file is a cache and never needed: it is named by the data file's checksum and row count (the same content,
 whichever table or path holds it), checked before use (magic, its own XXH64, the data file it claims to index, the
-hash it was built with, a full Arrow validation, each row once, sort order, a sample of its hashes recomputed;
+hash it was built with, a full Arrow validation, each row once, sort order, a random sample of its hashes recomputed;
 `_decode` says what is left unchecked), and one that fails any check is deleted with a warning and rebuilt from the
 data file; nothing a key file holds can fail a batch. Every file is kept, a batch's small ones too: its next batch
 may run on another worker, and mapping a key file costs ~0.2 ms against 1-2 ms to decode even a tiny data file.
@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import stat
 import struct
 import threading
 import uuid
@@ -46,7 +47,7 @@ MAX_QUEUED_BYTES = 256 << 20  # index bytes waiting for the saver thread; past t
 MAGIC = b"DBIDXKF1"
 KEY_FILES_DIR = "keys"  # beside a table's shard caches: <base>/<table dir>/keys
 SUFFIX = ".keys"
-NAME = re.compile(r"^(?:[0-9a-f]{16}-\d{1,10}|\.tmp-[0-9a-f]{32})\.keys$")  # what this module writes, nothing else
+NAME = re.compile(r"(?:[0-9a-f]{16}-\d{1,10}|\.tmp-[0-9a-f]{32})\.keys")  # what this module writes, nothing else
 _HEADER = struct.Struct("<8sQ")  # magic, XXH64 of the Arrow IPC payload that follows (16 bytes: keeps 8-byte alignment)
 _COLUMNS = ["key", "sorted_hash", "row"]
 _SHARED: dict[tuple[str, int], "KeyFiles"] = {}
@@ -64,6 +65,7 @@ class KeyFiles:
         self.background = background
         self._unchecked = (max_bytes, MAX_FILES)  # bytes and files saved since the last trim (the first save trims)
         self._queued = 0  # bytes of indexes handed to the saver thread and not written yet
+        self._warned = False  # a skipped save is said once per process
         self._lock = threading.Lock()
 
     @classmethod
@@ -77,7 +79,7 @@ class KeyFiles:
         """Where a data file's key index is kept (by content: its checksum's hex digits and its row count); None for
         a checksum that cannot name a file (read from a commit, so never trusted to become a path part)."""
         name = f"{record.checksum.rsplit(':', 1)[-1]}-{record.rows}{SUFFIX}"
-        return self.root / name if NAME.match(name) and not name.startswith(".") else None
+        return self.root / name if NAME.fullmatch(name) and not name.startswith(".") else None
 
     def load(self, record: DataFileRecord) -> FileKeys | None:
         """The file's key index mapped from disk, checked; None when absent or damaged (a damaged one is deleted).
@@ -86,6 +88,8 @@ class KeyFiles:
         if path is None:
             return None
         try:
+            if not stat.S_ISREG(os.lstat(path).st_mode):  # a link, a FIFO (whose open would block): not ours
+                raise OSError(f"{path} is not a regular file")
             with pa.memory_map(str(path)) as mapped:
                 data = mapped.read_buffer()
         except FileNotFoundError:
@@ -115,14 +119,19 @@ class KeyFiles:
     def save(self, record: DataFileRecord, keys: FileKeys) -> None:
         """Keep a file's key index (written whole to a temporary name, then renamed), then trim to the budget; on
         the process's saver thread when `background` (a task does not wait: its worker writes while the driver
-        commits; `wait_for_saves` drains; past MAX_QUEUED_BYTES waiting, a save is skipped rather than held in
-        memory). Never raises: a failure costs the next worker a rebuild, never the batch."""
+        commits; `wait_for_saves` drains; past MAX_QUEUED_BYTES waiting, a save is skipped with a warning, once, rather
+        than held in memory; one is always admitted, whatever its size). Never raises: a failure costs the next worker a rebuild, never the batch."""
         if not self.background:
             self._save_logged(record, keys, 0)
             return
         size = keys.nbytes
         with self._lock:
-            if self._queued + size > MAX_QUEUED_BYTES:
+            if self._queued and self._queued + size > MAX_QUEUED_BYTES:  # one save is always admitted
+                if not self._warned:
+                    self._warned = True
+                    log.warning("dbidx skips key files while %d MB of indexes wait to be written in %s (the disk is "
+                                "slower than the task); their data files are decoded where needed", self._queued >> 20,
+                                self.root)
                 return
             self._queued += size
         try:
@@ -185,7 +194,7 @@ class KeyFiles:
         try:
             with os.scandir(self.root) as entries:
                 for entry in entries:
-                    if NAME.match(entry.name) and not entry.name.startswith("."):
+                    if NAME.fullmatch(entry.name) and not entry.name.startswith("."):
                         try:
                             info = entry.stat(follow_symlinks=False)
                         except OSError:
@@ -254,9 +263,10 @@ def _decode(data: pa.Buffer, record: DataFileRecord) -> FileKeys:
     """A key file's index, every check passed (ValueError or ArrowException naming the first that fails).
 
     The checksum catches damage; the rest is checked as if the bytes were hostile, because a wrong index hides rows
-    from the search (a record left twice in the table) or crashes the reader. Left unchecked: a hash at a row the
-    sample skips (recomputing all of them is the work a key file saves). Writing such a file takes write access to
-    the private cache directory, which could as well rewrite the cache's own entries.
+    from the search (a record left twice in the table), finds a wrong one (a record lost) or crashes the reader. Left
+    unchecked: a key or hash at a row the random sample skips (the keys are not compared with the data file;
+    recomputing them all is the work a key file saves). Writing such a file takes write access to the private cache
+    directory, which could as well rewrite the cache's own entries.
     """
     if data.size < _HEADER.size:
         raise ValueError(f"{data.size} bytes, shorter than the header")
@@ -286,12 +296,16 @@ def _decode(data: pa.Buffer, record: DataFileRecord) -> FileKeys:
     order = rows.to_numpy(zero_copy_only=True)
     # Each row exactly once (a row listed twice stands in for one that would be missed), hashes ascending, and a
     # sample of (hash, row) pairs recomputed.
-    if len(order) and (order.min() < 0 or order.max() >= record.rows
-                       or np.bincount(order, minlength=record.rows).max() != 1):
-        raise ValueError("the rows are not each row of the file once")
+    if len(order):
+        if order.min() < 0 or order.max() >= record.rows:
+            raise ValueError("a row number is out of range")
+        seen = np.zeros(record.rows, dtype=bool)
+        seen[order] = True
+        if not seen.all():  # as many rows as the file has, all in range: each once, or one is missing
+            raise ValueError("the rows are not each row of the file once")
     if np.any(sorted_hashes[1:] < sorted_hashes[:-1]):
         raise ValueError("hashes out of order")
-    sample = np.linspace(0, len(order) - 1, num=min(len(order), SAMPLE), dtype=np.int64)
+    sample = np.random.default_rng().choice(len(order), size=min(len(order), SAMPLE), replace=False)  # not foreseeable
     if len(sample) and not np.array_equal(spark_hash(keys.take(pa.array(order[sample]))).view(np.uint32),
                                           sorted_hashes[sample]):
         raise ValueError("a sampled hash is not its row's key's hash")
@@ -317,7 +331,7 @@ def sweep_unused(root: str | Path, cutoff_s: float) -> list[str]:
     try:
         with os.scandir(root) as entries:
             for entry in entries:
-                if not NAME.match(entry.name) or not entry.is_file(follow_symlinks=False):
+                if not NAME.fullmatch(entry.name) or not entry.is_file(follow_symlinks=False):
                     continue  # never delete what we cannot recognise
                 try:
                     if entry.stat(follow_symlinks=False).st_mtime < cutoff_s:
@@ -325,6 +339,8 @@ def sweep_unused(root: str | Path, cutoff_s: float) -> list[str]:
                         removed.append(entry.path)
                 except FileNotFoundError:
                     continue
+                except OSError as exc:
+                    log.warning("dbidx could not delete the unused key file %s: %s", entry.path, exc)
         if root.stat().st_mtime < cutoff_s or removed:
             os.rmdir(root)  # only succeeds when empty
     except OSError:

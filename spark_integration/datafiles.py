@@ -20,7 +20,7 @@ from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.config import CacheConfig
 from dbidx.data.key_files import KEY_FILES_DIR, KeyFiles
 from dbidx.data.files import DELETED_COLUMN, INSTANT_COLUMN, data_file_path, write_data_file
-from dbidx.errors import DbidxError
+from dbidx.errors import ConfigError, DbidxError
 from dbidx.spark_integration.grouping import runs
 from dbidx.table import markers
 from dbidx.table.fileio import FileIO
@@ -92,6 +92,8 @@ def key_files_for(table: Any, shard: int, config: CacheConfig) -> KeyFiles | Non
         return None
     root = RecordIndexCache.for_table(table, shard, config).path.parent / KEY_FILES_DIR
     try:
+        if root.is_symlink():  # the sweep and the saver never follow one: refused here, not silently half-used
+            raise ConfigError(f"{root} is a symbolic link; key files are only kept in a real directory")
         prepare_dir(root)  # private (0700) like the caches, ours alone, writable, not full
     except (OSError, DbidxError) as exc:
         log.warning("dbidx keeps no key files for %s this task: %s", table.uri, exc)

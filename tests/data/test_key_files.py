@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import struct
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -225,6 +226,7 @@ def test_background_saves_land_and_failures_only_warn(tmp_path: Path, caplog: py
     def disk_full(*_args: object) -> None:
         raise OSError(28, "No space left on device")
 
+    encode = key_files._encode
     monkeypatch.setattr(key_files, "_encode", disk_full)
     with caplog.at_level(logging.WARNING, logger="dbidx.data.key_files"):
         store.save(record(1000, 1), FileKeys.of(uuid_keys(1000)))
@@ -232,11 +234,19 @@ def test_background_saves_land_and_failures_only_warn(tmp_path: Path, caplog: py
     assert "could not keep the key index" in caplog.text and "No space left" in caplog.text
     assert [p.name for p in store.root.iterdir()] == [store.path_of(record(1000)).name]  # no temporary file left
     assert store._queued == 0
-    # Past MAX_QUEUED_BYTES waiting, a save is skipped rather than held in memory.
-    monkeypatch.setattr(key_files, "MAX_QUEUED_BYTES", 0)
-    store.save(record(1000, 2), FileKeys.of(uuid_keys(1000)))
-    key_files.wait_for_saves()
-    assert not store.path_of(record(1000, 2)).exists()
+    # Past MAX_QUEUED_BYTES waiting, a save is skipped (said once) rather than held in memory; one always goes.
+    monkeypatch.setattr(key_files, "_encode", encode)
+    monkeypatch.setattr(key_files, "MAX_QUEUED_BYTES", 1)
+    gate = threading.Event()
+    key_files._saver().submit(gate.wait, 10)  # the saver thread busy: saves wait in its queue
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="dbidx.data.key_files"):
+        for n in (2, 3, 4):
+            store.save(record(1000, n), FileKeys.of(uuid_keys(1000)))
+        gate.set()
+        key_files.wait_for_saves()
+    assert [store.path_of(record(1000, n)).exists() for n in (2, 3, 4)] == [True, False, False]
+    assert caplog.text.count("skips key files") == 1 and store._queued == 0
 
 
 def test_the_directory_is_made_private_and_never_again_once_removed(tmp_path: Path) -> None:
@@ -267,3 +277,15 @@ def test_a_symlinked_directory_is_neither_swept_nor_written(tmp_path: Path) -> N
     assert sweep_unused(tmp_path / "table" / "keys", time.time()) == [] and victim.exists()
     KeyFiles(tmp_path / "table" / "keys", 1 << 30).save(record(1000, 5), FileKeys.of(uuid_keys(1000)))
     assert sorted(p.name for p in elsewhere.iterdir()) == [victim.name]
+
+
+def test_only_regular_files_with_our_names_are_read_or_deleted(tmp_path: Path) -> None:
+    store = KeyFiles(tmp_path / "keys", 1 << 30)
+    store.root.mkdir()
+    os.mkfifo(store.path_of(record(1000)))  # opening it would block the batch
+    assert store.load(record(1000)) is None
+    newline = store.root / f"{'0' * 16}-5.keys\n"
+    newline.write_text("a name that only looks like ours")
+    os.utime(newline, (0, 0))
+    sweep_unused(store.root, time.time())
+    assert newline.exists()

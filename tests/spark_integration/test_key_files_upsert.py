@@ -74,3 +74,19 @@ def test_an_unusable_key_directory_only_warns(tmp_path: Path, caplog: pytest.Log
         upsert_arrow(rows([f"k{i}" for i in range(50)], 1), table, key="id", partition="dt", cache_config=config)
     assert "keeps no key files" in caplog.text
     assert reads.read_arrow(table).num_rows == 50
+
+
+def test_a_symlinked_key_directory_is_refused_with_a_warning(tmp_path: Path,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    table = Table.create(str(tmp_path / "t"), num_shards=1)
+    config = CacheConfig(base_path=str(tmp_path / "cache"))
+    upsert_arrow(rows([f"k{i}" for i in range(50)], 1), table, key="id", partition="dt", cache_config=config)
+    wait_for_saves()
+    keys = key_dir(tmp_path / "cache")
+    elsewhere = tmp_path / "bigger-disk"
+    keys.rename(elsewhere)
+    keys.symlink_to(elsewhere)
+    with caplog.at_level(logging.WARNING):
+        upsert_arrow(rows([f"k{i}" for i in range(50)], 2), table, key="id", partition="dt", cache_config=config)
+    assert "is a symbolic link" in caplog.text
+    assert reads.read_arrow(table).column("v").to_pylist() == [2] * 50
