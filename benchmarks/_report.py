@@ -146,6 +146,25 @@ def publish(name: str, body: str, figures: dict[str, Any]) -> str:
     return body
 
 
+CACHE_HELP = "cache settings, e.g. 'compression=lz4,block.cache.mb=512' (docs/CONFIG.md names)"
+
+
+def cache_settings(parser: Any, value: str) -> dict[str, str]:
+    """A `--cache name=value,...` option as a mapping for CacheConfig.from_sources; a malformed or unknown setting is
+    a usage error (parser.error) before anything runs."""
+    from dbidx.config import CacheConfig
+    from dbidx.errors import ConfigError
+
+    pairs = [item.split("=", 1) for item in value.split(",") if item]
+    if any(len(pair) != 2 for pair in pairs):
+        parser.error(f"--cache {value!r}: each setting is name=value, settings separated by commas")
+    try:
+        CacheConfig.from_sources(dict(pairs))
+    except ConfigError as exc:
+        parser.error(f"--cache {value!r}: {exc}")
+    return dict(pairs)
+
+
 def spark_session(local_dir: Path, shards: int, app: str) -> Any:
     """The benchmarks' local[2] SparkSession: no UI, `shards` shuffle partitions, a 4 GB driver, Arrow on."""
     import os

@@ -268,14 +268,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed warm batches per size (median)")
     parser.add_argument("--join", action="store_true", help="also time the Spark join against the RLI files")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, one batch (seconds; used by tests)")
-    parser.add_argument("--cache", default="", help="cache settings of the tagging, e.g. "
-                        "'compression=lz4,block.cache.mb=512' (docs/CONFIG.md names)")
+    parser.add_argument("--cache", default="", help=f"{_report.CACHE_HELP} of the tagging")
     parser.add_argument("--write-results", action="store_true")
     args = parser.parse_args()
-    pairs = [item.split("=", 1) for item in args.cache.split(",") if item]
-    if any(len(pair) != 2 for pair in pairs):
-        parser.error(f"--cache {args.cache!r}: each setting is name=value, settings separated by commas")
-    args.cache_options = dict(pairs)
+    args.cache_options = _report.cache_settings(parser, args.cache)
     if args.smoke:
         args.sizes, args.batch_rows, args.repeats = "30000,60000", 2_000, 1
     sizes = sorted(int(s) for s in args.sizes.split(","))

@@ -216,9 +216,9 @@ def peaks(rss: Rss, elapsed: float = 0.0, summary: dict[str, Any] | None = None)
 class Dbidx:
     """The dbidx table under test and its executor-local caches."""
 
-    def __init__(self, root: Path, caches: Path, shards: int) -> None:
+    def __init__(self, root: Path, caches: Path, shards: int, settings: dict[str, str]) -> None:
         self.table = Table.open_or_create(str(root), num_shards=shards)
-        self.config = CacheConfig(base_path=str(caches))
+        self.config = CacheConfig.from_sources({**settings, "base_path": str(caches)})
 
     def upsert(self, df: Any) -> dict[str, Any]:
         from dbidx.spark_integration.api import upsert
@@ -231,13 +231,13 @@ class Dbidx:
         return data.num_rows, int(pc.sum(data.column("ver")).as_py() or 0)
 
 
-def warm_up(load: Any, scratch: Path, shards: int) -> None:
+def warm_up(load: Any, scratch: Path, shards: int, settings: dict[str, str]) -> None:
     """Untimed: JVM, shuffle, Parquet writer and Python workers (with dbidx imported) warm for both sides."""
     floor_job(load, shards)
     small = load.limit(WARMUP_ROWS).cache()
     small.count()
     parquet_write(small, scratch / "parquet", shards)
-    Dbidx(scratch / "table", scratch / "cache", shards).upsert(small)
+    Dbidx(scratch / "table", scratch / "cache", shards, settings).upsert(small)
     small.unpersist()
     shutil.rmtree(scratch, ignore_errors=True)
 
@@ -261,18 +261,19 @@ class SparkPart:
     batches_peak: Measured
 
 
-def spark_part(spark: Any, work: Path, manifest: dict[str, Any], shards: int) -> SparkPart:
+def spark_part(spark: Any, work: Path, manifest: dict[str, Any], shards: int,
+               settings: dict[str, str]) -> SparkPart:
     """Warm-ups, the write anchors, the dbidx load, the batches with their floors, and the read-back."""
     load, load_rows = cached(spark, manifest["load"])
     log(f"warming up on {load_rows:,} cached rows")
-    warm_up(load, work / "speed-warmup", shards)
+    warm_up(load, work / "speed-warmup", shards, settings)
     shuffled = measured(lambda: parquet_write(load, work / "speed-anchor", shards))
     log(f"Spark write, repartitioned by key: {shuffled.seconds:.2f} s")
     plain = measured(lambda: parquet_write(load, work / "speed-anchor-plain", None))  # no delete of the first
     log(f"Spark write, as it is: {plain.seconds:.2f} s")
     shutil.rmtree(work / "speed-anchor", ignore_errors=True)
     shutil.rmtree(work / "speed-anchor-plain", ignore_errors=True)
-    dbidx = Dbidx(work / "speed-table", work / "speed-cache", shards)
+    dbidx = Dbidx(work / "speed-table", work / "speed-cache", shards, settings)
     first = measured(lambda: dbidx.upsert(load))
     log(f"dbidx initial load: {first.seconds:.2f} s")
     load.unpersist()
@@ -504,6 +505,7 @@ def render(args: argparse.Namespace, origin: str, part: SparkPart, goals: list[l
         f"`repartition({args.shards}, col(id).cast(string)).mapInArrow(read every batch, one row per task)"
         f".collect()` on the same cached DataFrame, median of {FLOOR_REPEATS}, run just before the batch's upsert. "
         f"Steady = median of {steady_label(args.batches)}; batch 1 runs right after the load, on the caches it left. "
+        + (f"Cache settings: `{args.cache}` (docs/CONFIG.md). " if args.cache else "") +
         f"Peak RSS: sampled every 0.2 s while the step ran (the JVM keeps the heap earlier steps grew; its size "
         f"follows spark.driver.memory, 4g here, as Spark's own write shows). Restart: "
         f"restart_bench's measurement (one shard, 30 daily partitions, K commits of {args.restart_commit_keys:,} "
@@ -540,8 +542,11 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--scale-keys", help="two index sizes A,B: warm batch at B vs A (default: not run)")
     parser.add_argument("--skip", default="", help=f"comma separated, of {', '.join(SKIPPABLE)}")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes (well under a minute; used by tests)")
+    parser.add_argument("--cache", default="", help=f"{_report.CACHE_HELP} of the dbidx load and batches (an A/B "
+                        "of one setting is two runs)")
     parser.add_argument("--write-results", action="store_true")
     args = parser.parse_args()
+    args.cache_options = _report.cache_settings(parser, args.cache)
     args.restart_k, args.restart_commit_keys, args.restart_repeats = RESTART_K, RESTART_COMMIT_KEYS, RESTART_REPEATS
     args.lookup_repeats = LOOKUP_REPEATS
     if args.smoke:
@@ -571,7 +576,7 @@ def run(args: argparse.Namespace, work: Path) -> tuple[str, bool, dict[str, Any]
     spark = _report.spark_session(work / "speed-spark", args.shards, "dbidx-speed-bench")
     scale = None
     try:
-        part = spark_part(spark, work, manifest, args.shards)
+        part = spark_part(spark, work, manifest, args.shards, args.cache_options)
         if args.scale_sizes:
             scale = scale_part(spark, work / "speed-scale", args.scale_sizes, args.batch)
     finally:

@@ -120,7 +120,8 @@ class KeyFiles:
         """Keep a file's key index (written whole to a temporary name, then renamed), then trim to the budget; on
         the process's saver thread when `background` (a task does not wait: its worker writes while the driver
         commits; `wait_for_saves` drains; past MAX_QUEUED_BYTES waiting, a save is skipped with a warning, once, rather
-        than held in memory; one is always admitted, whatever its size). Never raises: a failure costs the next worker a rebuild, never the batch."""
+        than held in memory; one is always admitted, whatever its size). Never raises: a failure costs the next worker
+        a rebuild, never the batch."""
         if not self.background:
             self._save_logged(record, keys, 0)
             return
