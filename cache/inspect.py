@@ -1,14 +1,13 @@
 """Operator views of caches on disk: find them under a base path, open one by path, report its state."""
 from __future__ import annotations
 
-import os
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.config import CacheConfig
-from dbidx.data.key_files import KEY_FILES_DIR, NAME
+from dbidx.data.key_files import KEY_FILES_DIR, finished_files
 from dbidx.errors import CacheError
 
 
@@ -81,24 +80,8 @@ def caches_summary(config: CacheConfig | None = None) -> dict[str, Any]:
     caches = [{"path": str(p), "disk_bytes": sum(f.stat().st_size for f in p.rglob("*") if f.is_file())}
               for p in found]
     key_dirs = sorted(p for p in base.glob(f"*/{KEY_FILES_DIR}") if p.is_dir()) if base.is_dir() else []
-    key_files = [{"path": str(p), "files": len(sizes), "disk_bytes": sum(sizes)}
-                 for p in key_dirs for sizes in [_key_file_sizes(p)]]
+    key_files = [{"path": str(p), "files": len(files), "disk_bytes": sum(size for _m, size, _p in files)}
+                 for p in key_dirs for files in [finished_files(p)]]
     return {"base_path": str(base), "chosen_by": chosen_by, "exists": base.is_dir(), "caches": caches,
             "disk_bytes": sum(c["disk_bytes"] for c in caches), "key_files": key_files}
 
-
-def _key_file_sizes(directory: Path) -> list[int]:
-    """Sizes of the finished key files in a directory (data/key_files.NAME), skipping what a live executor renames
-    or deletes meanwhile."""
-    sizes = []
-    try:
-        with os.scandir(directory) as entries:
-            for entry in entries:
-                if NAME.fullmatch(entry.name) and not entry.name.startswith("."):
-                    try:
-                        sizes.append(entry.stat(follow_symlinks=False).st_size)
-                    except OSError:
-                        continue
-    except OSError:
-        return []
-    return sizes

@@ -25,7 +25,6 @@ import pyarrow.compute as pc
 from dbidx.table.keyhash import spark_hash
 from dbidx.table.records import DataFileRecord
 
-HASH_NAME = "spark-murmur3-x86-32-seed42"  # what sorted_hashes hold (data/key_files.py refuses any other)
 KEY_CACHE_BYTES = int(os.environ.get("DBIDX_KEY_CACHE_MB", "512")) * 2 ** 20
 
 

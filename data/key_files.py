@@ -36,8 +36,8 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
-from dbidx.data.key_columns import HASH_NAME, FileKeys
-from dbidx.table.keyhash import spark_hash
+from dbidx.data.key_columns import FileKeys
+from dbidx.table.keyhash import HASH_NAME, spark_hash  # what sorted_hashes hold; any other is refused
 from dbidx.table.records import DataFileRecord
 
 TRIM_EVERY = 64  # trim after saving 1/64 of the byte budget, or of MAX_FILES files
@@ -47,7 +47,8 @@ MAX_QUEUED_BYTES = 256 << 20  # index bytes waiting for the saver thread; past t
 MAGIC = b"DBIDXKF1"
 KEY_FILES_DIR = "keys"  # beside a table's shard caches: <base>/<table dir>/keys
 SUFFIX = ".keys"
-NAME = re.compile(r"(?:[0-9a-f]{16}-\d{1,10}|\.tmp-[0-9a-f]{32})\.keys")  # what this module writes, nothing else
+FINISHED = re.compile(r"[0-9a-f]{16}-\d{1,10}\.keys")  # a key file
+NAME = re.compile(rf"(?:{FINISHED.pattern}|\.tmp-[0-9a-f]{{32}}\.keys)")  # and one being written: all it ever writes
 _HEADER = struct.Struct("<8sQ")  # magic, XXH64 of the Arrow IPC payload that follows (16 bytes: keeps 8-byte alignment)
 _COLUMNS = ["key", "sorted_hash", "row"]
 _SHARED: dict[tuple[str, int], "KeyFiles"] = {}
@@ -79,7 +80,7 @@ class KeyFiles:
         """Where a data file's key index is kept (by content: its checksum's hex digits and its row count); None for
         a checksum that cannot name a file (read from a commit, so never trusted to become a path part)."""
         name = f"{record.checksum.rsplit(':', 1)[-1]}-{record.rows}{SUFFIX}"
-        return self.root / name if NAME.fullmatch(name) and not name.startswith(".") else None
+        return self.root / name if FINISHED.fullmatch(name) else None
 
     def load(self, record: DataFileRecord) -> FileKeys | None:
         """The file's key index mapped from disk, checked; None when absent or damaged (a damaged one is deleted).
@@ -191,18 +192,7 @@ class KeyFiles:
     def trim(self) -> int:
         """Delete the least recently used key files until the directory fits `max_bytes` and MAX_FILES; returns how
         many went."""
-        files = []
-        try:
-            with os.scandir(self.root) as entries:
-                for entry in entries:
-                    if NAME.fullmatch(entry.name) and not entry.name.startswith("."):
-                        try:
-                            info = entry.stat(follow_symlinks=False)
-                        except OSError:
-                            continue
-                        files.append((info.st_mtime, info.st_size, entry.path))
-        except OSError:
-            return 0
+        files = finished_files(self.root)
         total = sum(size for _m, size, _p in files)
         removed = 0
         count = len(files)
@@ -214,6 +204,24 @@ class KeyFiles:
             count -= 1
             removed += 1
         return removed
+
+
+def finished_files(root: str | Path) -> list[tuple[float, int, str]]:
+    """(mtime, size, path) of each finished key file in a directory, skipping what a live executor renames or deletes
+    meanwhile (none when the directory cannot be read)."""
+    files = []
+    try:
+        with os.scandir(root) as entries:
+            for entry in entries:
+                if FINISHED.fullmatch(entry.name):
+                    try:
+                        info = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    files.append((info.st_mtime, info.st_size, entry.path))
+    except OSError:
+        return []
+    return files
 
 
 class _HashingSink:
