@@ -180,8 +180,8 @@ def main() -> None:
         f"### Catch-up crossover: applying a change vs reloading the partition ({args.held:,} keys, one shard)",
         "One commit changes a fraction of the partition (half deletes of held keys, as far as there are, the rest new "
         "keys: a partitioned table's index entries); the cache takes it by applying the entries (`sync`) or by "
-        "reloading the partition's snapshot through the SST bulk path. `sync` reloads when the change exceeds `catchup.RELOAD_FRACTION` of what the cache holds "
-        "for the partition (cache/catchup.py).",
+        "reloading the partition's snapshot through the SST bulk path. `sync` reloads when the change exceeds "
+        "`catchup.RELOAD_FRACTION` of what the cache holds for the partition (cache/catchup.py).",
         _report.table(["change / held", "entries to apply", "keys held", "apply s", "reload s", "faster",
                        "apply entries/s"], cross),
     ])

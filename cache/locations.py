@@ -40,7 +40,7 @@ class LocationDictionary:
         """Adopt a family's dictionary as a list (a load's SST carries the same list)."""
         self._locations[cf] = locations
         decoders: dict[bytes | None, str | None] = {codec.encode_index(i): loc for i, loc in enumerate(locations)}
-        self._encoders[cf] = {loc: value for value, loc in decoders.items() if value is not None and loc is not None}
+        self._encoders[cf] = {loc: value for value, loc in decoders.items()}
         decoders[None] = None  # an absent key (a multi-get's None) decodes to None: lookups map without a test
         self._decoders[cf] = decoders
 

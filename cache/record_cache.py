@@ -361,9 +361,8 @@ class RecordIndexCache:
                                      dictionary if len(dictionary) > known else None, self.scratch_dir, self.config)
             # 2. Counters by the entries' own movements, and the partition's synced seq, in the same batch.
             state.entries += plan.entries_delta
-            for loc, delta in plan.fills_delta.items():
-                if delta:
-                    state.bump_fill(loc, delta)
+            for loc, delta in plan.fills_delta.items():  # no zero movements (exact_changes leaves them out)
+                state.bump_fill(loc, delta)
             state.synced_seq = max(state.synced_seq, synced_seq)
             store.write(registry.put_states(batch, [state]))
             if ingested:
