@@ -32,6 +32,17 @@ def test_all_distinct_is_exact_whatever_the_hashes(keys: list[str], buckets: int
     assert all_distinct(array) is truth
 
 
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.sampled_from("abcdefg"), max_size=12),
+       st.lists(st.sampled_from([-2**31, -257, -256, -1, 0, 1, 255, 256, 257, 2**31 - 1]), min_size=7, max_size=7))
+def test_all_distinct_is_exact_when_hashes_share_their_top_bits(keys: list[str], values: list[int]) -> None:
+    """Hash values that agree in their top 24 bits but not in the low 8 (and negative ones) pass the bitmap of
+    shared hashes without being shared: still only equal hashes are compared, and the answer is exact."""
+    array = pa.array(keys, pa.string())
+    forced = np.array([values["abcdefg".index(k)] for k in keys], dtype=np.int32)
+    assert all_distinct(array, forced) is (len(set(keys)) == len(keys))
+
+
 def test_latest_per_key_with_hashes_keeps_distinct_keys_and_collapses_repeats() -> None:
     options = TagOptions(key="id", partition="dt", ordering="v")
     batch = pa.table({"id": ["k1", "k2", "k3", "k2"], "dt": ["d1"] * 4, "v": [1, 5, 1, 9]})
