@@ -493,3 +493,20 @@ def test_stored_values_outside_the_canonical_map_decode_strictly(tmp_path):
         del view
     finally:
         cache.close()
+
+
+@pytest.mark.parametrize("locations", [1, 3])
+@pytest.mark.parametrize("arrive_sorted", [True, False])
+def test_a_load_reads_back_every_location_sorted_or_not(tmp_path, locations, arrive_sorted):
+    """A partition slice with one location (every key written with the same value) or several, its keys arriving
+    sorted (an index file's entries, no sort) or not: every key reads back with its own location, and the
+    fills count each location's keys."""
+    keys = [str(uuid.UUID(int=i * 7919 + 1)) for i in range(2_000)]
+    if arrive_sorted:
+        keys.sort()
+    locs = [f"fg-{i % locations}" for i in range(len(keys))]
+    cache = RecordIndexCache(tmp_path / "c", ident()).open()
+    cache.load_partition(DAY1, pa.array(keys), pa.array(locs), synced_seq=1)
+    assert cache.lookup(DAY1, keys + ["absent"]) == locs + [None]
+    assert cache.fills(DAY1) == {f"fg-{j}": locs.count(f"fg-{j}") for j in range(locations)}
+    cache.close()
