@@ -52,8 +52,6 @@ class BucketSpec:
 class BucketAssigner(Protocol):
     """Assigns file groups to the new keys of a partition."""
 
-    uses_keys: bool  # False: only how many keys there are matters (a caller may pass any array of that length)
-
     def assign(self, partition: str, keys: pa.Array, fills: Fills) -> pa.Array:
         """File group per new key (keys not in the index yet), in input order, as a string array (built from runs
         or a dictionary: a Python list of millions of repeated names costs a second to convert)."""
@@ -69,8 +67,6 @@ class DynamicBucketAssigner:
     partition and then counted forward as this assigner places keys, so a task never overfills a bucket even
     across many Arrow batches. Deletes do not give capacity back within a batch (conservative).
     """
-
-    uses_keys = False
 
     def __init__(self, table_id: str, num_shards: int, shard: int, capacity: int) -> None:
         self.table_id = table_id
@@ -94,10 +90,11 @@ class DynamicBucketAssigner:
 
     def assign(self, partition: str, keys: pa.Array, fills: Fills) -> pa.Array:
         """File groups for len(keys) new keys of `partition` (the keys themselves do not matter here)."""
-        return _repeated(self._placements(partition, len(keys), fills))
+        return _repeated(self.placements(partition, len(keys), fills))
 
-    def _placements(self, partition: str, remaining: int, fills: Fills) -> list[tuple[str, int]]:
-        """(file group, how many keys) in placement order."""
+    def placements(self, partition: str, remaining: int, fills: Fills) -> list[tuple[str, int]]:
+        """(file group, how many keys) in placement order, for `remaining` new keys (what `assign` expands; a caller
+        that only needs each key's file group by position uses it without materializing the names per key)."""
         if remaining == 0:
             return []
         owned = self._owned(partition, fills)
@@ -131,8 +128,6 @@ class DynamicBucketAssigner:
 
 class SimpleBucketAssigner:
     """Hash buckets: bucket = pmod(murmur3(key), N), the same hash Spark and the shard mapping use."""
-
-    uses_keys = True
 
     def __init__(self, table_id: str, num_buckets: int) -> None:
         self.table_id = table_id

@@ -14,9 +14,10 @@ from dbidx.buckets.naming import bucket_of
 from dbidx.config import CacheConfig
 from dbidx.mdt.table import Table
 from dbidx.spark_integration.tagger import (
-    TAG_FILE_GROUP, TAG_IS_DELETE, TAG_IS_UPDATE, TAG_PARTITION, ShardTagger, TagOptions, all_distinct, latest_per_key,
+    TAG_FILE_GROUP, TAG_IS_DELETE, TAG_IS_UPDATE, TAG_PARTITION, ShardTagger, TagOptions, all_distinct,
+    file_group_column, latest_per_key,
 )
-from dbidx.table.keyhash import spark_hash
+from dbidx.table.keyhash import shard_of, spark_hash
 
 
 @settings(max_examples=150, deadline=None)
@@ -70,3 +71,27 @@ def test_tag_new_places_inserts_per_partition_and_leaves_deletes_without_a_file_
     assert groups[1] != groups[0]  # one partition's bucket 0 is not another's
     assert tagged.column(TAG_IS_DELETE).to_pylist() == [False, False, True, False, False, False]
     assert not any(tagged.column(TAG_IS_UPDATE).to_pylist())
+
+
+def test_file_group_column_is_null_at_minus_one_and_large_past_the_offset_limit() -> None:
+    """The tagged file-group column comes from integer codes: -1 (a delete row) is null; names whose bytes pass what
+    32-bit string offsets hold make a large_string column (here the limit is lowered to reach it)."""
+    codes = np.array([1, -1, 0, 1, 1], dtype=np.int32)
+    small = file_group_column(["fg-a", "fg-bb"], codes)
+    assert small.type == pa.string() and small.to_pylist() == ["fg-bb", None, "fg-a", "fg-bb", "fg-bb"]
+    large = file_group_column(["fg-a", "fg-bb"], codes, limit=14)  # 4 + 3 x 5 = 19 bytes
+    assert large.type == pa.large_string() and large.to_pylist() == small.to_pylist()
+    assert file_group_column(["fg-a", "fg-bb"], codes, limit=19).type == pa.string()
+
+
+def test_tag_new_with_simple_buckets_places_each_key_by_its_hash(tmp_path: Path) -> None:
+    """The simple assigner (which reads the keys) through tag_new's code path: each insert's file group is the
+    bucket of its own key's hash, whatever the row order."""
+    table = Table.create(str(tmp_path / "t"), num_shards=1)
+    options = TagOptions(key="id", partition="dt", buckets=BucketSpec(mode="simple", num_buckets=4),
+                         cache=CacheConfig(base_path=str(tmp_path / "c")), bulk_seq=0)
+    keys = [f"key-{i}" for i in range(40)]
+    rows = pa.table({"id": keys, "dt": ["d1", "d2"] * 20, "_dbidx_delete": [False] * 39 + [True]})
+    groups = ShardTagger(table, 0, options).tag_new(rows).column(TAG_FILE_GROUP).to_pylist()
+    assert groups[-1] is None
+    assert [bucket_of(g) for g in groups[:-1]] == shard_of(pa.array(keys[:-1]), 4).tolist()
