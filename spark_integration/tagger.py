@@ -238,7 +238,7 @@ class ShardTagger:
         nulls = pa.nulls(n, pa.string())
         columns = [parts, fg, pa.array(np.zeros(n, dtype=bool)), nulls, nulls, pa.array(deletes)]
         for spec, array in zip(TAG_FIELDS, columns):
-            batch = batch.append_column(spec.with_type(array.type), array)  # file groups: large_string past 2 GB
+            batch = batch.append_column(spec, array)
         return batch
 
     def _place(self, partition: str, keys: pa.Array, rows: np.ndarray, names: dict[str, int],
@@ -356,6 +356,7 @@ def all_distinct(keys: pa.Array, hashes: np.ndarray | None = None) -> bool:
         return True
     # The keys whose hash is shared: a bitmap of the shared hashes' top 24 bits first (one gather per key), then an
     # exact search among the few it lets through (5 M keys: 0.04 s, against 0.5 s to search every hash).
+    hashes = np.asarray(hashes)
     wide = hashes.astype(np.int32, copy=False).view(np.uint32)
     bitmap = np.zeros(1 << 24, dtype=bool)
     bitmap[shared.astype(np.int32).view(np.uint32) >> 8] = True
@@ -367,12 +368,17 @@ def all_distinct(keys: pa.Array, hashes: np.ndarray | None = None) -> bool:
 
 
 def file_group_column(names: list[str], codes: np.ndarray, limit: int = 2**31 - 1) -> pa.Array:
-    """Per row, the name its code points to (null where the code is -1), as one string column; large_string when the
-    names' bytes would pass `limit`, what 32-bit string offsets hold."""
+    """Per row, the name its code points to (null where the code is -1), as one string column. Names whose bytes
+    would pass `limit` (what 32-bit string offsets hold; every later step of a task works on string columns) are an
+    InvalidInputError that says what to change, before anything is written."""
     used = np.bincount(codes[codes >= 0], minlength=len(names))
     width = np.array([len(name.encode("utf-8")) for name in names], dtype=np.int64)
-    kind = pa.large_string() if int(used @ width) > limit else pa.string()
-    return pa.array(names, kind).take(pa.array(codes, mask=codes < 0))
+    total = int(used @ width)
+    if total > limit:
+        raise InvalidInputError(
+            f"one task's {int(used.sum()):,} new rows name their file groups in {total:,} bytes, past the {limit:,} "
+            "one Arrow string column holds: spread the load over more key shards (num_shards) or load it in parts")
+    return pa.array(names, pa.string()).take(pa.array(codes, mask=codes < 0))
 
 
 def _utf8_keys(column: pa.Array | pa.ChunkedArray, what: str) -> pa.Array:

@@ -6,12 +6,14 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dbidx.buckets.assigner import BucketSpec
 from dbidx.buckets.naming import bucket_of
 from dbidx.config import CacheConfig
+from dbidx.errors import InvalidInputError
 from dbidx.mdt.table import Table
 from dbidx.spark_integration.tagger import (
     TAG_FILE_GROUP, TAG_IS_DELETE, TAG_IS_UPDATE, TAG_PARTITION, ShardTagger, TagOptions, all_distinct,
@@ -73,15 +75,15 @@ def test_tag_new_places_inserts_per_partition_and_leaves_deletes_without_a_file_
     assert not any(tagged.column(TAG_IS_UPDATE).to_pylist())
 
 
-def test_file_group_column_is_null_at_minus_one_and_large_past_the_offset_limit() -> None:
+def test_file_group_column_is_null_at_minus_one_and_refused_past_the_offset_limit() -> None:
     """The tagged file-group column comes from integer codes: -1 (a delete row) is null; names whose bytes pass what
-    32-bit string offsets hold make a large_string column (here the limit is lowered to reach it)."""
+    32-bit string offsets hold are refused with a typed error that says what to change (the limit lowered here)."""
     codes = np.array([1, -1, 0, 1, 1], dtype=np.int32)
     small = file_group_column(["fg-a", "fg-bb"], codes)
     assert small.type == pa.string() and small.to_pylist() == ["fg-bb", None, "fg-a", "fg-bb", "fg-bb"]
-    large = file_group_column(["fg-a", "fg-bb"], codes, limit=14)  # 4 + 3 x 5 = 19 bytes
-    assert large.type == pa.large_string() and large.to_pylist() == small.to_pylist()
-    assert file_group_column(["fg-a", "fg-bb"], codes, limit=19).type == pa.string()
+    assert file_group_column(["fg-a", "fg-bb"], codes, limit=19).to_pylist() == small.to_pylist()  # 4 + 3 x 5
+    with pytest.raises(InvalidInputError, match="more key shards"):
+        file_group_column(["fg-a", "fg-bb"], codes, limit=18)
 
 
 def test_tag_new_with_simple_buckets_places_each_key_by_its_hash(tmp_path: Path) -> None:
