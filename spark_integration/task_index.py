@@ -90,10 +90,16 @@ def _write_per_partition(table: Table, buffer: EntryBuffer, tagged: pa.Table, ke
     load: ~0.5 GB more at once), and fresh memory is much of what a bulk task's time goes to. `partitions`: the
     partition names and each row's code among them.
     """
-    kinds = _entry_kinds(tagged)[:2]  # partitioned: no moves (a key's partition is part of its identity)
-    entry_rows = np.flatnonzero(kinds[0][0] | kinds[1][0])
+    kinds = _entry_kinds(tagged)
+    entry_rows = np.flatnonzero(kinds[0][0] | kinds[1][0] | kinds[2][0])
     names, codes = partitions
     file_groups = one_chunk(tagged.column(TAG_FILE_GROUP))
+    # 0. A bad partition name refused before any marker or file (as when every add ran first; a bad file group, which
+    #    the tagger never makes, fails its partition's add after earlier files were written, and the rollback removes
+    #    them). Moves (none in a partitioned table: a key's partition is part of its identity) leave the stats.
+    for code in np.unique(codes[entry_rows]).tolist():
+        layout.validate_partition(names[code])
+    _count_moves_out(buffer, tagged, kinds[2][0])
     # 1. Each partition's entry rows (arrival order) and the shards among them; every group's file announced by one
     #    list marker before any is written.
     rows_of = {code: entry_rows[at] for code, at in runs(codes[entry_rows])}
@@ -126,17 +132,26 @@ def _entry_kinds(tagged: pa.Table) -> list[tuple[np.ndarray, bool, int]]:
     return [(~is_update & ~is_delete, False, +1), (is_update & is_delete, True, -1), (moved, False, +1)]
 
 
+def _count_moves_out(buffer: EntryBuffer, tagged: pa.Table, moved: np.ndarray) -> None:
+    """Moved keys leave their old location in the stats (their new entry replaces them in the index)."""
+    if not moved.any():
+        return
+    idx = pa.array(np.flatnonzero(moved))
+    old_part = one_chunk(tagged.column(TAG_OLD_PARTITION)).take(idx)
+    old_fg = one_chunk(tagged.column(TAG_OLD_FILE_GROUP)).take(idx)
+    for p in pc.unique(old_part).to_pylist():
+        buffer.count(p, old_fg.filter(pc.equal(old_part, p)), -1)
+
+
 def _buffer_entries(buffer: EntryBuffer, tagged: pa.Table, keys: pa.Array, shards: np.ndarray) -> None:
     """Index entries of a tagged batch: inserts of new keys, tombstones of deleted ones, moves (global mode).
 
     Updates in place add no entry: a key's location is immutable.
     """
     part = one_chunk(tagged.column(TAG_PARTITION))
-    old_part = one_chunk(tagged.column(TAG_OLD_PARTITION))
     fg = one_chunk(tagged.column(TAG_FILE_GROUP))
-    old_fg = one_chunk(tagged.column(TAG_OLD_FILE_GROUP))
     kinds = _entry_kinds(tagged)
-    moved = kinds[2][0]
+    _count_moves_out(buffer, tagged, kinds[2][0])
     for rows, deleted, live in kinds:
         if not rows.any():
             continue
@@ -146,10 +161,6 @@ def _buffer_entries(buffer: EntryBuffer, tagged: pa.Table, keys: pa.Array, shard
         else:
             idx = pa.array(positions)
             sub_keys, sub_part, sub_fg, sub_shards = keys.take(idx), part.take(idx), fg.take(idx), shards[positions]
-        if rows is moved:  # the old location loses the key in the stats (the new entry replaces it in the index)
-            sub_old_part, sub_old_fg = old_part.take(pa.array(positions)), old_fg.take(pa.array(positions))
-            for p in pc.unique(sub_old_part).to_pylist():
-                buffer.count(p, sub_old_fg.filter(pc.equal(sub_old_part, p)), -1)
         # One group of rows per partition, found by one sort of integer codes (not one comparison pass per
         # partition), in arrival order within it.
         encoded = pc.dictionary_encode(sub_part)
