@@ -343,6 +343,9 @@ def latest_per_key(batch: pa.Table, options: TagOptions, global_mode: bool,
     return batch.take(pa.array(keep)), int(len(first) - first.sum())
 
 
+_BITMAP_FROM = 1 << 20  # keys from which all_distinct prefilters shared hashes with a bitmap
+
+
 def all_distinct(keys: pa.Array, hashes: np.ndarray | None = None) -> bool:
     """Whether no key repeats. Without hashes, one hash pass (`unique`; Arrow's count_distinct is several times
     slower). With the keys' 32-bit hashes, only the keys whose hash another key shares are compared: equal keys
@@ -354,13 +357,16 @@ def all_distinct(keys: pa.Array, hashes: np.ndarray | None = None) -> bool:
     shared = np.unique(ordered[1:][ordered[1:] == ordered[:-1]])
     if not len(shared):
         return True
-    # The keys whose hash is shared: a bitmap of the shared hashes' top 24 bits first (one gather per key), then an
-    # exact search among the few it lets through (5 M keys: 0.04 s, against 0.5 s to search every hash).
+    # The keys whose hash is shared. Many keys: a bitmap of the shared hashes' top 24 bits first (one gather per
+    # key), then an exact search among the few it lets through (5 M keys: 0.04 s, against 0.5 s to search every
+    # hash); fewer keys than the bitmap's 16 MB are worth: every hash searched.
     hashes = np.asarray(hashes)
-    wide = hashes.astype(np.int32, copy=False).view(np.uint32)
-    bitmap = np.zeros(1 << 24, dtype=bool)
-    bitmap[shared.astype(np.int32).view(np.uint32) >> 8] = True
-    candidates = np.flatnonzero(bitmap[wide >> 8])
+    if len(hashes) >= _BITMAP_FROM:
+        bitmap = np.zeros(1 << 24, dtype=bool)
+        bitmap[shared.astype(np.int32).view(np.uint32) >> 8] = True
+        candidates = np.flatnonzero(bitmap[hashes.astype(np.int32, copy=False).view(np.uint32) >> 8])
+    else:
+        candidates = np.arange(len(hashes))
     near = hashes[candidates]
     slot = np.minimum(np.searchsorted(shared, near), len(shared) - 1)
     suspects = keys.take(pa.array(candidates[shared[slot] == near]))

@@ -15,6 +15,7 @@ from dbidx.buckets.naming import bucket_of
 from dbidx.config import CacheConfig
 from dbidx.errors import InvalidInputError
 from dbidx.mdt.table import Table
+from dbidx.spark_integration import tagger as tagger_module
 from dbidx.spark_integration.tagger import (
     TAG_FILE_GROUP, TAG_IS_DELETE, TAG_IS_UPDATE, TAG_PARTITION, ShardTagger, TagOptions, all_distinct,
     file_group_column, latest_per_key,
@@ -43,7 +44,13 @@ def test_all_distinct_is_exact_when_hashes_share_their_top_bits(keys: list[str],
     shared hashes without being shared: still only equal hashes are compared, and the answer is exact."""
     array = pa.array(keys, pa.string())
     forced = np.array([values["abcdefg".index(k)] for k in keys], dtype=np.int32)
-    assert all_distinct(array, forced) is (len(set(keys)) == len(keys))
+    truth = len(set(keys)) == len(keys)
+    assert all_distinct(array, forced) is truth  # small: every hash searched
+    saved, tagger_module._BITMAP_FROM = tagger_module._BITMAP_FROM, 0  # the bitmap path of big batches
+    try:
+        assert all_distinct(array, forced) is truth
+    finally:
+        tagger_module._BITMAP_FROM = saved
 
 
 def test_latest_per_key_with_hashes_keeps_distinct_keys_and_collapses_repeats() -> None:
