@@ -84,4 +84,3 @@ def caches_summary(config: CacheConfig | None = None) -> dict[str, Any]:
                  for p in key_dirs for files in [finished_files(p)]]
     return {"base_path": str(base), "chosen_by": chosen_by, "exists": base.is_dir(), "caches": caches,
             "disk_bytes": sum(c["disk_bytes"] for c in caches), "key_files": key_files}
-

@@ -103,24 +103,32 @@ def superseded_rows(io: FileIO, view: DataView, new: Sequence[NewRows], key: str
             fresh[f.path] = BitMap(np.flatnonzero(deleted).astype(np.uint32))
         new_keys.setdefault((f.partition, f.file_group), []).append(keys)
         KEYS.put(f, keys, disk)
-    # 2. Older live files of the touched groups: the keys of those not in this process yet, read on a few threads.
+    # 2. Older live files of the touched groups: each one's key index, held here for step 3 (looked up once, its
+    #    key file marked used once): from this process, else the executor's key files or the data file, on a few
+    #    threads.
     new_paths = {f.path for f, _k, _d in new}
     older = [f.record for f in view.live() if (f.record.partition, f.record.file_group) in new_keys
              and f.record.path not in new_paths]
     reader = partial(_read_keys, io, key=key)
-    missing = [r for r in older if KEYS.find(r) is None]
+    indexes = {r.path: KEYS.find(r) for r in older}
+    missing = [r for r in older if indexes[r.path] is None]
     sources = sources if sources is not None else KeySources()
     sources.count("memory", len(older) - len(missing))
+    if disk is not None:
+        for r in older:
+            if indexes[r.path] is not None:
+                disk.touch(r)  # used: its key file is not the one a trim drops first
     if missing:
         with ThreadPoolExecutor(max_workers=max(1, min(_THREADS, len(missing)))) as pool:
-            list(pool.map(lambda r: KEYS.get(r, reader, disk, sources), missing))
+            indexes.update(zip((r.path for r in missing), pool.map(lambda r: KEYS.get(r, reader, disk, sources),
+                                                                   missing)))
     # 3. In each, the rows whose key a new row of its group carries (hash index, confirmed by key), minus its vector.
     #    Only the groups that have older files are indexed (a load into new partitions has none).
     probes = {g: Probe.of(pa.concat_arrays(new_keys[g])) for g in {(r.partition, r.file_group) for r in older}}
     dv_bytes: dict[str, bytes] = {}
     found: list[tuple[DataFileRecord, BitMap, pa.Array]] = []
     for record in older:
-        file_keys = KEYS.get(record, reader, disk)
+        file_keys = indexes[record.path]
         rows = file_keys.rows_of(probes[(record.partition, record.file_group)])
         if not len(rows):
             continue

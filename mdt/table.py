@@ -415,9 +415,11 @@ class Table:
         wanted = None if partitions is None else set(partitions)
         shards = set(self._shards(shard))
         return [(seq, record) for seq, record in self._view.delta_files_between(start, end)
-                if record.shard in shards and (wanted is None or record.partition is None or record.partition in wanted)]
+                if record.shard in shards
+                and (wanted is None or record.partition is None or record.partition in wanted)]
 
-    def read_incremental(self, files: list[tuple[int, FileRecord]], partitions: Iterable[str] | None = None) -> pa.Table:
+    def read_incremental(self, files: list[tuple[int, FileRecord]],
+                         partitions: Iterable[str] | None = None) -> pa.Table:
         """Read listed delta files (verified) into one table with `partition` and `seq`, a global file's rows cut to
         `partitions`. Needs no refresh: a reader thread can run it beside its caller (cache catch-up does)."""
         wanted = None if partitions is None else sorted(set(partitions))
@@ -425,8 +427,8 @@ class Table:
         for seq, record in files:
             table = self.read_index_file(record)
             if record.partition is not None:
-                table = table.add_column(1, rli_files.PARTITION, pa.array([record.partition] * table.num_rows,
-                                                                         pa.string()))
+                table = table.add_column(1, rli_files.PARTITION, pa.repeat(pa.scalar(record.partition, pa.string()),
+                                                                          table.num_rows))
             elif wanted is not None:
                 table = table.filter(pc.is_in(table.column(rli_files.PARTITION), pa.array(wanted, pa.string())))
             pieces.append(table.append_column("seq", pa.array(np.full(table.num_rows, seq, dtype=np.int64))))

@@ -305,11 +305,10 @@ def _upsert_rows(batches: Iterable[pa.RecordBatch], table: Table, options: TagOp
     #     committed since changed these file groups (mdt/writer.CommitWriter._tasks_fresh).
     #     The view is held while they are computed: the seq they are stamped with is exactly the state they saw (a
     #     thread sharing this warm table may publish and refresh meanwhile; a later seq would hide its commit).
+    disk, sources = datafiles.key_files_for(table, shards[0], options.cache), KeySources()  # (no lock needed)
     with table.held_data_view() as view:
         basis_seq = view.applied_seq
-        sources = KeySources()
-        fresh = superseded_rows(table.io, view, written_rows, options.key,
-                                datafiles.key_files_for(table, shards[0], options.cache), sources)
+        fresh = superseded_rows(table.io, view, written_rows, options.key, disk, sources)
     first = shard_metrics[0]  # task-wide figures go to its first shard, once
     first.keys_from_memory, first.keys_from_key_files = sources.memory, sources.key_files
     first.keys_from_data_files = sources.data_files
