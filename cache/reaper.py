@@ -131,7 +131,7 @@ def sweep_abandoned(base_path: str | Path, ttl_hours: float, dry_run: bool = Fal
     for table_dir in sorted(p for p in base.iterdir() if p.is_dir() and not p.is_symlink()):
         if not dry_run:
             sweep_staged(table_dir, now)
-        for shard_dir in sorted(p for p in table_dir.iterdir() if p.is_dir() and _SHARD_DIR.match(p.name)):
+        for shard_dir in [p for p in _listing(table_dir) if p.is_dir() and _SHARD_DIR.match(p.name)]:
             # 1. Cheap filter first: recently opened caches are not candidates (no lock attempt needed).
             if _last_use_s(shard_dir) >= cutoff:
                 continue
@@ -176,7 +176,7 @@ def sweep_staged(table_dir: Path, now_s: float) -> list[str]:
     """
     removed = []
     for staged in sorted(p for p in table_dir.glob(f"shard-*{STAGED_SUFFIX}") if p.is_dir() and not p.is_symlink()):
-        for entry in sorted(staged.iterdir()):
+        for entry in _listing(staged):
             if abandoned(entry, now_s):
                 remove_staged(entry)
                 removed.append(str(entry))
@@ -185,6 +185,16 @@ def sweep_staged(table_dir: Path, now_s: float) -> list[str]:
         except OSError:
             pass
     return removed
+
+
+def _listing(directory: Path) -> list[Path]:
+    """A directory's entries, sorted; none when it is gone. Another process may remove it between our glob and our
+    listing: a task that installs its staged load deletes the `.staged` directory, another reaper an emptied table
+    directory. Housekeeping must not fail the task it runs in over that."""
+    try:
+        return sorted(directory.iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return []
 
 
 def _remove_locked(shard_dir: Path) -> None:

@@ -3,6 +3,7 @@ catch-up installs exactly the partitions the completion confirms; everything els
 from __future__ import annotations
 
 import json
+import time
 import logging
 from pathlib import Path
 
@@ -234,3 +235,36 @@ def test_the_reaper_removes_staging_nobody_opened_for_a_day(tmp_path: Path) -> N
     os.utime(found[0], (old, old))
     sweep_abandoned(tmp_path / "cache", config.partition_ttl_hours)
     assert staged_dirs(table, config) == found[1:]  # the fresh one stays: a task of its shard may come
+
+
+def test_the_reaper_goes_on_when_another_process_removes_what_it_was_about_to_list(tmp_path: Path,
+                                                                                  monkeypatch) -> None:
+    """A task installing its staged load deletes its `.staged` directory, and another reaper an emptied table
+    directory, while this sweep holds their names: the sweep skips what is gone (it ran in a task's close and
+    failed the batch over it) and still removes what is due."""
+    import os
+    import shutil
+
+    from dbidx.cache import reaper
+
+    table, config, _ = load(tmp_path)
+    found = staged_dirs(table, config)  # one staged load per shard, each in its shard's `.staged` directory
+    roots = [entry.parent for entry in found]
+    assert len(found) == 2 and roots[0] != roots[1]
+    for entry in found:  # both a day old
+        old = entry.stat().st_mtime - staging.ABANDONED_S - 60
+        os.utime(entry, (old, old))
+    real_abandoned = reaper.abandoned
+
+    def meanwhile_the_other_shard_installs(entry: Path, now_s: float) -> bool:
+        shutil.rmtree(roots[1], ignore_errors=True)  # the other shard's task took its staged load and its directory
+        return real_abandoned(entry, now_s)
+
+    monkeypatch.setattr(reaper, "abandoned", meanwhile_the_other_shard_installs)
+    assert reaper.sweep_staged(roots[0].parent, time.time()) == [str(found[0])]
+    assert staged_dirs(table, config) == [] and not roots[0].exists()
+    # A table directory another reaper removed after the base was listed: nothing to list, no error.
+    real_sweep_staged = reaper.sweep_staged
+    monkeypatch.setattr(reaper, "sweep_staged", lambda table_dir, now_s: (shutil.rmtree(table_dir),
+                                                                          real_sweep_staged(table_dir, now_s))[1])
+    assert reaper.sweep_abandoned(tmp_path / "cache", config.partition_ttl_hours) == []
