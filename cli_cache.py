@@ -210,7 +210,9 @@ def reap_cmd(cache_dir: str, ttl_hours: float | None, max_disk_mb: int | None, d
 def bootstrap_cmd(uri: str, days: int | None, shards: tuple[int, ...], num_shards: int | None, all_shards: bool,
                   cache_dir: str | None, partition_pattern: str | None, now: str | None, parallelism: str,
                   as_json: bool) -> None:
-    """Load the last DAYS days of partitions (global index: the shard's whole slice) into local shard caches."""
+    """Load the last DAYS days of partitions (global index: the shard's whole slice) into local shard caches.
+
+    `dbidx bootstrap` and `dbidx cache bootstrap` are the same command."""
     from dbidx.bootstrap.time_bounded import bootstrap, resolve_shards
 
     if all_shards and shards:

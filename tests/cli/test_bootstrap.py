@@ -1,4 +1,5 @@
-"""`dbidx cache bootstrap` through click's CliRunner, checked back through the library; and its error exits."""
+"""`dbidx bootstrap` (the spelling the mission names) and `dbidx cache bootstrap`, the same command, through click's
+CliRunner, checked back through the library; and its error exits."""
 from __future__ import annotations
 
 import json
@@ -68,3 +69,46 @@ def test_bootstrap_error_exits(tmp_path):
                       "--json"])
     assert foreign.exit_code == 6, foreign.output
     assert json.loads(foreign.stdout)["error"] == "CacheMismatchError"
+
+
+def test_top_level_bootstrap_as_the_mission_spells_it(tmp_path):
+    """`dbidx bootstrap URI --days 7`: the last 7 days (and the non-date partition) land in every shard's cache."""
+    table = make_daily_table(tmp_path, keys_per_day=100, num_shards=2)
+    base = tmp_path / "caches"
+    result = invoke(["bootstrap", table.uri, "--days", "7", "--now", "2025-01-10", "--cache-dir", str(base)])
+    assert result.exit_code == 0, result.output
+    assert "bootstrapped 2 shard(s)" in result.output and "(7 days)" in result.output
+    window = DAYS[-7:] + ["region=eu"]
+    for shard in range(2):
+        with open_cache(table, shard, base) as cache:
+            assert sorted(cache.partitions()) == window
+            assert verify(cache, table).ok
+    # `dbidx cache bootstrap` still works, over the same caches: everything is already ready
+    again = invoke(["cache", "bootstrap", table.uri, "--days", "7", "--now", "2025-01-10", "--cache-dir", str(base),
+                    "--json"])
+    assert again.exit_code == 0, again.output
+    report = json.loads(again.stdout)
+    assert report["partitions_loaded"] == 0 and report["days"] == 7
+    assert all(sorted(s["already_ready"]) == window for s in report["shards"])
+
+
+def test_both_spellings_print_the_same_json_keys(tmp_path):
+    table = make_daily_table(tmp_path, keys_per_day=20, num_shards=2)
+    options = ["--days", "3", "--now", "2025-01-10", "--json"]
+    top = invoke(["bootstrap", table.uri, *options, "--cache-dir", str(tmp_path / "a")])
+    nested = invoke(["cache", "bootstrap", table.uri, *options, "--cache-dir", str(tmp_path / "b")])
+    assert top.exit_code == 0, top.output
+    assert nested.exit_code == 0, nested.output
+    top_report, nested_report = json.loads(top.stdout), json.loads(nested.stdout)
+    assert set(top_report) == set(nested_report)
+    assert top_report["partitions_loaded"] == nested_report["partitions_loaded"] == 4 * 2
+
+
+def test_bootstrap_is_a_listed_top_level_command_and_the_cache_one():
+    listing = invoke(["--help"])
+    assert listing.exit_code == 0, listing.output
+    assert any(line.split()[:1] == ["bootstrap"] for line in listing.output.splitlines())
+    assert main.commands["bootstrap"] is main.commands["cache"].commands["bootstrap"]  # every flag identical
+    assert not main.commands["bootstrap"].hidden
+    usage = invoke(["bootstrap", "--help"])
+    assert usage.exit_code == 0 and "--days" in usage.output and "--all-shards" in usage.output
