@@ -77,10 +77,12 @@ def evolve(recorded: pa.Schema | None, incoming: pa.Schema, where: str,
     """Check an input's data columns against the table's schema; the schema to record, or None if unchanged.
 
     consumed: columns this write uses up and does not store (its delete flag); a table column of that name may be
-    absent from the input (its rows read null there). Raises SchemaError for a column whose type differs or another
-    table column the input lacks.
+    absent from the input (its rows read null there). Raises SchemaError for a column whose type differs, another
+    table column the input lacks, or two input columns whose names differ only in case (check_distinct_names; the
+    input must hold every table column, so a new column cannot clash with one of the table's without that).
     """
     incoming = pa.schema([f.with_nullable(True) for f in incoming])
+    check_distinct_names(incoming, where)
     if recorded is None:
         return incoming
     # 1. Every existing column, with its type.
@@ -97,3 +99,15 @@ def evolve(recorded: pa.Schema | None, incoming: pa.Schema, where: str,
     # 2. New columns are appended (schema evolution): older files read them as null.
     added = [f for f in incoming if f.name not in recorded.names]
     return pa.schema(list(recorded) + added) if added else None
+
+
+def check_distinct_names(schema: pa.Schema, where: str) -> None:
+    """Column names must differ other than in case. Why: Delta (and Spark, Hive, every engine reading the table's
+    Delta log) resolves column names case-insensitively; delta-rs refuses a schema with `id` and `ID`, so a write
+    holding both would publish and then fail to write its Delta version, leaving the table unreadable to them."""
+    seen: dict[str, str] = {}
+    for name in schema.names:
+        other = seen.setdefault(name.lower(), name)
+        if other != name:
+            raise SchemaError(f"{where} has columns {other!r} and {name!r}, whose names differ only in case; Delta "
+                              "readers resolve column names case-insensitively: rename or drop one of them")

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from dbidx.data.delta_adopt import is_foreign_delta_table, read_snapshot
 from dbidx.data.delta_log import delta_path, initial_version, version_file
 from dbidx.data.files import key_range
-from dbidx.data.schema import encode_schema
+from dbidx.data.schema import check_distinct_names, encode_schema
 from dbidx.data.superseded import write_vectors
 from dbidx.errors import (
     CorruptFileError, DuplicateKeyError, ForeignCommitError, InvalidInputError, InvalidKeyError, SchemaError,
@@ -151,6 +151,30 @@ def _unify(schema: pa.Schema | None, incoming: pa.Schema, where: str) -> pa.Sche
     return pa.schema(list(schema) + [f for f in incoming if f.name not in schema.names])
 
 
+def _check_column_names(table: Table, by_partition: dict[str, list[str]]) -> None:
+    """Before the build's instant starts (a refusal leaves no completion and no Delta version behind): no two
+    columns of the data set, hive partition columns included, whose names differ only in case (Delta readers
+    resolve names case-insensitively, and the build's Delta version could not be written). Reads each file's
+    Parquet footer only; the build reads every file whole afterwards."""
+    seen: dict[str, tuple[str, str]] = {}  # lower-cased name -> (the name, the first file that has it)
+    for partition, rels in sorted(by_partition.items()):
+        for rel in rels:
+            where = table.io.path(rel)
+            try:
+                with table.io.open_input_file(rel) as handle:
+                    schema = pq.ParquetFile(handle).schema_arrow
+            except (pa.ArrowException, OSError) as exc:
+                raise CorruptFileError(f"data file {where} is unreadable: {exc}") from exc
+            columns = _with_partition_columns(schema, partition)
+            check_distinct_names(columns, f"data file {where}")
+            for name in columns.names:
+                other, first = seen.setdefault(name.lower(), (name, where))
+                if other != name:
+                    raise SchemaError(f"data file {where} has column {name!r} and data file {first} has {other!r}: "
+                                      "names that differ only in case, which Delta readers resolve as one column; "
+                                      "rename one of them")
+
+
 def _reject_duplicates(keys: pa.Array, file_ids: np.ndarray, files: list[str], scope: str) -> None:
     """Name the first key found in two data files (or twice in one)."""
     order = pc.sort_indices(keys)
@@ -187,6 +211,7 @@ def build_index(
     total = sum(len(v) for v in by_partition.values())
     if total == 0:
         raise InvalidInputError(f"no Parquet data files found under {table.uri}")
+    _check_column_names(table, by_partition)
     keys_total = 0
     steps = Steps(progress, total)
     all_keys: list[pa.Array] = []
