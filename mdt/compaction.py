@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from numbers import Integral
 from typing import Iterable
 
-from dbidx.errors import ConflictError, CorruptFileError
+from dbidx.errors import ConflictError, CorruptFileError, InvalidInputError
 from dbidx.mdt import rli_files
 from dbidx.progress import Progress, Steps
 from dbidx.table import layout
@@ -93,13 +94,22 @@ def compact(
 
 def clean(table: TableState, retain_completions: int = 10, delete_migrated: bool = False) -> CompletedInstant | None:
     """Delete index files replaced by compactions, data files replaced by data compactions, and DV files no live
-    deletion vector points into any more, at least `retain_completions` completions ago. Source files build-index listed stay unless delete_migrated=True.
+    deletion vector points into any more, at least `retain_completions` completions ago (a whole number >= 0, else
+    InvalidInputError). Source files build-index listed stay unless delete_migrated=True.
 
     Incremental reads reaching back further than that get HistoryCompactedError (a cache then reloads the
     partition); snapshots of older instants likewise. Returns the clean's completion record, or None.
     """
+    # A negative count would have cleaned as 0 does (everything replaced, however recent), and a float or a string
+    # would fail (or round) somewhere below: refused before anything is read or deleted.
+    if isinstance(retain_completions, bool) or not isinstance(retain_completions, Integral) or retain_completions < 0:
+        raise InvalidInputError(f"clean of {table.uri}: retain_completions must be a whole number >= 0 (completions "
+                                f"whose replaced files are kept), got {retain_completions!r}")
+    if not isinstance(delete_migrated, bool):
+        raise InvalidInputError(f"clean of {table.uri}: delete_migrated must be True or False, got "
+                                f"{delete_migrated!r}")
     view = table.refresh()
-    horizon = table.timeline.latest_seq - max(retain_completions, 0)
+    horizon = table.timeline.latest_seq - int(retain_completions)
     doomed = [path for path, _ in view.replaced_files(horizon)]
     outside = [path for path in doomed if not path.startswith(layout.RLI_DIR + "/")]
     if outside:

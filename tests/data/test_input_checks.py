@@ -92,6 +92,27 @@ def test_build_index_refuses_parquet_columns_whose_names_differ_only_in_case(tmp
         assert _actions(root) == [] and _log_files(root) == log, name
 
 
+def test_clean_refuses_a_negative_or_non_integer_retention(tmp_path: Path) -> None:
+    """A negative count used to clean as 0 does (every replaced file, however recent)."""
+    path = tmp_path / "t"
+    table = Table.create(str(path), num_shards=1)
+    for v in range(2):
+        upsert_arrow(pa.table({"id": ["a"], "dt": ["d"], "v": [v]}), table, key="id", partition="dt",
+                     cache_config=_config(tmp_path))
+    compaction = table.compact_data()  # the two data files replaced by one
+    assert compaction.files_replaced == 2 and compaction.record is not None
+    replaced = [path / rel for rel in compaction.record.replaced]
+    before, log = _actions(path), _log_files(path)
+    for bad in (-1, -10, 1.5, "3", True, None):
+        with pytest.raises(InvalidInputError, match=rf"retain_completions must be a whole number >= 0.*{bad!r}"):
+            table.clean(retain_completions=bad)
+    with pytest.raises(InvalidInputError, match="delete_migrated must be True or False"):
+        table.clean(retain_completions=0, delete_migrated="yes")
+    assert _actions(path) == before and _log_files(path) == log and all(p.exists() for p in replaced)
+    assert table.clean(retain_completions=0) is not None
+    assert not any(p.exists() for p in replaced)
+
+
 def _json_actions(path: Path, version: int) -> list[dict]:
     text = (path / "_delta_log" / f"{version:020d}.json").read_text()
     return [json.loads(line) for line in text.splitlines() if line.strip()]
