@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
@@ -19,8 +20,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyroaring import BitMap
 
+from dbidx.data.deletion_vectors import z85_decode
 from dbidx.data.delta_log import DELTA_LOG_DIR, listed_versions, version_file
-from dbidx.errors import CorruptFileError, DeltaFeatureError, InvalidInputError
+from dbidx.errors import CorruptFileError, DbidxError, DeltaFeatureError, InvalidInputError
 from dbidx.table import layout
 from dbidx.table.fileio import FileIO
 
@@ -64,30 +66,47 @@ def is_foreign_delta_table(io: FileIO, own_version_zero: bytes) -> bool:
 
 
 def read_snapshot(io: FileIO) -> DeltaSnapshot:
-    """The Delta table's latest snapshot, checked: a protocol dbidx can keep, files inside the table, descriptors
-    that match what delta-rs reads."""
+    """The Delta table's latest snapshot, checked: a protocol dbidx can keep, files and vectors inside the table,
+    descriptors that match what delta-rs reads. Nothing here writes."""
     from deltalake import DeltaTable
+    from deltalake.exceptions import DeltaError
 
     if not io.is_local:
         raise DeltaFeatureError(f"adopting a Delta table on an object store ({io.path('')}) is not supported yet; "
                                 "adopt a local copy, or write the table with dbidx from the start")
-    # 1. delta-rs's snapshot: version, protocol, metaData, schema, files and their deleted rows.
-    table = DeltaTable(io.path(""))
-    version = table.version()
-    protocol = _check_protocol(table.protocol(), table.metadata().configuration, io)
-    # 2. Our replay of the same version: each file's raw path and vector descriptor, and the metaData action.
+    # 1. delta-rs's snapshot: version, protocol, metaData, schema, files. A log it cannot read (a torn commit) is
+    #    named by our own replay of it where it can be, else with delta-rs's words.
+    try:
+        table = DeltaTable(io.path(""))
+        version = table.version()
+        raw_protocol, configuration = table.protocol(), table.metadata().configuration
+        schema = pa.schema(table.schema().to_arrow())
+        their_paths = pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
+    except DeltaError as exc:
+        _replay(io, _newest_version(io))
+        raise CorruptFileError(f"the Delta log {io.path(DELTA_LOG_DIR)} is unreadable to delta-rs: {exc}; nothing "
+                               "was written") from exc
+    protocol = _check_protocol(raw_protocol, configuration, io)
+    # 2. Our replay of the same version: each file's raw path and vector descriptor, and the metaData action; every
+    #    vector checked to be inline or inside the table before anything (delta-rs included) opens one.
     live, metadata = _replay(io, version)
     partition_columns = list(metadata.get("partitionColumns") or [])
-    schema = pa.schema(table.schema().to_arrow())
     _check_schema(metadata, schema, io)
     # 3. Checked against delta-rs: the same files; every vector deletes as many rows as delta-rs says.
-    theirs = {_relative(str(p), io): None for p in pa.table(table.get_add_actions(flatten=True)).column("path")}
+    theirs = {_relative(str(p), io): None for p in their_paths}
     ours = {_relative(raw, io): (raw, add) for raw, add in live.items()}
     if set(theirs) != set(ours):
         odd = sorted(set(theirs) ^ set(ours))[:3]
         raise CorruptFileError(f"the Delta log of {io.path('')} at version {version} reads differently in delta-rs and "
                                f"in dbidx's replay (e.g. {odd}); nothing was written")
-    deleted = _deleted_rows(table, io) if any(add.get("deletionVector") for add in live.values()) else {}
+    for path, (_raw, add) in sorted(ours.items()):
+        if add.get("deletionVector") is not None:
+            _check_vector(add["deletionVector"], io, path)
+    try:
+        deleted = _deleted_rows(table, io) if any(add.get("deletionVector") for add in live.values()) else {}
+    except DeltaError as exc:
+        raise CorruptFileError(f"delta-rs cannot read the deletion vectors of the Delta table {io.path('')} at "
+                               f"version {version}: {exc}; nothing was written") from exc
     files = []
     for path, (raw, add) in sorted(ours.items()):
         dv = add.get("deletionVector")
@@ -96,12 +115,49 @@ def read_snapshot(io: FileIO) -> DeltaSnapshot:
             raise CorruptFileError(f"the deletion vector of {io.path(path)} in the Delta log ({dv}) does not match "
                                    f"the {0 if rows is None else len(rows)} deleted rows delta-rs reads; nothing "
                                    "was written")
-        if dv is not None and dv.get("storageType") not in ("u", "i"):
-            raise DeltaFeatureError(f"{io.path(path)} has a deletion vector stored at an absolute path "
-                                    f"({dv.get('storageType')!r}); dbidx adopts relative and inline vectors only")
         files.append(AdoptedFile(path, raw, _partition_of(add, partition_columns, io.path(path)),
                                  int(add["size"]), dv, rows))
     return DeltaSnapshot(version, protocol, metadata, schema, partition_columns, files)
+
+
+def _newest_version(io: FileIO) -> int:
+    """The newest version the log's listing names (a commit JSON or a checkpoint); -1 for none."""
+    names = io.list_names(DELTA_LOG_DIR)
+    checkpoints = [int(m.group(1)) for m in map(_CHECKPOINT_RE.match, names) if m]
+    return max(listed_versions(io, names) + checkpoints, default=-1)
+
+
+_DV_UUID_CHARS = 20  # a 16-byte uuid in Z85
+
+
+def _check_vector(dv: Any, io: FileIO, path: str) -> None:
+    """A deletion vector dbidx can adopt, checked on the log's own descriptor before anything reads it: inline
+    (`i`), or a DV file relative to the table (`u`: an optional directory prefix, then the file's uuid in Z85; the
+    file is `<prefix>/deletion_vector_<uuid>.bin`) that stays inside the table, symlinks resolved. Why before: a
+    descriptor is untrusted input, and one that points out of the table (`..`, an absolute `p` path, a symlink)
+    would have delta-rs read, and dbidx then adopt, bytes of a file that is no part of the table."""
+    where = f"{io.path(path)} (deletion vector {dv!r:.200})"
+    kind = dv.get("storageType") if isinstance(dv, dict) else None
+    if kind == "i":
+        return
+    if kind != "u":
+        raise DeltaFeatureError(f"{where} is stored at an absolute path or in an unknown way ({kind!r}); dbidx "
+                                "adopts relative (u) and inline (i) vectors only; nothing was written")
+    text = dv.get("pathOrInlineDv")
+    if not isinstance(text, str) or len(text) < _DV_UUID_CHARS:
+        raise CorruptFileError(f"{where}: a relative vector's pathOrInlineDv must end in a 20-character Z85 uuid")
+    prefix, encoded = text[:-_DV_UUID_CHARS], text[-_DV_UUID_CHARS:]
+    try:
+        file_uuid = uuid.UUID(bytes=z85_decode(encoded))
+    except ValueError as exc:
+        raise CorruptFileError(f"{where}: {encoded!r} is not a Z85 uuid ({exc})") from exc
+    name = f"deletion_vector_{file_uuid}.bin"
+    rel = f"{prefix}/{name}" if prefix else name
+    try:
+        io.guard(rel, "read")
+    except DbidxError as exc:
+        raise DeltaFeatureError(f"{where} names the DV file {rel!r}, which is not inside the table: {exc}; dbidx "
+                                "adopts vectors stored inside the table only; nothing was written") from exc
 
 
 def _check_protocol(p: Any, configuration: dict[str, str], io: FileIO) -> dict[str, Any]:
@@ -152,8 +208,11 @@ def _replay(io: FileIO, version: int) -> tuple[dict[str, dict[str, Any]], dict[s
         try:
             lines = io.read_bytes(version_file(v)).decode("utf-8").splitlines()
             actions = [json.loads(line) for line in lines if line.strip()]
+            if not all(isinstance(action, dict) for action in actions):
+                raise ValueError("a line is not a JSON object")
         except (OSError, UnicodeError, ValueError) as exc:
-            raise CorruptFileError(f"Delta version {v} of {io.path(DELTA_LOG_DIR)} is unreadable: {exc}") from exc
+            raise CorruptFileError(f"Delta version {v} ({io.path(version_file(v))}) is unreadable: {exc}; nothing "
+                                   "was written") from exc
         for action in actions:  # removes first: a remove and an add of one path in a version replace its vector
             if isinstance(action.get("remove"), dict):
                 live.pop((action["remove"].get("path"), _dv_id(action["remove"].get("deletionVector"))), None)
@@ -190,30 +249,41 @@ def _from_checkpoint(io: FileIO, version: int) -> tuple[int, dict[tuple[Any, str
     live: dict[tuple[Any, str], dict[str, Any]] = {}
     metadata: dict[str, Any] = {}
     for _part, (_total, name) in sorted(parts[cp].items()):
+        where = io.path(DELTA_LOG_DIR + "/" + name)
         try:
-            rows = pq.read_table(pa.BufferReader(io.read_bytes(f"{DELTA_LOG_DIR}/{name}"))).to_pylist()
+            checkpoint = pq.read_table(pa.BufferReader(io.read_bytes(f"{DELTA_LOG_DIR}/{name}")))
+            columns = {c: checkpoint.column(c).to_pylist() for c in ("add", "metaData")
+                       if c in checkpoint.column_names}
         except (pa.ArrowException, OSError) as exc:
-            raise CorruptFileError(f"Delta checkpoint {io.path(DELTA_LOG_DIR + '/' + name)} is unreadable: {exc}") \
-                from exc
-        for row in rows:
-            if row.get("add"):
-                add = {k: v for k, v in row["add"].items() if v is not None}
+            raise CorruptFileError(f"Delta checkpoint {where} is unreadable: {exc}") from exc
+        for row in columns.get("add", []):
+            if row:
+                add = _action_from_checkpoint(row, checkpoint.schema.field("add").type, where)
                 live[(add.get("path"), _dv_id(add.get("deletionVector")))] = add
-            if row.get("metaData"):
-                metadata = _metadata_from_checkpoint(row["metaData"])
+        for row in columns.get("metaData", []):
+            if row:
+                metadata = _action_from_checkpoint(row, checkpoint.schema.field("metaData").type, where)
     return cp, live, metadata
 
 
-def _metadata_from_checkpoint(meta: dict[str, Any]) -> dict[str, Any]:
-    """A checkpoint's metaData row as the JSON action (maps are lists of pairs in Parquet)."""
-    out = {k: v for k, v in meta.items() if v is not None}
-    for key in ("configuration",):
-        if isinstance(out.get(key), list):
-            out[key] = dict(out[key])
-    fmt = out.get("format")
-    if isinstance(fmt, dict) and isinstance(fmt.get("options"), list):
-        out["format"] = {**fmt, "options": dict(fmt["options"])}
-    return out
+def _action_from_checkpoint(value: Any, arrow_type: pa.DataType, where: str) -> Any:
+    """A checkpoint's action row as the JSON action: Parquet maps (partitionValues, tags, configuration, format
+    options) come back from Arrow as lists of (key, value) pairs and become objects again; struct fields that are
+    null are left out, as JSON leaves out a field it does not have (at every level: a vector's absent offset)."""
+    if value is None:
+        return None
+    if pa.types.is_map(arrow_type):
+        try:
+            return {k: _action_from_checkpoint(v, arrow_type.item_type, where) for k, v in value}
+        except (TypeError, ValueError) as exc:
+            raise CorruptFileError(f"Delta checkpoint {where} holds a map that is not key/value pairs: "
+                                   f"{value!r:.100}") from exc
+    if pa.types.is_struct(arrow_type):
+        fields = {f.name: f.type for f in arrow_type}
+        return {k: _action_from_checkpoint(v, fields[k], where) for k, v in value.items() if v is not None}
+    if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type):
+        return [_action_from_checkpoint(v, arrow_type.value_type, where) for v in value]
+    return value
 
 
 def _dv_id(dv: Any) -> str:
@@ -258,9 +328,9 @@ def _partition_of(add: dict[str, Any], columns: list[str], where: str) -> str:
     segments = []
     for column in columns:
         value = values.get(column)
-        if value is None:
-            raise DeltaFeatureError(f"{where} has a null (or no) value for partition column {column!r}; dbidx "
-                                    "names partitions by their values")
+        if value is None or value == "":  # Delta reads an empty partition value as null
+            raise DeltaFeatureError(f"{where} has a null, empty or no value ({value!r}) for partition column "
+                                    f"{column!r}; dbidx names partitions by their values")
         if "/" in str(value):
             raise DeltaFeatureError(f"{where} has partition value {value!r} for column {column!r}: dbidx names "
                                     "partitions by path segments, and a '/' in a value would split it; nothing was "

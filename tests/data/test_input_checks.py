@@ -92,6 +92,21 @@ def test_build_index_refuses_parquet_columns_whose_names_differ_only_in_case(tmp
         assert _actions(root) == [] and _log_files(root) == log, name
 
 
+def test_adopting_a_delta_table_with_an_empty_partition_value_is_refused(tmp_path: Path) -> None:
+    """Delta reads an empty partitionValues entry as null, which dbidx cannot name a partition by."""
+    path = tmp_path / "t"
+    write_deltalake(str(path), pa.table({"id": ["a"], "dt": ["d"], "v": [1]}), partition_by=["dt"])
+    add = next(a["add"] for a in _json_actions(path, 0) if "add" in a)
+    copy = "dt=d/copy.parquet"
+    pq.write_table(pa.table({"id": ["b"], "v": [2]}), path / copy)
+    _append_version(path, 1, [{"add": {**add, "path": copy, "size": (path / copy).stat().st_size,
+                                       "partitionValues": {"dt": ""}}}])
+    log = _log_files(path)
+    with pytest.raises(DeltaFeatureError, match=r"copy.parquet has a null, empty or no value \(''\) for partition"):
+        build_index(Table.create(str(path), num_shards=1), "id")
+    assert _actions(path) == [] and _log_files(path) == log
+
+
 def test_clean_refuses_a_negative_or_non_integer_retention(tmp_path: Path) -> None:
     """A negative count used to clean as 0 does (every replaced file, however recent)."""
     path = tmp_path / "t"
@@ -130,6 +145,53 @@ def _with_vector(path: Path, version: int, add: dict, dv: dict) -> None:
     _append_version(path, version, [{"remove": remove}, {"add": {**add, "deletionVector": dv}}])
 
 
+def test_adopting_a_partitioned_delta_table_with_a_delta_rs_checkpoint(tmp_path: Path) -> None:
+    """The checkpoint's partitionValues (and the vector's struct) come back from Parquet as pairs and nulls, not as
+    the JSON action's object: adoption used to fail with an AttributeError."""
+    path = tmp_path / "t"
+    days = ["d0", "d1", "d2"]
+    for i in range(3):
+        write_deltalake(str(path), pa.table({"id": [f"k{i}{j}" for j in range(3)], "dt": [days[(i + j) % 3]
+                                                                                          for j in range(3)],
+                                             "v": pa.array([i * 10 + j for j in range(3)], pa.int64())}),
+                        partition_by=["dt"], mode="append", configuration={"delta.enableDeletionVectors": "true"})
+    add = next(a["add"] for a in _json_actions(path, 1) if "add" in a)
+    body = encode_vector([0])
+    _with_vector(path, 3, add, {"storageType": "i", "pathOrInlineDv": inline_form(body), "sizeInBytes": len(body),
+                                "cardinality": 1})
+    DeltaTable(str(path)).create_checkpoint()
+    assert (path / "_delta_log" / f"{3:020d}.checkpoint.parquet").exists()
+    write_deltalake(str(path), pa.table({"id": ["k00", "z"], "dt": ["d3", "d1"], "v": pa.array([1, 2], pa.int64())}),
+                    partition_by=["dt"], mode="append")
+    table = Table.create(str(path), num_shards=2)
+    result = build_index(table, "id")
+    assert result.files == 11 and result.keys == 10  # a file per partition and append; one row deleted
+    columns = ["id", "dt", "v"]
+    ours = reads.read_arrow(Table.open(str(path)), columns=columns)
+    theirs = pl.read_delta(str(path)).select(columns).to_arrow()
+    assert _sorted_rows(ours, columns) == _sorted_rows(theirs, columns)
+    assert len(ours) == 10 and "d1" in ours.column("dt").to_pylist()
+
+
+def test_a_torn_newest_commit_is_a_corrupt_file_naming_it(tmp_path: Path) -> None:
+    """The newest commit JSON cut mid-line (a crashed writer on a store without atomic puts): CorruptFileError naming
+    the file, exit code 4, instead of delta-rs's DeltaError reported as a bug in dbidx."""
+    path = tmp_path / "t"
+    for i in range(3):
+        write_deltalake(str(path), pa.table({"id": [f"k{i}"], "dt": ["d"], "v": [i]}), partition_by=["dt"],
+                        mode="append")
+    newest = path / "_delta_log" / f"{2:020d}.json"
+    newest.write_bytes(newest.read_bytes()[:len(newest.read_bytes()) // 2])
+    log = _log_files(path)
+    table = Table.create(str(path), num_shards=1)
+    with pytest.raises(CorruptFileError, match=rf"Delta version 2 \({newest}\) is unreadable"):
+        build_index(table, "id")
+    result = CliRunner().invoke(main, ["build-index", str(path), "--key", "id"])
+    assert result.exit_code == CorruptFileError.exit_code == 4, result.output
+    assert newest.name in result.output and "bug" not in result.output
+    assert _actions(path) == [] and _log_files(path) == log
+
+
 def _vector_table(path: Path) -> dict:
     """A one-file Delta table with deletion vectors enabled; returns its file's `add` action."""
     write_deltalake(str(path), pa.table({"id": ["a", "b", "c"], "v": pa.array([1, 2, 3], pa.int64())}),
@@ -144,6 +206,45 @@ def _dv_file(directory: Path, rows: list[int]) -> tuple[str, dict]:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / f"deletion_vector_{file_uuid}.bin").write_bytes(builder.to_bytes())
     return z85_encode(file_uuid.bytes), {"offset": slot.offset, "sizeInBytes": slot.size, "cardinality": len(rows)}
+
+
+@pytest.mark.parametrize("where", ["parent", "symlink", "absolute"])
+def test_a_deletion_vector_outside_the_table_is_refused_before_it_is_read(tmp_path: Path, where: str) -> None:
+    """A relative vector whose prefix climbs out (`../`) or goes through a symlink out of the table, and an absolute
+    one: refused from the log's own descriptor, before delta-rs (or dbidx) opens a DV file. The DV files outside are
+    valid, so only that check stops the adoption of rows another directory's file deletes; the absolute one does not
+    exist, so delta-rs reading it first would fail with its own error."""
+    path = tmp_path / "t"
+    add = _vector_table(path)
+    outside = tmp_path / "elsewhere"
+    if where == "absolute":
+        dv = {"storageType": "p", "pathOrInlineDv": f"file://{outside}/deletion_vector_x.bin", "offset": 1,
+              "sizeInBytes": 34, "cardinality": 1}
+        match = r"stored at an absolute path"
+    else:
+        encoded, slot = _dv_file(outside, [0])
+        prefix = "../elsewhere" if where == "parent" else "link"
+        if where == "symlink":
+            os.symlink(outside, path / "link")
+        dv = {"storageType": "u", "pathOrInlineDv": prefix + encoded, **slot}
+        match = rf"names the DV file '{prefix}/deletion_vector_.*\.bin', which is not inside the table"
+    _with_vector(path, 1, add, dv)
+    log = _log_files(path)
+    with pytest.raises(DeltaFeatureError, match=match) as caught:
+        build_index(Table.create(str(path), num_shards=1), "id")
+    assert add["path"] in str(caught.value) and dv["pathOrInlineDv"] in str(caught.value)
+    assert _actions(path) == [] and _log_files(path) == log
+
+
+def test_a_deletion_vector_in_a_directory_of_the_table_is_adopted(tmp_path: Path) -> None:
+    """The check leaves a relative vector with a prefix inside the table alone."""
+    path = tmp_path / "t"
+    add = _vector_table(path)
+    encoded, slot = _dv_file(path / "ab", [1])
+    _with_vector(path, 1, add, {"storageType": "u", "pathOrInlineDv": "ab" + encoded, **slot})
+    table = Table.create(str(path), num_shards=1)
+    assert build_index(table, "id").keys == 2
+    assert assert_readers_agree(Table.open(str(path)), ("id", "v"), {("a", 1), ("c", 3)})
 
 
 def _adopted(path: Path, partition_by: list[str] | None) -> Table:
