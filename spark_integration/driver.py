@@ -27,7 +27,7 @@ from dbidx.spark_integration.task_errors import (
     retyped,
 )
 from dbidx.table import layout, leftovers, markers
-from dbidx.table.data_view import LAYOUT_EXTRA, SCHEMA_EXTRA
+from dbidx.table.data_view import LAYOUT_EXTRA, SCHEMA_EXTRA, DataView
 from dbidx.table.records import DataFileRecord, FileRecord, PartitionChange
 
 
@@ -73,8 +73,25 @@ def make_options(table: Table, key: str, partition: str, ordering: str | None, d
     elif cache_options:
         raise ConfigError("pass either cache_config or cache_options, not both")
     spec = buckets or recorded_buckets(table) or BucketSpec()
+    view = table.data_view()
     return TagOptions(key=key, partition=partition, ordering=ordering, delete_column=delete_column,
-                      hive_style=hive_style, buckets=spec, cache=cache_config)
+                      hive_style=hive_style, buckets=spec, cache=cache_config,
+                      partition_columns=recorded_partition_columns(view, reads.layout_of(table, view)))
+
+
+def recorded_partition_columns(view: DataView, recorded: dict[str, Any] | None) -> tuple[str, ...] | None:
+    """The hive partition columns a table's layout fixes, which every upsert's partition paths must name exactly:
+    an adopted Delta table's (its metaData's partitionColumns, none for an unpartitioned one) and those build-index
+    was told (`--partition-col`); None where nothing fixes them (no write yet, an upsert's own layout, a build-index
+    that declared no columns: its directories are whatever the data set had)."""
+    columns = (recorded or {}).get("partition_columns")
+    if columns is None:
+        return None
+    if not isinstance(columns, list) or not all(isinstance(c, str) and c for c in columns):
+        where = f"completion {view.layout.seq} ({view.layout.instant})" if view.layout is not None else "a completion"
+        raise CorruptFileError(f"{where} records partition columns {columns!r} in its {LAYOUT_EXTRA!r} extra, not "
+                               "a list of column names")
+    return tuple(columns) if columns or view.delta_adopted is not None else None
 
 
 def recorded_buckets(table: Table) -> BucketSpec | None:
@@ -158,6 +175,7 @@ def _check_layout_and_schema(table: Table, options: TagOptions, input_schema: pa
                 raise ConfigError(f"table {table.uri} was written with {name}={layout[name]!r}, but this upsert "
                                   f"passes {name}={mine!r}: records would be merged or placed under another identity "
                                   "than before")
+        _check_partition_columns(table, view, layout, options)
     own = [f.name for f in input_schema if f.name.startswith("_dbidx_") and f.name != options.delete_column]
     if own:
         raise SchemaError(f"{where} has column(s) {own} in dbidx's own `_dbidx_` namespace (data files use such "
@@ -165,6 +183,33 @@ def _check_layout_and_schema(table: Table, options: TagOptions, input_schema: pa
     consumed = [c for c in (options.delete_column,) if c]
     new_schema = evolve(recorded, data_columns(input_schema, consumed), where, consumed)
     return new_schema, seq
+
+
+def _check_partition_columns(table: Table, view: DataView, layout: dict[str, Any], options: TagOptions) -> None:
+    """The partition columns the table's layout fixes (recorded_partition_columns) against the upsert's: with
+    hive_style its paths are `<partition>=<value>`, so its column must be the table's one partition column (paths
+    without hive_style are checked per value in the tasks, TagOptions.partition_columns). Why: another layout puts
+    every updated record in a partition its old version is not in (an insert of a second copy, not an update), and
+    gives the Delta log files without the table's partition values, which Delta readers cannot read."""
+    columns = recorded_partition_columns(view, layout)
+    if columns is not None and columns != options.partition_columns:  # recorded since make_options read the layout
+        raise ConflictError(f"table {table.uri} recorded partition columns {list(columns)} while this upsert was "
+                            "being prepared (its tasks would not check them); nothing was written: run it again")
+    if columns is None or not options.hive_style or [options.partition] == list(columns):
+        return
+    how = "adopted from a Delta table" if view.delta_adopted is not None else "indexed by build-index"
+    recorded = view.layout
+    assert recorded is not None  # a layout was read from it
+    hint = ('pass hive_style=False and a partition column whose values are all "" (the table has no partitions)'
+            if not columns else f"pass partition={columns[0]!r}" if len(columns) == 1 else
+            f"pass hive_style=False and a partition column holding each row's whole path "
+            f"{'/'.join(c + '=<value>' for c in columns)!r}")
+    raise SchemaError(f"table {table.uri} was {how} (completion {recorded.seq}, {recorded.instant}) with key "
+                      f"{layout.get('key')!r} and partition columns {list(columns)}, but this upsert asks for "
+                      f"partition={options.partition!r} with hive_style=True, which writes "
+                      f"{options.partition}=<value> directories: records would be updated in partitions their "
+                      f"versions are not in (inserted twice) and the Delta log would lose its partition values; "
+                      f"{hint}")
 
 
 def _schema_unchanged(news: list[Any], instant: str) -> None:
@@ -228,6 +273,10 @@ def commit_results(writer: Any, results: list[tuple[int, int, bytes]], options: 
     writer.extra[LAYOUT_EXTRA] = {"key": options.key, "partition": options.partition,
                                   "hive_style": options.hive_style, "ordering": options.ordering,
                                   "buckets": options.buckets.to_dict()}
+    if options.partition_columns is not None and not options.hive_style:
+        # Paths checked against the table's fixed partition columns (tagger): kept, so later upserts are checked
+        # against them too and the Delta log's partitionValues keep naming them (layout_partition_columns).
+        writer.extra[LAYOUT_EXTRA]["partition_columns"] = list(options.partition_columns)
     if started is not None:
         summary.seconds = time.perf_counter() - started  # stored: start to publish (cleanup after is not in it)
     writer.extra["metrics"] = {k: v for k, v in summary.to_dict().items() if k != "per_shard"}

@@ -37,6 +37,9 @@ def upsert_arrow(data: pa.Table, table: Table, *, key: str, partition: str, orde
                           {f.name: (str(f.type), kind) if (kind := unfit_key_kind(f.type)) else None
                            for f in data.schema})
     options = replace(options, bulk_seq=empty_table_seq(table))  # a first write takes the bulk path
+    # Partition values the table's layout cannot hold (empty hive values, paths outside its recorded partition
+    # columns) are refused here, before the instant starts: such a batch leaves no completion behind.
+    options.check_layout_values(data)
     schema = data.schema
     data = data.append_column(ROW_ID, pa.array(np.arange(data.num_rows, dtype=np.int64)))
     shards = table.shard_of(options.keys_of(data)) if data.num_rows else np.zeros(0, dtype=np.int64)

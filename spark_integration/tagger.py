@@ -59,6 +59,11 @@ class TagOptions:
     # Set by the driver when no key of the batch can be in the index (an empty table, or partitions the table has
     # never had): the completion seq that was checked at. Tasks then skip the cache (bulk path, ShardTagger.tag_new).
     bulk_seq: int | None = None
+    # The hive partition columns the table's layout fixes (an adopted Delta table's, build-index's declared ones;
+    # driver.recorded_partition_columns), None where no layout fixes them. Every partition path must be a hive path
+    # of exactly these columns (`dt=<v>/region=<v>`; "" for none): checked per distinct path in partitions_of when
+    # the paths are the column's values (hive_style=False); with hive_style the driver checks the column's name.
+    partition_columns: tuple[str, ...] | None = None
 
     def check_columns(self, names: list[str], where: str, boolean: Mapping[str, bool] | None = None,
                       unfit: Mapping[str, tuple[str, str] | None] | None = None) -> None:
@@ -75,7 +80,8 @@ class TagOptions:
         duplicated = sorted({name for name in names if names.count(name) > 1})
         if duplicated:
             raise InvalidInputError(f"{where} has more than one column named {', '.join(map(repr, duplicated))}; "
-                                    "rename or drop the duplicates (a key, partition or data column must be one column)")
+                                    "rename or drop the duplicates (a key, partition or data column must be one "
+                                    "column)")
         for role, column in (("key", self.key), ("partition", self.partition), ("ordering", self.ordering)):
             if column is not None and column not in names:
                 raise InvalidInputError(f"{where} has no {role} column {column!r}; its columns are {names}")
@@ -109,13 +115,11 @@ class TagOptions:
 
     def partitions_of(self, batch: pa.Table) -> pa.Array:
         """The partition path of each row, validated once per distinct value."""
-        column = batch.column(self.partition)
-        if isinstance(column, pa.ChunkedArray):
-            column = one_chunk(column)
-        values = pc.cast(column, pa.string())
+        values = self._partition_values(batch)
         if values.null_count:
             row = pc.index(pc.is_null(values), True).as_py()
             raise InvalidPartitionError(f"partition column {self.partition!r} is null at row {row} of the batch")
+        self.check_layout_values(values)
         if self.hive_style:
             _refuse_hive_values(values, self.partition)
         paths = pc.binary_join_element_wise(pa.scalar(self.partition + "="), values, "") if self.hive_style \
@@ -123,6 +127,46 @@ class TagOptions:
         for path in pc.unique(paths).to_pylist():
             validate_partition(path)
         return paths
+
+    def _partition_values(self, batch: pa.Table) -> pa.Array:
+        """The partition column as one string array."""
+        column = batch.column(self.partition)
+        if isinstance(column, pa.ChunkedArray):
+            column = one_chunk(column)
+        return pc.cast(column, pa.string())
+
+    def check_layout_values(self, batch: pa.Table | pa.Array) -> None:
+        """The partition values a table's Delta layout cannot hold: an empty hive value (Delta reads it as null) and,
+        without hive_style, a path that is not a hive path of the table's recorded partition columns (with
+        hive_style the driver checks the column's name once). Part of partitions_of (the tasks); a caller that holds
+        the whole batch on the driver (upsert_arrow) runs it before the instant starts as well, so such a batch
+        leaves no completion behind. Nulls are left to partitions_of."""
+        values = batch if isinstance(batch, pa.Array) else self._partition_values(batch)
+        if self.hive_style:
+            _refuse_empty_values(values, self.partition)
+        elif self.partition_columns is not None:
+            for path in pc.unique(values).to_pylist():
+                if path is not None:
+                    self._check_recorded_columns(path, values)
+
+    def _check_recorded_columns(self, path: str, paths: pa.Array) -> None:
+        """A partition path must name exactly the table's recorded hive partition columns, in order: another path
+        would be a partition no earlier file is in (every update of a record there an insert of a second one) and,
+        in the Delta log, files whose partitionValues lack the table's partition columns."""
+        segments = [segment.split("=", 1) if "=" in segment else [None, ""] for segment in path.split("/")] \
+            if path else []
+        row = pc.index(pc.equal(paths, pa.scalar(path)), True).as_py()
+        if [name for name, _value in segments] == list(self.partition_columns or ()):
+            if all(value for _name, value in segments):
+                return
+            raise InvalidPartitionError(f"partition column {self.partition!r} holds the partition path {path!r} "
+                                        f"(row {row} of the batch) with an empty value; Delta readers read an empty "
+                                        "partition value as null")
+        expected = "/".join(f"{c}=<value>" for c in self.partition_columns or ()) or '"" (the table is not partitioned)'
+        raise InvalidPartitionError(
+            f"partition column {self.partition!r} holds the partition path {path!r} (row {row} of the batch, "
+            f"hive_style=False), but the table is partitioned by {list(self.partition_columns or ())}: every path "
+            f"must be {expected}")
 
     def deletes_of(self, batch: pa.Table) -> np.ndarray:
         """Whether each row deletes its key (all False when there is no delete column)."""
@@ -132,6 +176,17 @@ class TagOptions:
         if not pa.types.is_boolean(column.type):
             raise InvalidInputError(f"delete column {self.delete_column!r} must be boolean, got {column.type}")
         return pc.fill_null(column, False).to_numpy(zero_copy_only=False).astype(bool)
+
+
+def _refuse_empty_values(values: pa.Array, column: str) -> None:
+    """An empty value is refused as a null is: its hive path `dt=` is a partition that Delta readers read back as a
+    null partition value (Delta writes an empty partition value as null), so dbidx and they would disagree."""
+    empty = pc.equal(pc.binary_length(values), 0)
+    if pc.any(empty).as_py():
+        row = pc.index(empty, True).as_py()
+        raise InvalidPartitionError(f"partition column {column!r} is empty (\"\") at row {row} of the batch; Delta "
+                                    "readers read an empty partition value as null (pass hive_style=False with \"\" "
+                                    "values for a table without partitions)")
 
 
 def _refuse_hive_values(values: pa.Array, column: str) -> None:

@@ -50,6 +50,7 @@ def _sorted_rows(table: pa.Table, columns: list[str]) -> list[tuple]:
     return sorted(zip(*(table.column(c).to_pylist() for c in columns)), key=repr)
 
 
+# ---- 1. column names equal up to case --------------------------------------------------------------------------
 def test_upsert_columns_whose_names_differ_only_in_case_are_refused_before_the_instant(tmp_path: Path) -> None:
     """`id` and `ID`: delta-rs cannot write such a schema, so the upsert used to publish and then fail to write its
     Delta version (a RuntimeWarning), leaving the table unreadable to Delta readers."""
@@ -92,6 +93,27 @@ def test_build_index_refuses_parquet_columns_whose_names_differ_only_in_case(tmp
         assert _actions(root) == [] and _log_files(root) == log, name
 
 
+# ---- 2. an empty partition value ---------------------------------------------------------------------------------
+def test_an_empty_hive_partition_value_is_refused_like_a_null(tmp_path: Path) -> None:
+    """`dt = ""` would be the directory `dt=`, which Delta readers read back as a null partition value."""
+    path = tmp_path / "t"
+    table = Table.create(str(path), num_shards=2)
+    with pytest.raises(InvalidPartitionError, match=r"partition column 'dt' is null at row"):
+        upsert_arrow(pa.table({"id": ["a", "b"], "dt": ["d", None]}), table, key="id", partition="dt",
+                     cache_config=_config(tmp_path))
+    before, log = _actions(path), _log_files(path)
+    with pytest.raises(InvalidPartitionError, match=r"partition column 'dt' is empty \(\"\"\) at row 1"):
+        upsert_arrow(pa.table({"id": ["a", "b"], "dt": ["d", ""]}), table, key="id", partition="dt",
+                     cache_config=_config(tmp_path))
+    assert _actions(path) == before and _log_files(path) == log
+    assert not (path / "dt=").exists()
+    # A table without partitions still writes at the root: "" as the path itself (hive_style=False).
+    other = Table.create(str(tmp_path / "flat"), num_shards=1)
+    upsert_arrow(pa.table({"id": ["a"], "p": [""]}), other, key="id", partition="p", hive_style=False,
+                 cache_config=_config(tmp_path))
+    assert _actions(tmp_path / "flat") == ["commit"]
+
+
 def test_adopting_a_delta_table_with_an_empty_partition_value_is_refused(tmp_path: Path) -> None:
     """Delta reads an empty partitionValues entry as null, which dbidx cannot name a partition by."""
     path = tmp_path / "t"
@@ -107,6 +129,7 @@ def test_adopting_a_delta_table_with_an_empty_partition_value_is_refused(tmp_pat
     assert _actions(path) == [] and _log_files(path) == log
 
 
+# ---- 3. clean's retention ------------------------------------------------------------------------------------------
 def test_clean_refuses_a_negative_or_non_integer_retention(tmp_path: Path) -> None:
     """A negative count used to clean as 0 does (every replaced file, however recent)."""
     path = tmp_path / "t"
@@ -128,6 +151,7 @@ def test_clean_refuses_a_negative_or_non_integer_retention(tmp_path: Path) -> No
     assert not any(p.exists() for p in replaced)
 
 
+# ---- 4. adopting a Delta table -------------------------------------------------------------------------------------
 def _json_actions(path: Path, version: int) -> list[dict]:
     text = (path / "_delta_log" / f"{version:020d}.json").read_text()
     return [json.loads(line) for line in text.splitlines() if line.strip()]
@@ -247,6 +271,7 @@ def test_a_deletion_vector_in_a_directory_of_the_table_is_adopted(tmp_path: Path
     assert assert_readers_agree(Table.open(str(path)), ("id", "v"), {("a", 1), ("c", 3)})
 
 
+# ---- 5. the recorded layout -----------------------------------------------------------------------------------------
 def _adopted(path: Path, partition_by: list[str] | None) -> Table:
     """A deltalake table (id, dt, region, v) adopted by build-index."""
     data = pa.table({"id": ["a", "b", "c"], "dt": ["d1", "d1", "d2"], "region": ["eu", "us", "eu"],
@@ -255,3 +280,62 @@ def _adopted(path: Path, partition_by: list[str] | None) -> Table:
     table = Table.create(str(path), num_shards=2)
     build_index(table, "id")
     return Table.open(str(path))
+
+
+@pytest.mark.parametrize("partition_by, partition, match", [
+    (None, "dt", r"partition columns \[\], but this upsert asks for partition='dt'.*all \"\""),
+    (["dt", "region"], "dt", r"partition columns \['dt', 'region'\], but this upsert asks for partition='dt'"),
+    (["dt"], "region", r"partition columns \['dt'\], but this upsert asks for partition='region'.*partition='dt'"),
+])
+def test_an_upsert_must_keep_the_adopted_partition_columns(tmp_path: Path, partition_by: list[str] | None,
+                                                           partition: str, match: str) -> None:
+    """Unpartitioned or (dt, region) adopted, then partition="dt": every update became an insert in a new partition
+    (and polars could not read the files' partition values); dt adopted, then partition="region": unopenable."""
+    path = tmp_path / "t"
+    table = _adopted(path, partition_by)
+    before, log = _actions(path), _log_files(path)
+    batch = pa.table({"id": ["a"], "dt": ["d1"], "region": ["eu"], "v": pa.array([10], pa.int64())})
+    with pytest.raises(SchemaError, match=rf"adopted from a Delta table \(completion 1, \d+\) with key 'id' and {match}"):
+        upsert_arrow(batch, table, key="id", partition=partition, cache_config=_config(tmp_path))
+    assert _actions(path) == before and _log_files(path) == log
+    assert_readers_agree(Table.open(str(path)), ("id", "dt", "region", "v"))
+
+
+def test_paths_given_as_values_must_be_hive_paths_of_the_adopted_partition_columns(tmp_path: Path) -> None:
+    """hive_style=False: each value is the path, checked against the recorded columns before the instant starts;
+    the right paths update the adopted rows in place, and the Delta log keeps its partition values."""
+    path = tmp_path / "t"
+    table = _adopted(path, ["dt"])
+    before, log = _actions(path), _log_files(path)
+    for bad, match in (("region=eu", r"'region=eu' \(row 0 .*partitioned by \['dt'\]: every path must be dt=<value>"),
+                       ("dt=", r"'dt=' \(row 0 of the batch\) with an empty value")):
+        batch = pa.table({"id": ["a"], "dt": ["d1"], "region": ["eu"], "v": pa.array([10], pa.int64()),
+                          "where": [bad]})
+        with pytest.raises(InvalidPartitionError, match=match):
+            upsert_arrow(batch, table, key="id", partition="where", hive_style=False, cache_config=_config(tmp_path))
+    assert _actions(path) == before and _log_files(path) == log
+    batch = pa.table({"id": ["a", "c"], "dt": ["d1", "d2"], "region": ["eu", "eu"],
+                      "v": pa.array([10, 30], pa.int64()), "where": ["dt=d1", "dt=d2"]})
+    summary = upsert_arrow(batch, table, key="id", partition="where", hive_style=False, cache_config=_config(tmp_path))
+    assert (summary.updates, summary.inserts) == (2, 0)
+    assert DeltaTable(str(path)).metadata().partition_columns == ["dt"]
+    assert set(assert_readers_agree(Table.open(str(path)), ("id", "dt", "region", "v"))) == {
+        ("a", "d1", "eu", 10), ("b", "d1", "us", 2), ("c", "d2", "eu", 30)}
+
+
+def test_an_unpartitioned_adopted_table_takes_upserts_at_its_root(tmp_path: Path) -> None:
+    """The way an unpartitioned table is upserted (hive_style=False, "" paths) updates the adopted records; any
+    other path is refused before the instant starts."""
+    path = tmp_path / "t"
+    table = _adopted(path, None)
+    before, log = _actions(path), _log_files(path)
+    batch = pa.table({"id": ["b"], "dt": ["d1"], "region": ["us"], "v": pa.array([20], pa.int64()), "p": ["d1"]})
+    with pytest.raises(InvalidPartitionError, match=r"partitioned by \[\]: every path must be \"\" \(the table is not"):
+        upsert_arrow(batch, table, key="id", partition="p", hive_style=False, cache_config=_config(tmp_path))
+    assert _actions(path) == before and _log_files(path) == log
+    summary = upsert_arrow(batch.set_column(4, "p", pa.array([""])), table, key="id", partition="p", hive_style=False,
+                           cache_config=_config(tmp_path))
+    assert (summary.updates, summary.inserts) == (1, 0)
+    assert DeltaTable(str(path)).metadata().partition_columns == []
+    assert set(assert_readers_agree(Table.open(str(path)), ("id", "dt", "region", "v"))) == {
+        ("a", "d1", "eu", 1), ("b", "d1", "us", 20), ("c", "d2", "eu", 3)}
