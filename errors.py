@@ -115,6 +115,11 @@ class ForeignCommitError(DbidxError, exit_code=5):
     published: Any = None
 
 
+class ForeignDuplicateError(DuplicateKeyError):
+    """Another engine's Delta version made a key live twice (a blind append of keys the table has): dbidx cannot
+    give that key one location. Nothing of it was absorbed; the remedy the message names removes the repeats."""
+
+
 class DeltaFeatureError(InvalidInputError):
     """A Delta table to adopt uses a protocol feature or layout dbidx cannot keep when it writes (column mapping,
     constraints, generated columns, files outside the table, ...): nothing was written."""

@@ -30,7 +30,7 @@ from dbidx.errors import ConflictError, CorruptFileError, InvalidInputError
 from dbidx.progress import Progress, Steps
 from dbidx.table import layout, markers
 from dbidx.table.data_view import DvRef
-from dbidx.table.records import ACTION_DATA_COMPACTION, CompletedInstant, DataFileRecord
+from dbidx.table.records import ACTION_ABSORB, ACTION_DATA_COMPACTION, CompletedInstant, DataFileRecord
 from dbidx.table.state import TableState
 
 
@@ -88,6 +88,10 @@ def compact_data(table: TableState, partitions: Iterable[str] | None = None, min
             if rec.action == ACTION_DATA_COMPACTION and mine.intersection(rec.replaced):
                 raise ConflictError(f"data compaction {writer.instant} overlaps data compaction {rec.instant} "
                                     f"(seq {rec.seq}) on the same files; nothing was published, run it again")
+            if rec.action == ACTION_ABSORB and mine.intersection(rec.replaced):
+                raise ConflictError(f"data compaction {writer.instant} rewrote files another engine's Delta version "
+                                    f"{rec.extra.get('absorbed', {}).get('version')} removed meanwhile (absorbed at "
+                                    f"seq {rec.seq}); nothing was published, run it again")
             dv_files = {f.path: f for f in rec.dv_files}
             for dv in rec.deletion_vectors:
                 if dv.path in mine:

@@ -33,7 +33,8 @@ from dbidx.table.data_view import DELTA_ADOPTED_EXTRA, DataView, DvRef
 from dbidx.table.fileio import FileIO
 from dbidx.table.layout import layout_partition_columns
 from dbidx.table.records import (
-    ACTION_BUILD_INDEX, ACTION_COMMIT, ACTION_DATA_COMPACTION, ACTION_UPGRADE, CompletedInstant, DataFileRecord,
+    ACTION_ABSORB, ACTION_BUILD_INDEX, ACTION_COMMIT, ACTION_DATA_COMPACTION, ACTION_UPGRADE, CompletedInstant,
+    DataFileRecord,
 )
 
 DELTA_LOG_DIR = "_delta_log"
@@ -78,6 +79,11 @@ def version_for(shape: TableShape, record: CompletedInstant, view: DataView,
                 body: Callable[[DvRef], bytes]) -> bytes:
     """Delta version `record.seq`: the record's effect on the rows, given the data view right before it; `body`
     gives a vector's bytes (verified), which the version carries inline."""
+    if record.action == ACTION_ABSORB:
+        version = record.extra.get("absorbed", {}).get("version")
+        raise CorruptFileError(f"completion {record.seq} ({record.instant}) absorbed another engine's Delta version "
+                               f"{version!r}, which is missing from the log: it cannot be derived (restore "
+                               "`_delta_log/` from a backup)")
     actions: list[dict[str, Any]] = [_commit_info(record.completed_at_ms, _OPERATIONS.get(record.action, "VACUUM"),
                                                   record)]
     if record.seq < shape.upgraded_at_seq:
@@ -213,6 +219,17 @@ def _partition_columns(record: CompletedInstant, view: DataView, schema: pa.Sche
     return columns
 
 
+def view_partition_columns(view: DataView) -> list[str]:
+    """The Delta partition columns of the table as it stands in `view` (what its newest metaData says)."""
+    value = view.layout.value if view.layout is not None else None
+    columns = layout_partition_columns(value if isinstance(value, dict) else None)
+    schema = recorded_schema(view.schema)
+    if schema is None or not all(c in schema.names and any(t(schema.field(c).type) for t in _PARTITION_TYPES)
+                                 for c in columns):
+        return []
+    return columns
+
+
 def _partition_values(partition: str, columns: list[str]) -> dict[str, str]:
     """A file's partitionValues: one `<name>=<value>` segment per column. Kept exactly as earlier versions derived
     them (a version derived again must hold the same bytes); values holding a '/' are refused before they are written
@@ -338,12 +355,22 @@ class DeltaLogWriter:
         # clean removed a DV file it needs after the version was written; it must then exist).
         self.pending: dict[int, bytes | CorruptFileError] = {}
         self.written_upto = -1  # every version up to this one is known to be on storage
+        self.known: set[int] = set()  # versions known on storage above that: put at the commit point, or absorbed
+
+    def mark_written(self, seq: int) -> None:
+        """The version of completion `seq` is on storage (this process put it at the commit point)."""
+        self.known.add(seq)
+        self.pending.pop(seq, None)
 
     def derive(self, record: CompletedInstant, view: DataView) -> None:
-        """DataView.apply's `before` hook: remember the version of a record this writer has not seen written."""
-        if record.seq > self.written_upto:
+        """DataView.apply's `before` hook: remember the version of a record this writer has not seen written (an
+        absorbed record's version is another engine's, on storage by definition)."""
+        if record.action == ACTION_ABSORB:
+            self.known.add(record.seq)
+            return
+        if record.seq > self.written_upto and record.seq not in self.known:
             try:
-                self.pending[record.seq] = version_for(self.shape, record, view, self._body())
+                self.pending[record.seq] = version_for(self.shape, record, view, self.body())
             except CorruptFileError as exc:  # a vector's DV file is gone: fine if the version exists (sync checks)
                 self.pending[record.seq] = exc
 
@@ -365,16 +392,11 @@ class DeltaLogWriter:
                 self._check_own_origin(io, versions)
             versions |= set(range(floor + 1))
             present = {v - offset for v in versions if v - offset >= first_seq}
-            beyond = sorted(v for v in versions if v > latest_seq + offset)
             self._check_newest_own(io, present, latest_seq, in_memory, offset)
         else:
-            present = set(range(first_seq, self.written_upto + 1))
-            nxt = latest_seq + offset + 1
-            beyond = [nxt] if io.exists(version_file(nxt)) else []
-        # 2. A version above the latest completion is another dbidx writer's (publish raced this check) or foreign.
-        if beyond:
-            latest_seq = recheck()
-            check_no_foreign(beyond, latest_seq + offset, io)
+            present = set(range(first_seq, self.written_upto + 1)) | self.known
+        # 2. Versions above the latest completion are absorbed (or published from their staged record) by the
+        #    table's catch-up before and after this call, never refused here.
         # 3. Versions neither on storage nor derived here are derived from the whole log; then all are written.
         wanted = [v for v in range(first_seq, latest_seq + 1) if v not in present or v in self.pending]
         missing = {v for v in wanted if v not in self.pending}
@@ -392,6 +414,7 @@ class DeltaLogWriter:
                 written += put_version(io, v + offset, data)
         self.pending = {v: d for v, d in self.pending.items() if v > latest_seq}
         self.written_upto = latest_seq
+        self.known = {v for v in self.known if v > latest_seq}
         return written
 
     def _check_own_origin(self, io: FileIO, versions: set[int]) -> None:
@@ -416,7 +439,7 @@ class DeltaLogWriter:
         or its JSON went with a Delta log cleanup."""
         newest = max((v for v in present if 0 < v <= latest_seq and v not in self.pending), default=None)
         mine = None if newest is None else in_memory(newest)
-        if mine is None or not io.exists(version_file(newest + offset)):
+        if mine is None or mine.action == ACTION_ABSORB or not io.exists(version_file(newest + offset)):
             return
         first_line = io.read_bytes(version_file(newest + offset)).split(b"\n", 1)[0]
         try:
@@ -431,7 +454,7 @@ class DeltaLogWriter:
                 "refuses to write on top of it; re-index the table with `dbidx build-index` to adopt its current "
                 "state")
 
-    def _body(self) -> Callable[[DvRef], bytes]:
+    def body(self) -> Callable[[DvRef], bytes]:
         """Vector bytes from their DV files (verified), each file read once per derivation."""
         files: dict[str, bytes] = {}
         return lambda ref: load_vector_bytes(self.io, ref, files)
@@ -440,7 +463,7 @@ class DeltaLogWriter:
         """Derive the missing versions by replaying the whole completion log into a fresh view."""
         if 0 in missing:
             self.pending[0] = initial_version(self.shape.table_id, self.shape.created_at_ms)
-        view, body = DataView(), self._body()
+        view, body = DataView(), self.body()
 
         def keep(rec: CompletedInstant, before: DataView) -> None:
             if rec.seq in missing:

@@ -83,6 +83,9 @@ def view_at(table: Any, as_of: int | str | None = None, version: int | None = No
     read a HistoryCompactedError."""
     if as_of is not None and version is not None:
         raise InvalidInputError("give as_of (a completion seq or instant) or version (a Delta version), not both")
+    follow = getattr(table, "follow_delta_log", None)
+    if follow is not None:
+        follow()  # versions other engines wrote since the index's last are read too (their records first)
     current = table.data_view()
     if version is not None:
         if isinstance(version, bool) or not isinstance(version, int):

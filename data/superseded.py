@@ -109,7 +109,7 @@ def superseded_rows(io: FileIO, view: DataView, new: Sequence[NewRows], key: str
     new_paths = {f.path for f, _k, _d in new}
     older = [f.record for f in view.live() if (f.record.partition, f.record.file_group) in new_keys
              and f.record.path not in new_paths]
-    reader = partial(_read_keys, io, key=key)
+    reader = partial(read_key_column, io, key=key)
     indexes = {r.path: KEYS.find(r) for r in older}
     missing = [r for r in older if indexes[r.path] is None]
     sources = sources if sources is not None else KeySources()
@@ -144,8 +144,8 @@ def superseded_rows(io: FileIO, view: DataView, new: Sequence[NewRows], key: str
     return fresh
 
 
-def _read_keys(io: FileIO, record: DataFileRecord, key: str) -> pa.Array:
-    """An older file's keys as strings (its delete flags are in its vector already: not read)."""
+def read_key_column(io: FileIO, record: DataFileRecord, key: str) -> pa.Array:
+    """A live file's keys as strings, verified first (its delete flags are in its vector already: not read)."""
     return _read_columns(io, record, key, with_deleted=False)[0]
 
 

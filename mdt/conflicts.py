@@ -25,7 +25,7 @@ from dbidx.errors import ConflictError, CorruptFileError, DbidxError
 from dbidx.mdt import rli_files
 from dbidx.table import layout
 from dbidx.table.fileio import DECODE_ERRORS, FileIO, file_checksum
-from dbidx.table.records import ACTION_BUILD_INDEX, ACTION_COMMIT, CompletedInstant, FileRecord
+from dbidx.table.records import ENTRY_ACTIONS, CompletedInstant, FileRecord
 
 GroupKey = tuple[str | None, int]
 # The partition column of a task's touched-keys file that spans several partitions. Not "partition": a global-mode
@@ -125,7 +125,7 @@ def check_conflicts(io: FileIO, instant: str, news: list[CompletedInstant], touc
     # 1. Which of the new commits' files can overlap which of our groups (key ranges only, nothing read yet).
     candidates: dict[GroupKey, list[tuple[CompletedInstant, FileRecord]]] = defaultdict(list)
     for rec in news:
-        if rec.action not in (ACTION_COMMIT, ACTION_BUILD_INDEX):
+        if rec.action not in ENTRY_ACTIONS:
             continue  # compaction, clean and rollback change no live entry
         for f in rec.files:
             mine = touched.get((f.partition, f.shard))

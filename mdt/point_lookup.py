@@ -73,6 +73,9 @@ class LookupReport:
 def lookup_report(table: TableState, keys: Sequence[str], partition: str | None, mode: str = "auto") -> LookupReport:
     """`Table.lookup` of `keys`, plus whether `partition` is one of the table's (with the nearest ones if not), so a
     key of a partition the table lacks is not mistaken for a new key of an existing one."""
+    follow = getattr(table, "follow_delta_log", None)
+    if follow is not None:
+        follow()  # other engines' versions since the index's last are absorbed first
     rows = table.lookup(list(keys), partition, mode=mode).to_pylist()
     by_key = {row["key"]: row for row in rows}
     report = LookupReport([by_key[k] for k in keys if k in by_key], [k for k in keys if k not in by_key],

@@ -19,15 +19,16 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from dbidx.data.compaction import DataCompactionResult, compact_data
+from dbidx.data.delta_actions import VersionActions, read_version
 from dbidx.data.delta_log import (
     DeltaLogWriter,
     TableShape,
-    check_no_foreign,
     delta_checkpoint,
     initial_version,
     listed_versions,
     put_version,
     version_file,
+    version_for,
 )
 from dbidx.data.schema import recorded_schema
 from dbidx.errors import (
@@ -39,6 +40,7 @@ from dbidx.errors import (
     TableNotFoundError,
 )
 from dbidx.mdt import rli_files
+from dbidx.mdt.absorb import absorb_run, run_in_progress
 from dbidx.mdt.compaction import CompactionResult, clean, compact
 from dbidx.mdt.point_lookup import lookup
 from dbidx.mdt.writer import CommitWriter
@@ -46,7 +48,7 @@ from dbidx.progress import Progress
 from dbidx.table import layout
 from dbidx.table.checkpoint import Checkpoint, archive_before, write_checkpoint
 from dbidx.table.commit_lock import CommitLock
-from dbidx.table.data_view import DataView
+from dbidx.table.data_view import DELTA_ADOPTED_EXTRA, DataView, check_adopted
 from dbidx.table.file_view import FileView, PartitionStats
 from dbidx.table.fileio import FileIO
 from dbidx.table.format_switch import finish_upgrade
@@ -61,7 +63,7 @@ from dbidx.table.properties import (
     parse_properties,
     properties_json,
 )
-from dbidx.table.records import CompletedInstant, FileRecord
+from dbidx.table.records import ACTION_BUILD_INDEX, CompletedInstant, FileRecord
 from dbidx.table.timeline import Timeline
 
 
@@ -77,13 +79,15 @@ class Table:
             self.timeline.first_checkpoint = props.upgraded_at_seq
         self.timeline.after_publish.append(self._after_publish)
         self.timeline.before_start.append(self.sync_delta_log)
-        self.timeline.before_publish.append(self._check_delta_slot)
+        self.timeline.catch_up.append(self.absorb_delta_log)
+        self.timeline.commit_point = self._commit_point
         self._view = FileView()
         self._data = DataView()
         self._view_lock = threading.RLock()
         self._pins = threading.local()  # per thread: inside `pinned()`, whether the one refresh has been made
         self._delta: DeltaLogWriter | None = None  # set once this process writes: it then derives Delta versions
         self.adopting_delta = False  # a build-index adopting a Delta table: no version is written until it publishes
+        self._absorbing = False  # inside absorb_delta_log (its publishes run the hooks that would call it again)
 
     # ---- identity ----------------------------------------------------------------------------------------
     @classmethod
@@ -300,6 +304,7 @@ class Table:
         return seq if created else None
 
     def _after_publish(self, record: CompletedInstant) -> None:
+        self.io.delete(layout.staged_file(record.instant))
         self.sync_delta_log()
         interval = self.props.checkpoint_interval
         if interval and record.seq % interval == 0:
@@ -310,34 +315,122 @@ class Table:
                 delta_checkpoint(self.io)
 
     def sync_delta_log(self) -> int:
-        """Write the Delta versions (`_delta_log/`) of every completion that has none yet (right after a publish, and
-        before this process claims an instant, so a crash between a publish and its Delta version heals at the next
-        write); refuses with ForeignCommitError when another engine wrote to the Delta log (data/delta_log.py).
-        Returns the number of versions written."""
+        """Bring dbidx up to the Delta log and the log up to dbidx: absorb every version other engines wrote since
+        the index's last (mdt/absorb.py), publish records whose writer put their version but died before publishing,
+        and write the versions of completions an older dbidx published without one (a crash between its two steps).
+        Runs before this process claims an instant and after each publish. Returns the number of versions written."""
         with self._view_lock:
-            if self._delta is None:
-                # Versions of completions this view folded already are derived again only if they are missing.
-                self._delta = DeltaLogWriter(TableShape(self.props.table_id, self.props.created_at_ms or 0,
-                                                        self.props.upgraded_at_seq), self.io)
+            self._delta_writer()
             self.refresh()
             if self.adopting_delta and self._data.delta_adopted is None:
                 return 0
+            self.absorb_delta_log()
             return self._delta.sync(self.io, self.timeline.latest_seq, self.timeline.completed, self._refreshed_seq,
                                     self._data.delta_offset, self._data.delta_first_seq, self.timeline.in_memory)
 
-    def _check_delta_slot(self, record: CompletedInstant) -> None:
-        """Right before `record` is published: the Delta version of its seq must still be free. The check before the
-        instant started covers the log up to then; this one covers the tasks' run, so another engine's commit that
-        landed meanwhile is refused with nothing published (only the create itself remains as a window)."""
-        if self.adopting_delta and self._data.delta_adopted is None:
-            return
-        seq = record.seq
-        version = seq + self._data.delta_offset
-        if not self.io.exists(version_file(version)):
-            return
-        if self._refreshed_seq() >= seq:
-            return  # another dbidx writer published `seq` and wrote its version: this create loses and looks again
-        check_no_foreign([version], version - 1, self.io)
+    def _delta_writer(self) -> DeltaLogWriter:
+        if self._delta is None:
+            # Versions of completions this view folded already are derived again only if they are missing.
+            self._delta = DeltaLogWriter(TableShape(self.props.table_id, self.props.created_at_ms or 0,
+                                                    self.props.upgraded_at_seq), self.io)
+        return self._delta
+
+    def absorb_delta_log(self) -> list[CompletedInstant]:
+        """Give every Delta version beyond the index's latest completion its record: a version a dbidx writer put
+        and staged its record for is published from that record; any other is another engine's commit, absorbed
+        into the index (docs/FORMAT.md section 12c). Returns the records this call published."""
+        if self._absorbing:
+            return []
+        out: list[CompletedInstant] = []
+        with self._view_lock:
+            if self.adopting_delta and self._data.delta_adopted is None:
+                return out
+            self._absorbing = True
+            try:
+                while True:
+                    self.refresh(force=True)
+                    seq = self.timeline.latest_seq + 1
+                    version = seq + self._data.delta_offset
+                    if seq < self._data.delta_first_seq or not self.io.exists(version_file(version)):
+                        return out
+                    out += self._next_version_record(version, seq)
+            finally:
+                self._absorbing = False
+
+    def follow_delta_log(self) -> None:
+        """What every user-facing read does first (read_arrow, read_table, lookup, stats, verify): describe the latest
+        Delta version, whoever wrote it. Absorbing writes the index's records of other engines' versions, so a reader
+        needs write access to the table once another engine has committed."""
+        self.absorb_delta_log()
+
+    def _next_version_record(self, version: int, seq: int) -> list[CompletedInstant]:
+        """Publish the record(s) of Delta version `version` onward, `version` being completion `seq`'s: a dbidx
+        version from its staged record; a run of other engines' versions as one absorbed run ([]: another process
+        published first)."""
+        run = run_in_progress(self.timeline.in_memory(seq - 1))
+        if run is not None:  # a run another absorber started and did not finish: exactly that run
+            first, last = run
+            actions = [read_version(self.io, v) for v in range(first, last + 1)]
+            return absorb_run(self, actions, seq, published=version - first)
+        actions = read_version(self.io, version)
+        staged = self._staged_of(actions, seq)
+        if staged is not None:
+            return staged
+        # Other engines' versions, up to the next one a dbidx writer staged (or a dbidx version whose staged record
+        # is gone: absorbed from its actions like any other).
+        run = [actions]
+        while self.io.exists(version_file(version + len(run))):
+            nxt = read_version(self.io, version + len(run))
+            if nxt.dbidx_instant is not None and self.io.exists(layout.staged_file(nxt.dbidx_instant)):
+                break
+            run.append(nxt)
+        self._delta_writer()
+        return absorb_run(self, run, seq)
+
+    def _staged_of(self, actions: VersionActions, seq: int) -> list[CompletedInstant] | None:
+        """A version a dbidx writer put: its staged record published ([] if someone else did), None if it is not
+        one (or its staged record is gone)."""
+        instant = actions.dbidx_instant
+        if instant is None or not layout.is_instant(instant):
+            return None
+        staged = layout.staged_file(instant)
+        raw = self.io.read_bytes(staged) if self.io.exists(staged) else None
+        if raw is not None:
+            record = self.timeline.publish_staged(raw, self.io.path(staged))
+            if record is not None and record.instant == instant:
+                self.io.delete(staged)
+            return [record] if record is not None else []
+        self.timeline.refresh()
+        if self.timeline.latest_seq >= seq:  # its writer published (and removed the staged copy) meanwhile
+            return []
+        return None
+
+    def _commit_point(self, record: CompletedInstant) -> bool:
+        """The commit point of every completion (docs/FORMAT.md section 12): stage the record, then put its Delta
+        version if absent. True: the version is this record's (the record is published next; if this process dies
+        first, the next reader publishes it from the staged copy). False: the version was taken by another writer
+        (dbidx or not); the staged copy goes and the publish loop looks again."""
+        adopted = record.extra.get(DELTA_ADOPTED_EXTRA) if record.action == ACTION_BUILD_INDEX else None
+        if self.adopting_delta and self._data.delta_adopted is None and adopted is None:
+            return True  # a rollback during an adoption: the log is still the other engine's alone
+        with self._view_lock:
+            self.refresh(force=True)
+            if self._data.applied_seq != record.seq - 1:
+                return False  # a completion landed since the checks: they run again on it
+            delta = self._delta_writer()
+            if adopted is not None:
+                version = check_adopted(adopted, f"instant {record.instant}")["version"] + 1
+            else:
+                version = record.seq + self._data.delta_offset
+            data = version_for(delta.shape, record, self._data, delta.body())
+            staged = layout.staged_file(record.instant)
+            self.io.write_atomic(staged, record.to_json())
+            path = version_file(version)
+            if self.io.create_exclusive(path, data) or self.io.read_bytes(path) == data:
+                delta.mark_written(record.seq)
+                return True
+            self.io.delete(staged)
+            return False
 
     def _refreshed_seq(self) -> int:
         self.refresh()
@@ -531,7 +624,9 @@ class Table:
         return recorded_schema(self.data_view().schema)
 
     def partitions(self) -> list[PartitionStats]:
-        """Every partition with its last commit instant and time, live key count and file-group fills."""
+        """Every partition with its last commit instant and time, live key count and file-group fills (as of the
+        latest Delta version: other engines' versions are absorbed first)."""
+        self.follow_delta_log()
         return self.refresh().partition_stats()
 
     def read_index_file(self, record: FileRecord, read: Callable[[], Any] | None = None) -> Any:

@@ -13,7 +13,7 @@ from typing import Any
 
 from dbidx.data.delta_log import DELTA_LOG_DIR, stored_versions
 from dbidx.data.superseded import load_vector
-from dbidx.errors import CorruptFileError, HistoryCompactedError
+from dbidx.errors import CorruptFileError, DbidxError, HistoryCompactedError
 from dbidx.mdt import rli_files
 from dbidx.mdt.table import Table
 from dbidx.progress import Progress, Steps
@@ -49,9 +49,17 @@ class TableCheck:
 
 
 def verify_table(table: Table, progress: Progress | None = None) -> TableCheck:
-    """Verify size and checksum of every live index file and every published data file of the latest snapshot."""
+    """Verify size and checksum of every live index file and every published data file of the latest snapshot (the
+    latest Delta version: other engines' versions are absorbed first; one that cannot be is reported as damage)."""
+    unabsorbed = None
+    try:
+        table.follow_delta_log()
+    except DbidxError as exc:
+        unabsorbed = {"path": "_delta_log", "problem": f"{type(exc).__name__}: {exc}"}
     view = table.refresh()
     check = TableCheck(seq=table.timeline.latest_seq)
+    if unabsorbed is not None:
+        check.damaged.append(unabsorbed)
     index_records = []
     for partition, shard in view.groups():
         try:

@@ -30,7 +30,8 @@ from dbidx.table.data_view import LAYOUT_EXTRA, DataView
 from dbidx.table.fileio import FileIO
 from dbidx.table.keys import normalize_keys
 from dbidx.table.records import (
-    ACTION_COMMIT, CompletedInstant, DataFileRecord, DeletionVectorRecord, DvFileRecord, FileRecord, PartitionChange,
+    ACTION_ABSORB, ACTION_COMMIT, CompletedInstant, DataFileRecord, DeletionVectorRecord, DvFileRecord, FileRecord,
+    PartitionChange,
 )
 from dbidx.table.state import TableState
 from dbidx.table.timeline import StartedInstant
@@ -327,6 +328,8 @@ class CommitWriter:
         groups = {(f.partition, f.file_group) for f in self._data_files}
         for rec in self.table.timeline.completed(after_seq=basis, upto_seq=view.applied_seq):
             changed = {(f.partition, f.file_group) for f in rec.data_files}
+            if rec.action == ACTION_ABSORB and rec.replaced:  # another engine removed files (groups not looked up)
+                changed.add(None)
             for dv in rec.deletion_vectors:
                 live = view.get(dv.path)
                 changed.add((live.record.partition, live.record.file_group) if live is not None else None)

@@ -13,7 +13,8 @@ from typing import Any, Callable
 from dbidx.errors import CorruptFileError
 from dbidx.table import layout
 from dbidx.table.records import (
-    ACTION_BUILD_INDEX, ACTION_CLEAN, ACTION_COMMIT, ACTION_DATA_COMPACTION, DATA_ACTIONS, CompletedInstant,
+    ACTION_ABSORB, ACTION_BUILD_INDEX, ACTION_CLEAN, ACTION_COMMIT, ACTION_DATA_COMPACTION, DATA_ACTIONS,
+    CompletedInstant,
     DataFileRecord, DeletionVectorRecord, DvFileRecord, FieldError, parse_instant, parse_int, parse_items,
     parse_object, parse_order, parse_path, record_dict,
 )
@@ -96,6 +97,8 @@ class DataView:
                 self._add_written(rec)
             elif rec.action == ACTION_DATA_COMPACTION:
                 self._swap(rec)
+            elif rec.action == ACTION_ABSORB:
+                self._absorb(rec)
             elif rec.action == ACTION_CLEAN:
                 for path in rec.deleted:
                     self._replaced.pop(path, None)
@@ -139,6 +142,27 @@ class DataView:
                 raise CorruptFileError(f"data compaction {rec.instant} (seq {rec.seq}) writes a base for file group "
                                        f"{f.file_group!r} of {f.partition!r} without replacing any of its files")
             self._live[f.path] = LiveDataFile(f, (covered[(f.partition, f.file_group)], 1), rec.seq, rec.instant)
+
+    def _absorb(self, rec: CompletedInstant) -> None:
+        """Another engine's Delta version: the files it removed leave (kept on storage: they are that engine's to
+        VACUUM, and its time travel may read them), the files it added enter as the newest of their groups."""
+        if rec.data_files or rec.replaced:
+            self.writes += 1
+            self.last_write = rec.instant
+        for path in rec.replaced:
+            gone = self._live.pop(path, None)
+            if gone is None:
+                raise CorruptFileError(f"completion {rec.seq} ({rec.instant}) absorbs the removal of {path!r}, which "
+                                       "is not a live data file at that point of the log")
+            self._replaced[path] = (rec.seq, True)
+            self._release(self._dv.pop(path, None), rec.seq)
+        for f in rec.data_files:
+            _check_outside_meta(f.path, rec)
+            if f.path in self._live:
+                raise CorruptFileError(f"completion {rec.seq} ({rec.instant}) absorbs {f.path!r} as a new data file, "
+                                       "but it is live already")
+            self._replaced.pop(f.path, None)  # a file an earlier version removed, added back (a RESTORE)
+            self._live[f.path] = LiveDataFile(f, (rec.seq, 0), rec.seq, rec.instant)
 
     def _set_vectors(self, rec: CompletedInstant) -> None:
         """A completion's deletion vectors replace the earlier ones of their files, which must be live and in a DV

@@ -11,7 +11,7 @@ from typing import Any
 
 from dbidx.errors import CorruptFileError, HistoryCompactedError
 from dbidx.table.records import (
-    ACTION_BUILD_INDEX, ACTION_CLEAN, ACTION_COMMIT, ACTION_COMPACTION, CompletedInstant, FieldError, FileRecord,
+    ACTION_CLEAN, ACTION_COMPACTION, ENTRY_ACTIONS, CompletedInstant, FieldError, FileRecord,
     parse_instant, parse_int, parse_items, parse_object, parse_order, parse_str,
 )
 
@@ -60,7 +60,7 @@ class FileView:
         for rec in records:
             if rec.seq <= self.applied_seq:
                 continue
-            if rec.action in (ACTION_COMMIT, ACTION_BUILD_INDEX):
+            if rec.action in ENTRY_ACTIONS:
                 for f in rec.files:
                     self._add(_Added(rec.seq, f, (rec.seq, 0)))
             if rec.action == ACTION_COMPACTION:
@@ -78,7 +78,7 @@ class FileView:
             if rec.action == ACTION_CLEAN:
                 for path in rec.deleted:
                     self._cleaned[path] = rec.seq
-            if rec.action in (ACTION_COMMIT, ACTION_BUILD_INDEX):
+            if rec.action in ENTRY_ACTIONS:
                 self._apply_stats(rec)
             self.applied_seq = rec.seq
 

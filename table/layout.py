@@ -98,6 +98,11 @@ def validate_instant_file(rel: object, instant: str) -> str:
     return path
 
 
+def is_instant(value: object) -> bool:
+    """Whether `value` has an instant id's form (17 digits), without raising."""
+    return isinstance(value, str) and bool(_INSTANT_RE.match(value))
+
+
 def validate_instant(instant: object) -> str:
     """Return an instant id if it has the yyyyMMddHHmmssSSS form, else raise naming it."""
     if not isinstance(instant, str) or not _INSTANT_RE.match(instant):
@@ -155,6 +160,14 @@ def inflight_file(instant: str) -> str:
 
 
 LATEST_DIR = f"{TIMELINE_DIR}/latest"
+STAGED_DIR = f"{TIMELINE_DIR}/staged"  # records whose Delta version is being put (docs/FORMAT.md section 12)
+
+
+def staged_file(instant: str) -> str:
+    """An instant's completion record, staged before its Delta version is put (the commit point)."""
+    return f"{STAGED_DIR}/{instant}.json"
+
+
 WRITERS_DIR = f"{TIMELINE_DIR}/writers"  # presence files of active writers, only without an exclusive create
 
 

@@ -26,8 +26,13 @@ ACTION_ROLLBACK = "rollback"
 ACTION_BUILD_INDEX = "build_index"
 ACTION_DATA_COMPACTION = "data_compaction"
 ACTION_UPGRADE = "upgrade"  # a format-3 table became format 4: its superseded and delete rows became vectors
+# Another engine's Delta version, applied to the index (data/delta_absorb.py): its files, vectors and key entries.
+ACTION_ABSORB = "absorb"
 ACTIONS = (ACTION_COMMIT, ACTION_COMPACTION, ACTION_CLEAN, ACTION_ROLLBACK, ACTION_BUILD_INDEX, ACTION_DATA_COMPACTION,
-           ACTION_UPGRADE)
+           ACTION_UPGRADE, ACTION_ABSORB)
+# Completions whose index files add live entries (inserts, tombstones, re-pointed keys): what a cache catches up
+# from and what an upsert's conflict check reads.
+ENTRY_ACTIONS = (ACTION_COMMIT, ACTION_BUILD_INDEX, ACTION_ABSORB)
 # Fields format 4 added to records: a record of a format-3 table (before its upgrade) lacks them.
 _FORMAT4_DATA_FILE_FIELDS = {"min_key", "max_key", "deletes"}
 _FORMAT4_RECORD_FIELDS = {"dv_files", "deletion_vectors"}

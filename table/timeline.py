@@ -65,9 +65,17 @@ class Timeline:
         # Run before this process claims an instant (the table brings its Delta log up to date and checks that no
         # other engine wrote to it; an error here stops the write before anything is claimed).
         self.before_start: list[Callable[[], None]] = []
-        # Run right before the atomic create of a completion record, with that record (the table checks that the
-        # Delta version of its seq is still free); an error here publishes nothing.
+        # Run right before the atomic create of a completion record, with that record; an error here publishes
+        # nothing.
         self.before_publish: list[Callable[[CompletedInstant], None]] = []
+        # The table's commit point (docs/FORMAT.md section 12): run with the record about to be published, after the
+        # checks; it stages the record and puts the record's Delta version if absent. True: the version is this
+        # record's, the record is then published (by this process, or by any reader that finds the version first).
+        # False: another writer took the version: the loop reads what it published and tries the next seq.
+        self.commit_point: Callable[[CompletedInstant], bool] | None = None
+        # Run at the top of every publish attempt (the table absorbs Delta versions other engines wrote, and publishes
+        # records other writers staged, so the checks below see them as completions).
+        self.catch_up: list[Callable[[], None]] = []
 
     # ---- reading -----------------------------------------------------------------------------------------
     def refresh(self) -> list[CompletedInstant]:
@@ -258,16 +266,17 @@ class Timeline:
             raise CorruptFileError(f"rollback plan {self.io.path(rel)} is not valid: {exc}") from exc
 
     # ---- writing -----------------------------------------------------------------------------------------
-    def start(self, action: str, ignore: Iterable[str] = ()) -> StartedInstant:
+    def start(self, action: str, ignore: Iterable[str] = (), hooks: bool = True) -> StartedInstant:
         """Claim a new instant id, unique among all writers, and record it as requested.
 
         On a filesystem without an exclusive create (no link, no conditional put, no commit lock) the writer also
         announces itself and refuses to run beside another active writer (`ignore`: instants a rollback ends).
+        hooks=False: without the `before_start` hooks (an absorb, which those hooks run themselves).
         """
         if action not in ACTIONS:
             raise InstantStateError(f"unknown action {action!r}; expected one of {ACTIONS}")
         self.refresh()
-        for hook in self.before_start:
+        for hook in self.before_start if hooks else ():
             hook()
         candidate = max(layout.now_instant(), self._max_known_instant() + 1)
         while True:
@@ -308,8 +317,10 @@ class Timeline:
         """
         checked = started.start_seq
         while True:
-            # 1. Look at everything that completed since we last looked.
+            # 1. Look at everything that completed since we last looked (other engines' Delta versions included).
             self.refresh()
+            for hook in self.catch_up:
+                hook()
             news = self.completed(after_seq=checked)
             for rec in news:
                 if rec.action == ACTION_ROLLBACK and rec.rolled_back == started.instant:
@@ -326,6 +337,9 @@ class Timeline:
             record = build(checked + 1)
             for hook in self.before_publish:
                 hook(record)
+            # 3. The commit point: the record's Delta version, put if absent. Losing it: someone else committed.
+            if self.commit_point is not None and not self.commit_point(record):
+                continue
             try:
                 created = self.io.create_exclusive(layout.completed_file(record.seq), record.to_json())
             except StoreUnavailableError:
@@ -339,6 +353,50 @@ class Timeline:
             if created:
                 self._after_publish(record, started.instant)
                 return record
+            if self.commit_point is not None:
+                # Our Delta version is on storage, so the record is ours: a reader that met the version first
+                # published it from the staged copy (the same bytes).
+                return self._published_by_other(record, started.instant)
+
+    def publish_exact(self, started: StartedInstant, record: CompletedInstant) -> bool:
+        """Publish `record` at exactly its seq, with no checks and no commit point (an absorbed Delta version, which
+        is on storage already); False if another process published that seq first."""
+        try:
+            created = self.io.create_exclusive(layout.completed_file(record.seq), record.to_json())
+        except StoreUnavailableError:
+            self.refresh()
+            if self._by_instant.get(started.instant) is None:
+                raise
+            created = True
+        if created:
+            self._after_publish(record, started.instant)
+        return created
+
+    def publish_staged(self, raw: bytes, where: str) -> CompletedInstant | None:
+        """Publish a record another writer staged and whose Delta version is on storage (its writer died or is slow
+        between the two steps); None if the seq is taken by something else. The bytes are checked as any record."""
+        record = CompletedInstant.from_json(raw, where)
+        if record.table_id != self.table_id:
+            raise CorruptFileError(f"{where} is a record of table {record.table_id}, not of {self.table_id}")
+        if record.seq != self.latest_seq + 1:
+            return None
+        self.io.create_exclusive(layout.completed_file(record.seq), raw)
+        self.refresh()
+        mine = self._by_instant.get(record.instant)
+        if mine is None or mine.seq != record.seq:
+            return None
+        self._advance_latest(record.seq)
+        return mine
+
+    def _published_by_other(self, record: CompletedInstant, instant: str) -> CompletedInstant:
+        self.refresh()
+        mine = self._by_instant.get(instant)
+        if mine is None or mine.seq != record.seq or mine.action != record.action:
+            raise CorruptFileError(
+                f"completion {self.io.path(layout.completed_file(record.seq))} is not instant {instant}'s record, "
+                "although that instant's Delta version is on storage: the timeline and the Delta log disagree")
+        self._after_publish(mine, instant)
+        return mine
 
     def rollback(self, instant: str, action_files: Iterable[str] = (), ignore: Iterable[str] = ()) -> CompletedInstant:
         """Abort an unfinished instant: publish a rollback record first (so it can never complete), then delete its

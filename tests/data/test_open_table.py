@@ -13,7 +13,7 @@ import pytest
 from dbidx.buckets.assigner import BucketSpec
 from dbidx.config import CacheConfig
 from dbidx.data import compaction as data_compaction, delta_log, reads
-from dbidx.errors import CorruptFileError, ForeignCommitError, HistoryCompactedError, InvalidInputError
+from dbidx.errors import CorruptFileError, HistoryCompactedError, InvalidInputError
 from dbidx.mdt.build_index import build_index
 from dbidx.mdt.table import Table
 from dbidx.mdt.verify_table import verify_table
@@ -300,28 +300,31 @@ def test_a_damaged_deletion_vector_is_loud(tmp_path: Path) -> None:
     assert [d["path"] for d in json.loads(result.output)["damaged"]] == [record.dv_files[0].path]
 
 
-def test_a_commit_another_engine_wrote_is_refused(tmp_path: Path) -> None:
+def test_a_commit_another_engine_wrote_is_absorbed(tmp_path: Path) -> None:
+    """A commitInfo-only version of another engine (a VACUUM START/END) gets an absorb record of its own; the next
+    upsert writes the version after it."""
     table = Table.create(str(tmp_path / "t"), num_shards=1)
     config = CacheConfig(base_path=str(tmp_path / "cache"))
     upsert_arrow(pa.table({"id": ["a"], "dt": ["d1"], "v": [1]}), table, key="id", partition="dt",
                  cache_config=config)
-    foreign = {"commitInfo": {"timestamp": 1, "operation": "WRITE", "engineInfo": "another"}}
-    Path(table.io.path(delta_log.version_file(2))).write_text(json.dumps(foreign) + "\n")
-    with pytest.raises(ForeignCommitError, match="another engine"):
-        upsert_arrow(pa.table({"id": ["a"], "dt": ["d1"], "v": [2]}), table, key="id", partition="dt",
-                     cache_config=config)
-    assert reads.read_arrow(table, columns=["v"]).column("v").to_pylist() == [1]
+    _foreign_version(table, 2)
+    upsert_arrow(pa.table({"id": ["a"], "dt": ["d1"], "v": [2]}), table, key="id", partition="dt",
+                 cache_config=config)
+    assert [r.action for r in table.timeline.completed()] == ["commit", "absorb", "commit"]
+    assert delta_log.listed_versions(table.io) == [0, 1, 2, 3]
+    assert reads.read_arrow(table, columns=["v"]).column("v").to_pylist() == [2]
+    assert_readers_agree(Table.open(table.uri), COLUMNS, {("a", "d1", 2)})
 
 
 def _foreign_version(table: Table, version: int) -> None:
-    foreign = {"commitInfo": {"timestamp": 1, "operation": "WRITE", "engineInfo": "another"}}
+    foreign = {"commitInfo": {"timestamp": 1, "operation": "VACUUM START", "engineInfo": "another"}}
     Path(table.io.path(delta_log.version_file(version))).write_text(json.dumps(foreign) + "\n")
 
 
-def test_a_foreign_commit_landing_while_the_tasks_run_is_refused_at_publish(tmp_path: Path,
-                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    """Another engine commits after the upsert's start check passed: the publish sees the taken version and
-    publishes nothing (the instant is rolled back), so dbidx and the Delta readers still agree."""
+def test_a_foreign_commit_landing_while_the_tasks_run_is_absorbed_at_publish(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another engine commits while the upsert's tasks run: the publish absorbs it (it touched none of the batch's
+    keys) and the upsert commits at the next Delta version; every reader agrees."""
     from dbidx.spark_integration import task
 
     table = Table.create(str(tmp_path / "t"), num_shards=1)
@@ -336,35 +339,41 @@ def test_a_foreign_commit_landing_while_the_tasks_run_is_refused_at_publish(tmp_
         return result
 
     monkeypatch.setattr(task, "upsert_batches", tasks_then_foreign)
-    with pytest.raises(ForeignCommitError, match="another engine") as caught:
-        upsert_arrow(pa.table({"id": ["a"], "dt": ["d1"], "v": [2]}), table, key="id", partition="dt",
-                     cache_config=config)
-    assert caught.value.published is None
+    upsert_arrow(pa.table({"id": ["a"], "dt": ["d1"], "v": [2]}), table, key="id", partition="dt",
+                 cache_config=config)
     reopened = Table.open(table.uri)
     reopened.refresh()
-    assert reopened.timeline.latest_seq == 1  # nothing published (not even the rollback: its version is taken too)
-    assert reads.read_arrow(reopened, columns=["v"]).column("v").to_pylist() == [1]
-    assert via_deltalake(table.uri, ["id", "v"], version=1) == [("a", 1)]
+    assert [r.action for r in reopened.timeline.completed()] == ["commit", "absorb", "commit"]
+    assert reads.read_arrow(reopened, columns=["v"]).column("v").to_pylist() == [2]
+    assert via_deltalake(table.uri, ["id", "v"], version=2) == [("a", 1)]
+    assert via_deltalake(table.uri, ["id", "v"], version=3) == [("a", 2)]
 
 
-def test_a_foreign_commit_taking_the_version_after_the_publish_is_loud(tmp_path: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """The last window: another engine takes the Delta version between dbidx's check and its publish. The upsert
-    raises (never a warning and a summary), names the published completion, and every later write refuses."""
+def test_a_foreign_commit_taking_the_version_at_the_commit_point_is_absorbed(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The last window of the old protocol: another engine takes the Delta version right before dbidx puts it.
+    The Delta put is the commit point, so dbidx loses it cleanly (nothing of its record is visible), absorbs the
+    other version, checks again and commits at the next one."""
     table = Table.create(str(tmp_path / "t"), num_shards=1)
     config = CacheConfig(base_path=str(tmp_path / "cache"))
     upsert_arrow(pa.table({"id": ["a"], "dt": ["d1"], "v": [1]}), table, key="id", partition="dt",
                  cache_config=config)
-    monkeypatch.setattr(table.timeline, "before_publish",
-                        table.timeline.before_publish + [lambda record: _foreign_version(table, record.seq)])
-    with pytest.raises(ForeignCommitError, match="completed at seq 2") as caught:
-        upsert_arrow(pa.table({"id": ["a"], "dt": ["d1"], "v": [2]}), table, key="id", partition="dt",
-                     cache_config=config)
-    assert caught.value.published is not None and caught.value.published.seq == 2
-    monkeypatch.undo()
-    with pytest.raises(ForeignCommitError, match="build-index"):
-        upsert_arrow(pa.table({"id": ["b"], "dt": ["d1"], "v": [3]}), Table.open(table.uri), key="id",
-                     partition="dt", cache_config=config)
+    taken: list[int] = []
+
+    def take(record) -> None:
+        if not taken:
+            taken.append(record.seq)
+            _foreign_version(table, record.seq)
+
+    monkeypatch.setattr(table.timeline, "before_publish", table.timeline.before_publish + [take])
+    upsert_arrow(pa.table({"id": ["a"], "dt": ["d1"], "v": [2]}), table, key="id", partition="dt",
+                 cache_config=config)
+    assert taken == [2]
+    reopened = Table.open(table.uri)
+    reopened.refresh()
+    assert [r.action for r in reopened.timeline.completed()] == ["commit", "absorb", "commit"]
+    assert not list(Path(table.io.path(".dbidx/timeline")).glob("staged/*"))
+    assert_readers_agree(reopened, COLUMNS, {("a", "d1", 2)})
 
 
 def test_delta_log_cleanup_below_a_checkpoint_is_not_a_foreign_commit(tmp_path: Path) -> None:

@@ -70,8 +70,8 @@ def test_commit_landing_during_compaction_stays_newer(table):
     original_refresh = table.refresh
     calls = {"n": 0}
 
-    def refresh_then_commit():
-        result = original_refresh()
+    def refresh_then_commit(**kwargs):
+        result = original_refresh(**kwargs)
         if calls["n"] == 0:
             calls["n"] += 1
             other = Table.open(table.uri)

@@ -43,7 +43,7 @@ def test_another_process_finds_superseded_rows_through_the_key_files(tmp_path: P
     def no_decoding(*_args: object, **_kwargs: object) -> pa.Array:
         raise AssertionError("a data file was decoded although its key file is there")
 
-    monkeypatch.setattr(superseded, "_read_keys", no_decoding)
+    monkeypatch.setattr(superseded, "read_key_column", no_decoding)
     summary = upsert_arrow(rows([f"k{i}" for i in range(0, 3000, 7)], 2), table, key="id", partition="dt",
                            cache_config=config).to_dict()
     assert sum(s["keys_from_key_files"] for s in summary["per_shard"]) == len(live)

@@ -1,0 +1,323 @@
+"""Other engines write to a dbidx table: every kind of commit delta-rs and polars make is absorbed into the index
+(docs/FORMAT.md section 12c), and dbidx's next upserts (which update keys in the files the other engine touched)
+leave exactly the rows an independent model expects, the same in dbidx, deltalake's QueryBuilder, polars and
+DuckDB, with no key live twice and no update lost."""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Callable
+
+import polars as pl
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from dbidx.config import CacheConfig
+from dbidx.data import delta_log
+from dbidx.errors import ConflictError, DeltaFeatureError, ForeignDuplicateError
+from dbidx.mdt.table import Table
+from dbidx.mdt.verify_table import verify_table
+from dbidx.spark_integration.local import upsert_arrow
+
+from tests.data.test_delta_adopt import _delete_rows, _log
+from tests.delta_readers import assert_readers_agree
+
+COLUMNS = ("id", "dt", "v")
+DAYS = ("d1", "d2", "d3")
+Model = dict[tuple[str, str], int]  # (dt, id) -> v
+
+
+def rows_of(model: Model) -> set[tuple]:
+    return {(i, d, v) for (d, i), v in model.items()}
+
+
+def arrow(rows: list[tuple[str, str, int]], deletes: list[bool] | None = None) -> pa.Table:
+    ids, days, values = (list(c) for c in zip(*rows)) if rows else ([], [], [])
+    data = {"id": ids, "dt": days, "v": pa.array(values, pa.int64())}
+    if deletes is not None:
+        data["_dbidx_delete"] = deletes
+    return pa.table(data)
+
+
+class Writer:
+    """A dbidx table with history, its model, and one dbidx upsert at a time."""
+
+    def __init__(self, tmp_path: Path, global_index: bool = False) -> None:
+        self.table = Table.create(str(tmp_path / "t"), num_shards=2, global_index=global_index)
+        self.path = self.table.io.path("")
+        self.config = CacheConfig(base_path=str(tmp_path / "cache"))
+        self.model: Model = {}
+        self.rng = random.Random(42)
+        for batch in range(3):  # history: inserts, then updates and a delete (deletion vectors in the log)
+            rows = [(f"k{i}", DAYS[i % 3], batch * 100 + i) for i in range(batch * 4, batch * 4 + 12)]
+            self.upsert(rows)
+        self.upsert([("k0", "d1", 0)], deletes=[True])
+
+    def upsert(self, rows: list[tuple[str, str, int]], deletes: list[bool] | None = None,
+               table: Table | None = None) -> None:
+        deletes = deletes or [False] * len(rows)
+        upsert_arrow(arrow(rows, deletes), table or self.table, key="id", partition="dt", cache_config=self.config)
+        for (i, d, v), gone in zip(rows, deletes):
+            if gone:
+                self.model.pop((d, i), None)
+            else:
+                self.model[(d, i)] = v
+
+    def touched_update(self, value: int) -> None:
+        """dbidx updates every live key (so every file another engine touched), inserts two and deletes one."""
+        live = sorted(self.model)
+        rows = [(i, d, value + n) for n, (d, i) in enumerate(live[1:])] + [("new1", "d1", value), ("new2", "d3", 1)]
+        deletes = [False] * (len(rows) - 0)
+        rows.append((live[0][1], live[0][0], 0))
+        deletes.append(True)
+        self.upsert(rows, deletes, Table.open(self.path))
+
+    def check(self) -> None:
+        table = Table.open(self.path)
+        assert set(assert_readers_agree(table, COLUMNS)) == rows_of(self.model)
+        ids = [(r[1], r[0]) for r in assert_readers_agree(table, COLUMNS)]
+        assert len(ids) == len(set(ids)), "a key is live twice"
+        assert verify_table(table).ok
+
+
+def _append(w: Writer) -> None:
+    rows = [(f"a{i}", DAYS[i % 3], 500 + i) for i in range(5)]
+    write_deltalake(w.path, arrow(rows), partition_by=["dt"], mode="append")
+    w.model.update({(d, i): v for i, d, v in rows})
+
+
+def _polars_append(w: Writer) -> None:
+    rows = [(f"p{i}", DAYS[i % 3], 600 + i) for i in range(4)]
+    pl.from_arrow(arrow(rows)).write_delta(w.path, mode="append")
+    w.model.update({(d, i): v for i, d, v in rows})
+
+
+def _overwrite(w: Writer) -> None:
+    rows = [(f"k{i}", DAYS[i % 3], 700 + i) for i in range(3, 9)] + [("o1", "d2", 1)]
+    write_deltalake(w.path, arrow(rows), partition_by=["dt"], mode="overwrite")
+    w.model = {(d, i): v for i, d, v in rows}
+
+
+def _delete(w: Writer) -> None:
+    DeltaTable(w.path).delete("v >= 210")
+    w.model = {k: v for k, v in w.model.items() if v < 210}
+
+
+def _update(w: Writer) -> None:
+    DeltaTable(w.path).update(predicate="dt = 'd2'", updates={"v": "v + 1000"})
+    w.model = {k: (v + 1000 if k[0] == "d2" else v) for k, v in w.model.items()}
+
+
+def _merge(w: Writer) -> None:
+    source = arrow([("k5", "d3", 55), ("k7", "d2", 77), ("m1", "d1", 1)])
+    (DeltaTable(w.path).merge(source, predicate="t.id = s.id and t.dt = s.dt", source_alias="s", target_alias="t")
+     .when_matched_update_all().when_not_matched_insert_all().execute())
+    w.model.update({(d, i): v for i, d, v in zip(*(source.column(c).to_pylist() for c in COLUMNS))})
+
+
+def _compact(w: Writer) -> None:
+    DeltaTable(w.path).optimize.compact()
+
+
+def _z_order(w: Writer) -> None:
+    DeltaTable(w.path).optimize.z_order(["id"])
+
+
+def _vacuum(w: Writer) -> None:
+    DeltaTable(w.path).optimize.compact()
+    DeltaTable(w.path).vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
+
+
+def _checkpoint(w: Writer) -> None:
+    DeltaTable(w.path).create_checkpoint()
+
+
+def _cleanup_metadata(w: Writer) -> None:
+    table = DeltaTable(w.path)
+    table.alter.set_table_properties({"delta.logRetentionDuration": "interval 0 seconds"})
+    DeltaTable(w.path).create_checkpoint()
+    DeltaTable(w.path).cleanup_metadata()
+
+
+def _dv_delete(w: Writer) -> None:
+    """A Spark/Databricks DELETE by deletion vector (written by hand: delta-rs writes none)."""
+    adds = {}
+    for action in _log(Path(w.path)):
+        if "add" in action:
+            adds[action["add"]["path"]] = action["add"]
+        if "remove" in action:
+            adds.pop(action["remove"]["path"], None)
+    live = DeltaTable(w.path).file_uris()
+    plain = [a for p, a in sorted(adds.items()) if "deletionVector" not in a and any(u.endswith(p) for u in live)]
+    target = plain[0]
+    ids = pl.read_parquet(Path(w.path) / target["path"]).get_column("id").to_list()
+    _delete_rows(Path(w.path), target, [0], inline=True)
+    day = target["partitionValues"]["dt"]
+    w.model.pop((day, ids[0]), None)
+
+
+OPERATIONS: dict[str, Callable[[Writer], None]] = {
+    "append": _append, "polars-append": _polars_append, "overwrite": _overwrite, "delete": _delete,
+    "update": _update, "merge": _merge, "optimize-compact": _compact, "z-order": _z_order, "vacuum": _vacuum,
+    "checkpoint": _checkpoint, "cleanup-metadata": _cleanup_metadata, "dv-delete": _dv_delete,
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPERATIONS))
+def test_another_engines_commit_is_absorbed_and_dbidx_writes_on(tmp_path: Path, name: str) -> None:
+    w = Writer(tmp_path)
+    w.check()
+    OPERATIONS[name](w)
+    w.check()  # dbidx reads the other engine's version (absorbed on read)
+    w.touched_update(2000)
+    w.check()
+    w.touched_update(3000)  # and once more, from files dbidx itself wrote over the absorbed ones
+    w.check()
+
+
+def test_a_run_of_mixed_operations_matches_the_model(tmp_path: Path) -> None:
+    """Several engines' commits in a row, then dbidx, then more: absorbed one version at a time."""
+    w = Writer(tmp_path)
+    for name in ("append", "optimize-compact", "update", "vacuum", "merge", "polars-append", "delete"):
+        OPERATIONS[name](w)
+    w.touched_update(5000)
+    for name in ("z-order", "dv-delete", "append"):
+        OPERATIONS[name](w)
+    w.touched_update(6000)
+    w.check()
+    table = Table.open(w.path)
+    table.refresh()
+    actions = [r.action for r in table.timeline.completed()]
+    assert actions.count("absorb") >= 10
+
+
+def test_global_index_absorbs_a_rewrite(tmp_path: Path) -> None:
+    w = Writer(tmp_path, global_index=True)
+    _compact(w)
+    _update(w)
+    w.touched_update(2000)
+    w.check()
+
+
+def test_a_blind_append_of_a_live_key_is_refused_by_name_and_nothing_is_absorbed(tmp_path: Path) -> None:
+    w = Writer(tmp_path)
+    write_deltalake(w.path, arrow([("k5", "d3", 1), ("fresh", "d1", 2)]), partition_by=["dt"], mode="append")
+    latest = Table.open(w.path)
+    latest.refresh()
+    before = latest.timeline.latest_seq
+    with pytest.raises(ForeignDuplicateError, match=r"WRITE by delta-rs.*'k5'.*--readopt") as caught:
+        w.upsert([("k1", "d2", 9)])
+    assert "part-" in str(caught.value)
+    again = Table.open(w.path)
+    again.refresh()
+    assert again.timeline.latest_seq == before  # nothing absorbed, nothing published
+    assert not verify_table(again).ok
+
+
+def test_a_changed_partitioning_is_refused_by_name(tmp_path: Path) -> None:
+    w = Writer(tmp_path)
+    rows = arrow([("x", "d1", 1)])
+    write_deltalake(w.path, rows, mode="overwrite", schema_mode="overwrite", partition_by=[])
+    with pytest.raises(DeltaFeatureError, match="partition columns"):
+        w.upsert([("k1", "d2", 9)])
+
+
+def test_an_update_racing_another_engines_rewrite_of_its_keys_conflicts(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """An OPTIMIZE lands while dbidx's tasks run and re-points the keys the batch updates: the batch's rows were
+    written against the old file groups, so it conflicts with nothing published; a retry succeeds."""
+    from dbidx.spark_integration import task
+
+    w = Writer(tmp_path)
+    real = task.upsert_batches
+    fired: list[bool] = []
+
+    def tasks_then_optimize(*args, **kwargs):
+        result = real(*args, **kwargs)
+        if not fired:
+            fired.append(True)
+            _compact(w)
+        return result
+
+    monkeypatch.setattr(task, "upsert_batches", tasks_then_optimize)
+    versions = delta_log.listed_versions(w.table.io)
+    with pytest.raises(ConflictError, match="conflicts"):
+        w.upsert([("k5", "d3", 1)], table=Table.open(w.path))
+    # The OPTIMIZE's version, then the rollback's (commitInfo only): the batch added no row.
+    assert delta_log.listed_versions(w.table.io) == versions + [versions[-1] + 1, versions[-1] + 2]
+    w.check()
+    w.upsert([("k5", "d3", 1)], table=Table.open(w.path))
+    w.check()
+
+
+def test_a_commit_staged_by_a_writer_that_died_is_published_by_the_next(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer put its Delta version (the commit point) and died before publishing its record: the next reader
+    publishes the record from the staged copy, so dbidx and the Delta readers never disagree for long."""
+    from dbidx.table import timeline as timeline_module
+
+    w = Writer(tmp_path)
+    real = timeline_module.Timeline._after_publish
+    original_create = w.table.io.create_exclusive
+
+    class Died(Exception):
+        pass
+
+    def create(rel: str, data: bytes) -> bool:
+        if rel.startswith(".dbidx/timeline/completed/"):
+            raise Died()
+        return original_create(rel, data)
+
+    table = Table.open(w.path)
+    monkeypatch.setattr(table.io, "create_exclusive", create)
+    with pytest.raises(Died):
+        upsert_arrow(arrow([("k5", "d3", 1)], [False]), table, key="id", partition="dt", cache_config=w.config)
+    monkeypatch.undo()
+    del real
+    staged = list(Path(w.path, ".dbidx/timeline/staged").glob("*.json"))
+    assert len(staged) == 1
+    w.model[("d3", "k5")] = 1  # its Delta version is the table's now
+    w.check()
+    assert not list(Path(w.path, ".dbidx/timeline/staged").glob("*.json"))
+    w.touched_update(100)
+    w.check()
+
+
+def test_the_version_of_an_absorbed_record_is_never_written_by_dbidx(tmp_path: Path) -> None:
+    w = Writer(tmp_path)
+    _append(w)
+    Table.open(w.path).follow_delta_log()
+    log = Path(w.path, "_delta_log")
+    newest = max(delta_log.listed_versions(w.table.io))
+    first = json.loads((log / f"{newest:020d}.json").read_text().splitlines()[0])
+    assert first["commitInfo"].get("engineInfo", "").startswith("delta-rs")
+    fresh = Table.open(w.path)
+    assert fresh.sync_delta_log() == 0
+
+
+def test_a_data_compaction_racing_another_engines_optimize_conflicts(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """dbidx's data compaction and another engine's OPTIMIZE rewrite the same files: the one that commits second
+    (dbidx here) publishes nothing and says so; the table stays whole and a second run compacts what is left."""
+    from dbidx.data import compaction
+
+    w = Writer(tmp_path)
+    real = compaction._write_base
+    fired: list[bool] = []
+
+    def base_then_optimize(*args, **kwargs):
+        if not fired:
+            fired.append(True)
+            _compact(w)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(compaction, "_write_base", base_then_optimize)
+    with pytest.raises(ConflictError, match="another engine"):
+        Table.open(w.path).compact_data(min_files=1, target_file_bytes=1 << 30)
+    monkeypatch.undo()
+    w.check()
+    Table.open(w.path).compact_data(min_files=2)
+    w.touched_update(10)
+    w.check()
