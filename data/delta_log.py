@@ -406,7 +406,9 @@ class DeltaLogWriter:
         for v in wanted:
             data = self.pending.get(v)
             if isinstance(data, CorruptFileError):
-                if v in present:  # written by the process that published it, before a clean removed its DV files
+                # Written by the process that published it, before a clean removed its DV files: a record is only
+                # published once its version exists, so a version this process cannot derive must be there.
+                if v in present or io.exists(version_file(v + offset)):
                     continue
                 raise CorruptFileError(f"Delta version {v + offset} of {io.path(DELTA_LOG_DIR)} is missing and "
                                        f"cannot be derived again: {data}") from data

@@ -321,3 +321,18 @@ def test_a_data_compaction_racing_another_engines_optimize_conflicts(tmp_path: P
     Table.open(w.path).compact_data(min_files=2)
     w.touched_update(10)
     w.check()
+
+
+def test_a_long_lived_writer_beside_another_process_compactions_and_cleans(tmp_path: Path) -> None:
+    """A streaming writer keeps one Table open while another process compacts the data and cleans: the writer cannot
+    derive the versions whose DV files the clean removed, and needs not (they are on storage); it keeps writing."""
+    w = Writer(tmp_path)
+    streaming = Table.open(w.path)
+    w.upsert([("k1", "d2", 1)], table=streaming)
+    other = Table.open(w.path)
+    w.upsert([("k2", "d3", 2), ("k4", "d2", 4)], table=other)
+    other.compact_data(min_files=1, target_file_bytes=1 << 30, deleted_share=0.01)
+    assert other.clean(retain_completions=0) is not None
+    for i in range(3):
+        w.upsert([("k1", "d2", 10 + i), (f"s{i}", "d1", i)], table=streaming)
+    w.check()
