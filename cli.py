@@ -99,22 +99,32 @@ def init_cmd(uri: str, num_shards: int, global_index: bool, as_json: bool) -> No
 @click.option("--key", "key_column", required=True, help="Record key column of the data files.")
 @click.option("--partition-col", "partition_columns", multiple=True,
               help="Hive partition column(s), outermost first; checked against the directory layout.")
-@click.option("--num-shards", default=4, show_default=True, type=click.IntRange(min=1),
-              help="Key shards of the new index.")
+@click.option("--num-shards", default=None, type=click.IntRange(min=1),
+              help="Key shards of the new index (default 4; with --readopt, the old index's).")
 @click.option("--global-index", is_flag=True, help="Build a global index (keys unique table-wide).")
+@click.option("--readopt", is_flag=True,
+              help="Rebuild the index of an indexed table from its Delta table as it is now (the old index folder "
+                   "is moved aside; shards and mode kept unless given): the remedy for versions dbidx cannot absorb.")
 @json_option
-def build_index_cmd(uri: str, key_column: str, partition_columns: tuple[str, ...], num_shards: int,
-                    global_index: bool, as_json: bool) -> None:
+def build_index_cmd(uri: str, key_column: str, partition_columns: tuple[str, ...], num_shards: int | None,
+                    global_index: bool, readopt: bool, as_json: bool) -> None:
     """Build the record-level index of the Parquet data set at URI, or adopt the Delta table at URI."""
     from dbidx.mdt.build_index import build_index
+    from dbidx.mdt.readopt import readopt as readopt_table
     from dbidx.mdt.table import Table
 
-    table = Table.open_or_create(uri, num_shards=num_shards, global_index=global_index,
-                                 storage_options=storage_options())
+    moved = None
     with ProgressBar("build-index", wants_json(as_json)) as progress:
-        result = build_index(table, key_column, partition_columns or None, progress=progress)
+        if readopt:
+            done = readopt_table(uri, key_column, partition_columns or None, num_shards,
+                                 global_index or None, storage_options(), progress)
+            table, result, moved = done.table, done.build, done.moved_to
+        else:
+            table = Table.open_or_create(uri, num_shards=num_shards or 4, global_index=global_index,
+                                         storage_options=storage_options())
+            result = build_index(table, key_column, partition_columns or None, progress=progress)
     payload = {"instant": result.instant, "files": result.files, "partitions": result.partitions,
-               "keys": result.keys, "uri": table.uri}
+               "keys": result.keys, "uri": table.uri, "old_index_moved_to": moved}
     output(as_json).emit(payload, lambda p: f"indexed {p['keys']} keys from {p['files']} files in "
                                             f"{p['partitions']} partitions (instant {p['instant']})")
 
@@ -299,14 +309,37 @@ def repair_cmd(uri: str, as_json: bool) -> None:
 
     table = open_table(uri)
     strays = remove_strays(table.io, table.timeline)  # 1. first: they stop every writer
+    absorbed = table.absorb_delta_log()
     written = table.sync_delta_log()
     swept = table.sweep_leftovers()
-    output(as_json).emit({"versions_written": written, "version": table.timeline.latest_seq,
-                          "leftovers_deleted": swept.total, "out_of_range_removed": strays},
-                         lambda p: f"wrote {p['versions_written']} missing Delta version(s); the table is at "
+    output(as_json).emit({"versions_written": written, "versions_absorbed": len(absorbed),
+                          "version": table.delta_version(), "leftovers_deleted": swept.total,
+                          "out_of_range_removed": strays},
+                         lambda p: f"absorbed {p['versions_absorbed']} Delta version(s) of other writers; wrote "
+                                   f"{p['versions_written']} missing Delta version(s); the table is at "
                                    f"version {p['version']}; deleted {p['leftovers_deleted']} leftover file(s)"
                                    + "".join(f"\nremoved {s} (an instant id at the end of the 17-digit range)"
                                              for s in p["out_of_range_removed"]))
+
+
+@main.command("sync")
+@table_argument()
+@json_option
+def sync_cmd(uri: str, as_json: bool) -> None:
+    """Bring the index at URI up to its Delta log: absorb the versions other engines (delta-rs, Spark, polars, ...)
+    committed since the index's last, and publish the records of dbidx writers that put their Delta version and died
+    before publishing (docs/FORMAT.md sections 12 and 12c). Every write and read does this first; run it to see it."""
+    table = open_table(uri)
+    records = table.absorb_delta_log()
+    absorbed = [r for r in records if r.action == "absorb"]
+    output(as_json).emit({"version": table.delta_version(), "absorbed": len(absorbed),
+                          "published": len(records) - len(absorbed),
+                          "operations": sorted({str(r.extra.get("absorbed", {}).get("operation", ""))
+                                                for r in absorbed})},
+                         lambda p: f"absorbed {p['absorbed']} Delta version(s) of other writers"
+                                   + (f" ({', '.join(p['operations'])})" if p["operations"] else "")
+                                   + f", published {p['published']} staged record(s); the index is at Delta "
+                                     f"version {p['version']}")
 
 
 @main.command("upgrade")

@@ -357,6 +357,11 @@ class Table:
             finally:
                 self._absorbing = False
 
+    def delta_version(self) -> int:
+        """The Delta version of the index's latest completion (what Delta readers call the table's version)."""
+        view = self.data_view()
+        return self.timeline.latest_seq + view.delta_offset
+
     def follow_delta_log(self) -> None:
         """What every user-facing read does first (read_arrow, read_table, lookup, stats, verify): describe the latest
         Delta version, whoever wrote it. Absorbing writes the index's records of other engines' versions, so a reader

@@ -55,6 +55,7 @@ COMMANDS = {
     "stats": ["stats", "{t}"],
     "verify": ["verify", "{t}"],
     "cache bootstrap": ["cache", "bootstrap", "{t}", "--days", "3", "--now", "2025-01-10"],
+    "bootstrap": ["bootstrap", "{t}", "--days", "3", "--now", "2025-01-10"],
     "cache info": ["cache", "info"],
     "cache stats": ["cache", "stats"],
     "cache sync": ["cache", "sync", "{t}"],
@@ -63,6 +64,7 @@ COMMANDS = {
     "compact": ["compact", "{t}", "--data"],
     "rollback": ["rollback", "{t}", "--all-pending"],
     "repair": ["repair", "{t}"],
+    "sync": ["sync", "{t}"],
     "upgrade": ["upgrade", "{t}"],
 }
 

@@ -214,14 +214,48 @@ def test_a_blind_append_of_a_live_key_is_refused_by_name_and_nothing_is_absorbed
     again.refresh()
     assert again.timeline.latest_seq == before  # nothing absorbed, nothing published
     assert not verify_table(again).ok
+    # The remedy the error names: the repeated row removed with the engine that wrote it; dbidx then absorbs the
+    # append and the delete together (their net effect repeats no key) and writes on.
+    DeltaTable(w.path).delete("id = 'k5' and v = 1")
+    w.model[("d1", "fresh")] = 2
+    w.upsert([("k1", "d2", 9)])
+    w.check()
 
 
-def test_a_changed_partitioning_is_refused_by_name(tmp_path: Path) -> None:
+def test_a_duplicate_then_readopt_rebuilds_the_index_from_the_current_snapshot(tmp_path: Path) -> None:
+    """The other remedy: fix the data with the other engine, then re-adopt (CLI), keeping shards and data."""
+    from click.testing import CliRunner
+
+    from dbidx.cli import main
+
     w = Writer(tmp_path)
-    rows = arrow([("x", "d1", 1)])
+    write_deltalake(w.path, arrow([("k5", "d3", 1)]), partition_by=["dt"], mode="append")
+    DeltaTable(w.path).delete("id = 'k5' and v <> 1")  # keep the appended row (the other engine's choice)
+    w.model[("d3", "k5")] = 1
+    result = CliRunner().invoke(main, ["build-index", w.path, "--key", "id", "--readopt", "--json"])
+    assert result.exit_code == 0, result.output
+    moved = json.loads(result.output)["old_index_moved_to"]
+    assert moved.startswith(".dbidx-replaced-") and Path(w.path, moved, "table.json").exists()
+    table = Table.open(w.path)
+    assert table.num_shards == 2
+    w.check()
+    w.touched_update(40)
+    w.check()
+
+
+def test_a_changed_partitioning_is_refused_by_name_and_readopt_takes_it(tmp_path: Path) -> None:
+    from dbidx.mdt.readopt import readopt
+
+    w = Writer(tmp_path)
+    rows = arrow([("x", "d1", 1), ("y", "d2", 2)])
     write_deltalake(w.path, rows, mode="overwrite", schema_mode="overwrite", partition_by=[])
     with pytest.raises(DeltaFeatureError, match="partition columns"):
         w.upsert([("k1", "d2", 9)])
+    done = readopt(w.path, "id")
+    assert done.build.keys == 2
+    table = Table.open(w.path)
+    assert set(assert_readers_agree(table, COLUMNS)) == {("x", "d1", 1), ("y", "d2", 2)}
+    assert table.lookup(["x", "k1"], "").column("key").to_pylist() == ["x"]
 
 
 def test_an_update_racing_another_engines_rewrite_of_its_keys_conflicts(tmp_path: Path,
