@@ -304,7 +304,6 @@ class Table:
         return seq if created else None
 
     def _after_publish(self, record: CompletedInstant) -> None:
-        self.io.delete(layout.staged_file(record.instant))
         self.sync_delta_log()
         interval = self.props.checkpoint_interval
         if interval and record.seq % interval == 0:

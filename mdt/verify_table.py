@@ -11,6 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
+
+from dbidx.data.delta_actions import table_relative
 from dbidx.data.delta_log import DELTA_LOG_DIR, stored_versions
 from dbidx.data.superseded import load_vector
 from dbidx.errors import CorruptFileError, DbidxError, HistoryCompactedError
@@ -81,6 +84,7 @@ def verify_table(table: Table, progress: Progress | None = None) -> TableCheck:
             check.damaged.append({"path": record.path, "problem": str(exc)})
         steps.step(record.path)
     _check_vectors(table, check)
+    _compare_with_delta(table, check)
     _compare_checkpoint(table, check)
     # Instant ids at the end of the range stop every writer (table/instant_range.py): each source is reported.
     check.damaged += [{"path": s["path"], "problem": s["problem"]} for s in instant_range.sources(table.io,
@@ -112,6 +116,41 @@ def _check_vectors(table: Table, check: TableCheck) -> None:
         check.damaged.append({"path": table.io.path(DELTA_LOG_DIR), "problem": f"Delta version(s) {missing[:10]} "
                               "are missing (a crash between a commit and its Delta version); `dbidx repair URI` "
                               "writes them"})
+
+
+def _compare_with_delta(table: Table, check: TableCheck) -> None:
+    """The index against the log: delta-rs's snapshot of the latest Delta version lists exactly the index's live data
+    files, each with the size the index recorded (local tables and object stores named by URI)."""
+    from deltalake import DeltaTable
+
+    view = table.data_view()
+    if view.schema is None or check.damaged or not (table.io.is_local or "://" in table.io.uri):
+        return  # nothing written yet, or damage already reported (a missing version makes delta-rs disagree too)
+    where = table.io.path(DELTA_LOG_DIR)
+    try:
+        snapshot = DeltaTable(table.io.path("") if table.io.is_local else table.io.uri,
+                              storage_options=table.io.storage_options or None)
+        adds = pa.table(snapshot.get_add_actions(flatten=True))
+        theirs = {table_relative(table.io, str(p), where): int(s)
+                  for p, s in zip(adds.column("path").to_pylist(), adds.column("size_bytes").to_pylist())}
+    except DbidxError as exc:
+        check.damaged.append({"path": where, "problem": f"the Delta log lists a file dbidx cannot index: {exc}"})
+        return
+    except Exception as exc:  # noqa: BLE001 - delta-rs raises its own types for a log it cannot read
+        check.damaged.append({"path": where, "problem": f"delta-rs cannot read the Delta log: {exc}"})
+        return
+    if snapshot.version() != table.delta_version():
+        check.damaged.append({"path": where, "problem": f"the Delta log is at version {snapshot.version()}, the "
+                              f"index at {table.delta_version()} (a writer committed meanwhile? verify again)"})
+        return
+    ours = {f.record.path: f.record.size for f in view.live()}
+    for path in sorted(set(theirs) ^ set(ours))[:10]:
+        side = "the Delta log lists it, the index does not" if path in theirs else \
+            "the index lists it, the Delta log does not"
+        check.damaged.append({"path": path, "problem": f"{side}: Delta readers and dbidx read different tables"})
+    for path in sorted(p for p in set(theirs) & set(ours) if theirs[p] != ours[p])[:10]:
+        check.damaged.append({"path": path, "problem": f"the Delta log says {theirs[path]} bytes, the index "
+                              f"{ours[path]}"})
 
 
 def _compare_checkpoint(table: Table, check: TableCheck) -> None:

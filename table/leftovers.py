@@ -72,6 +72,14 @@ def sweep_settled(io: FileIO, timeline: Any, report: SweepReport | None = None) 
             settled.add(instant)
     for instant in settled:
         writer_presence.forget(io, instant)
+    # 3. Staged records of settled instants (docs/FORMAT.md section 12: redundant once published, garbage once
+    #    rolled back). A staged record of a pending instant stays: its Delta version may be on storage already, and
+    #    the next reader publishes the record from it.
+    for name in io.list_names(layout.STAGED_DIR):
+        instant = name[:-len(".json")] if name.endswith(".json") else ""
+        if layout.is_instant(instant) and timeline.record_of(instant) is not None:
+            if io.delete(f"{layout.STAGED_DIR}/{name}"):
+                report.timeline_files.append(f"{layout.STAGED_DIR}/{name}")
     return report
 
 

@@ -468,6 +468,7 @@ class Timeline:
         each other by presence files, its presence file). Its markers are the writer's to discard."""
         self.io.delete(layout.inflight_file(instant))
         self.io.delete(layout.requested_file(instant))
+        self.io.delete(layout.staged_file(instant))
         if self.io.exclusive_create in (EXCLUSIVE_NONE, EXCLUSIVE_LOCK):
             writer_presence.forget(self.io, instant)
 

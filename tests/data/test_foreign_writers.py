@@ -370,3 +370,36 @@ def test_a_long_lived_writer_beside_another_process_compactions_and_cleans(tmp_p
     for i in range(3):
         w.upsert([("k1", "d2", 10 + i), (f"s{i}", "d1", i)], table=streaming)
     w.check()
+
+
+def test_staged_records_of_settled_instants_are_swept_and_pending_ones_kept(tmp_path: Path) -> None:
+    w = Writer(tmp_path)
+    table = Table.open(w.path)
+    staged = Path(w.path, ".dbidx/timeline/staged")
+    done = table.latest()
+    assert done is not None
+    staged.mkdir(parents=True, exist_ok=True)
+    (staged / f"{done.instant}.json").write_bytes(done.to_json())  # its writer died after publishing
+    pending = table.timeline.start("commit")
+    (staged / f"{pending.instant}.json").write_bytes(b"{}")  # a live writer between staging and its put
+    report = table.sweep_leftovers()
+    assert f".dbidx/timeline/staged/{done.instant}.json" in report.timeline_files
+    assert sorted(p.name for p in staged.iterdir()) == [f"{pending.instant}.json"]
+    table.rollback(pending.instant)  # once rolled back, its staged copy goes with its claim
+    assert not list(staged.iterdir())
+    w.check()
+
+
+def test_verify_compares_the_index_with_the_delta_log(tmp_path: Path) -> None:
+    """A Delta log edited behind dbidx's back (an `add` dropped from its newest version) is reported by verify."""
+    w = Writer(tmp_path)
+    _append(w)
+    assert verify_table(Table.open(w.path)).ok
+    newest = max(delta_log.listed_versions(w.table.io))
+    path = Path(w.path, "_delta_log", f"{newest:020d}.json")
+    lines = path.read_text().splitlines()
+    dropped = next(json.loads(line)["add"]["path"] for line in lines if '"add"' in line)
+    path.write_text("\n".join(line for line in lines if dropped not in line) + "\n")
+    check = verify_table(Table.open(w.path))
+    assert not check.ok
+    assert any(d["path"] == dropped and "the Delta log does not" in d["problem"] for d in check.damaged)
