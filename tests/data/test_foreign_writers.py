@@ -403,3 +403,23 @@ def test_verify_compares_the_index_with_the_delta_log(tmp_path: Path) -> None:
     check = verify_table(Table.open(w.path))
     assert not check.ok
     assert any(d["path"] == dropped and "the Delta log does not" in d["problem"] for d in check.damaged)
+
+
+@pytest.mark.spark
+def test_spark_upsert_and_read_table_after_other_engines_commits(tmp_path: Path, spark) -> None:
+    """The Spark path: an upsert absorbs an append and an OPTIMIZE first (on the driver), its tasks catch their caches
+    up from the absorb records, and read_table reads the latest Delta version."""
+    from dbidx.spark_integration.api import upsert
+    from dbidx.spark_integration.reads import read_table
+
+    w = Writer(tmp_path)
+    _append(w)
+    _compact(w)
+    rows = [("a1", "d2", 1), ("k3", "d1", 33), ("k7", "d2", 77), ("s1", "d3", 5)]
+    df = spark.createDataFrame(arrow(rows).to_pandas())
+    upsert(df, Table.open(w.path), key="id", partition="dt", cache_config=w.config)
+    w.model.update({(d, i): v for i, d, v in rows})
+    w.check()
+    _update(w)
+    got = {(r.id, r.dt, r.v) for r in read_table(spark, Table.open(w.path)).select("id", "dt", "v").collect()}
+    assert got == rows_of(w.model)
