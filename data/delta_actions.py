@@ -107,6 +107,33 @@ def _file_action(io: FileIO, body: Any, kind: str, where: str) -> FileAction:
                       bool(body.get("dataChange", True)))
 
 
+def expired_version(version: int) -> VersionActions:
+    """A version a Delta log cleanup deleted (below a checkpoint): its effect is in the checkpoint's snapshot."""
+    return VersionActions(version, {"operation": "(expired from the log)", "engineInfo": ""})
+
+
+def from_checkpoint(io: FileIO, version: int, known: dict[str, int]) -> VersionActions:
+    """Delta version `version`, a checkpoint's, as the actions that turn the data files `known` (path -> rows its
+    deletion vector deletes) into the checkpoint's snapshot: what absorbing uses when a log cleanup deleted the JSON
+    of versions the index has not absorbed (the snapshot is all that is left of them)."""
+    from dbidx.data.delta_adopt import checkpoint_snapshot
+
+    where = io.path(f"_delta_log/{version:020d}.checkpoint.parquet")
+    found, live, metadata = checkpoint_snapshot(io, version)
+    if found != version:
+        raise CorruptFileError(f"{where}: _last_checkpoint names version {version}, whose checkpoint is not complete "
+                               "or missing, and the versions before it are expired: the Delta log is damaged")
+    adds: dict[str, FileAction] = {}
+    for add in live.values():
+        action = _file_action(io, add, "add", where)
+        adds[action.path] = action
+    changed = {p for p, a in adds.items() if p in known and (a.dv or {}).get("cardinality", 0) != known[p]}
+    removes = [FileAction(p, p, {}, None, None, True) for p in sorted(known) if p not in adds or p in changed]
+    fresh = [a for p, a in sorted(adds.items()) if p not in known or p in changed]
+    info = {"operation": "CHECKPOINT (the versions before it expired from the log)", "engineInfo": ""}
+    return VersionActions(version, info, tuple(fresh), tuple(removes), metadata or None, None)
+
+
 def table_relative(io: FileIO, raw: str, where: str) -> str:
     """A Delta `path` (a relative URI, or an absolute one inside the table) as a checked table-relative path."""
     root = io.path("").rstrip("/")

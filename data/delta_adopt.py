@@ -266,6 +266,13 @@ def _from_checkpoint(io: FileIO, version: int) -> tuple[int, dict[tuple[Any, str
     return cp, live, metadata
 
 
+def checkpoint_snapshot(io: FileIO, version: int) -> tuple[int, dict[tuple[Any, str], dict[str, Any]], dict[str, Any]]:
+    """The newest complete classic checkpoint at or below `version`: (its version, live `add` actions keyed by (path,
+    vector id), metaData); (-1, {}, {}) without one. What absorbing reads when a log cleanup expired the JSON of
+    versions dbidx had not absorbed yet (mdt/absorb.py)."""
+    return _from_checkpoint(io, version)
+
+
 def _action_from_checkpoint(value: Any, arrow_type: pa.DataType, where: str) -> Any:
     """A checkpoint's action row as the JSON action: Parquet maps (partitionValues, tags, configuration, format
     options) come back from Arrow as lists of (key, value) pairs and become objects again; struct fields that are

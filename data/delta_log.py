@@ -321,6 +321,16 @@ def checkpoint_floor(io: FileIO, names: list[str] | None = None) -> int:
     return version
 
 
+def last_checkpoint_version(io: FileIO) -> int:
+    """The version `_delta_log/_last_checkpoint` names (-1 without one), read without listing the log (what every
+    commit and catch-up asks: versions up to it exist for Delta readers even when a log cleanup deleted their JSON,
+    so dbidx must neither put one of them nor wait for it)."""
+    pointer = f"{DELTA_LOG_DIR}/_last_checkpoint"
+    if not io.exists(pointer):
+        return -1
+    return checkpoint_floor(io)
+
+
 def put_version(io: FileIO, version: int, data: bytes) -> bool:
     """Create version `version` if absent (True if this call wrote it); an existing version must hold exactly
     these bytes, else another writer committed to the Delta table: ForeignCommitError, nothing written."""

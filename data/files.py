@@ -60,4 +60,16 @@ def read_data_file(io: FileIO, record: DataFileRecord, columns: Sequence[str] | 
     if rows != record.rows:
         raise CorruptFileError(f"data file {io.path(record.path)} holds {rows} rows but its commit recorded "
                                f"{record.rows}")
+    return plain_views(table)
+
+
+def plain_views(table: pa.Table) -> pa.Table:
+    """View-typed columns (`string_view`, `binary_view`: what polars and other Arrow-native engines write into the
+    files they add to the table) as their plain types: pyarrow 26 cannot take or filter a view column, and the
+    table's recorded schema names the plain types anyway."""
+    for i, field in enumerate(table.schema):
+        plain = pa.string() if pa.types.is_string_view(field.type) else \
+            pa.binary() if pa.types.is_binary_view(field.type) else None
+        if plain is not None:
+            table = table.set_column(i, field.with_type(plain), table.column(i).cast(plain))
     return table

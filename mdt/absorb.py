@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -31,8 +31,10 @@ import pyarrow.parquet as pq
 from pyroaring import BitMap
 
 from dbidx.arrays import one_chunk
-from dbidx.data.delta_actions import FileAction, VersionActions, read_descriptor
-from dbidx.data.delta_log import delta_path, view_partition_columns
+from dbidx.data.delta_actions import (
+    FileAction, VersionActions, expired_version, from_checkpoint, read_descriptor, read_version,
+)
+from dbidx.data.delta_log import delta_path, last_checkpoint_version, version_file, view_partition_columns
 from dbidx.data.files import key_range
 from dbidx.data.superseded import load_vector, read_key_column, write_vectors
 from dbidx.errors import CorruptFileError, DeltaFeatureError, ForeignDuplicateError, InvalidInputError
@@ -124,6 +126,51 @@ def absorb_run(table: TableState, run: list[VersionActions], seq: int, published
     for claim in claims[len(done):]:
         _discard(table, claim.instant, written)
     return done
+
+
+def collect_run(table: TableState, version: int, staged: Callable[[VersionActions], bool]) -> list[VersionActions]:
+    """The run of other engines' versions from `version` on: every version on storage up to the first one a dbidx
+    writer staged a record for (`staged`). Versions a Delta log cleanup expired (at or below `_last_checkpoint`)
+    count as present: up to the checkpoint, the run is read from its snapshot."""
+    io = table.io
+    floor = last_checkpoint_version(io)
+    run: list[VersionActions] = []
+    nxt = version
+    if version <= floor:
+        run = [expired_version(v) for v in range(version, floor)] + [from_checkpoint(io, floor, _known(table))]
+        nxt = floor + 1
+    while io.exists(version_file(nxt)):
+        actions = read_version(io, nxt)
+        if run and staged(actions):
+            break
+        run.append(actions)
+        nxt += 1
+    return run
+
+
+def reread_run(table: TableState, first: int, last: int) -> list[VersionActions]:
+    """Exactly the run [first, last] another absorber started (its records before the net one are published)."""
+    io = table.io
+    floor = last_checkpoint_version(io)
+    if first > floor:
+        return [read_version(io, v) for v in range(first, last + 1)]
+    if floor > last:
+        raise CorruptFileError(f"Delta versions {first}-{last} of {io.path('_delta_log')} were being absorbed when a "
+                               f"log cleanup expired them (a checkpoint at version {floor} is past them): the run "
+                               "cannot be finished. Re-adopt the table: `dbidx build-index URI --key COLUMN "
+                               "--readopt`")
+    return ([expired_version(v) for v in range(first, floor)] + [from_checkpoint(io, floor, _known(table))]
+            + [read_version(io, v) for v in range(floor + 1, last + 1)])
+
+
+def _known(table: TableState) -> dict[str, int]:
+    """The index's live data files with the rows their vectors delete (what a checkpoint is compared with)."""
+    view = table.data_view()
+    out = {}
+    for live in view.live():
+        ref = view.vector_of(live.record.path)
+        out[live.record.path] = 0 if ref is None else ref.vector.cardinality
+    return out
 
 
 def run_in_progress(record: CompletedInstant | None) -> tuple[int, int] | None:

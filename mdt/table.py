@@ -25,6 +25,7 @@ from dbidx.data.delta_log import (
     TableShape,
     delta_checkpoint,
     initial_version,
+    last_checkpoint_version,
     listed_versions,
     put_version,
     version_file,
@@ -40,7 +41,7 @@ from dbidx.errors import (
     TableNotFoundError,
 )
 from dbidx.mdt import rli_files
-from dbidx.mdt.absorb import absorb_run, run_in_progress
+from dbidx.mdt.absorb import absorb_run, collect_run, reread_run, run_in_progress
 from dbidx.mdt.compaction import CompactionResult, clean, compact
 from dbidx.mdt.point_lookup import lookup
 from dbidx.mdt.writer import CommitWriter
@@ -346,11 +347,13 @@ class Table:
                 return out
             self._absorbing = True
             try:
+                floor = last_checkpoint_version(self.io)  # versions up to it exist, their JSON may be expired
                 while True:
                     self.refresh(force=True)
                     seq = self.timeline.latest_seq + 1
                     version = seq + self._data.delta_offset
-                    if seq < self._data.delta_first_seq or not self.io.exists(version_file(version)):
+                    if seq < self._data.delta_first_seq or not (version <= floor
+                                                                or self.io.exists(version_file(version))):
                         return out
                     out += self._next_version_record(version, seq)
             finally:
@@ -374,22 +377,19 @@ class Table:
         run = run_in_progress(self.timeline.in_memory(seq - 1))
         if run is not None:  # a run another absorber started and did not finish: exactly that run
             first, last = run
-            actions = [read_version(self.io, v) for v in range(first, last + 1)]
-            return absorb_run(self, actions, seq, published=version - first)
-        actions = read_version(self.io, version)
-        staged = self._staged_of(actions, seq)
-        if staged is not None:
-            return staged
+            return absorb_run(self, reread_run(self, first, last), seq, published=version - first)
+        if self.io.exists(version_file(version)):
+            staged = self._staged_of(read_version(self.io, version), seq)
+            if staged is not None:
+                return staged
         # Other engines' versions, up to the next one a dbidx writer staged (or a dbidx version whose staged record
         # is gone: absorbed from its actions like any other).
-        run = [actions]
-        while self.io.exists(version_file(version + len(run))):
-            nxt = read_version(self.io, version + len(run))
-            if nxt.dbidx_instant is not None and self.io.exists(layout.staged_file(nxt.dbidx_instant)):
-                break
-            run.append(nxt)
         self._delta_writer()
-        return absorb_run(self, run, seq)
+        return absorb_run(self, collect_run(self, version, self._has_staged), seq)
+
+    def _has_staged(self, actions: VersionActions) -> bool:
+        return actions.dbidx_instant is not None and layout.is_instant(actions.dbidx_instant) \
+            and self.io.exists(layout.staged_file(actions.dbidx_instant))
 
     def _staged_of(self, actions: VersionActions, seq: int) -> list[CompletedInstant] | None:
         """A version a dbidx writer put: its staged record published ([] if someone else did), None if it is not
@@ -426,6 +426,8 @@ class Table:
                 version = check_adopted(adopted, f"instant {record.instant}")["version"] + 1
             else:
                 version = record.seq + self._data.delta_offset
+            if version <= last_checkpoint_version(self.io):
+                return False  # a checkpoint past it: the version exists for Delta readers (its JSON expired)
             data = version_for(delta.shape, record, self._data, delta.body())
             staged = layout.staged_file(record.instant)
             self.io.write_atomic(staged, record.to_json())

@@ -423,3 +423,47 @@ def test_spark_upsert_and_read_table_after_other_engines_commits(tmp_path: Path,
     _update(w)
     got = {(r.id, r.dt, r.v) for r in read_table(spark, Table.open(w.path)).select("id", "dt", "v").collect()}
     assert got == rows_of(w.model)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_random_interleaving_of_dbidx_upserts_and_other_engines_matches_the_model(tmp_path: Path,
+                                                                                      seed: int) -> None:
+    """dbidx upserts (updates of random live keys, new keys, deletes) and other engines' operations in a random
+    order; the readers equal the model after every dbidx write."""
+    rng = random.Random(seed)
+    w = Writer(tmp_path)
+    names = sorted(set(OPERATIONS) - {"overwrite"})
+    serial = 0
+    for step in range(12):
+        if rng.random() < 0.5:
+            OPERATIONS[rng.choice(names)](w)
+            continue
+        live = sorted(w.model)
+        picked = rng.sample(live, min(len(live), 4))
+        serial += 1
+        rows = [(i, d, 10_000 * seed + 100 * step + n) for n, (d, i) in enumerate(picked)]
+        rows.append((f"r{seed}-{serial}", rng.choice(DAYS), step))
+        deletes = [False] * len(rows)
+        if len(picked) > 2:
+            deletes[0] = True
+        w.upsert(rows, deletes, Table.open(w.path))
+        w.check()
+    w.touched_update(99_000)
+    w.check()
+
+
+def test_versions_a_log_cleanup_expired_before_dbidx_absorbed_them(tmp_path: Path) -> None:
+    """Another engine commits, checkpoints and cleans the log up (retention 0) twice before dbidx looks: the JSON of
+    the versions dbidx has not absorbed is gone, so they are absorbed from the checkpoint's snapshot, and dbidx never
+    puts a version below the checkpoint (Delta readers would never see it)."""
+    w = Writer(tmp_path)
+    _append(w)
+    _cleanup_metadata(w)
+    _compact(w)
+    _cleanup_metadata(w)
+    w.touched_update(70)
+    w.check()
+    table = Table.open(w.path)
+    assert DeltaTable(w.path).version() == table.delta_version()
+    w.touched_update(80)
+    w.check()
