@@ -14,6 +14,7 @@ it.
 """
 from __future__ import annotations
 
+import json
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -72,14 +73,62 @@ def sweep_settled(io: FileIO, timeline: Any, report: SweepReport | None = None) 
             settled.add(instant)
     for instant in settled:
         writer_presence.forget(io, instant)
-    # 3. Staged records of settled instants (docs/FORMAT.md section 12: redundant once published, garbage once
-    #    rolled back). A staged record of a pending instant stays: its Delta version may be on storage already, and
-    #    the next reader publishes the record from it.
+    # 3. Staged records that can never be published.
+    sweep_staged(io, timeline, report)
+    return report
+
+
+def sweep_staged(io: FileIO, timeline: Any, report: SweepReport | None = None) -> SweepReport:
+    """Staged records (docs/FORMAT.md section 12) of settled instants (redundant once published, garbage once
+    rolled back), and of instants whose seq another completion took (their writer died before its Delta put: the
+    record can never be published). Any other stays: its Delta version may be on storage already, and the next
+    reader publishes the record from it. Runs before every upsert and after every publish (one listing of a
+    directory that is empty but for a moment)."""
+    report = report if report is not None else SweepReport()
     for name in io.list_names(layout.STAGED_DIR):
         instant = name[:-len(".json")] if name.endswith(".json") else ""
-        if layout.is_instant(instant) and timeline.record_of(instant) is not None:
+        if not layout.is_instant(instant):
+            continue
+        if timeline.record_of(instant) is not None or _staged_seq(io, name) <= timeline.latest_seq:
             if io.delete(f"{layout.STAGED_DIR}/{name}"):
                 report.timeline_files.append(f"{layout.STAGED_DIR}/{name}")
+    return report
+
+
+def _staged_seq(io: FileIO, name: str) -> float:
+    """The seq a staged record was built for (read back: untrusted; an unreadable one counts as not yet taken)."""
+    try:
+        seq = json.loads(io.read_bytes(f"{layout.STAGED_DIR}/{name}")).get("seq")
+    except (ValueError, AttributeError, OSError):
+        return float("inf")
+    return seq if isinstance(seq, int) and not isinstance(seq, bool) else float("inf")
+
+
+def sweep_dead_absorbs(io: FileIO, timeline: Any, min_age_s: float = DEFAULT_TEMP_AGE_S,
+                       report: SweepReport | None = None) -> SweepReport:
+    """Claims of absorbing processes that died before publishing (mdt/absorb.py), older than min_age_s: their index
+    and DV files, markers and claim. An absorb never needs a rollback record (it publishes nothing until its one
+    create), and absorbing takes seconds: an hour-old unpublished absorb claim is a dead process's."""
+    report = report if report is not None else SweepReport()
+    cutoff_ms = (time.time() - min_age_s) * 1000
+    for name in io.list_names(layout.TIMELINE_DIR):
+        instant, _, kind = name.partition(".")
+        if kind != "requested" or not layout.is_instant(instant) or timeline.record_of(instant) is not None:
+            continue
+        try:
+            claim = json.loads(io.read_bytes(f"{layout.TIMELINE_DIR}/{name}"))
+        except (ValueError, OSError):
+            continue
+        if not isinstance(claim, dict) or claim.get("action") != "absorb" \
+                or not isinstance(claim.get("started_at_ms"), int) or claim["started_at_ms"] > cutoff_ms:
+            continue
+        for rel in timeline.planned_files(instant):
+            if io.delete(rel):
+                report.settled_files.append(rel)
+        report.settled_files += markers.discard_unlisted(io, instant, keep=())
+        for rel in (layout.inflight_file(instant), layout.requested_file(instant)):
+            if io.delete(rel):
+                report.timeline_files.append(rel)
     return report
 
 
@@ -144,4 +193,5 @@ def _delete_old_temps(io: FileIO, infos: Iterable[pafs.FileInfo], min_age_s: flo
 def sweep_leftovers(io: FileIO, timeline: Any, min_age_s: float = DEFAULT_TEMP_AGE_S) -> SweepReport:
     """Both sweeps: settled instants' leftovers, then temp files older than min_age_s."""
     report = sweep_settled(io, timeline)
+    sweep_dead_absorbs(io, timeline, min_age_s, report)
     return sweep_temp_files(io, min_age_s, report)

@@ -21,7 +21,7 @@ from typing import Callable, Iterable
 from dbidx.errors import (
     CorruptFileError, DbidxError, ForeignCommitError, InstantStateError, StoreUnavailableError,
 )
-from dbidx.table import checkpoint, instant_range, layout, markers, writer_presence
+from dbidx.table import checkpoint, instant_range, layout, leftovers, markers, writer_presence
 from dbidx.table.fileio import EXCLUSIVE_LOCK, EXCLUSIVE_NONE, FileIO
 from dbidx.table.records import (
     ACTION_ROLLBACK,
@@ -342,14 +342,21 @@ class Timeline:
                 continue
             try:
                 created = self.io.create_exclusive(layout.completed_file(record.seq), record.to_json())
-            except StoreUnavailableError:
+            except Exception as exc:
                 # The request failed in a way that leaves it unknown whether the record was stored: read it back.
                 self.refresh()
                 mine = self._by_instant.get(started.instant)
                 if mine is not None and mine.action == started.action:
                     self._after_publish(mine, started.instant)
                     return mine
-                raise
+                if self.commit_point is None:
+                    raise
+                # The Delta version is on storage: the instant committed, whatever happens to its record. Never
+                # roll it back: its staged copy is there, and the next reader or writer publishes it.
+                warnings.warn(f"instant {started.instant} committed (Delta version of seq {record.seq} written), but "
+                              f"its completion record could not be written ({exc}); the next reader or writer of "
+                              "the table publishes it from the staged copy", RuntimeWarning, stacklevel=2)
+                return record
             if created:
                 self._after_publish(record, started.instant)
                 return record
@@ -416,6 +423,14 @@ class Timeline:
                                     "`dbidx commits URI` lists the table's instants")
         files = sorted(set(self.planned_files(instant)) | set(action_files))
         me = self.start(ACTION_ROLLBACK, ignore={instant, *ignore})
+        # Claiming ran the table's catch-up, which publishes a record whose Delta version is on storage (its writer
+        # died between its commit point and its record): the instant may have completed right there.
+        done = self.record_of(instant)
+        if done is not None and done.action != ACTION_ROLLBACK:
+            self._delete_claim_files(me.instant)
+            raise InstantStateError(f"instant {instant} completed at seq {done.seq} (its Delta version was on "
+                                    "storage: it committed before its writer died); a completed instant cannot be "
+                                    "rolled back")
 
         def check(news: list[CompletedInstant]) -> None:
             for rec in news:
@@ -446,7 +461,8 @@ class Timeline:
         publish and the publish (a ForeignCommitError). That is raised once every step ran, marked `published`
         with the record, so the caller neither rolls back nor reports success: Delta readers and dbidx disagree
         until the table is re-indexed, and every later dbidx write refuses (the version differs)."""
-        steps = [lambda: self._advance_latest(record.seq), self.refresh, lambda: self._delete_claim_files(instant)]
+        steps = [lambda: self._advance_latest(record.seq), self.refresh, lambda: self._delete_claim_files(instant),
+                 lambda: leftovers.sweep_staged(self.io, self)]
         steps += [lambda hook=hook: hook(record) for hook in self.after_publish]
         foreign: ForeignCommitError | None = None
         for step in steps:

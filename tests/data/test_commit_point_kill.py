@@ -399,23 +399,12 @@ def test_a_writer_killed_on_the_commit_path_loses_nothing_and_publishes_nothing_
     scene.check()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a writer SIGKILLed between staging its record and its Delta put leaves .dbidx/timeline/staged/<instant>.json "
-    "for ever: table/leftovers.py sweep_settled removes staged records of settled instants only, and the dead "
-    "instant stays pending (requested + inflight) until someone runs `dbidx rollback`, although its record's seq "
-    "was taken by a later completion, so that staged record can never be published"))
 def test_a_staged_record_of_a_writer_killed_before_its_put_is_swept_by_a_later_write(
         children: dict[str, Child]) -> None:
     scene, _ = kill_and_recover(children[SWEPT], "after-staging-before-delta-put")  # a later write ran
     assert scene.staged() == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Timeline.rollback checks record_of(target) BEFORE self.start(ACTION_ROLLBACK); start's before_start hook "
-    "(Table.sync_delta_log -> absorb_delta_log -> _staged_of) then publishes the target's staged record (its Delta "
-    "version is on storage), and the rollback's check only sees completions after its own start_seq, which already "
-    "counts that record: the rollback of a COMPLETED instant is published and its data, index and DV files are "
-    "deleted (every reader then fails: 'DV file ... is missing (listed by a completed commit)')"))
 def test_dbidx_rollback_of_a_writer_killed_after_its_delta_put_is_refused(children: dict[str, Child]) -> None:
     """A user sees the dead writer's pending instant (`dbidx commits`) and rolls it back before any dbidx process
     read the table: its Delta version is on storage, so it is committed, and the rollback must refuse."""
@@ -432,12 +421,6 @@ def test_dbidx_rollback_of_a_writer_killed_after_its_delta_put_is_refused(childr
     assert result.exit_code != 0 and "completed" in result.output, result.output
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the same rollback, with no kill and no user: an error other than StoreUnavailableError from the create of the "
-    "completion record AFTER the Delta put (here ENOSPC, once) leaves Timeline.publish; run_upsert then rolls the "
-    "instant back, the rollback's start publishes the record from the staged copy, and the rollback of that "
-    "completed instant deletes its files (the upsert's Delta version is committed, so it must neither roll back "
-    "nor lose its files)"))
 def test_a_failed_record_create_after_the_delta_put_keeps_the_committed_batch(template: Scene, tmp_path: Path,
                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     from dbidx.table.fileio import FileIO

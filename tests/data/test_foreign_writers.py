@@ -301,7 +301,7 @@ def test_a_commit_staged_by_a_writer_that_died_is_published_by_the_next(tmp_path
     real = timeline_module.Timeline._after_publish
     original_create = w.table.io.create_exclusive
 
-    class Died(Exception):
+    class Died(BaseException):  # like the process's end: nothing catches it
         pass
 
     def create(rel: str, data: bytes) -> bool:
@@ -471,4 +471,26 @@ def test_versions_a_log_cleanup_expired_before_dbidx_absorbed_them(tmp_path: Pat
     table = Table.open(w.path)
     assert DeltaTable(w.path).version() == table.delta_version()
     w.touched_update(80)
+    w.check()
+
+
+def test_a_dead_absorbers_claim_and_files_are_swept_after_an_hour(tmp_path: Path) -> None:
+    from dbidx.table import layout
+
+    w = Writer(tmp_path)
+    table = Table.open(w.path)
+    claims = [table.timeline.start("absorb", hooks=False) for _ in range(2)]
+    for claim in claims:
+        rel = layout.delta_file("dt=d1", 0, claim.instant)
+        table.timeline.mark_inflight(claim, [rel])
+        table.io.write_atomic(rel, b"index file of a dead absorber")
+    marker = Path(w.path, layout.requested_file(claims[0].instant))
+    data = json.loads(marker.read_text())
+    marker.write_text(json.dumps(data | {"started_at_ms": data["started_at_ms"] - 2 * 3600 * 1000}))
+    report = table.sweep_leftovers()
+    assert layout.delta_file("dt=d1", 0, claims[0].instant) in report.settled_files
+    assert not Path(w.path, layout.delta_file("dt=d1", 0, claims[0].instant)).exists()
+    assert not marker.exists()
+    assert Path(w.path, layout.delta_file("dt=d1", 0, claims[1].instant)).exists()  # an hour not over: kept
+    assert table.timeline.pending() == [claims[1].instant]
     w.check()
