@@ -48,6 +48,7 @@ class VersionActions:
     removes: tuple[FileAction, ...] = ()
     metadata: dict[str, Any] | None = None
     protocol: dict[str, Any] | None = None
+    synthetic: bool = False  # made from a checkpoint's snapshot (its removes name files, not log spellings)
 
     @property
     def writer(self) -> str:
@@ -131,7 +132,7 @@ def from_checkpoint(io: FileIO, version: int, known: dict[str, int]) -> VersionA
     removes = [FileAction(p, p, {}, None, None, True) for p in sorted(known) if p not in adds or p in changed]
     fresh = [a for p, a in sorted(adds.items()) if p not in known or p in changed]
     info = {"operation": "CHECKPOINT (the versions before it expired from the log)", "engineInfo": ""}
-    return VersionActions(version, info, tuple(fresh), tuple(removes), metadata or None, None)
+    return VersionActions(version, info, tuple(fresh), tuple(removes), metadata or None, None, synthetic=True)
 
 
 def table_relative(io: FileIO, raw: str, where: str) -> str:

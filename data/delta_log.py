@@ -252,7 +252,10 @@ def _inline(ref: DvRef | None, body: Callable[[DvRef], bytes]) -> dict[str, Any]
 
 
 def delta_path(path: str) -> str:
-    """A table-relative path as a Delta `path` (a relative URI: characters outside the unreserved set escaped)."""
+    """A table-relative path as a Delta `path` (a relative URI: characters outside the unreserved set escaped): the
+    spelling of every data file whose record names none (`DataFileRecord.delta_path`). Files written since
+    2026-11-26 whose path holds a character delta-rs keeps as it is record delta-rs's spelling instead
+    (data/files.py `delta_spelling`)."""
     return quote(path, safe="/=-_.~")
 
 

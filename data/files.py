@@ -3,6 +3,7 @@ cover exactly what was written) and reading one back verified against its commit
 from __future__ import annotations
 
 from typing import Sequence
+from urllib.parse import quote
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -24,6 +25,19 @@ def data_file_path(partition: str, file_group: str, instant: str, attempt: int) 
     return f"{partition}/{name}" if partition else name
 
 
+# Characters delta-rs keeps as they are in a Delta `path` (what it writes in the `remove` of a file it rewrites,
+# spelled again from the file's location). A dbidx add that escaped one of them (`:` in a timestamp partition) was
+# missed by delta-rs's remove, and Delta readers kept both files live.
+_DELTA_RS_SAFE = "/=-_.~:@+,!&'();$"
+
+
+def delta_spelling(rel: str) -> str | None:
+    """The `delta_path` a new data file's record carries: delta-rs's spelling of its path when it differs from the
+    default one (data/delta_log.py `delta_path`), else None (the default is then the same)."""
+    spelled = quote(rel, safe=_DELTA_RS_SAFE)
+    return None if spelled == quote(rel, safe="/=-_.~") else spelled
+
+
 def write_data_file(io: FileIO, rel: str, rows: pa.Table, partition: str, file_group: str,
                     key: str | None = None) -> DataFileRecord:
     """Write one data file and return its record; the bytes are serialized in memory first, so the recorded size and
@@ -36,7 +50,8 @@ def write_data_file(io: FileIO, rel: str, rows: pa.Table, partition: str, file_g
     low, high = key_range(rows.column(key)) if key is not None and key in rows.column_names else (None, None)
     deletes = pc.sum(rows.column(DELETED_COLUMN)).as_py() or 0 if DELETED_COLUMN in rows.column_names else 0
     return DataFileRecord(path=rel, partition=partition, file_group=file_group, rows=rows.num_rows,
-                          size=data.size, checksum=file_checksum(data), min_key=low, max_key=high, deletes=deletes)
+                          size=data.size, checksum=file_checksum(data), min_key=low, max_key=high, deletes=deletes,
+                          delta_path=delta_spelling(rel))
 
 
 def key_range(keys: pa.ChunkedArray | pa.Array) -> tuple[str | None, str | None]:

@@ -119,6 +119,15 @@ def absorb_run(table: TableState, run: list[VersionActions], seq: int, published
             if table.timeline.publish_exact(claims[-1], record):
                 markers.discard_unlisted(table.io, claims[-1].instant, keep={f.path for f in record.dv_files})
                 return done + [record]
+    except ForeignDuplicateError:
+        for claim in claims[len(done):]:
+            _discard(table, claim.instant, written)
+        # Lookups read the index as of the latest completion: if another process published this run's first
+        # record meanwhile, the keys it added are live already and the "duplicates" are this run's own.
+        table.timeline.refresh()
+        if table.timeline.latest_seq >= seq:
+            return done
+        raise
     except BaseException:
         for claim in claims[len(done):]:
             _discard(table, claim.instant, written)
@@ -202,13 +211,22 @@ def _net(view: DataView, run: list[VersionActions], where: str) -> tuple[dict[st
                                                                          dict[str, FileAction]]:
     """The run's net effect on the files: (known files that left or whose vector changed, files live at its end
     that were added in it, with their last `add`). A file added and removed within the run is in neither."""
-    known = {f.record.path for f in view.live()}
+    spelled = {f.record.path: f.record.delta_path or delta_path(f.record.path) for f in view.live()}
+    known = set(spelled)
     present: dict[str, FileAction | None] = {p: None for p in known}
     for actions in run:
         for a in actions.removes:
             if a.path not in present:
                 raise CorruptFileError(f"Delta version {actions.version} ({actions.writer}) removes {a.raw_path!r}, "
                                        "which is not a live file at that version: the index and the log disagree")
+            if present[a.path] is None and a.path in spelled and a.raw_path != spelled[a.path] \
+                    and not actions.synthetic:
+                # Delta readers match a remove to its add by the path string: this one misses, they keep the file.
+                raise DeltaFeatureError(
+                    f"Delta version {actions.version} ({actions.writer}) removes {a.raw_path!r}, but the file was "
+                    f"added as {spelled[a.path]!r}: Delta readers keep it live while the remove says it is gone, so "
+                    "dbidx cannot describe what they read. Restore the version before with that engine and rewrite "
+                    "the file's rows with dbidx (or re-adopt the table once its log is consistent)")
             present.pop(a.path)
         adds: set[str] = set()
         for a in actions.adds:
@@ -377,7 +395,7 @@ def _keys_only_in(table: TableState, view: DataView, partition: str, group: str,
     """The live keys of a file group's files `paths` without reading them (a VACUUM deleted them): the group's keys
     in the index, minus the live keys of its other files."""
     scope = None if table.global_index else partition
-    entries = table.snapshot(scope)
+    entries = table.snapshot(scope, as_of=view.applied_seq)  # the index right before the run
     mine = pc.equal(entries.column(rli_files.FILE_GROUP), group)
     if table.global_index:
         mine = pc.and_(mine, pc.equal(entries.column(rli_files.PARTITION), partition))

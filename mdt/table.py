@@ -348,6 +348,7 @@ class Table:
             self._absorbing = True
             try:
                 floor = last_checkpoint_version(self.io)  # versions up to it exist, their JSON may be expired
+                stalled = 0
                 while True:
                     self.refresh(force=True)
                     seq = self.timeline.latest_seq + 1
@@ -355,7 +356,13 @@ class Table:
                     if seq < self._data.delta_first_seq or not (version <= floor
                                                                 or self.io.exists(version_file(version))):
                         return out
-                    out += self._next_version_record(version, seq)
+                    published = self._next_version_record(version, seq)
+                    out += published
+                    self.refresh(force=True)
+                    stalled = 0 if published or self.timeline.latest_seq >= seq else stalled + 1
+                    if stalled >= 3:  # never a silent spin: something keeps the version from getting its record
+                        raise CorruptFileError(f"Delta version {version} of {self.uri} gets no completion record "
+                                               f"(seq {seq}) after {stalled} attempts; `dbidx verify URI` says why")
             finally:
                 self._absorbing = False
 
@@ -398,12 +405,15 @@ class Table:
         if instant is None or not layout.is_instant(instant):
             return None
         staged = layout.staged_file(instant)
-        raw = self.io.read_bytes(staged) if self.io.exists(staged) else None
+        try:
+            raw = self.io.read_bytes(staged) if self.io.exists(staged) else None
+        except CorruptFileError:  # its writer published and removed it between the two calls
+            raw = None
         if raw is not None:
             record = self.timeline.publish_staged(raw, self.io.path(staged))
             if record is not None and record.instant == instant:
                 self.io.delete(staged)
-            return [record] if record is not None else []
+                return [record]
         self.timeline.refresh()
         if self.timeline.latest_seq >= seq:  # its writer published (and removed the staged copy) meanwhile
             return []

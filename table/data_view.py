@@ -145,7 +145,8 @@ class DataView:
 
     def _absorb(self, rec: CompletedInstant) -> None:
         """Another engine's Delta version: the files it removed leave (kept on storage: they are that engine's to
-        VACUUM, and its time travel may read them), the files it added enter as the newest of their groups."""
+        VACUUM, and its time travel may read them, so they are not `replaced` files a clean would delete), the
+        files it added enter as the newest of their groups."""
         if rec.data_files or rec.replaced:
             self.writes += 1
             self.last_write = rec.instant
@@ -154,7 +155,7 @@ class DataView:
             if gone is None:
                 raise CorruptFileError(f"completion {rec.seq} ({rec.instant}) absorbs the removal of {path!r}, which "
                                        "is not a live data file at that point of the log")
-            self._replaced[path] = (rec.seq, True)
+            self._replaced.pop(path, None)
             self._release(self._dv.pop(path, None), rec.seq)
         for f in rec.data_files:
             _check_outside_meta(f.path, rec)
