@@ -10,21 +10,24 @@ later upserts update and delete them. One instant: a failed build leaves nothing
 from __future__ import annotations
 
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from dbidx.data.delta_actions import read_version
 from dbidx.data.delta_adopt import is_foreign_delta_table, read_snapshot
 from dbidx.data.delta_log import delta_path, initial_version, version_file
 from dbidx.data.files import key_range
 from dbidx.data.schema import check_distinct_names, encode_schema
 from dbidx.data.superseded import write_vectors
 from dbidx.errors import (
-    CorruptFileError, DuplicateKeyError, ForeignCommitError, InvalidInputError, InvalidKeyError, SchemaError,
+    ConflictError, CorruptFileError, DuplicateKeyError, ForeignCommitError, InvalidInputError, InvalidKeyError,
+    SchemaError,
 )
 from dbidx.mdt.table import Table
 from dbidx.mdt.writer import CommitWriter, as_key_array
@@ -201,10 +204,9 @@ def build_index(
     table there is adopted instead (its current files, deletion vectors honoured: `adopt_delta_table`)."""
     view = table.data_view()
     if view.writes:
-        raise InvalidInputError(
-            f"table {table.uri} already has {view.writes} committed instant(s), the last {view.last_write}; "
-            "build-index only initialises an empty index"
-        )
+        raise InvalidInputError(f"table {table.uri} already has {view.writes} committed instant(s), the last "
+                                f"{view.last_write}: it has an index, and build-index only initialises an index that "
+                                f"has no commit or build_index yet. {_remedies(table, key_column)}")
     if is_foreign_delta_table(table.io, initial_version(table.props.table_id, table.props.created_at_ms or 0)):
         return adopt_delta_table(table, key_column, partition_columns, progress)
     by_partition = list_data_files(table)
@@ -219,7 +221,7 @@ def build_index(
     files: list[str] = []
     records: list[DataFileRecord] = []
     schema: pa.Schema | None = None
-    with CommitWriter(table, ACTION_BUILD_INDEX) as writer:
+    with _first_index_writer(table, key_column) as writer:
         for partition in sorted(by_partition):
             # 1. Validate the partition path and read each file's keys; one file = one file group.
             layout.validate_partition(partition)
@@ -284,11 +286,11 @@ def adopt_delta_table(table: Table, key_column: str, partition_columns: Sequence
     # engine's commit after the snapshot refuses the adoption, nothing published.
     def no_newer(record: CompletedInstant) -> None:
         if record.action == ACTION_BUILD_INDEX:  # not its rollback: that one must publish
-            _no_newer_version(table, snapshot.version, None)
+            _no_newer_version(table, snapshot.version, record.instant, key_column)
 
     table.timeline.before_publish.append(no_newer)
     try:
-        with CommitWriter(table, ACTION_BUILD_INDEX) as writer:
+        with _first_index_writer(table, key_column) as writer:
             for f in snapshot.files:
                 # 2. Each file's keys (its bytes checksummed, as every data file), minus its deleted rows.
                 source = _read_source(table, f.path, f.partition, key_column)
@@ -336,9 +338,78 @@ def adopt_delta_table(table: Table, key_column: str, partition_columns: Sequence
                             sum(len(k) for ks, _i in keys_by_scope.values() for k in ks), record)
 
 
-def _no_newer_version(table: Table, version: int, _news: object) -> None:
+def _remedies(table: Table, key_column: str) -> str:
+    """What to run on a table that has an index already, instead of building one."""
+    return (f"To bring that index up to the commits other engines made to its Delta table, run `dbidx sync "
+            f"{table.uri}`; to rebuild the index from the Delta table as it is now (the old index folder is moved "
+            f"aside), run `dbidx build-index {table.uri} --key {key_column} --readopt`")
+
+
+def _indexed_meanwhile(table: Table, key_column: str, instant: str) -> ConflictError | None:
+    """The refusal of a build whose table got an index while it ran (another build-index, an upsert, another
+    engine's commit, absorbed), or None if the table still has no write."""
+    view = table.data_view()
+    if not view.writes:
+        return None
+    return ConflictError(f"build-index instant {instant} of {table.uri} lost the race for the table's first index: "
+                         f"{view.writes} other instant(s) committed while it ran (the last {view.last_write}), and "
+                         "build-index only initialises an index that has no commit or build_index yet. Nothing of "
+                         f"this build was published. {_remedies(table, key_column)}")
+
+
+@contextmanager
+def _first_index_writer(table: Table, key_column: str) -> Iterator[CommitWriter]:
+    """The CommitWriter of a build, made to publish only while the table still has no write.
+
+    Why: build-index checks that the table has no write before its instant starts, but an upsert, another
+    build-index or another engine's commit (absorbed) can complete between that check and the publish, and both
+    would succeed: two first indexes, or a build that never saw the commits beside it. Exactly one may win."""
+    writer = CommitWriter(table, ACTION_BUILD_INDEX)
+    refused: list[ConflictError] = []
+
+    def still_empty(_news: list[CompletedInstant]) -> None:
+        refusal = _indexed_meanwhile(table, key_column, writer.instant)
+        if refusal is not None:
+            refused.append(refusal)
+            raise refusal
+
+    try:
+        with writer:
+            # 1. Checked again against the table as of the instant's start: what completed between the first check
+            #    and the start is in no publish check's news.
+            still_empty([])
+            # 2. A publish check over what completed since the start: it runs on every pass of the publish loop,
+            #    right before the record is created exclusively, so nothing of a losing build is published.
+            writer.checks.append(still_empty)
+            yield writer
+    except ConflictError as exc:
+        # 3. A conflict on the build's keys (that check runs before ours) means another writer indexed them
+        #    meanwhile: the same refusal, naming the remedies instead of "re-tag the batch and retry" (a
+        #    build-index run again is refused anyway).
+        refusal = None if any(exc is r for r in refused) else _indexed_meanwhile(table, key_column, writer.instant)
+        if refusal is None:
+            raise
+        raise refusal from exc
+
+
+def _no_newer_version(table: Table, version: int, instant: str, key_column: str) -> None:
     """At publish: the adopted version is still the Delta table's latest (else another engine committed after the
-    snapshot was read, and indexing it would miss that commit)."""
-    if table.io.exists(version_file(version + 1)):
-        raise ForeignCommitError(f"another engine committed Delta version {version + 1} to {table.uri} while it was "
-                                 "being adopted; nothing was published: run build-index again")
+    snapshot was read, and indexing it would miss that commit, or another build-index adopted the table first)."""
+    # 1. Still the latest: the adoption may take the next version.
+    if not table.io.exists(version_file(version + 1)):
+        return
+    # 2. The next version is another build-index's adoption, whose writer may not have published its record yet
+    #    (it puts the version first): published from its staged copy here, as any reader that meets such a version
+    #    does. Why: this build is rolled back next, and a rollback during an adoption writes no Delta version, so
+    #    it would otherwise take that record's seq (or fail on it) instead of following it.
+    try:
+        table._staged_of(read_version(table.io, version + 1), table.timeline.latest_seq + 1)
+    except CorruptFileError:
+        if _indexed_meanwhile(table, key_column, instant) is None:
+            raise  # not a staged copy that its writer removed once it had published: real damage
+    refusal = _indexed_meanwhile(table, key_column, instant)
+    if refusal is not None:
+        raise refusal
+    # 3. Another engine's commit: the snapshot is out of date.
+    raise ForeignCommitError(f"another engine committed Delta version {version + 1} to {table.uri} while it was "
+                             "being adopted; nothing was published: run build-index again")

@@ -485,15 +485,20 @@ class Table:
 
         `as_of` is a completed instant id or a completion seq: the table as it was right after that completion.
         """
-        upto = self.seq_at(as_of)
         shards = self._shards(shard)
         if partition is not None:
             layout.validate_partition(partition)
         elif not self.global_index:
             raise InvalidInputError("snapshot of a partitioned index needs a partition path")
+        # 1. The seq and every shard's file list from one state of the view: another thread's refresh moves the
+        #    timeline first and then folds the records in, so a seq read outside the lock can be ahead of the view
+        #    (a compaction half folded: replaced files gone, its base not there yet).
+        with self._view_lock:
+            upto = self.seq_at(as_of)
+            listed = [self._view.files(None if self.global_index else partition, s, upto) for s in shards]
+        # 2. The files are read without the lock (slow; the view is not needed for them).
         pieces = []
-        for s in shards:
-            files = self._view.files(None if self.global_index else partition, s, upto)
+        for files in listed:
             merged = rli_files.resolve_latest([self.read_index_file(f) for f in files], self.schema)
             if self.global_index and partition is not None:
                 merged = merged.filter(pc.equal(merged.column(rli_files.PARTITION), partition))
@@ -519,11 +524,16 @@ class Table:
                           shard: int | None = None) -> list[tuple[int, FileRecord]]:
         """The (seq, record) of each delta file `incremental` reads, in commit order (a global file holds every
         partition: it is listed whatever `partitions` says)."""
-        start = self.seq_at(start_exclusive) if start_exclusive is not None else 0
-        end = self.seq_at(end_inclusive)
         wanted = None if partitions is None else set(partitions)
         shards = set(self._shards(shard))
-        return [(seq, record) for seq, record in self._view.delta_files_between(start, end)
+        # The seqs and the listing under the view lock: another thread's refresh folds records into the same view
+        # in place (a listing beside it fails with "dictionary changed size during iteration"), and a seq read
+        # outside the lock can be ahead of the records folded so far (the newest files would be missing).
+        with self._view_lock:
+            start = self.seq_at(start_exclusive) if start_exclusive is not None else 0
+            end = self.seq_at(end_inclusive)
+            between = self._view.delta_files_between(start, end)
+        return [(seq, record) for seq, record in between
                 if record.shard in shards
                 and (wanted is None or record.partition is None or record.partition in wanted)]
 
@@ -550,14 +560,16 @@ class Table:
     ) -> dict[str | None, tuple[int, bool]]:
         """Per partition (None in global mode): (entries committed in (start, end], whether cleaning removed
         some of that history). Lets a cache decide, per partition and before reading, to catch up or reload."""
-        self.refresh()
         shards = set(self._shards(shard))
-        stale = self.history_before(start_exclusive)
         plan: dict[str | None, tuple[int, bool]] = {}
-        for _seq, record in self._view.delta_files_between(start_exclusive, end_inclusive, strict=False):
-            if record.shard in shards:
-                rows, cleaned = plan.get(record.partition, (0, False))
-                plan[record.partition] = (rows + record.rows, cleaned or stale or self._view.is_cleaned(record.path))
+        with self._view_lock:  # the view as one refresh left it (see incremental_files); no file is read here
+            self.refresh()
+            stale = self.history_before(start_exclusive)
+            for _seq, record in self._view.delta_files_between(start_exclusive, end_inclusive, strict=False):
+                if record.shard in shards:
+                    rows, cleaned = plan.get(record.partition, (0, False))
+                    plan[record.partition] = (rows + record.rows,
+                                              cleaned or stale or self._view.is_cleaned(record.path))
         return plan
 
     def history_before(self, seq: int) -> bool:
@@ -565,7 +577,8 @@ class Table:
         checkpoint that left out files replaced and cleaned after seq. Every partition behind it must reload
         (incremental_plan says so for the partitions it lists; a caller asks this for the others). The floor only
         comes from the checkpoint a reader starts from, so no refresh is needed to answer."""
-        return seq < self._view.history_floor
+        with self._view_lock:  # the first refresh may swap in the view a checkpoint holds
+            return seq < self._view.history_floor
 
     def lookup(
         self,
@@ -643,7 +656,8 @@ class Table:
         """Every partition with its last commit instant and time, live key count and file-group fills (as of the
         latest Delta version: other engines' versions are absorbed first)."""
         self.follow_delta_log()
-        return self.refresh().partition_stats()
+        with self._view_lock:  # folded by another thread's refresh in place; partition_stats returns copies
+            return self.refresh().partition_stats()
 
     def read_index_file(self, record: FileRecord, read: Callable[[], Any] | None = None) -> Any:
         """Read one index file (verified); a file that a clean removed since this reader planned the read is
@@ -651,10 +665,15 @@ class Table:
         try:
             return read() if read is not None else rli_files.read_rli_file(self.io, record)
         except CorruptFileError as exc:
-            if not self.io.exists(record.path) and self.refresh(force=True).is_cleaned(record.path):
+            if not self.io.exists(record.path) and self._cleaned_now(record.path):
                 raise HistoryCompactedError(f"index file {record.path} was removed by a clean while it was being "
                                             "read; read a newer snapshot (caches reload the partition)") from exc
             raise
+
+    def _cleaned_now(self, path: str) -> bool:
+        """Whether a clean has deleted `path`, as of a refresh made now (and read from that refresh's view)."""
+        with self._view_lock:
+            return self.refresh(force=True).is_cleaned(path)
 
     def _shards(self, shard: int | None) -> list[int]:
         if shard is None:

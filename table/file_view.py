@@ -5,7 +5,7 @@ cleans mark files as physically gone), so a snapshot "as of seq S" is a pure fun
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -161,8 +161,10 @@ class FileView:
         )
 
     def partition_stats(self) -> list[PartitionStats]:
-        """Stats of every partition that has had a commit, sorted by partition path."""
-        return [self._stats[p] for p in sorted(self._stats)]
+        """Stats of every partition that has had a commit, sorted by partition path: copies, since `apply` updates
+        the view's own in place (a caller reading one while another thread refreshes would see it change, or meet
+        "dictionary changed size" in its fills)."""
+        return [replace(self._stats[p], bucket_fills=dict(self._stats[p].bucket_fills)) for p in sorted(self._stats)]
 
     # ---- checkpoint form ---------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
