@@ -88,7 +88,9 @@ class Table:
         self._pins = threading.local()  # per thread: inside `pinned()`, whether the one refresh has been made
         self._delta: DeltaLogWriter | None = None  # set once this process writes: it then derives Delta versions
         self.adopting_delta = False  # a build-index adopting a Delta table: no version is written until it publishes
-        self._absorbing = False  # inside absorb_delta_log (its publishes run the hooks that would call it again)
+        # Per thread: inside absorb_delta_log (its publishes run the hooks that would call it again). Another thread
+        # waits for the view lock instead, and then finds the versions absorbed.
+        self._absorbing = threading.local()
 
     # ---- identity ----------------------------------------------------------------------------------------
     @classmethod
@@ -339,13 +341,13 @@ class Table:
         """Give every Delta version beyond the index's latest completion its record: a version a dbidx writer put
         and staged its record for is published from that record; any other is another engine's commit, absorbed
         into the index (docs/FORMAT.md section 12c). Returns the records this call published."""
-        if self._absorbing:
+        if getattr(self._absorbing, "on", False):
             return []
         out: list[CompletedInstant] = []
         with self._view_lock:
             if self.adopting_delta and self._data.delta_adopted is None:
                 return out
-            self._absorbing = True
+            self._absorbing.on = True
             try:
                 floor = last_checkpoint_version(self.io)  # versions up to it exist, their JSON may be expired
                 stalled = 0
@@ -364,7 +366,7 @@ class Table:
                         raise CorruptFileError(f"Delta version {version} of {self.uri} gets no completion record "
                                                f"(seq {seq}) after {stalled} attempts; `dbidx verify URI` says why")
             finally:
-                self._absorbing = False
+                self._absorbing.on = False
 
     def delta_version(self) -> int:
         """The Delta version of the index's latest completion (what Delta readers call the table's version)."""
