@@ -168,11 +168,23 @@ def commits_cmd(uri: str, last: int, as_json: bool) -> None:
     from dbidx.spark_integration.driver import commit_history
 
     table = open_table(uri)
-    output(as_json).emit({"commits": commit_history(table, last)}, _commits_text)
+    output(as_json).emit({"commits": commit_history(table, last),
+                          "pending": [p.to_dict() for p in table.pending_attempts()]}, _commits_text)
+
+
+def _pending_text(pending: list[dict[str, Any]]) -> list[str]:
+    """One line per unfinished attempt: who, since when, how many files, and what to run."""
+    lines = []
+    for p in pending:
+        age = "unknown age" if p["age_seconds"] is None else f"{p['age_seconds'] / 60:.1f} min old"
+        alive = {True: "alive", False: "gone", None: "liveness unknown here"}[p["alive"]]
+        lines.append(f"PENDING {p['instant']} {p['action'] or '?'} by {p['host'] or '?'} pid {p['pid'] or '?'} "
+                     f"({alive}), {age}, {len(p['files'])} files: {p['advice']}")
+    return lines
 
 
 def _commits_text(payload: dict[str, Any]) -> str:
-    lines = []
+    lines = _pending_text(payload.get("pending", []))
     for c in payload["commits"]:
         m = c["metrics"]
         what = (f"{m.get('input_rows', m['rows']):,} rows in, {m['rows']:,} records, {m['inserts']:,} inserts, {m['updates']:,} updates, {m['deletes']:,} deletes"
@@ -197,14 +209,15 @@ def stats_cmd(uri: str, as_json: bool) -> None:
     latest = table.latest()
     payload = {"uri": table.uri, "index_mode": table.props.index_mode, "num_shards": table.num_shards,
                "completed_instants": table.timeline.latest_seq, "latest_instant": latest.instant if latest else None,
-               "live_keys": sum(p["live_keys"] for p in parts), "partitions": parts}
+               "live_keys": sum(p["live_keys"] for p in parts), "partitions": parts,
+               "pending": [a.to_dict() for a in table.pending_attempts()]}
 
     def text(p: dict[str, Any]) -> str:
         head = (f"{p['uri']}: {p['index_mode']} index, {p['num_shards']} shards, {p['live_keys']} live keys, "
                 f"{len(p['partitions'])} partitions, {p['completed_instants']} completions")
         rows = [f"  {r['partition'] or '(root)'}\t{r['live_keys']} keys\t{r['file_groups']} file groups\t"
                 f"last {r['last_instant']} ({r['last_commit']})" for r in p["partitions"]]
-        return "\n".join([head] + rows)
+        return "\n".join([head] + rows + _pending_text(p["pending"]))
 
     output(as_json).emit(payload, text)
 
@@ -223,14 +236,15 @@ def _verify_table_files(table: Any, as_json: bool) -> None:
 
     with ProgressBar("verify", wants_json(as_json)) as update:
         check = verify_table(table, progress=update)
+    pending = [a.to_dict() for a in table.pending_attempts()]
 
     def text(p: dict[str, Any]) -> str:
-        lines = [f"DAMAGED {d['path']}: {d['problem']}" for d in p["damaged"]]
+        lines = [f"DAMAGED {d['path']}: {d['problem']}" for d in p["damaged"]] + _pending_text(p["pending"])
         lines.append(f"seq {p['seq']}: {p['index_files']} index files and {p['data_files']} data files intact "
                      f"({p['bytes_checked']:,} bytes checked), {len(p['damaged'])} damaged")
         return "\n".join(lines)
 
-    output(as_json).emit(check.to_dict(), text)
+    output(as_json).emit(check.to_dict() | {"pending": pending}, text)
     if not check.ok:
         sys.exit(4)
 
@@ -283,18 +297,25 @@ def _compact_text(p: dict[str, Any]) -> str:
 @main.command("rollback")
 @click.argument("uri")
 @click.argument("instant", required=False)
-@click.option("--all-pending", is_flag=True, help="Roll back every unfinished instant (only when no writer runs).")
+@click.option("--all-pending", is_flag=True,
+              help="Roll back every unfinished instant whose writer is not provably alive (a pid of this host).")
+@click.option("--force", is_flag=True, help="With --all-pending: also the instants of writers alive on this host.")
 @json_option
-def rollback_cmd(uri: str, instant: str | None, all_pending: bool, as_json: bool) -> None:
+def rollback_cmd(uri: str, instant: str | None, all_pending: bool, force: bool, as_json: bool) -> None:
     """Roll back an unfinished instant (e.g. of a crashed writer) and delete its files."""
     table = open_table(uri)
     if not instant and not all_pending:
         raise click.UsageError("name an INSTANT or pass --all-pending")
     if instant and all_pending:
         raise click.UsageError("name an INSTANT or pass --all-pending, not both")
-    targets = table.timeline.pending() if all_pending else [instant]
+    attempts = table.pending_attempts() if all_pending else []
+    alive = [a.instant for a in attempts if a.alive and not force]
+    targets = [a.instant for a in attempts if a.instant not in alive] if all_pending else [instant]
     done = [table.rollback(t, also_dead=targets if all_pending else ()).rolled_back for t in targets]
-    output(as_json).emit({"rolled_back": done}, lambda p: "\n".join(f"rolled back {i}" for i in p["rolled_back"])
+    output(as_json).emit({"rolled_back": done, "skipped_alive": alive},
+                         lambda p: "\n".join([f"rolled back {i}" for i in p["rolled_back"]]
+                                             + [f"skipped {i}: its writer runs on this host (--force to roll it "
+                                                "back anyway)" for i in p["skipped_alive"]])
                          or "nothing to roll back: no instant is pending")
 
 

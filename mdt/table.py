@@ -64,6 +64,7 @@ from dbidx.table.properties import (
     parse_properties,
     properties_json,
 )
+from dbidx.table.pending import PendingAttempt, pending_attempts
 from dbidx.table.records import ACTION_BUILD_INDEX, CompletedInstant, FileRecord
 from dbidx.table.timeline import Timeline
 
@@ -601,6 +602,10 @@ class Table:
     def new_commit(self) -> CommitWriter:
         """Start a new instant that adds index entries; use as a context manager or call commit()/rollback()."""
         return CommitWriter(self)
+
+    def pending_attempts(self) -> list[PendingAttempt]:
+        """Unfinished instants (crashed or running writers) with their writer, age, files and what to run."""
+        return pending_attempts(self.io, self.timeline)
 
     def rollback(self, instant: str, also_dead: Iterable[str] = ()) -> CompletedInstant:
         """Roll back an unfinished instant (e.g. of a crashed writer) and delete its files. `also_dead`: other

@@ -97,8 +97,14 @@ def test_init_and_rollback_of_a_crashed_writer(runner, tmp_path):
     assert result.exit_code == 0, result.output
     table = Table.open(uri)
     assert table.global_index
-    crashed = table.new_commit()  # started and never finished
+    crashed = table.new_commit()  # started and never finished (by this very process: provably alive)
+    result = runner.invoke(main, ["commits", uri, "--json"])
+    pending = json.loads(result.output)["pending"]
+    assert [(p["instant"], p["action"], p["alive"]) for p in pending] == [(crashed.instant, "commit", True)]
     result = runner.invoke(main, ["rollback", uri, "--all-pending", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output) == {"rolled_back": [], "skipped_alive": [crashed.instant]}
+    result = runner.invoke(main, ["rollback", uri, "--all-pending", "--force", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["rolled_back"] == [crashed.instant]
     assert Table.open(uri).timeline.pending() == []

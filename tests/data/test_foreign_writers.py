@@ -494,3 +494,52 @@ def test_a_dead_absorbers_claim_and_files_are_swept_after_an_hour(tmp_path: Path
     assert Path(w.path, layout.delta_file("dt=d1", 0, claims[1].instant)).exists()  # an hour not over: kept
     assert table.timeline.pending() == [claims[1].instant]
     w.check()
+
+
+def test_a_killed_writers_pending_attempt_is_shown_with_its_writer_age_files_and_advice(tmp_path: Path) -> None:
+    """kill -9 of a process mid-upsert: `commits`, `stats` and `verify` list the attempt (writer host and pid, gone;
+    age; the files it left) and say what to run; `rollback --all-pending` then removes it."""
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    from click.testing import CliRunner
+
+    from dbidx.cli import main
+
+    w = Writer(tmp_path)
+    child = textwrap.dedent(f"""
+        import os, signal
+        import pyarrow as pa
+        from dbidx.config import CacheConfig
+        from dbidx.mdt.table import Table
+        from dbidx.spark_integration import task
+        from dbidx.spark_integration.local import upsert_arrow
+        real, calls = task.upsert_batches, []
+        def die(*args, **kwargs):
+            result = real(*args, **kwargs)
+            calls.append(1)
+            if len(calls) == 2:  # both shard tasks wrote their files; the driver dies before publishing
+                os.kill(os.getpid(), signal.SIGKILL)
+            return result
+        task.upsert_batches = die
+        upsert_arrow(pa.table({{"id": ["k1", "z9"], "dt": ["d2", "d1"], "v": pa.array([5, 6], pa.int64())}}),
+                     Table.open({w.path!r}), key="id", partition="dt",
+                     cache_config=CacheConfig(base_path={str(tmp_path / "child-cache")!r}))
+    """)
+    proc = subprocess.run([sys.executable, "-c", child], capture_output=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    runner = CliRunner()
+    for command in ("commits", "stats", "verify"):
+        result = runner.invoke(main, [command, w.path, "--json"])
+        assert result.exit_code == 0, result.output
+        (attempt,) = json.loads(result.output)["pending"]
+        assert attempt["action"] == "commit" and attempt["alive"] is False and attempt["age_seconds"] >= 0
+        assert attempt["files"] and "dbidx rollback" in attempt["advice"]
+    text = runner.invoke(main, ["commits", w.path]).output
+    assert "PENDING" in text and "gone" in text
+    result = runner.invoke(main, ["rollback", w.path, "--all-pending", "--json"])
+    assert json.loads(result.output)["rolled_back"] == [attempt["instant"]]
+    assert not any(Path(w.path, f).exists() for f in attempt["files"])
+    w.check()
