@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast fuzz test-cluster pack-env bench bench-smoke bench-mdt bench-cache bench-bootstrap bench-spark bench-commit bench-footprint bench-skew bench-restart bench-peers bench-scale bench-speed check-java clean
+.PHONY: demo test test-fast fuzz test-cluster pack-env bench bench-smoke bench-mdt bench-cache bench-bootstrap bench-spark bench-commit bench-footprint bench-skew bench-restart bench-absorb bench-peers bench-scale bench-speed check-java clean
 
 demo: check-java $(STAMP)
 	$(BIN)/dbidx demo
@@ -57,6 +57,9 @@ bench-skew: $(STAMP)
 
 bench-restart: $(STAMP)
 	$(BIN)/python benchmarks/restart_bench.py --write-results
+
+bench-absorb: $(STAMP)
+	$(BIN)/python benchmarks/absorb_bench.py --write-results
 
 bench-mdt: $(STAMP)
 	$(BIN)/python benchmarks/mdt_bench.py
