@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -328,14 +328,11 @@ def _entries(table: TableState, buffer: EntryBuffer, left: pa.Table, came: pa.Ta
              where: str) -> None:
     """Re-point the keys that left and came, tombstone those that only left, insert those that only came (after
     checking that none of them is live elsewhere)."""
-    # 1. The scopes: the whole table in global mode; else each partition, its rows cut once from both sides (one
-    #    sort each, not a filter of every row per partition).
-    if table.global_index:
-        scopes: list[tuple[str | None, pa.Table, pa.Table]] = [(None, left, came)]
-    else:
-        olds, news = dict(_by_partition(left)), dict(_by_partition(came))
-        scopes = [(p, olds.get(p, left.slice(0, 0)), news.get(p, came.slice(0, 0))) for p in sorted(olds | news)]
-    for scope, old, new in scopes:
+    scopes = [None] if table.global_index else sorted(set(left.column("partition").to_pylist())
+                                                      | set(came.column("partition").to_pylist()))
+    for scope in scopes:
+        old = left if scope is None else left.filter(pc.equal(left.column("partition"), scope))
+        new = came if scope is None else came.filter(pc.equal(came.column("partition"), scope))
         _reject_repeats(new, came_rows, where, scope)
         index = pc.index_in(new.column("key"), value_set=old.column("key"))
         moved = pc.is_valid(index)
@@ -343,28 +340,23 @@ def _entries(table: TableState, buffer: EntryBuffer, left: pa.Table, came: pa.Ta
         repoint, insert = new.filter(moved), new.filter(pc.invert(moved))
         previous = old.take(pc.drop_null(index))
         _reject_live(table, insert, came_rows, where, scope)
-        # 2. Entries per partition (a global scope's rows span partitions): re-pointed keys at their new file
-        #    group (and their old group's fill down), tombstones of keys that left, inserts of keys that came.
-        for part, rows in _by_partition(repoint):
+        for part in _partitions(repoint):
+            rows = repoint.filter(pc.equal(repoint.column("partition"), part))
             buffer.add(part, rows.column("key"), one_chunk(rows.column("group")), deleted=False, live=+1)
-        for part, rows in _by_partition(previous):
+        for part in _partitions(previous):
+            rows = previous.filter(pc.equal(previous.column("partition"), part))
             buffer.count(part, one_chunk(rows.column("group")), -1)
-        for part, rows in _by_partition(old.filter(stays)):
+        tombstones = old.filter(stays)
+        for part in _partitions(tombstones):
+            rows = tombstones.filter(pc.equal(tombstones.column("partition"), part))
             buffer.add(part, rows.column("key"), one_chunk(rows.column("group")), deleted=True, live=-1)
-        for part, rows in _by_partition(insert):
+        for part in _partitions(insert):
+            rows = insert.filter(pc.equal(insert.column("partition"), part))
             buffer.add(part, rows.column("key"), one_chunk(rows.column("group")), deleted=False, live=+1)
 
 
-def _by_partition(rows: pa.Table) -> Iterator[tuple[str, pa.Table]]:
-    """The rows cut by partition, partitions in order: one sort, then slices (no filter per partition)."""
-    if not rows.num_rows:
-        return
-    rows = rows.sort_by("partition")
-    counts = pc.value_counts(rows.column("partition"))  # in the order values first appear: sorted here
-    start = 0
-    for part, n in zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist()):
-        yield part, rows.slice(start, n)
-        start += n
+def _partitions(rows: pa.Table) -> list[str]:
+    return sorted(set(rows.column("partition").to_pylist())) if rows.num_rows else []
 
 
 def _reject_repeats(new: pa.Table, came_rows: _Rows, where: str, scope: str | None) -> None:
