@@ -27,7 +27,6 @@ from typing import Any, Callable
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from pyroaring import BitMap
 
 from dbidx.arrays import one_chunk
@@ -35,15 +34,13 @@ from dbidx.data.delta_actions import (
     FileAction, VersionActions, expired_version, from_checkpoint, read_descriptor, read_version,
 )
 from dbidx.data.delta_log import delta_path, last_checkpoint_version, version_file, view_partition_columns
-from dbidx.data.files import key_range
+from dbidx.data.source_files import read_source
 from dbidx.data.superseded import load_vector, read_key_column, write_vectors
-from dbidx.errors import CorruptFileError, DeltaFeatureError, ForeignDuplicateError, InvalidInputError
+from dbidx.errors import CorruptFileError, DbidxError, DeltaFeatureError, ForeignDuplicateError, InvalidInputError
 from dbidx.mdt import rli_files
 from dbidx.mdt.writer import EntryBuffer
 from dbidx.table import layout, markers
-from dbidx.table.data_view import LAYOUT_EXTRA, DataView
-from dbidx.table.fileio import file_checksum
-from dbidx.table.keys import normalize_keys
+from dbidx.table.data_view import DataView
 from dbidx.table.records import ACTION_ABSORB, CompletedInstant, DataFileRecord
 from dbidx.table.state import TableState
 from dbidx.table.timeline import StartedInstant
@@ -118,22 +115,17 @@ def absorb_run(table: TableState, run: list[VersionActions], seq: int, published
         else:
             if table.timeline.publish_exact(claims[-1], record):
                 markers.discard_unlisted(table.io, claims[-1].instant, keep={f.path for f in record.dv_files})
-                return done + [record]
+                done.append(record)
     except ForeignDuplicateError:
-        for claim in claims[len(done):]:
-            _discard(table, claim.instant, written)
         # Lookups read the index as of the latest completion: if another process published this run's first
         # record meanwhile, the keys it added are live already and the "duplicates" are this run's own.
         table.timeline.refresh()
-        if table.timeline.latest_seq >= seq:
-            return done
-        raise
-    except BaseException:
-        for claim in claims[len(done):]:
-            _discard(table, claim.instant, written)
-        raise
-    for claim in claims[len(done):]:
-        _discard(table, claim.instant, written)
+        if table.timeline.latest_seq < seq:
+            raise
+    finally:
+        # 4. Whatever did not publish goes: its index and DV files, markers and claims (no record to roll back).
+        if len(done) < len(claims):
+            _discard(table, [c.instant for c in claims[len(done):]], written)
     return done
 
 
@@ -207,8 +199,7 @@ def _where(run: list[VersionActions]) -> str:
     return f"Delta versions {run[0].version}-{run[-1].version} ({shown})"
 
 
-def _net(view: DataView, run: list[VersionActions], where: str) -> tuple[dict[str, FileAction | None],
-                                                                         dict[str, FileAction]]:
+def _net(view: DataView, run: list[VersionActions], where: str) -> tuple[set[str], dict[str, FileAction]]:
     """The run's net effect on the files: (known files that left or whose vector changed, files live at its end
     that were added in it, with their last `add`). A file added and removed within the run is in neither."""
     spelled = {f.record.path: f.record.delta_path or delta_path(f.record.path) for f in view.live()}
@@ -219,8 +210,7 @@ def _net(view: DataView, run: list[VersionActions], where: str) -> tuple[dict[st
             if a.path not in present:
                 raise CorruptFileError(f"Delta version {actions.version} ({actions.writer}) removes {a.raw_path!r}, "
                                        "which is not a live file at that version: the index and the log disagree")
-            if present[a.path] is None and a.path in spelled and a.raw_path != spelled[a.path] \
-                    and not actions.synthetic:
+            if present[a.path] is None and a.raw_path != spelled[a.path] and not actions.synthetic:
                 # Delta readers match a remove to its add by the path string: this one misses, they keep the file.
                 raise DeltaFeatureError(
                     f"Delta version {actions.version} ({actions.writer}) removes {a.raw_path!r}, but the file was "
@@ -234,28 +224,30 @@ def _net(view: DataView, run: list[VersionActions], where: str) -> tuple[dict[st
                 raise CorruptFileError(f"Delta version {actions.version} ({actions.writer}) adds {a.raw_path!r} twice")
             adds.add(a.path)
             present[a.path] = a
-    removed = {p: present.get(p) for p in known if p not in present or present[p] is not None}
+    removed = {p for p in known if p not in present or present[p] is not None}
     added = {p: a for p, a in present.items() if a is not None}
     return removed, added
 
 
-def _discard(table: TableState, instant: str, written: list[str]) -> None:
-    """An absorb that did not publish: its files, markers and claim go (it never had a record to roll back)."""
+def _discard(table: TableState, instants: list[str], written: list[str]) -> None:
+    """Claims of an absorb that did not publish: their files, markers and claim files go (they never had a record
+    to roll back)."""
     for rel in written:
         table.io.delete(rel)
-    markers.discard_unlisted(table.io, instant, keep=())
-    table.io.delete(layout.inflight_file(instant))
-    table.io.delete(layout.requested_file(instant))
+    for instant in instants:
+        markers.discard_unlisted(table.io, instant, keep=())
+        table.io.delete(layout.inflight_file(instant))
+        table.io.delete(layout.requested_file(instant))
 
 
 def _build(table: TableState, view: DataView, where: str, seq: int, started: StartedInstant, key: str | None,
-           columns: list[str], removed: dict[str, FileAction | None], added: dict[str, FileAction],
+           columns: list[str], removed: set[str], added: dict[str, FileAction],
            extra: dict[str, Any], written: list[str]) -> CompletedInstant:
     """The absorb record: data files in and out, vectors, and the index entries of every key that moved."""
     instant = started.instant
-    gone = sorted(set(removed) - set(added))
-    fresh = sorted(set(added) - set(removed))
-    changed = sorted(set(added) & set(removed))
+    gone = sorted(removed - set(added))
+    fresh = sorted(set(added) - removed)
+    changed = sorted(removed & set(added))
     if (gone or fresh or changed) and key is None:
         raise DeltaFeatureError(f"{where} changes data files, but the table has no recorded key column yet; "
                                 "write it with dbidx first (build-index or an upsert)")
@@ -265,35 +257,29 @@ def _build(table: TableState, view: DataView, where: str, seq: int, started: Sta
     # 2. Files that left: every row still live in them leaves (read from the file; from the index if a VACUUM
     #    deleted it before dbidx absorbed its removal).
     by_group: dict[tuple[str, str], list[str]] = {}
+    live_files = {f.record.path: f.record for f in view.live()}  # gone and changed files are live (_net)
     for path in gone:
-        live = view.get(path)
-        if live is None:
-            raise CorruptFileError(f"{where} removes {path!r}, which is not a live data file of the index's table "
-                                   "at the version before: the index and the Delta log disagree")
-        by_group.setdefault((live.record.partition, live.record.file_group), []).append(path)
+        by_group.setdefault((live_files[path].partition, live_files[path].file_group), []).append(path)
     for (partition, group), paths in sorted(by_group.items()):
         if all(table.io.exists(p) for p in paths):
             for path in paths:
-                record = view.get(path).record  # type: ignore[union-attr]
+                record = live_files[path]
                 keys = read_key_column(table.io, record, key or "")
                 left.add(_minus(keys, _vector(table, view, path, record.rows)), partition, group, path)
         else:
             left.add(_keys_only_in(table, view, partition, group, set(paths), key or ""), partition, group, paths[0])
     # 3. Files whose vector changed: the rows it newly deletes leave.
     for path in changed:
-        live = view.get(path)
-        if live is None:
-            raise CorruptFileError(f"{where} changes the deletion vector of {path!r}, which is not a live data file "
-                                   "at the version before")
-        old = _vector(table, view, path, live.record.rows)
+        record = live_files[path]
+        old = _vector(table, view, path, record.rows)
         new = BitMap() if added[path].dv is None else read_descriptor(
-            table.io, added[path].dv, live.record.rows, f"{where}, file {path!r}")
+            table.io, added[path].dv, record.rows, f"{where}, file {path!r}")
         if not old.issubset(new):
             raise DeltaFeatureError(f"{where} brings back deleted rows of {path!r} (its new deletion vector lacks "
                                     "rows the old one had): dbidx cannot tell which version of those records is live")
-        keys = read_key_column(table.io, live.record, key or "")
+        keys = read_key_column(table.io, record, key or "")
         positions = np.asarray((new - old).to_array(), dtype=np.int64)
-        left.add(keys.take(pa.array(positions)), live.record.partition, live.record.file_group, path)
+        left.add(keys.take(pa.array(positions)), record.partition, record.file_group, path)
         if added[path].dv is not None:
             vectors[path], descriptors[path] = new, dict(added[path].dv)
     # 4. Files that came: their rows minus their own vector.
@@ -451,29 +437,17 @@ def _partition_of(action: FileAction, columns: list[str], where: str) -> str:
 
 def _read_new_file(table: TableState, path: str, partition: str, action: FileAction, key: str,
                    where: str) -> tuple[DataFileRecord, pa.Array]:
-    """A file another engine added: its bytes checksummed (every later read verifies them), its key column."""
-    rel = table.io.path(path)
+    """A file another engine added, read as build-index reads a migrated file (data/source_files.py: its bytes
+    checksummed, its key column checked), its size checked against the `add`."""
     try:
-        data = table.io.read_bytes(path)
-    except FileNotFoundError as exc:
-        raise CorruptFileError(f"{where} adds {rel}, which is missing (deleted since?)") from exc
-    if len(data) != action.size:
-        raise CorruptFileError(f"{where} adds {rel} of {action.size} bytes; the file has {len(data)}")
-    try:
-        handle = pq.ParquetFile(pa.BufferReader(data))
-        if key not in handle.schema_arrow.names:
-            raise DeltaFeatureError(f"{where} adds {rel}, which has no key column {key!r}")
-        keys = one_chunk(pc.cast(handle.read(columns=[key]).column(0), pa.string()))
-    except (pa.ArrowException, OSError) as exc:
-        raise CorruptFileError(f"{where} adds {rel}, which is unreadable: {exc}") from exc
-    keys = normalize_keys(keys, f"key in {rel}")
-    low, high = key_range(keys)
-    name = path.rsplit("/", 1)[-1]
-    group = name[:-len(".parquet")] if name.endswith(".parquet") else name
-    record = DataFileRecord(path=path, partition=partition, file_group=group, rows=len(keys), size=len(data),
-                            checksum=file_checksum(data), min_key=low, max_key=high,
-                            delta_path=None if action.raw_path == delta_path(path) else action.raw_path)
-    return record, keys
+        source = read_source(table.io, path, partition, key)
+    except DbidxError as exc:
+        raise type(exc)(f"{where} adds {path!r}: {exc}") from exc
+    if source.record.size != action.size:
+        raise CorruptFileError(f"{where} adds {table.io.path(path)} of {action.size} bytes; the file has "
+                               f"{source.record.size}")
+    spelled = None if action.raw_path == delta_path(path) else action.raw_path
+    return replace(source.record, delta_path=spelled), source.keys
 
 
 def _check_metadata(view: DataView, actions: VersionActions, columns: list[str], key: str | None,

@@ -22,24 +22,19 @@ import pyarrow.parquet as pq
 from dbidx.data.delta_actions import read_version
 from dbidx.data.delta_adopt import is_foreign_delta_table, read_snapshot
 from dbidx.data.delta_log import delta_path, initial_version, version_file
-from dbidx.data.files import key_range
 from dbidx.data.schema import check_distinct_names, encode_schema
+from dbidx.data.source_files import PARQUET_SUFFIX, SourceFile, file_group_of, read_source  # noqa: F401
+# (file_group_of is imported from here too: its home before data/source_files.py)
 from dbidx.data.superseded import write_vectors
 from dbidx.errors import (
-    ConflictError, CorruptFileError, DuplicateKeyError, ForeignCommitError, InvalidInputError, InvalidKeyError,
-    SchemaError,
+    ConflictError, CorruptFileError, DuplicateKeyError, ForeignCommitError, InvalidInputError, SchemaError,
 )
 from dbidx.mdt.table import Table
-from dbidx.mdt.writer import CommitWriter, as_key_array
+from dbidx.mdt.writer import CommitWriter
 from dbidx.progress import Progress, Steps
 from dbidx.table import layout, markers
 from dbidx.table.data_view import DELTA_ADOPTED_EXTRA, LAYOUT_EXTRA, SCHEMA_EXTRA
-from dbidx.table.fileio import file_checksum
-from dbidx.table.keys import unfit_key_kind, unfit_key_message
 from dbidx.table.records import ACTION_BUILD_INDEX, CompletedInstant, DataFileRecord
-
-PARQUET_SUFFIX = ".parquet"
-
 
 @dataclass(frozen=True)
 class BuildIndexResult:
@@ -50,12 +45,6 @@ class BuildIndexResult:
     partitions: int
     keys: int
     record: CompletedInstant
-
-
-def file_group_of(file_name: str) -> str:
-    """The file group of a migrated file: its whole name without `.parquet` (unique in its directory, stable), so
-    `events.2026-11-22.parquet` and `events.2026-11-23.parquet` are two file groups."""
-    return file_name[:-len(PARQUET_SUFFIX)] if file_name.endswith(PARQUET_SUFFIX) else file_name
 
 
 def list_data_files(table: Table) -> dict[str, list[str]]:
@@ -80,44 +69,9 @@ def _check_partition_columns(partition: str, columns: Sequence[str], where: str)
         )
 
 
-@dataclass(frozen=True)
-class SourceFile:
-    """One migrated Parquet file: its record in the table (by reference), its keys and its schema."""
-
-    record: DataFileRecord
-    keys: pa.Array
-    schema: pa.Schema
-
-
 def _read_source(table: Table, rel: str, partition: str, key_column: str) -> SourceFile:
-    """Read a data file once: its bytes' size and checksum (readers verify them later), row count, key column."""
-    where = table.io.path(rel)
-    try:
-        data = table.io.read_bytes(rel)
-        handle = pq.ParquetFile(pa.BufferReader(data))
-        schema = handle.schema_arrow.remove_metadata()
-        if key_column not in schema.names:
-            raise InvalidInputError(f"data file {where} has no column {key_column!r} (columns: {schema.names})")
-        keys = handle.read(columns=[key_column]).column(0)
-    except (pa.ArrowException, OSError) as exc:
-        raise CorruptFileError(f"data file {where} is unreadable: {exc}") from exc
-    kind = unfit_key_kind(keys.type)  # float, bool, list, struct, map: no exact text form
-    if kind is not None:
-        raise InvalidKeyError(unfit_key_message(key_column, str(keys.type), kind, f"data file {where}"))
-    if not pa.types.is_string(keys.type) and not pa.types.is_large_string(keys.type):
-        try:
-            keys = pc.cast(keys, pa.string())
-        except pa.ArrowInvalid as exc:
-            raise InvalidKeyError(f"key column {key_column!r} of data file {where} ({keys.type}) is not text: "
-                                  f"{exc}") from None
-    try:
-        keys = as_key_array(keys, f"key in {where}")
-    except InvalidKeyError as exc:
-        raise InvalidKeyError(str(exc)) from None
-    low, high = key_range(keys)
-    record = DataFileRecord(path=rel, partition=partition, file_group=file_group_of(rel.rsplit("/", 1)[-1]),
-                            rows=len(keys), size=len(data), checksum=file_checksum(data), min_key=low, max_key=high)
-    return SourceFile(record, keys, schema)
+    """A migrated file, read once (data/source_files.py): its record, keys and schema."""
+    return read_source(table.io, rel, partition, key_column)
 
 
 _ESCAPED = re.compile(r"%[0-9A-Fa-f]{2}")

@@ -352,8 +352,8 @@ class Table:
             try:
                 floor = last_checkpoint_version(self.io)  # versions up to it exist, their JSON may be expired
                 stalled = 0
+                self.refresh(force=True)
                 while True:
-                    self.refresh(force=True)
                     seq = self.timeline.latest_seq + 1
                     version = seq + self._data.delta_offset
                     if seq < self._data.delta_first_seq or not (version <= floor
