@@ -22,6 +22,7 @@ from dbidx.progress import Progress, null_progress
 from dbidx.spark_integration import task
 from dbidx.spark_integration.bulk import empty_table_seq, new_partitions_seq
 from dbidx.spark_integration.driver import CommitSummary, make_options, run_upsert
+from dbidx.spark_integration.job_report import TASK_KEY, JobResults, SparkJobReport, TaskAttempt
 from dbidx.spark_integration.tagger import ROW_ID, TAG_FIELDS, TagOptions
 from dbidx.spark_integration.task_errors import (
     TaskHook, hook_error, run_hook,
@@ -102,7 +103,8 @@ def _tag_rows(rows: Iterable[Any], table: Table, options: TagOptions, names: lis
 
 def _upsert_partition(batches: Iterator[pa.RecordBatch], table: Table, options: TagOptions, instant: str,
                       on_task_written: TaskHook | None = None) -> Iterator[pa.RecordBatch]:
-    """mapInArrow body of `upsert`: one result row per task attempt."""
+    """mapInArrow body of `upsert`: one result row per task attempt, with the attempt's own figures (its attempt
+    number, stage and host: job_report.TaskAttempt)."""
     from pyspark import TaskContext
 
     context = TaskContext.get()
@@ -110,6 +112,8 @@ def _upsert_partition(batches: Iterator[pa.RecordBatch], table: Table, options: 
     result = task.upsert_batches(batches, table, options, instant, attempt)
     if on_task_written is not None and context is not None:
         run_hook(on_task_written, context.partitionId(), context.attemptNumber())
+    if context is not None:
+        result[TASK_KEY] = TaskAttempt.of_task(context)
     yield task.pack_result(context.partitionId() if context is not None else -1, attempt, result)
 
 
@@ -174,13 +178,16 @@ def upsert_with_options(df: Any, table: Table, options: TagOptions,
     from pyspark.sql import functions as F
     input_schema = arrow_schema_of(df)
 
-    def job(instant: str) -> list[tuple[int, int, bytes]]:
+    def job(instant: str) -> JobResults:
         shuffled = _by_shard(df.withColumn(ROW_ID, F.monotonically_increasing_id()), table, options)
         (progress or null_progress)(0, table.num_shards, f"Spark job of {instant}: tagging and writing", 0)
         try:
-            return _collect_results(shuffled.mapInArrow(
-                partial(_upsert_partition, table=table, options=options, instant=instant,
-                        on_task_written=on_task_written), task.RESULT_DDL))
+            # Tagged, so the driver can read afterwards what Spark did to run it (retries, speculation, executors
+            # lost): job_report.SparkJobReport, read when the results are checked.
+            with SparkJobReport.watching(df.sparkSession, instant) as report:
+                return JobResults(_collect_results(shuffled.mapInArrow(
+                    partial(_upsert_partition, table=table, options=options, instant=instant,
+                            on_task_written=on_task_written), task.RESULT_DDL)), report)
         except Exception as exc:
             # Only a run with a hook looks for its marker: without one, row data quoted in an error's text cannot
             # pass for a hook's failure.
