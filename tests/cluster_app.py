@@ -21,6 +21,12 @@ from typing import Any, Callable
 SCHEMA = "id string, dt string, v long, _dbidx_delete boolean"
 EXECUTOR_MAIN = "CoarseGrainedExecutorBackend"
 JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"  # as cluster_harness.JVM_OPTIONS: quick short-lived JVMs
+SLOW_S = 90.0  # how long the first attempt of the --speculate task stalls: a speculative copy wins long before
+# Speculation for --speculate: a task is copied once it runs 1.5 times the median of its stage's finished tasks (and
+# at least 2 s, so the ordinary sub-second tasks of these batches are left alone), by elapsed time only.
+SPECULATION = {"spark.speculation": "true", "spark.speculation.interval": "100ms", "spark.speculation.quantile": "0.5",
+               "spark.speculation.multiplier": "1.5", "spark.speculation.minTaskRuntime": "2s",
+               "spark.speculation.efficiency.enabled": "false"}
 
 
 def executor_pid(start: int) -> int | None:
@@ -38,8 +44,11 @@ def executor_pid(start: int) -> int | None:
     return None
 
 
-def make_hook(batch: int, probe_dir: str, kill_at: tuple[int, int] | None) -> Callable[[int, int], None]:
-    """on_task_written hook: record where each task attempt ran; SIGKILL the executor once at (batch, shard).
+def make_hook(batch: int, probe_dir: str, kill_at: tuple[int, int] | None,
+              slow_at: tuple[int, int] | None = None) -> Callable[[int, int], None]:
+    """on_task_written hook: record where each task attempt ran; SIGKILL the executor once at (batch, shard)
+    `kill_at`; stall the first attempt at `slow_at` (a straggler: Spark speculates a copy of it on the other
+    worker, the copy wins and Spark kills the straggler).
 
     The kill happens after the attempt wrote its data and index files and before it reports back, on the first
     attempt only; an exclusive create of a marker file makes it happen at most once whatever Spark retries.
@@ -53,6 +62,8 @@ def make_hook(batch: int, probe_dir: str, kill_at: tuple[int, int] | None) -> Ca
                   "python": sys.executable, "dbidx": dbidx.__file__}
         name = f"b{batch}-s{shard}-a{attempt}-p{os.getpid()}.json"
         Path(probe_dir, name).write_text(json.dumps(record))
+        if slow_at == (batch, shard) and attempt == 0:
+            time.sleep(SLOW_S)
         if kill_at != (batch, shard) or attempt != 0:
             return
         # 2. At most one kill in the whole run.
@@ -82,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--create", type=int, default=0, help="create the table with this many shards")
     parser.add_argument("--kill", default="", help="BATCH:SHARD: SIGKILL the executor running that task once")
     parser.add_argument("--archive", default="", help="spark.archives value (a packed env), if any")
+    parser.add_argument("--speculate", default="", help="BATCH:SHARD: turn speculation on and stall the first "
+                        "attempt of that task until a speculative copy of it has won")
     args = parser.parse_args(argv)
 
     from pyspark.sql import SparkSession
@@ -106,9 +119,13 @@ def main(argv: list[str] | None = None) -> int:
                .config("spark.local.dir", args.local_dir))
     if args.archive:
         builder = builder.config("spark.archives", args.archive)
+    if args.speculate:
+        for name, value in SPECULATION.items():
+            builder = builder.config(name, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     kill_at = tuple(int(x) for x in args.kill.split(":")) if args.kill else None
+    slow_at = tuple(int(x) for x in args.speculate.split(":")) if args.speculate else None
     table = Table.create(args.table, num_shards=args.create) if args.create else Table.open(args.table)
     batches = json.loads(Path(args.batches).read_text())
     summaries: list[dict[str, Any]] = []
@@ -116,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     for n, rows in enumerate(batches):
         df = spark.createDataFrame([tuple(r) for r in rows], SCHEMA)
         summary = upsert(df, table, key="id", partition="dt",
-                         on_task_written=make_hook(n, args.probe_dir, kill_at))  # type: ignore[arg-type]
+                         on_task_written=make_hook(n, args.probe_dir, kill_at, slow_at))  # type: ignore[arg-type]
         summaries.append(summary.to_dict())
     final = [[r.id, r.dt, r.v] for r in read_table(spark, table).select("id", "dt", "v").collect()]
     result = {"summaries": summaries, "rows": final, "seconds": round(time.perf_counter() - started, 2),

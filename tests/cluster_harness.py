@@ -49,6 +49,7 @@ class WorkerNode:
     """One worker process and the directories that stand for its machine's disks."""
 
     name: str
+    host: str  # the address it binds and is reached at: its own per worker, as two machines have
     local_dir: Path  # SPARK_LOCAL_DIRS: Spark's scratch space on this "machine"; caches live below it
     work_dir: Path  # SPARK_WORKER_DIR: executors' working directories (archives are unpacked there)
     webui_port: int
@@ -106,13 +107,15 @@ class StandaloneCluster:
                 "--webui-port", str(self.master_webui_port)], self.env())
             # 2. The workers, each with its own local and work dirs (its own "disk").
             for i in range(self.num_workers):
-                node = WorkerNode(f"worker{i}", self.root / f"worker{i}" / "local", self.root / f"worker{i}" / "work",
-                                  free_port())
+                # 127.0.0.1, 127.0.0.2, ...: one loopback address per worker, so Spark sees different hosts (a
+                # speculative copy of a task only runs on a host where no attempt of it runs).
+                node = WorkerNode(f"worker{i}", f"127.0.0.{i + 1}", self.root / f"worker{i}" / "local",
+                                  self.root / f"worker{i}" / "work", free_port())
                 node.local_dir.mkdir(parents=True)
                 node.work_dir.mkdir(parents=True)
                 env = self.env(SPARK_LOCAL_DIRS=str(node.local_dir), SPARK_WORKER_DIR=str(node.work_dir))
                 node.process = self._spawn(node.name, [
-                    "org.apache.spark.deploy.worker.Worker", self.url, "--host", "127.0.0.1", "--cores", "1",
+                    "org.apache.spark.deploy.worker.Worker", self.url, "--host", node.host, "--cores", "1",
                     "--memory", self.worker_memory, "--webui-port", str(node.webui_port),
                     "--work-dir", str(node.work_dir)], env)
                 self.workers.append(node)

@@ -1,7 +1,8 @@
 """dbidx on a real Spark standalone cluster (one master, two workers of one core each), drivers in subprocesses.
 
-What local mode cannot show (tests/cluster_harness.py says why): an executor JVM SIGKILLed mid-job, shards whose
-tasks move between executors and workers, where caches land inside a worker's Spark-managed directories, a second
+What local mode cannot show (tests/cluster_harness.py says why): an executor JVM SIGKILLed mid-job, a speculative
+copy of a stalled task winning on the other worker (Spark copies a task only to another host), shards whose tasks
+move between executors and workers, where caches land inside a worker's Spark-managed directories, a second
 application finding them warm, and dbidx shipped to executors as a packed virtualenv (`spark.archives`).
 
 The expected table is computed here from the change stream alone (plain dicts: latest write wins, deletes remove);
@@ -36,6 +37,7 @@ SHARD_DIR = re.compile(r"^shard-\d{5}-of-\d{5}$")  # one RocksDB directory per (
 SPARK_OWNED_PREFIXES = ("spark-", "executor-", "blockmgr-")
 DRIVER_TIMEOUT_S = 240.0
 KILL = (2, 1)  # (batch, shard) of application 1 whose first attempt's executor JVM is SIGKILLed
+SPECULATE = (1, 2)  # (batch, shard) of application 1 whose first attempt stalls until a speculative copy wins
 
 Row = list[Any]  # [id, dt, v, deleted]
 Batch = list[Row]
@@ -236,7 +238,8 @@ def test_kill_an_executor_mid_job_then_a_second_application_finds_its_caches_war
     table = tmp_path / "table"  # one path both "machines" see: the shared filesystem of a real cluster
 
     app1 = App(cluster, tmp_path, "app1", table)
-    result1 = app1.run(first, "--create", str(SHARDS), "--kill", f"{KILL[0]}:{KILL[1]}")
+    result1 = app1.run(first, "--create", str(SHARDS), "--kill", f"{KILL[0]}:{KILL[1]}",
+                       "--speculate", f"{SPECULATE[0]}:{SPECULATE[1]}")
     # 3. The executor really died mid-job, after the task of KILL wrote its files and before it reported.
     marker = app1.probe_dir / "killed"
     assert marker.exists(), "the kill never happened (no task of the chosen batch and shard ran its hook)"
@@ -258,6 +261,11 @@ def test_kill_an_executor_mid_job_then_a_second_application_finds_its_caches_war
     assert set().union(*workers_of_shard.values()) == {w.name for w in cluster.workers}, workers_of_shard
     moved = sorted(s for s, names in workers_of_shard.items() if len(names) > 1)
     assert moved, f"no shard ran on both workers: {dict(workers_of_shard)}"
+    # 4b. In the batch of SPECULATE, Spark copied the stalled first attempt to the other worker (speculation is on
+    #     in application 1), the copy won and the straggler was killed: the table above is exact all the same.
+    stalled = [p for p in probes1 if (p["batch"], p["shard"]) == SPECULATE]
+    assert sorted(p["attempt"] for p in stalled) == [0, 1], stalled
+    assert len({app1.worker_of(p).name for p in stalled}) == 2, stalled
     # 5. Caches are at the default location: <worker's SPARK_LOCAL_DIRS>/dbidx-cache, not in Spark's
     #    per-application or per-executor directories (which Spark deletes), and nowhere else.
     cached: dict[str, dict[int, set[str]]] = {w.name: defaultdict(set) for w in cluster.workers}
