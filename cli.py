@@ -177,13 +177,18 @@ def _pending_text(pending: list[dict[str, Any]]) -> list[str]:
     lines = []
     for p in pending:
         age = "unknown age" if p["age_seconds"] is None else f"{p['age_seconds'] / 60:.1f} min old"
-        alive = {True: "alive", False: "gone", None: "liveness unknown here"}[p["alive"]]
-        lines.append(f"PENDING {p['instant']} {p['action'] or '?'} by {p['host'] or '?'} pid {p['pid'] or '?'} "
-                     f"({alive}), {age}, {len(p['files'])} files: {p['advice']}")
+        alive = {True: "alive", False: "gone", None: "liveness unknown yet"}[p["alive"]]
+        beat = ("no heartbeat" if p.get("heartbeat_age_seconds") is None
+                else f"heartbeat {p['heartbeat_age_seconds']:.0f} s ago")
+        app = "".join(f", {k} {v}" for k, v in sorted((p.get("tags") or {}).items()))
+        lines.append(f"PENDING {p['instant']} {p['action'] or '?'} by {p['host'] or '?'} pid {p['pid'] or '?'}{app} "
+                     f"({alive}: {beat}), {age}, {len(p['files'])} files: {p['advice']}")
     return lines
 
 
 def _commits_text(payload: dict[str, Any]) -> str:
+    from dbidx.spark_integration.job_report import describe
+
     lines = _pending_text(payload.get("pending", []))
     for c in payload["commits"]:
         m = c["metrics"]
@@ -193,6 +198,8 @@ def _commits_text(payload: dict[str, Any]) -> str:
                 f"({m['stall_seconds']:.2f} s), {m['catchup_entries']:,} catch-up entries, {m['seconds']:.1f} s"
                 if m else f"rolled back {c['rolled_back']}" if c["rolled_back"] else "")
         lines.append(f"{c['seq']:>5} {c['instant']} {c['action']:<11} {what}".rstrip())
+        if m and m.get("spark"):  # an upsert Spark ran: attempts, retries, speculation, executors lost
+            lines.append(f"{'':>5} {describe(m['spark'])}")
     return "\n".join(lines) or "no completions yet"
 
 
@@ -298,8 +305,9 @@ def _compact_text(p: dict[str, Any]) -> str:
 @click.argument("uri")
 @click.argument("instant", required=False)
 @click.option("--all-pending", is_flag=True,
-              help="Roll back every unfinished instant whose writer is not provably alive (a pid of this host).")
-@click.option("--force", is_flag=True, help="With --all-pending: also the instants of writers alive on this host.")
+              help="Roll back every unfinished instant whose writer is not provably alive (a heartbeat renewed "
+                   "within its expiry, or a pid alive on this host).")
+@click.option("--force", is_flag=True, help="With --all-pending: also the instants of writers that look alive.")
 @json_option
 def rollback_cmd(uri: str, instant: str | None, all_pending: bool, force: bool, as_json: bool) -> None:
     """Roll back an unfinished instant (e.g. of a crashed writer) and delete its files."""
@@ -308,14 +316,12 @@ def rollback_cmd(uri: str, instant: str | None, all_pending: bool, force: bool, 
         raise click.UsageError("name an INSTANT or pass --all-pending")
     if instant and all_pending:
         raise click.UsageError("name an INSTANT or pass --all-pending, not both")
-    attempts = table.pending_attempts() if all_pending else []
-    alive = [a.instant for a in attempts if a.alive and not force]
-    targets = [a.instant for a in attempts if a.instant not in alive] if all_pending else [instant]
-    done = [table.rollback(t, also_dead=targets if all_pending else ()).rolled_back for t in targets]
+    done, alive = table.rollback_pending(force=force) if all_pending else ([table.rollback(instant).rolled_back], [])
     output(as_json).emit({"rolled_back": done, "skipped_alive": alive},
                          lambda p: "\n".join([f"rolled back {i}" for i in p["rolled_back"]]
-                                             + [f"skipped {i}: its writer runs on this host (--force to roll it "
-                                                "back anyway)" for i in p["skipped_alive"]])
+                                             + [f"skipped {i}: its writer looks alive (heartbeat renewed, or its pid "
+                                                "runs on this host); --force to roll it back anyway"
+                                                for i in p["skipped_alive"]])
                          or "nothing to roll back: no instant is pending")
 
 

@@ -238,6 +238,7 @@ def _discard(table: TableState, instants: list[str], written: list[str]) -> None
         markers.discard_unlisted(table.io, instant, keep=())
         table.io.delete(layout.inflight_file(instant))
         table.io.delete(layout.requested_file(instant))
+        table.timeline.stop_heartbeat(instant)
 
 
 def _build(table: TableState, view: DataView, where: str, seq: int, started: StartedInstant, key: str | None,

@@ -64,7 +64,7 @@ from dbidx.table.properties import (
     parse_properties,
     properties_json,
 )
-from dbidx.table.pending import PendingAttempt, pending_attempts
+from dbidx.table.pending import AbandonedReport, PendingAttempt, pending_attempts, roll_back_abandoned
 from dbidx.table.records import ACTION_BUILD_INDEX, CompletedInstant, FileRecord
 from dbidx.table.timeline import Timeline
 
@@ -415,7 +415,7 @@ class Table:
         if raw is not None:
             record = self.timeline.publish_staged(raw, self.io.path(staged))
             if record is not None and record.instant == instant:
-                self.io.delete(staged)
+                self.timeline.delete_claim_files(instant)  # staged copy, claim and heartbeat of its dead writer
                 return [record]
         self.timeline.refresh()
         if self.timeline.latest_seq >= seq:  # its writer published (and removed the staged copy) meanwhile
@@ -599,13 +599,27 @@ class Table:
         """
         return lookup(self, keys, partition, mode, seek_threshold, plan)
 
-    def new_commit(self) -> CommitWriter:
-        """Start a new instant that adds index entries; use as a context manager or call commit()/rollback()."""
-        return CommitWriter(self)
+    def new_commit(self, tags: Mapping[str, str] | None = None) -> CommitWriter:
+        """Start a new instant that adds index entries; use as a context manager or call commit()/rollback().
+        `tags`: what else identifies this writer in its claim (shown if it is left unfinished)."""
+        return CommitWriter(self, tags=tags)
 
     def pending_attempts(self) -> list[PendingAttempt]:
         """Unfinished instants (crashed or running writers) with their writer, age, files and what to run."""
         return pending_attempts(self.io, self.timeline)
+
+    def roll_back_abandoned(self) -> AbandonedReport:
+        """Roll back the unfinished attempts whose writers are gone (heartbeat expired, or pid gone on this host):
+        what every upsert runs before it starts. Live ones are left alone; a failure is a warning, never an error."""
+        return roll_back_abandoned(self.timeline, pending_attempts(self.io, self.timeline, with_files=False))
+
+    def rollback_pending(self, force: bool = False) -> tuple[list[str], list[str]]:
+        """Roll back every unfinished instant whose writer is not provably alive (all of them with force=True);
+        returns (rolled back, skipped as alive). What `dbidx rollback --all-pending` runs."""
+        attempts = self.pending_attempts()
+        alive = [a.instant for a in attempts if a.alive and not force]
+        targets = [a.instant for a in attempts if a.instant not in alive]
+        return [self.rollback(t, also_dead=targets).rolled_back for t in targets], alive
 
     def rollback(self, instant: str, also_dead: Iterable[str] = ()) -> CompletedInstant:
         """Roll back an unfinished instant (e.g. of a crashed writer) and delete its files. `also_dead`: other

@@ -234,6 +234,7 @@ def _discard_crashed_upgrades(io: FileIO, timeline: Timeline) -> None:
             markers.discard_unlisted(io, instant, ())
             io.delete(layout.inflight_file(instant))
             io.delete(layout.requested_file(instant))
+            io.delete(layout.heartbeat_file(instant))
     io.delete(STAGED_RECORD)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -157,9 +157,9 @@ class EntryBuffer:
 class CommitWriter:
     """Collects the index entries of one instant and commits or rolls them back as a unit."""
 
-    def __init__(self, table: TableState, action: str = ACTION_COMMIT) -> None:
+    def __init__(self, table: TableState, action: str = ACTION_COMMIT, tags: Mapping[str, str] | None = None) -> None:
         self.table = table
-        self.started: StartedInstant = table.timeline.start(action)
+        self.started: StartedInstant = table.timeline.start(action, tags=tags)
         self.buffer = EntryBuffer(table, self.started.instant)
         self._written: list[FileRecord] = []
         self._data_files: list[DataFileRecord] = []

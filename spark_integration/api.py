@@ -196,6 +196,9 @@ def upsert_with_options(df: Any, table: Table, options: TagOptions,
                 raise
             raise error from exc
 
-    return run_upsert(table, options, job, input_schema, "the upsert DataFrame", progress)
+    # The claim names the Spark application, so an attempt its driver left unfinished says whose it was.
+    context = df.sparkSession.sparkContext
+    tags = {"spark_app_id": context.applicationId, "spark_app_name": context.appName[:256]}
+    return run_upsert(table, options, job, input_schema, "the upsert DataFrame", progress, tags=tags)
 
 

@@ -22,6 +22,7 @@ from dbidx.mdt.conflicts import TouchedKeys
 from dbidx.mdt.table import Table
 from dbidx.progress import Progress, Steps
 from dbidx.spark_integration import task
+from dbidx.spark_integration.job_report import SHARD_FIELDS, TASK_KEY, JobResults, TaskAttempt
 from dbidx.spark_integration.tagger import TagOptions
 from dbidx.spark_integration.task_errors import (
     retyped,
@@ -48,8 +49,14 @@ class CommitSummary(task.TaskCounts):
     data_bytes: int = 0
     index_entries: int = 0
     orphans_deleted: int = 0
+    # Other writers' unfinished attempts this upsert found before it started, and the abandoned ones it rolled back
+    # (table.pending.AbandonedReport).
+    abandoned: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
     per_shard: list[dict[str, Any]] = field(default_factory=list)
+    # What Spark did to run the upsert's job (task attempts, retries, speculation, kills, executors lost:
+    # job_report.SparkJobReport); None for an upsert run in process (`upsert_arrow`).
+    spark: dict[str, Any] | None = None
 
     @property
     def hit_rate(self) -> float:
@@ -115,20 +122,23 @@ def _check_buckets(table: Table, spec: BucketSpec) -> None:
 
 
 def run_upsert(table: Table, options: TagOptions, job: Callable[[str], list[tuple[int, int, bytes]]],
-               input_schema: pa.Schema, where: str, progress: Progress | None = None) -> CommitSummary:
+               input_schema: pa.Schema, where: str, progress: Progress | None = None,
+               tags: Mapping[str, str] | None = None) -> CommitSummary:
     """One upsert instant around a job that runs the shard tasks and returns their results (Spark, or in-process
     for `upsert_arrow`): start, publish after the checks, or roll back and delete every announced file.
 
     input_schema: the input's Arrow schema, checked against the table's data schema before anything runs
     (SchemaError); a first write or a new column records the schema in this instant's completion.
     progress: told of each task result as it is checked (one step per shard).
+    tags: what else identifies this writer in its claim (the Spark application id), shown if it is left unfinished.
     """
     started = time.perf_counter()
     with table.pinned():  # the checks before the start read one state (the start and the publish read anew)
         _check_buckets(table, options.buckets)
         new_schema, schema_seq = _check_layout_and_schema(table, options, input_schema, where)
     leftovers.sweep_settled(table.io, table.timeline)  # what writers that died after settling left
-    writer = table.new_commit()
+    abandoned = table.roll_back_abandoned()  # what writers that died before settling left (heartbeat expired)
+    writer = table.new_commit(tags=tags)
     instant = writer.instant
     guard = partial(_schema_unchanged, instant=instant)
     writer.checks.append(guard)  # also at publish: the schema this upsert was checked against still stands
@@ -140,7 +150,7 @@ def run_upsert(table: Table, options: TagOptions, job: Callable[[str], list[tupl
         if new_schema is not None:
             writer.extra[SCHEMA_EXTRA] = encode_schema(new_schema)
         record, summary = commit_results(writer, results, options, expected_tasks=table.num_shards,
-                                         started=started, progress=progress)
+                                         started=started, progress=progress, abandoned=abandoned.to_dict())
     except BaseException as exc:
         try:
             writer.rollback()  # also deletes every file any attempt announced
@@ -223,11 +233,14 @@ def _schema_unchanged(news: list[Any], instant: str) -> None:
 
 def commit_results(writer: Any, results: list[tuple[int, int, bytes]], options: TagOptions,
                    expected_tasks: int, started: float | None = None,
-                   progress: Progress | None = None) -> tuple[Any, CommitSummary]:
+                   progress: Progress | None = None,
+                   abandoned: dict[str, Any] | None = None) -> tuple[Any, CommitSummary]:
     """Publish the task results of the winning attempts as the writer's instant, or raise and publish nothing.
 
     started: the upsert's perf_counter start; the completion record then stores the seconds from there to the
     publish (what `dbidx commits` shows), measured just before the record is written.
+    abandoned: what the upsert found of other writers' unfinished attempts (AbandonedReport.to_dict()), kept in the
+    summary and the record.
 
     The driver holds per task only the records of the files it wrote (a few hundred bytes per file), its
     touched-key ranges and its metrics. It publishes only what it has checked is complete: exactly one result per
@@ -245,11 +258,16 @@ def commit_results(writer: Any, results: list[tuple[int, int, bytes]], options: 
                           "while collecting them (out of memory?). Nothing was published; run the upsert again.")
     # 2. Parse every record strictly (task results are input like any other) and check the files exist.
     files, index_files, touched, shards = [], [], [], []
+    report = results.spark if isinstance(results, JobResults) else None
+    winners: list[tuple[int, int, TaskAttempt]] = []  # each Spark task's winning attempt: shard, id, own figures
+    owners: list[tuple[int, dict[str, Any]]] = []  # each shard's metrics as sent, by the task that sent them
     writer.table.refresh()  # tasks tagged against seqs up to the latest; none can be newer
     steps = Steps(progress, len(results))
     try:
-        for shard, _attempt, payload in results:
+        for shard, attempt, payload in results:
             result = task.unpack_result(payload)
+            if report is not None:  # a Spark task says which attempt it is, where it ran
+                winners.append((shard, attempt, TaskAttempt.from_dict(result[TASK_KEY])))
             task_files = [DataFileRecord.parse(f, "data file") for f in result["files"]]
             task_index = [FileRecord.parse(f, "index file") for f in result["index_files"]]
             task_touched = [TouchedKeys.parse(t, writer.started.start_seq, writer.table.timeline.latest_seq)
@@ -263,6 +281,7 @@ def commit_results(writer: Any, results: list[tuple[int, int, bytes]], options: 
             # Strict: every number present, >= 0, whole where an int; kept beside the dict as sent.
             task_metrics = [(task.ShardMetrics.from_dict(m), m) for m in result["metrics"]]
             shards += task_metrics
+            owners += [(shard, sent) for _, sent in task_metrics]
             steps.step(f"shard {shard} checked", sum(parsed.input_rows for parsed, _ in task_metrics))
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CommitError(f"instant {writer.instant}: a task result is malformed ({exc}); nothing was "
@@ -270,6 +289,7 @@ def commit_results(writer: Any, results: list[tuple[int, int, bytes]], options: 
     _check_files_exist(writer.table.io, writer.instant, [(f.path, f.size) for f in files + index_files]
                        + [(t.path, t.size) for t in touched if t.path])
     summary = _summarize(writer.instant, files, index_files, shards)
+    summary.abandoned = dict(abandoned or {})
     writer.extra[LAYOUT_EXTRA] = {"key": options.key, "partition": options.partition,
                                   "hive_style": options.hive_style, "ordering": options.ordering,
                                   "buckets": options.buckets.to_dict()}
@@ -277,6 +297,11 @@ def commit_results(writer: Any, results: list[tuple[int, int, bytes]], options: 
         # Paths checked against the table's fixed partition columns (tagger): kept, so later upserts are checked
         # against them too and the Delta log's partitionValues keep naming them (layout_partition_columns).
         writer.extra[LAYOUT_EXTRA]["partition_columns"] = list(options.partition_columns)
+    # What Spark did to run the job, beside each shard's figures: read from Spark's status store, a report that
+    # never fails the commit (unknown figures are None).
+    summary.spark, figures = report.summarize(winners) if report is not None else (None, {})
+    for task_shard, sent in owners:
+        sent.update(figures.get(task_shard) or dict.fromkeys(SHARD_FIELDS))
     if started is not None:
         summary.seconds = time.perf_counter() - started  # stored: start to publish (cleanup after is not in it)
     writer.extra["metrics"] = {k: v for k, v in summary.to_dict().items() if k != "per_shard"}

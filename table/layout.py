@@ -169,6 +169,12 @@ def staged_file(instant: str) -> str:
 
 
 WRITERS_DIR = f"{TIMELINE_DIR}/writers"  # presence files of active writers, only without an exclusive create
+HEARTBEAT_DIR = f"{TIMELINE_DIR}/heartbeats"  # one file per running instant, renewed by its writer
+
+
+def heartbeat_file(instant: str) -> str:
+    """The heartbeat of a running instant: its writer rewrites it every few seconds (table/heartbeat.py)."""
+    return f"{HEARTBEAT_DIR}/{instant}.json"
 
 
 def latest_file(seq: int) -> str:

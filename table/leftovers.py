@@ -3,7 +3,7 @@
 What a crash can leave: a `.tmp-<hex>` file (killed between a temp write and its rename, on stores where
 `write_atomic` goes through a temp name), and of an instant that settled (completed or rolled back) without its own
 housekeeping: its `.requested` / `.inflight` timeline files, its markers with the unlisted files they announce
-(touched-key files, losing attempts' data and index files) and its writer-presence files. None of them is ever read
+(touched-key files, losing attempts' data and index files), its writer-presence files and its heartbeat. None of them is ever read
 as table data (readers read only what a completion lists), but they cost space and listings, for ever.
 
 Who sweeps: every upsert sweeps settled instants before it starts (cheap: two listings), and after it publishes the
@@ -24,6 +24,7 @@ import pyarrow.fs as pafs
 
 from dbidx.table import layout, markers, writer_presence
 from dbidx.table.fileio import FileIO
+from dbidx.table.heartbeat import read_heartbeat
 
 TEMP_PREFIX = ".tmp-"
 DEFAULT_TEMP_AGE_S = 3600.0  # a temp file lives for one write (seconds); an hour-old one belongs to a dead writer
@@ -73,7 +74,18 @@ def sweep_settled(io: FileIO, timeline: Any, report: SweepReport | None = None) 
             settled.add(instant)
     for instant in settled:
         writer_presence.forget(io, instant)
-    # 3. Staged records that can never be published.
+    # 3. Heartbeats of settled instants, and expired ones of instants with no claim left (their writer was renewing
+    #    while a rollback took the claim away).
+    for name in io.list_names(layout.HEARTBEAT_DIR):
+        instant = name[:-len(".json")] if name.endswith(".json") else ""
+        if not layout.is_instant(instant):
+            continue
+        beat = read_heartbeat(io, instant)
+        unclaimed = not (io.exists(layout.requested_file(instant)) or io.exists(layout.inflight_file(instant)))
+        if timeline.record_of(instant) is not None or (unclaimed and (beat is None or beat.expired)):
+            if io.delete(layout.heartbeat_file(instant)):
+                report.timeline_files.append(layout.heartbeat_file(instant))
+    # 4. Staged records that can never be published.
     sweep_staged(io, timeline, report)
     return report
 

@@ -15,13 +15,15 @@ import socket
 import threading
 import time
 import warnings
+import weakref
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 from dbidx.errors import (
     CorruptFileError, DbidxError, ForeignCommitError, InstantStateError, StoreUnavailableError,
 )
 from dbidx.table import checkpoint, instant_range, layout, leftovers, markers, writer_presence
+from dbidx.table.heartbeat import DEFAULT_INTERVAL_S, Heartbeat
 from dbidx.table.fileio import EXCLUSIVE_LOCK, EXCLUSIVE_NONE, FileIO
 from dbidx.table.records import (
     ACTION_ROLLBACK,
@@ -76,6 +78,10 @@ class Timeline:
         # Run at the top of every publish attempt (the table absorbs Delta versions other engines wrote, and publishes
         # records other writers staged, so the checks below see them as completions).
         self.catch_up: list[Callable[[], None]] = []
+        # Every instant this process starts has a heartbeat renewed at this interval until it settles
+        # (table/heartbeat.py): how other processes tell it from an abandoned one.
+        self.heartbeat_interval_s = DEFAULT_INTERVAL_S
+        self._heartbeats: dict[str, Heartbeat] = {}
 
     # ---- reading -----------------------------------------------------------------------------------------
     def refresh(self) -> list[CompletedInstant]:
@@ -266,13 +272,18 @@ class Timeline:
             raise CorruptFileError(f"rollback plan {self.io.path(rel)} is not valid: {exc}") from exc
 
     # ---- writing -----------------------------------------------------------------------------------------
-    def start(self, action: str, ignore: Iterable[str] = (), hooks: bool = True) -> StartedInstant:
-        """Claim a new instant id, unique among all writers, and record it as requested.
+    def start(self, action: str, ignore: Iterable[str] = (), hooks: bool = True,
+              tags: Mapping[str, str] | None = None) -> StartedInstant:
+        """Claim a new instant id, unique among all writers, and record it as requested, with a heartbeat this
+        process renews until the instant settles (or the returned StartedInstant is dropped unsettled).
 
         On a filesystem without an exclusive create (no link, no conditional put, no commit lock) the writer also
         announces itself and refuses to run beside another active writer (`ignore`: instants a rollback ends).
         hooks=False: without the `before_start` hooks (an absorb, which those hooks run themselves).
+        tags: what else identifies the writer in its claim (e.g. the Spark application id), shown with pending
+        attempts.
         """
+        tags = _checked_tags(tags)
         if action not in ACTIONS:
             raise InstantStateError(f"unknown action {action!r}; expected one of {ACTIONS}")
         self.refresh()
@@ -283,8 +294,9 @@ class Timeline:
             if layout.instant_out_of_range(candidate):  # only a typo's or a crafted id is that far ahead
                 raise instant_range.allocation_error(self.io, self)
             # 1. Exclusive create of the requested marker: two writers in the same millisecond get different ids.
-            marker = json.dumps({"action": action, "start_seq": self.latest_seq, "host": socket.gethostname(),
-                                 "pid": os.getpid(), "started_at_ms": int(time.time() * 1000)}).encode()
+            claim = {"action": action, "start_seq": self.latest_seq, "host": socket.gethostname(),
+                     "pid": os.getpid(), "started_at_ms": int(time.time() * 1000)} | ({"tags": tags} if tags else {})
+            marker = json.dumps(claim).encode()
             instant = layout.format_instant(candidate)
             if self.io.create_exclusive(layout.requested_file(instant), marker):
                 self.refresh()
@@ -295,9 +307,32 @@ class Timeline:
                         writer_presence.announce(self.io, instant)
                     if self.io.exclusive_create == EXCLUSIVE_NONE:
                         writer_presence.refuse_second(self.io, instant, set(ignore), self.record_of)
-                    return StartedInstant(instant=instant, action=action, start_seq=json.loads(marker)["start_seq"])
+                    return self._with_heartbeat(StartedInstant(instant=instant, action=action,
+                                                               start_seq=claim["start_seq"]), claim)
                 self.io.delete(layout.requested_file(instant))
             candidate = max(candidate + 1, self._max_known_instant() + 1)
+
+    def _with_heartbeat(self, started: StartedInstant, claim: dict[str, Any]) -> StartedInstant:
+        """Start the instant's heartbeat (its claim withdrawn if even the first beat cannot be written), stopped when
+        the instant settles, or, without deleting it, when the caller drops `started` unsettled (it is abandoned
+        then: the expired heartbeat lets the next writer roll it back)."""
+        try:
+            beat = Heartbeat(self.io, started.instant, self.heartbeat_interval_s,
+                             {k: claim[k] for k in ("host", "pid", "tags") if k in claim})
+        except BaseException:
+            self.io.delete(layout.requested_file(started.instant))
+            raise
+        self._heartbeats[started.instant] = beat
+        weakref.finalize(started, self.stop_heartbeat, started.instant, False)
+        return started
+
+    def stop_heartbeat(self, instant: str, delete: bool = True) -> None:
+        """Stop renewing an instant's heartbeat (if this process does) and delete it (unless `delete` is False)."""
+        beat = self._heartbeats.pop(instant, None)
+        if beat is not None:
+            beat.stop(delete)
+        elif delete:
+            self.io.delete(layout.heartbeat_file(instant))
 
     def mark_inflight(self, started: StartedInstant, files: Iterable[str]) -> None:
         """Record the files the instant is about to write, so a rollback can find them after a crash."""
@@ -427,7 +462,7 @@ class Timeline:
         # died between its commit point and its record): the instant may have completed right there.
         done = self.record_of(instant)
         if done is not None and done.action != ACTION_ROLLBACK:
-            self._delete_claim_files(me.instant)
+            self.delete_claim_files(me.instant)
             raise InstantStateError(f"instant {instant} completed at seq {done.seq} (its Delta version was on "
                                     "storage: it committed before its writer died); a completed instant cannot be "
                                     "rolled back")
@@ -450,7 +485,7 @@ class Timeline:
         for rel in files:
             self.io.delete(rel)
         markers.discard_unlisted(self.io, instant, keep=())
-        self._delete_claim_files(instant)
+        self.delete_claim_files(instant)
         return record
 
     # ---- helpers -----------------------------------------------------------------------------------------
@@ -461,7 +496,7 @@ class Timeline:
         publish and the publish (a ForeignCommitError). That is raised once every step ran, marked `published`
         with the record, so the caller neither rolls back nor reports success: Delta readers and dbidx disagree
         until the table is re-indexed, and every later dbidx write refuses (the version differs)."""
-        steps = [lambda: self._advance_latest(record.seq), self.refresh, lambda: self._delete_claim_files(instant),
+        steps = [lambda: self._advance_latest(record.seq), self.refresh, lambda: self.delete_claim_files(instant),
                  lambda: leftovers.sweep_staged(self.io, self)]
         steps += [lambda hook=hook: hook(record) for hook in self.after_publish]
         foreign: ForeignCommitError | None = None
@@ -479,12 +514,13 @@ class Timeline:
             error.published = record
             raise error from foreign
 
-    def _delete_claim_files(self, instant: str) -> None:
+    def delete_claim_files(self, instant: str) -> None:
         """A settled instant's claim on the timeline: its requested and inflight files (and, where writers notice
         each other by presence files, its presence file). Its markers are the writer's to discard."""
         self.io.delete(layout.inflight_file(instant))
         self.io.delete(layout.requested_file(instant))
         self.io.delete(layout.staged_file(instant))
+        self.stop_heartbeat(instant)
         if self.io.exclusive_create in (EXCLUSIVE_NONE, EXCLUSIVE_LOCK):
             writer_presence.forget(self.io, instant)
 
@@ -492,3 +528,13 @@ class Timeline:
         ids = [int(r.instant) for r in self._records] + [int(self._base_max_instant or 0)]
         ids += [int(n.split(".")[0]) for n in self.io.list_names(layout.TIMELINE_DIR) if n[:17].isdigit()]
         return max(ids, default=0)
+
+
+def _checked_tags(tags: Mapping[str, str] | None) -> dict[str, str]:
+    """A claim's tags: short strings by short names (they are shown to operators, never interpreted)."""
+    out = dict(tags or {})
+    for name, value in out.items():
+        if not (isinstance(name, str) and isinstance(value, str) and 0 < len(name) <= 64 and len(value) <= 256):
+            raise InstantStateError(f"writer tag {name!r}={value!r} is not a name of 1-64 characters with a string "
+                                    "value of at most 256")
+    return out

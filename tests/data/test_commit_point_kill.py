@@ -35,6 +35,7 @@ from dbidx.mdt.table import Table
 from dbidx.mdt.verify_table import verify_table
 from dbidx.spark_integration.local import upsert_arrow
 from dbidx.table import layout
+from dbidx.table.records import ACTION_ROLLBACK
 
 from tests.data.test_delta_adopt import _delete_rows, _log
 from tests.delta_readers import assert_readers_agree
@@ -374,27 +375,22 @@ def test_a_writer_killed_on_the_commit_path_loses_nothing_and_publishes_nothing_
     if POINTS[name].first == "read":
         later_write(scene, 2000)
     table = scene.check()
-    # Nothing published half: an instant the kill stopped before its commit point has no record and stays pending
-    # (its files are referenced by nothing; `dbidx rollback` removes them), every other instant settled.
-    dead = [i for i in instants if table.timeline.record_of(i) is None]
+    # Nothing published half: an instant the kill stopped before its commit point has no record of its own. Its writer
+    # is gone (its pid on this host), so the later upsert rolled it back before it started, files and all; every
+    # other instant settled.
+    dead = [i for i in instants if table.timeline.record_of(i) is None
+            or table.timeline.record_of(i).action == ACTION_ROLLBACK]
     assert dead == ([] if name not in PENDING else instants[1:] if name.startswith("absorb-after-first") else instants)
-    assert table.timeline.pending() == dead
-    leftover = scene.staged()
-    if name in STAGED_BEFORE_PUT:
-        # The dead writer's staged record stays while its instant is pending, although its seq was taken by a later
-        # completion, so it can never be published (test_a_staged_record_of_a_writer_killed_before_its_put_...).
-        assert leftover in ([], dead)
-    else:
-        assert leftover == [], f"staged records remain after later writes: {leftover}"
+    assert all(table.timeline.record_of(i).action == ACTION_ROLLBACK for i in dead)
+    assert table.timeline.pending() == []
+    assert scene.staged() == [], f"staged records remain after later writes: {scene.staged()}"
+    assert not list(Path(scene.path).rglob("heartbeats/*")), "a settled instant left its heartbeat"
     dead_dv_files = scene.dv_files() - children[name].dv_files - {
         Path(f.path).name for r in table.timeline.completed() for f in r.dv_files}
-    assert bool(dead_dv_files) == (name in PENDING - {"absorb-after-first-run-record-before-net"})
+    assert not dead_dv_files, "a rolled back instant left its DV file"
     for instant in dead:
-        table.rollback(instant)
+        assert table.rollback(instant).rolled_back == instant  # settled already: its rollback record
         assert not [p for p in Path(scene.path).rglob(f"*{instant}*")], "a rolled back instant left files"
-    assert not scene.dv_files() & dead_dv_files, "a rolled back instant left its DV file"
-    assert scene.staged() == []
-    assert table.timeline.pending() == []
     later_write(scene, 3000)  # and again, over the files the first later write rewrote
     scene.check()
 

@@ -138,12 +138,12 @@ def test_a_compaction_published_between_snapshot_and_start_is_a_conflict(tmp_pat
     real_start = timeline_module.Timeline.start
     done = []
 
-    def start_after_another_compaction(self, action, ignore=()):
+    def start_after_another_compaction(self, action, ignore=(), **kw):
         if action == "data_compaction" and not done:
             done.append(1)
             assert other.compact_data().files_replaced == 2
             upsert_arrow(as_arrow([("k", "a", 3, False)]), other, key="id", partition="dt", cache_config=config)
-        return real_start(self, action, ignore)
+        return real_start(self, action, ignore, **kw)
 
     monkeypatch.setattr(timeline_module.Timeline, "start", start_after_another_compaction)
     with pytest.raises(ConflictError, match="overlaps data compaction"):

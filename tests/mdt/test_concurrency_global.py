@@ -127,5 +127,6 @@ def test_same_key_twice_in_one_commit_is_rejected(tmp_path):
         writer.commit()
     assert table.snapshot("p").num_rows == 0
     timeline = table.io.path(".dbidx/timeline")
-    assert sorted(set(os.listdir(timeline)) - {"staged"}) == ["completed", "latest"]
-    assert not os.path.exists(f"{timeline}/staged") or not os.listdir(f"{timeline}/staged")
+    assert sorted(set(os.listdir(timeline)) - {"staged", "heartbeats"}) == ["completed", "latest"]
+    for kept_empty in ("staged", "heartbeats"):
+        assert not os.path.exists(f"{timeline}/{kept_empty}") or not os.listdir(f"{timeline}/{kept_empty}")

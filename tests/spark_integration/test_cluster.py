@@ -223,6 +223,34 @@ def assert_counts(summaries: list[dict[str, Any]], batches: list[Batch], history
         assert got == want, f"batch {n}: summary counts {got}, expected {want}"
 
 
+def assert_spark_figures(summaries: list[dict[str, Any]], kill: tuple[int, int] | None = None,
+                         speculate: tuple[int, int] | None = None) -> None:
+    """Every batch's `spark` section is known and every winning attempt names its executor. The batch whose
+    executor was killed (`kill`: batch, shard) counts that executor lost (with Spark's reason) and the killed
+    attempt retried, and the killed shard's task took more than one attempt and won elsewhere; no other batch lost
+    an executor. In the batch of `speculate`, Spark launched a speculative copy of the stalled task, the copy won,
+    and the straggler was killed (or is being killed when the figures are read)."""
+    for n, summary in enumerate(summaries):
+        did = summary["spark"]
+        assert did["unknown"] is None and did["task_attempts"] >= len(summary["per_shard"]), (n, did)
+        assert all(m["executor"] is not None and m["attempts"] >= 1 for m in summary["per_shard"]), (n, summary)
+        shards = {m["shard"]: m for m in summary["per_shard"]}
+        if speculate is not None and n == speculate[0]:
+            winner = shards[speculate[1]]
+            assert did["speculative"] >= 1 and did["killed"] + did["running"] >= 1, did
+            assert winner["speculative"] is True and winner["attempt_number"] >= 1, (winner, did)
+            assert {"shard": speculate[1], "attempt_number": winner["attempt_number"], "executor": winner["executor"],
+                    "speculative": True} in did["later_attempts"], did
+        if kill is None or n != kill[0]:
+            assert did["executors_lost"] == 0 and did["lost_executors"] == [], (n, did)
+            continue
+        assert did["executors_lost"] == 1 and did["retried"] >= 1, did
+        (lost,) = did["lost_executors"]
+        assert lost["executor"] != "driver" and lost["reason"], did
+        winner = shards[kill[1]]
+        assert winner["attempts"] >= 2 and winner["executor"] != lost["executor"], (winner, did)
+
+
 # ---- the tests ---------------------------------------------------------------------------------------------------
 
 def test_kill_an_executor_mid_job_then_a_second_application_finds_its_caches_warm(
@@ -266,6 +294,10 @@ def test_kill_an_executor_mid_job_then_a_second_application_finds_its_caches_war
     stalled = [p for p in probes1 if (p["batch"], p["shard"]) == SPECULATE]
     assert sorted(p["attempt"] for p in stalled) == [0, 1], stalled
     assert len({app1.worker_of(p).name for p in stalled}) == 2, stalled
+    # 4c. Each batch's summary says what Spark did (job_report.py): the batch of the kill lost that executor and
+    #     retried the killed attempt, the shard's task took more than one attempt and won on another executor, and
+    #     no other batch lost one; in the batch of SPECULATE a speculative copy was launched and won.
+    assert_spark_figures(result1["summaries"], kill=KILL, speculate=SPECULATE)
     # 5. Caches are at the default location: <worker's SPARK_LOCAL_DIRS>/dbidx-cache, not in Spark's
     #    per-application or per-executor directories (which Spark deletes), and nowhere else.
     cached: dict[str, dict[int, set[str]]] = {w.name: defaultdict(set) for w in cluster.workers}
@@ -309,6 +341,7 @@ def test_kill_an_executor_mid_job_then_a_second_application_finds_its_caches_war
     app2 = App(cluster, tmp_path, "app2", table)
     result2 = app2.run(second)
     assert_table_is(result2, oracle(first + second))
+    assert_spark_figures(result2["summaries"])
     assert_counts(result2["summaries"], second, first)
     # 7. Its first batch loaded on demand exactly the partitions the worker its shard ran on did not hold for
     #    that shard: none that application 1 had loaded there (warm across applications), and day 5 everywhere.

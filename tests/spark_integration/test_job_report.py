@@ -1,17 +1,29 @@
 """What Spark did to run an upsert (spark_integration/job_report.py), without Spark: the task's own attempt figures
-parsed strictly, the status store's figures summed from a stand-in store of REST-form objects (as Spark's
-JacksonMessageWriter writes them), unknown figures as None, and the `dbidx commits` line."""
+parsed strictly by the driver, the status store's figures summed from a stand-in store of REST-form objects (as
+Spark's JacksonMessageWriter writes them), unknown figures as None, and the `dbidx commits` line. The same figures
+from a real local Spark session: tests/spark_integration/test_retries.py; a lost executor: test_cluster.py."""
 from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 from typing import Any
 from unittest.mock import MagicMock
 
+import pyarrow as pa
 import pytest
 
-from dbidx.spark_integration import job_report
-from dbidx.spark_integration.job_report import FIGURES, SparkJobReport, TaskAttempt, describe
+from dbidx.config import CacheConfig
+from dbidx.errors import CommitError
+from dbidx.mdt.table import Table
+from dbidx.spark_integration import job_report, task
+from dbidx.spark_integration.driver import commit_results
+from dbidx.spark_integration.job_report import (
+    FIGURES, TASK_KEY, JobResults, SparkJobReport, TaskAttempt, describe,
+)
+from dbidx.spark_integration.local import upsert_arrow
+from dbidx.spark_integration.tagger import TagOptions
+from dbidx.table.records import ACTION_ROLLBACK
 
 GOOD = {"attempt_number": 1, "stage_id": 7, "host": "worker-3.example"}
 T0 = "2025-01-15T10:00:00.000GMT"
@@ -172,7 +184,39 @@ def test_the_job_tag_is_added_beside_the_caller_s_and_taken_off() -> None:
     GOOD | {"host": "h" * 256}], ids=str)
 def test_malformed_attempt_figures_are_refused(bad: Any) -> None:
     """What a task says about its attempt is input: missing, of another type, negative, out of Spark's int range,
-    not a printable host name: refused (the driver makes that a CommitError)."""
+    not a printable host name: refused (the driver makes that a CommitError, below)."""
     with pytest.raises((ValueError, KeyError, TypeError)):
         TaskAttempt.from_dict(bad)
     assert TaskAttempt.from_dict(GOOD | {"new_figure": 1}) == TaskAttempt(1, 7, "worker-3.example")
+
+
+# ---- in the driver's publish (driver.commit_results) -----------------------------------------------------------
+
+@pytest.mark.parametrize("bad", ["missing", GOOD | {"attempt_number": -1}], ids=str)
+def test_a_task_s_malformed_attempt_figures_publish_nothing(tmp_path: Path, bad: Any) -> None:
+    """A Spark job's task result without its attempt figures, or with a malformed one, is a CommitError, and
+    nothing is published."""
+    table = Table.create(str(tmp_path / "t"), num_shards=2)
+    options = TagOptions(key="id", partition="dt", cache=CacheConfig(base_path=str(tmp_path / "cache")))
+    writer = table.new_commit()
+    results = [task.upsert_batches([], table, options, writer.instant, attempt=a) for a in (1, 2)]
+    results[0][TASK_KEY], results[1][TASK_KEY] = GOOD, bad
+    if bad == "missing":
+        del results[1][TASK_KEY]
+    rows = [(s, s + 1, task.pack_payload(r)) for s, r in enumerate(results)]
+    with pytest.raises(CommitError, match="a task result is malformed"):
+        commit_results(writer, JobResults(rows, SparkJobReport(None, "t", "no Spark here")), options,
+                       expected_tasks=2)
+    writer.rollback()
+    assert [r.action for r in table.timeline.completed()] == [ACTION_ROLLBACK]
+
+
+def test_an_upsert_run_in_process_has_no_spark_section(tmp_path: Path) -> None:
+    table = Table.create(str(tmp_path / "t"), num_shards=2)
+    data = pa.table({"id": [f"k{i}" for i in range(20)], "dt": ["2025-01-15"] * 20, "v": list(range(20))})
+    summary = upsert_arrow(data, table, key="id", partition="dt",
+                           cache_config=CacheConfig(base_path=str(tmp_path / "cache")))
+    assert summary.spark is None and summary.to_dict()["spark"] is None
+    assert table.timeline.completed()[-1].extra["metrics"]["spark"] is None
+    assert [{k: m[k] for k in job_report.SHARD_FIELDS} for m in summary.per_shard] == [
+        dict.fromkeys(job_report.SHARD_FIELDS)] * 2

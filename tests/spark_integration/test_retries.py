@@ -11,13 +11,15 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from click.testing import CliRunner
 
 from dbidx.buckets.assigner import BucketSpec
+from dbidx.cli import main
 from dbidx.config import CacheConfig
 from dbidx.data.schema import encode_schema
 from dbidx.errors import CommitError, HookError, InvalidInputError, InvalidKeyError
 from dbidx.mdt.table import Table
-from dbidx.spark_integration import task
+from dbidx.spark_integration import api, task
 from dbidx.spark_integration.api import tag, upsert
 from dbidx.spark_integration.driver import _check_layout_and_schema, commit_results
 from dbidx.spark_integration.reads import committed_data_files, read_table
@@ -53,7 +55,12 @@ def setup(tmp_path: Path):
 
 def test_attempt_failing_after_writing_is_retried_without_duplicates(spark, setup) -> None:
     table, config = setup
-    upsert(spark.createDataFrame(rows_of(100), SCHEMA), table, key="id", partition="dt", cache_config=config)
+    clean = upsert(spark.createDataFrame(rows_of(100), SCHEMA), table, key="id", partition="dt", cache_config=config)
+    # What Spark did (job_report.py): nothing retried, each shard's first attempt won, on the local executor.
+    assert clean.spark is not None and clean.spark["unknown"] is None, clean.spark
+    assert (clean.spark["retried"], clean.spark["killed"], clean.spark["later_attempts"]) == (0, 0, [])
+    assert [(m["shard"], m["attempt_number"], m["attempts"], m["executor"]) for m in clean.per_shard] == [
+        (0, 0, 1, "driver"), (1, 0, 1, "driver")]
 
     def fail_first_attempt(partition_id: int, attempt_number: int) -> None:
         if attempt_number == 0:
@@ -63,6 +70,22 @@ def test_attempt_failing_after_writing_is_retried_without_duplicates(spark, setu
     summary = upsert(spark.createDataFrame(batch, SCHEMA), table, key="id", partition="dt", cache_config=config,
                      on_task_written=fail_first_attempt)
     assert (summary.updates, summary.inserts) == (60, 40)
+    # Spark retried each shard's task once (local[2,3]): the summary says so, and which attempt won where.
+    did = summary.spark
+    assert {k: did[k] for k in ("retried", "speculative", "killed", "running", "stage_retries", "executors_lost",
+                                "unknown")} == {"retried": 2, "speculative": 0, "killed": 0, "running": 0,
+                                                "stage_retries": 0, "executors_lost": 0, "unknown": None}, did
+    assert did["task_attempts"] == clean.spark["task_attempts"] + 2
+    assert [(m["shard"], m["attempt_number"], m["attempts"], m["executor"], m["speculative"])
+            for m in summary.per_shard] == [(0, 1, 2, "driver", False), (1, 1, 2, "driver", False)]
+    assert [a["shard"] for a in did["later_attempts"]] == [0, 1]
+    # ... and `dbidx commits` shows the same figures (stored in the completion record).
+    shown = CliRunner().invoke(main, ["commits", table.uri, "--json"])
+    assert shown.exit_code == 0, shown.output
+    assert json.loads(shown.output)["commits"][0]["metrics"]["spark"] == did
+    text = CliRunner().invoke(main, ["commits", table.uri]).output
+    assert f"spark: {did['task_attempts']} task attempts" in text and "2 retried" in text, text
+    assert "shard 1 won by attempt 1 on executor driver" in text, text
     # The failed attempts' files (data, index, touched keys) were announced, never listed, and deleted after the commit.
     assert summary.orphans_deleted > summary.data_files > 0
     assert parquet_on_disk(table) == {p for p, _, _ in committed_data_files(table)}
@@ -195,6 +218,26 @@ def test_a_task_result_with_malformed_metrics_publishes_nothing(setup, bad) -> N
                        expected_tasks=2)
     writer.rollback()
     assert [r.action for r in table.timeline.completed()] == [ACTION_ROLLBACK]
+
+
+def test_malformed_attempt_figures_from_a_spark_task_publish_nothing(spark, setup, monkeypatch) -> None:
+    """A task's own attempt figures are input like its metrics: one that says it is attempt -1 fails the commit
+    (CommitError), the instant is rolled back; more malformed forms: test_job_report.py."""
+    table, config = setup
+    collect = api._collect_results
+
+    def with_bad_attempt(results):
+        rows = collect(results)
+        shard, attempt, payload = rows[-1]
+        sent = task.unpack_result(payload)
+        sent["spark_attempt"]["attempt_number"] = -1
+        return rows[:-1] + [(shard, attempt, task.pack_payload(sent))]
+
+    monkeypatch.setattr(api, "_collect_results", with_bad_attempt)
+    with pytest.raises(CommitError, match="a task result is malformed .*attempt_number must be a whole number"):
+        upsert(spark.createDataFrame(rows_of(20), SCHEMA), table, key="id", partition="dt", cache_config=config)
+    assert [r.action for r in table.timeline.completed()] == [ACTION_ROLLBACK]
+    assert parquet_on_disk(table) == set()
 
 
 def test_late_attempts_withdraw_and_leftovers_are_swept(setup) -> None:
@@ -338,3 +381,23 @@ def test_a_damaged_executor_cache_is_discarded_and_the_retry_commits_the_batch(s
     latest = {k: (k, d, v) for k, d, v, _ in rows_of(3000) + rows_of(500, value=1) + batch}
     assert read_rows(spark, table) == set(latest.values())
     assert all(d.exists() for d in shard_dirs)  # rebuilt by the retries
+
+
+def test_a_spark_upsert_claims_its_instant_with_its_application_and_a_live_heartbeat(spark, setup,
+                                                                                     tmp_path: Path) -> None:
+    """While the job runs, the instant's claim names the Spark application (issue 43 item 2): what `dbidx commits`
+    shows of an attempt whose driver died."""
+    table, config = setup
+    seen = str(tmp_path / "pending.json")
+    uri = table.uri
+
+    def record_pending(partition_id: int, attempt_number: int) -> None:  # runs in the task, mid-job
+        Path(seen).write_text(json.dumps([a.to_dict() for a in Table.open(uri).pending_attempts()]))
+
+    upsert(spark.createDataFrame(rows_of(20), SCHEMA), table, key="id", partition="dt", cache_config=config,
+           on_task_written=record_pending)
+    [attempt] = json.loads(Path(seen).read_text())
+    assert attempt["tags"] == {"spark_app_id": spark.sparkContext.applicationId,
+                               "spark_app_name": spark.sparkContext.appName}
+    assert attempt["alive"] is True and attempt["heartbeat_age_seconds"] is not None and attempt["files"]
+    assert table.pending_attempts() == []
