@@ -61,7 +61,9 @@ def main(argv: list[str] | None = None) -> int:
             "app": spark.sparkContext.applicationId, "batch": n, "instant": summary.instant,
             "seconds": round(time.perf_counter() - started, 2), "inserts": summary.inserts,
             "updates": summary.updates, "deletes": summary.deletes,
-            "on_demand_loads": [s.get("on_demand_loads") for s in summary.per_shard]}), flush=True)
+            "on_demand_loads": [s.get("on_demand_loads") for s in summary.per_shard],
+            "executors_lost": (summary.spark or {}).get("executors_lost"),  # what Spark did (job_report.py)
+            "abandoned": summary.abandoned}), flush=True)  # other writers' unfinished attempts found, rolled back
     spark.stop()
     return 0
 
