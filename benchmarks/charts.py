@@ -171,13 +171,46 @@ def peers(plt: Any, data: dict) -> list[Figure]:
     return [(fig, shape, "peers.png")]
 
 
+def soak(plt: Any, data: dict) -> list[Figure]:
+    """Over batch number: live data files, upsert + service seconds per batch, and each full read's time over
+    delta-rs's read of the same rows written once (soak_bench.py)."""
+    batches, points = data["batches"], data["checkpoints"]
+    x = [b["number"] for b in batches]
+    fig, (files, seconds, ratio) = plt.subplots(3, 1, figsize=(8, 9), sharex=True)
+    files.plot(x, [b["live_files"] for b in batches], label="live data files")
+    files.plot(x, [b["disk_files"] for b in batches], "--", label="files on disk (table dir)")
+    files.set_ylabel("files")
+    files.legend(fontsize=8)
+    seconds.plot(x, [b["upsert_s"] + b["service_s"] for b in batches], lw=0.8, label="upsert + services")
+    if any(b["service_s"] for b in batches):
+        seconds.plot(x, [b["service_s"] for b in batches], lw=0.8, label="of which services")
+    seconds.set_ylabel("seconds per batch")
+    seconds.legend(fontsize=8)
+    for name, label in (("dbidx_s", "dbidx read_arrow"), ("polars_s", "polars read_delta"),
+                        ("deltars_s", "delta-rs QueryBuilder")):
+        ratio.plot([c["batch"] for c in points], [c[name] / c["anchor_s"] for c in points], marker="o", label=label)
+    ratio.axhline(1.5, color="grey", lw=0.8, label="goal: 1.5x")
+    ratio.set_ylim(bottom=0)
+    ratio.set_ylabel("full read / delta-rs read\nof the rows written once")
+    ratio.set_xlabel("batch number")
+    ratio.legend(fontsize=8)
+    fig.suptitle(f"Soak: {data['keys']:,} keys, batches of {data['batch_rows']:,} rows, services {data['services']}")
+    shape = (f"{data['keys']:,} UUID keys, 30 daily partitions, {len(batches):,} batches of {data['batch_rows']:,} "
+             f"rows (80% recent updates, 5% late, 15% new), {data['shards']} shards, Spark local[2]")
+    return [(fig, shape, f"{data['name']}.png")]
+
+
 CHARTS: dict[str, Callable[[Any, dict], list[Figure]]] = {
     "footprint": footprint, "skew": skew, "spark": spark, "bootstrap": bootstrap, "restart": restart,
     "peers": peers,
 }
+# The soak benchmark's runs, one section and chart each: the issue's two sizes, services on and off.
+SOAK_RUNS = [f"soak-{keys}-services-{mode}" for keys in (1_000_000, 10_000_000) for mode in ("on", "off")]
+CHARTS.update({name: soak for name in SOAK_RUNS})
 # Charts that draw nothing until their benchmark has written enough figures (peers: two --keys sizes or more,
-# `make bench-peers`); the suite checks the others always, these once they draw.
-DRAWN_ONCE_RUN = {"peers"}
+# `make bench-peers`; a soak run: once `make bench-soak` or a run with --write-results made it); the suite checks the
+# others always, these once they draw.
+DRAWN_ONCE_RUN = {"peers", *SOAK_RUNS}
 
 
 def draw(name: str, out_dir: Path = RESULTS_DIR) -> list[str]:
