@@ -5,6 +5,7 @@ of everything announced. `api.upsert` (Spark) and `local.upsert_arrow` (in-proce
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable, Mapping
@@ -19,6 +20,8 @@ from dbidx.data import reads
 from dbidx.data.schema import data_columns, encode_schema, evolve, recorded_schema
 from dbidx.errors import CommitError, ConfigError, ConflictError, CorruptFileError, SchemaError
 from dbidx.mdt.conflicts import TouchedKeys
+from dbidx.mdt.service_settings import read_settings
+from dbidx.mdt.services import run_services
 from dbidx.mdt.table import Table
 from dbidx.progress import Progress, Steps
 from dbidx.spark_integration import task
@@ -57,6 +60,10 @@ class CommitSummary(task.TaskCounts):
     # What Spark did to run the upsert's job (task attempts, retries, speculation, kills, executors lost:
     # job_report.SparkJobReport); None for an upsert run in process (`upsert_arrow`).
     spark: dict[str, Any] | None = None
+    # What the table services did after the publish (mdt.services.ServicesReport.to_dict(); {"error": ...} when they
+    # failed, which never fails the committed upsert); None when `after_commit` is off. Returned only: the services
+    # run after the completion record was written, so `dbidx commits` does not show them (their own instants do).
+    services: dict[str, Any] | None = None
 
     @property
     def hit_rate(self) -> float:
@@ -168,7 +175,24 @@ def run_upsert(table: Table, options: TagOptions, job: Callable[[str], list[tupl
     leftovers.sweep_after_write(table.io, record)  # dead writers' temp files where this batch wrote
     summary.seq = record.seq
     summary.seconds = time.perf_counter() - started  # returned: the whole call, cleanup of orphans included
+    # 4. The table services, after the publish: the batch is committed whatever they do (their time is their own).
+    summary.services = services_after_commit(table)
     return summary
+
+
+def services_after_commit(table: Table) -> dict[str, Any] | None:
+    """Run the table services within the table's budget if its settings say so (`after_commit`); an error becomes a
+    warning and the report's `error`, never a failed upsert: the batch was published before they started."""
+    try:
+        settings = read_settings(table.io)
+        if not settings.after_commit:
+            return None
+        return run_services(table, settings).to_dict()
+    except Exception as exc:  # noqa: BLE001 - maintenance must never fail a committed upsert; the next run retries
+        message = f"{type(exc).__name__}: {exc}"
+        warnings.warn(f"table services after the upsert into {table.uri} failed (the upsert is committed; the next "
+                      f"run tries again): {message}", RuntimeWarning, stacklevel=2)
+        return {"error": message}
 
 
 def _check_layout_and_schema(table: Table, options: TagOptions, input_schema: pa.Schema,
@@ -304,7 +328,7 @@ def commit_results(writer: Any, results: list[tuple[int, int, bytes]], options: 
         sent.update(figures.get(task_shard) or dict.fromkeys(SHARD_FIELDS))
     if started is not None:
         summary.seconds = time.perf_counter() - started  # stored: start to publish (cleanup after is not in it)
-    writer.extra["metrics"] = {k: v for k, v in summary.to_dict().items() if k != "per_shard"}
+    writer.extra["metrics"] = {k: v for k, v in summary.to_dict().items() if k not in ("per_shard", "services")}
     # 3. Publish: data and index become visible together, or not at all.
     return writer.commit(), summary
 

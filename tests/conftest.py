@@ -32,3 +32,23 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator["pyspark.sql.Spa
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture(autouse=True)
+def _services_after_commit_off(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The table services that run after each upsert (on by default for users) are off in tests, which count files,
+    versions and completions of exactly the commits they make; tests of the services ask for `services_on`. A
+    MonkeyPatch of its own: a test's `monkeypatch.undo()` must not turn them back on."""
+    if "services_on" in request.fixturenames:
+        yield
+        return
+    from dbidx.spark_integration import driver
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(driver, "services_after_commit", lambda table: None)
+        yield
+
+
+@pytest.fixture
+def services_on() -> None:
+    """Keep the table services after each upsert as users get them (see _services_after_commit_off)."""

@@ -17,7 +17,7 @@ FLOORS = {
     "dbidx.arrays": 0,
     "dbidx.table": 1, "dbidx.data": 2, "dbidx.mdt": 3, "dbidx.buckets": 4, "dbidx.cache": 5, "dbidx.bootstrap": 6,
     "dbidx.spark_integration": 7,
-    "dbidx.cli": 8, "dbidx.cli_cache": 8, "dbidx.cli_output": 8, "dbidx.demo": 8,
+    "dbidx.cli": 8, "dbidx.cli_cache": 8, "dbidx.cli_services": 8, "dbidx.cli_output": 8, "dbidx.demo": 8,
 }
 NOT_PACKAGED = {"tests", "benchmarks", "tools", "docs", ".venv", "build", "dist", ".git"}
 

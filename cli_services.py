@@ -1,0 +1,76 @@
+"""`dbidx config` and `dbidx maintain`: the table services' settings, and a run of the services (once, or in a loop
+for pipelines whose writes should never wait for maintenance)."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import click
+
+from dbidx.cli_output import json_option, open_table, output, table_argument
+
+
+@click.command("config")
+@table_argument()
+@click.argument("settings", nargs=-1, metavar="[KEY=VALUE]...")
+@json_option
+def config_cmd(uri: str, settings: tuple[str, ...], as_json: bool) -> None:
+    """Show the table service settings, or change them (KEY=VALUE; VALUE `default` resets a key); docs/CONFIG.md."""
+    from dbidx.mdt.service_settings import parse_text, read_settings, write_settings
+
+    table = open_table(uri)
+    changes: dict[str, Any] = {}
+    for item in settings:
+        key, sep, text = item.partition("=")
+        if not sep:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="SETTINGS")
+        changes[key.strip()] = parse_text(key.strip(), text)
+    current = write_settings(table.io, changes) if changes else read_settings(table.io)
+    payload = {"uri": table.uri, "settings": current.to_dict(), "changed": sorted(changes),
+               "non_default": sorted(current.changed())}
+    output(as_json).emit(payload, lambda p: "\n".join(
+        f"{k} = {v}{'' if k not in p['non_default'] else '  (set)'}" for k, v in p["settings"].items()))
+
+
+@click.command("maintain")
+@table_argument()
+@click.option("--budget-seconds", type=click.FloatRange(min=0.001), default=None,
+              help="Start no new service step after this many seconds (default: the table's budget_seconds).")
+@click.option("--budget-files", type=click.IntRange(min=1), default=None,
+              help="Rewrite at most this many data files per run (default: the table's budget_files).")
+@click.option("--loop", is_flag=True, help="Run again every --interval seconds until Ctrl-C.")
+@click.option("--interval", type=click.FloatRange(min=0), default=60.0, show_default=True,
+              help="With --loop: seconds between the end of a run and the start of the next.")
+@click.option("--max-runs", type=click.IntRange(min=1), default=None, help="With --loop: stop after this many runs.")
+@json_option
+def maintain_cmd(uri: str, budget_seconds: float | None, budget_files: int | None, loop: bool, interval: float,
+                 max_runs: int | None, as_json: bool) -> None:
+    """Run the table services the table needs now (data compaction, index compaction, clean) within a budget."""
+    from dbidx.mdt.service_settings import read_settings
+    from dbidx.mdt.services import run_services
+
+    table, out, runs = open_table(uri), output(as_json), []
+    try:
+        while True:  # the settings are read again each run: `dbidx config` applies to a running loop
+            runs.append(run_services(table, read_settings(table.io), budget_seconds, budget_files).to_dict())
+            if loop and not out.as_json:
+                click.echo(_run_text(runs[-1]))
+            if not loop or (max_runs is not None and len(runs) >= max_runs):
+                break
+            time.sleep(interval)
+    except KeyboardInterrupt:  # Ctrl-C ends the loop; a service cut short is rolled back by the next writer
+        if not runs:
+            raise
+    payload = runs[-1] | {"uri": table.uri, "runs": len(runs)}
+    if loop and out.as_json:
+        payload["all_runs"] = runs
+    out.emit(payload, lambda p: f"{p['runs']} runs" if loop else _run_text(p))
+
+
+def _run_text(p: dict[str, Any]) -> str:
+    lines = [f"{r['service']} {r['instant']} in {r['seconds']:.2f} s: "
+             + ", ".join(f"{k} {v}" for k, v in r["details"].items() if k != "partitions") for r in p["ran"]]
+    lines += [f"{y['service']} yielded to a concurrent run (next run retries): {y['error']}" for y in p["yielded"]]
+    lines += [f"{left['service']} left for the next run ({left['reason']}): "
+              + ", ".join(f"{k} {v}" for k, v in left.items() if k not in ("service", "reason")) for left in p["left"]]
+    return "\n".join(lines + [f"services run in {p['seconds']:.2f} s" + ("" if p["ran"] else ": nothing to do")])

@@ -1,0 +1,218 @@
+"""Table services that run by themselves: data compaction, index compaction and clean, each when its trigger says the
+table needs it, within a budget of seconds and files (`run_services`; `Table.maintain`, `dbidx maintain`, and the
+writer after each upsert).
+
+Why triggers from the folded views: the views are in memory after the refresh every writer does anyway, so deciding
+costs no I/O; a run that finds nothing to do publishes nothing. Why a budget: a writer that maintains its table after
+each batch must not stall the pipeline; what the budget leaves is reported and taken by the next run (the worst
+partitions first, so the table's worst spots are always the next ones fixed).
+
+Every service commit is an ordinary completion and Delta version (data compaction: remove + add with
+dataChange=false; index compaction and clean: commitInfo only). None of them conflicts with an upsert (docs/DESIGN.md
+section 3); a ConflictError can only come from another maintenance run on the same files (two writers, or a writer
+and `dbidx maintain --loop`): the service yields, the report says so, and the next run tries again.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Protocol
+
+from dbidx.data.compaction import DataCompactionResult
+from dbidx.errors import ConflictError
+from dbidx.mdt.compaction import CompactionResult
+from dbidx.mdt.service_settings import ServiceSettings
+from dbidx.progress import Progress
+from dbidx.table.records import ACTION_CLEAN, CompletedInstant
+from dbidx.table.state import TableState
+
+ROUND_PARTITIONS = 8  # data compaction partitions per instant: the seconds budget is checked between rounds
+
+
+class MaintainedTable(TableState, Protocol):
+    """A table whose services can run (implemented by `Table`)."""
+
+    def compact(self, partitions: Iterable[str] | None = None, min_files: int = 2,
+                progress: Progress | None = None) -> CompactionResult: ...
+
+    def compact_data(self, partitions: Iterable[str] | None = None, min_files: int = 2,
+                     deleted_share: float | None = 0.2, target_file_bytes: int | None = 64 << 20,
+                     progress: Progress | None = None) -> DataCompactionResult: ...
+
+    def clean(self, retain_completions: int = 10, delete_migrated: bool = False) -> CompletedInstant | None: ...
+
+
+@dataclass
+class ServiceRun:
+    """One service instant a run published (or tried to)."""
+
+    service: str  # data_compaction, index_compaction, clean
+    instant: str | None
+    seconds: float
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ServicesReport:
+    """What a services run did: what ran, what it yielded to, what the budget left for later, and how long it took."""
+
+    ran: list[ServiceRun] = field(default_factory=list)
+    yielded: list[dict[str, str]] = field(default_factory=list)  # {service, error}: conflicts, retried next run
+    left: list[dict[str, Any]] = field(default_factory=list)  # {service, reason, ...}: work for the next run
+    disabled: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form (`dbidx maintain --json`, an upsert summary's `services`)."""
+        return {"ran": [vars(r) for r in self.ran], "yielded": list(self.yielded), "left": list(self.left),
+                "disabled": list(self.disabled), "seconds": round(self.seconds, 4)}
+
+
+@dataclass(frozen=True)
+class DataNeeds:
+    """Per partition, how many live data files a data compaction would rewrite now."""
+
+    files: dict[str, int]
+
+    def worst_first(self) -> list[str]:
+        """Partitions by files to rewrite, most first (ties by name, so runs are repeatable)."""
+        return sorted(self.files, key=lambda p: (-self.files[p], p))
+
+
+def data_needs(table: TableState, settings: ServiceSettings) -> DataNeeds:
+    """Files to rewrite per partition, from the data view alone: per file group, its small files when there are at
+    least `data_min_small_files`, and any large file whose vector hides `data_deleted_share` of its rows (the rule
+    data.compaction applies). Why only large ones trigger by share: a small file's share moves with every update
+    batch, and rewriting it each time is the churn the count rule exists to batch; it waits for its group's count."""
+    small_bytes = settings.data_small_file_mb << 20
+    view = table.data_view()
+    groups: dict[tuple[str, str], list[tuple[bool, bool]]] = {}
+    for live in view.live():
+        rec = live.record
+        ref = view.vector_of(rec.path)
+        small = rec.size < small_bytes
+        heavy = not small and ref is not None and rec.rows > 0 \
+            and ref.vector.cardinality / rec.rows >= settings.data_deleted_share
+        groups.setdefault((rec.partition, rec.file_group), []).append((small, heavy))
+    files: dict[str, int] = {}
+    for (partition, _), flags in groups.items():
+        chosen = sum(1 for small, heavy in flags if small or heavy)
+        if chosen < settings.data_min_small_files:
+            chosen = sum(1 for _, heavy in flags if heavy)
+        if chosen:
+            files[partition] = files.get(partition, 0) + chosen
+    return DataNeeds(files)
+
+
+def index_needs(table: TableState, settings: ServiceSettings) -> dict[str | None, int]:
+    """Index groups (partition, shard) with at least `index_min_files` live files, counted per partition (None:
+    the global index)."""
+    view = table.refresh()
+    out: dict[str | None, int] = {}
+    for partition, shard in view.groups():
+        if len(view.files(partition, shard)) >= settings.index_min_files:
+            out[partition] = out.get(partition, 0) + 1
+    return out
+
+
+def clean_due(table: TableState, settings: ServiceSettings) -> str | None:
+    """Why a clean is not due now (None: it is): nothing old enough to delete, or a clean ran within the last
+    `clean_interval` completions (each clean is a commit of its own; cleaning every batch would double the log)."""
+    timeline = table.timeline
+    latest = timeline.latest_seq
+    after = max(latest - settings.clean_interval, timeline.base_seq)
+    if any(rec.action == ACTION_CLEAN for rec in timeline.completed(after_seq=after)):
+        return f"a clean ran within the last {settings.clean_interval} completions"
+    horizon = latest - settings.clean_retain_completions
+    data = table.data_view()
+    if not (table.refresh().replaced_files(horizon) or data.replaced(horizon) or data.unreferenced_dv_files(horizon)):
+        return f"nothing replaced at least {settings.clean_retain_completions} completions ago"
+    return None
+
+
+def run_services(table: MaintainedTable, settings: ServiceSettings, budget_seconds: float | None = None,
+                 budget_files: int | None = None, progress: Progress | None = None) -> ServicesReport:
+    """Run what the table needs now, within the budget (the settings' unless given): data compaction of the worst
+    partitions, then index compaction, then clean. A ConflictError makes that service yield (reported; the next
+    run tries again); any other error propagates (the caller decides: the writer turns it into a warning)."""
+    started = time.monotonic()
+    seconds = settings.budget_seconds if budget_seconds is None else budget_seconds
+    files_left = settings.budget_files if budget_files is None else budget_files
+    report = ServicesReport(disabled=[s for s in ("data_compaction", "index_compaction", "clean")
+                                      if not getattr(settings, s)])
+
+    def out_of_time() -> bool:
+        return time.monotonic() - started >= seconds
+
+    # 1. Data compaction, worst partitions first, in rounds of ROUND_PARTITIONS within the files budget.
+    if settings.data_compaction:
+        needs = data_needs(table, settings)
+        todo = needs.worst_first()
+        while todo and not out_of_time() and files_left > 0:
+            batch: list[str] = []
+            for partition in todo[:ROUND_PARTITIONS]:
+                if batch and needs.files[partition] > files_left:
+                    break
+                batch.append(partition)
+                files_left -= needs.files[partition]
+            todo = todo[len(batch):]
+            if not _step(report, "data_compaction", lambda: _compact_data(table, settings, batch, progress)):
+                todo = []  # yielded: the rest waits for the next run
+        if todo:
+            reason = "budget_files" if files_left <= 0 else "budget_seconds"
+            report.left.append({"service": "data_compaction", "reason": reason, "partitions": len(todo),
+                                "files": sum(needs.files[p] for p in todo)})
+    # 2. Index compaction of the groups with too many files.
+    if settings.index_compaction:
+        groups = index_needs(table, settings)
+        if groups and out_of_time():
+            report.left.append({"service": "index_compaction", "reason": "budget_seconds",
+                                "groups": sum(groups.values())})
+        elif groups:
+            wanted = None if None in groups else sorted(p for p in groups if p is not None)
+            _step(report, "index_compaction", lambda: _compact_index(table, settings, wanted, progress))
+    # 3. Clean of what compactions replaced long enough ago.
+    if settings.clean and clean_due(table, settings) is None:
+        if out_of_time():
+            report.left.append({"service": "clean", "reason": "budget_seconds"})
+        else:
+            _step(report, "clean", lambda: _clean(table, settings))
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _step(report: ServicesReport, service: str, run: Any) -> bool:
+    """Run one service instant into the report; False when it yielded to a conflicting maintenance run."""
+    began = time.monotonic()
+    try:
+        instant, details = run()
+    except ConflictError as exc:
+        report.yielded.append({"service": service, "error": str(exc)})
+        return False
+    if instant is not None:
+        report.ran.append(ServiceRun(service, instant, round(time.monotonic() - began, 4), details))
+    return True
+
+
+def _compact_data(table: MaintainedTable, settings: ServiceSettings, partitions: list[str],
+                  progress: Progress | None) -> tuple[str | None, dict[str, Any]]:
+    result = table.compact_data(partitions, min_files=settings.data_min_small_files,
+                                deleted_share=settings.data_deleted_share,
+                                target_file_bytes=settings.data_small_file_mb << 20, progress=progress)
+    details = {"partitions": partitions, "file_groups": result.file_groups, "files_replaced": result.files_replaced,
+               "rows_written": result.rows_written, "bytes_before": result.bytes_before,
+               "bytes_after": result.bytes_after}
+    return (result.record.instant if result.record else None), details
+
+
+def _compact_index(table: MaintainedTable, settings: ServiceSettings, partitions: list[str] | None,
+                   progress: Progress | None) -> tuple[str | None, dict[str, Any]]:
+    result = table.compact(partitions, min_files=settings.index_min_files, progress=progress)
+    details = {"groups": result.groups, "files_replaced": result.files_replaced,
+               "entries_written": result.entries_written}
+    return (result.record.instant if result.record else None), details
+
+
+def _clean(table: MaintainedTable, settings: ServiceSettings) -> tuple[str | None, dict[str, Any]]:
+    record = table.clean(retain_completions=settings.clean_retain_completions)
+    return (record.instant if record else None), {"files_deleted": len(record.deleted) if record else 0}
