@@ -126,9 +126,16 @@ def clean(table: TableState, retain_completions: int = 10, delete_migrated: bool
                                 completed_at_ms=int(time.time() * 1000), start_seq=writer.start_seq,
                                 deleted=tuple(doomed))
 
-    # 1. Publish first: from now on readers know these files are gone on purpose.
-    record = table.timeline.publish(writer, build)
-    # 2. Then delete them.
-    for path in doomed:
-        table.io.delete(path)
+    # 1. Publish first: from now on readers know these files are gone on purpose. The claim stays until step 2 is
+    #    done: a clean killed in between leaves it, and the next sweep (any upsert, clean, compaction, `dbidx
+    #    repair`) deletes what the record lists that is still there (table/leftovers.py).
+    record = table.timeline.publish(writer, build, keep_claim=True)
+    # 2. Then delete them, then the claim.
+    try:
+        for path in doomed:
+            table.io.delete(path)
+    except BaseException:
+        table.timeline.stop_heartbeat(writer.instant)  # settled; its claim stays for the sweep to finish the work
+        raise
+    table.timeline.delete_claim_files(writer.instant)
     return record

@@ -206,6 +206,11 @@ class DataView:
         """Whether the path is a data file of the current state."""
         return path in self._live
 
+    def referenced_paths(self) -> set[str]:
+        """Files the table still names: live data files, replaced ones no clean has deleted yet, and every DV file
+        a live vector points into or no clean has deleted yet."""
+        return set(self._live) | set(self._replaced) | set(self._dv_files) | {r.file.path for r in self._dv.values()}
+
     def unreferenced_dv_files(self, upto_seq: int) -> list[str]:
         """DV files no live vector points into, whose last vector left the state at or before `upto_seq` (for
         `clean`: a reader that planned a read before then may still need them)."""

@@ -128,6 +128,10 @@ class FileView:
         """Every file the view knows (live, replaced, cleaned)."""
         return [a.record for a in self._by_path.values()]
 
+    def referenced_paths(self) -> set[str]:
+        """Index files the table still names: live ones, and replaced ones no clean has deleted yet."""
+        return {p for p, a in self._by_path.items() if a.replaced_at is None or p not in self._cleaned}
+
     def is_cleaned(self, path: str) -> bool:
         """Whether a clean has deleted this file."""
         return path in self._cleaned

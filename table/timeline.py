@@ -82,6 +82,9 @@ class Timeline:
         # (table/heartbeat.py): how other processes tell it from an abandoned one.
         self.heartbeat_interval_s = DEFAULT_INTERVAL_S
         self._heartbeats: dict[str, Heartbeat] = {}
+        # The paths the table's current view still names (live and replaced-not-cleaned files, tracked DV files),
+        # set by the table: the sweep that finishes a dead clean's deletions never deletes one of them.
+        self.referenced: Callable[[], set[str]] | None = None
 
     # ---- reading -----------------------------------------------------------------------------------------
     def refresh(self) -> list[CompletedInstant]:
@@ -344,11 +347,14 @@ class Timeline:
         started: StartedInstant,
         build: Callable[[int], CompletedInstant],
         check: Callable[[list[CompletedInstant]], None] | None = None,
+        keep_claim: bool = False,
     ) -> CompletedInstant:
         """Append the instant's completion record atomically, after checking every completion it has not seen.
 
         `check` receives the completions published since the instant started (only the ones not checked yet on a
-        retry) and raises ConflictError to abort; nothing is published then.
+        retry) and raises ConflictError to abort; nothing is published then. keep_claim: leave the instant's claim
+        files (the caller removes them with `delete_claim_files` when its work after the publish is done: a clean's
+        deletions; a claim left by a crash tells the sweep to finish that work).
         """
         checked = started.start_seq
         while True:
@@ -382,7 +388,7 @@ class Timeline:
                 self.refresh()
                 mine = self._by_instant.get(started.instant)
                 if mine is not None and mine.action == started.action:
-                    self._after_publish(mine, started.instant)
+                    self._after_publish(mine, started.instant, keep_claim)
                     return mine
                 if self.commit_point is None:
                     raise
@@ -393,12 +399,12 @@ class Timeline:
                               "the table publishes it from the staged copy", RuntimeWarning, stacklevel=2)
                 return record
             if created:
-                self._after_publish(record, started.instant)
+                self._after_publish(record, started.instant, keep_claim)
                 return record
             if self.commit_point is not None:
                 # Our Delta version is on storage, so the record is ours: a reader that met the version first
                 # published it from the staged copy (the same bytes).
-                return self._published_by_other(record, started.instant)
+                return self._published_by_other(record, started.instant, keep_claim)
 
     def publish_exact(self, started: StartedInstant, record: CompletedInstant) -> bool:
         """Publish `record` at exactly its seq, with no checks and no commit point (an absorbed Delta version, which
@@ -430,14 +436,15 @@ class Timeline:
         self._advance_latest(record.seq)
         return mine
 
-    def _published_by_other(self, record: CompletedInstant, instant: str) -> CompletedInstant:
+    def _published_by_other(self, record: CompletedInstant, instant: str,
+                            keep_claim: bool = False) -> CompletedInstant:
         self.refresh()
         mine = self._by_instant.get(instant)
         if mine is None or mine.seq != record.seq or mine.action != record.action:
             raise CorruptFileError(
                 f"completion {self.io.path(layout.completed_file(record.seq))} is not instant {instant}'s record, "
                 "although that instant's Delta version is on storage: the timeline and the Delta log disagree")
-        self._after_publish(mine, instant)
+        self._after_publish(mine, instant, keep_claim)
         return mine
 
     def rollback(self, instant: str, action_files: Iterable[str] = (), ignore: Iterable[str] = ()) -> CompletedInstant:
@@ -489,15 +496,16 @@ class Timeline:
         return record
 
     # ---- helpers -----------------------------------------------------------------------------------------
-    def _after_publish(self, record: CompletedInstant, instant: str) -> None:
+    def _after_publish(self, record: CompletedInstant, instant: str, keep_claim: bool = False) -> None:
         """Housekeeping once a record is published. The instant has completed whatever happens here, so a failure
         is a warning, never an error that would make the caller roll back (and fail to roll back) a committed
         instant. One exception: another engine took this completion's Delta version between the check before the
         publish and the publish (a ForeignCommitError). That is raised once every step ran, marked `published`
         with the record, so the caller neither rolls back nor reports success: Delta readers and dbidx disagree
         until the table is re-indexed, and every later dbidx write refuses (the version differs)."""
-        steps = [lambda: self._advance_latest(record.seq), self.refresh, lambda: self.delete_claim_files(instant),
-                 lambda: leftovers.sweep_staged(self.io, self)]
+        steps = [lambda: self._advance_latest(record.seq), self.refresh]
+        steps += [] if keep_claim else [lambda: self.delete_claim_files(instant)]
+        steps += [lambda: leftovers.sweep_staged(self.io, self)]
         steps += [lambda hook=hook: hook(record) for hook in self.after_publish]
         foreign: ForeignCommitError | None = None
         for step in steps:
