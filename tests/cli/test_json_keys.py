@@ -66,6 +66,8 @@ COMMANDS = {
     "repair": ["repair", "{t}"],
     "sync": ["sync", "{t}"],
     "upgrade": ["upgrade", "{t}"],
+    "config": ["config", "{t}", "clean_interval=5"],
+    "maintain": ["maintain", "{t}"],
 }
 
 

@@ -1,0 +1,58 @@
+"""`dbidx config`, `dbidx maintain` and the services line of `dbidx stats` (CliRunner), and the Table methods over
+the table services (`service_settings`, `configure_services`, `maintain`)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from dbidx.cli import main
+from dbidx.mdt import service_settings
+from dbidx.mdt.service_settings import SERVICES_FILE, ServiceSettings
+from dbidx.mdt.table import Table
+
+from tests.mdt.test_services import SMALL, Writer, live_data_files
+
+
+def test_table_methods(tmp_path: Path) -> None:
+    table = Table.create(str(tmp_path / "t"), num_shards=1)
+    assert table.service_settings() == ServiceSettings()
+    assert table.configure_services(budget_files=5).budget_files == 5
+    assert Table.open(table.uri).service_settings().budget_files == 5
+    assert table.maintain().ran == []
+
+
+def test_cli_config_maintain_and_stats(tmp_path: Path) -> None:
+    w = Writer(tmp_path, "t", seed=5, after_commit=False, **SMALL)
+    for _ in range(6):
+        w.upsert()
+    uri, runner = w.table.uri, CliRunner()
+    result = runner.invoke(main, ["config", uri, "data_min_small_files=3", "clean=off", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["settings"]["clean"] is False
+    assert Table.open(uri).service_settings().data_min_small_files == 3
+    result = runner.invoke(main, ["config", uri])
+    assert result.exit_code == 0, result.output
+    assert "clean = False  (set)" in result.output
+    for bad in ("clean=perhaps", "nope=1", "budget_files=0", "noequals"):
+        result = runner.invoke(main, ["config", uri, bad])
+        assert result.exit_code == 2, (bad, result.output)
+    result = runner.invoke(main, ["stats", uri, "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["services"]["data_min_small_files"] == 3
+    result = runner.invoke(main, ["stats", uri])
+    assert "data_min_small_files=3" in result.output and "services:" in result.output
+    before = live_data_files(w.table)
+    result = runner.invoke(main, ["maintain", uri, "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["runs"] == 1 and report["ran"][0]["service"] == "data_compaction"
+    assert live_data_files(Table.open(uri)) < before
+    result = runner.invoke(main, ["maintain", uri, "--loop", "--interval", "0", "--max-runs", "2"])
+    assert result.exit_code == 0, result.output
+    assert "2 runs" in result.output and "nothing to do" in result.output
+    w.table.io.write_atomic(SERVICES_FILE, b'{"format": 1, "settings": {"budget_seconds": -1}}')
+    result = runner.invoke(main, ["config", uri])
+    assert result.exit_code == 4 and "budget_seconds" in result.output
+    assert service_settings.KEYS == tuple(ServiceSettings().to_dict())
