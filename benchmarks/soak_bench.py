@@ -318,7 +318,29 @@ def check_line(run: Run, manifest: dict[str, Any]) -> tuple[str, bool]:
             + ("check ok." if ok else "MISMATCH.")), ok
 
 
-def render(args: argparse.Namespace, origin: str, run: Run, check: str) -> str:
+def code_version() -> str:
+    """Which dbidx the run measured: the commit, and whether the checkout had changes not committed (other work in
+    progress in the same checkout is measured with it)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                              timeout=30).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=30).stdout.split("\n")
+    except (OSError, subprocess.SubprocessError):
+        return "Code: not a git checkout."
+    changed = sorted(line[3:] for line in dirty if line.strip())
+    if not head:
+        return "Code: not a git checkout."
+    if not changed:
+        return f"Code: dbidx at commit {head}."
+    return (f"Code: dbidx at commit {head} with changes not committed yet in {len(changed)} files of the checkout "
+            f"({', '.join(changed[:8])}{', ...' if len(changed) > 8 else ''}): the run measured them too.")
+
+
+def render(args: argparse.Namespace, origin: str, run: Run, check: str, code: str) -> str:
     mean = sum(b.upsert_s + b.service_s for b in run.batches) / len(run.batches)
     loads = sorted(b.load_1m for b in run.batches)
     ran: dict[str, int] = {}
@@ -329,7 +351,7 @@ def render(args: argparse.Namespace, origin: str, run: Run, check: str) -> str:
     services_did = ("; service runs: " + (", ".join(f"{k} {v:,}" for k, v in sorted(ran.items())) or "none")
                     + f", failed {errors:,}") if args.services == "on" else ""
     every = max(1, args.read_every // 4)
-    notes = []
+    notes = [code]
     if not any(args.keys >= keys and args.batches >= batches and args.batch >= batch for keys, batches, batch in
                ISSUE_SIZES):
         notes.append("This run is smaller than the issue's soak (1,000 batches of 10,000 rows on 1,000,000 keys, and "
@@ -402,6 +424,7 @@ def run(args: argparse.Namespace, work: Path) -> tuple[str, bool, dict[str, Any]
     log(f"data {origin}")
     for name in ("soak-table", "soak-cache", "soak-spark", "soak-anchor"):
         shutil.rmtree(work / name, ignore_errors=True)
+    code = code_version()  # at the start: what the run imports (the checkout may change while it runs)
     spark = _report.spark_session(work / "soak-spark", args.shards, "dbidx-soak-bench")
     try:
         result = soak(spark, work, manifest, args)
@@ -411,7 +434,7 @@ def run(args: argparse.Namespace, work: Path) -> tuple[str, bool, dict[str, Any]
             shutil.rmtree(work / name, ignore_errors=True)
     check, ok = check_line(result, manifest)
     name = f"soak-{args.keys}-services-{args.services}"
-    return render(args, origin, result, check), ok, figures(args, result, ok, name)
+    return render(args, origin, result, check, code), ok, figures(args, result, ok, name)
 
 
 def main() -> None:
