@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from dbidx import __version__, cli_cache
+from dbidx import __version__, cli_cache, cli_services
 from dbidx.cli_output import (
     Output, ProgressBar, json_option, open_table, output, storage_options, table_argument, wants_json,
 )
@@ -217,14 +217,16 @@ def stats_cmd(uri: str, as_json: bool) -> None:
     payload = {"uri": table.uri, "index_mode": table.props.index_mode, "num_shards": table.num_shards,
                "completed_instants": table.timeline.latest_seq, "latest_instant": latest.instant if latest else None,
                "live_keys": sum(p["live_keys"] for p in parts), "partitions": parts,
-               "pending": [a.to_dict() for a in table.pending_attempts()]}
+               "pending": [a.to_dict() for a in table.pending_attempts()],
+               "services": (services := table.service_settings()).to_dict()}
 
     def text(p: dict[str, Any]) -> str:
         head = (f"{p['uri']}: {p['index_mode']} index, {p['num_shards']} shards, {p['live_keys']} live keys, "
                 f"{len(p['partitions'])} partitions, {p['completed_instants']} completions")
         rows = [f"  {r['partition'] or '(root)'}\t{r['live_keys']} keys\t{r['file_groups']} file groups\t"
                 f"last {r['last_instant']} ({r['last_commit']})" for r in p["partitions"]]
-        return "\n".join([head] + rows + _pending_text(p["pending"]))
+        changed = ", ".join(f"{k}={v}" for k, v in services.changed().items()) or "defaults"
+        return "\n".join([head] + rows + [f"  services: {changed} (dbidx config)"] + _pending_text(p["pending"]))
 
     output(as_json).emit(payload, text)
 
@@ -330,7 +332,8 @@ def rollback_cmd(uri: str, instant: str | None, all_pending: bool, force: bool, 
 @json_option
 def repair_cmd(uri: str, as_json: bool) -> None:
     """Write the Delta log versions (_delta_log/) that completed instants lack (after a crash between the two), then
-    sweep what dead writers left (settled instants' timeline files and markers, temp files older than an hour, and
+    sweep what dead writers left (unfinished instants of writers that are gone, rolled back; settled instants'
+    timeline files and markers; files a published clean lists that are still there; temp files older than an hour;
     requested/inflight files of instant ids at the end of the 17-digit range that no completion names)."""
     from dbidx.table.instant_range import remove_strays
 
@@ -338,15 +341,27 @@ def repair_cmd(uri: str, as_json: bool) -> None:
     strays = remove_strays(table.io, table.timeline)  # 1. first: they stop every writer
     absorbed = table.absorb_delta_log()
     written = table.sync_delta_log()
-    swept = table.sweep_leftovers()
+    swept = table.sweep_leftovers(all_cleans=True)
     output(as_json).emit({"versions_written": written, "versions_absorbed": len(absorbed),
                           "version": table.delta_version(), "leftovers_deleted": swept.total,
-                          "out_of_range_removed": strays},
-                         lambda p: f"absorbed {p['versions_absorbed']} Delta version(s) of other writers; wrote "
-                                   f"{p['versions_written']} missing Delta version(s); the table is at "
-                                   f"version {p['version']}; deleted {p['leftovers_deleted']} leftover file(s)"
-                                   + "".join(f"\nremoved {s} (an instant id at the end of the 17-digit range)"
-                                             for s in p["out_of_range_removed"]))
+                          "swept": swept.counts(), "rolled_back": swept.rolled_back,
+                          "out_of_range_removed": strays}, _repair_text)
+
+
+_SWEPT_WORDS = {"rolled_back": "unfinished instant(s) of writers that are gone, rolled back",
+                "settled_files": "unlisted file(s) of settled instants", "timeline_files":
+                "timeline file(s) (claims, markers' instants, heartbeats, staged records) of settled instants",
+                "cleaned_files": "file(s) a clean listed and died before deleting",
+                "temp_files": "temp file(s) over an hour old"}
+
+
+def _repair_text(p: dict[str, Any]) -> str:
+    lines = [f"absorbed {p['versions_absorbed']} Delta version(s) of other writers; wrote {p['versions_written']} "
+             f"missing Delta version(s); the table is at version {p['version']}; deleted {p['leftovers_deleted']} "
+             "leftover file(s)"]
+    lines += [f"  {n} {_SWEPT_WORDS[k]}" for k, n in p["swept"].items() if n]
+    lines += [f"removed {s} (an instant id at the end of the 17-digit range)" for s in p["out_of_range_removed"]]
+    return "\n".join(lines)
 
 
 @main.command("sync")
@@ -422,6 +437,8 @@ def demo_cmd(workdir: str, keys: int, days: int, batches: int, batch_rows: int |
 
 
 main.add_command(cli_cache.cache_group)
+main.add_command(cli_services.config_cmd)
+main.add_command(cli_services.maintain_cmd)
 # `dbidx bootstrap URI --days 7`, the command the mission names: the very command object of `dbidx cache
 # bootstrap`, registered a second time at the top level, so both spellings take the same flags and do the same.
 main.add_command(cli_cache.bootstrap_cmd, name="bootstrap")

@@ -44,6 +44,8 @@ from dbidx.mdt import rli_files
 from dbidx.mdt.absorb import absorb_run, collect_run, reread_run, run_in_progress
 from dbidx.mdt.compaction import CompactionResult, clean, compact
 from dbidx.mdt.point_lookup import lookup
+from dbidx.mdt.service_settings import ServiceSettings, read_settings, write_settings
+from dbidx.mdt.services import ServicesReport, run_services
 from dbidx.mdt.writer import CommitWriter
 from dbidx.progress import Progress
 from dbidx.table import layout
@@ -65,7 +67,7 @@ from dbidx.table.properties import (
     properties_json,
 )
 from dbidx.table.pending import AbandonedReport, PendingAttempt, pending_attempts, roll_back_abandoned
-from dbidx.table.records import ACTION_BUILD_INDEX, CompletedInstant, FileRecord
+from dbidx.table.records import ACTION_BUILD_INDEX, ACTION_CLEAN, CompletedInstant, FileRecord
 from dbidx.table.timeline import Timeline
 
 
@@ -83,6 +85,7 @@ class Table:
         self.timeline.before_start.append(self.sync_delta_log)
         self.timeline.catch_up.append(self.absorb_delta_log)
         self.timeline.commit_point = self._commit_point
+        self.timeline.referenced = self._referenced_paths
         self._view = FileView()
         self._data = DataView()
         self._view_lock = threading.RLock()
@@ -415,7 +418,10 @@ class Table:
         if raw is not None:
             record = self.timeline.publish_staged(raw, self.io.path(staged))
             if record is not None and record.instant == instant:
-                self.timeline.delete_claim_files(instant)  # staged copy, claim and heartbeat of its dead writer
+                if record.action == ACTION_CLEAN:  # its deletions may not have run: its claim tells the sweep
+                    self.io.delete(staged)
+                else:
+                    self.timeline.delete_claim_files(instant)  # staged copy, claim and heartbeat of its dead writer
                 return [record]
         self.timeline.refresh()
         if self.timeline.latest_seq >= seq:  # its writer published (and removed the staged copy) meanwhile
@@ -655,10 +661,33 @@ class Table:
         self._sweep_after("clean")
         return record
 
-    def sweep_leftovers(self, min_age_s: float = DEFAULT_TEMP_AGE_S) -> SweepReport:
-        """Delete what dead writers left (table/leftovers.py): settled instants' timeline files, markers and unlisted
-        files, and `.tmp-*` files older than min_age_s. Clean and both compactions run it; so does `dbidx repair`."""
-        return sweep_leftovers(self.io, self.timeline, min_age_s)
+    def service_settings(self) -> ServiceSettings:
+        """What the table services do by themselves (`.dbidx/services.json`; defaults when never set)."""
+        return read_settings(self.io)
+
+    def configure_services(self, **changes: Any) -> ServiceSettings:
+        """Change table service settings by key (mdt.service_settings.KEYS; None resets a key to its default),
+        checked before anything is written (ConfigError); returns the settings now in force."""
+        return write_settings(self.io, changes)
+
+    def maintain(self, budget_seconds: float | None = None, budget_files: int | None = None,
+                 progress: Progress | None = None) -> ServicesReport:
+        """Run the table services the table needs now (data compaction, index compaction, clean), within the
+        budget (the settings' unless given); what the budget leaves is in the report, for the next run."""
+        return run_services(self, self.service_settings(), budget_seconds, budget_files, progress)
+
+    def sweep_leftovers(self, min_age_s: float = DEFAULT_TEMP_AGE_S, all_cleans: bool = False) -> SweepReport:
+        """Delete what dead writers left (table/leftovers.py): the unfinished instants of writers that are gone
+        (rolled back, as every upsert does first), settled instants' timeline files, markers and unlisted files,
+        what a clean killed after publishing had still to delete, and `.tmp-*` files older than min_age_s. Clean
+        and both compactions run it; so does `dbidx repair`, with all_cleans=True (every clean record's files still
+        on storage, also of cleans that died before their claim told the sweep)."""
+        return sweep_leftovers(self.io, self.timeline, min_age_s, all_cleans=all_cleans)
+
+    def _referenced_paths(self) -> set[str]:
+        """Every path the current view names (index, data and DV files not cleaned): what no sweep may delete."""
+        with self._view_lock:
+            return self.refresh(force=True).referenced_paths() | self.data_view().referenced_paths()
 
     def _sweep_after(self, what: str) -> None:
         """The sweep after a maintenance instant: that instant is done, so a failing sweep is a warning."""
