@@ -65,29 +65,16 @@ def log(message: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The table services: whatever API dbidx has when the benchmark runs.
-
-def services_available() -> bool:
-    """Whether dbidx has automatic table services (issue 44 items 1-2: `Table.maintain`, `configure_services`)."""
-    return hasattr(Table, "maintain") and hasattr(Table, "configure_services")
-
+# The table services.
 
 def set_services(table: Table, mode: str) -> str:
     """Turn the table's services on or off (`after_commit`: they run inside `upsert` after its publish); returns
-    how, for the section's text. Stops with the reason when that cannot be done."""
-    if not services_available():
-        if mode == "on":
-            raise SystemExit(NO_SERVICES)
-        return "off (dbidx has no automatic table services yet: nothing runs by itself after a commit)"
+    how, for the section's text."""
     settings = table.configure_services(after_commit=mode == "on")
     changed = ", ".join(f"{k}={v}" for k, v in settings.changed().items()) or "the defaults"
     if mode == "off":
         return f"off (`Table.configure_services(after_commit=False)`; settings: {changed})"
     return f"on, run by `upsert` after each publish (settings: {changed}; all: {settings.to_dict()})"
-
-
-NO_SERVICES = ("--services on: dbidx has no automatic table services yet (issue 44 items 1-2: no Table.maintain / "
-               "Table.configure_services); run with --services off for today's behaviour")
 
 
 def services_of(summary: dict[str, Any]) -> tuple[float, list[str], str | None]:
@@ -414,8 +401,6 @@ def parse() -> argparse.Namespace:
         args.keys, args.batches, args.batch, args.read_every = 2_000, 12, 200, 4
     if args.batches < 1 or args.read_every < 1 or args.batch < 20:
         parser.error("--batches and --read-every must be at least 1, --batch at least 20")
-    if args.services == "on" and not services_available():
-        parser.exit(2, f"soak_bench.py: {NO_SERVICES}\n")
     return args
 
 

@@ -66,20 +66,12 @@ def test_spark_benchmark_runs_at_smoke_size(tmp_path, script):
     assert list(tmp_path.iterdir()) == []
 
 
-def _table_services() -> bool:
-    from dbidx.mdt.table import Table
-
-    return hasattr(Table, "maintain") and hasattr(Table, "configure_services")
-
-
 @pytest.mark.spark
 @pytest.mark.slow
-@pytest.mark.parametrize("services", ["off", "on"])
+@pytest.mark.parametrize("services", ["on"])  # "off" is one setting apart (each run costs a Spark start: ~30 s)
 def test_soak_benchmark_runs_at_smoke_size(tmp_path, services):
     """12 batches of 200 rows on 2,000 keys, reads every 4: the goals table (every goal measured, none claimed
-    without its figures), the read-back check, exit status 0; services on once dbidx has them."""
-    if services == "on" and not _table_services():
-        pytest.skip("dbidx has no automatic table services yet (issue 44 items 1-2)")
+    without its figures), the read-back check, exit status 0, with the table services on."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     result = subprocess.run([sys.executable, str(BENCHMARKS / "soak_bench.py"), "--smoke", "--services", services],
                             capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
@@ -91,18 +83,6 @@ def test_soak_benchmark_runs_at_smoke_size(tmp_path, services):
         assert line in out, line
     goals = [row for row in out.splitlines() if row.startswith("| ") and row.rstrip().endswith(("| yes |", "| NO |"))]
     assert len(goals) == 6  # files, seconds, three readers, bytes: all measured at this size
-    assert list(tmp_path.iterdir()) == []
-
-
-def test_soak_benchmark_refuses_services_it_does_not_have(tmp_path):
-    """Without table services in dbidx, --services on stops with a message saying so (nothing is measured)."""
-    if _table_services():
-        pytest.skip("dbidx has table services")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    result = subprocess.run([sys.executable, str(BENCHMARKS / "soak_bench.py"), "--smoke", "--services", "on"],
-                            capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60)
-    assert result.returncode != 0
-    assert "no automatic table services yet" in result.stderr
     assert list(tmp_path.iterdir()) == []
 
 
