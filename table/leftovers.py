@@ -91,9 +91,12 @@ def sweep_settled(io: FileIO, timeline: Any, report: SweepReport | None = None) 
     #    keeps its claim until it has deleted what it lists: a clean that died before that is finished first (only
     #    where the current view can be checked; else its claim stays for a sweep that can).
     settled: set[str] = set()
+    claimed: set[str] = set()
     referenced = getattr(timeline, "referenced", None)
     for name in io.list_names(layout.TIMELINE_DIR):
         instant, _, kind = name.partition(".")
+        if kind in ("requested", "inflight"):
+            claimed.add(instant)
         record = timeline.record_of(instant) if kind in ("requested", "inflight") else None
         if record is not None:
             if record.action == ACTION_CLEAN and record.rolled_back is None and record.instant == instant:
@@ -111,14 +114,19 @@ def sweep_settled(io: FileIO, timeline: Any, report: SweepReport | None = None) 
         instant = name[:-len(".json")] if name.endswith(".json") else ""
         if not layout.is_instant(instant):
             continue
-        beat = read_heartbeat(io, instant)
-        unclaimed = not (io.exists(layout.requested_file(instant)) or io.exists(layout.inflight_file(instant)))
-        if timeline.record_of(instant) is not None or (unclaimed and (beat is None or beat.expired)):
+        # The record (in memory) first: a running writer's heartbeat costs no read here.
+        if timeline.record_of(instant) is not None or (instant not in claimed and _stale(io, instant)):
             if io.delete(layout.heartbeat_file(instant)):
                 report.timeline_files.append(layout.heartbeat_file(instant))
     # 4. Staged records that can never be published.
     sweep_staged(io, timeline, report)
     return report
+
+
+def _stale(io: FileIO, instant: str) -> bool:
+    """A heartbeat nobody renews any more: unreadable, or expired."""
+    beat = read_heartbeat(io, instant)
+    return beat is None or beat.expired
 
 
 def finish_cleans(io: FileIO, timeline: Any, cleans: list[CompletedInstant], referenced: set[str],
