@@ -48,6 +48,15 @@ EXCLUSIVE_LOCK = "commit lock"
 EXCLUSIVE_NONE = "none"
 
 
+@dataclass(frozen=True)
+class FileEntry:
+    """One listed file: table-relative path, size, modification time (ms since the epoch; None if unknown)."""
+
+    path: str
+    size: int
+    mtime_ms: int | None
+
+
 @dataclass
 class FileIO:
     """A `pyarrow.fs` filesystem plus the table's root path inside it, and how it creates a file exactly once."""
@@ -207,6 +216,21 @@ class FileIO:
             if info.type == pafs.FileType.File
         ]
         return sorted(out)
+
+    def list_entries(self, rel_dir: str, recursive: bool = False) -> list["FileEntry"]:
+        """Every file in (or under, `recursive`) a table-relative directory with its size and modification time,
+        from one listing, sorted by path ([] if the directory does not exist). A store that reports no time gives
+        None: callers that delete by age must then keep the file."""
+        selector = pafs.FileSelector(self.path(rel_dir), allow_not_found=True, recursive=recursive)
+        prefix = self.root.rstrip("/") + "/"
+        out = []
+        for info in self.fs.get_file_info(selector):
+            if info.type != pafs.FileType.File:
+                continue
+            rel = info.path[len(prefix):] if info.path.startswith(prefix) else info.path
+            mtime = info.mtime_ns
+            out.append(FileEntry(rel, info.size or 0, None if mtime is None else mtime // 1_000_000))
+        return sorted(out, key=lambda e: e.path)
 
     # ---- writes ------------------------------------------------------------------------------------------
     def makedirs(self, rel_dir: str) -> None:
