@@ -74,3 +74,22 @@ def _run_text(p: dict[str, Any]) -> str:
     lines += [f"{left['service']} left for the next run ({left['reason']}): "
               + ", ".join(f"{k} {v}" for k, v in left.items() if k not in ("service", "reason")) for left in p["left"]]
     return "\n".join(lines + [f"services run in {p['seconds']:.2f} s" + ("" if p["ran"] else ": nothing to do")])
+
+
+@click.command("vacuum")
+@table_argument()
+@click.option("--retention-hours", type=int, default=168, show_default=True,
+              help="Delete only files unreferenced for longer than this (whole hours, at least 1).")
+@click.option("--dry-run", is_flag=True, help="List what would be deleted; delete nothing.")
+@json_option
+def vacuum_cmd(uri: str, retention_hours: int, dry_run: bool, as_json: bool) -> None:
+    """Delete files the table no longer references, unreferenced for over --retention-hours (Delta's VACUUM)."""
+    from dbidx.mdt.vacuum import vacuum
+
+    table = open_table(uri)
+    payload = vacuum(table, retention_hours=retention_hours, dry_run=dry_run).to_dict() | {"uri": table.uri}
+    verb = "would delete" if dry_run else "deleted"
+    output(as_json).emit(payload, lambda p: "\n".join(
+        [f"{verb} {path}" for path in p["deleted"]] + [f"kept {k['path']}: {k['reason']}" for k in p["protected"]]
+        + [f"{verb} {len(p['deleted'])} files ({p['bytes']:,} bytes) unreferenced for over {retention_hours} h; "
+           f"kept {len(p['protected'])} that delta-rs listed; {p['seconds']:.2f} s"]))
