@@ -15,21 +15,29 @@ from dbidx.cli_output import json_option, open_table, output, table_argument
 @click.argument("settings", nargs=-1, metavar="[KEY=VALUE]...")
 @json_option
 def config_cmd(uri: str, settings: tuple[str, ...], as_json: bool) -> None:
-    """Show the table service settings, or change them (KEY=VALUE; VALUE `default` resets a key); docs/CONFIG.md."""
+    """Show the table service settings and Delta table properties, or change them (KEY=VALUE; a key with a dot,
+    such as delta.logRetentionDuration, is a Delta table property; VALUE `default` resets a key); docs/CONFIG.md."""
     from dbidx.mdt.service_settings import parse_text, read_settings, write_settings
 
     table = open_table(uri)
     changes: dict[str, Any] = {}
+    properties: dict[str, str | None] = {}
     for item in settings:
-        key, sep, text = item.partition("=")
+        key, sep, text = (part.strip() for part in item.partition("="))
         if not sep:
             raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="SETTINGS")
-        changes[key.strip()] = parse_text(key.strip(), text)
+        if "." in key:
+            properties[key] = None if text.lower() == "default" else text
+        else:
+            changes[key] = parse_text(key, text)
+    if properties:
+        table.set_delta_properties(properties)
     current = write_settings(table.io, changes) if changes else read_settings(table.io)
-    payload = {"uri": table.uri, "settings": current.to_dict(), "changed": sorted(changes),
-               "non_default": sorted(current.changed())}
+    payload = {"uri": table.uri, "settings": current.to_dict(), "changed": sorted(changes | properties),
+               "non_default": sorted(current.changed()), "delta_properties": table.delta_properties()}
     output(as_json).emit(payload, lambda p: "\n".join(
-        f"{k} = {v}{'' if k not in p['non_default'] else '  (set)'}" for k, v in p["settings"].items()))
+        [f"{k} = {v}{'' if k not in p['non_default'] else '  (set)'}" for k, v in p["settings"].items()]
+        + [f"{k} = {v}  (Delta table property)" for k, v in sorted(p["delta_properties"].items())]))
 
 
 @click.command("maintain")
@@ -45,7 +53,8 @@ def config_cmd(uri: str, settings: tuple[str, ...], as_json: bool) -> None:
 @json_option
 def maintain_cmd(uri: str, budget_seconds: float | None, budget_files: int | None, loop: bool, interval: float,
                  max_runs: int | None, as_json: bool) -> None:
-    """Run the table services the table needs now (data compaction, index compaction, clean) within a budget."""
+    """Run the table services the table needs now (data compaction, index compaction, clean, Delta log cleanup,
+    vacuum) within a budget."""
     from dbidx.mdt.service_settings import read_settings
     from dbidx.mdt.services import run_services
 

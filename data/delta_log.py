@@ -29,11 +29,12 @@ from dbidx.data.deletion_vectors import inline_form
 from dbidx.data.schema import recorded_schema
 from dbidx.data.superseded import load_vector_bytes
 from dbidx.errors import CorruptFileError, ForeignCommitError
-from dbidx.table.data_view import DELTA_ADOPTED_EXTRA, DataView, DvRef
+from dbidx.table.data_view import DEFAULT_CONFIGURATION, DELTA_ADOPTED_EXTRA, DELTA_CONFIGURATION_EXTRA, DataView, DvRef
 from dbidx.table.fileio import FileIO
 from dbidx.table.layout import layout_partition_columns
 from dbidx.table.records import (
-    ACTION_ABSORB, ACTION_BUILD_INDEX, ACTION_COMMIT, ACTION_DATA_COMPACTION, ACTION_UPGRADE, CompletedInstant,
+    ACTION_ABSORB, ACTION_BUILD_INDEX, ACTION_COMMIT, ACTION_DATA_COMPACTION, ACTION_PROPERTIES, ACTION_UPGRADE,
+    CompletedInstant,
     DataFileRecord,
 )
 
@@ -42,7 +43,7 @@ ENGINE = "dbidx"
 PROTOCOL = {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": ["deletionVectors"],
             "writerFeatures": ["deletionVectors"]}
 _OPERATIONS = {ACTION_COMMIT: "MERGE", ACTION_BUILD_INDEX: "CONVERT", ACTION_DATA_COMPACTION: "OPTIMIZE",
-               ACTION_UPGRADE: "CONVERT"}
+               ACTION_UPGRADE: "CONVERT", ACTION_PROPERTIES: "SET TBLPROPERTIES"}
 # Partition column types whose partitionValues text every reader parses back to the same value.
 _PARTITION_TYPES = (pa.types.is_string, pa.types.is_large_string, pa.types.is_integer, pa.types.is_date32,
                     pa.types.is_boolean)
@@ -63,7 +64,7 @@ def initial_version(table_id: str, created_at_ms: int) -> bytes:
     first write's version carries the real one)."""
     return encode([_commit_info(created_at_ms, "CREATE TABLE", None),
                    {"protocol": PROTOCOL},
-                   _metadata(table_id, created_at_ms, {"type": "struct", "fields": []}, [])])
+                   _metadata(table_id, created_at_ms, {"type": "struct", "fields": []}, [], DEFAULT_CONFIGURATION)])
 
 
 @dataclass(frozen=True)
@@ -97,14 +98,15 @@ def version_for(shape: TableShape, record: CompletedInstant, view: DataView,
         return encode(actions + [{"protocol": adoption_protocol(record.extra[DELTA_ADOPTED_EXTRA]["protocol"])}])
     after_schema = _schema_after(record, view)
     partition_columns = _partition_columns(record, view, after_schema)
+    if record.action == ACTION_PROPERTIES:
+        # The table properties change: the metaData as it stands, with the record's whole new configuration.
+        configuration = record.extra.get(DELTA_CONFIGURATION_EXTRA)
+        if not isinstance(configuration, dict):
+            raise CorruptFileError(f"completion {record.seq} ({record.instant}) changes the table properties but "
+                                   "records no configuration")
+        return encode(actions + [_current_metadata(shape, view, after_schema, partition_columns, configuration)])
     if after_schema is not None and (view.schema is None or "schema" in record.extra):
-        if view.delta_adopted is not None:  # the adopted table keeps its id, creation time and configuration
-            meta = dict(view.delta_adopted.value["metaData"])
-            meta["schemaString"] = json.dumps(_delta_schema(after_schema), sort_keys=True, separators=(",", ":"))
-            actions.append({"metaData": meta})
-        else:
-            actions.append(_metadata(shape.table_id, shape.created_at_ms, _delta_schema(after_schema),
-                                     partition_columns))
+        actions.append(_current_metadata(shape, view, after_schema, partition_columns, None))
     vectors = {dv.path: dv for dv in record.deletion_vectors}
     dv_files = {f.path: f for f in record.dv_files}
     ms, key = record.completed_at_ms, _key(record, view, after_schema)
@@ -142,7 +144,7 @@ def _upgrade_actions(shape: TableShape, record: CompletedInstant, view: DataView
     columns = _partition_columns(record, view, schema)
     out: list[dict[str, Any]] = []
     if schema is not None:
-        out.append(_metadata(shape.table_id, shape.created_at_ms, _delta_schema(schema), columns))
+        out.append(_current_metadata(shape, view, schema, columns, None))
     vectors = {dv.path: dv for dv in record.deletion_vectors}
     dv_files = {f.path: f for f in record.dv_files}
     key = _key(record, view, schema)
@@ -172,12 +174,31 @@ def _commit_info(ms: int, operation: str, record: CompletedInstant | None) -> di
     return {"commitInfo": info}
 
 
-def _metadata(table_id: str, created_at_ms: int, schema: dict[str, Any], partition_columns: list[str]) -> dict:
+def _current_metadata(shape: TableShape, view: DataView, schema: pa.Schema | None, partition_columns: list[str],
+                      configuration: dict[str, str] | None) -> dict[str, Any]:
+    """The metaData action for the view's table with `schema` and `configuration` (None: the one in force). An
+    adopted table keeps its id, creation time and other fields; the configuration is the recorded one once a
+    change was recorded (before that, the adopted table's own: the same bytes older dbidx versions derived)."""
+    delta_schema = _delta_schema(schema) if schema is not None else {"type": "struct", "fields": []}
+    if configuration is None and view.delta_configuration is not None:
+        configuration = view.configuration()
+    if view.delta_adopted is not None:
+        meta = dict(view.delta_adopted.value["metaData"])
+        meta["schemaString"] = json.dumps(delta_schema, sort_keys=True, separators=(",", ":"))
+        if configuration is not None:
+            meta["configuration"] = dict(configuration)
+        return {"metaData": meta}
+    return _metadata(shape.table_id, shape.created_at_ms, delta_schema, partition_columns,
+                     DEFAULT_CONFIGURATION if configuration is None else configuration)
+
+
+def _metadata(table_id: str, created_at_ms: int, schema: dict[str, Any], partition_columns: list[str],
+              configuration: dict[str, str]) -> dict:
     uid = f"{table_id[:8]}-{table_id[8:12]}-{table_id[12:16]}-{table_id[16:20]}-{table_id[20:32]}"
     return {"metaData": {"id": uid, "format": {"provider": "parquet", "options": {}},
                          "schemaString": json.dumps(schema, sort_keys=True, separators=(",", ":")),
                          "partitionColumns": partition_columns, "createdTime": created_at_ms,
-                         "configuration": {"delta.enableDeletionVectors": "true"}}}
+                         "configuration": dict(configuration)}}
 
 
 def _delta_schema(schema: pa.Schema) -> dict[str, Any]:
@@ -305,11 +326,20 @@ def checkpoint_floor(io: FileIO, names: list[str] | None = None) -> int:
     """The version of the table's newest Delta checkpoint (`_delta_log/_last_checkpoint`), -1 without one. Every
     version up to it is summed up by the checkpoint, so another engine's log cleanup may have deleted their JSON;
     the checkpoint's own Parquet file must then be there (else the log is damaged). `names`: the log's listing."""
-    pointer = f"{DELTA_LOG_DIR}/_last_checkpoint"
     names = io.list_names(DELTA_LOG_DIR) if names is None else names
     if "_last_checkpoint" not in names:
         return -1
-    raw = io.read_bytes(pointer)
+    version = _pointer_version(io)
+    # classic, multi-part (N.checkpoint.i.n.parquet) or V2 checkpoints
+    if not any(n.startswith(f"{version:020d}.checkpoint") or n == f"{version:020d}.json" for n in names):
+        raise CorruptFileError(f"{io.path(DELTA_LOG_DIR)}/_last_checkpoint names version {version}, whose "
+                               "checkpoint file and JSON are both missing")
+    return version
+
+
+def _pointer_version(io: FileIO) -> int:
+    """The version `_delta_log/_last_checkpoint` names (read back: anything else is a CorruptFileError)."""
+    raw = io.read_bytes(f"{DELTA_LOG_DIR}/_last_checkpoint")
     try:
         version = json.loads(raw)["version"]
     except (ValueError, KeyError, TypeError) as exc:
@@ -317,11 +347,15 @@ def checkpoint_floor(io: FileIO, names: list[str] | None = None) -> int:
                                f"{raw[:200]!r}") from exc
     if isinstance(version, bool) or not isinstance(version, int) or version < 0:
         raise CorruptFileError(f"{io.path(DELTA_LOG_DIR)}/_last_checkpoint names version {version!r}")
-    # classic, multi-part (N.checkpoint.i.n.parquet) or V2 checkpoints
-    if not any(n.startswith(f"{version:020d}.checkpoint") or n == f"{version:020d}.json" for n in names):
-        raise CorruptFileError(f"{io.path(DELTA_LOG_DIR)}/_last_checkpoint names version {version}, whose "
-                               "checkpoint file and JSON are both missing")
     return version
+
+
+def checkpoint_pointer(io: FileIO) -> int:
+    """The version `_last_checkpoint` names, -1 without one: one read, no listing (how far the newest checkpoint
+    lags the log, asked after every batch; `checkpoint_floor` also checks the checkpoint is there)."""
+    if not io.exists(f"{DELTA_LOG_DIR}/_last_checkpoint"):
+        return -1
+    return _pointer_version(io)
 
 
 def last_checkpoint_version(io: FileIO) -> int:

@@ -40,7 +40,7 @@ from dbidx.errors import CorruptFileError, DbidxError, DeltaFeatureError, Foreig
 from dbidx.mdt import rli_files
 from dbidx.mdt.writer import EntryBuffer
 from dbidx.table import layout, markers
-from dbidx.table.data_view import DataView
+from dbidx.table.data_view import DELTA_CONFIGURATION_EXTRA, DataView, check_configuration
 from dbidx.table.records import ACTION_ABSORB, CompletedInstant, DataFileRecord
 from dbidx.table.state import TableState
 from dbidx.table.timeline import StartedInstant
@@ -474,6 +474,14 @@ def _check_metadata(view: DataView, actions: VersionActions, columns: list[str],
     configuration = meta.get("configuration") or {}
     if str(configuration.get("delta.columnMapping.mode", "none")) != "none":
         raise DeltaFeatureError(f"{where} turns on column mapping, which dbidx cannot write")
+    if str(configuration.get("delta.enableDeletionVectors", "true")).lower() != "true":
+        raise DeltaFeatureError(f"{where} turns deletion vectors off (delta.enableDeletionVectors), which every "
+                                "dbidx upsert writes: set it back to true before dbidx writes again")
+    # 1. The table properties: recorded when they change (the run's newest wins), so that dbidx's own later
+    #    metaData (a schema change, a properties change) carries them on instead of the ones it started with.
+    configuration = check_configuration(configuration, where)
+    if configuration != extra.get(DELTA_CONFIGURATION_EXTRA, view.configuration()):
+        extra[DELTA_CONFIGURATION_EXTRA] = configuration
     schema = _arrow_schema(meta, where)
     if schema is None:
         return

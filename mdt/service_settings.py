@@ -39,6 +39,10 @@ class ServiceSettings:
     clean: bool = True
     clean_retain_completions: int = 10  # replaced files are kept this many completions (time travel, caches)
     clean_interval: int = 10  # at most one clean per this many completions
+    log_cleanup: bool = True  # Delta checkpoints every delta.checkpointInterval versions; log files expired by
+    # delta.logRetentionDuration (mdt/delta_properties.py: Delta's own properties, shared with other engines)
+    vacuum: bool = True  # files no version references, removed longer than delta.deletedFileRetentionDuration ago
+    vacuum_interval_hours: float = 24.0  # at most one vacuum per this many hours (it lists the whole table)
     budget_seconds: float = 30.0  # a run starts no new step once this much time has passed
     budget_files: int = 2000  # data files rewritten per run at most (index files are cheap)
 
@@ -55,7 +59,7 @@ class ServiceSettings:
 _RANGES: dict[str, tuple[float, float]] = {
     "data_min_small_files": (2, 1 << 20), "data_small_file_mb": (1, 1 << 20), "index_min_files": (2, 1 << 20),
     "clean_retain_completions": (0, 1 << 30), "clean_interval": (1, 1 << 30), "budget_files": (1, 1 << 30),
-    "budget_seconds": (0.001, 86400.0),
+    "budget_seconds": (0.001, 86400.0), "vacuum_interval_hours": (0.001, 8760.0),
 }
 KEYS: tuple[str, ...] = tuple(f.name for f in fields(ServiceSettings))
 

@@ -1,6 +1,6 @@
-"""Table services that run by themselves: data compaction, index compaction and clean, each when its trigger says the
-table needs it, within a budget of seconds and files (`run_services`; `Table.maintain`, `dbidx maintain`, and the
-writer after each upsert).
+"""Table services that run by themselves: data compaction, index compaction, clean, Delta log cleanup and vacuum,
+each when its trigger says the table needs it, within a budget of seconds and files (`run_services`;
+`Table.maintain`, `dbidx maintain`, and the writer after each upsert).
 
 Why triggers from the folded views: the views are in memory after the refresh every writer does anyway, so deciding
 costs no I/O; a run that finds nothing to do publishes nothing. Why a budget: a writer that maintains its table after
@@ -10,22 +10,33 @@ partitions first, so the table's worst spots are always the next ones fixed).
 Every service commit is an ordinary completion and Delta version (data compaction: remove + add with
 dataChange=false; index compaction and clean: commitInfo only). None of them conflicts with an upsert (docs/DESIGN.md
 section 3); a ConflictError can only come from another maintenance run on the same files (two writers, or a writer
-and `dbidx maintain --loop`): the service yields, the report says so, and the next run tries again.
+and `dbidx maintain --loop`): the service yields, the report says so, and the next run tries again. Log cleanup and
+vacuum publish nothing: they write a Delta checkpoint (delta-rs) and delete files no version needs any more, by the
+retention the table's Delta properties give (mdt/delta_properties.py), so every engine sharing the table agrees.
 """
 from __future__ import annotations
 
+import json
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Protocol
 
 from dbidx.data.compaction import DataCompactionResult
-from dbidx.errors import ConflictError
+from dbidx.data.delta_log import checkpoint_pointer, delta_checkpoint
+from dbidx.data.log_retention import expire_log
+from dbidx.errors import ConflictError, CorruptFileError
+from dbidx.mdt.delta_properties import DeltaRetention, retention_of
 from dbidx.mdt.compaction import CompactionResult
 from dbidx.mdt.service_settings import ServiceSettings
 from dbidx.progress import Progress
 from dbidx.table.records import ACTION_CLEAN, CompletedInstant
+from dbidx.table import layout
+from dbidx.table.fileio import FileIO
 from dbidx.table.state import TableState
 
+SERVICES = ("data_compaction", "index_compaction", "clean", "log_cleanup", "vacuum")
+VACUUM_STATE_FILE = f"{layout.META_DIR}/vacuum.json"  # when the last automatic vacuum ran
 ROUND_PARTITIONS = 8  # data compaction partitions per instant: the seconds budget is checked between rounds
 
 
@@ -40,6 +51,10 @@ class MaintainedTable(TableState, Protocol):
                      progress: Progress | None = None) -> DataCompactionResult: ...
 
     def clean(self, retain_completions: int = 10, delete_migrated: bool = False) -> CompletedInstant | None: ...
+
+    def delta_version(self) -> int: ...
+
+    def vacuum(self, retention_hours: int = 168, dry_run: bool = False) -> Any: ...
 
 
 @dataclass
@@ -138,8 +153,7 @@ def run_services(table: MaintainedTable, settings: ServiceSettings, budget_secon
     started = time.monotonic()
     seconds = settings.budget_seconds if budget_seconds is None else budget_seconds
     files_left = settings.budget_files if budget_files is None else budget_files
-    report = ServicesReport(disabled=[s for s in ("data_compaction", "index_compaction", "clean")
-                                      if not getattr(settings, s)])
+    report = ServicesReport(disabled=[s for s in SERVICES if not getattr(settings, s)])
 
     def out_of_time() -> bool:
         return time.monotonic() - started >= seconds
@@ -177,6 +191,18 @@ def run_services(table: MaintainedTable, settings: ServiceSettings, budget_secon
             report.left.append({"service": "clean", "reason": "budget_seconds"})
         else:
             _step(report, "clean", lambda: _clean(table, settings))
+    # 4. The Delta log: a checkpoint once the newest lags by delta.checkpointInterval versions, then expiry of the
+    #    log files it made unnecessary that are older than delta.logRetentionDuration.
+    if settings.log_cleanup or settings.vacuum:
+        retention = retention_of(table.data_view().configuration())
+        if settings.log_cleanup:
+            _step(report, "log_cleanup", lambda: _log_cleanup(table, retention))
+        # 5. Vacuum, at most once per vacuum_interval_hours (it lists the whole table).
+        if settings.vacuum and vacuum_wait(table.io, settings) is None:
+            if out_of_time():
+                report.left.append({"service": "vacuum", "reason": "budget_seconds"})
+            else:
+                _step(report, "vacuum", lambda: _vacuum(table, retention))
     report.seconds = time.monotonic() - started
     return report
 
@@ -189,7 +215,7 @@ def _step(report: ServicesReport, service: str, run: Any) -> bool:
     except ConflictError as exc:
         report.yielded.append({"service": service, "error": str(exc)})
         return False
-    if instant is not None:
+    if instant is not None or details:
         report.ran.append(ServiceRun(service, instant, round(time.monotonic() - began, 4), details))
     return True
 
@@ -216,3 +242,50 @@ def _compact_index(table: MaintainedTable, settings: ServiceSettings, partitions
 def _clean(table: MaintainedTable, settings: ServiceSettings) -> tuple[str | None, dict[str, Any]]:
     record = table.clean(retain_completions=settings.clean_retain_completions)
     return (record.instant if record else None), {"files_deleted": len(record.deleted) if record else 0}
+
+
+def _log_cleanup(table: MaintainedTable, retention: DeltaRetention) -> tuple[str | None, dict[str, Any]]:
+    """A Delta checkpoint when due (delta-rs writes it: Delta's own format, tombstones older than
+    delta.deletedFileRetentionDuration left out), then expiry of the log below it; {} when nothing was due."""
+    latest, pointer = table.delta_version(), checkpoint_pointer(table.io)
+    if latest - max(pointer, 0) < retention.checkpoint_interval or table.data_view().schema is None:
+        return None, {}
+    if not delta_checkpoint(table.io):
+        return None, {}  # a table on an injected filesystem: delta-rs cannot reach it
+    details: dict[str, Any] = {"checkpoint": checkpoint_pointer(table.io)}
+    if retention.expired_log_cleanup:
+        details.update(expire_log(table.io, retention.log_retention_ms).to_dict())
+    return None, details
+
+
+def vacuum_wait(io: FileIO, settings: ServiceSettings, now_ms: int | None = None) -> str | None:
+    """Why a vacuum is not due now (None: it is): one ran within the last vacuum_interval_hours
+    (`.dbidx/vacuum.json`, written after each automatic vacuum; read back strictly)."""
+    if not io.exists(VACUUM_STATE_FILE):
+        return None
+    raw = io.read_bytes(VACUUM_STATE_FILE)
+    try:
+        data = json.loads(raw)
+        last = data["last_run_ms"]
+        if set(data) != {"format", "last_run_ms", "files_deleted"} or data["format"] != 1 \
+                or isinstance(last, bool) or not isinstance(last, int) or last < 0:
+            raise ValueError(str(data)[:200])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CorruptFileError(f"{io.path(VACUUM_STATE_FILE)} is not a vacuum record ({exc}); delete it to let "
+                               "the next run vacuum") from exc
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    if now_ms - last < settings.vacuum_interval_hours * 3_600_000:
+        return f"a vacuum ran within the last {settings.vacuum_interval_hours:g} hours"
+    return None
+
+
+def _vacuum(table: MaintainedTable, retention: DeltaRetention) -> tuple[str | None, dict[str, Any]]:
+    """Vacuum by delta.deletedFileRetentionDuration, never younger than an hour (a file another engine is still
+    writing is unreferenced until its commit), and remember when (vacuum_wait)."""
+    hours = max(1, math.ceil(retention.deleted_file_retention_ms / 3_600_000))
+    result = table.vacuum(retention_hours=hours)
+    table.io.write_atomic(VACUUM_STATE_FILE, json.dumps(
+        {"format": 1, "last_run_ms": int(time.time() * 1000), "files_deleted": len(result.deleted)}).encode())
+    if not result.deleted:
+        return None, {}  # nothing to delete: not reported as a run
+    return None, {"retention_hours": hours, "files_deleted": len(result.deleted), "bytes": result.bytes}

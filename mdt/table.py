@@ -45,6 +45,7 @@ from dbidx.mdt.absorb import absorb_run, collect_run, reread_run, run_in_progres
 from dbidx.mdt.compaction import CompactionResult, clean, compact
 from dbidx.mdt.point_lookup import lookup
 from dbidx.mdt.service_settings import ServiceSettings, read_settings, write_settings
+from dbidx.mdt.delta_properties import set_delta_properties
 from dbidx.mdt.services import ServicesReport, run_services
 from dbidx.mdt.writer import CommitWriter
 from dbidx.progress import Progress
@@ -660,6 +661,23 @@ class Table:
         record = clean(self, retain_completions=retain_completions, delete_migrated=delete_migrated)
         self._sweep_after("clean")
         return record
+
+    def delta_properties(self) -> dict[str, str]:
+        """The Delta table properties in force (metaData.configuration; other engines' changes absorbed first)."""
+        self.follow_delta_log()
+        return self.data_view().configuration()
+
+    def set_delta_properties(self, changes: Mapping[str, str | None]) -> CompletedInstant | None:
+        """Set (None: remove) Delta table properties, e.g. {"delta.logRetentionDuration": "interval 7 days"}, as one
+        completion every engine sees (mdt/delta_properties.py says which keys); None if nothing changed."""
+        return set_delta_properties(self, changes)
+
+    def vacuum(self, retention_hours: int = 168, dry_run: bool = False) -> Any:
+        """Delete files no Delta version references any more that were removed (or, never referenced, written)
+        longer than `retention_hours` ago: Delta's VACUUM, checked against dbidx's own view (mdt/vacuum.py)."""
+        from dbidx.mdt.vacuum import vacuum
+
+        return vacuum(self, retention_hours=retention_hours, dry_run=dry_run)
 
     def service_settings(self) -> ServiceSettings:
         """What the table services do by themselves (`.dbidx/services.json`; defaults when never set)."""

@@ -13,7 +13,7 @@ from typing import Any, Callable
 from dbidx.errors import CorruptFileError
 from dbidx.table import layout
 from dbidx.table.records import (
-    ACTION_ABSORB, ACTION_BUILD_INDEX, ACTION_CLEAN, ACTION_COMMIT, ACTION_DATA_COMPACTION, DATA_ACTIONS,
+    ACTION_ABSORB, ACTION_BUILD_INDEX, ACTION_CLEAN, ACTION_COMMIT, ACTION_DATA_COMPACTION, ACTION_PROPERTIES, DATA_ACTIONS,
     CompletedInstant,
     DataFileRecord, DeletionVectorRecord, DvFileRecord, FieldError, parse_instant, parse_int, parse_items,
     parse_object, parse_order, parse_path, record_dict,
@@ -68,6 +68,9 @@ class DataView:
         self.buckets: Recorded | None = None
         # The Delta table a build-index adopted (FORMAT.md section 12): its version then, metaData and protocol.
         self.delta_adopted: Recorded | None = None
+        # The Delta table properties (metaData.configuration) as last changed by a `properties` completion or an
+        # absorbed metaData of another engine; None: never changed (`configuration()` gives the one in force).
+        self.delta_configuration: Recorded | None = None
 
     @property
     def delta_offset(self) -> int:
@@ -110,6 +113,10 @@ class DataView:
                     self.buckets = Recorded(layout_value["buckets"], rec.seq, rec.instant)
             if SCHEMA_EXTRA in rec.extra:
                 self.schema = Recorded(rec.extra[SCHEMA_EXTRA], rec.seq, rec.instant)
+            if rec.action in (ACTION_ABSORB, ACTION_PROPERTIES) and DELTA_CONFIGURATION_EXTRA in rec.extra:
+                self.delta_configuration = Recorded(
+                    check_configuration(rec.extra[DELTA_CONFIGURATION_EXTRA], f"completion {rec.seq} ({rec.instant})"),
+                    rec.seq, rec.instant)
             if rec.action == ACTION_BUILD_INDEX and DELTA_ADOPTED_EXTRA in rec.extra:
                 self.delta_adopted = Recorded(check_adopted(rec.extra[DELTA_ADOPTED_EXTRA],
                                                             f"completion {rec.seq} ({rec.instant})"),
@@ -186,6 +193,15 @@ class DataView:
             self._dv_files[ref.file.path] = seq
 
     # ---- answers -----------------------------------------------------------------------------------------
+    def configuration(self) -> dict[str, str]:
+        """The Delta table properties in force: the last recorded change, else the adopted table's own, else the
+        ones dbidx creates a table with."""
+        if self.delta_configuration is not None:
+            return dict(self.delta_configuration.value)
+        if self.delta_adopted is not None:
+            return dict(self.delta_adopted.value["metaData"].get("configuration") or {})
+        return dict(DEFAULT_CONFIGURATION)
+
     def live(self) -> list[LiveDataFile]:
         """Every data file of the current state."""
         return list(self._live.values())
@@ -235,15 +251,18 @@ class DataView:
             "vectors": [{"vector": record_dict(d.vector), "file": asdict(d.file)}
                         for _p, d in sorted(self._dv.items())],
             "dv_files": [{"path": p, "seq": seq} for p, seq in sorted(self._dv_files.items())],
-        } | ({"delta_adopted": _recorded_dict(self.delta_adopted)} if self.delta_adopted is not None else {})
+        } | ({"delta_adopted": _recorded_dict(self.delta_adopted)} if self.delta_adopted is not None else {}) \
+          | ({"delta_configuration": _recorded_dict(self.delta_configuration)}
+             if self.delta_configuration is not None else {})
 
     @classmethod
     def from_dict(cls, data: Any, where: str) -> "DataView":
         """Rebuild from a checkpoint, checking every field (a checkpoint is read back from storage: untrusted)."""
         try:
             d = parse_object(data, "data", {"applied_seq", "writes", "last_write", "live", "replaced", "schema",
-                                            "layout", "buckets", "vectors", "dv_files", "delta_adopted"},
-                             optional={"delta_adopted"})
+                                            "layout", "buckets", "vectors", "dv_files", "delta_adopted",
+                                            "delta_configuration"},
+                             optional={"delta_adopted", "delta_configuration"})
             view = cls()
             view.applied_seq = parse_int(d["applied_seq"], "data.applied_seq")
             view.writes = parse_int(d["writes"], "data.writes")
@@ -284,6 +303,9 @@ class DataView:
             view.delta_adopted = _recorded(d.get("delta_adopted"), "data.delta_adopted")
             if view.delta_adopted is not None:
                 check_adopted(view.delta_adopted.value, "data.delta_adopted")
+            view.delta_configuration = _recorded(d.get("delta_configuration"), "data.delta_configuration")
+            if view.delta_configuration is not None:
+                check_configuration(view.delta_configuration.value, "data.delta_configuration")
             return view
         except (FieldError, ValueError, TypeError) as exc:
             raise CorruptFileError(f"checkpoint {where}: its data view is not valid: {exc}") from exc
@@ -298,6 +320,20 @@ def _check_outside_meta(path: str, rec: CompletedInstant | None) -> None:
 
 
 DELTA_ADOPTED_EXTRA = "delta_adopted"
+# The completion record's extra holding the whole Delta configuration after it (a `properties` completion, or an
+# absorbed version whose metaData changed it).
+DELTA_CONFIGURATION_EXTRA = "delta_configuration"
+DEFAULT_CONFIGURATION = {"delta.enableDeletionVectors": "true"}
+
+
+def check_configuration(value: Any, where: str) -> dict[str, str]:
+    """A Delta configuration read back from a record or checkpoint: an object of strings to strings (what Delta's
+    metaData.configuration is), with deletion vectors on (dbidx writes them)."""
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise CorruptFileError(f"{where}: the Delta configuration must be an object of strings, got {value!r}")
+    if value.get("delta.enableDeletionVectors", "true").lower() != "true":
+        raise CorruptFileError(f"{where}: the Delta configuration turns deletion vectors off, which dbidx writes")
+    return value
 
 
 def check_adopted(value: Any, where: str) -> dict[str, Any]:

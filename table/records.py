@@ -28,8 +28,11 @@ ACTION_DATA_COMPACTION = "data_compaction"
 ACTION_UPGRADE = "upgrade"  # a format-3 table became format 4: its superseded and delete rows became vectors
 # Another engine's Delta version, applied to the index (data/delta_absorb.py): its files, vectors and key entries.
 ACTION_ABSORB = "absorb"
+# A change of the Delta table properties (metaData.configuration: log and file retention, checkpoint interval):
+# mdt/delta_properties.py. Its Delta version is commitInfo + metaData; it adds no file.
+ACTION_PROPERTIES = "properties"
 ACTIONS = (ACTION_COMMIT, ACTION_COMPACTION, ACTION_CLEAN, ACTION_ROLLBACK, ACTION_BUILD_INDEX, ACTION_DATA_COMPACTION,
-           ACTION_UPGRADE, ACTION_ABSORB)
+           ACTION_UPGRADE, ACTION_ABSORB, ACTION_PROPERTIES)
 # Completions whose index files add live entries (inserts, tombstones, re-pointed keys): what a cache catches up
 # from and what an upsert's conflict check reads.
 ENTRY_ACTIONS = (ACTION_COMMIT, ACTION_BUILD_INDEX, ACTION_ABSORB)

@@ -68,6 +68,7 @@ COMMANDS = {
     "upgrade": ["upgrade", "{t}"],
     "config": ["config", "{t}", "clean_interval=5"],
     "maintain": ["maintain", "{t}"],
+    "vacuum": ["vacuum", "{t}", "--dry-run"],
 }
 
 

@@ -56,3 +56,24 @@ def test_cli_config_maintain_and_stats(tmp_path: Path) -> None:
     result = runner.invoke(main, ["config", uri])
     assert result.exit_code == 4 and "budget_seconds" in result.output
     assert service_settings.KEYS == tuple(ServiceSettings().to_dict())
+
+
+def test_cli_config_sets_delta_table_properties(tmp_path: Path) -> None:
+    w = Writer(tmp_path, "t", seed=6, after_commit=False)
+    w.upsert()
+    uri, runner = w.table.uri, CliRunner()
+    result = runner.invoke(main, ["config", uri, "delta.logRetentionDuration=interval 2 days", "team.owner=ingest",
+                                  "clean_interval=4", "--json"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.output)
+    assert payload["changed"] == ["clean_interval", "delta.logRetentionDuration", "team.owner"]
+    assert payload["delta_properties"]["delta.logRetentionDuration"] == "interval 2 days"
+    table = Table.open(uri)
+    assert table.delta_properties()["team.owner"] == "ingest" and table.service_settings().clean_interval == 4
+    result = runner.invoke(main, ["config", uri, "team.owner=default"])
+    assert result.exit_code == 0, result.output
+    assert "team.owner" not in Table.open(uri).delta_properties()
+    assert "delta.logRetentionDuration = interval 2 days  (Delta table property)" in result.output
+    for bad in ("delta.appendOnly=true", "delta.logRetentionDuration=soon", "delta.checkpointInterval=0"):
+        result = runner.invoke(main, ["config", uri, bad])
+        assert result.exit_code == 2, (bad, result.output)

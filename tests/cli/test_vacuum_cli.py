@@ -15,9 +15,6 @@ from dbidx.mdt.verify_table import verify_table
 
 from tests.mdt.test_vacuum import DAY_S, PLAIN, SPACED, Scene
 
-# Until cli.py registers the command beside `config` and `maintain` (main.add_command(cli_services.vacuum_cmd)).
-if "vacuum" not in main.commands:
-    main.add_command(cli_services.vacuum_cmd)
 
 KEYS = {"uri", "retention_hours", "dry_run", "deleted", "bytes", "protected", "seconds"}
 DOC = Path(__file__).resolve().parents[2] / "docs" / "CLI.md"
