@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Protocol
 
 from dbidx.data.compaction import DataCompactionResult
-from dbidx.data.delta_log import checkpoint_pointer, delta_checkpoint
+from dbidx.data.delta_checkpoint import write_delta_checkpoint
+from dbidx.data.delta_log import checkpoint_pointer
 from dbidx.data.log_retention import expire_log
 from dbidx.errors import ConflictError, CorruptFileError
 from dbidx.mdt.delta_properties import DeltaRetention, retention_of
@@ -250,9 +251,11 @@ def _log_cleanup(table: MaintainedTable, retention: DeltaRetention) -> tuple[str
     latest, pointer = table.delta_version(), checkpoint_pointer(table.io)
     if latest - max(pointer, 0) < retention.checkpoint_interval or table.data_view().schema is None:
         return None, {}
-    if not delta_checkpoint(table.io):
+    written = write_delta_checkpoint(table.io)
+    if written is None:
         return None, {}  # a table on an injected filesystem: delta-rs cannot reach it
-    details: dict[str, Any] = {"checkpoint": checkpoint_pointer(table.io)}
+    details: dict[str, Any] = {"checkpoint": written.version, "tombstones_dropped": written.tombstones_dropped,
+                               "checkpoint_bytes": written.bytes_after}
     if retention.expired_log_cleanup:
         details.update(expire_log(table.io, retention.log_retention_ms).to_dict())
     return None, details

@@ -23,7 +23,6 @@ from dbidx.data.delta_actions import VersionActions, read_version
 from dbidx.data.delta_log import (
     DeltaLogWriter,
     TableShape,
-    delta_checkpoint,
     initial_version,
     last_checkpoint_version,
     listed_versions,
@@ -45,6 +44,7 @@ from dbidx.mdt.absorb import absorb_run, collect_run, reread_run, run_in_progres
 from dbidx.mdt.compaction import CompactionResult, clean, compact
 from dbidx.mdt.point_lookup import lookup
 from dbidx.mdt.service_settings import ServiceSettings, read_settings, write_settings
+from dbidx.data.delta_checkpoint import write_delta_checkpoint
 from dbidx.mdt.delta_properties import set_delta_properties
 from dbidx.mdt.services import ServicesReport, run_services
 from dbidx.mdt.writer import CommitWriter
@@ -319,7 +319,7 @@ class Table:
             # Delta readers then start from it too (delta-rs writes Delta's checkpoint format; it refuses a table
             # whose schema is still empty: an index written through the library writer has no data yet).
             if self._data.schema is not None:
-                delta_checkpoint(self.io)
+                write_delta_checkpoint(self.io)
 
     def sync_delta_log(self) -> int:
         """Bring dbidx up to the Delta log and the log up to dbidx: absorb every version other engines wrote since

@@ -1,0 +1,123 @@
+"""Delta checkpoints of a dbidx table: delta-rs writes them (Delta's own Parquet format), then dbidx drops the
+tombstones no reader or vacuum can use and compresses the file.
+
+Why: a dbidx upsert changes a file's deletion vector with a remove of (path, old vector) and an add of (path, new
+vector), as the protocol asks. The remove is a tombstone that delta-rs keeps in every checkpoint for
+`delta.deletedFileRetentionDuration` (a week by default). At a million keys and a batch a minute that is hundreds
+of tombstones per version, millions per week, all in each checkpoint, written uncompressed every
+`delta.checkpointInterval` versions. Yet such a tombstone names a path that is live again in the same checkpoint
+(a vacuum keeps it whatever the tombstone says) and a vector stored inline (no file to protect): dropping it
+changes nothing any reader or vacuum does. Every other tombstone stays (a file a compaction or another engine
+removed; a vector in a file of its own).
+
+The slim file replaces delta-rs's own under the same name in one atomic write, after it was read back and checked
+(same schema, the same adds, metaData and protocol); `_last_checkpoint` then gets its new size. A reader that opened
+the fat file reads it to the end (a rename or a PUT never changes an open file's bytes).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from dbidx.data.delta_log import DELTA_LOG_DIR, checkpoint_pointer, delta_checkpoint
+from dbidx.errors import CorruptFileError
+from dbidx.table.fileio import DECODE_ERRORS, FileIO
+
+COMPRESSION = "snappy"  # every Delta reader reads it (delta-rs writes its checkpoints uncompressed)
+
+
+@dataclass(frozen=True)
+class CheckpointWritten:
+    """A Delta checkpoint dbidx wrote: its version, and what slimming it saved."""
+
+    version: int
+    tombstones_dropped: int
+    bytes_before: int
+    bytes_after: int
+
+
+def write_delta_checkpoint(io: FileIO) -> CheckpointWritten | None:
+    """A Delta checkpoint of the latest version (delta-rs), slimmed (module docstring); None for a table delta-rs
+    cannot reach (an injected filesystem)."""
+    # 1. delta-rs writes the checkpoint and `_last_checkpoint`.
+    if not delta_checkpoint(io):
+        return None
+    version = checkpoint_pointer(io)
+    name = f"{DELTA_LOG_DIR}/{version:020d}.checkpoint.parquet"
+    if not io.exists(name):  # a multi-part or V2 checkpoint: left as delta-rs wrote it
+        return CheckpointWritten(version, 0, 0, 0)
+    raw = io.read_bytes(name)
+    # 2. The tombstones of paths added back in the same checkpoint, with an inline (or no) vector.
+    try:
+        fat = pq.read_table(pa.BufferReader(raw))
+    except DECODE_ERRORS as exc:
+        raise CorruptFileError(f"Delta checkpoint {io.path(name)} delta-rs wrote is unreadable: {exc}") from exc
+    if "add" not in fat.column_names or "remove" not in fat.column_names:
+        raise CorruptFileError(f"Delta checkpoint {io.path(name)} has no add or remove column")
+    add, remove = fat.column("add"), fat.column("remove")
+    useless = _useless_tombstones(fat.column("add"), fat.column("remove"))
+    dropped = int(useless.sum())
+    if not dropped:
+        return CheckpointWritten(version, 0, len(raw), len(raw))
+    slim = fat.filter(pa.array(~useless))
+    # 3. Written to memory, read back and checked against the fat one before anything on storage changes.
+    sink = pa.BufferOutputStream()
+    pq.write_table(slim, sink, compression=COMPRESSION, write_statistics=False)
+    data = sink.getvalue()
+    if len(data) >= len(raw):  # a small log: Parquet's own overhead outweighs the rows dropped
+        return CheckpointWritten(version, 0, len(raw), len(raw))
+    _check_same_state(fat, pq.read_table(pa.BufferReader(data)), dropped, io.path(name))
+    # 4. Replace the file, then the pointer's sizes.
+    io.write_atomic(name, data)
+    pointer = json.loads(io.read_bytes(f"{DELTA_LOG_DIR}/_last_checkpoint"))
+    if pointer.get("version") == version:
+        pointer["size"], pointer["sizeInBytes"] = slim.num_rows, len(data)
+        io.write_atomic(f"{DELTA_LOG_DIR}/_last_checkpoint", json.dumps(pointer, separators=(",", ":")).encode())
+    return CheckpointWritten(version, dropped, len(raw), len(data))
+
+
+def _useless_tombstones(add: pa.ChunkedArray, remove: pa.ChunkedArray) -> np.ndarray:
+    """Per checkpoint row, whether it is a tombstone with an inline (or no) vector that is either of a path live
+    again or not the newest tombstone of its path (a vacuum goes by a path's last removal)."""
+    rows = len(remove)
+    is_remove = pc.is_valid(remove).to_numpy(zero_copy_only=False)
+    vector = pc.struct_field(remove, "deletionVector")
+    inline = pc.fill_null(pc.or_kleene(pc.is_null(vector), pc.equal(pc.struct_field(vector, "storageType"), "i")),
+                          True).to_numpy(zero_copy_only=False)
+    candidates = np.flatnonzero(is_remove & inline)
+    out = np.zeros(rows, dtype=bool)
+    if not len(candidates):
+        return out
+    paths = pc.take(pc.struct_field(remove, "path"), pa.array(candidates)).combine_chunks()
+    live = pc.drop_null(pc.struct_field(add, "path")).combine_chunks()
+    out[candidates[pc.is_in(paths, value_set=live).to_numpy(zero_copy_only=False)]] = True
+    # Of the others, all but the newest per path (ties: the later row).
+    stamps = pc.take(pc.struct_field(remove, "deletionTimestamp"), pa.array(candidates)).combine_chunks()
+    stamps = pc.fill_null(stamps, -1).to_numpy(zero_copy_only=False)
+    codes = pc.dictionary_encode(paths).indices.to_numpy(zero_copy_only=False)
+    order = np.lexsort((-np.arange(len(candidates)), -stamps, codes))
+    newest = np.ones(len(order), dtype=bool)
+    newest[1:] = codes[order][1:] != codes[order][:-1]
+    out[candidates[order[~newest]]] = True
+    return out
+
+
+def _check_same_state(fat: pa.Table, slim: pa.Table, dropped: int, where: str) -> None:
+    """The slim checkpoint holds the fat one's schema and every row but the dropped tombstones."""
+    problems = []
+    if slim.schema != fat.schema:
+        problems.append("its schema differs")
+    if slim.num_rows != fat.num_rows - dropped:
+        problems.append(f"it has {slim.num_rows} rows, not {fat.num_rows - dropped}")
+    for column in ("add", "metaData", "protocol", "txn", "domainMetadata"):
+        if column in fat.column_names and \
+                pc.sum(pc.is_valid(fat.column(column))).as_py() != pc.sum(pc.is_valid(slim.column(column))).as_py():
+            problems.append(f"its {column} actions differ")
+    if problems:
+        raise CorruptFileError(f"slimming Delta checkpoint {where} went wrong ({'; '.join(problems)}); the file "
+                               "delta-rs wrote is left as it was")
