@@ -67,14 +67,34 @@ def log(message: str) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 # The table services.
 
-def set_services(table: Table, mode: str) -> str:
-    """Turn the table's services on or off (`after_commit`: they run inside `upsert` after its publish); returns
-    how, for the section's text."""
+def set_services(table: Table, mode: str, retention: str | None) -> str:
+    """Turn the table's services on or off (`after_commit`: they run inside `upsert` after its publish) and, with
+    `retention`, set the table's Delta log and removed-file retention to it; returns how, for the section's text."""
     settings = table.configure_services(after_commit=mode == "on")
     changed = ", ".join(f"{k}={v}" for k, v in settings.changed().items()) or "the defaults"
+    if retention:
+        table.set_delta_properties({"delta.logRetentionDuration": retention,
+                                    "delta.deletedFileRetentionDuration": retention})
+    properties = f"; Delta table properties: {table.delta_properties()}"
     if mode == "off":
-        return f"off (`Table.configure_services(after_commit=False)`; settings: {changed})"
-    return f"on, run by `upsert` after each publish (settings: {changed}; all: {settings.to_dict()})"
+        return f"off (`Table.configure_services(after_commit=False)`; settings: {changed}{properties})"
+    return f"on, run by `upsert` after each publish (settings: {changed}; all: {settings.to_dict()}{properties})"
+
+
+def areas(root: Path) -> dict[str, int]:
+    """Bytes under the table by area: data files (and anything else outside the two metadata folders), the Delta
+    log, and dbidx's index, timeline and deletion-vector folders."""
+    out: dict[str, int] = {}
+    for dirpath, _dirs, names in os.walk(root):
+        rel = os.path.relpath(dirpath, root).split(os.sep)
+        area = "_delta_log" if rel[0] == "_delta_log" else (
+            f".dbidx/{rel[1]}" if rel[0] == ".dbidx" and len(rel) > 1 else ".dbidx" if rel[0] == ".dbidx" else "data")
+        for name in names:
+            try:
+                out[area] = out.get(area, 0) + os.stat(os.path.join(dirpath, name)).st_size
+            except FileNotFoundError:
+                continue
+    return dict(sorted(out.items()))
 
 
 def services_of(summary: dict[str, Any]) -> tuple[float, list[str], str | None]:
@@ -192,12 +212,13 @@ class Run:
     batches: list[Batch] = field(default_factory=list)
     checkpoints: list[Checkpoint] = field(default_factory=list)
     counts: tuple[int, int] = (0, 0)
+    areas: dict[str, int] = field(default_factory=dict)  # bytes by area of the table dir at the end
 
 
 def soak(spark: Any, work: Path, manifest: dict[str, Any], args: argparse.Namespace) -> Run:
     root, caches = work / "soak-table", work / "soak-cache"
     table = Table.open_or_create(str(root), num_shards=args.shards)
-    services = set_services(table, args.services)
+    services = set_services(table, args.services, args.retention)
     config = CacheConfig.from_sources({"base_path": str(caches)})
 
     def upsert(df: Any) -> dict[str, Any]:
@@ -234,6 +255,8 @@ def soak(spark: Any, work: Path, manifest: dict[str, Any], args: argparse.Namesp
             c = run.checkpoints[-1]
             log(f"reads at batch {number}: dbidx {c.dbidx_s:.2f} s, polars {c.polars_s:.2f} s, delta-rs "
                 f"{c.deltars_s:.2f} s; anchor {c.anchor_s:.2f} s ({c.anchor_how})")
+    run.areas = areas(root)
+    log("bytes by area at the end: " + ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in run.areas.items()))
     data = reads.read_arrow(table, columns=["ver"])
     run.counts = (data.num_rows, int(pc.sum(data.column("ver")).as_py() or 0))
     return run
@@ -348,7 +371,8 @@ def render(args: argparse.Namespace, origin: str, run: Run, check: str, code: st
         notes.append("Services off: the baseline, what a pipeline gets when nothing maintains the table. The goals "
                      "are those of the table services (issue 44); this run shows what they have to fix.")
     return "\n\n".join([
-        f"## Soak: {args.batches:,} batches of {args.batch:,} rows on {args.keys:,} keys, services {args.services}",
+        f"## Soak: {args.batches:,} batches of {args.batch:,} rows on {args.keys:,} keys, services {args.services}"
+        + (f", retention {args.retention}" if args.retention else ""),
         f"Machine: {_report.machine()}. Command: `{_report.command()}`. Spark local[2], {args.shards} key shards. "
         f"{args.keys:,} UUID keys over 30 daily partitions loaded at once ({run.load_s:.1f} s, the bulk path), then "
         f"{args.batches:,} change batches of {args.batch:,} rows through `upsert` (80% updates of the last 7 days, "
@@ -370,6 +394,8 @@ def render(args: argparse.Namespace, origin: str, run: Run, check: str, code: st
         "`QueryBuilder` and `to_pyarrow_table`):",
         _report.table(["batch", "rows", "dbidx s", "polars s", "delta-rs s", "anchor s", "dbidx / anchor",
                        "polars / anchor", "delta-rs / anchor", "anchor MiB"], read_rows(run)),
+        "Bytes on disk by area at the end: " + ", ".join(f"{k} {v / 2**20:,.1f} MiB" for k, v in run.areas.items())
+        + ".",
         f"Per batch (batch 1, every {every} batches and the last; every batch is in the figures JSON):",
         _report.table(["batch", "upsert s", "service s", "live data files", "files on disk", "table MiB",
                        "live data MiB", "index files", "cache MiB"], sample_rows(run, every)),
@@ -379,6 +405,7 @@ def render(args: argparse.Namespace, origin: str, run: Run, check: str, code: st
 def figures(args: argparse.Namespace, run: Run, ok: bool, name: str) -> dict[str, Any]:
     return {"name": name, "keys": args.keys, "batch_rows": args.batch, "shards": args.shards,
             "services": args.services, "read_every": args.read_every, "load_s": run.load_s, "check_ok": ok,
+            "retention": args.retention, "areas": run.areas,
             "batches": [asdict(b) for b in run.batches], "checkpoints": [asdict(c) for c in run.checkpoints]}
 
 
@@ -393,6 +420,9 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--read-every", type=int, default=100, help="full reads every N batches (and the window "
                         "of the goals)")
     parser.add_argument("--services", choices=("on", "off"), default="on")
+    parser.add_argument("--retention", help="a Delta interval (e.g. 'interval 2 minutes') set as the table's "
+                        "delta.logRetentionDuration and delta.deletedFileRetentionDuration before the load (default: "
+                        "Delta's 30 days and 7 days)")
     parser.add_argument("--work", type=Path, help="data dir, kept for reuse (default: a temp dir, removed)")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes (seconds; used by tests)")
     parser.add_argument("--write-results", action="store_true")
@@ -418,7 +448,7 @@ def run(args: argparse.Namespace, work: Path) -> tuple[str, bool, dict[str, Any]
         for name in ("soak-table", "soak-cache", "soak-spark", "soak-anchor"):
             shutil.rmtree(work / name, ignore_errors=True)
     check, ok = check_line(result, manifest)
-    name = f"soak-{args.keys}-services-{args.services}"
+    name = f"soak-{args.keys}-services-{args.services}" + ("-short-retention" if args.retention else "")
     return render(args, origin, result, check, code), ok, figures(args, result, ok, name)
 
 
