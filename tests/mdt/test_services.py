@@ -175,3 +175,41 @@ def test_a_failing_service_never_fails_the_upsert(tmp_path: Path, monkeypatch: p
         services = w.upsert()
     assert services == {"error": "OSError: disk on fire"}
     assert_readers_agree(w.table, ["id", "dt", "v"], expected_rows(w.oracle))
+
+
+def test_vacuum_runs_at_most_once_per_interval_by_the_tables_retention(tmp_path: Path) -> None:
+    import os
+    import time
+
+    from dbidx.mdt.services import VACUUM_STATE_FILE, vacuum_wait
+
+    w = Writer(tmp_path, "t", seed=9, shards=1, after_commit=False, data_compaction=False, index_compaction=False,
+               clean=False, log_cleanup=False)
+    w.upsert()
+    w.table.set_delta_properties({"delta.deletedFileRetentionDuration": "interval 1 days"})
+    partition = sorted(p for p in os.listdir(w.table.io.path("")) if "=" in p)[0]
+
+    def orphan(name: str, days: float) -> Path:
+        path = Path(w.table.io.path(f"{partition}/{name}.parquet"))
+        path.write_bytes(b"PAR1 not a real file of the table PAR1")
+        then = time.time() - days * 86_400
+        os.utime(path, (then, then))
+        return path
+
+    old, young = orphan("old", 2), orphan("young", 0.5)
+    ran = {r.service: r.details for r in maintain(w.table).ran}
+    assert ran["vacuum"]["files_deleted"] == 1 and ran["vacuum"]["retention_hours"] == 24
+    assert not old.exists() and young.exists()
+    assert vacuum_wait(w.table.io, read_settings(w.table.io)) is not None  # ran now: not due for 24 hours
+    second = orphan("second", 2)
+    assert "vacuum" not in {r.service for r in maintain(w.table).ran} and second.exists()
+    state = json.loads(w.table.io.read_bytes(VACUUM_STATE_FILE))
+    assert state["files_deleted"] == 1
+    configure(w.table, vacuum_interval_hours=12)
+    state["last_run_ms"] -= 13 * 3_600_000  # the last run, 13 hours ago
+    w.table.io.write_atomic(VACUUM_STATE_FILE, json.dumps(state).encode())
+    assert "vacuum" in {r.service for r in maintain(w.table).ran} and not second.exists()
+    assert_readers_agree(w.table, ["id", "dt", "v"], expected_rows(w.oracle))
+    w.table.io.write_atomic(VACUUM_STATE_FILE, b'{"format": 1}')
+    with pytest.raises(CorruptFileError, match="vacuum.json"):
+        maintain(w.table)
