@@ -31,6 +31,9 @@ _COMPRESSION = {
 }
 
 
+# Level-0 files of a family at which closing the store compacts it (RocksDB's own trigger, 4 by default, is when its
+# background compaction starts; see Store.compact_piled_up).
+L0_COMPACT_AT = 4
 _BLOCK_CACHES: dict[int, rd.Cache] = {}
 _BLOCK_CACHES_LOCK = threading.Lock()
 
@@ -129,11 +132,13 @@ class Store:
         return self
 
     def close(self) -> None:
-        """Flush everything (data first, registry last), drop handles, close the DB, release the lock."""
+        """Flush everything (data first, registry last), compact the families whose level 0 piled up
+        (`compact_piled_up`), drop handles, close the DB, release the lock."""
         if self.db is None:
             return
         try:
             self.flush()
+            self.compact_piled_up()
         finally:
             self._cfs.clear()
             self._handles.clear()
@@ -258,6 +263,32 @@ class Store:
                 self.db.flush(True)
         except Exception as exc:
             raise CacheError(f"flushing cache {self.path} failed (disk full?): {exc}") from exc
+
+    def compact_piled_up(self) -> list[str]:
+        """Compact (synchronously, into the bottom level) each family opened in this session whose level 0 holds
+        L0_COMPACT_AT files or more; returns their names.
+
+        Why: a family's level-0 files are a large catch-up's ingested SST (each key's change, over what the family
+        holds) or a session's flushed write batch, each overlapping the family's bottom level, so every one of them
+        is bytes on top of one copy of the entries. RocksDB compacts them in the background once
+        `level0_file_num_compaction_trigger` (4) are there, but a Spark task holds the cache for one task only, and
+        closing the DB aborts a compaction that is running: with short sessions the files piled up (measured: a
+        40 k-entry family re-pointed by 17 k entries per session, opened and closed at once, held 2 to 6 level-0
+        files, 1.4x to 3.2x its fresh size; compacted here it stays within 1.4x). The cost is a rewrite of one
+        family (a partition's slice of one shard) once per L0_COMPACT_AT sessions that wrote it, at close.
+        """
+        assert self.db is not None
+        compacted = []
+        for name, view in list(self._cfs.items()):
+            try:
+                if (view.property_int_value("rocksdb.num-files-at-level0") or 0) < L0_COMPACT_AT:
+                    continue
+                view.compact_range(None, None)
+            except Exception as exc:  # rocksdict raises a bare Exception (e.g. no space left on the device)
+                raise CacheError(f"compacting column family {name!r} of cache {self.path} failed (disk full?): "
+                                 f"{exc}") from exc
+            compacted.append(name)
+        return compacted
 
     def disk_bytes(self, name: str | None = None) -> int:
         """SST bytes on disk of one column family, or of the whole directory."""
