@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dbidx.cache.dir_lock import incarnation, lock_path, read_incarnation, release_flock, try_flock
+from dbidx.cache.key_file_sweep import sweep_stale_markers
 from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.cache.staging import STAGED_SUFFIX, abandoned, remove as remove_staged
 from dbidx.cache.store import directory_bytes
@@ -113,8 +114,8 @@ def _last_use_s(shard_dir: Path) -> float:
 def sweep_abandoned(base_path: str | Path, ttl_hours: float, dry_run: bool = False,
                     now_s: float | None = None) -> list[AbandonedCache]:
     """Remove whole shard caches under a base path (`<base>/<table dir>/shard-*`) that no live process holds and
-    nobody has opened for `ttl_hours`, and key files (data/key_files.py) nobody used for as long, then the table
-    directories left empty.
+    nobody has opened for `ttl_hours`, and key files (data/key_files.py) nobody used for as long and writers' markers
+    of them (cache/key_file_sweep.py) as old, then the table directories left empty.
 
     Why: an executor that died (or an application whose executors moved elsewhere) leaves its caches on the node's
     disk, and no task of theirs will ever open them again to run the per-partition TTL. A cache idle for the TTL
@@ -156,6 +157,7 @@ def sweep_abandoned(base_path: str | Path, ttl_hours: float, dry_run: bool = Fal
                 release_flock(fd)
         if not dry_run:
             sweep_unused(table_dir / KEY_FILES_DIR, cutoff)
+            sweep_stale_markers(table_dir / KEY_FILES_DIR, cutoff)  # writers' markers (cache/key_file_sweep.py)
             try:
                 table_dir.rmdir()  # only succeeds when empty
             except OSError:

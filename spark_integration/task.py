@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 
 from dbidx.arrays import batches_as_one_chunk, one_chunk
 from dbidx.bootstrap.on_demand import OnDemandLoader
+from dbidx.cache import key_file_sweep
 from dbidx.cache.catchup import sync
 from dbidx.cache.metrics import CacheCounters
 from dbidx.cache.reaper import discard_cache_dir, reap, sweep_abandoned
@@ -32,8 +33,9 @@ from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.cache.staging import StagedLoad
 from dbidx.counters import gauge
 from dbidx.data.key_columns import KeySources
+from dbidx.data.key_files import KeyFiles
 from dbidx.data.superseded import superseded_rows
-from dbidx.errors import CacheCorruptError, CacheError, CorruptFileError
+from dbidx.errors import CacheCorruptError, CacheError, CorruptFileError, DbidxError
 from dbidx.mdt.table import Table
 from dbidx.spark_integration import datafiles
 from dbidx.spark_integration.tagger import (
@@ -241,13 +243,14 @@ def upsert_batches(batches: Iterable[pa.RecordBatch], table: Table, options: Tag
     or losing task attempt leaves nothing any later batch could mistake for committed. What goes back to the driver
     is metadata only (file records, touched-key ranges, partition stats, metrics): never a key.
     """
+    view_read_s = time.time()  # before the refresh: what the key-file sweep counts as "modified after the view"
     table = warm_table(table)
     with table.pinned(refreshed=True):  # one view of the table for the whole task (the settled check reads anew)
-        return _upsert_rows(batches, table, options, instant, attempt)
+        return _upsert_rows(batches, table, options, instant, attempt, view_read_s)
 
 
 def _upsert_rows(batches: Iterable[pa.RecordBatch], table: Table, options: TagOptions, instant: str,
-                 attempt: int) -> dict[str, Any]:
+                 attempt: int, view_read_s: float) -> dict[str, Any]:
     received = [b for b in batches if b.num_rows]
     if not received:
         return {"files": [], "index_files": [], "touched": [], "changes": {}, "metrics": [],
@@ -306,6 +309,7 @@ def _upsert_rows(batches: Iterable[pa.RecordBatch], table: Table, options: TagOp
     #     The view is held while they are computed: the seq they are stamped with is exactly the state they saw (a
     #     thread sharing this warm table may publish and refresh meanwhile; a later seq would hide its commit).
     disk, sources = datafiles.key_files_for(table, shards[0], options.cache), KeySources()  # (no lock needed)
+    disk = _announced(disk, instant, attempt, written_rows)
     with table.held_data_view() as view:
         basis_seq = view.applied_seq
         fresh = superseded_rows(table.io, view, written_rows, options.key, disk, sources)
@@ -328,6 +332,8 @@ def _upsert_rows(batches: Iterable[pa.RecordBatch], table: Table, options: TagOp
         shard_metrics[0].stage_seconds, shard_metrics[0].staged_entries = load.seconds, load.entries
     # 5. An attempt that outlived its job (rolled back) or lost to another attempt (committed without it) withdraws.
     datafiles.withdraw_if_settled(table.io, table.timeline, instant, written_paths(files, index_files, touched))
+    if disk is not None:
+        _sweep_key_files(disk, table, view_read_s)
     for metrics in shard_metrics:
         metrics.write_seconds = (time.perf_counter() - started) / len(shard_metrics)
         metrics.partitions = sorted({f.partition for f in files})
@@ -336,6 +342,36 @@ def _upsert_rows(batches: Iterable[pa.RecordBatch], table: Table, options: TagOp
             "superseded": {"seq": basis_seq, "rows": {p: b.serialize() for p, b in fresh.items()}},
             "changes": {p: asdict(c) for p, c in changes.items()},
             "metrics": [m.to_dict() for m in shard_metrics]}
+
+
+def _announced(disk: KeyFiles | None, instant: str, attempt: int, written: list) -> KeyFiles | None:
+    """The executor's key files, once this attempt announced the ones it will save for its new data files
+    (cache/key_file_sweep.py: a sweep keeps them while the instant is pending); None, with a warning, when it cannot
+    announce them: then it saves none, rather than files a sweep could not tell from dead ones."""
+    if disk is None:
+        return None
+    names = [(record.path, path.name) for record, _keys, _deleted in written
+             if (path := disk.path_of(record)) is not None]
+    try:
+        key_file_sweep.announce(disk.root, instant, attempt, names)
+    except (OSError, ValueError) as exc:
+        log.warning("dbidx keeps no key files for %s this task: announcing them failed (%s)", disk.root, exc)
+        return None
+    return disk
+
+
+def _sweep_key_files(disk: KeyFiles, table: Table, view_read_s: float) -> None:
+    """Delete the executor's key files of data files the table no longer has (cache/key_file_sweep.py says which and
+    why); never fails the task (a key file is never needed), so a failure is a warning."""
+    try:
+        result = key_file_sweep.sweep(disk, table, view_read_s)
+    except (OSError, DbidxError) as exc:
+        log.warning("dbidx could not sweep the key files of data files %s no longer has in %s: %s", table.uri,
+                    disk.root, exc)
+        return
+    if result.deleted:
+        log.info("dbidx deleted %d key files (%d bytes) of data files %s no longer has", len(result.deleted),
+                 result.deleted_bytes, table.uri)
 
 
 def _tag_rebuilding(table: Table, shard: int, options: TagOptions, metrics: ShardMetrics,
