@@ -440,6 +440,7 @@ main.add_command(cli_cache.cache_group)
 main.add_command(cli_services.config_cmd)
 main.add_command(cli_services.maintain_cmd)
 main.add_command(cli_services.vacuum_cmd)
+main.add_command(cli_services.clean_cmd)
 # `dbidx bootstrap URI --days 7`, the command the mission names: the very command object of `dbidx cache
 # bootstrap`, registered a second time at the top level, so both spellings take the same flags and do the same.
 main.add_command(cli_cache.bootstrap_cmd, name="bootstrap")

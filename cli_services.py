@@ -102,3 +102,22 @@ def vacuum_cmd(uri: str, retention_hours: int, dry_run: bool, as_json: bool) -> 
         [f"{verb} {path}" for path in p["deleted"]] + [f"kept {k['path']}: {k['reason']}" for k in p["protected"]]
         + [f"{verb} {len(p['deleted'])} files ({p['bytes']:,} bytes) unreferenced for over {retention_hours} h; "
            f"kept {len(p['protected'])} that delta-rs listed; {p['seconds']:.2f} s"]))
+
+
+@click.command("clean")
+@table_argument()
+@click.option("--retain", type=click.IntRange(min=0), default=10, show_default=True,
+              help="Keep files replaced within this many completions (time travel, caches behind).")
+@click.option("--delete-migrated", is_flag=True, help="Also delete the user's source files a build-index listed "
+              "once a data compaction replaced them.")
+@json_option
+def clean_cmd(uri: str, retain: int, delete_migrated: bool, as_json: bool) -> None:
+    """Delete the files compactions replaced at least --retain completions ago (the clean service, on demand)."""
+    table = open_table(uri)
+    record = table.clean(retain_completions=retain, delete_migrated=delete_migrated)
+    payload = {"uri": table.uri, "instant": record.instant if record else None,
+               "deleted": list(record.deleted) if record else []}
+    output(as_json).emit(payload, lambda p: "\n".join(
+        [f"deleted {path}" for path in p["deleted"]]
+        + [f"clean {p['instant']}: {len(p['deleted'])} files deleted" if p["instant"] else
+           f"nothing replaced at least {retain} completions ago"]))

@@ -69,6 +69,7 @@ COMMANDS = {
     "config": ["config", "{t}", "clean_interval=5"],
     "maintain": ["maintain", "{t}"],
     "vacuum": ["vacuum", "{t}", "--dry-run"],
+    "clean": ["clean", "{t}", "--retain", "0"],
 }
 
 

@@ -77,3 +77,21 @@ def test_cli_config_sets_delta_table_properties(tmp_path: Path) -> None:
     for bad in ("delta.appendOnly=true", "delta.logRetentionDuration=soon", "delta.checkpointInterval=0"):
         result = runner.invoke(main, ["config", uri, bad])
         assert result.exit_code == 2, (bad, result.output)
+
+
+def test_cli_clean_deletes_what_compactions_replaced(tmp_path: Path) -> None:
+    w = Writer(tmp_path, "t", seed=8, after_commit=False)
+    for _ in range(4):
+        w.upsert()
+    w.table.compact_data(min_files=2)
+    replaced = w.table.data_view().replaced(w.table.timeline.latest_seq)
+    assert replaced
+    runner = CliRunner()
+    result = runner.invoke(main, ["clean", w.table.uri, "--retain", "0", "--json"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.output)
+    assert payload["instant"] and set(replaced) <= set(payload["deleted"])
+    assert not any(Path(w.table.io.path(p)).exists() for p in replaced)
+    assert Table.open(w.table.uri).data_view().replaced(10**9) == []
+    result = runner.invoke(main, ["clean", w.table.uri])
+    assert result.exit_code == 0 and "nothing replaced" in result.output, result.output
