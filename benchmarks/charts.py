@@ -204,8 +204,10 @@ CHARTS: dict[str, Callable[[Any, dict], list[Figure]]] = {
     "footprint": footprint, "skew": skew, "spark": spark, "bootstrap": bootstrap, "restart": restart,
     "peers": peers,
 }
-# The soak benchmark's runs, one section and chart each: the two sizes, services on and off.
-SOAK_RUNS = [f"soak-{keys}-services-{mode}" for keys in (1_000_000, 10_000_000) for mode in ("on", "off")]
+# The soak benchmark's runs, one section and chart each: the two sizes, services on and off, and on with a
+# short Delta retention (--retention).
+SOAK_RUNS = [f"soak-{keys}-services-{mode}" for keys in (1_000_000, 10_000_000)
+             for mode in ("on", "off", "on-short-retention")]
 CHARTS.update({name: soak for name in SOAK_RUNS})
 # Charts that draw nothing until their benchmark has written enough figures (peers: two --keys sizes or more,
 # `make bench-peers`; a soak run: once `make bench-soak` or a run with --write-results made it); the suite checks the
