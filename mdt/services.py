@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Protocol
 
@@ -38,7 +39,9 @@ from dbidx.table.state import TableState
 
 SERVICES = ("data_compaction", "index_compaction", "clean", "log_cleanup", "vacuum")
 VACUUM_STATE_FILE = f"{layout.META_DIR}/vacuum.json"  # when the last automatic vacuum ran
-ROUND_PARTITIONS = 8  # data compaction partitions per instant: the seconds budget is checked between rounds
+ROUND_PARTITIONS = 8
+# Per table object: the newest checkpoint this process expired the log below (one listing per new checkpoint).
+_EXPIRED_AT: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()  # data compaction partitions per instant: the seconds budget is checked between rounds
 
 
 class MaintainedTable(TableState, Protocol):
@@ -246,18 +249,23 @@ def _clean(table: MaintainedTable, settings: ServiceSettings) -> tuple[str | Non
 
 
 def _log_cleanup(table: MaintainedTable, retention: DeltaRetention) -> tuple[str | None, dict[str, Any]]:
-    """A Delta checkpoint when due (delta-rs writes it: Delta's own format, tombstones older than
-    delta.deletedFileRetentionDuration left out), then expiry of the log below it; {} when nothing was due."""
-    latest, pointer = table.delta_version(), checkpoint_pointer(table.io)
-    if latest - max(pointer, 0) < retention.checkpoint_interval or table.data_view().schema is None:
-        return None, {}
-    written = write_delta_checkpoint(table.io)
-    if written is None:
-        return None, {}  # a table on an injected filesystem: delta-rs cannot reach it
-    details: dict[str, Any] = {"checkpoint": written.version, "tombstones_dropped": written.tombstones_dropped,
-                               "checkpoint_bytes": written.bytes_after}
-    if retention.expired_log_cleanup:
-        details.update(expire_log(table.io, retention.log_retention_ms).to_dict())
+    """A Delta checkpoint when due (delta-rs writes it, dbidx slims it: data/delta_checkpoint.py), then expiry of
+    the log below the newest checkpoint old enough, whenever the newest checkpoint changed since this process last
+    expired the log: also one another writer wrote (the publisher's every checkpoint_interval completions, another
+    engine's), else a table whose checkpoints others write would keep its log for ever. {} when nothing was done."""
+    details: dict[str, Any] = {}
+    pointer = checkpoint_pointer(table.io)
+    if table.delta_version() - max(pointer, 0) >= retention.checkpoint_interval and table.data_view().schema is not None:
+        written = write_delta_checkpoint(table.io)
+        if written is not None:  # None: a table on an injected filesystem, which delta-rs cannot reach
+            details = {"checkpoint": written.version, "tombstones_dropped": written.tombstones_dropped,
+                       "checkpoint_bytes": written.bytes_after}
+            pointer = written.version
+    if retention.expired_log_cleanup and pointer >= 0 and _EXPIRED_AT.get(table) != pointer:
+        expiry = expire_log(table.io, retention.log_retention_ms)
+        _EXPIRED_AT[table] = pointer
+        if expiry.deleted or details:
+            details.update(expiry.to_dict())
     return None, details
 
 
