@@ -9,13 +9,18 @@ STAMP := $(VENV)/.installed
 demo: check-java $(STAMP)
 	$(BIN)/dbidx demo
 
+# Two test processes (pytest-xdist). loadgroup keeps the tests of the session's SparkSession in one process (one
+# local[2] Spark per run) and a module's tests that share a module-scoped set-up together (tests/conftest.py marks the
+# groups and queues the Spark group and the slow tests first, an order --no-loadscope-reorder keeps).
+XDIST := -n 2 --dist loadgroup --no-loadscope-reorder
+
 # The full suite but the packed-environment cluster test (about 70 s, needs PyPI): `make test-cluster` runs that.
 test: check-java $(STAMP)
-	$(BIN)/python -m pytest -m "not packing" --durations=15
+	$(BIN)/python -m pytest -m "not packing" $(XDIST) --durations=15
 
 # Day-to-day tier: no Spark, nothing marked slow (under two minutes on 2 cores).
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -m "not spark and not slow"
+	$(BIN)/python -m pytest -m "not spark and not slow" $(XDIST)
 
 # The decoder fuzz tests with 20,000 examples per decoder (make test runs 3,000; a few minutes).
 fuzz: $(STAMP)

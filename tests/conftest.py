@@ -52,3 +52,53 @@ def _services_after_commit_off(request: pytest.FixtureRequest) -> Iterator[None]
 @pytest.fixture
 def services_on() -> None:
     """Keep the table services after each upsert as users get them (see _services_after_commit_off)."""
+
+
+# ---- running the suite on several processes (pytest-xdist: `make test` runs `-n 2 --dist loadgroup`) ----------
+
+HEAVY_MARKS = ("slow", "cluster")  # tests of tens of seconds each, started first so none is left to run alone at the end
+
+
+def _xdist_group(item: pytest.Item) -> str | None:
+    """Which tests must share one worker process: every test of the session's SparkSession (one local Spark per test
+    run, as without xdist), and the tests of a module that share a module- or class-scoped fixture (a set-up made
+    once, such as a local S3 server, a Spark cluster or the children a kill-point module forks at once)."""
+    fixturedefs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    if "spark" in fixturedefs:
+        return "spark-session"
+    if any(defs and defs[-1].scope in ("module", "class", "package") for defs in fixturedefs.values()):
+        return item.nodeid.split("::")[0]
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under xdist only: mark each test's group (see _xdist_group) and put the Spark session's tests, then the heavy
+    ones, at the head of the queue (with --no-loadscope-reorder the queue keeps this order), so the long units start
+    first and the many short tests fill in around them."""
+    if not getattr(config.option, "loadgroup", False):  # set in each xdist worker of a `--dist loadgroup` run
+        return
+    rank: dict[str, int] = {}
+    for item in items:
+        group = _xdist_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+        heavy = any(item.get_closest_marker(mark) for mark in HEAVY_MARKS)
+        rank[item.nodeid] = 0 if group == "spark-session" else 1 if heavy else 2
+    items.sort(key=lambda item: rank[item.nodeid])  # stable: collection order within each rank
+
+
+@pytest.hookimpl(trylast=True)  # after xdist's own hook, which appends "@<group>" to the node id of a grouped test
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Under `--dist loadgroup`, fail at once if the groups did not reach the scheduler: pytest-xdist 3.8 on pytest
+    9.2 leaves node ids unchanged (pytest-xdist#1386), which would start a SparkSession in every worker and split
+    module set-ups. pyproject.toml keeps pytest below 9.2 for that."""
+    if not getattr(session.config.option, "loadgroup", False):
+        return
+    lost = [item.nodeid for item in session.items if item.get_closest_marker("xdist_group") and "@" not in item.nodeid]
+    if lost:
+        message = (f"pytest-xdist did not group {len(lost)} tests (e.g. {lost[0]}): with pytest "
+                   f"{pytest.__version__}, --dist loadgroup does not work (pytest-xdist#1386); "
+                   "pip install -e '.[dev]' installs a pytest that works")
+        print(message, file=sys.__stderr__)  # a worker's exception reaches the terminal only as INTERNALERROR
+        raise pytest.UsageError(message)
