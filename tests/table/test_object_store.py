@@ -68,7 +68,9 @@ def race_processes(uri: str, options: dict, tmp_path: Path, rounds: int, force_u
     return [json.loads(Path(out).read_text()) for out in outs]
 
 
-ROUNDS = 30  # per process; every commit also writes its Delta version, so each round costs more requests now
+ROUNDS = 12  # per process. Every round is a race (both writers start it at the barrier): one writer of each round
+# lost the hot key with a ConflictError in runs of 10, 12 and 30 rounds, and 10 rounds saw 39 conditional puts refused
+# (412). Each commit makes about 150 requests to the local server: 30 rounds took 87 s of CPU, 12 take 32 s.
 
 
 @pytest.mark.slow
