@@ -156,7 +156,7 @@ def main() -> None:
     parser.add_argument("--write-results", action="store_true")
     args = parser.parse_args()
     if args.smoke:
-        args.keys, args.batch, args.commits, args.completions = 3_000, 300, 10, 40
+        args.keys, args.batch, args.commits, args.completions, args.shards = 3_000, 300, 3, 40, 2
     if args.part in ("all", "open"):
         work = Path(tempfile.mkdtemp(prefix="dbidx-open-bench-"))
         try:
