@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from dbidx.data.delta_log import DELTA_LOG_DIR, checkpoint_pointer, delta_checkpoint
+from dbidx.data.delta_log import DELTA_LOG_DIR, checkpoint_pointer, delta_checkpoint, read_checkpoint_pointer
 from dbidx.errors import CorruptFileError
 from dbidx.table.fileio import DECODE_ERRORS, FileIO
 
@@ -74,8 +74,8 @@ def write_delta_checkpoint(io: FileIO) -> CheckpointWritten | None:
     _check_same_state(fat, pq.read_table(pa.BufferReader(data)), dropped, io.path(name))
     # 4. Replace the file, then the pointer's sizes.
     io.write_atomic(name, data)
-    pointer = json.loads(io.read_bytes(f"{DELTA_LOG_DIR}/_last_checkpoint"))
-    if pointer.get("version") == version:
+    pointer = read_checkpoint_pointer(io)  # read back (untrusted); another checkpoint may have moved it on
+    if pointer["version"] == version:
         pointer["size"], pointer["sizeInBytes"] = slim.num_rows, len(data)
         io.write_atomic(f"{DELTA_LOG_DIR}/_last_checkpoint", json.dumps(pointer, separators=(",", ":")).encode())
     return CheckpointWritten(version, dropped, len(raw), len(data))

@@ -337,17 +337,24 @@ def checkpoint_floor(io: FileIO, names: list[str] | None = None) -> int:
     return version
 
 
-def _pointer_version(io: FileIO) -> int:
-    """The version `_delta_log/_last_checkpoint` names (read back: anything else is a CorruptFileError)."""
+def read_checkpoint_pointer(io: FileIO) -> dict[str, Any]:
+    """`_delta_log/_last_checkpoint` as its JSON object, read back: anything but an object naming a version >= 0 is a
+    CorruptFileError."""
     raw = io.read_bytes(f"{DELTA_LOG_DIR}/_last_checkpoint")
     try:
-        version = json.loads(raw)["version"]
+        pointer = json.loads(raw)
+        version = pointer["version"]
     except (ValueError, KeyError, TypeError) as exc:
         raise CorruptFileError(f"{io.path(DELTA_LOG_DIR)}/_last_checkpoint is not a Delta checkpoint pointer: "
                                f"{raw[:200]!r}") from exc
     if isinstance(version, bool) or not isinstance(version, int) or version < 0:
         raise CorruptFileError(f"{io.path(DELTA_LOG_DIR)}/_last_checkpoint names version {version!r}")
-    return version
+    return pointer
+
+
+def _pointer_version(io: FileIO) -> int:
+    """The version `_delta_log/_last_checkpoint` names (read back: anything else is a CorruptFileError)."""
+    return read_checkpoint_pointer(io)["version"]
 
 
 def checkpoint_pointer(io: FileIO) -> int:
