@@ -208,14 +208,7 @@ class FileIO:
 
     def list_files_recursive(self, rel_dir: str) -> list[tuple[str, int]]:
         """(table-relative path, size) of every file under a directory, sorted by path."""
-        selector = pafs.FileSelector(self.path(rel_dir), allow_not_found=True, recursive=True)
-        prefix = self.root.rstrip("/") + "/"
-        out = [
-            (info.path[len(prefix):] if info.path.startswith(prefix) else info.path, info.size or 0)
-            for info in self.fs.get_file_info(selector)
-            if info.type == pafs.FileType.File
-        ]
-        return sorted(out)
+        return [(e.path, e.size) for e in self.list_entries(rel_dir, recursive=True)]
 
     def list_entries(self, rel_dir: str, recursive: bool = False) -> list["FileEntry"]:
         """Every file in (or under, `recursive`) a table-relative directory with its size and modification time,
