@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Iterable
 
 import numpy as np
@@ -26,11 +27,13 @@ from pyroaring import BitMap
 from dbidx.data.files import DELETED_COLUMN, INSTANT_COLUMN, data_file_path, write_data_file
 from dbidx.data.reads import ReadUnit, plan_read, read_unit
 from dbidx.data.superseded import load_vector, write_vectors
-from dbidx.errors import ConflictError, CorruptFileError, InvalidInputError
+from dbidx.errors import CommitError, ConflictError, CorruptFileError, InvalidInputError
 from dbidx.progress import Progress, Steps
+from dbidx.runner import IN_PROCESS, WorkRunner, check_written, pack, unpack
 from dbidx.table import layout, markers
 from dbidx.table.data_view import DvRef
-from dbidx.table.records import ACTION_ABSORB, ACTION_DATA_COMPACTION, CompletedInstant, DataFileRecord
+from dbidx.table.fileio import FileIO
+from dbidx.table.records import ACTION_ABSORB, ACTION_DATA_COMPACTION, CompletedInstant, DataFileRecord, record_dict
 from dbidx.table.state import TableState
 
 
@@ -53,7 +56,7 @@ DEFAULT_TARGET_FILE_BYTES = 64 << 20
 def compact_data(table: TableState, partitions: Iterable[str] | None = None, min_files: int = 2,
                  deleted_share: float | None = DEFAULT_DELETED_SHARE,
                  target_file_bytes: int | None = DEFAULT_TARGET_FILE_BYTES,
-                 progress: Progress | None = None) -> DataCompactionResult:
+                 progress: Progress | None = None, runner: WorkRunner | None = None) -> DataCompactionResult:
     """Rewrite, per file group, its small files (under `target_file_bytes`; None: every file counts as small) when
     there are at least `min_files` of them, and every file whose deletion vector hides at least `deleted_share` of
     its rows (None: never for that reason), into one base of their live rows.
@@ -61,7 +64,8 @@ def compact_data(table: TableState, partitions: Iterable[str] | None = None, min
     Why the size rule: files that reached the target are not rewritten again only because small ones joined them
     (Delta's OPTIMIZE bin-packs small files the same way). Why the share rule: a file that upserts keep superseding
     grows no new files, but every reader still reads its dead rows and applies its vector (Delta's REORG ... PURGE).
-    `progress` hears of each file group rewritten (rows: rows read).
+    `progress` hears of each file group rewritten (rows: rows read). `runner` (dbidx.runner; default: here, one
+    file group after another) runs the rewrites, e.g. as a Spark job.
     """
     if deleted_share is not None and not 0.0 < deleted_share <= 1.0:
         raise InvalidInputError(f"deleted_share must be in (0, 1], got {deleted_share!r}")
@@ -101,16 +105,20 @@ def compact_data(table: TableState, partitions: Iterable[str] | None = None, min
         # 1b. A compaction that published between the snapshot and this instant's start counts too.
         check(table.timeline.completed(after_seq=plan.seq, upto_seq=writer.start_seq))
         # 2. Declare the bases (a rollback finds them after a crash), then write each: live rows only, each row
-        #    keeping the instant that wrote it.
+        #    keeping the instant that wrote it; one piece of work per file group, run by `runner` (here, or as a
+        #    Spark job), each result checked before anything is published.
         paths = {(u.partition, u.file_group): data_file_path(u.partition, u.file_group, writer.instant, 0)
                  for u in todo}
         table.timeline.mark_inflight(writer, paths.values())
         steps = Steps(progress, len(todo))
-        for unit in todo:
-            base = _write_base(table, unit, plan.key or "", schema, paths[(unit.partition, unit.file_group)], moved)
+        work = partial(rewrite_file_group, table.io, writer.instant, plan.key or "", schema)
+        what = f"data compaction {writer.instant}"
+        for unit, payload in zip(todo, (runner or IN_PROCESS).run(work, todo, f"{what}: rewrite file groups")):
+            base = _parsed_rewrite(payload, unit, writer.instant, moved, what)
             steps.step(f"{unit.partition or '(root)'} {unit.file_group}", sum(f.rows for f in unit.files))
             if base is not None:
                 bases.append(base)
+        check_written(table.io, what, [(b.path, b.size) for b in bases])
 
         def build(seq: int) -> CompletedInstant:
             dv_files, vectors = _rebased_vectors(table, writer.instant, seen, later, moved)
@@ -125,7 +133,12 @@ def compact_data(table: TableState, partitions: Iterable[str] | None = None, min
         if getattr(exc, "published", None) is None:  # published, then another engine took its Delta version
             table.timeline.rollback(writer.instant)
         raise
-    markers.discard_unlisted(table.io, writer.instant, keep={f.path for f in record.dv_files})
+    # Files of attempts that lost (a retried or speculative Spark task): a first try's under the planned name, a later
+    # one's announced with a marker. Now they go.
+    listed = {f.path for f in record.dv_files} | {b.path for b in bases}
+    for rel in sorted(set(paths.values()) - listed):
+        table.io.delete(rel)
+    markers.discard_unlisted(table.io, writer.instant, keep=listed)
     return DataCompactionResult(record, len(todo), len(replaced), sum(b.rows for b in bases),
                                 sum(u.bytes for u in todo), sum(b.size for b in bases))
 
@@ -146,27 +159,70 @@ def _to_rewrite(unit: ReadUnit, min_files: int, deleted_share: float | None,
                    instants=tuple(unit.instants[i] for i in picked), vectors=tuple(vectors[i] for i in picked))
 
 
-def _write_base(table: TableState, unit: ReadUnit, key: str, schema: pa.Schema, rel: str,
-                moved: dict[str, tuple[str, np.ndarray]]) -> DataFileRecord | None:
-    """One file group's live rows as a base data file (None when every record of the group was deleted); `moved`
-    gets, per replaced file, the base row each of its rows became (-1: not table data), so rows a concurrent
-    commit supersedes later can be deleted in the base too."""
+def rewrite_file_group(io: FileIO, instant: str, key: str, schema: pa.Schema, unit: ReadUnit, attempt: int) -> bytes:
+    """One file group's live rows as a base data file (a runner's piece of work: it may run in a Spark task); the
+    result says, per replaced file, which base row each of its rows became (-1: not table data), so rows a
+    concurrent commit supersedes later can be deleted in the base too. A try after the first writes under its own
+    name, announced by a marker first (runner.py)."""
+    rel = layout.validate_table_path(data_file_path(unit.partition, unit.file_group, instant, attempt))
+    if attempt:
+        markers.announce(io, instant, rel)
     origins: list[tuple[DataFileRecord, np.ndarray]] = []
-    live = read_unit(table.io, unit, key, schema, origins=origins)
+    live = read_unit(io, unit, key, schema, origins=origins)
     if live.num_rows == 0:
-        return None
+        return pack({"attempt": attempt, "base": None, "moved": []})
     live = live.append_column(DELETED_COLUMN, pa.array([False] * live.num_rows))
     order = pc.sort_indices(live, [(key, "ascending")]).to_numpy()  # sorted by key: tighter row-group statistics
     live = live.take(pa.array(order))
     base_row = np.empty(len(order), dtype=np.int64)
     base_row[order] = np.arange(len(order))  # live row i went to base row base_row[i]
-    start = 0
+    moved, start = [], 0
     for record, kept in origins:
-        rows = np.full(record.rows, -1, dtype=np.int64)
+        rows = np.full(record.rows, -1, dtype="<i8")
         rows[kept] = base_row[start:start + len(kept)]
-        moved[record.path] = (rel, rows)
+        moved.append([record.path, rows.tobytes()])
         start += len(kept)
-    return write_data_file(table.io, layout.validate_table_path(rel), live, unit.partition, unit.file_group, key)
+    base = write_data_file(io, rel, live, unit.partition, unit.file_group, key)
+    return pack({"attempt": attempt, "base": record_dict(base), "moved": moved})
+
+
+def _parsed_rewrite(payload: bytes, unit: ReadUnit, instant: str, moved: dict[str, tuple[str, np.ndarray]],
+                    what: str) -> DataFileRecord | None:
+    """A file group's rewrite result, checked strictly (CommitError: nothing is published on a result that does not
+    fit its file group): the base must be the group's, written under this instant's name for the attempt, and each
+    replaced file's row map must cover its rows and send every base row exactly once. `moved` gets the maps."""
+    where = f"{what}, file group {unit.partition or '(root)'} {unit.file_group}"
+    result = unpack(payload, where, {"attempt", "base", "moved"})
+    try:
+        attempt = result["attempt"]
+        if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
+            raise ValueError(f"attempt {attempt!r} is not a whole number >= 0")
+        if result["base"] is None:
+            if result["moved"]:
+                raise ValueError("row maps without a base")
+            return None
+        base = DataFileRecord.parse(result["base"], "base")
+        if (base.path, base.partition, base.file_group) != \
+                (data_file_path(unit.partition, unit.file_group, instant, attempt), unit.partition, unit.file_group):
+            raise ValueError(f"base {base.path!r} is not this file group's file of attempt {attempt}")
+        rows_of = {f.path: f.rows for f in unit.files}
+        maps: dict[str, np.ndarray] = {}
+        for entry in result["moved"]:
+            path, raw = entry
+            if path not in rows_of or path in maps or not isinstance(raw, bytes) or len(raw) != 8 * rows_of[path]:
+                raise ValueError(f"row map of {str(path)[:200]!r} does not fit a replaced file of the group")
+            maps[path] = np.frombuffer(raw, dtype="<i8")
+        if set(maps) != set(rows_of):
+            raise ValueError(f"row maps for {len(maps)} of the {len(rows_of)} replaced files")
+        sent = np.concatenate(list(maps.values()))
+        sent = sent[sent >= 0]
+        if len(sent) != base.rows or (sent >= base.rows).any() or len(np.unique(sent)) != len(sent):
+            raise ValueError(f"row maps send {len(sent)} rows to a base of {base.rows}, not each base row once")
+    except (ValueError, TypeError, KeyError) as exc:
+        raise CommitError(f"{where}: a malformed rewrite result ({exc}); nothing was published") from exc
+    for path, rows in maps.items():
+        moved[path] = (base.path, rows)
+    return base
 
 
 def _rebased_vectors(table: TableState, instant: str, seen: dict[str, DvRef | None], later: dict[str, DvRef],

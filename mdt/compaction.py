@@ -10,14 +10,19 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import partial
 from numbers import Integral
 from typing import Iterable
 
-from dbidx.errors import ConflictError, CorruptFileError, InvalidInputError
+import pyarrow as pa
+
+from dbidx.errors import CommitError, ConflictError, CorruptFileError, InvalidInputError
 from dbidx.mdt import rli_files
 from dbidx.progress import Progress, Steps
-from dbidx.table import layout
-from dbidx.table.records import ACTION_CLEAN, ACTION_COMPACTION, CompletedInstant, FileRecord
+from dbidx.runner import IN_PROCESS, WorkRunner, check_written, pack, unpack
+from dbidx.table import layout, markers
+from dbidx.table.fileio import FileIO
+from dbidx.table.records import ACTION_CLEAN, ACTION_COMPACTION, CompletedInstant, FileRecord, record_dict
 from dbidx.table.state import TableState
 
 
@@ -36,9 +41,11 @@ def compact(
     partitions: Iterable[str] | None = None,
     min_files: int = 2,
     progress: Progress | None = None,
+    runner: WorkRunner | None = None,
 ) -> CompactionResult:
     """Merge every (partition, shard) with at least `min_files` live files into a new base file; `progress` hears
-    of each group written (rows: entries read)."""
+    of each group written (rows: entries read); `runner` (dbidx.runner; default: here, one group after another)
+    runs the merges, e.g. as a Spark job."""
     view = table.refresh()
     wanted = None if partitions is None else {layout.validate_partition(p) for p in partitions}
     # 1. Choose the groups worth compacting, from the view as of now.
@@ -56,16 +63,19 @@ def compact(
     replaced = [f.path for files in todo.values() for f in files]
     steps = Steps(progress, len(todo))
     try:
-        # 2. Declare, then write one base per group: the newest entry per key, tombstones dropped.
+        # 2. Declare, then write one base per group: the newest entry per key, tombstones dropped; one piece of work
+        #    per group, run by `runner` (here, or as a Spark job), each result checked before anything is published.
         paths = {g: layout.base_file(g[0], g[1], writer.instant) for g in todo}
         table.timeline.mark_inflight(writer, paths.values())
-        for g, files in todo.items():
-            merged = rli_files.resolve_latest([rli_files.read_rli_file(table.io, f) for f in files], table.schema)
-            steps.step(f"{g[0] or '(global)'} shard {g[1]}", sum(f.rows for f in files))
-            if merged.num_rows == 0:
-                continue
-            bases.append(rli_files.write_rli_file(table.io, paths[g], merged, table.props.row_group_size, g[0], g[1],
-                                                  "base"))
+        work = partial(merge_group, table.io, writer.instant, table.schema, table.props.row_group_size)
+        what = f"compaction {writer.instant}"
+        items = [(g[0], g[1], tuple(files)) for g, files in todo.items()]
+        for item, payload in zip(items, (runner or IN_PROCESS).run(work, items, f"{what}: merge index groups")):
+            base = _parsed_merge(payload, item[0], item[1], writer.instant, what)
+            steps.step(f"{item[0] or '(global)'} shard {item[1]}", sum(f.rows for f in item[2]))
+            if base is not None:
+                bases.append(base)
+        check_written(table.io, what, [(b.path, b.size) for b in bases])
 
         def check(news: list[CompletedInstant]) -> None:
             # Only another compaction of the same files conflicts; commits that landed meanwhile stay as deltas.
@@ -89,7 +99,48 @@ def compact(
         if getattr(exc, "published", None) is None:  # published, then another engine took its Delta version
             table.timeline.rollback(writer.instant)
         raise
+    # Files of attempts that lost (a retried or speculative Spark task): a first try's under the planned name, a later
+    # one's announced with a marker. Now they go.
+    listed = {b.path for b in bases}
+    for rel in sorted(set(paths.values()) - listed):
+        table.io.delete(rel)
+    markers.discard_unlisted(table.io, writer.instant, keep=listed)
     return CompactionResult(record, len(todo), len(replaced), sum(b.rows for b in bases))
+
+
+def merge_group(io: FileIO, instant: str, schema: pa.Schema, row_group_size: int,
+                item: tuple[str | None, int, tuple[FileRecord, ...]], attempt: int) -> bytes:
+    """One (partition, shard)'s files merged into a base (a runner's piece of work: it may run in a Spark task); a
+    try after the first writes under its own name, announced by a marker first (dbidx/runner.py)."""
+    partition, shard, files = item
+    rel = layout.base_file(partition, shard, instant, attempt or None)
+    if attempt:
+        markers.announce(io, instant, rel)
+    merged = rli_files.resolve_latest([rli_files.read_rli_file(io, f) for f in files], schema)
+    if merged.num_rows == 0:
+        return pack({"attempt": attempt, "base": None})
+    base = rli_files.write_rli_file(io, rel, merged, row_group_size, partition, shard, "base")
+    return pack({"attempt": attempt, "base": record_dict(base)})
+
+
+def _parsed_merge(payload: bytes, partition: str | None, shard: int, instant: str, what: str) -> FileRecord | None:
+    """A group's merge result, checked strictly: a base of this group, written under this instant's name for the
+    attempt (CommitError otherwise: nothing is published)."""
+    where = f"{what}, group {partition or '(global)'} shard {shard}"
+    result = unpack(payload, where, {"attempt", "base"})
+    try:
+        attempt = result["attempt"]
+        if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
+            raise ValueError(f"attempt {attempt!r} is not a whole number >= 0")
+        if result["base"] is None:
+            return None
+        base = FileRecord.parse(result["base"], "base")
+        if (base.path, base.partition, base.shard, base.kind) != \
+                (layout.base_file(partition, shard, instant, attempt or None), partition, shard, "base"):
+            raise ValueError(f"base {base.path!r} is not this group's base of attempt {attempt}")
+    except (ValueError, TypeError, KeyError) as exc:
+        raise CommitError(f"{where}: a malformed merge result ({exc}); nothing was published") from exc
+    return base
 
 
 def clean(table: TableState, retain_completions: int = 10, delete_migrated: bool = False) -> CompletedInstant | None:

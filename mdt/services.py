@@ -32,6 +32,7 @@ from dbidx.mdt.delta_properties import DeltaRetention, retention_of
 from dbidx.mdt.compaction import CompactionResult
 from dbidx.mdt.service_settings import ServiceSettings
 from dbidx.progress import Progress
+from dbidx.runner import IN_PROCESS, WorkRunner
 from dbidx.table.records import ACTION_CLEAN, CompletedInstant
 from dbidx.table import layout
 from dbidx.table.fileio import FileIO
@@ -48,11 +49,11 @@ class MaintainedTable(TableState, Protocol):
     """A table whose services can run (implemented by `Table`)."""
 
     def compact(self, partitions: Iterable[str] | None = None, min_files: int = 2,
-                progress: Progress | None = None) -> CompactionResult: ...
+                progress: Progress | None = None, runner: WorkRunner | None = None) -> CompactionResult: ...
 
     def compact_data(self, partitions: Iterable[str] | None = None, min_files: int = 2,
                      deleted_share: float | None = 0.2, target_file_bytes: int | None = 64 << 20,
-                     progress: Progress | None = None) -> DataCompactionResult: ...
+                     progress: Progress | None = None, runner: WorkRunner | None = None) -> DataCompactionResult: ...
 
     def clean(self, retain_completions: int = 10, delete_migrated: bool = False) -> CompletedInstant | None: ...
 
@@ -150,14 +151,18 @@ def clean_due(table: TableState, settings: ServiceSettings) -> str | None:
 
 
 def run_services(table: MaintainedTable, settings: ServiceSettings, budget_seconds: float | None = None,
-                 budget_files: int | None = None, progress: Progress | None = None) -> ServicesReport:
+                 budget_files: int | None = None, progress: Progress | None = None,
+                 runner: WorkRunner | None = None) -> ServicesReport:
     """Run what the table needs now, within the budget (the settings' unless given): data compaction of the worst
     partitions, then index compaction, then clean. A ConflictError makes that service yield (reported; the next
-    run tries again); any other error propagates (the caller decides: the writer turns it into a warning)."""
+    run tries again); any other error propagates (the caller decides: the writer turns it into a warning).
+    `runner` runs the compactions' file-group rewrites and index-group merges (dbidx.runner; default: in this
+    process; a Spark writer passes a Spark job runner); each run's report says where (`ran_on`)."""
     started = time.monotonic()
     seconds = settings.budget_seconds if budget_seconds is None else budget_seconds
     files_left = settings.budget_files if budget_files is None else budget_files
     report = ServicesReport(disabled=[s for s in SERVICES if not getattr(settings, s)])
+    runner = runner or IN_PROCESS
 
     def out_of_time() -> bool:
         return time.monotonic() - started >= seconds
@@ -174,7 +179,7 @@ def run_services(table: MaintainedTable, settings: ServiceSettings, budget_secon
                 batch.append(partition)
                 files_left -= needs.files[partition]
             todo = todo[len(batch):]
-            if not _step(report, "data_compaction", lambda: _compact_data(table, settings, batch, progress)):
+            if not _step(report, "data_compaction", lambda: _compact_data(table, settings, batch, progress, runner)):
                 todo = []  # yielded: the rest waits for the next run
         if todo:
             reason = "budget_files" if files_left <= 0 else "budget_seconds"
@@ -188,7 +193,7 @@ def run_services(table: MaintainedTable, settings: ServiceSettings, budget_secon
                                 "groups": sum(groups.values())})
         elif groups:
             wanted = None if None in groups else sorted(p for p in groups if p is not None)
-            _step(report, "index_compaction", lambda: _compact_index(table, settings, wanted, progress))
+            _step(report, "index_compaction", lambda: _compact_index(table, settings, wanted, progress, runner))
     # 3. Clean of what compactions replaced long enough ago.
     if settings.clean and clean_due(table, settings) is None:
         if out_of_time():
@@ -225,20 +230,20 @@ def _step(report: ServicesReport, service: str, run: Any) -> bool:
 
 
 def _compact_data(table: MaintainedTable, settings: ServiceSettings, partitions: list[str],
-                  progress: Progress | None) -> tuple[str | None, dict[str, Any]]:
+                  progress: Progress | None, runner: WorkRunner) -> tuple[str | None, dict[str, Any]]:
     result = table.compact_data(partitions, min_files=settings.data_min_small_files,
                                 deleted_share=settings.data_deleted_share,
-                                target_file_bytes=settings.data_small_file_mb << 20, progress=progress)
-    details = {"partitions": partitions, "file_groups": result.file_groups, "files_replaced": result.files_replaced,
+                                target_file_bytes=settings.data_small_file_mb << 20, progress=progress, runner=runner)
+    details = {"ran_on": runner.where, "partitions": partitions, "file_groups": result.file_groups, "files_replaced": result.files_replaced,
                "rows_written": result.rows_written, "bytes_before": result.bytes_before,
                "bytes_after": result.bytes_after}
     return (result.record.instant if result.record else None), details
 
 
 def _compact_index(table: MaintainedTable, settings: ServiceSettings, partitions: list[str] | None,
-                   progress: Progress | None) -> tuple[str | None, dict[str, Any]]:
-    result = table.compact(partitions, min_files=settings.index_min_files, progress=progress)
-    details = {"groups": result.groups, "files_replaced": result.files_replaced,
+                   progress: Progress | None, runner: WorkRunner) -> tuple[str | None, dict[str, Any]]:
+    result = table.compact(partitions, min_files=settings.index_min_files, progress=progress, runner=runner)
+    details = {"ran_on": runner.where, "groups": result.groups, "files_replaced": result.files_replaced,
                "entries_written": result.entries_written}
     return (result.record.instant if result.record else None), details
 

@@ -49,6 +49,7 @@ from dbidx.mdt.delta_properties import set_delta_properties
 from dbidx.mdt.services import ServicesReport, run_services
 from dbidx.mdt.writer import CommitWriter
 from dbidx.progress import Progress
+from dbidx.runner import WorkRunner
 from dbidx.table import layout
 from dbidx.table.checkpoint import Checkpoint, archive_before, write_checkpoint
 from dbidx.table.commit_lock import CommitLock
@@ -635,22 +636,23 @@ class Table:
         return self.timeline.rollback(instant, ignore=also_dead)
 
     def compact(self, partitions: Iterable[str] | None = None, min_files: int = 2,
-                progress: Progress | None = None) -> CompactionResult:
+                progress: Progress | None = None, runner: WorkRunner | None = None) -> CompactionResult:
         """Merge each (partition, shard) with at least `min_files` index files into one base without tombstones,
-        as one compaction instant; concurrent commits are not in conflict with it (see mdt.compaction)."""
-        result = compact(self, partitions, min_files=min_files, progress=progress)
+        as one compaction instant; concurrent commits are not in conflict with it (see mdt.compaction). `runner`:
+        where the merges run (dbidx.runner; default here; `spark_integration.service_jobs` as a Spark job)."""
+        result = compact(self, partitions, min_files=min_files, progress=progress, runner=runner)
         self._sweep_after("index compaction")
         return result
 
     def compact_data(self, partitions: Iterable[str] | None = None, min_files: int = 2,
                      deleted_share: float | None = 0.2, target_file_bytes: int | None = 64 << 20,
-                     progress: Progress | None = None) -> DataCompactionResult:
+                     progress: Progress | None = None, runner: WorkRunner | None = None) -> DataCompactionResult:
         """Rewrite, per file group, its small data files (under `target_file_bytes`) when there are at least
         `min_files` of them, and every file with at least `deleted_share` of its rows deleted, into one base of their
         live rows, as one data compaction instant that concurrent upserts do not conflict with (see
-        data.compaction)."""
+        data.compaction). `runner`: where the rewrites run (as for `compact`)."""
         result = compact_data(self, partitions, min_files=min_files, deleted_share=deleted_share,
-                              target_file_bytes=target_file_bytes, progress=progress)
+                              target_file_bytes=target_file_bytes, progress=progress, runner=runner)
         self._sweep_after("data compaction")
         return result
 
@@ -689,10 +691,11 @@ class Table:
         return write_settings(self.io, changes)
 
     def maintain(self, budget_seconds: float | None = None, budget_files: int | None = None,
-                 progress: Progress | None = None) -> ServicesReport:
-        """Run the table services the table needs now (data compaction, index compaction, clean), within the
-        budget (the settings' unless given); what the budget leaves is in the report, for the next run."""
-        return run_services(self, self.service_settings(), budget_seconds, budget_files, progress)
+                 progress: Progress | None = None, runner: WorkRunner | None = None) -> ServicesReport:
+        """Run the table services the table needs now (data compaction, index compaction, clean, log cleanup,
+        vacuum), within the budget (the settings' unless given); what the budget leaves is in the report, for the
+        next run. `runner`: where the compactions' pieces run (`spark_integration.maintain` passes Spark's)."""
+        return run_services(self, self.service_settings(), budget_seconds, budget_files, progress, runner)
 
     def sweep_leftovers(self, min_age_s: float = DEFAULT_TEMP_AGE_S, all_cleans: bool = False) -> SweepReport:
         """Delete what dead writers left (table/leftovers.py): the unfinished instants of writers that are gone

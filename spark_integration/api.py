@@ -22,6 +22,7 @@ from dbidx.progress import Progress, null_progress
 from dbidx.spark_integration import task
 from dbidx.spark_integration.bulk import empty_table_seq, new_partitions_seq
 from dbidx.spark_integration.driver import CommitSummary, make_options, run_upsert
+from dbidx.spark_integration.service_jobs import SparkWorkRunner, maintain  # noqa: F401 - api.maintain
 from dbidx.spark_integration.job_report import TASK_KEY, JobResults, SparkJobReport, TaskAttempt
 from dbidx.spark_integration.tagger import ROW_ID, TAG_FIELDS, TagOptions
 from dbidx.spark_integration.task_errors import (
@@ -199,6 +200,7 @@ def upsert_with_options(df: Any, table: Table, options: TagOptions,
     # The claim names the Spark application, so an attempt its driver left unfinished says whose it was.
     context = df.sparkSession.sparkContext
     tags = {"spark_app_id": context.applicationId, "spark_app_name": context.appName[:256]}
-    return run_upsert(table, options, job, input_schema, "the upsert DataFrame", progress, tags=tags)
+    return run_upsert(table, options, job, input_schema, "the upsert DataFrame", progress, tags=tags,
+                      services_runner=SparkWorkRunner(df.sparkSession))
 
 

@@ -24,6 +24,7 @@ from dbidx.mdt.service_settings import read_settings
 from dbidx.mdt.services import run_services
 from dbidx.mdt.table import Table
 from dbidx.progress import Progress, Steps
+from dbidx.runner import IN_PROCESS, WorkRunner, check_written
 from dbidx.spark_integration import task
 from dbidx.spark_integration.job_report import SHARD_FIELDS, TASK_KEY, JobResults, TaskAttempt
 from dbidx.spark_integration.tagger import TagOptions
@@ -130,7 +131,7 @@ def _check_buckets(table: Table, spec: BucketSpec) -> None:
 
 def run_upsert(table: Table, options: TagOptions, job: Callable[[str], list[tuple[int, int, bytes]]],
                input_schema: pa.Schema, where: str, progress: Progress | None = None,
-               tags: Mapping[str, str] | None = None) -> CommitSummary:
+               tags: Mapping[str, str] | None = None, services_runner: WorkRunner = IN_PROCESS) -> CommitSummary:
     """One upsert instant around a job that runs the shard tasks and returns their results (Spark, or in-process
     for `upsert_arrow`): start, publish after the checks, or roll back and delete every announced file.
 
@@ -138,6 +139,8 @@ def run_upsert(table: Table, options: TagOptions, job: Callable[[str], list[tupl
     (SchemaError); a first write or a new column records the schema in this instant's completion.
     progress: told of each task result as it is checked (one step per shard).
     tags: what else identifies this writer in its claim (the Spark application id), shown if it is left unfinished.
+    services_runner: where the table services after the publish run their compactions' pieces (a Spark upsert's are
+    Spark jobs).
     """
     started = time.perf_counter()
     with table.pinned():  # the checks before the start read one state (the start and the publish read anew)
@@ -176,18 +179,18 @@ def run_upsert(table: Table, options: TagOptions, job: Callable[[str], list[tupl
     summary.seq = record.seq
     summary.seconds = time.perf_counter() - started  # returned: the whole call, cleanup of orphans included
     # 4. The table services, after the publish: the batch is committed whatever they do (their time is their own).
-    summary.services = services_after_commit(table)
+    summary.services = services_after_commit(table, services_runner)
     return summary
 
 
-def services_after_commit(table: Table) -> dict[str, Any] | None:
+def services_after_commit(table: Table, runner: WorkRunner = IN_PROCESS) -> dict[str, Any] | None:
     """Run the table services within the table's budget if its settings say so (`after_commit`); an error becomes a
     warning and the report's `error`, never a failed upsert: the batch was published before they started."""
     try:
         settings = read_settings(table.io)
         if not settings.after_commit:
             return None
-        return run_services(table, settings).to_dict()
+        return run_services(table, settings, runner=runner if settings.spark_jobs else IN_PROCESS).to_dict()
     except Exception as exc:  # noqa: BLE001 - maintenance must never fail a committed upsert; the next run retries
         message = f"{type(exc).__name__}: {exc}"
         warnings.warn(f"table services after the upsert into {table.uri} failed (the upsert is committed; the next "
@@ -310,7 +313,7 @@ def commit_results(writer: Any, results: list[tuple[int, int, bytes]], options: 
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CommitError(f"instant {writer.instant}: a task result is malformed ({exc}); nothing was "
                           "published") from exc
-    _check_files_exist(writer.table.io, writer.instant, [(f.path, f.size) for f in files + index_files]
+    check_written(writer.table.io, f"instant {writer.instant}", [(f.path, f.size) for f in files + index_files]
                        + [(t.path, t.size) for t in touched if t.path])
     summary = _summarize(writer.instant, files, index_files, shards)
     summary.abandoned = dict(abandoned or {})
@@ -339,18 +342,6 @@ def _superseded(sent: Any) -> tuple[int, dict[str, BitMap]]:
     if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0 or not isinstance(rows, dict):
         raise ValueError(f"superseded rows {sent!r:.100} are not (seq, positions)")
     return seq, {layout.validate_table_path(p): BitMap.deserialize(b) for p, b in rows.items()}
-
-
-def _check_files_exist(io: Any, instant: str, expected: list[tuple[str, int]]) -> None:
-    """Every file a task listed must exist with the size it reported (one `FileIO.sizes` call: a request per file on
-    an object store)."""
-    sizes = io.sizes([rel for rel, _ in expected])
-    wrong = [(rel, size, sizes.get(rel)) for rel, size in expected if sizes.get(rel) != size]
-    if wrong:
-        rel, size, found = wrong[0]
-        raise CommitError(f"instant {instant}: {len(wrong)} file(s) the tasks listed are missing or have another "
-                          f"size, e.g. {io.path(rel)} ({size} bytes reported, "
-                          f"{'missing' if found is None else f'{found} found'}); nothing was published")
 
 
 def _summarize(instant: str, files: list[DataFileRecord], index_files: list[FileRecord],

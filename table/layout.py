@@ -144,9 +144,11 @@ def touched_file(shard: int, instant: str, attempt: int) -> str:
     return f"{RLI_DIR}/_touched/{shard:04d}/touched-{instant}-a{attempt}.parquet"
 
 
-def base_file(partition: str | None, shard: int, instant: str) -> str:
-    """Table-relative path of the base file a compaction instant writes for one (partition, shard)."""
-    return f"{rli_dir(partition, shard)}/base-{instant}.parquet"
+def base_file(partition: str | None, shard: int, instant: str, attempt: int | None = None) -> str:
+    """Table-relative path of the base file a compaction instant writes for one (partition, shard); `attempt` names
+    a retried or speculative Spark task's try (None: the first, or a compaction run in one process)."""
+    suffix = "" if attempt is None else f"-a{attempt}"
+    return f"{rli_dir(partition, shard)}/base-{instant}{suffix}.parquet"
 
 
 def requested_file(instant: str) -> str:

@@ -52,7 +52,7 @@ def _services_after_commit_off(request: pytest.FixtureRequest) -> Iterator[None]
     from dbidx.spark_integration import driver
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(driver, "services_after_commit", lambda table: None)
+        patch.setattr(driver, "services_after_commit", lambda table, runner=None: None)
         yield
 
 

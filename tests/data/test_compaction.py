@@ -55,7 +55,7 @@ def test_compaction_keeps_every_row_and_a_concurrent_upsert_lands(tmp_path: Path
     before = reads.plan_read(table)
     # 1. A compaction during which another writer commits a batch touching the same file groups.
     concurrent = random_batch(rng, oracle, serial)
-    real_write_base = data_compaction._write_base
+    real_write_base = data_compaction.rewrite_file_group
     calls = []
 
     def write_base_while_an_upsert_commits(*args, **kwargs):
@@ -64,7 +64,7 @@ def test_compaction_keeps_every_row_and_a_concurrent_upsert_lands(tmp_path: Path
         calls.append(1)
         return real_write_base(*args, **kwargs)
 
-    monkeypatch.setattr(data_compaction, "_write_base", write_base_while_an_upsert_commits)
+    monkeypatch.setattr(data_compaction, "rewrite_file_group", write_base_while_an_upsert_commits)
     result = table.compact_data(min_files=2)
     monkeypatch.undo()
     assert result.record is not None and result.files_replaced > result.file_groups

@@ -343,7 +343,7 @@ def test_a_data_compaction_racing_another_engines_optimize_conflicts(tmp_path: P
     from dbidx.data import compaction
 
     w = Writer(tmp_path)
-    real = compaction._write_base
+    real = compaction.rewrite_file_group
     fired: list[bool] = []
 
     def base_then_optimize(*args, **kwargs):
@@ -352,7 +352,7 @@ def test_a_data_compaction_racing_another_engines_optimize_conflicts(tmp_path: P
             _compact(w)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(compaction, "_write_base", base_then_optimize)
+    monkeypatch.setattr(compaction, "rewrite_file_group", base_then_optimize)
     with pytest.raises(ConflictError, match="another engine"):
         Table.open(w.path).compact_data(min_files=1, target_file_bytes=1 << 30)
     monkeypatch.undo()

@@ -59,7 +59,7 @@ def test_every_commit_kind_reads_the_same_in_every_engine(tmp_path: Path, global
         check(table, oracle)
     # 2. A data compaction during which another commit supersedes rows of the files it rewrites.
     concurrent = random_batch(rng, oracle, serial)
-    real_write_base, calls = data_compaction._write_base, []
+    real_write_base, calls = data_compaction.rewrite_file_group, []
 
     def write_base_then_commit(*args, **kwargs):
         if not calls:
@@ -67,11 +67,11 @@ def test_every_commit_kind_reads_the_same_in_every_engine(tmp_path: Path, global
             upsert(concurrent)
         return real_write_base(*args, **kwargs)
 
-    data_compaction._write_base = write_base_then_commit
+    data_compaction.rewrite_file_group = write_base_then_commit
     try:
         result = table.compact_data()
     finally:
-        data_compaction._write_base = real_write_base
+        data_compaction.rewrite_file_group = real_write_base
     assert result.record is not None and calls
     check(table, oracle)
     # 3. An index compaction, a clean, a rollback of a pending instant: no row changes, versions still follow.

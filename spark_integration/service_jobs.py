@@ -1,0 +1,86 @@
+"""The table services as Spark jobs: a `WorkRunner` (dbidx/runner.py) whose pieces of work (a data compaction's
+file-group rewrites, an index compaction's group merges) run as the tasks of one Spark job, and `maintain`, the
+services run from a Spark driver.
+
+Why: a Spark writer's driver is often a small machine, while a compaction round reads and rewrites hundreds of files;
+as a job, the pieces run on the executors, in parallel, under Spark's retries. What stays in the driver is what must:
+the choice of work (from the folded views), the checks of every result and the publish.
+
+How a piece travels: the work function and the items are pickled with the job (driver to executors); a task runs the
+piece of each Spark partition it gets (one item per partition) and returns (item, attempt, payload) as an Arrow
+row, so the driver reads bytes it parses strictly, never a pickle from an executor. A retried or speculative task's
+try writes its files under its own attempt number, announced by a marker (runner.py): the loser's files are deleted
+after the publish. A dbidx error in a task comes back as its own type (task_errors.retyped).
+"""
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, Iterator, Sequence
+
+import pyarrow as pa
+
+from dbidx.errors import CommitError
+from dbidx.mdt.services import ServicesReport
+from dbidx.mdt.table import Table
+from dbidx.progress import Progress
+from dbidx.runner import Work
+from dbidx.spark_integration.task_errors import typed_errors
+
+RESULT_DDL = "item long, attempt int, payload binary"
+
+
+class SparkWorkRunner:
+    """Runs each piece of a service's work as one task of a Spark job on `spark`'s cluster."""
+
+    where = "spark"
+
+    def __init__(self, spark: Any) -> None:
+        self.spark = spark
+
+    def run(self, work: Work, items: Sequence[Any], what: str) -> Iterator[bytes]:
+        """Each item's payload, in order, once the whole job is done (CommitError if a piece's result is missing or
+        repeated: nothing is published then)."""
+        items = list(items)
+        if not items:
+            return iter(())
+        context = self.spark.sparkContext
+        described = context.getLocalProperty("spark.job.description")
+        context.setJobDescription(f"dbidx {what}"[:1000])
+        try:
+            with typed_errors():
+                rows = (self.spark.range(len(items), numPartitions=len(items))
+                        .mapInArrow(partial(_run_pieces, work=work, items=items), RESULT_DDL).collect())
+        finally:
+            context.setJobDescription(described)
+        got: dict[int, bytes] = {}
+        for row in rows:
+            if row.item in got or not 0 <= row.item < len(items):
+                raise CommitError(f"dbidx {what}: the Spark job returned item {row.item} twice or out of range "
+                                  f"(of {len(items)}); nothing was published")
+            got[row.item] = bytes(row.payload)
+        if len(got) != len(items):
+            missing = sorted(set(range(len(items))) - set(got))
+            raise CommitError(f"dbidx {what}: the Spark job returned no result for {len(missing)} of {len(items)} "
+                              f"pieces (e.g. item {missing[0]}); nothing was published")
+        return iter([got[i] for i in range(len(items))])
+
+
+def _run_pieces(batches: Iterator[pa.RecordBatch], work: Work, items: list[Any]) -> Iterator[pa.RecordBatch]:
+    """In a task: run the piece of every item id this Spark partition holds, as this task attempt."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    attempt = context.attemptNumber() if context is not None else 0
+    for batch in batches:
+        for item in batch.column(0).to_pylist():
+            payload = work(items[item], attempt)
+            yield pa.RecordBatch.from_pydict({"item": pa.array([item], pa.int64()),
+                                              "attempt": pa.array([attempt], pa.int32()),
+                                              "payload": pa.array([payload], pa.binary())})
+
+
+def maintain(spark: Any, table: Table, budget_seconds: float | None = None, budget_files: int | None = None,
+             progress: Progress | None = None) -> ServicesReport:
+    """Run the table services the table needs now (as `Table.maintain` / `dbidx maintain`), with the compactions'
+    pieces as Spark jobs on `spark`: for a maintenance job scheduled on a cluster."""
+    return table.maintain(budget_seconds, budget_files, progress, runner=SparkWorkRunner(spark))

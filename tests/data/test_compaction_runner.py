@@ -1,0 +1,146 @@
+"""Both compactions through a WorkRunner (dbidx/runner.py), the seam that lets a Spark writer run them as Spark jobs:
+a piece run twice (a retried or speculative task's second try) publishes the kept try's files and deletes the
+other's; a result that does not fit its piece is refused before anything is published; the rows never change."""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import msgpack
+import numpy as np
+import pytest
+
+from dbidx.buckets.assigner import BucketSpec
+from dbidx.config import CacheConfig
+from dbidx.errors import CommitError
+from dbidx.mdt.service_settings import write_settings
+from dbidx.mdt.table import Table
+from dbidx.mdt.verify_table import verify_table
+from dbidx.runner import Work
+from dbidx.spark_integration.local import upsert_arrow
+from dbidx.table import markers
+
+from tests.data.test_compaction import as_arrow, current, data_files_on_disk
+from tests.spark_helpers import Oracle, random_batch
+
+
+class TwoTries:
+    """Runs every piece twice, as attempts 0 and 1 (a speculative copy), and keeps attempt 1's result."""
+
+    where = "test"
+
+    def __init__(self) -> None:
+        self.items = 0
+
+    def run(self, work: Work, items: Sequence[Any], what: str) -> Iterator[bytes]:
+        for item in items:
+            self.items += 1
+            work(item, 0)
+            yield work(item, 1)
+
+
+class Tampering:
+    """Runs each piece once and hands back a result changed by `change` (what a broken task could report)."""
+
+    where = "test"
+
+    def __init__(self, change: Any) -> None:
+        self.change = change
+
+    def run(self, work: Work, items: Sequence[Any], what: str) -> Iterator[bytes]:
+        for item in items:
+            yield self.change(msgpack.unpackb(work(item, 0), raw=False))
+
+
+def loaded_table(tmp_path: Path, seed: int) -> tuple[Table, Oracle]:
+    rng = random.Random(seed)
+    table = Table.create(str(tmp_path / "t"), num_shards=2)
+    config = CacheConfig(base_path=str(tmp_path / "cache"))
+    oracle, serial = Oracle(False), [0]
+    for _ in range(8):
+        batch = random_batch(rng, oracle, serial)
+        upsert_arrow(as_arrow(batch), table, key="id", partition="dt", buckets=BucketSpec(capacity=7),
+                     cache_config=config)
+        oracle.apply(batch)
+    return table, oracle
+
+
+def test_a_second_try_of_every_piece_publishes_its_files_and_deletes_the_first(tmp_path: Path) -> None:
+    table, oracle = loaded_table(tmp_path, 4405)
+    runner = TwoTries()
+    # 1. Data compaction: every base is the second try's (`_1`), the first try's files are gone.
+    result = table.compact_data(min_files=2, runner=runner)
+    assert result.record is not None and runner.items == result.file_groups
+    bases = {f.path for f in result.record.data_files}
+    assert bases and all(p.endswith(f"_{result.record.instant}_1.parquet") for p in bases)
+    written = {p for p in data_files_on_disk(table) if result.record.instant in p}
+    assert written == bases
+    assert not table.io.exists(markers.marker_dir(result.record.instant))
+    assert current(table) == oracle.expected_rows()
+    # 2. Index compaction: the same for the index bases (`base-<instant>-a1`).
+    merged = table.compact(min_files=2, runner=runner)
+    assert merged.record is not None
+    paths = {f.path for f in merged.record.files}
+    assert paths and all(p.endswith(f"base-{merged.record.instant}-a1.parquet") for p in paths)
+    on_disk = {rel for rel, _ in table.io.list_files_recursive(".dbidx/rli") if merged.record.instant in rel}
+    assert on_disk == paths
+    # 3. A fresh open reads the same rows, finds every key where the index says, and verifies clean.
+    fresh = Table.open(table.uri)
+    assert current(fresh) == oracle.expected_rows()
+    assert verify_table(fresh).ok
+
+
+def _other_group(result: dict) -> dict:
+    result["base"]["file_group"] = result["base"]["file_group"] + "x"
+    return result
+
+
+def _row_sent_twice(result: dict) -> dict:
+    for entry in result["moved"]:
+        rows = np.frombuffer(entry[1], dtype="<i8").copy()
+        live = np.flatnonzero(rows >= 0)
+        if len(live) >= 2:
+            rows[live[1]] = rows[live[0]]  # two rows go to one base row, and one base row gets none
+            entry[1] = rows.tobytes()
+            break
+    return result
+
+
+def _garbage(result: dict) -> bytes:
+    return b"\xc1not msgpack"
+
+
+@pytest.mark.parametrize("change", [_other_group, _row_sent_twice, _garbage], ids=["group", "rows", "bytes"])
+def test_a_result_that_does_not_fit_its_piece_publishes_nothing(tmp_path: Path, change) -> None:
+    table, oracle = loaded_table(tmp_path, 4406)
+    before = data_files_on_disk(table)
+    latest = table.timeline.latest_seq
+
+    def tamper(result: dict) -> bytes:
+        changed = change(result)
+        return changed if isinstance(changed, bytes) else msgpack.packb(changed, use_bin_type=True)
+
+    with pytest.raises(CommitError, match="data compaction .*nothing was published"):
+        table.compact_data(min_files=2, runner=Tampering(tamper))
+    fresh = Table.open(table.uri)
+    fresh.timeline.refresh()
+    assert [r.action for r in fresh.timeline.completed(after_seq=latest)] == ["rollback"]
+    assert data_files_on_disk(fresh) == before  # the rollback deleted every base it had written
+    assert current(fresh) == oracle.expected_rows()
+
+
+def test_spark_jobs_off_keeps_the_pieces_in_the_driver(tmp_path: Path, services_on: None) -> None:
+    """The `spark_jobs` setting decides where a writer's services after its upsert run their pieces."""
+    from dbidx.spark_integration import driver
+
+    table, oracle = loaded_table(tmp_path, 4409)
+    runner = TwoTries()
+    write_settings(table.io, {"data_min_small_files": 2, "index_min_files": 2, "spark_jobs": False})
+    report = driver.services_after_commit(table, runner)
+    compactions = [r for r in report["ran"] if r["service"] in ("data_compaction", "index_compaction")]
+    assert len(compactions) == 2 and {r["details"]["ran_on"] for r in compactions} == {"driver"}
+    assert runner.items == 0
+    loaded = table.service_settings()
+    assert loaded.spark_jobs is False
+    assert current(table) == oracle.expected_rows()
