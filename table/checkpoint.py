@@ -65,13 +65,13 @@ def _decompress(raw: bytes, where: str) -> bytes:
     return data
 
 
-def _sealed(payload: dict[str, Any]) -> bytes:
-    """Payload + checksum over its canonical form, compressed."""
+def seal(payload: dict[str, Any]) -> bytes:
+    """Payload + checksum over its canonical form, compressed (also the history floor's encoding)."""
     body = dict(payload, checksum="xxh64:" + xxhash.xxh64(_canonical(payload)).hexdigest())
     return _compress(_canonical(body))
 
 
-def _unsealed(raw: bytes, where: str, table_id: str, fields: set[str]) -> dict[str, Any]:
+def unseal(raw: bytes, where: str, table_id: str, fields: set[str]) -> dict[str, Any]:
     """Decompress, parse, check the checksum, the format and the table id; returns the payload."""
     try:
         data = json.loads(_decompress(raw, where))
@@ -101,14 +101,14 @@ def write_checkpoint(io: FileIO, table_id: str, seq: int, max_instant: str, inde
     """Create the checkpoint of seq exclusively; False if one exists already (another writer made it)."""
     payload = {"format": CHECKPOINT_FORMAT, "table_id": table_id, "seq": seq, "max_instant": max_instant,
                "index": index, "data": data}
-    return io.create_exclusive(layout.checkpoint_file(seq), _sealed(payload))
+    return io.create_exclusive(layout.checkpoint_file(seq), seal(payload))
 
 
 def read_checkpoint(io: FileIO, seq: int, table_id: str) -> Checkpoint:
     """One checkpoint, verified; its seq must match its name."""
     rel = layout.checkpoint_file(seq)
     where = f"checkpoint {io.path(rel)}"
-    data = _unsealed(io.read_bytes(rel), where, table_id, {"seq", "max_instant", "index", "data"})
+    data = unseal(io.read_bytes(rel), where, table_id, {"seq", "max_instant", "index", "data"})
     try:
         if parse_int(data["seq"], "seq", 1) != seq:
             raise FieldError(f"it says seq {data['seq']}, its name {seq}")
@@ -125,13 +125,39 @@ def archive_before(io: FileIO, table_id: str, seq: int) -> None:
     if not older:
         return
     upto = older[-1]
-    first = max((last for _, last in archive_ranges(io)), default=0) + 1
+    # Records up to the retention floor are expired, bundles and all (table/archive_retention.py): bundling starts
+    # after the newest bundle or the floor, whichever is further.
+    first = max([last for _, last in archive_ranges(io)] + floor_seqs(io) + [0]) + 1
     if first <= upto:
         write_archive(io, table_id, first, [io.read_bytes(layout.completed_file(s)) for s in range(first, upto + 1)])
         for s in range(first, upto + 1):
             io.delete(layout.completed_file(s))
     for s in older[:-1]:
         io.delete(layout.checkpoint_file(s))
+
+
+# ---- the history floor's names (its content: table/history_floor.py) ---------------------------------------
+FLOOR_DIR = f"{layout.TIMELINE_DIR}/floor"
+_FLOOR_NAME = re.compile(r"^(\d{12})\.floor$")
+
+
+def floor_file(seq: int) -> str:
+    """Table-relative path of the history floor file of seq (records 1..seq expired by archive retention)."""
+    return f"{FLOOR_DIR}/{seq:012d}.floor"
+
+
+def floor_seqs(io: FileIO) -> list[int]:
+    """Seqs of the floor files present, ascending (temp files skipped; any other name is a CorruptFileError)."""
+    out = []
+    for name in io.list_names(FLOOR_DIR):
+        if name.startswith("."):
+            continue
+        m = _FLOOR_NAME.match(name)
+        if m is None or int(m.group(1)) < 1:
+            raise CorruptFileError(f"unexpected file {io.path(FLOOR_DIR)}/{name} (floor files are named "
+                                   "<12-digit seq>.floor, seq >= 1); it is not dbidx's")
+        out.append(int(m.group(1)))
+    return sorted(out)
 
 
 # ---- archive bundles ------------------------------------------------------------------------------------------
@@ -151,7 +177,7 @@ def write_archive(io: FileIO, table_id: str, first: int, raw_records: list[bytes
     last = first + len(raw_records) - 1
     payload = {"format": CHECKPOINT_FORMAT, "table_id": table_id, "first": first, "last": last,
                "records": [r.decode("utf-8") for r in raw_records]}
-    return io.create_exclusive(layout.archive_file(first, last), _sealed(payload))
+    return io.create_exclusive(layout.archive_file(first, last), seal(payload))
 
 
 def read_archive(io: FileIO, first: int, last: int, table_id: str) -> dict[int, bytes]:
@@ -159,7 +185,7 @@ def read_archive(io: FileIO, first: int, last: int, table_id: str) -> dict[int, 
     parsed)."""
     rel = layout.archive_file(first, last)
     where = f"archive bundle {io.path(rel)}"
-    data = _unsealed(io.read_bytes(rel), where, table_id, {"first", "last", "records"})
+    data = unseal(io.read_bytes(rel), where, table_id, {"first", "last", "records"})
     records = data["records"]
     if data["first"] != first or data["last"] != last or not isinstance(records, list) \
             or len(records) != last - first + 1 or not all(isinstance(r, str) for r in records):

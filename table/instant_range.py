@@ -37,8 +37,10 @@ def _stray_names(io: FileIO) -> list[tuple[str, str]]:
 def sources(io: FileIO, timeline: Any) -> list[dict[str, str]]:
     """Every place the timeline reads an out-of-range instant id from: {"path", "instant", "problem"} each."""
     found = []
-    # 1. Completion records whose own instant is out of range (the whole log, archived records included).
-    for rec in timeline.completed():
+    # 1. Completion records whose own instant is out of range (the whole log kept, archived records included;
+    #    records archive retention expired are gone: the newest checkpoint's max_instant still covers their ids).
+    kept = getattr(timeline, "kept", None)
+    for rec in (kept() if kept is not None else timeline.completed()):
         if layout.instant_out_of_range(rec.instant):
             found.append({"path": io.path(layout.completed_file(rec.seq)), "instant": rec.instant,
                           "problem": f"completion record seq {rec.seq} has instant id {rec.instant}, at the end of "

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
 from dbidx.errors import (
-    CorruptFileError, DbidxError, ForeignCommitError, InstantStateError, StoreUnavailableError,
+    CorruptFileError, DbidxError, ForeignCommitError, HistoryCompactedError, InstantStateError, StoreUnavailableError,
 )
 from dbidx.table import checkpoint, instant_range, layout, leftovers, markers, writer_presence
+from dbidx.table import history_floor as floors
 from dbidx.table.heartbeat import DEFAULT_INTERVAL_S, Heartbeat
 from dbidx.table.fileio import EXCLUSIVE_LOCK, EXCLUSIVE_NONE, FileIO
 from dbidx.table.records import (
@@ -56,6 +57,10 @@ class Timeline:
         self.base_seq = 0  # records up to here are summed up by that checkpoint, read only on demand
         self._base_max_instant = ""
         self._history: list[CompletedInstant] | None = None
+        # Archive retention (table/archive_retention.py) may have expired records 1..F: the floor as last read, and
+        # the seq the loaded history starts after (records _history_first+1..base_seq; 0 when nothing expired).
+        self._floor: floors.HistoryFloor | None = None
+        self._history_first = 0
         self._started = False
         # A table upgraded from format 3 (`dbidx upgrade`): records up to legacy_upto are format-3 records, and
         # checkpoints before first_checkpoint hold format-3 views (never read: the log is replayed instead).
@@ -111,7 +116,7 @@ class Timeline:
                 self._start_from_checkpoint(listed)
                 self._started = True
                 known = self.latest_seq
-            elif known and known not in listed and not self._archived(known):
+            elif known and known not in listed and not self._archived(known) and not self._expired_since(known):
                 raise CorruptFileError(
                     f"completion record {self.io.path(layout.completed_file(known))}, read earlier by this process, "
                     "is gone: the completion log shrank (the table was restored from a backup, or records were "
@@ -121,7 +126,12 @@ class Timeline:
             newest = max(listed, default=0)
             if newest < floor:  # records archived since the listing (or lost): the bundles reach further
                 newest = max([newest] + [last for _, last in checkpoint.archive_ranges(self.io)])
-            for record in self._read_records(range(known + 1, newest + 1), listed):
+            try:
+                news = self._read_records(range(known + 1, newest + 1), listed)
+            except CorruptFileError:
+                self._expired_since(known)  # expired by retention since this process read them: that error instead
+                raise
+            for record in news:
                 self._records.append(record)
                 self._index(record)
             # 4. A log shorter than a pointer once written says records were lost: never a smaller table.
@@ -149,7 +159,8 @@ class Timeline:
             if not seqs:
                 return
             cp = checkpoint.read_checkpoint(self.io, seqs[-1], self.table_id)
-        if cp.seq not in listed and not self._archived(cp.seq) and cp.seq > max(listed, default=0):
+        if cp.seq not in listed and not self._archived(cp.seq) and cp.seq > max(listed, default=0) \
+                and cp.seq > self._floor_seq():
             raise CorruptFileError(f"{cp.where} is for seq {cp.seq}, beyond the end of the completion log; remove "
                                    "it (the table then opens from an older checkpoint or from the log)")
         self.checkpoint = cp
@@ -158,7 +169,9 @@ class Timeline:
         if layout.instant_out_of_range(cp.max_instant):
             # Older dbidx counted ids rollback records merely name (a typo's 99999999999999999): recompute the
             # largest id from the records the checkpoint sums up (read once; the next checkpoint stores it right).
-            self._base_max_instant = max((r.instant for r in self._load_history()), default="")
+            history = self._load_history()
+            floor = [self._floor.max_instant] if self._history_first and self._floor is not None else []
+            self._base_max_instant = max([r.instant for r in history] + floor, default="")
 
     def _read_records(self, seqs: range, listed: set[int]) -> list[CompletedInstant]:
         return checkpoint.read_records(self.io, self.table_id, seqs, listed, self.legacy_upto)
@@ -173,15 +186,65 @@ class Timeline:
             self._by_instant.setdefault(record.rolled_back, record)
 
     def _load_history(self) -> list[CompletedInstant]:
-        """Records 1..base_seq (before the checkpoint this timeline started from), read once on demand."""
+        """Records before the checkpoint this timeline started from, read once on demand: 1..base_seq, or, once
+        archive retention expired records 1..F, F+1..base_seq (`_history_first` says where they start)."""
         with self._lock:
             if self._history is None:
-                listed = checkpoint.listed_seqs(self.io, self.io.list_names(layout.COMPLETED_DIR))
-                history = self._read_records(range(1, self.base_seq + 1), listed)
+                for look in range(3):
+                    # 1. The floor first: records up to it are gone on purpose, the rest must all be there.
+                    first = min(self._floor_seq(), self.base_seq)
+                    listed = checkpoint.listed_seqs(self.io, self.io.list_names(layout.COMPLETED_DIR))
+                    try:
+                        history = self._read_records(range(first + 1, self.base_seq + 1), listed)
+                        break
+                    except CorruptFileError:
+                        # 2. A gap: an expiry that moved the floor meanwhile explains it (look again from there);
+                        #    a gap above the floor is damage.
+                        if look == 2 or min(self._floor_seq(), self.base_seq) <= first:
+                            raise
                 for record in history:
                     self._index(record)
+                self._history_first = first
                 self._history = history
             return self._history
+
+    def history_floor(self) -> floors.HistoryFloor | None:
+        """The retention floor in force (read now, checked): records up to its seq were expired on purpose. None if
+        no record was ever expired."""
+        floor = floors.current_floor(self.io, self.table_id)
+        if floor is not None and floor.seq > self.latest_seq and self._started:
+            self.refresh()
+            if floor.seq > self.latest_seq:
+                raise CorruptFileError(f"history floor {floor.where} expires records up to seq {floor.seq}, beyond the "
+                                       f"end of the completion log (seq {self.latest_seq}): it is not this log's")
+        self._floor = floor
+        return floor
+
+    def _floor_seq(self) -> int:
+        floor = self.history_floor()
+        return 0 if floor is None else floor.seq
+
+    def _expired_since(self, known: int) -> bool:
+        """For a record this process read that is gone now: True if retention expired exactly up to it (the records
+        after it are kept: nothing is lost to this process); raises HistoryCompactedError if it expired records this
+        process has not read yet (it must open the table again); False if no floor explains it (damage)."""
+        floor = floors.current_floor(self.io, self.table_id)
+        if floor is None or floor.seq < known:
+            return False
+        if floor.seq > known:
+            raise floor.refusal(f"this process, which last read completion {known} of {self.io.root}, "
+                                "to catch up (open the table again: it then starts from the newest checkpoint)")
+        return True
+
+    def kept(self) -> list[CompletedInstant]:
+        """Every completion record still kept: all of them, or those after the retention floor. What a caller that
+        lists history ("what is there") asks for; a fold that must start from the table's beginning uses
+        `completed()`, which refuses to skip expired records."""
+        with self._lock:
+            if not self._started:
+                self.refresh()
+            self._load_history()
+            return self.completed(after_seq=min(self._history_first, self.base_seq))
 
     def _read_latest(self) -> int | None:
         """The latest-seq pointer: the largest `timeline/latest/<seq>` marker (a lower bound of the log's length),
@@ -205,18 +268,24 @@ class Timeline:
         """Completion `seq` if this timeline holds it without reading (after its checkpoint, or history loaded)."""
         if self.base_seq < seq <= self.latest_seq:
             return self._records[seq - self.base_seq - 1]
-        if 0 < seq <= self.base_seq and self._history is not None:
-            return self._history[seq - 1]
+        if self._history_first < seq <= self.base_seq and self._history is not None:
+            return self._history[seq - self._history_first - 1]
         return None
 
     def completed(self, after_seq: int = 0, upto_seq: int | None = None) -> list[CompletedInstant]:
         """Completion records with after_seq < seq <= upto_seq (cached; call refresh() for new ones). Records
-        before the checkpoint the timeline started from are read (from files or archive bundles) on first use."""
+        before the checkpoint the timeline started from are read (from files or archive bundles) on first use.
+        Records archive retention expired are never skipped silently: asking for one is a HistoryCompactedError that
+        names the floor and the setting (`kept()` lists what is there)."""
         base = self.base_seq
         end = self.latest_seq if upto_seq is None else min(upto_seq, self.latest_seq)
         out: list[CompletedInstant] = []
         if after_seq < base and after_seq < end:
-            out += self._load_history()[after_seq:min(end, base)]
+            history = self._load_history()
+            first = self._history_first
+            if after_seq < first:
+                raise self._refusal(f"reading completions {after_seq + 1}..{end} of {self.io.root}")
+            out += history[after_seq - first:min(end, base) - first]
         if end > base:
             out += self._records[max(after_seq - base, 0):end - base]
         return out
@@ -232,6 +301,10 @@ class Timeline:
         claimed its own, larger id; the id a record merely names never moves allocation.)"""
         after = self.base_seq if upto_seq >= self.base_seq else 0
         ids = [self._base_max_instant] if after else []
+        if not after and self.base_seq:
+            self._load_history()
+            after = self._history_first  # expired records: the floor keeps their largest id
+            ids = [self._floor.max_instant] if after and self._floor is not None else []
         for rec in self.completed(after_seq=after, upto_seq=upto_seq):
             ids.append(rec.instant)
         return max(ids, default="")
@@ -248,9 +321,24 @@ class Timeline:
         """Sequence number at which a completed instant became visible; raises if it never completed."""
         self.refresh()
         record = self.record_of(instant)
+        if record is None and self._expired_instant(instant):
+            raise self._refusal(f"the seq of instant {instant} (not among the kept completions, and no newer than "
+                                "the newest expired one)")
         if record is None or record.action == ACTION_ROLLBACK:
             raise InstantStateError(f"instant {instant} is not a completed instant of {self.io.root}")
         return record.seq
+
+    def _expired_instant(self, instant: str) -> bool:
+        """True if the instant may have settled in the expired history: no kept record names it and its id is no
+        newer than the newest expired record's (whether it completed or was rolled back is no longer known)."""
+        floor = self.history_floor()
+        return floor is not None and bool(floor.max_instant) and instant <= floor.max_instant
+
+    def _refusal(self, what: str) -> HistoryCompactedError:
+        floor = self._floor if self._floor is not None else self.history_floor()
+        if floor is None:  # the loaded history started after a floor that is gone now: damage, said as such
+            return HistoryCompactedError(f"{what}: the history before seq {self._history_first + 1} is not kept")
+        return floor.refusal(what)
 
     def pending(self) -> list[str]:
         """Instants that were started but neither completed nor rolled back (live or crashed writers)."""
@@ -458,6 +546,10 @@ class Timeline:
                 return existing
             raise InstantStateError(f"instant {instant} completed at seq {existing.seq}; a completed instant "
                                     "cannot be rolled back")
+        if self._expired_instant(instant):
+            # It may have completed in the expired history: rolling it back would delete a committed instant's files.
+            raise self._refusal(f"rolling back instant {instant} (its files are kept; remove its timeline files "
+                                "by hand once you know it is not running)")
         if not (self.io.exists(layout.requested_file(instant)) or self.io.exists(layout.inflight_file(instant))):
             # A typo or another table's id: a record naming it would claim an instant this table never started.
             raise InstantStateError(f"instant {instant} was never started on {self.io.path('')} (it has no requested "

@@ -156,7 +156,7 @@ def reseal(table: Table, seq: int, change) -> None:
     payload = {"format": checkpoint.CHECKPOINT_FORMAT, "table_id": table.props.table_id, "seq": cp.seq,
                "max_instant": cp.max_instant, "index": cp.index, "data": cp.data}
     change(payload)
-    Path(table.io.path(layout.checkpoint_file(seq))).write_bytes(checkpoint._sealed(payload))
+    Path(table.io.path(layout.checkpoint_file(seq))).write_bytes(checkpoint.seal(payload))
 
 
 @pytest.mark.parametrize("craft, match", [

@@ -81,7 +81,7 @@ def test_a_checkpoint_whose_max_instant_is_out_of_range_is_recomputed(tmp_path: 
     cp = checkpoint.read_checkpoint(table.io, seq, table.props.table_id)
     payload = {"format": checkpoint.CHECKPOINT_FORMAT, "table_id": table.props.table_id, "seq": cp.seq,
                "max_instant": FAR, "index": cp.index, "data": cp.data}
-    Path(table.io.path(layout.checkpoint_file(seq))).write_bytes(checkpoint._sealed(payload))
+    Path(table.io.path(layout.checkpoint_file(seq))).write_bytes(checkpoint.seal(payload))
     reopened = Table.open(table.uri)
     for v in range(2, 5):
         upsert_arrow(rows(["a", "d"], v=v), reopened, key="id", partition="dt", cache_config=config)
