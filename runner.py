@@ -10,6 +10,7 @@ The contract, the same for every runner:
   the caller, never unpickled, as task results of an upsert are. `attempt` numbers the try (0 first): a piece run
   again (a retried or speculative Spark task) writes under another name and announces it with a marker first, so
   attempts never overwrite each other's files and the losers' files are deleted after the publish.
+- `weights` (e.g. bytes to read per item) let a runner balance its tasks.
 - results come back in the order of `items`, one per item, of the attempt the runner kept (the one that reported).
 - an error in a piece is raised by `run` as its own dbidx type where it can be (Spark: from the task's traceback).
 - `work` and the items must pickle when the runner is Spark: a module-level function bound with functools.partial.
@@ -38,7 +39,8 @@ class WorkRunner(Protocol):
 
     where: str  # "driver" or "spark": reported with each service run
 
-    def run(self, work: Work, items: Sequence[Any], what: str) -> Iterator[bytes]: ...
+    def run(self, work: Work, items: Sequence[Any], what: str,
+            weights: Sequence[int] | None = None) -> Iterator[bytes]: ...
 
 
 class InProcessRunner:
@@ -47,8 +49,9 @@ class InProcessRunner:
 
     where = "driver"
 
-    def run(self, work: Work, items: Sequence[Any], what: str) -> Iterator[bytes]:
-        """Each item's result, in order, as it finishes."""
+    def run(self, work: Work, items: Sequence[Any], what: str,
+            weights: Sequence[int] | None = None) -> Iterator[bytes]:
+        """Each item's result, in order, as it finishes (`weights` only matter to runners that spread the work)."""
         for item in items:
             yield work(item, 0)
 
@@ -87,3 +90,21 @@ def check_written(io: SizedStorage, what: str, expected: list[tuple[str, int]]) 
         raise CommitError(f"{what}: {len(wrong)} file(s) the tasks listed are missing or have another "
                           f"size, e.g. {io.path(rel)} ({size} bytes reported, "
                           f"{'missing' if found is None else f'{found} found'}); nothing was published")
+
+
+class BySize:
+    """Runs work weighing at least `min_weight` (bytes to read) with `large`, lighter work with `small`: a Spark job
+    has a fixed cost (scheduling, Python workers: about half a second on a 2-core machine) that small work does not win
+    back, while large work gains the cluster's cores and spares the driver's memory. `where` says where the last
+    run went (read by the caller after it)."""
+
+    def __init__(self, large: WorkRunner, min_weight: int, small: WorkRunner = IN_PROCESS) -> None:
+        self.large, self.small, self.min_weight = large, small, min_weight
+        self.where = small.where if min_weight > 0 else large.where
+
+    def run(self, work: Work, items: Sequence[Any], what: str,
+            weights: Sequence[int] | None = None) -> Iterator[bytes]:
+        """The items' results from the runner their total weight chooses (unweighted work goes to `large`)."""
+        runner = self.large if weights is None or sum(weights) >= self.min_weight else self.small
+        self.where = runner.where
+        return runner.run(work, items, what, weights)

@@ -113,7 +113,8 @@ def compact_data(table: TableState, partitions: Iterable[str] | None = None, min
         steps = Steps(progress, len(todo))
         work = partial(rewrite_file_group, table.io, writer.instant, plan.key or "", schema)
         what = f"data compaction {writer.instant}"
-        for unit, payload in zip(todo, (runner or IN_PROCESS).run(work, todo, f"{what}: rewrite file groups")):
+        results = (runner or IN_PROCESS).run(work, todo, f"{what}: rewrite file groups", [u.bytes for u in todo])
+        for unit, payload in zip(todo, results):
             base = _parsed_rewrite(payload, unit, writer.instant, moved, what)
             steps.step(f"{unit.partition or '(root)'} {unit.file_group}", sum(f.rows for f in unit.files))
             if base is not None:

@@ -70,7 +70,9 @@ def compact(
         work = partial(merge_group, table.io, writer.instant, table.schema, table.props.row_group_size)
         what = f"compaction {writer.instant}"
         items = [(g[0], g[1], tuple(files)) for g, files in todo.items()]
-        for item, payload in zip(items, (runner or IN_PROCESS).run(work, items, f"{what}: merge index groups")):
+        results = (runner or IN_PROCESS).run(work, items, f"{what}: merge index groups",
+                                             [sum(f.size for f in files) for _, _, files in items])
+        for item, payload in zip(items, results):
             base = _parsed_merge(payload, item[0], item[1], writer.instant, what)
             steps.step(f"{item[0] or '(global)'} shard {item[1]}", sum(f.rows for f in item[2]))
             if base is not None:

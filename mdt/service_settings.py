@@ -31,6 +31,7 @@ class ServiceSettings:
 
     after_commit: bool = True  # run the services in the writer after each upsert's publish
     spark_jobs: bool = True  # after a Spark upsert, the compactions' pieces run as Spark jobs (False: in the driver)
+    spark_jobs_min_mb: int = 256  # ... those of a compaction reading at least this much; smaller ones in the driver
     data_compaction: bool = True
     data_min_small_files: int = 10  # a file group is compacted once it has this many small files
     data_small_file_mb: int = 64  # files under this size count as small (and bases are not rewritten again)
@@ -60,7 +61,7 @@ class ServiceSettings:
 _RANGES: dict[str, tuple[float, float]] = {
     "data_min_small_files": (2, 1 << 20), "data_small_file_mb": (1, 1 << 20), "index_min_files": (2, 1 << 20),
     "clean_retain_completions": (0, 1 << 30), "clean_interval": (1, 1 << 30), "budget_files": (1, 1 << 30),
-    "budget_seconds": (0.001, 86400.0), "vacuum_interval_hours": (0.001, 8760.0),
+    "budget_seconds": (0.001, 86400.0), "vacuum_interval_hours": (0.001, 8760.0), "spark_jobs_min_mb": (0, 1 << 30),
 }
 KEYS: tuple[str, ...] = tuple(f.name for f in fields(ServiceSettings))
 

@@ -234,7 +234,9 @@ def _compact_data(table: MaintainedTable, settings: ServiceSettings, partitions:
     result = table.compact_data(partitions, min_files=settings.data_min_small_files,
                                 deleted_share=settings.data_deleted_share,
                                 target_file_bytes=settings.data_small_file_mb << 20, progress=progress, runner=runner)
-    details = {"ran_on": runner.where, "partitions": partitions, "file_groups": result.file_groups, "files_replaced": result.files_replaced,
+    # runner.where is read after the run: a runner.BySize says there where this run went.
+    details = {"ran_on": runner.where, "partitions": partitions, "file_groups": result.file_groups,
+               "files_replaced": result.files_replaced,
                "rows_written": result.rows_written, "bytes_before": result.bytes_before,
                "bytes_after": result.bytes_after}
     return (result.record.instant if result.record else None), details

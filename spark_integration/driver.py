@@ -24,7 +24,7 @@ from dbidx.mdt.service_settings import read_settings
 from dbidx.mdt.services import run_services
 from dbidx.mdt.table import Table
 from dbidx.progress import Progress, Steps
-from dbidx.runner import IN_PROCESS, WorkRunner, check_written
+from dbidx.runner import IN_PROCESS, BySize, WorkRunner, check_written
 from dbidx.spark_integration import task
 from dbidx.spark_integration.job_report import SHARD_FIELDS, TASK_KEY, JobResults, TaskAttempt
 from dbidx.spark_integration.tagger import TagOptions
@@ -190,7 +190,9 @@ def services_after_commit(table: Table, runner: WorkRunner = IN_PROCESS) -> dict
         settings = read_settings(table.io)
         if not settings.after_commit:
             return None
-        return run_services(table, settings, runner=runner if settings.spark_jobs else IN_PROCESS).to_dict()
+        # Spark jobs for the compactions reading enough to win back a job's fixed cost; the rest in the driver.
+        runner = BySize(runner, settings.spark_jobs_min_mb << 20) if settings.spark_jobs else IN_PROCESS
+        return run_services(table, settings, runner=runner).to_dict()
     except Exception as exc:  # noqa: BLE001 - maintenance must never fail a committed upsert; the next run retries
         message = f"{type(exc).__name__}: {exc}"
         warnings.warn(f"table services after the upsert into {table.uri} failed (the upsert is committed; the next "

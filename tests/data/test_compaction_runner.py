@@ -33,7 +33,7 @@ class TwoTries:
     def __init__(self) -> None:
         self.items = 0
 
-    def run(self, work: Work, items: Sequence[Any], what: str) -> Iterator[bytes]:
+    def run(self, work: Work, items: Sequence[Any], what: str, weights: Any = None) -> Iterator[bytes]:
         for item in items:
             self.items += 1
             work(item, 0)
@@ -48,7 +48,7 @@ class Tampering:
     def __init__(self, change: Any) -> None:
         self.change = change
 
-    def run(self, work: Work, items: Sequence[Any], what: str) -> Iterator[bytes]:
+    def run(self, work: Work, items: Sequence[Any], what: str, weights: Any = None) -> Iterator[bytes]:
         for item in items:
             yield self.change(msgpack.unpackb(work(item, 0), raw=False))
 
@@ -131,16 +131,39 @@ def test_a_result_that_does_not_fit_its_piece_publishes_nothing(tmp_path: Path, 
 
 
 def test_spark_jobs_off_keeps_the_pieces_in_the_driver(tmp_path: Path, services_on: None) -> None:
-    """The `spark_jobs` setting decides where a writer's services after its upsert run their pieces."""
+    """The `spark_jobs` and `spark_jobs_min_mb` settings decide where a writer's services after its upsert run their
+    pieces: in the driver when off or when a compaction reads less than the minimum, else by the writer's runner."""
     from dbidx.spark_integration import driver
 
     table, oracle = loaded_table(tmp_path, 4409)
+    rng, serial = random.Random(4410), [10_000]
     runner = TwoTries()
+
+    def two_batches() -> None:  # with the services after each upsert off, so the work waits for ran_on()
+        write_settings(table.io, {"after_commit": False})
+        for _ in range(2):
+            batch = random_batch(rng, oracle, serial)
+            upsert_arrow(as_arrow(batch), table, key="id", partition="dt", buckets=BucketSpec(capacity=7),
+                         cache_config=CacheConfig(base_path=str(tmp_path / "cache")))
+            oracle.apply(batch)
+        write_settings(table.io, {"after_commit": True})
+
+    def ran_on() -> set[str]:
+        report = driver.services_after_commit(table, runner)
+        compactions = [r for r in report["ran"] if r["service"] in ("data_compaction", "index_compaction")]
+        assert compactions, report
+        return {r["details"]["ran_on"] for r in compactions}
+
+    # 1. Off: the driver.
     write_settings(table.io, {"data_min_small_files": 2, "index_min_files": 2, "spark_jobs": False})
-    report = driver.services_after_commit(table, runner)
-    compactions = [r for r in report["ran"] if r["service"] in ("data_compaction", "index_compaction")]
-    assert len(compactions) == 2 and {r["details"]["ran_on"] for r in compactions} == {"driver"}
-    assert runner.items == 0
-    loaded = table.service_settings()
-    assert loaded.spark_jobs is False
+    assert ran_on() == {"driver"} and runner.items == 0
+    assert table.service_settings().spark_jobs is False
+    # 2. On, but each compaction reads less than spark_jobs_min_mb: still the driver.
+    two_batches()
+    write_settings(table.io, {"spark_jobs": True, "spark_jobs_min_mb": 1})
+    assert ran_on() == {"driver"} and runner.items == 0
+    # 3. On with no minimum: the writer's runner.
+    two_batches()
+    write_settings(table.io, {"spark_jobs_min_mb": 0})
+    assert ran_on() == {"test"} and runner.items > 0
     assert current(table) == oracle.expected_rows()

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.spark
 
 def test_services_run_after_a_spark_upsert(spark, tmp_path: Path, services_on: None) -> None:
     table = Table.create(str(tmp_path / "t"), num_shards=2)
-    write_settings(table.io, {"data_min_small_files": 2, "index_min_files": 2})
+    write_settings(table.io, {"data_min_small_files": 2, "index_min_files": 2, "spark_jobs_min_mb": 0})
     config = CacheConfig(base_path=str(tmp_path / "cache"))
     oracle, serial, rng = Oracle(False), [0], random.Random(4402)
     ran: list[str] = []
