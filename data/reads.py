@@ -1,4 +1,4 @@
-"""Reads of a version of the table, one file group at a time, in pure Arrow (the files themselves: data/files.py).
+"""Reads of a version of the table, planned by file group, in pure Arrow (one file's rows: data/file_rows.py).
 
 What a read returns: each live data file's rows minus its deletion vector, exactly what every Delta reader returns
 from `_delta_log/` (a superseded version of a record, a deleted record and a delete row are all in the vectors), so
@@ -12,23 +12,22 @@ the size and checksum its commit recorded before a byte of it is used.
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 
+from dbidx.data.file_rows import FILE_GROUP_COLUMN, file_rows, shape_of
 from dbidx.data.files import DELETED_COLUMN, INSTANT_COLUMN, read_data_file
 from dbidx.data.schema import recorded_schema
-from dbidx.data.superseded import load_vector
-from dbidx.errors import CorruptFileError, HistoryCompactedError, InvalidInputError, SchemaError
+from dbidx.errors import CorruptFileError, InvalidInputError
 from dbidx.table.data_view import LAYOUT_EXTRA, DataView, DvRef, LiveDataFile
 from dbidx.table.fileio import FileIO
 from dbidx.table.layout import hive_values, layout_partition_columns
 from dbidx.table.records import DataFileRecord
 
-FILE_GROUP_COLUMN = "_dbidx_file_group"  # optional in reads: the file group a row lives in
 MAX_READ_THREADS = 8
 
 
@@ -171,113 +170,72 @@ def read_unit(io: FileIO, unit: ReadUnit, key: str, schema: pa.Schema, table: An
     HistoryCompactedError (plan the read again) instead of a damaged table.
     origins: if given, gets (file, row positions kept) per file, in output order (a data compaction maps rows).
     """
-    path_values = dict(unit.path_values)
-    from_path = {name: value for name, value in path_values.items()
-                 if name != key and name in schema.names and _exact_from_text(schema.field(name).type)}
-    wanted = {f.name for f in schema} - {FILE_GROUP_COLUMN} - set(from_path) | {key}
-    pieces = []
+    shape = shape_of(dict(unit.path_values), key, schema)
     dv_files: dict[str, bytes] = {}
-    vectors = unit.vectors or (None,) * len(unit.files)
-    for record, instant, vector in zip(unit.files, unit.instants, vectors):
-        try:
-            data = read_data_file(io, record, list(wanted))
-            keep = np.ones(data.num_rows, dtype=bool)
-            if vector is not None:
-                keep[np.asarray(load_vector(io, vector, record.rows, dv_files).to_array(), dtype=np.int64)] = False
-                data = data.filter(pa.array(keep))
-        except CorruptFileError as exc:
-            _raise_if_cleaned(io, table, record, vector, exc)
-            raise
+    pieces = []
+    for record, instant, vector in _files(unit):
+        rows, kept = file_rows(io, record, instant, vector, shape, table, dv_files)
         if origins is not None:
-            origins.append((record, np.flatnonzero(keep)))
-        pieces.append(_aligned(data, schema, key, record, instant, io, path_values))
-    return pa.concat_tables(pieces).select([f.name for f in schema])
+            origins.append((record, np.arange(record.rows) if kept is None else kept))
+        pieces.append(rows)
+    return pa.concat_tables(pieces).select(schema.names)
 
 
-def _raise_if_cleaned(io: FileIO, table: Any, record: DataFileRecord, vector: DvRef | None,
-                      exc: CorruptFileError) -> None:
-    """A data or DV file that is gone because a clean removed it (it is in no current version any more) is
-    HistoryCompactedError: the read was planned before the clean, or reads a version older than the retention."""
-    if table is None or table.data_view().is_live(record.path) and vector == table.data_view().vector_of(record.path):
-        return
-    for path in (record.path, vector.file.path if vector is not None else None):
-        if path is not None and not io.exists(path):
-            raise HistoryCompactedError(f"{io.path(path)} was removed by a clean after this read was planned, or the "
-                                        "version read is older than the table retains (its data was compacted "
-                                        "since); read a newer version") from exc
+def _files(unit: ReadUnit) -> Iterator[tuple[DataFileRecord, str, DvRef | None]]:
+    """A unit's files, oldest first, each with its instant and deletion vector."""
+    return zip(unit.files, unit.instants, unit.vectors or (None,) * len(unit.files))
 
 
-def _exact_from_text(type_: pa.DataType) -> bool:
-    """Whether a partition value's text is the column's value exactly (so it need not be decoded): text columns
-    only (a date's directory may spell it otherwise than Arrow parses, and decoding an int32 date is cheap)."""
-    return pa.types.is_string(type_) or pa.types.is_large_string(type_)
+class _FileReads:
+    """The reads of one table read on a thread pool, one job per data file (not per file group: a group is as slow
+    as its largest file, and a few groups of large files left a core idle; data/file_rows.py says more). DV files
+    are read once per read (one DV file holds the vectors of a whole commit, for many file groups)."""
+
+    def __init__(self, pool: ThreadPoolExecutor, io: FileIO, key: str, schema: pa.Schema, table: Any,
+                 inner_threads: bool) -> None:
+        self.pool, self.io, self.key, self.schema, self.table = pool, io, key, schema, table
+        self.inner_threads = inner_threads  # pyarrow's per-column threads: when the pool cannot fill the cores
+        self.dv_files: dict[str, bytes] = {}  # dict get/set are atomic: at worst two threads read one DV file
+
+    def submit(self, unit: ReadUnit) -> list[Future[tuple[pa.Table, np.ndarray | None]]]:
+        """Start reading a unit's files; their rows come in the unit's order from the futures."""
+        shape = shape_of(dict(unit.path_values), self.key, self.schema)
+        return [self.pool.submit(file_rows, self.io, record, instant, vector, shape, self.table, self.dv_files,
+                                 self.inner_threads) for record, instant, vector in _files(unit)]
 
 
-def _aligned(data: pa.Table, schema: pa.Schema, key: str, record: DataFileRecord, instant: str,
-             io: FileIO, path_values: dict[str, str] | None = None) -> pa.Table:
-    """One file's rows as the output schema; partition columns not read from the file come from the path."""
-    if key not in data.column_names:
-        raise CorruptFileError(f"data file {io.path(record.path)} has no key column {key!r}")
-    n = data.num_rows
-    columns, names = [], []
-    for field_ in schema:
-        if field_.name == FILE_GROUP_COLUMN:
-            column = pa.array([record.file_group] * n, pa.string())
-        elif field_.name == INSTANT_COLUMN:  # the row's own (kept by compaction), else the file's commit
-            column = data.column(INSTANT_COLUMN) if INSTANT_COLUMN in data.column_names else \
-                pa.array([instant] * n, pa.string())
-        elif field_.name in data.column_names:
-            column = data.column(field_.name)
-            if column.type != field_.type:
-                try:
-                    column = column.cast(field_.type)
-                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                    raise SchemaError(f"column {field_.name!r} of data file {io.path(record.path)} is "
-                                      f"{column.type}, the table's schema says {field_.type}: {exc}") from exc
-        elif (value := _path_value(path_values, record.partition, field_.name)) is not None:
-            column = _repeat(value, n, field_, record, io)  # from the path (a migrated file has it nowhere else)
-        else:
-            column = pa.nulls(n, field_.type)  # a column added after this file was written
-        columns.append(column)
-        names.append(field_.name)
-    return pa.Table.from_arrays(columns, names=names)
-
-
-def _path_value(path_values: dict[str, str] | None, partition: str, column: str) -> str | None:
-    """A column's value from the unit's partition path: the layout's partition columns first, else any
-    `<column>=<value>` segment (a migrated file keeps it in its directory name only)."""
-    value = (path_values or {}).get(column)
-    return value if value is not None else _hive_value(partition, column)
-
-
-def _hive_value(partition: str, column: str) -> str | None:
-    """The value of `column` in a hive partition path (`dt=2025-01-15/region=eu`), if it names it."""
-    for segment in partition.split("/") if partition else []:
-        name, sep, value = segment.partition("=")
-        if sep and name == column:
-            return value
-    return None
-
-
-def _repeat(value: str, n: int, field_: pa.Field, record: DataFileRecord, io: FileIO) -> pa.Array:
-    """A partition value from the path, typed as the table's schema says."""
-    try:
-        return pa.repeat(pa.scalar(value, pa.string()), n).cast(field_.type)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-        raise SchemaError(f"partition value {value!r} in the path of {io.path(record.path)} is not a "
-                          f"{field_.type} (column {field_.name!r}): {exc}") from exc
+def _pool(files: int) -> tuple[ThreadPoolExecutor, bool]:
+    """A pool for a read of `files` data files (one thread per core, decoding is CPU-bound, at most
+    MAX_READ_THREADS), and whether each file should also be decoded on pyarrow's threads (fewer files than cores)."""
+    cores = os.cpu_count() or 1
+    workers = max(1, min(files, cores, MAX_READ_THREADS))
+    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dbidx-read"), files < cores
 
 
 def read_units(io: FileIO, units: Iterable[ReadUnit], key: str, schema: pa.Schema,
                table: Any = None) -> Iterator[pa.RecordBatch]:
-    """The live rows of several units as record batches (what a Spark task or a dataset scan yields)."""
-    for unit in units:
-        yield from read_unit(io, unit, key, schema, table).to_batches()
+    """The live rows of several units as record batches (what a Spark task or a dataset scan yields), in order,
+    one unit at a time: a unit's files are read on threads, and the next unit's are read while the caller takes
+    the current one's batches, so at most two units' rows are held."""
+    units = list(units)
+    if not units:
+        return
+    pool, inner = _pool(sum(len(u.files) for u in units))
+    try:
+        reads = _FileReads(pool, io, key, schema, table, inner)
+        pending = reads.submit(units[0])
+        for i in range(len(units)):
+            current, pending = pending, reads.submit(units[i + 1]) if i + 1 < len(units) else []
+            for future in current:
+                yield from future.result()[0].to_batches()
+    finally:  # a failure, or a caller that stops early, leaves at most the files already started to finish
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def read_arrow(table: Any, partitions: Iterable[str] | None = None, columns: Sequence[str] | None = None,
                with_meta: bool = False, as_of: int | str | None = None, version: int | None = None) -> pa.Table:
-    """The table's current rows as one `pyarrow.Table` (for DuckDB, Polars, pandas): one row per record.
+    """The table's current rows as one `pyarrow.Table` (for DuckDB, Polars, pandas): one row per record, in plan
+    order (file groups by partition and group, each group's files oldest first).
 
     partitions: partition paths to read (e.g. ["dt=2025-01-15"]), default all; columns: data columns to return,
     default all; with_meta: add `_dbidx_file_group` and `_dbidx_instant` (the commit that wrote the row);
@@ -287,18 +245,22 @@ def read_arrow(table: Any, partitions: Iterable[str] | None = None, columns: Seq
     schema = output_schema(plan, columns, with_meta)
     if plan.key is None or not plan.units:
         return schema.empty_table()
-    # File groups are independent: read and merge them on a few threads (Parquet decoding and Arrow's group-by
-    # release the GIL), keeping the plan's order in the result.
-    workers = max(1, min(len(plan.units), os.cpu_count() or 1, MAX_READ_THREADS))
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dbidx-read") as pool:
-        parts = list(pool.map(lambda unit: read_unit(table.io, unit, plan.key or "", schema, table), plan.units))
-    return pa.concat_tables(parts).cast(schema)
+    # Every data file of every group is one job on the pool (Parquet decoding releases the GIL).
+    pool, inner = _pool(sum(len(u.files) for u in plan.units))
+    try:
+        reads = _FileReads(pool, table.io, plan.key, schema, table, inner)
+        futures = [future for unit in plan.units for future in reads.submit(unit)]
+        pieces = [future.result()[0] for future in futures]
+    finally:  # a file that fails ends the read: the files not started yet are not read
+        pool.shutdown(wait=True, cancel_futures=True)
+    return pa.concat_tables(pieces).cast(schema)
 
 
 def record_batch_reader(table: Any, partitions: Iterable[str] | None = None, columns: Sequence[str] | None = None,
                         with_meta: bool = False, as_of: int | str | None = None,
                         version: int | None = None) -> pa.RecordBatchReader:
-    """Like read_arrow, streamed one file group at a time (memory bounded by the largest file group)."""
+    """Like read_arrow, streamed one file group at a time (memory bounded by the two largest file groups: the
+    next group is read while the current one is taken)."""
     plan = plan_read(table, partitions, as_of, version)
     schema = output_schema(plan, columns, with_meta)
     units = plan.units if plan.key is not None else ()
