@@ -49,11 +49,12 @@ class TableCheck:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form."""
-        return {"seq": self.seq, "index_files": self.index_files, "data_files": self.data_files,
-                "deletion_vectors": self.deletion_vectors,
-                "checkpoint_seq": self.checkpoint_seq, "history_floor": self.history_floor,
-                "not_checked": self.not_checked, "bytes_checked": self.bytes_checked, "damaged": self.damaged,
-                "ok": self.ok}
+        out = {"seq": self.seq, "index_files": self.index_files, "data_files": self.data_files,
+               "deletion_vectors": self.deletion_vectors, "checkpoint_seq": self.checkpoint_seq,
+               "bytes_checked": self.bytes_checked, "damaged": self.damaged, "ok": self.ok}
+        if self.history_floor:  # only a table whose history retention expired (docs/CLI.md lists the others)
+            out |= {"history_floor": self.history_floor, "not_checked": self.not_checked}
+        return out
 
 
 def verify_table(table: Table, progress: Progress | None = None) -> TableCheck:

@@ -277,6 +277,7 @@ class Timeline:
         before the checkpoint the timeline started from are read (from files or archive bundles) on first use.
         Records archive retention expired are never skipped silently: asking for one is a HistoryCompactedError that
         names the floor and the setting (`kept()` lists what is there)."""
+        after_seq = max(after_seq, 0)  # callers ask for "after latest - N" without clamping
         base = self.base_seq
         end = self.latest_seq if upto_seq is None else min(upto_seq, self.latest_seq)
         out: list[CompletedInstant] = []

@@ -54,6 +54,7 @@ def test_an_expired_archive_opens_reads_time_travels_verifies_and_takes_upserts(
     assert check.ok, check.damaged
     assert check.history_floor == report.floor and check.checkpoint_seq is not None
     assert "expired by archive retention" in check.not_checked[0]
+    assert check.to_dict()["history_floor"] == report.floor
     # 3. Time travel to every kept seq gives what it gave before the expiry; an expired seq is refused by name.
     latest = fresh.timeline.latest_seq
     for seq in range(report.floor, latest + 1):
@@ -229,3 +230,11 @@ def test_time_travel_reads_reach_kept_versions(tmp_path: Path) -> None:
     table, _, _, before, report = expired_table(tmp_path)
     fresh = Table.open(table.uri)
     assert reads.view_at(fresh, as_of=report.floor + 1).to_dict() == before[report.floor + 1]
+
+
+def test_a_range_starting_below_zero_is_the_whole_log(tmp_path: Path) -> None:
+    """`completed(after_seq=latest - 1)` on an empty table asks from -1: the whole (empty) log, not a refusal."""
+    table = Table.create(str(tmp_path / "t"), num_shards=1)
+    table.refresh()
+    assert table.timeline.completed(after_seq=-1) == []
+    assert table.latest() is None
