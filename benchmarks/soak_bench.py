@@ -2,7 +2,8 @@
 
 What is measured, in one run (Spark local[2], `--shards` key shards, `upsert` of every batch as a cached DataFrame):
   Per batch: upsert seconds (wall, the `upsert` call less its services), service seconds (the upsert summary's `services`
-  section, when the table services exist; else 0), live data files (the table's data view), files on disk and
+  section, when the table services exist; else 0) and their split per service (each run's `seconds`; the rest of the
+  run, its triggers and steps that found nothing to do, as "(rest)"), live data files (the table's data view), files on disk and
   table bytes (a walk of the table dir: data, deletion vectors, Delta log, index, timeline), index files (files
   under `.dbidx/rli/`), cache bytes (a walk of the executor-local cache base dir).
   Every `--read-every` batches (and after the last): a full read of every column into Arrow by dbidx
@@ -97,14 +98,26 @@ def areas(root: Path) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-def services_of(summary: dict[str, Any]) -> tuple[float, list[str], str | None]:
+REST = "(rest)"  # a run's seconds outside the services it lists: triggers, and steps that found nothing to do
+
+
+def services_of(summary: dict[str, Any]) -> tuple[float, list[str], dict[str, float], str | None]:
     """From an upsert summary's `services` section (None without services): the seconds they took inside the
-    upsert, the services that ran, and the error they ended with (never a failed upsert)."""
+    upsert, the services that ran, the seconds per service (a service that ran twice, e.g. two rounds of data
+    compaction, summed; REST: the run's seconds outside them, its triggers and the steps that did nothing, which
+    the report does not list), and the error they ended with (never a failed upsert). Why per service: the time
+    goal is missed when the services' share grows, and only their split says which one grows."""
     section = summary.get("services")
     if not isinstance(section, dict):
-        return 0.0, [], None
-    ran = [str(r.get("service")) for r in section.get("ran", []) if isinstance(r, dict)]
-    return float(section.get("seconds") or 0.0), ran, section.get("error")
+        return 0.0, [], {}, None
+    total = float(section.get("seconds") or 0.0)
+    runs = [r for r in section.get("ran", []) if isinstance(r, dict)]
+    seconds: dict[str, float] = {}
+    for r in runs:
+        seconds[str(r.get("service"))] = seconds.get(str(r.get("service")), 0.0) + float(r.get("seconds") or 0.0)
+    if section.get("seconds") is not None:
+        seconds[REST] = max(0.0, total - sum(seconds.values()))
+    return total, [str(r.get("service")) for r in runs], seconds, section.get("error")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -147,6 +160,7 @@ class Batch:
     services_ran: list[str] = field(default_factory=list)
     service_error: str | None = None
     load_1m: float = 0.0  # the machine's 1-minute load average after the batch (other work on the machine shows)
+    service_seconds: dict[str, float] = field(default_factory=dict)  # per service (services_of), REST included
 
 
 @dataclass
@@ -238,13 +252,14 @@ def soak(spark: Any, work: Path, manifest: dict[str, Any], args: argparse.Namesp
         summary = upsert(df)
         wall_s = time.perf_counter() - start
         df.unpersist()
-        service_s, ran, error = services_of(summary)
+        service_s, ran, per_service, error = services_of(summary)
         if error:
             log(f"batch {number}: the services failed (the upsert is committed): {error}")
         live_files, live_bytes = live(table)
         disk_files, table_bytes, index_files = walk(root)
         run.batches.append(Batch(number, wall_s - service_s, service_s, live_files, live_bytes, disk_files,
-                                 table_bytes, index_files, walk(caches)[1], ran, error, os.getloadavg()[0]))
+                                 table_bytes, index_files, walk(caches)[1], ran, error, os.getloadavg()[0],
+                                 per_service))
         if number % 10 == 0 or number == 1:
             b = run.batches[-1]
             log(f"batch {number}: upsert {b.upsert_s:.2f} s, services {b.service_s:.2f} s, {b.live_files:,} live "
@@ -283,9 +298,11 @@ def goal_rows(run: Run, args: argparse.Namespace) -> list[list[Any]]:
                      "yes" if ratio <= FILES_GOAL else "NO"])
         t_early = sum(b.upsert_s + b.service_s for b in early)
         t_late = sum(b.upsert_s + b.service_s for b in late)
+        s_early, s_late = sum(b.service_s for b in early), sum(b.service_s for b in late)
         ratio = t_late / t_early
         rows.append([f"upsert + service s: batches {n - r + 1}-{n} vs batches {r + 1}-{2 * r}",
-                     f"{t_late:.1f} s vs {t_early:.1f} s = {ratio:.2f}x", f"<= {TIME_GOAL}x",
+                     f"{t_late:.1f} s vs {t_early:.1f} s = {ratio:.2f}x (services {s_late:.1f} s = "
+                     f"{share(s_late, t_late)} vs {s_early:.1f} s = {share(s_early, t_early)})", f"<= {TIME_GOAL}x",
                      "yes" if ratio <= TIME_GOAL else "NO"])
     else:
         rows.append(["live data files bounded", why, f"<= {FILES_GOAL}x", "-"])
@@ -304,6 +321,31 @@ def goal_rows(run: Run, args: argparse.Namespace) -> list[list[Any]]:
     rows.append([f"bytes on disk vs live data bytes at batch {last.number} ({retention})",
                  f"{last.table_bytes / 2**20:,.1f} MiB vs {last.live_bytes / 2**20:,.1f} MiB = {ratio:.2f}x",
                  f"<= {BYTES_GOAL}x", "yes" if ratio <= BYTES_GOAL else "NO"])
+    return rows
+
+
+def share(part: float, whole: float) -> str:
+    return f"{part / whole:.0%}" if whole > 0 else "-"
+
+
+def service_rows(run: Run, size: int) -> list[list[Any]]:
+    """Seconds per service per window of `size` batches (sum, runs, mean per run, max in one batch; REST: per
+    batch), then all services per window with their share of upsert + service s: which service's runs grow, and
+    whether they run more often or take longer each time."""
+    windows = [run.batches[i:i + size] for i in range(0, len(run.batches), size)]
+    names = sorted({name for b in run.batches for name in b.service_seconds}, key=lambda n: (n == REST, n))
+    rows: list[list[Any]] = []
+    for name in names:
+        for w in windows:
+            values = [b.service_seconds[name] for b in w if name in b.service_seconds]  # per batch, runs summed
+            runs = sum(b.services_ran.count(name) for b in w) if name != REST else len(values)
+            rows.append([name, f"{w[0].number}-{w[-1].number}", sum(values), runs,
+                         sum(values) / runs if runs else 0.0, max(values, default=0.0), ""])
+    for w in windows:
+        services = sum(b.service_s for b in w)
+        rows.append(["all services", f"{w[0].number}-{w[-1].number}", services, len(w), services / len(w),
+                     max((b.service_s for b in w), default=0.0),
+                     share(services, sum(b.upsert_s + b.service_s for b in w))])
     return rows
 
 
@@ -370,6 +412,12 @@ def render(args: argparse.Namespace, origin: str, run: Run, check: str, code: st
     if args.services == "off":
         notes.append("Services off: the baseline, what a pipeline gets when nothing maintains the table. The goals "
                      "are those of the table services (issue 44); this run shows what they have to fix.")
+    per_service = [
+        f"Service seconds per {args.read_every} batches (the upsert summaries' `services`: each run's `seconds` "
+        f"summed per service; {REST}: the rest of each services run, its triggers and the steps that found nothing "
+        "to do; mean: per run (all services: per batch); max: the most in one batch; share: of upsert + service s):",
+        _report.table(["service", "batches", "sum s", "runs", "mean s", "max s", "share"],
+                      service_rows(run, args.read_every))] if args.services == "on" else []
     return "\n\n".join([
         f"## Soak: {args.batches:,} batches of {args.batch:,} rows on {args.keys:,} keys, services {args.services}"
         + (f", retention {args.retention}" if args.retention else ""),
@@ -399,6 +447,7 @@ def render(args: argparse.Namespace, origin: str, run: Run, check: str, code: st
         f"Per batch (batch 1, every {every} batches and the last; every batch is in the figures JSON):",
         _report.table(["batch", "upsert s", "service s", "live data files", "files on disk", "table MiB",
                        "live data MiB", "index files", "cache MiB"], sample_rows(run, every)),
+        *per_service,
     ])
 
 

@@ -79,10 +79,31 @@ def test_soak_benchmark_runs_at_smoke_size(tmp_path, services):
     out = result.stdout
     for line in ("| figure | value | goal | met |", "| live data files: most in batches 9-12 vs most in batches 5-8 |",
                  "| upsert + service s: batches 9-12 vs batches 5-8 |", ": check ok.",
-                 "| batch | rows | dbidx s | polars s | delta-rs s | anchor s |", f"services {services}"):
+                 "| batch | rows | dbidx s | polars s | delta-rs s | anchor s |", f"services {services}",
+                 "| service | batches | sum s | runs | mean s | max s | share |", "| all services | 9-12 |"):
         assert line in out, line
+    time_goal = next(row for row in out.splitlines() if row.startswith("| upsert + service s: batches 9-12"))
+    assert "(services " in time_goal  # the services' share of the time goal's two windows
     goals = [row for row in out.splitlines() if row.startswith("| ") and row.rstrip().endswith(("| yes |", "| NO |"))]
     assert len(goals) == 6  # files, seconds, three readers, bytes: all measured at this size
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_service_growth_runs_at_smoke_size(tmp_path):
+    """24 batches of 200 rows on 2,000 keys, windows of 8, profiled: the per-window totals, the per-service table
+    (every service's trigger measured: the wrapped functions still exist in dbidx.mdt.services) and the profile's
+    growth tables."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    result = subprocess.run([sys.executable, str(BENCHMARKS / "service_growth.py"), "--smoke", "--profile"],
+                            capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    for line in ("| batches | upsert wall s | upsert CPU s | services wall s | services CPU s |",
+                 "| service:part | batches | wall s | CPU s | calls |", "| data_compaction:trigger | 17-24 |",
+                 "| vacuum:trigger | 17-24 |", "| function (tottime: CPU s (calls) per window) |"):
+        assert line in out, line
+    assert "Not measured" not in out
     assert list(tmp_path.iterdir()) == []
 
 
