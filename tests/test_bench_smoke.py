@@ -50,6 +50,9 @@ SPARK_SMOKE = {  # Spark benchmarks -> lines their output must hold
     # Every figure beside its anchor, then the read-back check (a mismatch also fails the script).
     "speed_bench.py": ["| figure | dbidx | anchor | ratio | goal | met |", "| steady batch (median of batch 2) |",
                        ": check ok."],
+    # The same compactions in the driver and as Spark jobs; both copies must read back the same rows.
+    "service_jobs_bench.py": ["| service | pieces | input MiB | driver s | Spark job s |", "| data compaction |",
+                              ": check ok."],
 }
 
 
