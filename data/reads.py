@@ -23,6 +23,7 @@ from dbidx.data.file_rows import FILE_GROUP_COLUMN, file_rows, shape_of
 from dbidx.data.files import DELETED_COLUMN, INSTANT_COLUMN, read_data_file
 from dbidx.data.schema import recorded_schema
 from dbidx.errors import CorruptFileError, InvalidInputError
+from dbidx.table.archive_retention import data_view_at
 from dbidx.table.data_view import LAYOUT_EXTRA, DataView, DvRef, LiveDataFile
 from dbidx.table.fileio import FileIO
 from dbidx.table.layout import hive_values, layout_partition_columns
@@ -109,9 +110,7 @@ def view_at(table: Any, as_of: int | str | None = None, version: int | None = No
                                 "as of that time")
     if seq >= current.applied_seq:
         return current
-    past = DataView()
-    past.apply(table.timeline.completed(upto_seq=seq))
-    return past
+    return data_view_at(table.timeline, seq)  # from the history floor when archive retention expired older records
 
 
 def plan_read(table: Any, partitions: Iterable[str] | None = None, as_of: int | str | None = None,

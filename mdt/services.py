@@ -36,6 +36,7 @@ from dbidx.runner import IN_PROCESS, WorkRunner
 from dbidx.table.records import ACTION_CLEAN, CompletedInstant
 from dbidx.table import layout
 from dbidx.table.fileio import FileIO
+from dbidx.table.archive_retention import expire_archive
 from dbidx.table.state import TableState
 
 SERVICES = ("data_compaction", "index_compaction", "clean", "log_cleanup", "vacuum")
@@ -270,9 +271,14 @@ def _log_cleanup(table: MaintainedTable, retention: DeltaRetention) -> tuple[str
             pointer = written.version
     if retention.expired_log_cleanup and pointer >= 0 and _EXPIRED_AT.get(table) != pointer:
         expiry = expire_log(table.io, retention.log_retention_ms)
+        # dbidx's own history goes by the same retention (table/archive_retention.py): time travel reaches as far
+        # back in dbidx as in Delta.
+        archive = expire_archive(table, retention.log_retention_ms)
         _EXPIRED_AT[table] = pointer
         if expiry.deleted or details:
             details.update(expiry.to_dict())
+        if archive.deleted:
+            details["archive"] = archive.to_dict()
     return None, details
 
 

@@ -18,7 +18,9 @@ from dbidx.config import CacheConfig
 from dbidx.counters import gauge
 from dbidx.data import reads
 from dbidx.data.schema import data_columns, encode_schema, evolve, recorded_schema
-from dbidx.errors import CommitError, ConfigError, ConflictError, CorruptFileError, SchemaError
+from dbidx.errors import (
+    CommitError, ConfigError, ConflictError, CorruptFileError, HistoryCompactedError, SchemaError,
+)
 from dbidx.mdt.conflicts import TouchedKeys
 from dbidx.mdt.service_settings import read_settings
 from dbidx.mdt.services import run_services
@@ -363,7 +365,11 @@ def commit_history(table: Table, last: int = 20) -> list[dict[str, Any]]:
     """The last `last` completions (all actions), newest first, with the metrics upserts stored in them."""
     table.refresh()
     out = []
-    for rec in reversed(table.timeline.completed(after_seq=max(table.timeline.latest_seq - max(last, 0), 0))):
+    try:
+        records = table.timeline.completed(after_seq=max(table.timeline.latest_seq - max(last, 0), 0))
+    except HistoryCompactedError:  # some of them are below the history floor (archive retention): what is kept
+        records = table.timeline.kept()[-last:] if last > 0 else []
+    for rec in reversed(records):
         out.append({"seq": rec.seq, "instant": rec.instant, "action": rec.action,
                     "completed_at_ms": rec.completed_at_ms, "rolled_back": rec.rolled_back,
                     "metrics": rec.extra.get("metrics")})

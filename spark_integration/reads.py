@@ -23,7 +23,7 @@ def committed_data_files(table: Table) -> list[tuple[str, int, str]]:
 def committed_data_records(table: Table) -> list[tuple[DataFileRecord, int, str]]:
     """(record, completion seq, instant) of every data file a completed upsert published, oldest first."""
     table.refresh()
-    return [(f, rec.seq, rec.instant) for rec in table.timeline.completed()
+    return [(f, rec.seq, rec.instant) for rec in table.timeline.kept()  # those after a history floor
             if rec.action == ACTION_COMMIT for f in rec.data_files]
 
 

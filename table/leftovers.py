@@ -156,7 +156,7 @@ def sweep_cleaned(io: FileIO, timeline: Any, report: SweepReport | None = None) 
     report = report if report is not None else SweepReport()
     referenced = getattr(timeline, "referenced", None)
     timeline.refresh()
-    cleans = [r for r in timeline.completed() if r.action == ACTION_CLEAN]
+    cleans = [r for r in timeline.kept() if r.action == ACTION_CLEAN]  # cleans below a history floor are done
     if referenced is None or not cleans:
         return report
     return finish_cleans(io, timeline, cleans, referenced(), report, listed_only=True)
@@ -170,7 +170,9 @@ def clean_may_delete(timeline: Any, upto_seq: int) -> Any:
     also be a valid table-relative path (records are parsed strictly; checked again here)."""
     removed: dict[str, list[tuple[int, str]]] = {}  # path -> (seq, action) of each removal or (seq, "add")
     written_dv: dict[str, int] = {}
-    for rec in timeline.completed(upto_seq=upto_seq):
+    # The kept records only: a path last removed below a history floor is never confirmed, so it stays (a leak that
+    # vacuum takes, never a wrong deletion).
+    for rec in (r for r in timeline.kept() if r.seq <= upto_seq):
         if rec.action in (ACTION_COMPACTION, ACTION_DATA_COMPACTION, ACTION_ABSORB):
             for path in rec.replaced:
                 removed.setdefault(path, []).append((rec.seq, rec.action))

@@ -223,9 +223,6 @@ def test_a_process_behind_the_floor_must_reopen(tmp_path: Path) -> None:
     assert current(Table.open(table.uri)) == oracle.expected_rows()
 
 
-@pytest.mark.xfail(strict=True, raises=HistoryCompactedError,
-                   reason="data/reads.py view_at still folds from seq 1; it must return "
-                          "archive_retention.data_view_at(table.timeline, seq) (not this change's file)")
 def test_time_travel_reads_reach_kept_versions(tmp_path: Path) -> None:
     table, _, _, before, report = expired_table(tmp_path)
     fresh = Table.open(table.uri)
@@ -238,3 +235,17 @@ def test_a_range_starting_below_zero_is_the_whole_log(tmp_path: Path) -> None:
     table.refresh()
     assert table.timeline.completed(after_seq=-1) == []
     assert table.latest() is None
+
+
+def test_the_log_cleanup_service_expires_the_archive_by_the_table_retention(tmp_path: Path) -> None:
+    """The services' log cleanup step runs archive retention with the Delta log's own retention, and the table opens,
+    reads and verifies afterwards."""
+    table, oracle, _ = build(tmp_path, False, batches=14)
+    table.set_delta_properties({"delta.logRetentionDuration": "interval 1 milliseconds"})
+    time.sleep(0.01)
+    report = table.maintain()
+    [run] = [r for r in report.ran if r.service == "log_cleanup"]
+    assert run.details["archive"]["deleted"] > 0 and run.details["archive"]["floor"] > 0
+    fresh = Table.open(table.uri)
+    assert current(fresh) == oracle.expected_rows()
+    assert verify_table(fresh).ok
