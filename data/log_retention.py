@@ -36,6 +36,11 @@ class LogExpiry:
     kept_from: int | None = None  # the checkpoint version every version from which stays readable
     deleted: list[str] = field(default_factory=list)
     bytes: int = 0
+    # The files of the oldest checkpoint still younger than the cutoff, and when they turn old enough (None: no such
+    # checkpoint, or a time the store does not report): until then a run can delete nothing, so a caller asks for
+    # their times (`still_young`) instead of listing the whole log again.
+    waits_on: tuple[str, ...] = ()
+    next_due_ms: int | None = None
 
     def to_dict(self) -> dict[str, object]:
         """JSON form (a services report's details)."""
@@ -83,9 +88,15 @@ def expire_log(io: FileIO, retention_ms: int, now_ms: int | None = None) -> LogE
     report = LogExpiry()
     if newest < 0:
         return report
-    # 2. The newest complete checkpoint at or below the pointer's whose every file is older than the cutoff.
-    old_enough = [v for v, files in complete_checkpoints(entries).items()
-                  if v <= newest and all(f.mtime_ms is not None and f.mtime_ms <= cutoff for f in files)]
+    # 2. The newest complete checkpoint at or below the pointer's whose every file is older than the cutoff; and
+    #    when the oldest younger one will be, so the caller need not list the log again before then.
+    checkpoints = {v: files for v, files in complete_checkpoints(entries).items() if v <= newest}
+    old_enough = [v for v, files in checkpoints.items()
+                  if all(f.mtime_ms is not None and f.mtime_ms <= cutoff for f in files)]
+    younger = [files for v, files in sorted(checkpoints.items()) if v not in old_enough]
+    if younger and all(f.mtime_ms is not None for f in younger[0]):
+        report.waits_on = tuple(f.path for f in younger[0])
+        report.next_due_ms = max(f.mtime_ms or 0 for f in younger[0]) + retention_ms
     if not old_enough:
         return report
     keep_from = max(old_enough)
@@ -101,3 +112,15 @@ def expire_log(io: FileIO, retention_ms: int, now_ms: int | None = None) -> LogE
             report.deleted.append(entry.path)
             report.bytes += entry.size
     return report
+
+
+def still_young(io: FileIO, files: tuple[str, ...], retention_ms: int, now_ms: int | None = None) -> bool:
+    """Whether a checkpoint's files (a LogExpiry's `waits_on`) are all there and younger than the retention: then
+    no log file can expire yet (every file below an old-enough checkpoint is older than it), at the cost of a stat
+    per file instead of a listing of the log."""
+    if not files:
+        return False
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    found = io.entries(list(files))
+    return len(found) == len(files) and all(e.mtime_ms is not None and e.mtime_ms > now_ms - retention_ms
+                                            for e in found.values())

@@ -26,7 +26,7 @@ from typing import Any, Iterable, Protocol
 from dbidx.data.compaction import DataCompactionResult
 from dbidx.data.delta_checkpoint import write_delta_checkpoint
 from dbidx.data.delta_log import checkpoint_pointer
-from dbidx.data.log_retention import expire_log
+from dbidx.data.log_retention import expire_log, still_young
 from dbidx.errors import ConflictError, CorruptFileError
 from dbidx.mdt.delta_properties import DeltaRetention, retention_of
 from dbidx.mdt.compaction import CompactionResult
@@ -41,9 +41,11 @@ from dbidx.table.state import TableState
 
 SERVICES = ("data_compaction", "index_compaction", "clean", "log_cleanup", "vacuum")
 VACUUM_STATE_FILE = f"{layout.META_DIR}/vacuum.json"  # when the last automatic vacuum ran
-ROUND_PARTITIONS = 8
-# Per table object: the newest checkpoint this process expired the log below (one listing per new checkpoint).
-_EXPIRED_AT: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()  # data compaction partitions per instant: the seconds budget is checked between rounds
+ROUND_PARTITIONS = 8  # data compaction partitions per instant: the seconds budget is checked between rounds
+# Per table object: the newest checkpoint this process expired the log below (one listing per new checkpoint), and
+# the files of the oldest checkpoint too young to expire anything below it (a stat of them instead of a listing).
+_EXPIRED_AT: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
+_WAITS_ON: "weakref.WeakKeyDictionary[Any, tuple[str, ...]]" = weakref.WeakKeyDictionary()
 
 
 class MaintainedTable(TableState, Protocol):
@@ -269,8 +271,10 @@ def _log_cleanup(table: MaintainedTable, retention: DeltaRetention) -> tuple[str
             details = {"checkpoint": written.version, "tombstones_dropped": written.tombstones_dropped,
                        "checkpoint_bytes": written.bytes_after}
             pointer = written.version
-    if retention.expired_log_cleanup and pointer >= 0 and _EXPIRED_AT.get(table) != pointer:
+    if retention.expired_log_cleanup and pointer >= 0 and _EXPIRED_AT.get(table) != pointer \
+            and not still_young(table.io, _WAITS_ON.get(table, ()), retention.log_retention_ms):
         expiry = expire_log(table.io, retention.log_retention_ms)
+        _WAITS_ON[table] = expiry.waits_on
         # dbidx's own history goes by the same retention (table/archive_retention.py): time travel reaches as far
         # back in dbidx as in Delta.
         archive = expire_archive(table, retention.log_retention_ms)

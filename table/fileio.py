@@ -225,6 +225,13 @@ class FileIO:
             out.append(FileEntry(rel, info.size or 0, None if mtime is None else mtime // 1_000_000))
         return sorted(out, key=lambda e: e.path)
 
+    def entries(self, rels: list[str]) -> dict[str, "FileEntry"]:
+        """Size and modification time of given files in one `get_file_info` call (a stat or HEAD per path, no
+        listing); missing files are absent from the result."""
+        infos = self.fs.get_file_info([self.path(rel) for rel in rels]) if rels else []
+        return {rel: FileEntry(rel, info.size or 0, None if info.mtime_ns is None else info.mtime_ns // 1_000_000)
+                for rel, info in zip(rels, infos) if info.type == pafs.FileType.File}
+
     # ---- writes ------------------------------------------------------------------------------------------
     def makedirs(self, rel_dir: str) -> None:
         """Create a directory and its parents (no-op on object stores without directories)."""

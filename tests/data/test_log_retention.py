@@ -12,7 +12,7 @@ import pytest
 
 from dbidx.config import CacheConfig
 from dbidx.data.delta_log import DELTA_LOG_DIR, delta_checkpoint, listed_versions
-from dbidx.data.log_retention import LogExpiry, complete_checkpoints, expire_log
+from dbidx.data.log_retention import still_young, LogExpiry, complete_checkpoints, expire_log
 from dbidx.errors import CorruptFileError
 from dbidx.mdt.service_settings import write_settings
 from dbidx.mdt.services import run_services
@@ -77,9 +77,20 @@ def test_expired_log_files_go_below_the_newest_old_checkpoint_and_every_engine_r
 
 def test_nothing_goes_without_a_checkpoint_old_enough(tmp_path: Path) -> None:
     table = table_with_checkpoints(tmp_path, writes=6, every=5)
-    assert expire_log(table.io, 30 * DAY_MS) == LogExpiry()  # the checkpoint is young
+    now_ms = time.time() * 1000
+    young = expire_log(table.io, 30 * DAY_MS)  # the checkpoint is young: nothing, and what to wait for
+    assert (young.kept_from, young.deleted) == (None, [])
+    assert young.waits_on == (f"{DELTA_LOG_DIR}/{5:020d}.checkpoint.parquet",)
+    assert young.next_due_ms is not None and abs(young.next_due_ms - (now_ms + 30 * DAY_MS)) < 60_000
+    assert still_young(table.io, young.waits_on, 30 * DAY_MS)
     age_log(table, days=40)
-    assert expire_log(table.io, 50 * DAY_MS) == LogExpiry()  # retention longer than the age
+    assert not still_young(table.io, young.waits_on, 30 * DAY_MS)  # time passed: list again
+    longer = expire_log(table.io, 50 * DAY_MS)  # retention longer than the age: due in 10 days
+    assert (longer.kept_from, longer.deleted) == (None, [])
+    assert longer.next_due_ms is not None and abs(longer.next_due_ms - (now_ms + 10 * DAY_MS)) < 60_000
+    assert still_young(table.io, longer.waits_on, 50 * DAY_MS)
+    Path(table.io.path(longer.waits_on[0])).unlink()
+    assert not still_young(table.io, longer.waits_on, 50 * DAY_MS)  # another engine's cleanup took it: list again
     plain = Table.create(str(tmp_path / "plain"), num_shards=1)
     write(plain, tmp_path, 0)
     age_log(plain, days=40)
