@@ -18,13 +18,12 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from dbidx.data.files import INSTANT_COLUMN, plain_views
+from dbidx.data.files import INSTANT_COLUMN, read_data_file
 from dbidx.data.superseded import load_vector
 from dbidx.errors import CorruptFileError, HistoryCompactedError, SchemaError
 from dbidx.table.data_view import DvRef
-from dbidx.table.fileio import DECODE_ERRORS, FileIO
+from dbidx.table.fileio import FileIO
 from dbidx.table.records import DataFileRecord
 
 FILE_GROUP_COLUMN = "_dbidx_file_group"  # optional in reads: the file group a row lives in
@@ -62,7 +61,7 @@ def file_rows(io: FileIO, record: DataFileRecord, instant: str, vector: DvRef | 
     use_threads: let pyarrow decode the file's columns on its own threads (for a read of one file at a time).
     """
     try:
-        data = _decode(io, record, shape.columns, use_threads)
+        data = read_data_file(io, record, shape.columns, use_threads)
         kept = None
         if vector is not None:
             keep = np.ones(data.num_rows, dtype=bool)
@@ -73,23 +72,6 @@ def file_rows(io: FileIO, record: DataFileRecord, instant: str, vector: DvRef | 
         _raise_if_cleaned(io, table, record, vector, exc)
         raise
     return _aligned(data, shape, record, instant, io), kept
-
-
-def _decode(io: FileIO, record: DataFileRecord, columns: tuple[str, ...], use_threads: bool) -> pa.Table:
-    """The chosen columns of one published data file (those it has), its bytes verified against the commit record
-    first and its row count checked against it after (the checks of data/files.py `read_data_file`)."""
-    data = io.read_verified(record.path, record.size, record.checksum, "data file")
-    try:
-        handle = pq.ParquetFile(pa.BufferReader(data), pre_buffer=False)
-        names = set(handle.schema_arrow.names)
-        table = handle.read(columns=[c for c in columns if c in names], use_threads=use_threads)
-        rows = handle.metadata.num_rows
-    except DECODE_ERRORS as exc:
-        raise CorruptFileError(f"data file {io.path(record.path)} is unreadable: {exc}") from exc
-    if rows != record.rows:
-        raise CorruptFileError(f"data file {io.path(record.path)} holds {rows} rows but its commit recorded "
-                               f"{record.rows}")
-    return plain_views(table)
 
 
 def _raise_if_cleaned(io: FileIO, table: Any, record: DataFileRecord, vector: DvRef | None,

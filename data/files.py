@@ -62,13 +62,17 @@ def key_range(keys: pa.ChunkedArray | pa.Array) -> tuple[str | None, str | None]
     return bounds["min"].as_py(), bounds["max"].as_py()
 
 
-def read_data_file(io: FileIO, record: DataFileRecord, columns: Sequence[str] | None = None) -> pa.Table:
-    """One published data file, its bytes verified against the commit record first."""
+def read_data_file(io: FileIO, record: DataFileRecord, columns: Sequence[str] | None = None,
+                   use_threads: bool = True) -> pa.Table:
+    """One published data file (the chosen columns it has; None: all), its bytes verified against the commit record
+    first and its row count checked against it after. use_threads: let pyarrow decode its columns on threads of its
+    own (False for a read that already runs one file per thread)."""
     data = io.read_verified(record.path, record.size, record.checksum, "data file")
     try:
-        handle = pq.ParquetFile(pa.BufferReader(data))
+        handle = pq.ParquetFile(pa.BufferReader(data), pre_buffer=False)  # the bytes are in memory already
         names = handle.schema_arrow.names
-        table = handle.read(columns=None if columns is None else [c for c in columns if c in names])
+        table = handle.read(columns=None if columns is None else [c for c in columns if c in names],
+                            use_threads=use_threads)
         rows = handle.metadata.num_rows
     except DECODE_ERRORS as exc:
         raise CorruptFileError(f"data file {io.path(record.path)} is unreadable: {exc}") from exc
