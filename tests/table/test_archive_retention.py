@@ -28,6 +28,16 @@ FAR_FUTURE_MS = 4_000_000_000_000  # every record is older than any retention be
 DAY_MS = 86_400_000
 
 
+def upserts(table: Table, oracle, config, seed: int, first_key: int, count: int) -> None:
+    """`count` more random upserts (new keys from `first_key`), applied to the oracle too."""
+    rng = random.Random(seed)
+    for _ in range(count):
+        batch = random_batch(rng, oracle, [first_key], size=20)
+        upsert_arrow(as_arrow(batch), table, key="id", partition="dt", buckets=BucketSpec(capacity=5),
+                     cache_config=config)
+        oracle.apply(batch)
+
+
 def expired_table(tmp_path: Path, global_index: bool = False):
     """A table written by a random stream (upserts, compactions, cleans), with data-view snapshots of every seq
     taken before its archive is expired up to the oldest checkpoint."""
@@ -77,12 +87,7 @@ def test_an_expired_archive_opens_reads_time_travels_verifies_and_takes_upserts(
     with pytest.raises(HistoryCompactedError):
         fresh.timeline.seq_of(expired_instant)
     # 5. New upserts land (checkpoints and archiving go on), and expiry runs again from the floor's saved state.
-    rng = random.Random(44)
-    for _ in range(9):
-        batch = random_batch(rng, oracle, [50_000], size=20)
-        upsert_arrow(as_arrow(batch), fresh, key="id", partition="dt", buckets=BucketSpec(capacity=5),
-                     cache_config=config)
-        oracle.apply(batch)
+    upserts(fresh, oracle, config, seed=44, first_key=50_000, count=9)
     again = expire_archive(fresh, retention_ms=DAY_MS, now_ms=FAR_FUTURE_MS)
     assert again.floor_before == report.floor and again.floor > report.floor
     assert history_floor.floor_seqs(table.io) == [again.floor]  # the older floor went after the newer was written
@@ -210,12 +215,7 @@ def test_a_process_behind_the_floor_must_reopen(tmp_path: Path) -> None:
     table, oracle, config = build(tmp_path, False, batches=6)
     behind = Table.open(table.uri)
     behind.refresh()
-    rng = random.Random(5)
-    for _ in range(14):
-        batch = random_batch(rng, oracle, [80_000], size=20)
-        upsert_arrow(as_arrow(batch), table, key="id", partition="dt", buckets=BucketSpec(capacity=5),
-                     cache_config=config)
-        oracle.apply(batch)
+    upserts(table, oracle, config, seed=5, first_key=80_000, count=14)
     report = expire_archive(table, retention_ms=0, now_ms=FAR_FUTURE_MS)
     assert report.floor > behind.timeline.latest_seq
     with pytest.raises(HistoryCompactedError, match="open the table again"):
