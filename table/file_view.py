@@ -17,6 +17,11 @@ from dbidx.table.records import (
 
 GroupKey = tuple[str | None, int]  # (partition, or None for the global index; shard)
 
+# How many paths of dropped files (replaced and cleaned) `is_cleaned` still recognizes: a read planned before a
+# clean that finds its file gone is told "cleaned" (HistoryCompactedError), not "damaged", unless more files than
+# this were dropped between its plan and its look (hours of a busy table's cleans). A bounded memory, not a view.
+GONE_MEMORY = 4096
+
 
 @dataclass
 class _Added:
@@ -52,8 +57,16 @@ class FileView:
         self.history_floor = 0
         self._groups: dict[GroupKey, list[_Added]] = {}
         self._by_path: dict[str, _Added] = {}
-        self._cleaned: dict[str, int] = {}
+        self._cleaned: dict[str, int] = {}  # files cleaned and not (yet) replaced -> the clean's seq
         self._stats: dict[str, PartitionStats] = {}
+        # Files both replaced and cleaned are dropped when the fold meets the second of the two (`_drop`), so a
+        # long-lived view holds what one opened from a checkpoint at the same seq holds, not every file ever
+        # written. What they leave: per group the largest `replaced_at` among its dropped files (reads of that
+        # group as of a seq below it raise, other groups read on), and the largest seq that added a dropped delta
+        # (incremental reads starting below it raise). `to_dict` folds both into the checkpoint's history_floor.
+        self._group_floors: dict[GroupKey, int] = {}
+        self._delta_floor = 0
+        self._gone: dict[str, int] = {}  # the last GONE_MEMORY dropped paths -> the seq of the clean that removed them
 
     def apply(self, records: list[CompletedInstant]) -> None:
         """Fold newly published completion records (in seq order) into the view."""
@@ -75,9 +88,19 @@ class FileView:
                         covered[group] = max(covered.get(group, 0), old.order[0])
                 for f in rec.files:
                     self._add(_Added(rec.seq, f, (covered.get((f.partition, f.shard), 0), 1)))
+                # Cleaned before being replaced (a clean only deletes replaced files, so only a crafted log): gone.
+                self._drop({p: self._cleaned[p] for p in rec.replaced if p in self._cleaned and p in self._by_path})
             if rec.action == ACTION_CLEAN:
+                doomed: dict[str, int] = {}
                 for path in rec.deleted:
-                    self._cleaned[path] = rec.seq
+                    added = self._by_path.get(path)
+                    if added is None:
+                        continue  # a data or DV file (the data view's), or one the view never held: nothing to keep
+                    if added.replaced_at is None:
+                        self._cleaned[path] = rec.seq  # kept, as a checkpoint keeps it: reads needing it raise
+                    else:
+                        doomed[path] = rec.seq
+                self._drop(doomed)
             if rec.action in ENTRY_ACTIONS:
                 self._apply_stats(rec)
             self.applied_seq = rec.seq
@@ -85,6 +108,30 @@ class FileView:
     def _add(self, added: _Added) -> None:
         self._groups.setdefault((added.record.partition, added.record.shard), []).append(added)
         self._by_path[added.record.path] = added
+
+    def _drop(self, doomed: dict[str, int]) -> None:
+        """Forget files that were both replaced and cleaned (path -> the clean's seq): they can never be read again.
+        What a checkpoint leaves out (FORMAT.md 7a), with the floors that keep every read that needed them loud."""
+        if not doomed:
+            return
+        by_group: dict[GroupKey, set[str]] = {}
+        for path, cleaned_at in doomed.items():
+            added = self._by_path.pop(path)
+            self._cleaned.pop(path, None)
+            group = (added.record.partition, added.record.shard)
+            by_group.setdefault(group, set()).add(path)
+            self._group_floors[group] = max(self._group_floors.get(group, 0), added.replaced_at or 0)
+            if added.record.kind == "delta":
+                self._delta_floor = max(self._delta_floor, added.seq)
+            self._gone[path] = cleaned_at
+        for group, paths in by_group.items():
+            kept = [a for a in self._groups.get(group, []) if a.record.path not in paths]
+            if kept:
+                self._groups[group] = kept
+            else:
+                self._groups.pop(group, None)  # no file left: a checkpoint has no trace of the group either
+        while len(self._gone) > GONE_MEMORY:
+            del self._gone[next(iter(self._gone))]
 
     def _apply_stats(self, rec: CompletedInstant) -> None:
         for partition, change in rec.partitions.items():
@@ -102,7 +149,8 @@ class FileView:
                     stats.bucket_fills.pop(fg, None)
 
     def groups(self) -> list[GroupKey]:
-        """Every (partition, shard) that ever had a file."""
+        """Every (partition, shard) with a file the view holds (one whose files were all replaced and cleaned is
+        gone, as from a checkpoint)."""
         return sorted(self._groups, key=lambda g: ("" if g[0] is None else g[0], g[1]))
 
     def files(self, partition: str | None, shard: int, upto_seq: int | None = None) -> list[FileRecord]:
@@ -112,6 +160,12 @@ class FileView:
             raise HistoryCompactedError(
                 f"a read as of seq {upto} needs index files a clean removed before seq {self.history_floor} (the "
                 "table was opened from a checkpoint past them); read a newer snapshot (caches reload the partition)")
+        floor = self._group_floors.get((partition, shard), 0)
+        if upto < floor:
+            raise HistoryCompactedError(
+                f"a read of {'the global index' if partition is None else repr(partition)}, shard {shard} as of seq "
+                f"{upto} needs index files that a compaction replaced (by seq {floor}) and a clean removed since; "
+                "read a newer snapshot (caches reload the partition)")
         live = [
             a for a in self._groups.get((partition, shard), [])
             if a.seq <= upto and (a.replaced_at is None or a.replaced_at > upto)
@@ -125,7 +179,7 @@ class FileView:
         return [a.record for a in sorted(live, key=lambda a: a.order)]
 
     def all_files(self) -> list[FileRecord]:
-        """Every file the view knows (live, replaced, cleaned)."""
+        """Every file the view holds: live, replaced, and cleaned ones not both (those are dropped)."""
         return [a.record for a in self._by_path.values()]
 
     def referenced_paths(self) -> set[str]:
@@ -133,19 +187,27 @@ class FileView:
         return {p for p, a in self._by_path.items() if a.replaced_at is None or p not in self._cleaned}
 
     def is_cleaned(self, path: str) -> bool:
-        """Whether a clean has deleted this file."""
-        return path in self._cleaned
+        """Whether a clean has deleted this index file: one the view holds, or one of the last GONE_MEMORY it
+        dropped (a read planned before the clean that finds its file gone asks this)."""
+        return path in self._cleaned or path in self._gone
 
     def delta_files_between(self, after_seq: int, upto_seq: int, strict: bool = True) -> list[tuple[int, FileRecord]]:
         """Delta files published by commits with after_seq < seq <= upto_seq, in order, with their seq.
 
-        strict: raise HistoryCompactedError if one of them was cleaned (else the caller checks is_cleaned()).
+        strict: raise HistoryCompactedError if one of them was cleaned (else the caller checks is_cleaned()). A
+        delta both replaced and cleaned is no longer held (as in a view opened from a checkpoint past it): a strict
+        read starting before the seq that published it raises; a lax one does not list it.
         """
         if strict and after_seq < self.history_floor:
             raise HistoryCompactedError(
                 f"incremental read ({after_seq}, {upto_seq}] reaches back before seq {self.history_floor}, whose "
                 "replaced files a clean removed (the table was opened from a checkpoint past them); reload from a "
                 "snapshot instead")
+        if strict and after_seq < self._delta_floor:
+            raise HistoryCompactedError(
+                f"incremental read ({after_seq}, {upto_seq}] reaches back before seq {self._delta_floor}, which "
+                "published a delta file that a compaction replaced and a clean removed since; reload from a snapshot "
+                "instead")
         out = []
         for added in self._by_path.values():
             if after_seq < added.seq <= upto_seq and added.record.kind == "delta":
@@ -174,7 +236,7 @@ class FileView:
     def to_dict(self) -> dict[str, Any]:
         """The view as a checkpoint stores it. Files that were replaced and then cleaned are left out (they can
         never be read again); `history_floor` then says which older reads must fail instead of missing them."""
-        floor = self.history_floor
+        floor = max([self.history_floor, *self._group_floors.values()])
         files = []
         for path, a in sorted(self._by_path.items(), key=lambda item: (item[1].seq, item[0])):
             if a.replaced_at is not None and path in self._cleaned:
