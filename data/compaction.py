@@ -56,7 +56,8 @@ DEFAULT_TARGET_FILE_BYTES = 64 << 20
 def compact_data(table: TableState, partitions: Iterable[str] | None = None, min_files: int = 2,
                  deleted_share: float | None = DEFAULT_DELETED_SHARE,
                  target_file_bytes: int | None = DEFAULT_TARGET_FILE_BYTES,
-                 progress: Progress | None = None, runner: WorkRunner | None = None) -> DataCompactionResult:
+                 progress: Progress | None = None, runner: WorkRunner | None = None,
+                 base_share: float | None = None) -> DataCompactionResult:
     """Rewrite, per file group, its small files (under `target_file_bytes`; None: every file counts as small) when
     there are at least `min_files` of them, and every file whose deletion vector hides at least `deleted_share` of
     its rows (None: never for that reason), into one base of their live rows.
@@ -66,15 +67,25 @@ def compact_data(table: TableState, partitions: Iterable[str] | None = None, min
     grows no new files, but every reader still reads its dead rows and applies its vector (Delta's REORG ... PURGE).
     `progress` hears of each file group rewritten (rows: rows read). `runner` (dbidx.runner; default: here, one
     file group after another) runs the rewrites, e.g. as a Spark job.
+
+    base_share (None: every chosen file is rewritten, one file per group results): a group's largest small file
+    stays as it is while the other files chosen hold less than this share of its bytes; they are merged into one
+    file beside it. Why: a group that keeps growing (today's partition, a hot key range) would otherwise have its
+    whole base rewritten every `min_files` batches, so the cost of each compaction follows the group's size, not
+    the new data; leaving it alone until the rest reaches the share bounds the rewrite per new byte (size-tiered, as
+    LSM stores and RocksDB's universal compaction do), at the price of one more file per group for readers.
     """
     if deleted_share is not None and not 0.0 < deleted_share <= 1.0:
         raise InvalidInputError(f"deleted_share must be in (0, 1], got {deleted_share!r}")
+    if base_share is not None and (isinstance(base_share, bool) or not isinstance(base_share, (int, float))
+                                   or not 0.0 < base_share <= 1e6):
+        raise InvalidInputError(f"base_share must be a number in (0, 1000000] or None, got {base_share!r}")
     if target_file_bytes is not None and (isinstance(target_file_bytes, bool) or not isinstance(target_file_bytes, int)
                                           or target_file_bytes < 1):
         raise InvalidInputError(f"target_file_bytes must be a positive number of bytes, got {target_file_bytes!r}")
     # 1. The snapshot: the files of each group worth rewriting as of now.
     plan = plan_read(table, partitions)
-    chosen = (_to_rewrite(u, max(min_files, 1), deleted_share, target_file_bytes) for u in plan.units)
+    chosen = (_to_rewrite(u, max(min_files, 1), deleted_share, target_file_bytes, base_share) for u in plan.units)
     todo = [u for u in chosen if plan.key is not None and u is not None]
     if not todo:
         return DataCompactionResult(None, 0, 0, 0, 0, 0)
@@ -145,15 +156,24 @@ def compact_data(table: TableState, partitions: Iterable[str] | None = None, min
 
 
 def _to_rewrite(unit: ReadUnit, min_files: int, deleted_share: float | None,
-                target_file_bytes: int | None) -> ReadUnit | None:
+                target_file_bytes: int | None, base_share: float | None = None) -> ReadUnit | None:
     """The part of a file group to rewrite (None: nothing): the files whose vector hides at least `deleted_share` of
-    their rows, and the small ones if at least `min_files` files are to be rewritten at all."""
+    their rows, and the small ones if at least `min_files` files are to be rewritten at all, less the largest small
+    one while the others hold under `base_share` of its bytes (compact_data says why)."""
     vectors = unit.vectors or (None,) * len(unit.files)
     share = 2.0 if deleted_share is None else deleted_share
     heavy = {i for i, (f, v) in enumerate(zip(unit.files, vectors))
              if v is not None and f.rows and v.vector.cardinality / f.rows >= share}
     small = {i for i, f in enumerate(unit.files) if target_file_bytes is None or f.size < target_file_bytes}
     picked = sorted(heavy | small) if len(heavy | small) >= min_files else sorted(heavy)
+    if base_share is not None and len(picked) >= min_files:
+        # The largest file not rewritten for its deletes stays while the rest is small beside it, as long as the
+        # rest is still worth merging: two files or more, or one rewritten for its deletes.
+        largest = max((i for i in picked if i not in heavy), key=lambda i: unit.files[i].size, default=None)
+        rest = [i for i in picked if i != largest]
+        if largest is not None and sum(unit.files[i].size for i in rest) < base_share * unit.files[largest].size \
+                and (len(rest) >= 2 or heavy.intersection(rest)):
+            picked = rest
     if not picked:
         return None
     return replace(unit, files=tuple(unit.files[i] for i in picked), seqs=tuple(unit.seqs[i] for i in picked),

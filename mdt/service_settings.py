@@ -36,6 +36,8 @@ class ServiceSettings:
     data_min_small_files: int = 10  # a file group is compacted once it has this many small files
     data_small_file_mb: int = 64  # files under this size count as small (and bases are not rewritten again)
     data_deleted_share: float = 0.2  # a file with this share of its rows deleted is rewritten
+    data_base_share: float = 0.25  # a group's largest small file is rewritten only once the rest holds this share
+    # of its bytes (0: always: one file per group after each compaction)
     index_compaction: bool = True
     index_min_files: int = 10  # an index group (partition, shard) is compacted at this many files
     clean: bool = True
@@ -62,6 +64,7 @@ _RANGES: dict[str, tuple[float, float]] = {
     "data_min_small_files": (2, 1 << 20), "data_small_file_mb": (1, 1 << 20), "index_min_files": (2, 1 << 20),
     "clean_retain_completions": (0, 1 << 30), "clean_interval": (1, 1 << 30), "budget_files": (1, 1 << 30),
     "budget_seconds": (0.001, 86400.0), "vacuum_interval_hours": (0.001, 8760.0), "spark_jobs_min_mb": (0, 1 << 30),
+    "data_base_share": (0.0, 1e6),
 }
 KEYS: tuple[str, ...] = tuple(f.name for f in fields(ServiceSettings))
 

@@ -56,7 +56,8 @@ class MaintainedTable(TableState, Protocol):
 
     def compact_data(self, partitions: Iterable[str] | None = None, min_files: int = 2,
                      deleted_share: float | None = 0.2, target_file_bytes: int | None = 64 << 20,
-                     progress: Progress | None = None, runner: WorkRunner | None = None) -> DataCompactionResult: ...
+                     progress: Progress | None = None, runner: WorkRunner | None = None,
+                     base_share: float | None = None) -> DataCompactionResult: ...
 
     def clean(self, retain_completions: int = 10, delete_migrated: bool = False) -> CompletedInstant | None: ...
 
@@ -236,7 +237,8 @@ def _compact_data(table: MaintainedTable, settings: ServiceSettings, partitions:
                   progress: Progress | None, runner: WorkRunner) -> tuple[str | None, dict[str, Any]]:
     result = table.compact_data(partitions, min_files=settings.data_min_small_files,
                                 deleted_share=settings.data_deleted_share,
-                                target_file_bytes=settings.data_small_file_mb << 20, progress=progress, runner=runner)
+                                target_file_bytes=settings.data_small_file_mb << 20, progress=progress, runner=runner,
+                                base_share=settings.data_base_share or None)
     # runner.where is read after the run: a runner.BySize says there where this run went.
     details = {"ran_on": runner.where, "partitions": partitions, "file_groups": result.file_groups,
                "files_replaced": result.files_replaced,

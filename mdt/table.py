@@ -646,13 +646,16 @@ class Table:
 
     def compact_data(self, partitions: Iterable[str] | None = None, min_files: int = 2,
                      deleted_share: float | None = 0.2, target_file_bytes: int | None = 64 << 20,
-                     progress: Progress | None = None, runner: WorkRunner | None = None) -> DataCompactionResult:
+                     progress: Progress | None = None, runner: WorkRunner | None = None,
+                     base_share: float | None = None) -> DataCompactionResult:
         """Rewrite, per file group, its small data files (under `target_file_bytes`) when there are at least
         `min_files` of them, and every file with at least `deleted_share` of its rows deleted, into one base of their
         live rows, as one data compaction instant that concurrent upserts do not conflict with (see
-        data.compaction). `runner`: where the rewrites run (as for `compact`)."""
+        data.compaction). `runner`: where the rewrites run (as for `compact`). base_share: a group's largest small
+        file stays while the rest hold less than this share of its bytes (None: one file per group results)."""
         result = compact_data(self, partitions, min_files=min_files, deleted_share=deleted_share,
-                              target_file_bytes=target_file_bytes, progress=progress, runner=runner)
+                              target_file_bytes=target_file_bytes, progress=progress, runner=runner,
+                              base_share=base_share)
         self._sweep_after("data compaction")
         return result
 

@@ -167,3 +167,56 @@ def test_spark_jobs_off_keeps_the_pieces_in_the_driver(tmp_path: Path, services_
     write_settings(table.io, {"spark_jobs_min_mb": 0})
     assert ran_on() == {"test"} and runner.items > 0
     assert current(table) == oracle.expected_rows()
+
+
+def _unit(sizes: list[int], deleted: dict[int, int] | None = None) -> Any:
+    """A file group of files of these sizes (100 rows each), file i with deleted[i] rows in its vector."""
+    from dbidx.data.reads import ReadUnit
+    from dbidx.table.data_view import DvRef
+    from dbidx.table.records import DataFileRecord, DeletionVectorRecord, DvFileRecord
+
+    files = tuple(DataFileRecord(f"dt=x/g_{i:017d}_0.parquet", "dt=x", "g", 100, size, "xxh64:" + "0" * 16)
+                  for i, size in enumerate(sizes))
+    vectors = tuple(
+        DvRef(DeletionVectorRecord(f.path, "d.bin", 0, 0, (deleted or {})[i]), DvFileRecord("d.bin", 0, "x"))
+        if i in (deleted or {}) else None
+        for i, f in enumerate(files))
+    return ReadUnit("dt=x", "g", files, tuple(range(len(files))), tuple(f"{i:017d}" for i in range(len(files))),
+                    vectors)
+
+
+@pytest.mark.parametrize("sizes, deleted, share, kept", [
+    ([1000] + [10] * 9, {}, 0.25, [1, 2, 3, 4, 5, 6, 7, 8, 9]),  # the rest is 9% of the base: the base stays
+    ([1000] + [10] * 9, {}, None, list(range(10))),  # no share: everything, one file results
+    ([1000] + [30] * 9, {}, 0.25, list(range(10))),  # the rest is 27%: the base is rewritten with it
+    ([1000, 10], {}, 0.25, [0, 1]),  # one small file alone is not worth a rewrite: both
+    ([1000, 10], {1: 50}, 0.25, [1]),  # ... unless it is rewritten for its deletes
+    ([1000] + [10] * 9, {0: 30}, 0.25, list(range(10))),  # a base with 30% deleted is rewritten anyway
+    ([10] * 5 + [1000], {}, 0.25, [0, 1, 2, 3, 4]),  # the largest stays wherever it stands in the group
+])
+def test_a_large_base_stays_while_the_rest_is_small_beside_it(sizes, deleted, share, kept) -> None:
+    from dbidx.data.compaction import _to_rewrite
+
+    unit = _unit(sizes, deleted)
+    chosen = _to_rewrite(unit, 2, 0.2, 1 << 30, share)
+    assert chosen is not None and [unit.files.index(f) for f in chosen.files] == kept
+
+
+def test_compaction_with_a_base_share_merges_beside_the_base_and_reads_the_same(tmp_path: Path) -> None:
+    table, oracle = loaded_table(tmp_path, 4412)
+    table.compact_data(min_files=2)  # one file per group
+    bases = {live.record.path for live in table.data_view().live()}
+    rng, serial = random.Random(4413), [30_000]
+    for _ in range(3):
+        batch = random_batch(rng, oracle, serial, size=10)
+        upsert_arrow(as_arrow(batch), table, key="id", partition="dt", buckets=BucketSpec(capacity=7),
+                     cache_config=CacheConfig(base_path=str(tmp_path / "cache")))
+        oracle.apply(batch)
+    result = table.compact_data(min_files=2, base_share=1.0)
+    assert result.record is not None
+    kept_bases = set(bases) - set(result.record.replaced)
+    assert kept_bases, "some group's base was small beside its new files and stayed"
+    live = {live.record.path for live in table.data_view().live()}
+    assert kept_bases <= live
+    assert current(table) == oracle.expected_rows()
+    assert current(Table.open(table.uri)) == oracle.expected_rows()
