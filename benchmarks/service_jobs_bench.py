@@ -119,6 +119,8 @@ def run(args: argparse.Namespace, work: Path) -> tuple[str, bool]:
             best[name] = (min(data, old[0], key=lambda t: t.wall) if old else data,
                           min(index, old[1], key=lambda t: t.wall) if old else index)
             shutil.rmtree(copy)
+    pieces = max(max(best["spark"][0].pieces, best["spark"][1].pieces), 1)
+    probe = pieces, min(scheduling(spark_runner, pieces) for _ in range(3))
     spark.stop()
     ok = prints["driver"] == prints["spark"]
     rows = []
@@ -126,7 +128,6 @@ def run(args: argparse.Namespace, work: Path) -> tuple[str, bool]:
         d, s = best["driver"][i], best["spark"][i]
         rows.append([service, f"{d.pieces:,}", f"{d.input_mib:.1f}", f"{d.wall:.2f}", f"{s.wall:.2f}",
                      f"{s.wall / d.wall:.2f}x" if d.wall else "-", f"{d.cpu:.2f}", f"{s.cpu:.2f}"])
-    probe = spark_session_probe(work, args.shards, max(best["spark"][0].pieces, best["spark"][1].pieces))
     body = "\n\n".join([
         f"## Table services in the driver vs as Spark jobs: {args.keys:,} keys, {args.batches} batches of "
         f"{args.batch:,} rows",
@@ -143,16 +144,6 @@ def run(args: argparse.Namespace, work: Path) -> tuple[str, bool]:
         f"{'check ok' if ok else 'MISMATCH'}.",
     ])
     return body, ok
-
-
-def spark_session_probe(work: Path, shards: int, pieces: int) -> tuple[int, float]:
-    """Scheduling cost measured in a session of its own, warmed like the one the compactions used."""
-    spark = _report.spark_session(work / "spark-probe", shards, "dbidx-service-jobs-probe")
-    runner = SparkWorkRunner(spark)
-    scheduling(runner, 2)
-    seconds = min(scheduling(runner, max(pieces, 1)) for _ in range(3))
-    spark.stop()
-    return max(pieces, 1), seconds
 
 
 def parse() -> argparse.Namespace:
@@ -177,7 +168,7 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     try:
         body, ok = run(args, work)
-        for name in ("built", "spark-local", "spark-probe"):
+        for name in ("built", "spark-local"):
             shutil.rmtree(work / name, ignore_errors=True)
     finally:
         if args.work is None:

@@ -31,7 +31,7 @@ class ServiceSettings:
 
     after_commit: bool = True  # run the services in the writer after each upsert's publish
     spark_jobs: bool = True  # after a Spark upsert, the compactions' pieces run as Spark jobs (False: in the driver)
-    spark_jobs_min_mb: int = 256  # ... those of a compaction reading at least this much; smaller ones in the driver
+    spark_jobs_min_mb: int = 64  # ... those of a compaction reading at least this much; smaller ones in the driver
     data_compaction: bool = True
     data_min_small_files: int = 10  # a file group is compacted once it has this many small files
     data_small_file_mb: int = 64  # files under this size count as small (and bases are not rewritten again)
