@@ -6,9 +6,10 @@ Why: a Spark writer's driver is often a small machine, while a compaction round 
 as a job, the pieces run on the executors, in parallel, under Spark's retries. What stays in the driver is what must:
 the choice of work (from the folded views), the checks of every result and the publish.
 
-How a piece travels: the work function and the items are pickled with the job (driver to executors); a task runs the
-piece of each Spark partition it gets (one item per partition) and returns (item, attempt, payload) as an Arrow
-row, so the driver reads bytes it parses strictly, never a pickle from an executor. A retried or speculative task's
+How a piece travels: the work function and the items are pickled with the job (driver to executors); the pieces are
+packed into slices of about equal bytes, one Spark partition each, and a task runs its slice's pieces one after
+another, returning (item, attempt, payload) per piece as an Arrow row, so the driver reads bytes it parses strictly,
+never a pickle from an executor. A retried or speculative task's
 try writes its files under its own attempt number, announced by a marker (runner.py): the loser's files are deleted
 after the publish. A dbidx error in a task comes back as its own type (task_errors.retyped).
 """
@@ -30,7 +31,8 @@ RESULT_DDL = "item long, attempt int, payload binary"
 
 
 class SparkWorkRunner:
-    """Runs each piece of a service's work as one task of a Spark job on `spark`'s cluster."""
+    """Runs a service's pieces of work as one Spark job on `spark`'s cluster, packed into as many tasks as it has
+    cores."""
 
     where = "spark"
 
