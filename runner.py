@@ -1,4 +1,4 @@
-"""Where a service's independent pieces of work run: in this process, or as one Spark job (one task per piece).
+"""Where a service's independent pieces of work run: in this process, or as one Spark job (pieces packed into a task per core).
 
 Data compaction rewrites file groups and index compaction merges (partition, shard) groups, each piece on its own;
 only the publish that follows needs the driver. A `WorkRunner` runs the pieces: `IN_PROCESS` one after another
@@ -78,6 +78,14 @@ def unpack(payload: object, where: str, fields: set[str]) -> dict[str, Any]:
         raise CommitError(f"{where}: a piece of work returned a malformed result ({exc}); nothing was "
                           "published") from exc
     return result
+
+
+def attempt_of(result: dict[str, Any]) -> int:
+    """A result's `attempt`, a whole number >= 0 (ValueError otherwise: the caller names the piece)."""
+    attempt = result["attempt"]
+    if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
+        raise ValueError(f"attempt {attempt!r} is not a whole number >= 0")
+    return attempt
 
 
 def check_written(io: SizedStorage, what: str, expected: list[tuple[str, int]]) -> None:

@@ -29,7 +29,7 @@ from dbidx.data.reads import ReadUnit, plan_read, read_unit
 from dbidx.data.superseded import load_vector, write_vectors
 from dbidx.errors import CommitError, ConflictError, CorruptFileError, InvalidInputError
 from dbidx.progress import Progress, Steps
-from dbidx.runner import IN_PROCESS, WorkRunner, check_written, pack, unpack
+from dbidx.runner import IN_PROCESS, WorkRunner, attempt_of, check_written, pack, unpack
 from dbidx.table import layout, markers
 from dbidx.table.data_view import DvRef
 from dbidx.table.fileio import FileIO
@@ -145,12 +145,8 @@ def compact_data(table: TableState, partitions: Iterable[str] | None = None, min
         if getattr(exc, "published", None) is None:  # published, then another engine took its Delta version
             table.timeline.rollback(writer.instant)
         raise
-    # Files of attempts that lost (a retried or speculative Spark task): a first try's under the planned name, a later
-    # one's announced with a marker. Now they go.
-    listed = {f.path for f in record.dv_files} | {b.path for b in bases}
-    for rel in sorted(set(paths.values()) - listed):
-        table.io.delete(rel)
-    markers.discard_unlisted(table.io, writer.instant, keep=listed)
+    markers.discard_losing_tries(table.io, writer.instant, paths.values(),
+                                 {f.path for f in record.dv_files} | {b.path for b in bases})
     return DataCompactionResult(record, len(todo), len(replaced), sum(b.rows for b in bases),
                                 sum(u.bytes for u in todo), sum(b.size for b in bases))
 
@@ -215,9 +211,7 @@ def _parsed_rewrite(payload: bytes, unit: ReadUnit, instant: str, moved: dict[st
     where = f"{what}, file group {unit.partition or '(root)'} {unit.file_group}"
     result = unpack(payload, where, {"attempt", "base", "moved"})
     try:
-        attempt = result["attempt"]
-        if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
-            raise ValueError(f"attempt {attempt!r} is not a whole number >= 0")
+        attempt = attempt_of(result)
         if result["base"] is None:
             if result["moved"]:
                 raise ValueError("row maps without a base")

@@ -19,7 +19,7 @@ import pyarrow as pa
 from dbidx.errors import CommitError, ConflictError, CorruptFileError, InvalidInputError
 from dbidx.mdt import rli_files
 from dbidx.progress import Progress, Steps
-from dbidx.runner import IN_PROCESS, WorkRunner, check_written, pack, unpack
+from dbidx.runner import IN_PROCESS, WorkRunner, attempt_of, check_written, pack, unpack
 from dbidx.table import layout, markers
 from dbidx.table.fileio import FileIO
 from dbidx.table.records import ACTION_CLEAN, ACTION_COMPACTION, CompletedInstant, FileRecord, record_dict
@@ -101,12 +101,7 @@ def compact(
         if getattr(exc, "published", None) is None:  # published, then another engine took its Delta version
             table.timeline.rollback(writer.instant)
         raise
-    # Files of attempts that lost (a retried or speculative Spark task): a first try's under the planned name, a later
-    # one's announced with a marker. Now they go.
-    listed = {b.path for b in bases}
-    for rel in sorted(set(paths.values()) - listed):
-        table.io.delete(rel)
-    markers.discard_unlisted(table.io, writer.instant, keep=listed)
+    markers.discard_losing_tries(table.io, writer.instant, paths.values(), {b.path for b in bases})
     return CompactionResult(record, len(todo), len(replaced), sum(b.rows for b in bases))
 
 
@@ -131,9 +126,7 @@ def _parsed_merge(payload: bytes, partition: str | None, shard: int, instant: st
     where = f"{what}, group {partition or '(global)'} shard {shard}"
     result = unpack(payload, where, {"attempt", "base"})
     try:
-        attempt = result["attempt"]
-        if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
-            raise ValueError(f"attempt {attempt!r} is not a whole number >= 0")
+        attempt = attempt_of(result)
         if result["base"] is None:
             return None
         base = FileRecord.parse(result["base"], "base")

@@ -126,6 +126,14 @@ def discard_unlisted(io: FileIO, instant: str, keep: Iterable[str]) -> list[str]
     return deleted
 
 
+def discard_losing_tries(io: FileIO, instant: str, planned: Iterable[str], listed: set[str]) -> list[str]:
+    """After a publish whose pieces may have run more than once (a retried or speculative Spark task): delete the
+    planned names the record does not list (a first try's files) and every announced file it does not list (later
+    tries'), then the markers; returns the deleted."""
+    deleted = [rel for rel in sorted(set(planned) - listed) if io.delete(rel)]
+    return deleted + discard_unlisted(io, instant, keep=listed)
+
+
 def withdraw(io: FileIO, instant: str, written: Iterable[str], listed: set[str]) -> None:
     """Delete this attempt's files that a settled instant did not list, with their markers: a file's own marker, and
     each list marker whose files were all deleted here (another attempt's list markers are left alone)."""
