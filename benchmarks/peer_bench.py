@@ -25,6 +25,8 @@ every 0.2 s: the JVM and Python workers included), bytes of its table dir, and t
 keys and sum(ver) == the generator's expected sum.
 Run: `python benchmarks/peer_bench.py [--keys 2000000] [--batches 5] [--batch N] [--systems dbidx,delta-id,...]
 [--timeout 1800] [--smoke] [--write-results]`; one system alone: `--run-one SYSTEM --work DIR` (used internally).
+`--smoke` (the test suite's run: 3,000 keys, 3 batches) runs the Spark systems one after the other in one child
+process, so the JVM starts once (a stopped SparkSession's successor reuses it); their figures are not comparable then.
 """
 from __future__ import annotations
 
@@ -418,10 +420,12 @@ def kill_tree(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def supervise(name: str, work: Path, args: argparse.Namespace, timeout: float) -> Outcome:
-    command = [sys.executable, str(Path(__file__).resolve()), "--run-one", name, "--work", str(work),
+def supervise(names: list[str], work: Path, args: argparse.Namespace, timeout: float) -> dict[str, Outcome]:
+    """Run `names` in one child (normally one system; at smoke size the Spark systems share a child, so one JVM
+    start is paid), under one time cap; each system's outcome from its own figures file."""
+    command = [sys.executable, str(Path(__file__).resolve()), "--run-one", ",".join(names), "--work", str(work),
                "--shards", str(args.shards)]
-    log = work / f"{name}.log"
+    log = work / f"{'+'.join(names)}.log"
     with open(log, "w") as sink:
         proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
         peak, start, timed_out = 0, time.monotonic(), False
@@ -434,18 +438,22 @@ def supervise(name: str, work: Path, args: argparse.Namespace, timeout: float) -
                 time.sleep(SAMPLE_S)
         finally:
             kill_tree(proc)
-    result = work / f"{name}.json"
-    progress = Progress(**json.loads(result.read_text())) if result.exists() else Progress()
-    if timed_out:
-        status = f"timeout at {timeout:.0f} s ({len(progress.batch_s)}/{args.batches} batches)"
-    elif proc.returncode != 0:
-        status = f"failed (exit {proc.returncode}): {last_line(log)}"
-        print(f"--- {name} failed; the end of its log:\n{tail(log, 25)}", file=sys.stderr)
-    elif progress.unsupported:
-        status = f"unsupported: {progress.unsupported}"
-    else:
-        status = "ok"
-    return Outcome(status, progress, peak)
+    outcomes = {}
+    for name in names:
+        result = work / f"{name}.json"
+        progress = Progress(**json.loads(result.read_text())) if result.exists() else Progress()
+        if timed_out:
+            status = f"timeout at {timeout:.0f} s ({len(progress.batch_s)}/{args.batches} batches)"
+        elif proc.returncode != 0:
+            status = f"failed (exit {proc.returncode}): {last_line(log)}"
+        elif progress.unsupported:
+            status = f"unsupported: {progress.unsupported}"
+        else:
+            status = "ok"
+        outcomes[name] = Outcome(status, progress, peak)
+    if not timed_out and proc.returncode != 0:
+        print(f"--- {'+'.join(names)} failed; the end of its log:\n{tail(log, 25)}", file=sys.stderr)
+    return outcomes
 
 
 def tail(path: Path, lines: int) -> str:
@@ -507,22 +515,38 @@ def run_all(args: argparse.Namespace, names: list[str]) -> tuple[list[list[Any]]
         start = time.perf_counter()
         manifest = generate(work, args.keys, args.batches, args.batch)
         generate_s = time.perf_counter() - start
+        runnable = []
         for name in names:
             system = SYSTEMS[name]
             if not installed(system.package):
                 hint = "pip install pypaimon (needs pyarrow<20)" if name == "pypaimon" else "pip install -e '.[peers]'"
                 print(f"{system.label}: {system.package} is not installed, skipped ({hint})", file=sys.stderr)
+                runnable.append((name, None))
+            else:
+                runnable.append((name, args.iceberg_timeout if name == "pyiceberg" else args.timeout))
+        # One child per system; at smoke size the Spark systems share one child (one JVM start, not one each),
+        # started with the first of them.
+        shared = [name for name, timeout in runnable if timeout is not None and args.smoke
+                  and SYSTEMS[name].package == "pyspark"]
+        outcomes: dict[str, Outcome] = {}
+        for name, timeout in runnable:
+            system = SYSTEMS[name]
+            if timeout is None:
                 rows.append(skipped_row(name, f"{system.package} not installed"))
                 continue
-            timeout = args.iceberg_timeout if name == "pyiceberg" else args.timeout
-            outcome = supervise(name, work, args, timeout)
+            if name not in outcomes:
+                group = shared if name in shared else [name]
+                caps = [t for n, t in runnable if n in group]
+                outcomes.update(supervise(group, work, args, sum(caps)))
+                for member in group:
+                    shutil.rmtree(work / member, ignore_errors=True)
+                    shutil.rmtree(work / f"{member}-scratch", ignore_errors=True)
+            outcome = outcomes[name]
             rows.append(row(name, outcome, manifest))
             figures[name] = {"label": system.label, "status": outcome.status, "load_s": outcome.progress.load_s,
                              "batch_s": outcome.progress.batch_s, "peak_rss": outcome.peak_rss,
                              "check": rows[-1][-1]}
             print(f"{system.label}: {outcome.status}", file=sys.stderr)
-            shutil.rmtree(work / name, ignore_errors=True)
-            shutil.rmtree(work / f"{name}-scratch", ignore_errors=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return rows, figures, generate_s
@@ -557,11 +581,12 @@ def main() -> None:
     parser.add_argument("--iceberg-timeout", type=float, default=600, help="seconds for pyiceberg")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, for the test suite")
     parser.add_argument("--write-results", action="store_true")
-    parser.add_argument("--run-one", choices=sorted(SYSTEMS), help=argparse.SUPPRESS)
+    parser.add_argument("--run-one", help=argparse.SUPPRESS)  # comma separated: run one after the other
     parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run_one:
-        run_one(args.run_one, args.work, args.shards)
+        for name in args.run_one.split(","):
+            run_one(name, args.work, args.shards)
         return
     if args.smoke:
         args.keys, args.batches, args.timeout, args.iceberg_timeout = 3_000, 3, 100, 100
@@ -588,7 +613,9 @@ def main() -> None:
         f"dbidx's data compaction after the reads (`compact_data()`: each file group's small files into one), then "
         f"read after compact s: the full read again (best of {READS}). Check: rows read back == "
         f"distinct keys and sum(ver) as generated. Spark systems run local[2] with {args.shards} shards; time cap "
-        f"{args.timeout:.0f} s per system, {args.iceberg_timeout:.0f} s for pyiceberg.",
+        f"{args.timeout:.0f} s per system, {args.iceberg_timeout:.0f} s for pyiceberg."
+        + (" Smoke size: the Spark systems ran one after the other in one process (one JVM), so their peak RSS is "
+           "that process's." if args.smoke else ""),
         _report.table(HEADERS, rows),
     ])
     if args.write_results and not args.smoke:
