@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _report  # noqa: E402
 from table_bench import Stream  # noqa: E402  (the soak's change mix)
 
+from dbidx.mdt import service_settings  # noqa: E402
 from dbidx.mdt import services as services_module  # noqa: E402
 from dbidx.mdt.table import Table  # noqa: E402
 from dbidx.spark_integration import driver  # noqa: E402
@@ -165,11 +166,18 @@ def files_by_area(root: Path) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
+def parse_setting(text: str) -> tuple[str, Any]:
+    """A `--setting key=value` as `dbidx config` parses it (the table service setting's own type)."""
+    key, _, value = text.partition("=")
+    return key, service_settings.parse_text(key, value)
+
+
 def run(args: argparse.Namespace, work: Path, meter: Meter) -> tuple[list[Batch], list[tuple[int, pstats.Stats]]]:
     stream = Stream(args.keys, np.random.default_rng(SEED))
     root = work / "table"
     table = Table.open_or_create(str(root), num_shards=args.shards)
-    settings = table.configure_services(after_commit=True)  # the defaults: the services run inside the upsert
+    # The defaults (the services run inside the upsert), but for the --setting overrides (e.g. A/B of a setting).
+    settings = table.configure_services(after_commit=True, **dict(parse_setting(s) for s in args.setting or []))
     if args.retention:
         table.set_delta_properties({"delta.logRetentionDuration": args.retention,
                                     "delta.deletedFileRetentionDuration": args.retention})
@@ -329,6 +337,8 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--shards", type=int, default=2)
     parser.add_argument("--window", type=int, default=100)
     parser.add_argument("--retention", help="a Delta interval set as the log and removed-file retention")
+    parser.add_argument("--setting", action="append", metavar="KEY=VALUE",
+                        help="a table service setting other than its default (repeatable), e.g. index_base_share=0")
     parser.add_argument("--profile", action="store_true", help="cProfile each services run (CPU timer)")
     parser.add_argument("--json", type=Path, help="write every batch's figures here")
     parser.add_argument("--work", type=Path, help="work dir, kept (default: a temp dir, removed)")

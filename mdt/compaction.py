@@ -5,6 +5,15 @@ instant that names the files it replaces: readers switch from "old files" to "ne
 snapshot before, during and after compaction gives the same answer. Replaced files stay on disk (incremental reads
 across the compaction still work) until `clean` removes them; a clean is itself a completion record, so a reader
 that needs a removed file gets HistoryCompactedError instead of a silently short answer.
+
+Size-tiered (`base_share`, what the table services use): rewriting a group's base costs its whole size, so doing it
+whenever a group has `min_files` files makes a long-running table's compaction cost grow with the table. With a
+base_share, the base is rewritten only once the files after it hold that share of its entries; until then a
+compaction merges the group's newest run of files of similar size into one "merged" file (tombstones kept: the base
+below may hold the keys they delete), which stands where the newest file it replaced stood. Each entry is then
+rewritten about log2(share x base / delta) times before it reaches the base, and the base once per share of new
+bytes: a cost per batch that follows the batch, not the table. A merged file is not a delta: a cache's catch-up,
+which replays deltas, never reads it (its entries are older than the deltas it replaced, which the cache saw).
 """
 from __future__ import annotations
 
@@ -26,6 +35,12 @@ from dbidx.table.records import ACTION_CLEAN, ACTION_COMPACTION, CompletedInstan
 from dbidx.table.state import TableState
 
 
+# A newest run of files grows while the next older file holds at most this many times the run's entries: files of
+# about the same size merge, a file much larger than everything after it waits (size-tiered, as an LSM's
+# universal compaction; with 2, a run of halving sizes merges whole).
+RUN_RATIO = 2.0
+
+
 @dataclass(frozen=True)
 class CompactionResult:
     """What a compaction did (None record when there was nothing to compact)."""
@@ -34,6 +49,42 @@ class CompactionResult:
     groups: int
     files_replaced: int
     entries_written: int
+    bases: int = 0  # groups merged into a new base (the others into a merged file, base left alone)
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """One group's files to merge now (oldest first), and whether into a new base or into a merged file."""
+
+    files: tuple[FileRecord, ...]
+    into_base: bool
+
+
+def plan_group(files: list[FileRecord], min_files: int, base_share: float | None) -> GroupPlan | None:
+    """What to merge of one group's live files (oldest first, as FileView.files lists them), or None.
+
+    1. Nothing below `min_files` files, nor a lone base without tombstones (already compact).
+    2. Into a new base: every file, when base_share is None, the group has no base, or the files after the base hold
+       at least base_share of its entries (read amplification bounded by the share). Entries, not bytes: a merge's
+       cost follows them, and a small file's bytes are mostly Parquet's fixed overhead.
+    3. Else the newest run: from the newest file back, while the next older file holds at most RUN_RATIO times the
+       run's entries; at least two files, so each compaction leaves the group with fewer files.
+    """
+    if len(files) < max(min_files, 1) or (len(files) == 1 and not files[0].tombstones and files[0].kind == "base"):
+        return None
+    base = files[0] if files[0].kind == "base" else None
+    after = files[1:] if base is not None else files
+    if base_share is None or base is None or len(after) < 2 \
+            or sum(f.rows for f in after) >= base_share * base.rows:
+        return GroupPlan(tuple(files), True)
+    run = [after[-1]]
+    run_rows = after[-1].rows
+    for f in reversed(after[:-1]):
+        if len(run) >= 2 and f.rows > RUN_RATIO * run_rows:
+            break
+        run.append(f)
+        run_rows += f.rows
+    return GroupPlan(tuple(reversed(run)), False)
 
 
 def compact(
@@ -42,38 +93,46 @@ def compact(
     min_files: int = 2,
     progress: Progress | None = None,
     runner: WorkRunner | None = None,
+    base_share: float | None = None,
 ) -> CompactionResult:
     """Merge every (partition, shard) with at least `min_files` live files into a new base file; `progress` hears
     of each group written (rows: entries read); `runner` (dbidx.runner; default: here, one group after another)
-    runs the merges, e.g. as a Spark job."""
+    runs the merges, e.g. as a Spark job. base_share (None: always into a new base): a group's base is rewritten
+    only once the files after it hold this share of its entries, before that its newest run of files is merged into
+    one merged file (size-tiered; the module docstring says why, `plan_group` how)."""
+    if base_share is not None and (isinstance(base_share, bool) or not isinstance(base_share, (int, float))
+                                   or not 0.0 < base_share <= 1e6):
+        raise InvalidInputError(f"index compaction of {table.uri}: base_share must be a number in (0, 1000000] or "
+                                f"None, got {base_share!r}")
     view = table.refresh()
     wanted = None if partitions is None else {layout.validate_partition(p) for p in partitions}
-    # 1. Choose the groups worth compacting, from the view as of now.
-    todo: dict[tuple[str | None, int], list[FileRecord]] = {}
+    # 1. Choose the groups worth compacting and what of each, from the view as of now.
+    todo: dict[tuple[str | None, int], GroupPlan] = {}
     for partition, shard in view.groups():
         if wanted is not None and partition is not None and partition not in wanted:
             continue
-        files = view.files(partition, shard)
-        if len(files) >= max(min_files, 1) and (len(files) > 1 or files[0].tombstones or files[0].kind != "base"):
-            todo[(partition, shard)] = files
+        plan = plan_group(view.files(partition, shard), min_files, base_share)
+        if plan is not None:
+            todo[(partition, shard)] = plan
     if not todo:
         return CompactionResult(None, 0, 0, 0)
     writer = table.timeline.start(ACTION_COMPACTION)
     bases: list[FileRecord] = []
-    replaced = [f.path for files in todo.values() for f in files]
+    replaced = [f.path for plan in todo.values() for f in plan.files]
     steps = Steps(progress, len(todo))
     try:
-        # 2. Declare, then write one base per group: the newest entry per key, tombstones dropped; one piece of work
-        #    per group, run by `runner` (here, or as a Spark job), each result checked before anything is published.
-        paths = {g: layout.base_file(g[0], g[1], writer.instant) for g in todo}
+        # 2. Declare, then write one file per group: the newest entry per key, tombstones dropped from a base (kept in
+        #    a merged file); one piece of work per group, run by `runner` (here, or as a Spark job), each result
+        #    checked before anything is published.
+        paths = {g: _output_file(g[0], g[1], writer.instant, plan.into_base, None) for g, plan in todo.items()}
         table.timeline.mark_inflight(writer, paths.values())
         work = partial(merge_group, table.io, writer.instant, table.schema, table.props.row_group_size)
         what = f"compaction {writer.instant}"
-        items = [(g[0], g[1], tuple(files)) for g, files in todo.items()]
+        items = [(g[0], g[1], plan.files, plan.into_base) for g, plan in todo.items()]
         results = (runner or IN_PROCESS).run(work, items, f"{what}: merge index groups",
-                                             [sum(f.size for f in files) for _, _, files in items])
+                                             [sum(f.size for f in item[2]) for item in items])
         for item, payload in zip(items, results):
-            base = _parsed_merge(payload, item[0], item[1], writer.instant, what)
+            base = _parsed_merge(payload, item[0], item[1], item[3], writer.instant, what)
             steps.step(f"{item[0] or '(global)'} shard {item[1]}", sum(f.rows for f in item[2]))
             if base is not None:
                 bases.append(base)
@@ -102,37 +161,47 @@ def compact(
             table.timeline.rollback(writer.instant)
         raise
     markers.discard_losing_tries(table.io, writer.instant, paths.values(), {b.path for b in bases})
-    return CompactionResult(record, len(todo), len(replaced), sum(b.rows for b in bases))
+    return CompactionResult(record, len(todo), len(replaced), sum(b.rows for b in bases),
+                            sum(1 for plan in todo.values() if plan.into_base))
+
+
+def _output_file(partition: str | None, shard: int, instant: str, into_base: bool, attempt: int | None) -> str:
+    """Where a group's merge writes: its new base, or its merged file."""
+    return (layout.base_file if into_base else layout.merged_file)(partition, shard, instant, attempt)
 
 
 def merge_group(io: FileIO, instant: str, schema: pa.Schema, row_group_size: int,
-                item: tuple[str | None, int, tuple[FileRecord, ...]], attempt: int) -> bytes:
-    """One (partition, shard)'s files merged into a base (a runner's piece of work: it may run in a Spark task); a
-    try after the first writes under its own name, announced by a marker first (dbidx/runner.py)."""
-    partition, shard, files = item
-    rel = layout.base_file(partition, shard, instant, attempt or None)
+                item: tuple[str | None, int, tuple[FileRecord, ...], bool], attempt: int) -> bytes:
+    """One (partition, shard)'s files merged into a base, or into a merged file that keeps tombstones (a runner's
+    piece of work: it may run in a Spark task); a try after the first writes under its own name, announced by a
+    marker first (dbidx/runner.py)."""
+    partition, shard, files, into_base = item
+    rel = _output_file(partition, shard, instant, into_base, attempt or None)
     if attempt:
         markers.announce(io, instant, rel)
-    merged = rli_files.resolve_latest([rli_files.read_rli_file(io, f) for f in files], schema)
+    merged = rli_files.resolve_latest([rli_files.read_rli_file(io, f) for f in files], schema,
+                                      keep_tombstones=not into_base)
     if merged.num_rows == 0:
         return pack({"attempt": attempt, "base": None})
-    base = rli_files.write_rli_file(io, rel, merged, row_group_size, partition, shard, "base")
-    return pack({"attempt": attempt, "base": record_dict(base)})
+    out = rli_files.write_rli_file(io, rel, merged, row_group_size, partition, shard, "base" if into_base else "merged")
+    return pack({"attempt": attempt, "base": record_dict(out)})
 
 
-def _parsed_merge(payload: bytes, partition: str | None, shard: int, instant: str, what: str) -> FileRecord | None:
-    """A group's merge result, checked strictly: a base of this group, written under this instant's name for the
-    attempt (CommitError otherwise: nothing is published)."""
+def _parsed_merge(payload: bytes, partition: str | None, shard: int, into_base: bool, instant: str,
+                  what: str) -> FileRecord | None:
+    """A group's merge result, checked strictly: a base (or merged file) of this group, written under this
+    instant's name for the attempt (CommitError otherwise: nothing is published)."""
     where = f"{what}, group {partition or '(global)'} shard {shard}"
     result = unpack(payload, where, {"attempt", "base"})
+    kind = "base" if into_base else "merged"
     try:
         attempt = attempt_of(result)
         if result["base"] is None:
             return None
         base = FileRecord.parse(result["base"], "base")
         if (base.path, base.partition, base.shard, base.kind) != \
-                (layout.base_file(partition, shard, instant, attempt or None), partition, shard, "base"):
-            raise ValueError(f"base {base.path!r} is not this group's base of attempt {attempt}")
+                (_output_file(partition, shard, instant, into_base, attempt or None), partition, shard, kind):
+            raise ValueError(f"{kind} file {base.path!r} is not this group's {kind} file of attempt {attempt}")
     except (ValueError, TypeError, KeyError) as exc:
         raise CommitError(f"{where}: a malformed merge result ({exc}); nothing was published") from exc
     return base

@@ -40,6 +40,8 @@ class ServiceSettings:
     # of its bytes (0: always: one file per group after each compaction)
     index_compaction: bool = True
     index_min_files: int = 10  # an index group (partition, shard) is compacted at this many files
+    index_base_share: float = 0.25  # ... into a new base only once the files after its base hold this share of the
+    # base's entries, before that its newest files into one merged file (0: always into a new base)
     clean: bool = True
     clean_retain_completions: int = 10  # replaced files are kept this many completions (time travel, caches)
     clean_interval: int = 10  # at most one clean per this many completions
@@ -64,7 +66,7 @@ _RANGES: dict[str, tuple[float, float]] = {
     "data_min_small_files": (2, 1 << 20), "data_small_file_mb": (1, 1 << 20), "index_min_files": (2, 1 << 20),
     "clean_retain_completions": (0, 1 << 30), "clean_interval": (1, 1 << 30), "budget_files": (1, 1 << 30),
     "budget_seconds": (0.001, 86400.0), "vacuum_interval_hours": (0.001, 8760.0), "spark_jobs_min_mb": (0, 1 << 30),
-    "data_base_share": (0.0, 1e6),
+    "data_base_share": (0.0, 1e6), "index_base_share": (0.0, 1e6),
 }
 KEYS: tuple[str, ...] = tuple(f.name for f in fields(ServiceSettings))
 

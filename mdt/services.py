@@ -52,7 +52,8 @@ class MaintainedTable(TableState, Protocol):
     """A table whose services can run (implemented by `Table`)."""
 
     def compact(self, partitions: Iterable[str] | None = None, min_files: int = 2,
-                progress: Progress | None = None, runner: WorkRunner | None = None) -> CompactionResult: ...
+                progress: Progress | None = None, runner: WorkRunner | None = None,
+                base_share: float | None = None) -> CompactionResult: ...
 
     def compact_data(self, partitions: Iterable[str] | None = None, min_files: int = 2,
                      deleted_share: float | None = 0.2, target_file_bytes: int | None = 64 << 20,
@@ -249,9 +250,10 @@ def _compact_data(table: MaintainedTable, settings: ServiceSettings, partitions:
 
 def _compact_index(table: MaintainedTable, settings: ServiceSettings, partitions: list[str] | None,
                    progress: Progress | None, runner: WorkRunner) -> tuple[str | None, dict[str, Any]]:
-    result = table.compact(partitions, min_files=settings.index_min_files, progress=progress, runner=runner)
-    details = {"ran_on": runner.where, "groups": result.groups, "files_replaced": result.files_replaced,
-               "entries_written": result.entries_written}
+    result = table.compact(partitions, min_files=settings.index_min_files, progress=progress, runner=runner,
+                           base_share=settings.index_base_share or None)
+    details = {"ran_on": runner.where, "groups": result.groups, "bases": result.bases,
+               "files_replaced": result.files_replaced, "entries_written": result.entries_written}
     return (result.record.instant if result.record else None), details
 
 

@@ -636,11 +636,15 @@ class Table:
         return self.timeline.rollback(instant, ignore=also_dead)
 
     def compact(self, partitions: Iterable[str] | None = None, min_files: int = 2,
-                progress: Progress | None = None, runner: WorkRunner | None = None) -> CompactionResult:
+                progress: Progress | None = None, runner: WorkRunner | None = None,
+                base_share: float | None = None) -> CompactionResult:
         """Merge each (partition, shard) with at least `min_files` index files into one base without tombstones,
         as one compaction instant; concurrent commits are not in conflict with it (see mdt.compaction). `runner`:
-        where the merges run (dbidx.runner; default here; `spark_integration.service_jobs` as a Spark job)."""
-        result = compact(self, partitions, min_files=min_files, progress=progress, runner=runner)
+        where the merges run (dbidx.runner; default here; `spark_integration.service_jobs` as a Spark job).
+        base_share: size-tiered, the base is rewritten only once the files after it hold this share of its entries,
+        before that a group's newest files are merged into one merged file (None: always into a new base)."""
+        result = compact(self, partitions, min_files=min_files, progress=progress, runner=runner,
+                         base_share=base_share)
         self._sweep_after("index compaction")
         return result
 

@@ -151,6 +151,13 @@ def base_file(partition: str | None, shard: int, instant: str, attempt: int | No
     return f"{rli_dir(partition, shard)}/base-{instant}{suffix}.parquet"
 
 
+def merged_file(partition: str | None, shard: int, instant: str, attempt: int | None = None) -> str:
+    """Table-relative path of the merged file a compaction instant writes for one (partition, shard) when it merges
+    the group's newest files and leaves its base alone (mdt/compaction.py); `attempt` as for base_file."""
+    suffix = "" if attempt is None else f"-a{attempt}"
+    return f"{rli_dir(partition, shard)}/merged-{instant}{suffix}.parquet"
+
+
 def requested_file(instant: str) -> str:
     """Timeline marker written when an instant starts."""
     return f"{TIMELINE_DIR}/{instant}.requested"

@@ -40,7 +40,7 @@ ENTRY_ACTIONS = (ACTION_COMMIT, ACTION_BUILD_INDEX, ACTION_ABSORB)
 _FORMAT4_DATA_FILE_FIELDS = {"min_key", "max_key", "deletes"}
 _FORMAT4_RECORD_FIELDS = {"dv_files", "deletion_vectors"}
 DATA_ACTIONS = (ACTION_COMMIT, ACTION_BUILD_INDEX)  # completions that add data files (upserts; migrated files)
-FILE_KINDS = ("delta", "base")
+FILE_KINDS = ("delta", "base", "merged")
 _CHECKSUM_RE = re.compile(r"^xxh64:[0-9a-f]{16}$")
 _DV_NAME_RE = re.compile(r"^(\.dbidx/dv/)?deletion_vector_[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.bin$")
 
@@ -99,7 +99,7 @@ class FileRecord:
     path: str
     partition: str | None
     shard: int
-    kind: str  # "delta" or "base"
+    kind: str  # "delta", "base", or "merged" (a compaction's merge of a group's newest files, tombstones kept)
     rows: int
     inserts: int
     tombstones: int
@@ -314,11 +314,18 @@ class CompletedInstant:
                 raise _Bad("extra must be an object")
             rolled_back = d.get("rolled_back")
             partitions = _object(d["partitions"], "partitions", set(d["partitions"] or {}))
+            files = _list(d["files"], "files", FileRecord.parse)
+            # A compaction publishes bases and merged files, every other action deltas: a kind out of place would
+            # put a file where the merge order or a cache's catch-up (which reads deltas only) does not expect it.
+            kinds = ("base", "merged") if d["action"] == ACTION_COMPACTION else ("delta",)
+            for i, f in enumerate(files):
+                if f.kind not in kinds:
+                    raise _Bad(f"files[{i}].kind must be one of {kinds} in a {d['action']} record, got {f.kind!r}")
             return cls(
                 seq=_int(d["seq"], "seq", minimum=1), instant=_instant(d["instant"], "instant"), action=d["action"],
                 completed_at_ms=_int(d["completed_at_ms"], "completed_at_ms"),
                 start_seq=_int(d["start_seq"], "start_seq"), table_id=_str(d["table_id"], "table_id"),
-                files=_list(d["files"], "files", FileRecord.parse),
+                files=files,
                 data_files=_list(d["data_files"], "data_files",
                                  lambda v, n: DataFileRecord.parse(v, n, legacy)),
                 replaced=_list(d["replaced"], "replaced", _path), deleted=_list(d["deleted"], "deleted", _path),
