@@ -4,13 +4,17 @@ travels to kept versions, refuses expired ones with HistoryCompactedError, verif
 and a gap above the floor (or a damaged floor) is still a CorruptFileError. Real tables on a temp dir, no mocks."""
 from __future__ import annotations
 
+import copy
 import random
+import shutil
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
 from dbidx.buckets.assigner import BucketSpec
+from dbidx.config import CacheConfig
 from dbidx.data import reads
 from dbidx.errors import CorruptFileError, HistoryCompactedError, InstantStateError, InvalidInputError
 from dbidx.mdt.delta_properties import retention_of
@@ -45,6 +49,36 @@ def expired_table(tmp_path: Path, global_index: bool = False):
     before = {s: reads.view_at(table, as_of=s).to_dict() for s in range(1, table.timeline.latest_seq + 1)}
     report = expire_archive(table, retention_ms=DAY_MS, now_ms=FAR_FUTURE_MS)
     return table, oracle, config, before, report
+
+
+@pytest.fixture(scope="module")
+def made_once(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple]:
+    """`made_once(tmp_path, kind)`: a copy in `tmp_path` (table dir and cache dir) of a table this module makes
+    once per kind, opened anew, with a copy of its oracle (and, for "expired", the snapshots and the expiry
+    report): `build(.., False, batches=14)` ("built-14") or `expired_table(.., False)` ("expired"). Each test
+    changes its own copy; the ones that need the process that wrote the table make theirs (building one is most
+    of these tests' time)."""
+    made: dict[str, tuple[Path, tuple]] = {}
+
+    def copy_of(tmp_path: Path, kind: str) -> tuple:
+        if kind not in made:
+            source = tmp_path_factory.mktemp(kind)
+            if kind == "expired":
+                _table, oracle, _config, before, report = expired_table(source)
+                made[kind] = source, (oracle, before, report)
+            else:
+                _table, oracle, _config = build(source, False, batches=14)
+                made[kind] = source, (oracle,)
+        source, extras = made[kind]
+        for name in ("t", "cache"):
+            shutil.copytree(source / name, tmp_path / name)
+        table = Table.open(str(tmp_path / "t"))
+        table.refresh()
+        config = CacheConfig(base_path=str(tmp_path / "cache"))
+        oracle, *rest = copy.deepcopy(extras)
+        return (table, oracle, config, *rest)
+
+    return copy_of
 
 
 @pytest.mark.parametrize("global_index", [False, True], ids=["partitioned", "global"])
@@ -99,8 +133,8 @@ def test_an_expired_archive_opens_reads_time_travels_verifies_and_takes_upserts(
     assert table.timeline.latest_seq == reopened.timeline.latest_seq
 
 
-def test_retention_keeps_records_newer_than_it_and_the_checkpoints(tmp_path: Path) -> None:
-    table, _, _ = build(tmp_path, False, batches=14)
+def test_retention_keeps_records_newer_than_it_and_the_checkpoints(tmp_path: Path, made_once) -> None:
+    table, _, _ = made_once(tmp_path, "built-14")
     records = table.timeline.completed()
     # 1. Nothing is older than the retention: nothing goes.
     report = expire_archive(table, retention_ms=DAY_MS, now_ms=records[-1].completed_at_ms)
@@ -123,9 +157,9 @@ def test_retention_keeps_records_newer_than_it_and_the_checkpoints(tmp_path: Pat
         expire_archive(table, retention_ms=None)
 
 
-def test_the_table_retention_property_decides(tmp_path: Path) -> None:
+def test_the_table_retention_property_decides(tmp_path: Path, made_once) -> None:
     """What the log cleanup service passes: the table's delta.logRetentionDuration, as Delta's own log expiry."""
-    table, _, _ = build(tmp_path, False, batches=14)
+    table, _, _ = made_once(tmp_path, "built-14")
 
     def log_retention_ms() -> int:
         return retention_of(table.data_view().configuration()).log_retention_ms
@@ -137,10 +171,10 @@ def test_the_table_retention_property_decides(tmp_path: Path) -> None:
     assert report.retention_ms == 1 and report.floor > 0
 
 
-def test_a_claimed_instant_holds_the_floor_below_it(tmp_path: Path) -> None:
+def test_a_claimed_instant_holds_the_floor_below_it(tmp_path: Path, made_once) -> None:
     """A settled instant's leftover claim (its writer died after publishing) needs its record until the sweep
     removes it: the floor stops below it, so no sweep or rollback ever meets an instant it cannot place."""
-    table, _, _ = build(tmp_path, False, batches=14)
+    table, _, _ = made_once(tmp_path, "built-14")
     records = table.timeline.completed()
     ranges = checkpoint.archive_ranges(table.io)
     held = records[ranges[1][0]]  # a record inside the second bundle
@@ -151,8 +185,8 @@ def test_a_claimed_instant_holds_the_floor_below_it(tmp_path: Path) -> None:
     assert expire_archive(table, retention_ms=0, now_ms=FAR_FUTURE_MS).floor > ranges[1][1] - 1
 
 
-def test_an_expired_instant_is_never_rolled_back(tmp_path: Path) -> None:
-    table, _, _, _, report = expired_table(tmp_path)
+def test_an_expired_instant_is_never_rolled_back(tmp_path: Path, made_once) -> None:
+    table, _, _, _, report = made_once(tmp_path, "expired")
     floor = history_floor.current_floor(table.io, table.props.table_id)
     # A claim file of an expired instant appearing later (an older dbidx's leftover): rolling it back could delete a
     # committed instant's files, so it is refused, and nothing is deleted.
@@ -165,8 +199,8 @@ def test_an_expired_instant_is_never_rolled_back(tmp_path: Path) -> None:
         fresh.timeline.rollback(fresh.timeline.kept()[0].instant)
 
 
-def test_a_gap_above_the_floor_is_still_corruption(tmp_path: Path) -> None:
-    table, _, _, _, report = expired_table(tmp_path)
+def test_a_gap_above_the_floor_is_still_corruption(tmp_path: Path, made_once) -> None:
+    table, _, _, _, report = made_once(tmp_path, "expired")
     newest = checkpoint.checkpoint_seqs(table.io)[-1]
     assert report.floor + 1 < newest  # a record the newest checkpoint sums up, kept above the floor
     Path(table.io.path(layout.completed_file(report.floor + 1))).unlink()
@@ -176,8 +210,8 @@ def test_a_gap_above_the_floor_is_still_corruption(tmp_path: Path) -> None:
         fresh.timeline.kept()
 
 
-def test_a_damaged_or_missing_floor_is_loud(tmp_path: Path) -> None:
-    table, _, _, _, report = expired_table(tmp_path)
+def test_a_damaged_or_missing_floor_is_loud(tmp_path: Path, made_once) -> None:
+    table, _, _, _, report = made_once(tmp_path, "expired")
     path = Path(table.io.path(history_floor.floor_file(report.floor)))
     raw = path.read_bytes()
     # 1. A flipped byte: CorruptFileError naming the floor file, in every reader that needs history, and in verify.
@@ -201,8 +235,8 @@ def test_a_damaged_or_missing_floor_is_loud(tmp_path: Path) -> None:
         Table.open(table.uri).timeline.kept()
 
 
-def test_verify_still_finds_a_crafted_checkpoint_above_the_floor(tmp_path: Path) -> None:
-    table, _, _, _, _ = expired_table(tmp_path)
+def test_verify_still_finds_a_crafted_checkpoint_above_the_floor(tmp_path: Path, made_once) -> None:
+    table, _, _, _, _ = made_once(tmp_path, "expired")
     newest = checkpoint.checkpoint_seqs(table.io)[-1]
     reseal(table, newest, lambda p: p["data"].update(writes=p["data"]["writes"] + 1))
     check = verify_table(Table.open(table.uri))
@@ -223,8 +257,8 @@ def test_a_process_behind_the_floor_must_reopen(tmp_path: Path) -> None:
     assert current(Table.open(table.uri)) == oracle.expected_rows()
 
 
-def test_time_travel_reads_reach_kept_versions(tmp_path: Path) -> None:
-    table, _, _, before, report = expired_table(tmp_path)
+def test_time_travel_reads_reach_kept_versions(tmp_path: Path, made_once) -> None:
+    table, _, _, before, report = made_once(tmp_path, "expired")
     fresh = Table.open(table.uri)
     assert reads.view_at(fresh, as_of=report.floor + 1).to_dict() == before[report.floor + 1]
 
@@ -237,10 +271,10 @@ def test_a_range_starting_below_zero_is_the_whole_log(tmp_path: Path) -> None:
     assert table.latest() is None
 
 
-def test_the_log_cleanup_service_expires_the_archive_by_the_table_retention(tmp_path: Path) -> None:
+def test_the_log_cleanup_service_expires_the_archive_by_the_table_retention(tmp_path: Path, made_once) -> None:
     """The services' log cleanup step runs archive retention with the Delta log's own retention, and the table opens,
     reads and verifies afterwards."""
-    table, oracle, _ = build(tmp_path, False, batches=14)
+    table, oracle, _ = made_once(tmp_path, "built-14")
     table.set_delta_properties({"delta.logRetentionDuration": "interval 1 milliseconds"})
     time.sleep(0.01)
     report = table.maintain()
