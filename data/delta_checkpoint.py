@@ -1,5 +1,6 @@
 """Delta checkpoints of a dbidx table: delta-rs writes them (Delta's own Parquet format), then dbidx drops the
-tombstones no reader or vacuum can use and compresses the file.
+tombstones no reader or vacuum can use, strips the inline deletion vectors off the tombstones it keeps, and
+compresses the file.
 
 Why: a dbidx upsert changes a file's deletion vector with a remove of (path, old vector) and an add of (path, new
 vector), as the protocol asks. The remove is a tombstone that delta-rs keeps in every checkpoint for
@@ -10,8 +11,18 @@ of tombstones per version, millions per week, all in each checkpoint, written un
 changes nothing any reader or vacuum does. Every other tombstone stays (a file a compaction or another engine
 removed; a vector in a file of its own).
 
+The tombstones that stay are kept whole but for an inline vector: delta-rs copies each remove's `deletionVector` into
+the checkpoint, and a data compaction's remove carries the replaced file's whole vector (the protocol asks that of a
+commit, where a reader pairs the remove with the add it cancels by path and vector). In a checkpoint a tombstone is
+only ever read by VACUUM (PROTOCOL.md, "Checkpoint Schema": a checkpoint's `remove` is path, deletionTimestamp and
+dataChange), which goes by the path and, for a vector in a file of its own, that file; an inline vector names no
+file, and no add of the same path is left in the checkpoint to pair it with. Measured (issue 44: 2-minute
+retention, one upsert a second and a half with services on): those vectors were 85% of a checkpoint's bytes, and the
+checkpoints 42% of the log kept. A vector in a file (`u`, `p`) stays on its tombstone: VACUUM keeps that file for it.
+
 The slim file replaces delta-rs's own under the same name in one atomic write, after it was read back and checked
-(same schema, the same adds, metaData and protocol); `_last_checkpoint` then gets its new size. A reader that opened
+(same schema, the same adds, metaData and protocol, the kept tombstones the same but for inline vectors of paths not
+added back); `_last_checkpoint` then gets its new size. A reader that opened
 the fat file reads it to the end (a rename or a PUT never changes an open file's bytes).
 """
 from __future__ import annotations
@@ -39,6 +50,7 @@ class CheckpointWritten:
     tombstones_dropped: int
     bytes_before: int
     bytes_after: int
+    vectors_stripped: int = 0  # inline vectors taken off the tombstones kept
 
 
 def write_delta_checkpoint(io: FileIO) -> CheckpointWritten | None:
@@ -52,33 +64,34 @@ def write_delta_checkpoint(io: FileIO) -> CheckpointWritten | None:
     if not io.exists(name):  # a multi-part or V2 checkpoint: left as delta-rs wrote it
         return CheckpointWritten(version, 0, 0, 0)
     raw = io.read_bytes(name)
-    # 2. The tombstones of paths added back in the same checkpoint, with an inline (or no) vector.
+    # 2. The tombstones of paths added back in the same checkpoint, with an inline (or no) vector, and all but the
+    #    newest of each other path; of those kept, the inline vectors.
     try:
         fat = pq.read_table(pa.BufferReader(raw))
     except DECODE_ERRORS as exc:
         raise CorruptFileError(f"Delta checkpoint {io.path(name)} delta-rs wrote is unreadable: {exc}") from exc
     if "add" not in fat.column_names or "remove" not in fat.column_names:
         raise CorruptFileError(f"Delta checkpoint {io.path(name)} has no add or remove column")
-    add, remove = fat.column("add"), fat.column("remove")
     useless = _useless_tombstones(fat.column("add"), fat.column("remove"))
     dropped = int(useless.sum())
-    if not dropped:
+    kept = fat.filter(pa.array(~useless)) if dropped else fat
+    slim, stripped = _strip_inline_vectors(kept)
+    if not dropped and not stripped:
         return CheckpointWritten(version, 0, len(raw), len(raw))
-    slim = fat.filter(pa.array(~useless))
     # 3. Written to memory, read back and checked against the fat one before anything on storage changes.
     sink = pa.BufferOutputStream()
     pq.write_table(slim, sink, compression=COMPRESSION, write_statistics=False)
     data = sink.getvalue()
     if len(data) >= len(raw):  # a small log: Parquet's own overhead outweighs the rows dropped
         return CheckpointWritten(version, 0, len(raw), len(raw))
-    _check_same_state(fat, pq.read_table(pa.BufferReader(data)), dropped, io.path(name))
+    _check_same_state(fat, kept, pq.read_table(pa.BufferReader(data)), dropped, stripped, io.path(name))
     # 4. Replace the file, then the pointer's sizes.
     io.write_atomic(name, data)
     pointer = read_checkpoint_pointer(io)  # read back (untrusted); another checkpoint may have moved it on
     if pointer["version"] == version:
         pointer["size"], pointer["sizeInBytes"] = slim.num_rows, len(data)
         io.write_atomic(f"{DELTA_LOG_DIR}/_last_checkpoint", json.dumps(pointer, separators=(",", ":")).encode())
-    return CheckpointWritten(version, dropped, len(raw), len(data))
+    return CheckpointWritten(version, dropped, len(raw), len(data), stripped)
 
 
 def _useless_tombstones(add: pa.ChunkedArray, remove: pa.ChunkedArray) -> np.ndarray:
@@ -107,17 +120,76 @@ def _useless_tombstones(add: pa.ChunkedArray, remove: pa.ChunkedArray) -> np.nda
     return out
 
 
-def _check_same_state(fat: pa.Table, slim: pa.Table, dropped: int, where: str) -> None:
-    """The slim checkpoint holds the fat one's schema and every row but the dropped tombstones."""
+def _inline_vectors(remove: pa.ChunkedArray | pa.StructArray) -> pa.Array:
+    """Per checkpoint row, whether it is a tombstone carrying an inline vector (storageType "i")."""
+    vector = pc.struct_field(remove, "deletionVector")
+    return pc.fill_null(pc.and_kleene(pc.is_valid(remove), pc.equal(pc.struct_field(vector, "storageType"), "i")),
+                        False)
+
+
+def _strip_inline_vectors(table: pa.Table) -> tuple[pa.Table, int]:
+    """The checkpoint with the inline vectors of its tombstones set to null (module docstring), and how many. The
+    column's type stays as delta-rs wrote it; a vector in a file of its own stays."""
+    at = table.column_names.index("remove")
+    remove = table.column(at).combine_chunks()
+    if not isinstance(remove, pa.StructArray) or remove.type.get_field_index("deletionVector") < 0:
+        return table, 0
+    inline = _inline_vectors(remove)
+    stripped = int(pc.sum(inline).as_py() or 0)
+    if not stripped:
+        return table, 0
+    vector = remove.field("deletionVector")
+    # The vector's own fields are kept as they are under a null parent (some are non-nullable: a null struct over
+    # them is what Parquet stores for "no vector").
+    bare = pa.StructArray.from_arrays([vector.field(i) for i in range(vector.type.num_fields)],
+                                      fields=list(vector.type), mask=pc.or_(pc.is_null(vector), inline))
+    fields = [bare if f.name == "deletionVector" else remove.field(i) for i, f in enumerate(remove.type)]
+    out = pa.StructArray.from_arrays(fields, fields=list(remove.type), mask=pc.is_null(remove))
+    return table.set_column(at, table.schema.field(at), out), stripped
+
+
+# What a tombstone is to VACUUM, and must survive slimming unchanged.
+_TOMBSTONE_FIELDS = ("path", "deletionTimestamp", "dataChange", "size", "partitionValues", "extendedFileMetadata")
+
+
+def _check_same_state(fat: pa.Table, kept: pa.Table, slim: pa.Table, dropped: int, stripped: int,
+                      where: str) -> None:
+    """The slim checkpoint holds the fat one's schema and every row but the dropped tombstones (`kept`), the same
+    but for the stripped inline vectors, which only tombstones of paths not added back lose."""
     problems = []
     if slim.schema != fat.schema:
         problems.append("its schema differs")
-    if slim.num_rows != fat.num_rows - dropped:
+    if slim.num_rows != fat.num_rows - dropped or kept.num_rows != slim.num_rows:
         problems.append(f"it has {slim.num_rows} rows, not {fat.num_rows - dropped}")
     for column in ("add", "metaData", "protocol", "txn", "domainMetadata"):
         if column in fat.column_names and \
                 pc.sum(pc.is_valid(fat.column(column))).as_py() != pc.sum(pc.is_valid(slim.column(column))).as_py():
             problems.append(f"its {column} actions differ")
+    if not problems:
+        for column in slim.column_names:
+            if column != "remove" and not slim.column(column).equals(kept.column(column)):
+                problems.append(f"its {column} column differs")
+        before, after = kept.column("remove"), slim.column("remove")
+        remove_type = fat.schema.field("remove").type
+        for name in _TOMBSTONE_FIELDS:
+            if remove_type.get_field_index(name) >= 0 and \
+                    not pc.struct_field(before, name).equals(pc.struct_field(after, name)):
+                problems.append(f"its tombstones' {name} differ")
+        if not pc.is_valid(after).equals(pc.is_valid(before)):
+            problems.append("its tombstones differ")
+        if remove_type.get_field_index("deletionVector") >= 0:
+            had = pc.is_valid(pc.struct_field(before, "deletionVector"))
+            has = pc.is_valid(pc.struct_field(after, "deletionVector"))
+            lost = pc.and_(had, pc.invert(has))
+            if pc.sum(lost).as_py() != stripped or not pc.all(pc.or_(pc.invert(lost), _inline_vectors(before))).as_py():
+                problems.append("vectors other than the tombstones' inline ones were stripped")
+            kept_vectors = pc.filter(pc.struct_field(before, "deletionVector"), has)
+            if not kept_vectors.equals(pc.filter(pc.struct_field(after, "deletionVector"), has)):
+                problems.append("the vectors kept differ")
+            live = pc.drop_null(pc.struct_field(slim.column("add"), "path"))
+            bare = pc.filter(pc.struct_field(after, "path"), lost)
+            if pc.any(pc.is_in(bare, value_set=live.combine_chunks())).as_py():
+                problems.append("a tombstone of a path added back lost its vector")
     if problems:
         raise CorruptFileError(f"slimming Delta checkpoint {where} went wrong ({'; '.join(problems)}); the file "
                                "delta-rs wrote is left as it was")
