@@ -1,6 +1,7 @@
 """The benchmark scripts run at smoke size inside the test suite, so they never rot."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -56,30 +57,76 @@ SPARK_SMOKE = {  # Spark benchmarks -> lines their output must hold
 }
 
 
+SOAK_SERVICES = ["on"]  # "off" is one setting apart (each run costs a Spark start: ~30 s)
+# The Spark benchmarks whose own process starts Spark run one after the other in one process (tests/
+# bench_smoke_runner.py), so the JVM starts once for all of them instead of once each (~15 s each on 2 cores).
+# peer_bench.py starts Spark in its children (its smoke shares one child between its Spark systems): a process of
+# its own. The JVM keeps the driver memory of the script that started it: commit_bench.py (whose smoke asks for 1g,
+# the others' 4g) runs last.
+SHARED_SPARK = sorted(set(SPARK_SMOKE) - {"peer_bench.py"}, key=lambda script: (script == "commit_bench.py", script))
+
+
+@pytest.fixture(scope="module")
+def shared_spark_smokes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    """Each of SHARED_SPARK at smoke size (and soak_bench.py per SOAK_SERVICES), in one process: name -> its exit
+    status, stdout, stderr, and the dir it ran in (empty again if it cleaned up)."""
+    base = tmp_path_factory.mktemp("bench-smoke")
+    steps = [(script, script, ["--smoke"]) for script in SHARED_SPARK]
+    steps += [(f"soak_bench.py[{s}]", "soak_bench.py", ["--smoke", "--services", s]) for s in SOAK_SERVICES]
+    plan = []
+    for number, (name, script, args) in enumerate(steps):
+        (base / f"cwd-{number}").mkdir()
+        plan.append({"name": name, "script": str(BENCHMARKS / script), "args": args, "cwd": str(base / f"cwd-{number}"),
+                     "out": str(base / f"out-{number}")})
+    (base / "plan.json").write_text(json.dumps(plan))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    runner = subprocess.run([sys.executable, str(Path(__file__).parent / "bench_smoke_runner.py"), str(base / "plan.json")],
+                            capture_output=True, text=True, env=env, timeout=300 * len(plan))
+    results = {}
+    for step in plan:
+        out = Path(step["out"])
+        rc = out.with_name(out.name + ".rc")
+        results[step["name"]] = {
+            "rc": int(rc.read_text()) if rc.exists() else None,
+            "stdout": out.with_name(out.name + ".stdout").read_text() if rc.exists() else "",
+            "stderr": (out.with_name(out.name + ".stderr").read_text() if rc.exists() else "")
+            + f"\n--- the runner (exit {runner.returncode}):\n{runner.stdout[-1500:]}\n{runner.stderr[-3000:]}",
+            "cwd": Path(step["cwd"])}
+    return results
+
+
 @pytest.mark.spark
 @pytest.mark.slow
-@pytest.mark.parametrize("script", sorted(SPARK_SMOKE))
-def test_spark_benchmark_runs_at_smoke_size(tmp_path, script):
+@pytest.mark.parametrize("script", SHARED_SPARK)
+def test_spark_benchmark_runs_at_smoke_size(shared_spark_smokes, script):
+    result = shared_spark_smokes[script]
+    assert result["rc"] == 0, result["stderr"][-4500:]
+    for line in SPARK_SMOKE[script]:
+        assert line in result["stdout"]
+    assert list(result["cwd"].iterdir()) == []
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_peer_benchmark_runs_at_smoke_size(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    result = subprocess.run([sys.executable, str(BENCHMARKS / script), "--smoke"], capture_output=True,
+    result = subprocess.run([sys.executable, str(BENCHMARKS / "peer_bench.py"), "--smoke"], capture_output=True,
                             text=True, cwd=tmp_path, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    for line in SPARK_SMOKE[script]:
+    for line in SPARK_SMOKE["peer_bench.py"]:
         assert line in result.stdout
     assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.spark
 @pytest.mark.slow
-@pytest.mark.parametrize("services", ["on"])  # "off" is one setting apart (each run costs a Spark start: ~30 s)
-def test_soak_benchmark_runs_at_smoke_size(tmp_path, services):
+@pytest.mark.parametrize("services", SOAK_SERVICES)
+def test_soak_benchmark_runs_at_smoke_size(shared_spark_smokes, services):
     """12 batches of 200 rows on 2,000 keys, reads every 4: the goals table (every goal measured, none claimed
     without its figures), the read-back check, exit status 0, with the table services on."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    result = subprocess.run([sys.executable, str(BENCHMARKS / "soak_bench.py"), "--smoke", "--services", services],
-                            capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    out = result.stdout
+    result = shared_spark_smokes[f"soak_bench.py[{services}]"]
+    assert result["rc"] == 0, result["stderr"][-4500:]
+    out = result["stdout"]
     for line in ("| figure | value | goal | met |", "| live data files: most in batches 9-12 vs most in batches 5-8 |",
                  "| upsert + service s: batches 9-12 vs batches 5-8 |", ": check ok.",
                  "| batch | rows | dbidx s | polars s | delta-rs s | anchor s |", f"services {services}",
@@ -89,7 +136,7 @@ def test_soak_benchmark_runs_at_smoke_size(tmp_path, services):
     assert "(services " in time_goal  # the services' share of the time goal's two windows
     goals = [row for row in out.splitlines() if row.startswith("| ") and row.rstrip().endswith(("| yes |", "| NO |"))]
     assert len(goals) == 6  # files, seconds, three readers, bytes: all measured at this size
-    assert list(tmp_path.iterdir()) == []
+    assert list(result["cwd"].iterdir()) == []
 
 
 @pytest.mark.slow
