@@ -273,7 +273,7 @@ def _log_cleanup(table: MaintainedTable, retention: DeltaRetention) -> tuple[str
         written = write_delta_checkpoint(table.io)
         if written is not None:  # None: a table on an injected filesystem, which delta-rs cannot reach
             details = {"checkpoint": written.version, "tombstones_dropped": written.tombstones_dropped,
-                       "checkpoint_bytes": written.bytes_after}
+                       "vectors_stripped": written.vectors_stripped, "checkpoint_bytes": written.bytes_after}
             pointer = written.version
     if retention.expired_log_cleanup and pointer >= 0 and _EXPIRED_AT.get(table) != pointer \
             and not still_young(table.io, _WAITS_ON.get(table, ()), retention.log_retention_ms):

@@ -23,6 +23,7 @@ from dbidx.data.delta_actions import VersionActions, read_version
 from dbidx.data.delta_log import (
     DeltaLogWriter,
     TableShape,
+    checkpoint_pointer,
     initial_version,
     last_checkpoint_version,
     listed_versions,
@@ -45,7 +46,7 @@ from dbidx.mdt.compaction import CompactionResult, clean, compact
 from dbidx.mdt.point_lookup import lookup
 from dbidx.mdt.service_settings import ServiceSettings, read_settings, write_settings
 from dbidx.data.delta_checkpoint import write_delta_checkpoint
-from dbidx.mdt.delta_properties import set_delta_properties
+from dbidx.mdt.delta_properties import retention_of, set_delta_properties
 from dbidx.mdt.services import ServicesReport, run_services
 from dbidx.mdt.writer import CommitWriter
 from dbidx.progress import Progress
@@ -318,8 +319,11 @@ class Table:
         if interval and record.seq % interval == 0:
             self.checkpoint()
             # Delta readers then start from it too (delta-rs writes Delta's checkpoint format; it refuses a table
-            # whose schema is still empty: an index written through the library writer has no data yet).
-            if self._data.schema is not None:
+            # whose schema is still empty: an index written through the library writer has no data yet), unless a
+            # Delta checkpoint (the log cleanup service's, another engine's) is fewer than delta.checkpointInterval
+            # versions old: a second one so close adds bytes to the log and saves readers nothing.
+            due = retention_of(self._data.configuration()).checkpoint_interval
+            if self._data.schema is not None and self.delta_version() - max(checkpoint_pointer(self.io), 0) >= due:
                 write_delta_checkpoint(self.io)
 
     def sync_delta_log(self) -> int:

@@ -16,7 +16,7 @@ import pytest
 
 from dbidx.data.delta_checkpoint import COMPRESSION, _check_same_state, _strip_inline_vectors, _useless_tombstones, \
     write_delta_checkpoint
-from dbidx.data.delta_log import DELTA_LOG_DIR
+from dbidx.data.delta_log import DELTA_LOG_DIR, checkpoint_pointer
 from dbidx.errors import CorruptFileError
 from dbidx.mdt.table import Table
 from dbidx.mdt.verify_table import verify_table
@@ -170,3 +170,23 @@ def test_the_check_refuses_a_slim_checkpoint_that_lost_more_than_inline_tombston
     for bad in wrong:
         with pytest.raises(CorruptFileError, match="slimming Delta checkpoint here went wrong"):
             _check_same_state(fat, fat, bad, 0, stripped, "here")
+
+
+def test_the_publisher_writes_no_delta_checkpoint_right_after_another(tmp_path: Path) -> None:
+    """The publisher's Delta checkpoint (every `checkpoint_interval` completions, for tables whose log cleanup
+    service is off) is skipped while the newest one is fewer than delta.checkpointInterval versions old."""
+    table = Table.create(str(tmp_path / "t"), num_shards=1, checkpoint_interval=3)
+    table.configure_services(after_commit=False)
+    table.set_delta_properties({"delta.checkpointInterval": "5"})
+    cache = CacheConfig(base_path=str(tmp_path / "cache"))
+    written = []
+    for i in range(14):
+        upsert_arrow(pa.table({"id": [f"k{i}"], "dt": ["x"], "v": [i]}), table, key="id", partition="dt",
+                     cache_config=cache)
+        pointer = checkpoint_pointer(table.io)
+        if pointer >= 0 and pointer not in written:
+            written.append(pointer)
+    assert len(written) >= 2, written
+    assert all(b - a >= 5 for a, b in zip(written, written[1:])), written
+    assert written[0] >= 5
+    assert_readers_agree(table, ["id", "dt", "v"], {(f"k{i}", "x", i) for i in range(14)})
