@@ -322,8 +322,9 @@ class Table:
             # whose schema is still empty: an index written through the library writer has no data yet), unless a
             # Delta checkpoint (the log cleanup service's, another engine's) is fewer than delta.checkpointInterval
             # versions old: a second one so close adds bytes to the log and saves readers nothing.
-            due = retention_of(self._data.configuration()).checkpoint_interval
-            if self._data.schema is not None and self.delta_version() - max(checkpoint_pointer(self.io), 0) >= due:
+            newest = checkpoint_pointer(self.io)
+            if self._data.schema is not None and (newest < 0 or self.delta_version() - newest
+                                                  >= retention_of(self._data.configuration()).checkpoint_interval):
                 write_delta_checkpoint(self.io)
 
     def sync_delta_log(self) -> int:

@@ -186,7 +186,6 @@ def test_the_publisher_writes_no_delta_checkpoint_right_after_another(tmp_path: 
         pointer = checkpoint_pointer(table.io)
         if pointer >= 0 and pointer not in written:
             written.append(pointer)
-    assert len(written) >= 2, written
+    assert len(written) >= 3, written  # the first at the first due completion: no Delta checkpoint yet
     assert all(b - a >= 5 for a, b in zip(written, written[1:])), written
-    assert written[0] >= 5
     assert_readers_agree(table, ["id", "dt", "v"], {(f"k{i}", "x", i) for i in range(14)})
