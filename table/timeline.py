@@ -51,6 +51,10 @@ class Timeline:
         self.io = io
         self.table_id = table_id
         self._records: list[CompletedInstant] = []
+        # The largest instant id of _records, kept as they are appended: claiming an instant compares against it
+        # instead of going through every record this process has read (a list that grows by one per commit for as
+        # long as the process keeps the table open).
+        self._records_max_instant = 0
         self._by_instant: dict[str, CompletedInstant] = {}
         self._lock = threading.RLock()
         self.checkpoint: checkpoint.Checkpoint | None = None  # the one the first refresh started from
@@ -133,6 +137,7 @@ class Timeline:
                 raise
             for record in news:
                 self._records.append(record)
+                self._records_max_instant = max(self._records_max_instant, int(record.instant))
                 self._index(record)
             # 4. A log shorter than a pointer once written says records were lost: never a smaller table.
             if self.latest_seq < floor:
@@ -626,7 +631,7 @@ class Timeline:
             writer_presence.forget(self.io, instant)
 
     def _max_known_instant(self) -> int:
-        ids = [int(r.instant) for r in self._records] + [int(self._base_max_instant or 0)]
+        ids = [self._records_max_instant, int(self._base_max_instant or 0)]
         ids += [int(n.split(".")[0]) for n in self.io.list_names(layout.TIMELINE_DIR) if n[:17].isdigit()]
         return max(ids, default=0)
 
