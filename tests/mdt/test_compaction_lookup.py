@@ -9,6 +9,8 @@ from dbidx.errors import HistoryCompactedError
 from dbidx.mdt.compaction import compact
 from dbidx.mdt.table import Table
 
+from tests.mdt.commit_during import commit_after_planning
+
 
 def as_map(table) -> dict[str, str]:
     return dict(zip(table.column("key").to_pylist(), table.column("file_group").to_pylist()))
@@ -67,21 +69,8 @@ def test_commit_landing_during_compaction_stays_newer(table):
     # Compaction reads the files as of now ...
     from dbidx.mdt import compaction
 
-    original_refresh = table.refresh
-    calls = {"n": 0}
-
-    def refresh_then_commit(**kwargs):
-        result = original_refresh(**kwargs)
-        if calls["n"] == 0:
-            calls["n"] += 1
-            other = Table.open(table.uri)
-            with other.new_commit() as w:
-                w.delete("dt=2025-01-01", [victim])
-        return result
-
-    table.refresh = refresh_then_commit  # the other writer commits right after compaction planned its work
-    compaction.compact(table)
-    table.refresh = original_refresh
+    with commit_after_planning(table, lambda w: w.delete("dt=2025-01-01", [victim])):
+        compaction.compact(table)
     assert victim not in as_map(table.snapshot("dt=2025-01-01"))
     assert view is table.refresh()
 

@@ -14,6 +14,8 @@ from dbidx.mdt.compaction import plan_group
 from dbidx.mdt.table import Table
 from dbidx.table.records import ACTION_COMMIT, CompletedInstant, FileRecord
 
+from tests.mdt.commit_during import commit_after_planning
+
 P = "dt=2025-01-01"
 
 
@@ -112,21 +114,13 @@ def test_the_base_is_rewritten_once_the_rest_reaches_the_share(table):
 def test_a_commit_landing_during_a_tiered_compaction_stays_newer(table):
     """A key moved away and one deleted while the compaction ran must not come back from its merged file."""
     moved, gone = "new-8-1", "new-7-2"
-    original_refresh = table.refresh
-    calls = {"n": 0}
 
-    def refresh_then_commit(**kwargs):
-        result = original_refresh(**kwargs)
-        if calls["n"] == 0:
-            calls["n"] += 1
-            with Table.open(table.uri).new_commit() as w:
-                w.delete(P, [gone])
-                w.move([moved], P, "fg-8", "dt=2025-01-02", "fg-late")
-        return result
+    def other_writer(w) -> None:
+        w.delete(P, [gone])
+        w.move([moved], P, "fg-8", "dt=2025-01-02", "fg-late")
 
-    table.refresh = refresh_then_commit  # the other writer commits right after the compaction planned its work
-    result = compaction.compact(table, min_files=10, base_share=0.25)
-    table.refresh = original_refresh
+    with commit_after_planning(table, other_writer):
+        result = compaction.compact(table, min_files=10, base_share=0.25)
     assert result.bases == 0
     now = as_map(table)
     assert moved not in now and gone not in now and "new-8-0" in now
