@@ -124,7 +124,8 @@ def compact(
         # 2. Declare, then write one file per group: the newest entry per key, tombstones dropped from a base (kept in
         #    a merged file); one piece of work per group, run by `runner` (here, or as a Spark job), each result
         #    checked before anything is published.
-        paths = {g: _output_file(g[0], g[1], writer.instant, plan.into_base, None) for g, plan in todo.items()}
+        paths = {g: layout.rli_file(g[0], g[1], _output_kind(plan.into_base), writer.instant)
+                 for g, plan in todo.items()}
         table.timeline.mark_inflight(writer, paths.values())
         work = partial(merge_group, table.io, writer.instant, table.schema, table.props.row_group_size)
         what = f"compaction {writer.instant}"
@@ -165,9 +166,9 @@ def compact(
                             sum(1 for plan in todo.values() if plan.into_base))
 
 
-def _output_file(partition: str | None, shard: int, instant: str, into_base: bool, attempt: int | None) -> str:
-    """Where a group's merge writes: its new base, or its merged file."""
-    return (layout.base_file if into_base else layout.merged_file)(partition, shard, instant, attempt)
+def _output_kind(into_base: bool) -> str:
+    """The kind of file a group's merge writes (FileRecord.kind and its name's prefix, layout.rli_file)."""
+    return "base" if into_base else "merged"
 
 
 def merge_group(io: FileIO, instant: str, schema: pa.Schema, row_group_size: int,
@@ -176,14 +177,15 @@ def merge_group(io: FileIO, instant: str, schema: pa.Schema, row_group_size: int
     piece of work: it may run in a Spark task); a try after the first writes under its own name, announced by a
     marker first (dbidx/runner.py)."""
     partition, shard, files, into_base = item
-    rel = _output_file(partition, shard, instant, into_base, attempt or None)
+    kind = _output_kind(into_base)
+    rel = layout.rli_file(partition, shard, kind, instant, attempt or None)
     if attempt:
         markers.announce(io, instant, rel)
     merged = rli_files.resolve_latest([rli_files.read_rli_file(io, f) for f in files], schema,
                                       keep_tombstones=not into_base)
     if merged.num_rows == 0:
         return pack({"attempt": attempt, "base": None})
-    out = rli_files.write_rli_file(io, rel, merged, row_group_size, partition, shard, "base" if into_base else "merged")
+    out = rli_files.write_rli_file(io, rel, merged, row_group_size, partition, shard, kind)
     return pack({"attempt": attempt, "base": record_dict(out)})
 
 
@@ -193,14 +195,14 @@ def _parsed_merge(payload: bytes, partition: str | None, shard: int, into_base: 
     instant's name for the attempt (CommitError otherwise: nothing is published)."""
     where = f"{what}, group {partition or '(global)'} shard {shard}"
     result = unpack(payload, where, {"attempt", "base"})
-    kind = "base" if into_base else "merged"
+    kind = _output_kind(into_base)
     try:
         attempt = attempt_of(result)
         if result["base"] is None:
             return None
         base = FileRecord.parse(result["base"], "base")
         if (base.path, base.partition, base.shard, base.kind) != \
-                (_output_file(partition, shard, instant, into_base, attempt or None), partition, shard, kind):
+                (layout.rli_file(partition, shard, kind, instant, attempt or None), partition, shard, kind):
             raise ValueError(f"{kind} file {base.path!r} is not this group's {kind} file of attempt {attempt}")
     except (ValueError, TypeError, KeyError) as exc:
         raise CommitError(f"{where}: a malformed merge result ({exc}); nothing was published") from exc

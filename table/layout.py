@@ -130,11 +130,17 @@ def rli_dir(partition: str | None, shard: int) -> str:
     return f"{RLI_DIR}/{part}/{shard:04d}"
 
 
-def delta_file(partition: str | None, shard: int, instant: str, attempt: int | None = None) -> str:
-    """Table-relative path of the delta file an instant writes for one (partition, shard); `attempt` names the
-    Spark task attempt that wrote it (attempts of one task must not overwrite each other's files)."""
+def rli_file(partition: str | None, shard: int, kind: str, instant: str, attempt: int | None = None) -> str:
+    """Table-relative path of the RLI file of a kind ("delta", "base", "merged": FileRecord.kind, also the name's
+    prefix) an instant writes for one (partition, shard); `attempt` names the Spark task attempt that wrote it
+    (None: the first, or a writer in one process; attempts of one task must not overwrite each other's files)."""
     suffix = "" if attempt is None else f"-a{attempt}"
-    return f"{rli_dir(partition, shard)}/delta-{instant}{suffix}.parquet"
+    return f"{rli_dir(partition, shard)}/{kind}-{instant}{suffix}.parquet"
+
+
+def delta_file(partition: str | None, shard: int, instant: str, attempt: int | None = None) -> str:
+    """Table-relative path of the delta file an instant writes for one (partition, shard) (rli_file)."""
+    return rli_file(partition, shard, "delta", instant, attempt)
 
 
 def touched_file(shard: int, instant: str, attempt: int) -> str:
@@ -145,17 +151,14 @@ def touched_file(shard: int, instant: str, attempt: int) -> str:
 
 
 def base_file(partition: str | None, shard: int, instant: str, attempt: int | None = None) -> str:
-    """Table-relative path of the base file a compaction instant writes for one (partition, shard); `attempt` names
-    a retried or speculative Spark task's try (None: the first, or a compaction run in one process)."""
-    suffix = "" if attempt is None else f"-a{attempt}"
-    return f"{rli_dir(partition, shard)}/base-{instant}{suffix}.parquet"
+    """Table-relative path of the base file a compaction instant writes for one (partition, shard) (rli_file)."""
+    return rli_file(partition, shard, "base", instant, attempt)
 
 
 def merged_file(partition: str | None, shard: int, instant: str, attempt: int | None = None) -> str:
     """Table-relative path of the merged file a compaction instant writes for one (partition, shard) when it merges
-    the group's newest files and leaves its base alone (mdt/compaction.py); `attempt` as for base_file."""
-    suffix = "" if attempt is None else f"-a{attempt}"
-    return f"{rli_dir(partition, shard)}/merged-{instant}{suffix}.parquet"
+    the group's newest files and leaves its base alone (mdt/compaction.py; rli_file)."""
+    return rli_file(partition, shard, "merged", instant, attempt)
 
 
 def requested_file(instant: str) -> str:
