@@ -39,6 +39,11 @@ from dbidx.table.records import DataFileRecord, FileRecord, PartitionChange
 
 
 
+# The phases of an upsert call, in order: the checks and the start of the instant; the job (the shard tasks); the
+# check and publish of their results; the delete of unlisted files after it; the table services after the publish.
+PHASES = ("prepare", "job", "commit", "cleanup", "services")
+
+
 @dataclass
 class CommitSummary(task.TaskCounts):
     """What one upsert did (docs/DESIGN.md section 6): instant, row kinds, files, timings, per-shard cache metrics.
@@ -67,6 +72,9 @@ class CommitSummary(task.TaskCounts):
     # failed, which never fails the committed upsert); None when `after_commit` is off. Returned only: the services
     # run after the completion record was written, so `dbidx commits` does not show them (their own instants do).
     services: dict[str, Any] | None = None
+    # Wall seconds of the call's phases in the driver (PHASES): where an upsert's time went. Returned only, as
+    # services: the completion record is written before the last of them end.
+    phases: dict[str, float] = field(default_factory=dict)
 
     @property
     def hit_rate(self) -> float:
@@ -145,6 +153,7 @@ def run_upsert(table: Table, options: TagOptions, job: Callable[[str], list[tupl
     Spark jobs).
     """
     started = time.perf_counter()
+    marks = [started]  # perf_counter at the end of each phase (PHASES)
     with table.pinned():  # the checks before the start read one state (the start and the publish read anew)
         _check_buckets(table, options.buckets)
         new_schema, schema_seq = _check_layout_and_schema(table, options, input_schema, where)
@@ -156,8 +165,10 @@ def run_upsert(table: Table, options: TagOptions, job: Callable[[str], list[tupl
     writer.checks.append(guard)  # also at publish: the schema this upsert was checked against still stands
     try:
         guard(table.timeline.completed(after_seq=schema_seq))
+        marks.append(time.perf_counter())
         # 1. One job: tag and write data and index files per shard; one result per task, of its winning attempt.
         results = job(instant)
+        marks.append(time.perf_counter())
         # 2. Check that every task reported and every listed file is there, then publish data and index together.
         if new_schema is not None:
             writer.extra[SCHEMA_EXTRA] = encode_schema(new_schema)
@@ -172,6 +183,7 @@ def run_upsert(table: Table, options: TagOptions, job: Callable[[str], list[tupl
         if error is exc:
             raise  # as it is, with its own cause (`raise exc from exc` would replace that cause by itself)
         raise error from exc
+    marks.append(time.perf_counter())
     # 3. Files of failed or losing attempts (and the touched-key files) were never listed; now they go.
     listed = leftovers.settled_files(record) or set()
     scratch = {t.path for t in writer.touched() if t.path}
@@ -180,8 +192,11 @@ def run_upsert(table: Table, options: TagOptions, job: Callable[[str], list[tupl
     leftovers.sweep_after_write(table.io, record)  # dead writers' temp files where this batch wrote
     summary.seq = record.seq
     summary.seconds = time.perf_counter() - started  # returned: the whole call, cleanup of orphans included
+    marks.append(started + summary.seconds)
     # 4. The table services, after the publish: the batch is committed whatever they do (their time is their own).
     summary.services = services_after_commit(table, services_runner)
+    marks.append(time.perf_counter())
+    summary.phases = {name: round(end - begin, 6) for name, begin, end in zip(PHASES, marks, marks[1:])}
     return summary
 
 
@@ -335,7 +350,8 @@ def commit_results(writer: Any, results: list[tuple[int, int, bytes]], options: 
         sent.update(figures.get(task_shard) or dict.fromkeys(SHARD_FIELDS))
     if started is not None:
         summary.seconds = time.perf_counter() - started  # stored: start to publish (cleanup after is not in it)
-    writer.extra["metrics"] = {k: v for k, v in summary.to_dict().items() if k not in ("per_shard", "services")}
+    writer.extra["metrics"] = {k: v for k, v in summary.to_dict().items()
+                               if k not in ("per_shard", "services", "phases")}
     # 3. Publish: data and index become visible together, or not at all.
     return writer.commit(), summary
 

@@ -187,3 +187,21 @@ def test_a_batch_writes_one_data_file_per_partition_per_task_and_one_dv_file(spa
     per_group = Counter((f.partition, f.shard) for f in record.files)
     assert max(per_group.values()) == 1, per_group
     assert_readers_agree(table, ("id", "dt", "v"))
+
+
+def test_the_summary_says_where_the_time_went(spark, tmp_path: Path) -> None:
+    """summary.phases: the driver's phases in order, each a duration, together the call with its services; the
+    stored completion keeps them out (they end after it is written)."""
+    from dbidx.spark_integration.driver import PHASES
+
+    table = Table.create(str(tmp_path / "t"), num_shards=2)
+    config = CacheConfig(base_path=str(tmp_path / "cache"))
+    rows = [(f"k{i:03d}", f"2025-03-0{1 + i % 3}", i, False) for i in range(60)]
+    summary = upsert(spark.createDataFrame(rows, SCHEMA), table, key="id", partition="dt", cache_config=config)
+    assert tuple(summary.phases) == PHASES
+    assert all(seconds >= 0 for seconds in summary.phases.values()), summary.phases
+    assert summary.phases["job"] > 0
+    before_services = sum(summary.phases[p] for p in PHASES if p != "services")
+    assert before_services == pytest.approx(summary.seconds, abs=1e-3)
+    assert "phases" in summary.to_dict()
+    assert "phases" not in commit_history(table)[-1]["metrics"]
