@@ -12,7 +12,7 @@ Each partition column family also holds its location dictionary (see sst_builder
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -21,6 +21,7 @@ import xxhash
 
 from dbidx.cache.store import get, scan
 from dbidx.errors import CacheCorruptError, CacheError, CacheMismatchError
+from dbidx.plain import plain
 
 FORMAT = 1
 LOADING = "loading"
@@ -125,7 +126,7 @@ def info_key(name: str) -> bytes:
 def pack(value: Any) -> bytes:
     """msgpack a registry value (dataclasses as dicts)."""
     if hasattr(value, "__dataclass_fields__"):
-        value = asdict(value)
+        value = plain(value)
     return msgpack.packb(value, use_bin_type=True)
 
 

@@ -43,6 +43,17 @@ class Probe:
         order = np.argsort(hashes)
         return cls(keys.take(pa.array(order)), hashes[order])
 
+    @classmethod
+    def of_files(cls, files: list["FileKeys"]) -> "Probe":
+        """A probe for the keys of indexed files (a writer's new files): their hashes are computed already, and
+        each file's are sorted, so one file needs no sort at all and several need one over the merged runs."""
+        keys = pa.concat_arrays([f.keys.take(pa.array(f.order)) for f in files])
+        hashes = np.concatenate([f.sorted_hashes for f in files])
+        if len(files) > 1:
+            order = np.argsort(hashes, kind="stable")  # timsort: linear on a few sorted runs
+            keys, hashes = keys.take(pa.array(order)), hashes[order]
+        return cls(keys, hashes)
+
 
 @dataclass(frozen=True)
 class FileKeys:

@@ -28,7 +28,7 @@ from pyroaring import BitMap
 from dbidx.arrays import one_chunk
 from dbidx.data.deletion_vectors import DvFileBuilder, VectorSlot, dv_file_name, read_vector, vector_body
 from dbidx.data.files import DELETED_COLUMN, read_data_file
-from dbidx.data.key_columns import KEYS, KeySources, KeyStore, Probe
+from dbidx.data.key_columns import KEYS, FileKeys, KeySources, KeyStore, Probe
 from dbidx.errors import CorruptFileError
 from dbidx.table import layout, markers
 from dbidx.table.data_view import DataView, DvRef
@@ -97,12 +97,11 @@ def superseded_rows(io: FileIO, view: DataView, new: Sequence[NewRows], key: str
     # 1. The new files' own delete rows; the new keys per file group. The new files' keys are kept: the next batch
     #    probes them as older files.
     fresh: dict[str, BitMap] = {}
-    new_keys: dict[tuple[str, str], list[pa.Array]] = {}
+    new_keys: dict[tuple[str, str], list[FileKeys]] = {}
     for f, keys, deleted in new:
         if deleted.any():
             fresh[f.path] = BitMap(np.flatnonzero(deleted).astype(np.uint32))
-        new_keys.setdefault((f.partition, f.file_group), []).append(keys)
-        KEYS.put(f, keys, disk)
+        new_keys.setdefault((f.partition, f.file_group), []).append(KEYS.put(f, keys, disk))
     # 2. Older live files of the touched groups: each one's key index, held here for step 3 (looked up once, its
     #    key file marked used once): from this process, else the executor's key files or the data file, on a few
     #    threads.
@@ -124,7 +123,7 @@ def superseded_rows(io: FileIO, view: DataView, new: Sequence[NewRows], key: str
                                                                    missing)))
     # 3. In each, the rows whose key a new row of its group carries (hash index, confirmed by key), minus its vector.
     #    Only the groups that have older files are indexed (a load into new partitions has none).
-    probes = {g: Probe.of(pa.concat_arrays(new_keys[g])) for g in {(r.partition, r.file_group) for r in older}}
+    probes = {g: Probe.of_files(new_keys[g]) for g in {(r.partition, r.file_group) for r in older}}
     dv_bytes: dict[str, bytes] = {}
     found: list[tuple[DataFileRecord, BitMap, pa.Array]] = []
     for record in older:

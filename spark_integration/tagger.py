@@ -320,12 +320,14 @@ class ShardTagger:
                 if loc is not None:
                     old_part[i], old_fg[i] = split_global_location(loc)
             return old_part, old_fg
-        for partition in pc.unique(parts).to_pylist():
-            rows = np.flatnonzero(pc.equal(parts, pa.scalar(partition)).to_numpy(zero_copy_only=False))
-            found = cache.lookup_array(partition, keys.take(pa.array(rows)))
+        # One pass groups the rows by partition (a comparison of every row per partition was O(rows x partitions)).
+        encoded = pc.dictionary_encode(parts)
+        names = encoded.dictionary.to_pylist()
+        for code, rows in runs(encoded.indices.to_numpy(zero_copy_only=False)):
+            found = cache.lookup_array(names[code], keys.take(pa.array(rows)))
             hit = np.not_equal(found, None)
             old_fg[rows] = found
-            old_part[rows[hit]] = partition
+            old_part[rows[hit]] = names[code]
         return old_part, old_fg
 
     def _assign(self, cache: RecordIndexCache, keys: pa.Array, part: np.ndarray, rows: np.ndarray,

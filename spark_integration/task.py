@@ -15,7 +15,7 @@ import threading
 import time
 import traceback
 from contextlib import ExitStack, contextmanager, nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
 import msgpack
@@ -37,6 +37,7 @@ from dbidx.data.key_files import KeyFiles
 from dbidx.data.superseded import superseded_rows
 from dbidx.errors import CacheCorruptError, CacheError, CorruptFileError, DbidxError
 from dbidx.mdt.table import Table
+from dbidx.plain import plain
 from dbidx.spark_integration import datafiles
 from dbidx.spark_integration.tagger import (
     ROW_ID, TAG_FILE_GROUP, TAG_IS_DELETE, TAG_IS_UPDATE, TAG_NAMES, TAG_OLD_FILE_GROUP, TAG_OLD_PARTITION,
@@ -337,10 +338,10 @@ def _upsert_rows(batches: Iterable[pa.RecordBatch], table: Table, options: TagOp
     for metrics in shard_metrics:
         metrics.write_seconds = (time.perf_counter() - started) / len(shard_metrics)
         metrics.partitions = sorted({f.partition for f in files})
-    return {"files": [asdict(f) for f in files], "index_files": [asdict(f) for f in index_files],
+    return {"files": [plain(f) for f in files], "index_files": [plain(f) for f in index_files],
             "touched": [t.to_dict() for t in touched],
             "superseded": {"seq": basis_seq, "rows": {p: b.serialize() for p, b in fresh.items()}},
-            "changes": {p: asdict(c) for p, c in changes.items()},
+            "changes": {p: plain(c) for p, c in changes.items()},
             "metrics": [m.to_dict() for m in shard_metrics]}
 
 

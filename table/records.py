@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timezone
 from typing import Any, Callable
 from urllib.parse import unquote
@@ -17,6 +17,7 @@ from urllib.parse import unquote
 import xxhash
 
 from dbidx.errors import CorruptFileError, InvalidInputError
+from dbidx.plain import plain
 from dbidx.table import layout
 
 ACTION_COMMIT = "commit"
@@ -236,7 +237,7 @@ def parse_dv_descriptor(value: Any, name: str, cardinality: int) -> dict[str, An
 def record_dict(record: Any) -> dict[str, Any]:
     """A record's JSON form: asdict without the adoption-only fields that are None (most records never have them,
     so they are not written at all)."""
-    data = asdict(record)
+    data = plain(record)
     for name in _UNSET_OMITTED:
         if name in data and data[name] is None:
             del data[name]
@@ -286,7 +287,7 @@ class CompletedInstant:
     def to_json(self) -> bytes:
         """Serialize for the completion file, with a checksum over the canonical form of every other field (a
         flipped byte in a key range or a path would otherwise still be valid JSON, and silently wrong)."""
-        data = asdict(self)
+        data = plain(self)
         data["data_files"] = [record_dict(f) for f in self.data_files]
         data["deletion_vectors"] = [record_dict(v) for v in self.deletion_vectors]
         data["checksum"] = _record_checksum(data)

@@ -25,6 +25,21 @@ def test_rows_of_equals_membership(file_keys: list[str], wanted: list[str]) -> N
     assert sorted(set(found.tolist())) == expected(file_keys, wanted)
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(WORDS, max_size=40), st.lists(st.lists(WORDS, max_size=12), min_size=1, max_size=4))
+def test_a_probe_of_indexed_files_finds_what_a_probe_of_their_keys_finds(file_keys: list[str],
+                                                                      new_files: list[list[str]]) -> None:
+    """Probe.of_files (a writer's new files, hashed once when indexed) equals Probe.of over their keys."""
+    indexed = [FileKeys.of(pa.array(keys, pa.string())) for keys in new_files]
+    probe = Probe.of_files(indexed)
+    flat = [k for keys in new_files for k in keys]
+    assert np.all(np.diff(probe.hashes.astype(np.int64)) >= 0)
+    assert sorted(probe.keys.to_pylist()) == sorted(flat)
+    index = FileKeys.of(pa.array(file_keys, pa.string()))
+    assert sorted(index.rows_of(probe).tolist()) == sorted(index.rows_of(Probe.of(pa.array(flat, pa.string()))).tolist())
+    assert sorted(set(index.rows_of(probe).tolist())) == expected(file_keys, flat)
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.lists(WORDS, max_size=30), st.lists(WORDS, max_size=15), st.integers(1, 3))
 def test_hash_collisions_are_never_hits(file_keys: list[str], wanted: list[str], buckets: int) -> None:
