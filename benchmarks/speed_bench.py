@@ -517,7 +517,8 @@ def figures(args: argparse.Namespace, part: SparkPart, restart: dict[str, Any] |
             "work_floor_s": [b.work_s for b in part.batches],
             "on_demand_loads": [b.dbidx.summary.get("on_demand_loads") for b in part.batches],
             "stall_s": [b.dbidx.summary.get("stall_seconds") for b in part.batches],
-            "summaries": [{k: v for k, v in m.summary.items() if k not in ("partitions", "per_shard")}
+            "summaries": [{k: v for k, v in m.summary.items() if k not in ("partitions", "per_shard", "services")}
+                          | {"services_s": (m.summary.get("services") or {}).get("seconds")}
                           for m in [part.load] + [b.dbidx for b in part.batches]],
             "batches_peak": step(part.batches_peak),
             "restart": restart, "lookup": lookup, "scale": scale, "check_ok": ok}
