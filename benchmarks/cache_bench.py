@@ -139,7 +139,10 @@ def main() -> None:
                     "from dbidx.cache.record_cache import RecordIndexCache\n"
                     f"c = RecordIndexCache({str(cache_path)!r}, None).open()\n"
                     f"import json; keys = json.load(open({str(probe_keys)!r}))\n"
-                    "for p in c.partitions(): c.lookup(p, keys)\n")
+                    "for p in c.partitions(): c.lookup(p, keys)\n"
+                    # Closed before the interpreter exits: a RocksDB left open at exit can abort the process
+                    # ("terminate called without an active exception") as its background threads are torn down.
+                    "c.close()\n")
                 base_rss = rss_of("import dbidx.cache.record_cache\n")
                 dict_rss = rss_of(
                     f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\n"
