@@ -16,7 +16,8 @@ from typing import Any
 
 import click
 
-from dbidx import __version__, cli_cache, cli_services
+from dbidx import cli_cache, cli_services
+from dbidx.version import __version__
 from dbidx.cli_output import (
     Output, ProgressBar, json_option, open_table, output, storage_options, table_argument, wants_json,
 )

@@ -1,0 +1,49 @@
+"""The front door: `from dbidx import Table, upsert, ...` gives the library's own objects, imported on first use."""
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+from importlib.metadata import version
+
+import pytest
+
+import dbidx
+
+NAMES = {"Table": "dbidx.mdt.table", "upsert": "dbidx.spark_integration.api", "tag": "dbidx.spark_integration.api",
+         "bulk_insert": "dbidx.spark_integration.api", "upsert_arrow": "dbidx.spark_integration.local",
+         "read_table": "dbidx.spark_integration.reads", "read_arrow": "dbidx.data.reads",
+         "BucketSpec": "dbidx.buckets.assigner", "CacheConfig": "dbidx.config", "DbidxError": "dbidx.errors"}
+
+
+def test_every_name_is_the_object_its_module_defines() -> None:
+    assert set(dbidx.__all__) == set(NAMES) | {"__version__"}
+    for name, module in NAMES.items():
+        assert getattr(dbidx, name) is getattr(importlib.import_module(module), name), name
+    assert set(NAMES) <= set(dir(dbidx))
+    namespace: dict[str, object] = {}
+    exec("from dbidx import *", namespace)  # noqa: S102 - the star import a user may write
+    assert namespace["Table"] is dbidx.Table and namespace["__version__"] == dbidx.__version__
+
+
+def test_version_is_the_installed_one() -> None:
+    assert dbidx.__version__ == version("dbidx")
+
+
+def test_an_unknown_name_is_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="no attribute 'Tabel'"):
+        dbidx.Tabel  # noqa: B018 - the attribute access is the test
+    with pytest.raises(ImportError):
+        exec("from dbidx import Tabel", {})  # noqa: S102
+
+
+def test_importing_dbidx_loads_neither_pyspark_nor_the_library() -> None:
+    """A fresh interpreter: `import dbidx` imports no Spark and no library module; the first use imports the one it
+    needs, and a Spark function's module still leaves pyspark alone until it is called."""
+    code = ("import sys, dbidx\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('pyspark', 'dbidx.'))))\n"
+            "dbidx.upsert\n"
+            "print('pyspark' in sys.modules, 'dbidx.spark_integration.api' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out[0] == "['dbidx.version']", out
+    assert out[1] == "False True", out
