@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast fuzz test-cluster pack-env bench bench-smoke bench-mdt bench-cache bench-bootstrap bench-spark bench-commit bench-footprint bench-skew bench-restart bench-absorb bench-peers bench-scale bench-speed bench-soak check-java clean
+.PHONY: demo test lint test-fast fuzz test-cluster pack-env bench bench-smoke bench-mdt bench-cache bench-bootstrap bench-spark bench-commit bench-footprint bench-skew bench-restart bench-absorb bench-peers bench-scale bench-speed bench-soak check-java clean
 
 demo: check-java $(STAMP)
 	$(BIN)/dbidx demo
@@ -15,8 +15,12 @@ demo: check-java $(STAMP)
 XDIST := -n 2 --dist loadgroup --no-loadscope-reorder
 
 # The full suite but the packed-environment cluster test (about 70 s, needs PyPI): `make test-cluster` runs that.
-test: check-java $(STAMP)
+test: check-java $(STAMP) lint
 	$(BIN)/python -m pytest -m "not packing" $(XDIST) --durations=15
+
+# Lint (ruff: pycodestyle, pyflakes, no blind except or blanket noqa without a reason; pyproject.toml [tool.ruff]).
+lint: $(STAMP)
+	$(BIN)/ruff check .
 
 # Day-to-day tier: no Spark, nothing marked slow (under two minutes on 2 cores).
 test-fast: $(STAMP)

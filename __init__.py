@@ -25,7 +25,8 @@ _EXPORTS = {
     "DbidxError": "dbidx.errors",
 }
 
-__all__ = ["__version__", *_EXPORTS]
+__all__ = ["BucketSpec", "CacheConfig", "DbidxError", "Table", "__version__", "bulk_insert", "read_arrow",
+           "read_table", "tag", "upsert", "upsert_arrow"]  # the names of _EXPORTS (tests/test_front_door.py)
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on first use
     from dbidx.buckets.assigner import BucketSpec

@@ -193,7 +193,8 @@ def _commits_text(payload: dict[str, Any]) -> str:
     lines = _pending_text(payload.get("pending", []))
     for c in payload["commits"]:
         m = c["metrics"]
-        what = (f"{m.get('input_rows', m['rows']):,} rows in, {m['rows']:,} records, {m['inserts']:,} inserts, {m['updates']:,} updates, {m['deletes']:,} deletes"
+        what = (f"{m.get('input_rows', m['rows']):,} rows in, {m['rows']:,} records, {m['inserts']:,} inserts, "
+                f"{m['updates']:,} updates, {m['deletes']:,} deletes"
                 f" ({m['deletes_missing']:,} more of keys not in the index: nothing to delete), "
                 f"hit rate {m['hit_rate']:.1%}, {m['on_demand_loads']} on-demand loads "
                 f"({m['stall_seconds']:.2f} s), {m['catchup_entries']:,} catch-up entries, {m['seconds']:.1f} s"

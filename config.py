@@ -13,6 +13,8 @@ from typing import Any, Literal, Mapping, get_args, get_origin, get_type_hints
 
 from dbidx.errors import ConfigError
 
+__all__ = ["CacheConfig"]
+
 PREFIX = "hoodie.index.cache.rocksdb."
 ENV_PREFIX = "DBIDX_CACHE_"
 # RFC-107's on/off switch. Not a setting here: the cache is how dbidx tags, so `true` (a Hudi-style config block

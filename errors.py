@@ -6,6 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
+__all__ = ["CacheBusyError", "CacheCorruptError", "CacheError", "CacheMismatchError", "CommitError", "ConfigError",
+           "ConflictError", "CorruptFileError", "DbidxError", "DeltaFeatureError", "DuplicateKeyError",
+           "ForeignCommitError", "ForeignDuplicateError", "FormatUpgradeError", "HistoryCompactedError", "HookError",
+           "InstantStateError", "InvalidInputError", "InvalidKeyError", "InvalidPartitionError",
+           "PartitionNotReadyError", "SchemaError", "StoreUnavailableError", "TableExistsError",
+           "TableNotFoundError", "UnsafeConcurrencyError"]
+
 
 class DbidxError(Exception):
     """Base class of every error dbidx raises on purpose."""

@@ -1,4 +1,5 @@
-"""Where a service's independent pieces of work run: in this process, or as one Spark job (pieces packed into a task per core).
+"""Where a service's independent pieces of work run: in this process, or as one Spark job (pieces packed into a task
+per core).
 
 Data compaction rewrites file groups and index compaction merges (partition, shard) groups, each piece on its own;
 only the publish that follows needs the driver. A `WorkRunner` runs the pieces: `IN_PROCESS` one after another

@@ -40,18 +40,17 @@ from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _report  # noqa: E402
-from speed_bench import STEP_HEADERS, summary_cells  # noqa: E402
+import _report
+from speed_bench import STEP_HEADERS, summary_cells
 
-from dbidx.config import CacheConfig  # noqa: E402
-from dbidx.data import reads  # noqa: E402
-from dbidx.mdt.table import Table  # noqa: E402
-from dbidx.mdt.verify_table import verify_table  # noqa: E402
-from dbidx.spark_integration.local import upsert_arrow  # noqa: E402
+from dbidx.config import CacheConfig
+from dbidx.data import reads
+from dbidx.mdt.table import Table
+from dbidx.mdt.verify_table import verify_table
+from dbidx.spark_integration.local import upsert_arrow
 
 KEY, PARTITION = "id", "dt"
 BUILD_BATCH = 500_000

@@ -19,13 +19,13 @@ import numpy as np
 import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _report  # noqa: E402
+import _report
 
-from dbidx.bootstrap.on_demand import OnDemandLoader  # noqa: E402
-from dbidx.bootstrap.time_bounded import bootstrap  # noqa: E402
-from dbidx.cache.record_cache import RecordIndexCache  # noqa: E402
-from dbidx.config import CacheConfig  # noqa: E402
-from dbidx.mdt.table import Table  # noqa: E402
+from dbidx.bootstrap.on_demand import OnDemandLoader
+from dbidx.bootstrap.time_bounded import bootstrap
+from dbidx.cache.record_cache import RecordIndexCache
+from dbidx.config import CacheConfig
+from dbidx.mdt.table import Table
 
 FIRST_DAY = np.datetime64("2025-01-01")
 

@@ -23,16 +23,16 @@ import numpy as np
 import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _report  # noqa: E402
-from bootstrap_bench import uuid_keys  # noqa: E402
+import _report
+from bootstrap_bench import uuid_keys
 
-from dbidx.cache import codec  # noqa: E402
-from dbidx.cache.loading import snapshot_entries  # noqa: E402
-from dbidx.cache.record_cache import RecordIndexCache  # noqa: E402
-from dbidx.cache.registry import CacheIdentity  # noqa: E402
-from dbidx.cache.store import MULTI_GET_CHUNK, multi_get  # noqa: E402
-from dbidx.config import CacheConfig  # noqa: E402
-from dbidx.mdt.table import Table  # noqa: E402
+from dbidx.cache import codec
+from dbidx.cache.loading import snapshot_entries
+from dbidx.cache.record_cache import RecordIndexCache
+from dbidx.cache.registry import CacheIdentity
+from dbidx.cache.store import MULTI_GET_CHUNK, multi_get
+from dbidx.config import CacheConfig
+from dbidx.mdt.table import Table
 
 
 def seq_keys(start: int, n: int) -> pa.Array:

@@ -9,8 +9,8 @@ Data, generated inside Spark (nothing passes through the driver's Python): keys 
 `--new-keys` new keys each (plus 10 % as many updates of old keys, `v = v + 1`), then `read_table` count and sum.
 Peak RSS per step, of the driver JVM (in local mode it also runs the executors' tasks and the shuffle) and of the
 driver's Python process, from Linux's VmHWM, reset before each step (`/proc/<pid>/clear_refs`); and, sampled every
-0.2 s (psutil, else /proc), the largest RSS of any one process of the application (driver, JVM, Python workers) and the sum
-over all of them.
+0.2 s (psutil, else /proc), the largest RSS of any one process of the application (driver, JVM, Python workers) and the
+sum over all of them.
 Run: `python benchmarks/commit_bench.py [--keys 10000000] [--new-keys 100000,100000,1000000] [--driver-memory 4g]
 [--smoke] [--write-results]`.
 """
@@ -25,10 +25,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _report  # noqa: E402
+import _report
 
-from dbidx.config import CacheConfig  # noqa: E402
-from dbidx.mdt.table import Table  # noqa: E402
+from dbidx.config import CacheConfig
+from dbidx.mdt.table import Table
 from dbidx.spark_integration.api import upsert
 from dbidx.spark_integration.reads import read_table
 

@@ -21,17 +21,17 @@ import numpy as np
 import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _report  # noqa: E402
-from bootstrap_bench import uuid_keys  # noqa: E402
-from cache_bench import load_cache, rss_of, seq_keys  # noqa: E402
+import _report
+from bootstrap_bench import uuid_keys
+from cache_bench import load_cache, rss_of, seq_keys
 
-from dbidx.buckets.naming import file_group_id  # noqa: E402
-from dbidx.cache.loading import snapshot_entries  # noqa: E402
-from dbidx.cache.reaper import reap  # noqa: E402
-from dbidx.cache.record_cache import RecordIndexCache  # noqa: E402
-from dbidx.cache.registry import CacheIdentity  # noqa: E402
-from dbidx.config import CacheConfig  # noqa: E402
-from dbidx.mdt.table import Table  # noqa: E402
+from dbidx.buckets.naming import file_group_id
+from dbidx.cache.loading import snapshot_entries
+from dbidx.cache.reaper import reap
+from dbidx.cache.record_cache import RecordIndexCache
+from dbidx.cache.registry import CacheIdentity
+from dbidx.config import CacheConfig
+from dbidx.mdt.table import Table
 
 SHAPES = ("uuid", "numeric20", "composite")
 RFC107 = "RFC-107 estimate: 50-70 B/entry in the index, RocksDB about 2x the HFile (~100-140 B/entry)"

@@ -18,10 +18,10 @@ from pathlib import Path
 import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _report  # noqa: E402
+import _report
 
-from dbidx.mdt import rli_files  # noqa: E402
-from dbidx.mdt.table import Table  # noqa: E402
+from dbidx.mdt import rli_files
+from dbidx.mdt.table import Table
 
 PARTITION = "dt=2025-01-15"
 

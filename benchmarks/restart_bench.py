@@ -22,16 +22,16 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _report  # noqa: E402
-from bootstrap_bench import FIRST_DAY, build_table, partition_of, uuid_keys  # noqa: E402
+import _report
+from bootstrap_bench import FIRST_DAY, build_table, partition_of, uuid_keys
 
-from dbidx.bootstrap.time_bounded import bootstrap  # noqa: E402
-from dbidx.cache import catchup  # noqa: E402
-from dbidx.cache.catchup import sync  # noqa: E402
-from dbidx.cache.loading import load_from_snapshot  # noqa: E402
-from dbidx.cache.record_cache import RecordIndexCache  # noqa: E402
-from dbidx.config import CacheConfig  # noqa: E402
-from dbidx.mdt.table import Table  # noqa: E402
+from dbidx.bootstrap.time_bounded import bootstrap
+from dbidx.cache import catchup
+from dbidx.cache.catchup import sync
+from dbidx.cache.loading import load_from_snapshot
+from dbidx.cache.record_cache import RecordIndexCache
+from dbidx.config import CacheConfig
+from dbidx.mdt.table import Table
 
 DAYS = 30
 

@@ -37,14 +37,14 @@ import numpy as np
 import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _report  # noqa: E402
-from bootstrap_bench import FIRST_DAY, partition_of, uuid_keys  # noqa: E402
+import _report
+from bootstrap_bench import FIRST_DAY, partition_of, uuid_keys
 
-from dbidx.bootstrap.time_bounded import bootstrap  # noqa: E402
-from dbidx.buckets.naming import file_group_id  # noqa: E402
-from dbidx.config import CacheConfig  # noqa: E402
-from dbidx.mdt import rli_files  # noqa: E402
-from dbidx.mdt.table import Table  # noqa: E402
+from dbidx.bootstrap.time_bounded import bootstrap
+from dbidx.buckets.naming import file_group_id
+from dbidx.config import CacheConfig
+from dbidx.mdt import rli_files
+from dbidx.mdt.table import Table
 
 PARTITIONS = 30
 WINDOW = 7
@@ -239,7 +239,8 @@ def run_size(spark: Any, work: Path, keys: int, args: argparse.Namespace) -> dic
         join_s = statistics.median(_report.seconds_of(lambda b=b: noop(join(b))) for b in frames[2:])
         join_found = join(frames[2]).filter("is_update").count()
         if join_found != plan.existing:
-            raise SystemExit(f"the join found {join_found:,} existing keys at {keys:,} keys, expected {plan.existing:,}")
+            raise SystemExit(f"the join found {join_found:,} existing keys at {keys:,} keys, expected "
+                             f"{plan.existing:,}")
         log(f"{keys:,} keys: Spark join {join_s:.2f} s/batch")
     for frame in frames:
         frame.unpersist()

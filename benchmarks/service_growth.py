@@ -41,14 +41,14 @@ from typing import Any, Callable
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _report  # noqa: E402
-from table_bench import Stream  # noqa: E402  (the soak's change mix)
+import _report
+from table_bench import Stream
 
-from dbidx.mdt import service_settings  # noqa: E402
-from dbidx.mdt import services as services_module  # noqa: E402
-from dbidx.mdt.table import Table  # noqa: E402
-from dbidx.spark_integration import driver  # noqa: E402
-from dbidx.spark_integration.local import upsert_arrow  # noqa: E402
+from dbidx.mdt import service_settings
+from dbidx.mdt import services as services_module
+from dbidx.mdt.table import Table
+from dbidx.spark_integration import driver
+from dbidx.spark_integration.local import upsert_arrow
 
 KEY, PARTITION, SEED = "id", "dt", 20261123
 # The functions run_services calls, by service: (trigger, step). Their wall and CPU are the service's.
@@ -301,8 +301,9 @@ def profile_table(profiles: list[tuple[int, pstats.Stats]], key: str) -> str:
     def per_function(stats: pstats.Stats) -> dict[str, tuple[float, int]]:
         out = {}
         for (file, line, fn), (_cc, calls, tt, ct, _callers) in stats.stats.items():  # type: ignore[attr-defined]
-            name = f"{os.path.relpath(file, str(Path(__file__).resolve().parents[1])) if file.startswith('/') else file}" \
-                   f":{line}({fn})"
+            name = (
+                f"{os.path.relpath(file, str(Path(__file__).resolve().parents[1])) if file.startswith('/') else file}"
+                f":{line}({fn})")
             out[name] = (tt if key == "tottime" else ct, calls)
         return out
 

@@ -27,16 +27,16 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _report  # noqa: E402
-import speed_bench  # noqa: E402  (the data set the speed and soak benchmarks use)
+import _report
+import speed_bench
 
-from dbidx.config import CacheConfig  # noqa: E402
-from dbidx.data import reads  # noqa: E402
-from dbidx.mdt.service_settings import write_settings  # noqa: E402
-from dbidx.mdt.table import Table  # noqa: E402
-from dbidx.runner import IN_PROCESS, WorkRunner, pack  # noqa: E402
-from dbidx.spark_integration.local import upsert_arrow  # noqa: E402
-from dbidx.spark_integration.service_jobs import SparkWorkRunner  # noqa: E402
+from dbidx.config import CacheConfig
+from dbidx.data import reads
+from dbidx.mdt.service_settings import write_settings
+from dbidx.mdt.table import Table
+from dbidx.runner import IN_PROCESS, WorkRunner, pack
+from dbidx.spark_integration.local import upsert_arrow
+from dbidx.spark_integration.service_jobs import SparkWorkRunner
 
 SECTION = "service-jobs"
 KEY, PARTITION = "id", "dt"
@@ -134,7 +134,8 @@ def run(args: argparse.Namespace, work: Path) -> tuple[str, bool]:
         f"Machine: {_report.machine()}. Command: `{_report.command()}`. Spark local[2]. Data set {origin}; table "
         f"built with `upsert_arrow`, services off, {args.shards} key shards. Each figure is the best of "
         f"{args.repeats} runs on a fresh copy of the table. Driver: the pieces one after another in this process "
-        f"(`IN_PROCESS`); Spark: one job per compaction, its pieces packed into as many tasks as Spark has cores, balanced by bytes (`SparkWorkRunner`). CPU: this "
+        f"(`IN_PROCESS`); Spark: one job per compaction, its pieces packed into as many tasks as Spark has cores, "
+        f"balanced by bytes (`SparkWorkRunner`). CPU: this "
         f"(driver) process only; Spark's tasks run in its Python workers. A Spark job of {probe[0]:,} empty pieces "
         f"took {probe[1]:.2f} s (Spark's cost of running a compaction at all).",
         _report.table(["service", "pieces", "input MiB", "driver s", "Spark job s", "Spark / driver",

@@ -17,11 +17,11 @@ import numpy as np
 import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _report  # noqa: E402
-from bootstrap_bench import uuid_keys  # noqa: E402
+import _report
+from bootstrap_bench import uuid_keys
 
-from dbidx.buckets.assigner import DynamicBucketAssigner, SimpleBucketAssigner  # noqa: E402
-from dbidx.table.keyhash import shard_of  # noqa: E402
+from dbidx.buckets.assigner import DynamicBucketAssigner, SimpleBucketAssigner
+from dbidx.table.keyhash import shard_of
 
 PARTITION = "region=eu"
 

@@ -1,11 +1,11 @@
 """Soak benchmark (issue 44 item 4): a long run of upserts through Spark, and whether the table stays healthy.
 
 What is measured, in one run (Spark local[2], `--shards` key shards, `upsert` of every batch as a cached DataFrame):
-  Per batch: upsert seconds (wall, the `upsert` call less its services), service seconds (the upsert summary's `services`
-  section, when the table services exist; else 0) and their split per service (each run's `seconds`; the rest of the
-  run, its triggers and steps that found nothing to do, as "(rest)"), live data files (the table's data view), files on disk and
-  table bytes (a walk of the table dir: data, deletion vectors, Delta log, index, timeline), index files (files
-  under `.dbidx/rli/`), cache bytes (a walk of the executor-local cache base dir).
+  Per batch: upsert seconds (wall, the `upsert` call less its services), service seconds (the upsert summary's
+  `services` section, when the table services exist; else 0) and their split per service (each run's `seconds`; the rest
+  of the run, its triggers and steps that found nothing to do, as "(rest)"), live data files (the table's data view),
+  files on disk and table bytes (a walk of the table dir: data, deletion vectors, Delta log, index, timeline), index
+  files (files under `.dbidx/rli/`), cache bytes (a walk of the executor-local cache base dir).
   Every `--read-every` batches (and after the last): a full read of every column into Arrow by dbidx
   (`reads.read_arrow`), polars (`pl.read_delta`) and delta-rs (`QueryBuilder` `select *`: `to_pyarrow_table()`
   refuses deletion vectors), each best of 2, each checked against the row count the generator expects; and the
@@ -33,7 +33,6 @@ Run: `python benchmarks/soak_bench.py [--keys 1000000] [--batches 1000] [--batch
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import shutil
 import sys
@@ -47,12 +46,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _report  # noqa: E402
-import speed_bench  # noqa: E402  (the data set and its cached Spark inputs, as the speed benchmark has them)
+import _report
+import speed_bench
 
-from dbidx.config import CacheConfig  # noqa: E402
-from dbidx.data import reads  # noqa: E402
-from dbidx.mdt.table import Table  # noqa: E402
+from dbidx.config import CacheConfig
+from dbidx.data import reads
+from dbidx.mdt.table import Table
 
 KEY, PARTITION = "id", "dt"
 READS = 2  # timed full reads per reader per checkpoint (the best is kept)

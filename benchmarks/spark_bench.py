@@ -4,8 +4,9 @@ driver-side Python dict, for index sizes from 1 M to 10 M keys.
 Data: a partitioned table with `--shards` key shards, keys `user-<9 digits>` spread over 30 daily partitions, one
 bucket file group per (partition, shard) as upsert writes them. Batches: `--batch-rows` rows, 80% existing keys
 (random, all partitions) and 20% new keys, cached in Spark memory before timing, so every method reads the same
-rows (a throwaway 50 k-key round first warms the JVM and the Python workers). Per size: a first batch (dbidx loads the shard caches on demand: reported as "cold first batch") and a second
-warm-up run, then `--repeats` timed batches per method (median). Forced with Spark's `noop` sink.
+rows (a throwaway 50 k-key round first warms the JVM and the Python workers). Per size: a first batch (dbidx loads the
+shard caches on demand: reported as "cold first batch") and a second warm-up run, then `--repeats` timed batches per
+method (median). Forced with Spark's `noop` sink.
   dbidx: `tag(batch, table)`; the join: `batch LEFT JOIN rli ON key` over the RLI Parquet files the index lists
   (what a user does without dbidx); dict: the batch collected to the driver as Arrow, then dict lookups.
 Run: `python benchmarks/spark_bench.py [--sizes 1000000,3000000,10000000] [--smoke] [--write-results]`.
@@ -25,12 +26,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _report  # noqa: E402
+import _report
 
-from dbidx.buckets.naming import file_group_id  # noqa: E402
-from dbidx.config import CacheConfig  # noqa: E402
-from dbidx.mdt import rli_files  # noqa: E402
-from dbidx.mdt.table import Table  # noqa: E402
+from dbidx.buckets.naming import file_group_id
+from dbidx.config import CacheConfig
+from dbidx.mdt import rli_files
+from dbidx.mdt.table import Table
 
 PARTITIONS = 30
 

@@ -47,15 +47,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _report  # noqa: E402
-import cache_bench  # noqa: E402
-import peer_bench  # noqa: E402
-import restart_bench  # noqa: E402
-import work_floor  # noqa: E402
+import _report
+import cache_bench
+import peer_bench
+import restart_bench
+import work_floor
 
-from dbidx.config import CacheConfig  # noqa: E402
-from dbidx.data import reads  # noqa: E402
-from dbidx.mdt.table import Table  # noqa: E402
+from dbidx.config import CacheConfig
+from dbidx.data import reads
+from dbidx.mdt.table import Table
 
 KEY, PARTITION = "id", "dt"
 FLOOR_REPEATS = 3
@@ -400,7 +400,7 @@ def goal_rows(part: SparkPart, restart: dict[str, Any] | None, lookup: dict[str,
     rows = [
         [f"steady batch (median of {label})", seconds(dbidx_s), f"work floor {seconds(work_s)}",
          f"{dbidx_s / work_s:.2f}x", "<= 1.3x", met(dbidx_s <= 1.3 * work_s)],
-        [f"steady batch vs the Spark floor (the empty job of its shape)", seconds(dbidx_s),
+        ["steady batch vs the Spark floor (the empty job of its shape)", seconds(dbidx_s),
          f"Spark floor {seconds(floor_s)}", f"{dbidx_s / floor_s:.2f}x", "-", "-"],
         [f"initial load ({part.load_rows:,} rows, bulk path)", seconds(load.seconds),
          f"Spark repartition + write {seconds(shuffled.seconds)}", f"{load.seconds / shuffled.seconds:.2f}x",
@@ -445,9 +445,9 @@ def goal_rows(part: SparkPart, restart: dict[str, Any] | None, lookup: dict[str,
     return rows
 
 
-STEP_HEADERS = ["step", "rows", "dbidx s", "anchor", "anchor s", "work floor s", "on-demand loads", "stall s", "staged loads",
-                "catch-up entries", "open s (slowest shard)", "sync s (slowest)", "tag s (slowest)", "write s (slowest)",
-                "key indexes: memory / key files / decoded", "hit rate",
+STEP_HEADERS = ["step", "rows", "dbidx s", "anchor", "anchor s", "work floor s", "on-demand loads", "stall s",
+                "staged loads", "catch-up entries", "open s (slowest shard)", "sync s (slowest)", "tag s (slowest)",
+                "write s (slowest)", "key indexes: memory / key files / decoded", "hit rate",
                 "driver phases s: prepare / job / commit / cleanup / services"]
 
 

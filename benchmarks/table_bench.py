@@ -28,12 +28,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _report  # noqa: E402
+import _report
 
-from dbidx.config import CacheConfig  # noqa: E402
-from dbidx.data import reads  # noqa: E402
-from dbidx.mdt.table import Table  # noqa: E402
-from dbidx.spark_integration.local import upsert_arrow  # noqa: E402
+from dbidx.config import CacheConfig
+from dbidx.data import reads
+from dbidx.mdt.table import Table
+from dbidx.spark_integration.local import upsert_arrow
 
 DAYS = [f"2026-10-{d:02d}" for d in range(1, 31)]
 CHECKPOINTS = (1, 10, 30)

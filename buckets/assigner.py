@@ -15,6 +15,8 @@ from dbidx.buckets.naming import MAX_BUCKET, bucket_of, file_group_id
 from dbidx.errors import ConfigError
 from dbidx.table.keyhash import shard_of
 
+__all__ = ["BucketSpec"]
+
 DYNAMIC = "dynamic"
 SIMPLE = "simple"
 Fills = Mapping[str, int] | Callable[[], Mapping[str, int]]

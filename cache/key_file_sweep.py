@@ -29,10 +29,11 @@ file may still become live:
 
 When. A full sweep lists the directory (a stat per file) and names the view's live files: O(files), measured at
 18 k files at 0.1 to 0.5 s on a 2-core machine loaded 4x over (services off at 1 M keys after 300 batches; with
-services on a few hundred files, milliseconds). So it runs only when something can have died: this process has not swept the directory yet, the completions since its
-last sweep removed data files (`replaced`: a data compaction, another engine's version), or a settled marker names a
-file that is not live (a rolled-back instant, a losing attempt). Otherwise a sweep is the markers' listing (a few
-files) and a look at the completions since the last sweep, which the task's timeline holds in memory.
+services on a few hundred files, milliseconds). So it runs only when something can have died: this process has not swept
+the directory yet, the completions since its last sweep removed data files (`replaced`: a data compaction, another
+engine's version), or a settled marker names a file that is not live (a rolled-back instant, a losing attempt).
+Otherwise a sweep is the markers' listing (a few files) and a look at the completions since the last sweep, which the
+task's timeline holds in memory.
 
 A sweep never fails an upsert: key files are never needed (a missing one is rebuilt from its data file), so what goes
 wrong while sweeping is a warning. Only names data/key_files.py writes are deleted, never through a symbolic link.

@@ -32,7 +32,7 @@ class LocationDictionary:
             locations = registry.unpack_list(raw)
             if not all(isinstance(loc, str) and loc for loc in locations):
                 raise ValueError("an entry is not a non-empty string")
-        except Exception as exc:  # noqa: BLE001 - any decode failure of stored bytes means damage
+        except Exception as exc:
             raise registry.damaged(self.cache_path, f"the location dictionary of column family {cf!r}", exc) from exc
         self.set(cf, locations)
 

@@ -174,7 +174,7 @@ def open_identity(db: Any, identity: CacheIdentity | None, path: Path) -> CacheI
         return identity  # type: ignore[return-value]
     try:
         stored = unpack_identity(raw)
-    except Exception as exc:  # noqa: BLE001 - any decode failure of stored bytes means damage
+    except Exception as exc:
         raise damaged(path, "its registry's identity", exc) from exc
     if identity is None:
         return stored
@@ -191,7 +191,7 @@ def ready_states(db: Any, families: set[str], path: Path) -> dict[str, Partition
             break
         try:
             state = unpack_state(raw)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             raise damaged(path, f"its registry's entry {bytes(key[:80])!r}", exc) from exc
         if state.ready and state.cf in families:
             states[state.partition] = state
@@ -214,7 +214,7 @@ def read_info(db: Any, name: str, path: Path) -> dict[str, Any] | None:
     raw = get(db, info_key(name))
     try:
         return None if raw is None else msgpack.unpackb(raw, raw=False)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise damaged(path, f"its registry's record {name!r}", exc) from exc
 
 

@@ -228,8 +228,9 @@ class Store:
         opts.set_move_files(True)
         try:
             self.cf(name).ingest_external_file(sst_paths, opts)
-        except Exception as exc:
-            raise CacheError(f"ingesting {len(sst_paths)} SST file(s) into {name!r} in {self.path} failed: {exc}")
+        except Exception as exc:  # rocksdict raises a bare Exception (e.g. no space left on the device)
+            raise CacheError(f"ingesting {len(sst_paths)} SST file(s) into {name!r} in {self.path} failed: "
+                             f"{exc}") from exc
 
     def create_from_sst(self, name: str, sst_path: str | Path | None) -> None:
         """Create a column family holding exactly one SST's content (empty if None); the SST file is gone after

@@ -9,8 +9,8 @@ Concurrent upserts never conflict with it: the compaction reads a snapshot (its 
 of that snapshot, so a file an upsert committed meanwhile stays. Rows of a replaced file that such an upsert
 superseded (its deletion vector grew after the snapshot) are carried over: the compaction knows which base row each
 replaced row became and publishes them as the base's deletion vector. An upsert publishing after the compaction
-computes its vectors against the base. Only another data compaction of the same files conflicts. Replaced files stay on disk until a
-`clean` at least `retain_completions` completions later deletes them.
+computes its vectors against the base. Only another data compaction of the same files conflicts. Replaced files stay on
+disk until a `clean` at least `retain_completions` completions later deletes them.
 """
 from __future__ import annotations
 

@@ -285,7 +285,8 @@ def _add(f: DataFileRecord, dv: dict[str, Any] | None, columns: list[str], ms: i
     stats: dict[str, Any] = {"numRecords": f.rows}
     if key is not None and key not in columns and f.min_key is not None:
         stats.update(minValues={key: f.min_key}, maxValues={key: f.max_key}, nullCount={key: 0})
-    add: dict[str, Any] = {"path": f.delta_path or delta_path(f.path), "partitionValues": _partition_values(f.partition, columns),
+    add: dict[str, Any] = {"path": f.delta_path or delta_path(f.path),
+                           "partitionValues": _partition_values(f.partition, columns),
                            "size": f.size, "modificationTime": ms, "dataChange": data_change,
                            "stats": json.dumps(stats, sort_keys=True, separators=(",", ":"))}
     if dv is not None:
@@ -295,8 +296,8 @@ def _add(f: DataFileRecord, dv: dict[str, Any] | None, columns: list[str], ms: i
 
 def _remove(f: DataFileRecord, dv: dict[str, Any] | None, columns: list[str], ms: int,
             data_change: bool) -> dict[str, Any]:
-    remove: dict[str, Any] = {"path": f.delta_path or delta_path(f.path), "deletionTimestamp": ms, "dataChange": data_change,
-                              "extendedFileMetadata": True,
+    remove: dict[str, Any] = {"path": f.delta_path or delta_path(f.path), "deletionTimestamp": ms,
+                              "dataChange": data_change, "extendedFileMetadata": True,
                               "partitionValues": _partition_values(f.partition, columns), "size": f.size}
     if dv is not None:
         remove["deletionVector"] = dv

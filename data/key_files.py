@@ -18,7 +18,8 @@ The directory is bounded: past `max_bytes` or MAX_FILES files (plus what each wr
 trim, 1/64 of either), the least recently used go (every use touches a file's mtime, a worker's memory hit too), and
 the cache reaper removes a table's key files unused for its TTL (cache/reaper.py), and each upsert task deletes the
 key files of data files the table no longer has (cache/key_file_sweep.py: a data compaction's replaced files). The
-directory is private (0700) like the caches; a save never re-creates a table directory the reaper removed, nor writes through a symbolic link.
+directory is private (0700) like the caches; a save never re-creates a table directory the reaper removed, nor writes
+through a symbolic link.
 """
 from __future__ import annotations
 

@@ -29,6 +29,8 @@ from dbidx.table.fileio import FileIO
 from dbidx.table.layout import hive_values, layout_partition_columns
 from dbidx.table.records import DataFileRecord
 
+__all__ = ["read_arrow", "record_batch_reader"]
+
 MAX_READ_THREADS = 8
 
 

@@ -509,5 +509,5 @@ def _arrow_schema(meta: dict[str, Any], where: str) -> pa.Schema | None:
 
     try:
         return pa.schema(Schema.from_json(text).to_arrow())
-    except Exception as exc:  # noqa: BLE001 - delta-rs raises its own types for a schema it cannot read
+    except Exception as exc:
         raise CorruptFileError(f"{where} has a schema dbidx cannot read: {exc}") from exc

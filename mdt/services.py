@@ -269,7 +269,8 @@ def _log_cleanup(table: MaintainedTable, retention: DeltaRetention) -> tuple[str
     engine's), else a table whose checkpoints others write would keep its log for ever. {} when nothing was done."""
     details: dict[str, Any] = {}
     pointer = checkpoint_pointer(table.io)
-    if table.delta_version() - max(pointer, 0) >= retention.checkpoint_interval and table.data_view().schema is not None:
+    if table.delta_version() - max(pointer, 0) >= retention.checkpoint_interval \
+            and table.data_view().schema is not None:
         written = write_delta_checkpoint(table.io)
         if written is not None:  # None: a table on an injected filesystem, which delta-rs cannot reach
             details = {"checkpoint": written.version, "tombstones_dropped": written.tombstones_dropped,

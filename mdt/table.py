@@ -73,6 +73,8 @@ from dbidx.table.pending import AbandonedReport, PendingAttempt, pending_attempt
 from dbidx.table.records import ACTION_BUILD_INDEX, ACTION_CLEAN, CompletedInstant, FileRecord
 from dbidx.table.timeline import Timeline
 
+__all__ = ["Table"]
+
 
 class Table:
     """A dbidx table: FileIO + properties + timeline; picklable, so Spark tasks can receive it."""

@@ -97,7 +97,7 @@ def vacuum(table: VacuumedTable, retention_hours: int = DEFAULT_RETENTION_HOURS,
         named = delta.vacuum(retention_hours=retention_hours, dry_run=True, enforce_retention_duration=False,
                              full=True)
         partition_columns = list(delta.metadata().partition_columns)
-    except Exception as exc:  # noqa: BLE001 - delta-rs raises its own types for a log or store it cannot read
+    except Exception as exc:
         raise InvalidInputError(f"delta-rs cannot list what VACUUM may delete from {where}: {exc}; nothing was "
                                 "deleted") from exc
     # 5. What is really there (one listing), and delta-rs's names as table-relative paths on storage.

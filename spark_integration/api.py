@@ -22,12 +22,14 @@ from dbidx.progress import Progress, null_progress
 from dbidx.spark_integration import task
 from dbidx.spark_integration.bulk import empty_table_seq, new_partitions_seq
 from dbidx.spark_integration.driver import CommitSummary, make_options, run_upsert
-from dbidx.spark_integration.service_jobs import SparkWorkRunner, maintain  # noqa: F401 - api.maintain
+from dbidx.spark_integration.service_jobs import SparkWorkRunner, maintain
 from dbidx.spark_integration.job_report import TASK_KEY, JobResults, SparkJobReport, TaskAttempt
 from dbidx.spark_integration.tagger import ROW_ID, TAG_FIELDS, TagOptions
 from dbidx.spark_integration.task_errors import (
     TaskHook, hook_error, run_hook,
 )
+
+__all__ = ["bulk_insert", "maintain", "tag", "upsert", "upsert_with_options"]
 
 
 def arrow_schema_of(df: Any) -> pa.Schema:

@@ -22,6 +22,8 @@ from dbidx.spark_integration.driver import CommitSummary, make_options, run_upse
 from dbidx.spark_integration.tagger import ROW_ID
 from dbidx.table.keys import unfit_key_kind
 
+__all__ = ["upsert_arrow"]
+
 
 def upsert_arrow(data: pa.Table, table: Table, *, key: str, partition: str, ordering: str | None = None,
                  delete_column: str | None = "_dbidx_delete", hive_style: bool = True,

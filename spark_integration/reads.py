@@ -14,6 +14,8 @@ from dbidx.data import reads
 from dbidx.mdt.table import Table
 from dbidx.table.records import ACTION_COMMIT, DataFileRecord
 
+__all__ = ["read_table"]
+
 
 def committed_data_files(table: Table) -> list[tuple[str, int, str]]:
     """(path, completion seq, instant) of every data file a completed upsert published, oldest first."""
@@ -54,8 +56,8 @@ def read_table(spark: Any, table: Table, partitions: Iterable[str] | None = None
     Planned per file group (a record lives in one), so the read needs no shuffle: each task merges whole file
     groups (data/reads.py). partitions: partition paths to read (e.g. ["dt=2025-01-15"]); columns: the data
     columns to return; with_meta adds `_dbidx_file_group` and `_dbidx_instant`; as_of (a completion seq or instant
-    id) or version (a Delta version: `_delta_log/`'s numbering) reads that older version. An empty table reads as an empty
-    DataFrame with the table's schema. Files are read through the table's FileIO (any pyarrow filesystem, S3
+    id) or version (a Delta version: `_delta_log/`'s numbering) reads that older version. An empty table reads as an
+    empty DataFrame with the table's schema. Files are read through the table's FileIO (any pyarrow filesystem, S3
     included) and verified against their recorded size and checksum: a damaged file fails the read with
     CorruptFileError naming it, never a silently smaller table.
     """

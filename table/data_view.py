@@ -13,8 +13,8 @@ from typing import Any, Callable
 from dbidx.errors import CorruptFileError
 from dbidx.table import layout
 from dbidx.table.records import (
-    ACTION_ABSORB, ACTION_BUILD_INDEX, ACTION_CLEAN, ACTION_COMMIT, ACTION_DATA_COMPACTION, ACTION_PROPERTIES, DATA_ACTIONS,
-    CompletedInstant,
+    ACTION_ABSORB, ACTION_BUILD_INDEX, ACTION_CLEAN, ACTION_COMMIT, ACTION_DATA_COMPACTION, ACTION_PROPERTIES,
+    DATA_ACTIONS, CompletedInstant,
     DataFileRecord, DeletionVectorRecord, DvFileRecord, FieldError, parse_instant, parse_int, parse_items,
     parse_object, parse_order, parse_path, record_dict,
 )

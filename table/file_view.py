@@ -273,7 +273,8 @@ class FileView:
                                        parse_instant(e["last_instant"], f"{name}.last_instant"),
                                        parse_int(e["last_commit_ms"], f"{name}.last_commit_ms"),
                                        parse_int(e["live_keys"], f"{name}.live_keys", -(2 ** 62)),
-                                       {fg: parse_int(n, f"{name}.bucket_fills", -(2 ** 62)) for fg, n in fills.items()})
+                                       {fg: parse_int(n, f"{name}.bucket_fills", -(2 ** 62))
+                                        for fg, n in fills.items()})
                 view._stats[stats.partition] = stats
             return view
         except (FieldError, ValueError, TypeError) as exc:

@@ -3,8 +3,8 @@
 What a crash can leave: a `.tmp-<hex>` file (killed between a temp write and its rename, on stores where
 `write_atomic` goes through a temp name), and of an instant that settled (completed or rolled back) without its own
 housekeeping: its `.requested` / `.inflight` timeline files, its markers with the unlisted files they announce
-(touched-key files, losing attempts' data and index files), its writer-presence files and its heartbeat. None of them is ever read
-as table data (readers read only what a completion lists), but they cost space and listings, for ever.
+(touched-key files, losing attempts' data and index files), its writer-presence files and its heartbeat. None of them is
+ever read as table data (readers read only what a completion lists), but they cost space and listings, for ever.
 
 A clean publishes its record first and deletes the files it lists after; it keeps its claim (`.requested`) until
 they are all gone. A clean killed between the two leaves a settled instant with its claim still there: the sweep of

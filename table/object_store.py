@@ -145,7 +145,7 @@ class ConditionalPut:
         except (PermissionDeniedError, UnauthenticatedError) as exc:
             raise ConfigError(f"the object store refused the conditional put of {self.bucket_url}/{key}: {exc} "
                               "(check the credentials in the storage options or the environment)") from exc
-        except BaseException as exc:  # noqa: BLE001 - obstore errors (and Rust panics) are not OSErrors
+        except BaseException as exc:
             if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit)):
                 raise
             raise StoreUnavailableError(f"conditional put of {self.bucket_url}/{key} failed: "

@@ -43,7 +43,8 @@ _FORMAT4_RECORD_FIELDS = {"dv_files", "deletion_vectors"}
 DATA_ACTIONS = (ACTION_COMMIT, ACTION_BUILD_INDEX)  # completions that add data files (upserts; migrated files)
 FILE_KINDS = ("delta", "base", "merged")
 _CHECKSUM_RE = re.compile(r"^xxh64:[0-9a-f]{16}$")
-_DV_NAME_RE = re.compile(r"^(\.dbidx/dv/)?deletion_vector_[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.bin$")
+_DV_NAME_RE = re.compile(r"^(\.dbidx/dv/)?deletion_vector_[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-"
+                         r"[0-9a-f]{4}-[0-9a-f]{12}\.bin$")
 
 
 class _Bad(ValueError):

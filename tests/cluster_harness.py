@@ -89,7 +89,7 @@ class StandaloneCluster:
 
     def _spawn(self, name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen:
         """Start spark-class in its own process group (so stop() also reaches the executors it forks)."""
-        log = open(self.root / f"{name}.log", "wb")  # noqa: SIM115 - owned by the child, closed below
+        log = open(self.root / f"{name}.log", "wb")
         try:
             return subprocess.Popen([str(SPARK_HOME / "bin" / "spark-class"), *args], env=env, stdout=log,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)

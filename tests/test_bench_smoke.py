@@ -42,7 +42,8 @@ def test_benchmark_runs_at_smoke_size(script, tmp_path):
 
 SPARK_SMOKE = {  # Spark benchmarks -> lines their output must hold
     "spark_bench.py": ["| index keys | dbidx s/batch | Spark join s/batch |", "| 20,000 |"],
-    "commit_bench.py": ["| step | seconds | new keys/s | inserts |", ": complete."],  # the final table is checked by the script
+    "commit_bench.py": ["| step | seconds | new keys/s | inserts |",
+                        ": complete."],  # the final table is checked by the script
     # Peers not installed show as skipped; a wrong read-back anywhere makes the script fail.
     "peer_bench.py": ["| system | status | load s | median s/batch (excl. batch 1) |", "| dbidx | ok |"],
     # Two tiny sizes: the per-size table, the disk/RAM table and the verdict comparing them.
@@ -80,7 +81,8 @@ def shared_spark_smokes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, d
                      "out": str(base / f"out-{number}")})
     (base / "plan.json").write_text(json.dumps(plan))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    runner = subprocess.run([sys.executable, str(Path(__file__).parent / "bench_smoke_runner.py"), str(base / "plan.json")],
+    runner = subprocess.run([sys.executable, str(Path(__file__).parent / "bench_smoke_runner.py"),
+                             str(base / "plan.json")],
                             capture_output=True, text=True, env=env, timeout=300 * len(plan))
     results = {}
     for step in plan:

@@ -14,8 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # floor without being one package (the base modules, the CLI's) may import each other; the circle check covers them.
 FLOORS = {
     # The package itself is the front door (`from dbidx import Table, upsert, ...`): it sits above every floor.
-    "dbidx": 9, "dbidx.version": 0, "dbidx.errors": 0, "dbidx.config": 0, "dbidx.counters": 0, "dbidx.progress": 0, "dbidx.charts": 0,
-    "dbidx.arrays": 0, "dbidx.runner": 0, "dbidx.plain": 0,
+    "dbidx": 9, "dbidx.version": 0, "dbidx.errors": 0, "dbidx.config": 0, "dbidx.counters": 0, "dbidx.progress": 0,
+    "dbidx.charts": 0, "dbidx.arrays": 0, "dbidx.runner": 0, "dbidx.plain": 0,
     "dbidx.table": 1, "dbidx.data": 2, "dbidx.mdt": 3, "dbidx.buckets": 4, "dbidx.cache": 5, "dbidx.bootstrap": 6,
     "dbidx.spark_integration": 7,
     "dbidx.cli": 8, "dbidx.cli_cache": 8, "dbidx.cli_services": 8, "dbidx.cli_output": 8, "dbidx.demo": 8,

@@ -168,8 +168,8 @@ def test_verify_reports_a_diff(table, tmp_path):
 
 def test_a_change_large_next_to_what_the_cache_holds_reloads(tmp_path):
     """Catch-up reloads a partition when its pending change exceeds RELOAD_FRACTION (3x) of the entries the cache
-    holds (and RELOAD_MIN_ENTRIES): a partition that was empty when loaded takes a bulk load by the SST path, not entry by
-    entry; a small change next to a big partition is still applied."""
+    holds (and RELOAD_MIN_ENTRIES): a partition that was empty when loaded takes a bulk load by the SST path, not entry
+    by entry; a small change next to a big partition is still applied."""
     table = make_table(tmp_path, num_shards=1, keys_per_day=3_000)
     with loaded(table, 0, tmp_path / "c", partitions=(DAY1, DAY2, "dt=2025-01-09")) as cache:
         assert cache.partitions()["dt=2025-01-09"].entries == 0

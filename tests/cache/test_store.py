@@ -236,10 +236,12 @@ def test_base_path_defaults_and_directory_errors(tmp_path, monkeypatch):
 def test_config_from_dict_env_and_spark_conf():
     conf = CacheConfig.from_sources(
         {"hoodie.index.cache.rocksdb.block.cache.mb": "128"},
-        spark_conf={"hoodie.index.cache.rocksdb.partition.ttl.hours": "12", "hoodie.index.cache.rocksdb.block.cache.mb": "1"},
+        spark_conf={"hoodie.index.cache.rocksdb.partition.ttl.hours": "12",
+                    "hoodie.index.cache.rocksdb.block.cache.mb": "1"},
         environ={"DBIDX_CACHE_MAX_DISK_MB": "500", "DBIDX_CACHE_COMPRESSION": "LZ4"},
     )
-    assert (conf.block_cache_mb, conf.partition_ttl_hours, conf.max_disk_mb, conf.compression) == (128, 12.0, 500, "lz4")
+    assert (conf.block_cache_mb, conf.partition_ttl_hours, conf.max_disk_mb,
+            conf.compression) == (128, 12.0, 500, "lz4")
     with pytest.raises(ConfigError, match=r"unknown cache config key .*full name .*short dotted .*field name"):
         CacheConfig.from_sources({"hoodie.index.cache.rocksdb.nope": 1}, environ={})
 

@@ -180,8 +180,9 @@ def test_repair_writes_a_missing_delta_version(runner, dataset):
     result = runner.invoke(main, ["repair", str(dataset), "--json"])
     assert result.exit_code == 0, result.output
     nothing = {"settled_files": 0, "timeline_files": 0, "temp_files": 0, "cleaned_files": 0, "rolled_back": 0}
-    assert json.loads(result.output) == {"versions_written": 1, "versions_absorbed": 0, "version": 1, "leftovers_deleted": 0,
-                                         "swept": nothing, "rolled_back": [], "out_of_range_removed": []}
+    assert json.loads(result.output) == {"versions_written": 1, "versions_absorbed": 0, "version": 1,
+                                         "leftovers_deleted": 0, "swept": nothing, "rolled_back": [],
+                                         "out_of_range_removed": []}
     assert version.read_bytes() == written
     result = runner.invoke(main, ["repair", str(dataset)])
     assert result.exit_code == 0 and "wrote 0 missing Delta version(s)" in result.output

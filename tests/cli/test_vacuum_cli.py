@@ -8,7 +8,6 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from dbidx import cli_services
 from dbidx.cli import main
 from dbidx.mdt.table import Table
 from dbidx.mdt.verify_table import verify_table

@@ -79,7 +79,8 @@ def test_compaction_keeps_every_row_and_a_concurrent_upsert_lands(tmp_path: Path
     assert current(table) == oracle.expected_rows()
     assert all(len(u.files) == 1 for u in reads.plan_read(table).units)
     # 4. Clean deletes replaced files once they are old enough, and the table still verifies and reads the same.
-    on_disk = data_files_on_disk(table) | {p.relative_to(tmp_path / "t").as_posix() for p in tmp_path.joinpath("t").glob("**/deletion_vector_*.bin")}
+    on_disk = data_files_on_disk(table) | {p.relative_to(tmp_path / "t").as_posix()
+                                           for p in tmp_path.joinpath("t").glob("**/deletion_vector_*.bin")}
     cleaned = table.clean(retain_completions=0)
     assert cleaned is not None and set(cleaned.deleted) <= on_disk  # data files and DV files no vector points into
     assert data_files_on_disk(table) == {f.path for u in reads.plan_read(table).units for f in u.files}

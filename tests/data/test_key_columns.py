@@ -36,7 +36,8 @@ def test_a_probe_of_indexed_files_finds_what_a_probe_of_their_keys_finds(file_ke
     assert np.all(np.diff(probe.hashes.astype(np.int64)) >= 0)
     assert sorted(probe.keys.to_pylist()) == sorted(flat)
     index = FileKeys.of(pa.array(file_keys, pa.string()))
-    assert sorted(index.rows_of(probe).tolist()) == sorted(index.rows_of(Probe.of(pa.array(flat, pa.string()))).tolist())
+    assert sorted(index.rows_of(probe).tolist()) == sorted(
+        index.rows_of(Probe.of(pa.array(flat, pa.string()))).tolist())
     assert sorted(set(index.rows_of(probe).tolist())) == expected(file_keys, flat)
 
 

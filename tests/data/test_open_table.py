@@ -402,8 +402,8 @@ def test_delta_log_cleanup_below_a_checkpoint_is_not_a_foreign_commit(tmp_path: 
 
 
 def test_a_delta_vacuum_by_another_engine_leaves_dbidx_whole(tmp_path: Path) -> None:
-    """delta-rs VACUUM (full, retention 0) deletes what the current Delta snapshot does not list; dbidx's DV files, index
-    and timeline live under the hidden `.dbidx/`, so dbidx still reads, verifies and writes the same table."""
+    """delta-rs VACUUM (full, retention 0) deletes what the current Delta snapshot does not list; dbidx's DV files,
+    index and timeline live under the hidden `.dbidx/`, so dbidx still reads, verifies and writes the same table."""
     from deltalake import DeltaTable
 
     table = Table.create(str(tmp_path / "t"), num_shards=2)

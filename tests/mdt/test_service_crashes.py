@@ -265,8 +265,8 @@ def all_files(path: str) -> set[str]:
 
 def unnamed_files(table: Table) -> set[str]:
     """Files under the table that nothing names: not the table's metadata (properties, service settings, the
-    completion log and its pointer, checkpoints, archive bundles, the Delta log), and not a file of a record that no clean has deleted.
-    Also every file a clean listed that is still there."""
+    completion log and its pointer, checkpoints, archive bundles, the Delta log), and not a file of a record that no
+    clean has deleted. Also every file a clean listed that is still there."""
     table.timeline.refresh()
     records = table.timeline.completed()
     cleaned = {p for r in records if r.action == ACTION_CLEAN for p in r.deleted}

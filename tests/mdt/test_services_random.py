@@ -92,8 +92,8 @@ class Sweep:
         self.last_version = self.delta_version()
         self.trace: list[str] = []
         self.foreign_versions: set[str] = set()  # log files of the other engine's versions
-        self.orphans: set[str] = set()
-        self.foreign_floor = 0  # versions below it may be gone by the other engine's log cleanup  # files a crashed writer left in a partition
+        self.orphans: set[str] = set()  # files a crashed writer left in a partition
+        self.foreign_floor = 0  # versions below it may be gone by the other engine's log cleanup
         self.counts: dict[str, int] = {}  # services run and files they deleted; time travels checked
         self.record_versions()
 

@@ -12,7 +12,7 @@ from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.fs as pafs
-import pyarrow.parquet  # noqa: F401 - pa.parquet
+import pyarrow.parquet
 import pytest
 from deltalake import DeltaTable
 

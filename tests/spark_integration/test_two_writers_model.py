@@ -1,8 +1,8 @@
 """A randomized two-writer model test: two threads upsert overlapping keys at the same time (inserts, updates,
 deletes, re-inserts; moves in global mode), a writer that loses a race retries; after every round the committed data
 and the index agree exactly, there is one live row per key, the table equals a serial oracle that applies the
-batches in commit order, and the Delta readers read the same rows as dbidx. Runs the real upsert tasks and publish step in-process (`upsert_arrow`) on real files and
-real shard caches, so many rounds fit in seconds."""
+batches in commit order, and the Delta readers read the same rows as dbidx. Runs the real upsert tasks and publish step
+in-process (`upsert_arrow`) on real files and real shard caches, so many rounds fit in seconds."""
 from __future__ import annotations
 
 import random
