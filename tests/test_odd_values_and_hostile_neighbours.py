@@ -1,4 +1,5 @@
-"""Hardening, round 3 (issue 29): a typo, an odd value, a stale file or a hostile neighbour never bricks a table."""
+"""A typo, an odd value, a stale file or a hostile neighbour never bricks a table: each is refused with a typed
+error or swept, and the table stays usable."""
 from __future__ import annotations
 
 import json
