@@ -23,8 +23,9 @@ from dbidx.spark_integration import task
 from dbidx.spark_integration.bulk import empty_table_seq, new_partitions_seq
 from dbidx.spark_integration.driver import CommitSummary, make_options, run_upsert
 from dbidx.spark_integration.service_jobs import SparkWorkRunner, maintain
-from dbidx.spark_integration.job_report import TASK_KEY, JobResults, SparkJobReport, TaskAttempt
+from dbidx.spark_integration.job_report import JobResults, SparkJobReport, TaskAttempt
 from dbidx.spark_integration.tagger import ROW_ID, TAG_FIELDS, TagOptions
+from dbidx.spark_integration.task_result import RESULT_DDL, pack_result
 from dbidx.spark_integration.task_errors import (
     TaskHook, hook_error, run_hook,
 )
@@ -116,8 +117,8 @@ def _upsert_partition(batches: Iterator[pa.RecordBatch], table: Table, options: 
     if on_task_written is not None and context is not None:
         run_hook(on_task_written, context.partitionId(), context.attemptNumber())
     if context is not None:
-        result[TASK_KEY] = TaskAttempt.of_task(context)
-    yield task.pack_result(context.partitionId() if context is not None else -1, attempt, result)
+        result.attempt = TaskAttempt(**TaskAttempt.of_task(context))
+    yield pack_result(context.partitionId() if context is not None else -1, attempt, result)
 
 
 def _collect_results(results: Any) -> list[tuple[int, int, bytes]]:
@@ -190,7 +191,7 @@ def upsert_with_options(df: Any, table: Table, options: TagOptions,
             with SparkJobReport.watching(df.sparkSession, instant) as report:
                 return JobResults(_collect_results(shuffled.mapInArrow(
                     partial(_upsert_partition, table=table, options=options, instant=instant,
-                            on_task_written=on_task_written), task.RESULT_DDL)), report)
+                            on_task_written=on_task_written), RESULT_DDL)), report)
         except Exception as exc:
             # Only a run with a hook looks for its marker: without one, row data quoted in an error's text cannot
             # pass for a hook's failure.

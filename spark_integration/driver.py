@@ -11,7 +11,6 @@ from functools import partial
 from typing import Any, Callable, Mapping
 
 import pyarrow as pa
-from pyroaring import BitMap
 
 from dbidx.buckets.assigner import BucketSpec
 from dbidx.config import CacheConfig
@@ -21,21 +20,20 @@ from dbidx.data.schema import data_columns, encode_schema, evolve, recorded_sche
 from dbidx.errors import (
     CommitError, ConfigError, ConflictError, CorruptFileError, HistoryCompactedError, SchemaError,
 )
-from dbidx.mdt.conflicts import TouchedKeys
 from dbidx.mdt.service_settings import read_settings
 from dbidx.mdt.services import run_services
 from dbidx.mdt.table import Table
 from dbidx.progress import Progress, Steps
 from dbidx.runner import IN_PROCESS, BySize, WorkRunner, check_written
-from dbidx.spark_integration import task
 from dbidx.spark_integration.job_report import SHARD_FIELDS, TASK_KEY, JobResults, TaskAttempt
+from dbidx.spark_integration.task_result import ShardMetrics, TaskCounts, TaskResult
 from dbidx.spark_integration.tagger import TagOptions
 from dbidx.spark_integration.task_errors import (
     retyped,
 )
-from dbidx.table import layout, leftovers, markers
+from dbidx.table import leftovers, markers
 from dbidx.table.data_view import LAYOUT_EXTRA, SCHEMA_EXTRA, DataView
-from dbidx.table.records import DataFileRecord, FileRecord, PartitionChange
+from dbidx.table.records import DataFileRecord, FileRecord
 
 
 
@@ -45,7 +43,7 @@ PHASES = ("prepare", "job", "commit", "cleanup", "services")
 
 
 @dataclass
-class CommitSummary(task.TaskCounts):
+class CommitSummary(TaskCounts):
     """What one upsert did (docs/DESIGN.md section 6): instant, row kinds, files, timings, per-shard cache metrics.
 
     input_rows counts the rows the DataFrame held; rows counts the records written after repeats of a key were
@@ -311,21 +309,18 @@ def commit_results(writer: Any, results: list[tuple[int, int, bytes]], options: 
     steps = Steps(progress, len(results))
     try:
         for shard, attempt, payload in results:
-            result = task.unpack_result(payload)
+            result = TaskResult.parse(payload, writer.started.start_seq, writer.table.timeline.latest_seq)
             if report is not None:  # a Spark task says which attempt it is, where it ran
-                winners.append((shard, attempt, TaskAttempt.from_dict(result[TASK_KEY])))
-            task_files = [DataFileRecord.parse(f, "data file") for f in result["files"]]
-            task_index = [FileRecord.parse(f, "index file") for f in result["index_files"]]
-            task_touched = [TouchedKeys.parse(t, writer.started.start_seq, writer.table.timeline.latest_seq)
-                            for t in result["touched"]]
-            writer.add_written(task_index, task_files,
-                               {p: PartitionChange.parse(c, p) for p, c in result["changes"].items()}, task_touched)
-            writer.add_superseded(*_superseded(result["superseded"]))
-            files += task_files
-            index_files += task_index
-            touched += task_touched
-            # Strict: every number present, >= 0, whole where an int; kept beside the dict as sent.
-            task_metrics = [(task.ShardMetrics.from_dict(m), m) for m in result["metrics"]]
+                if result.attempt is None:
+                    raise KeyError(f"{TASK_KEY} (the attempt figures every Spark task sends)")
+                winners.append((shard, attempt, result.attempt))
+            writer.add_written(result.index_files, result.files, result.changes, result.touched)
+            writer.add_superseded(result.superseded_seq, result.superseded)
+            files += result.files
+            index_files += result.index_files
+            touched += result.touched
+            # Each shard's parsed metrics, kept beside the dict as sent (completed below with Spark's figures).
+            task_metrics = list(zip(result.metrics, result.sent_metrics))
             shards += task_metrics
             owners += [(shard, sent) for _, sent in task_metrics]
             steps.step(f"shard {shard} checked", sum(parsed.input_rows for parsed, _ in task_metrics))
@@ -356,16 +351,8 @@ def commit_results(writer: Any, results: list[tuple[int, int, bytes]], options: 
     return writer.commit(), summary
 
 
-def _superseded(sent: Any) -> tuple[int, dict[str, BitMap]]:
-    """A task's superseded rows (view seq, data file -> positions), parsed strictly (bad input: ValueError)."""
-    seq, rows = sent["seq"], sent["rows"]
-    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0 or not isinstance(rows, dict):
-        raise ValueError(f"superseded rows {sent!r:.100} are not (seq, positions)")
-    return seq, {layout.validate_table_path(p): BitMap.deserialize(b) for p, b in rows.items()}
-
-
 def _summarize(instant: str, files: list[DataFileRecord], index_files: list[FileRecord],
-               shards: list[tuple[task.ShardMetrics, dict[str, Any]]]) -> CommitSummary:
+               shards: list[tuple[ShardMetrics, dict[str, Any]]]) -> CommitSummary:
     """The commit's counts (the shards' sum) and files; shards: each shard's parsed metrics and the dict as sent."""
     ordered = sorted(shards, key=lambda pair: pair[0].shard)
     summary = CommitSummary(instant=instant, seq=0, per_shard=[sent for _, sent in ordered])

@@ -52,7 +52,7 @@ def upsert_arrow(data: pa.Table, table: Table, *, key: str, partition: str, orde
         for shard in range(table.num_shards):
             rows = data.filter(pa.array(shards == shard)) if data.num_rows else data
             result = task.upsert_batches(rows.to_batches(), table, options, instant, attempt=shard)
-            results.append((shard, shard, task.pack_payload(result)))
+            results.append((shard, shard, result.pack()))
             steps.step(f"shard {shard} tagged and written", rows.num_rows)
         return results
 

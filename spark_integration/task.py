@@ -15,10 +15,9 @@ import threading
 import time
 import traceback
 from contextlib import ExitStack, contextmanager, nullcontext
-from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Iterable, Iterator
 
-import msgpack
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -27,61 +26,27 @@ from dbidx.arrays import batches_as_one_chunk, one_chunk
 from dbidx.bootstrap.on_demand import OnDemandLoader
 from dbidx.cache import key_file_sweep
 from dbidx.cache.catchup import sync
-from dbidx.cache.metrics import CacheCounters
 from dbidx.cache.reaper import discard_cache_dir, reap, sweep_abandoned
 from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.cache.staging import StagedLoad
-from dbidx.counters import gauge
 from dbidx.data.key_columns import KeySources
 from dbidx.data.key_files import KeyFiles
 from dbidx.data.superseded import superseded_rows
 from dbidx.errors import CacheCorruptError, CacheError, CorruptFileError, DbidxError
 from dbidx.mdt.table import Table
-from dbidx.plain import plain
 from dbidx.spark_integration import datafiles
 from dbidx.spark_integration.tagger import (
     ROW_ID, TAG_FILE_GROUP, TAG_IS_DELETE, TAG_IS_UPDATE, TAG_NAMES, TAG_OLD_FILE_GROUP, TAG_OLD_PARTITION,
-    TAG_PARTITION, ShardTagger, TagCounts, TagOptions, latest_per_key,
+    TAG_PARTITION, ShardTagger, TagOptions, latest_per_key,
 )
 from dbidx.spark_integration.task_index import stage_each_delta, write_task_index, written_paths
+from dbidx.spark_integration.task_result import ShardMetrics, TaskResult
 from dbidx.table.keyhash import shards_of_hashes, spark_hash
 
-RESULT_DDL = "shard int, attempt long, payload binary"
 REAPER_INFO = "reaper"
 _TABLES: dict[tuple[str, str], Table] = {}  # per worker process: Python workers are reused, timelines stay warm
 _TABLES_LOCK = threading.Lock()
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class TaskCounts(TagCounts, CacheCounters):
-    """Tagging counts plus the cache counters of the same work (summed per shard, then per commit)."""
-
-    reloads: int = 0
-    evictions: int = 0
-    cache_rebuilds: int = 0  # damaged caches discarded and rebuilt from the index within the task
-
-
-@dataclass
-class ShardMetrics(TaskCounts):
-    """One shard's work in one task (docs/DESIGN.md section 6): tagging counts, cache counters, catch-up and timings."""
-
-    shard: int = gauge()
-    open_seconds: float = 0.0
-    sync_seconds: float = 0.0  # taken from the cache's counters, as its other counters
-    tag_seconds: float = 0.0
-    write_seconds: float = 0.0
-    stage_seconds: float = 0.0  # a bulk load's staging of its entries for the cache (inside write_seconds)
-    staged_entries: int = 0
-    # Older data files whose key index the deletion vectors needed, by where it came from (data/key_columns.py):
-    # this worker's memory, the executor's key files, or the data file itself (decoded, hashed, sorted).
-    keys_from_memory: int = 0
-    keys_from_key_files: int = 0
-    keys_from_data_files: int = 0
-    cache_disk_bytes: int = gauge()
-    cache_entries: int = gauge()
-    tagged_seq: int = gauge()  # the completion seq the shard's rows were tagged against
-    partitions: list[str] = field(default_factory=list)
 
 
 def warm_table(table: Table) -> Table:
@@ -237,7 +202,7 @@ def tag_batches(batches: Iterable[pa.RecordBatch], table: Table, options: TagOpt
 
 
 def upsert_batches(batches: Iterable[pa.RecordBatch], table: Table, options: TagOptions, instant: str,
-                   attempt: int) -> dict[str, Any]:
+                   attempt: int) -> TaskResult:
     """Task body of `upsert`: dedupe, tag, write data files and the shard's index files; returns their records.
 
     The cache is not written: new keys reach it only through catch-up after the instant completes, so a failed
@@ -251,11 +216,10 @@ def upsert_batches(batches: Iterable[pa.RecordBatch], table: Table, options: Tag
 
 
 def _upsert_rows(batches: Iterable[pa.RecordBatch], table: Table, options: TagOptions, instant: str,
-                 attempt: int, view_read_s: float) -> dict[str, Any]:
+                 attempt: int, view_read_s: float) -> TaskResult:
     received = [b for b in batches if b.num_rows]
     if not received:
-        return {"files": [], "index_files": [], "touched": [], "changes": {}, "metrics": [],
-                "superseded": {"seq": table.data_view().applied_seq, "rows": {}}}
+        return TaskResult(superseded_seq=table.data_view().applied_seq)
     # One chunk per column (arrays.batches_as_one_chunk says why), the input's copy freed column by column.
     batch = batches_as_one_chunk(received)
     received_rows = batch.num_rows
@@ -338,11 +302,8 @@ def _upsert_rows(batches: Iterable[pa.RecordBatch], table: Table, options: TagOp
     for metrics in shard_metrics:
         metrics.write_seconds = (time.perf_counter() - started) / len(shard_metrics)
         metrics.partitions = sorted({f.partition for f in files})
-    return {"files": [plain(f) for f in files], "index_files": [plain(f) for f in index_files],
-            "touched": [t.to_dict() for t in touched],
-            "superseded": {"seq": basis_seq, "rows": {p: b.serialize() for p, b in fresh.items()}},
-            "changes": {p: plain(c) for p, c in changes.items()},
-            "metrics": [m.to_dict() for m in shard_metrics]}
+    return TaskResult(superseded_seq=basis_seq, files=list(files), index_files=list(index_files), touched=list(touched),
+                      changes=dict(changes), superseded=fresh, metrics=shard_metrics)
 
 
 def _announced(disk: KeyFiles | None, instant: str, attempt: int, written: list) -> KeyFiles | None:
@@ -429,19 +390,3 @@ def data_rows(tagged: pa.Table, options: TagOptions) -> pa.Table:
     drop = {ROW_ID, TAG_PARTITION, TAG_FILE_GROUP, TAG_IS_UPDATE, TAG_OLD_PARTITION, TAG_OLD_FILE_GROUP,
             TAG_IS_DELETE, options.delete_column}
     return tagged.select([c for c in tagged.column_names if c not in drop])
-
-
-def pack_payload(result: dict[str, Any]) -> bytes:
-    """A task's result as the bytes the driver receives."""
-    return msgpack.packb(result, use_bin_type=True)
-
-
-def pack_result(shard: int, attempt: int, result: dict[str, Any]) -> pa.RecordBatch:
-    """The one-row Arrow batch a task returns to the driver."""
-    return pa.RecordBatch.from_pydict({"shard": pa.array([shard], pa.int32()), "attempt": pa.array([attempt]),
-                                       "payload": pa.array([pack_payload(result)], pa.binary())})
-
-
-def unpack_result(payload: bytes) -> dict[str, Any]:
-    """Inverse of pack_payload (plain dicts; the driver parses each record strictly)."""
-    return msgpack.unpackb(payload, raw=False)

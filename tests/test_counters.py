@@ -9,7 +9,7 @@ from dbidx.cache.metrics import CacheMetrics
 from dbidx.counters import Counters, gauge
 from dbidx.spark_integration.driver import CommitSummary
 from dbidx.spark_integration.tagger import TagCounts
-from dbidx.spark_integration.task import ShardMetrics, TaskCounts
+from dbidx.spark_integration.task_result import ShardMetrics, TaskCounts
 
 
 @dataclass

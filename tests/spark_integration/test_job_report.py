@@ -23,6 +23,7 @@ from dbidx.spark_integration.job_report import (
 )
 from dbidx.spark_integration.local import upsert_arrow
 from dbidx.spark_integration.tagger import TagOptions
+from dbidx.spark_integration.task_result import pack_payload
 from dbidx.table.records import ACTION_ROLLBACK
 
 GOOD = {"attempt_number": 1, "stage_id": 7, "host": "worker-3.example"}
@@ -199,11 +200,11 @@ def test_a_task_s_malformed_attempt_figures_publish_nothing(tmp_path: Path, bad:
     table = Table.create(str(tmp_path / "t"), num_shards=2)
     options = TagOptions(key="id", partition="dt", cache=CacheConfig(base_path=str(tmp_path / "cache")))
     writer = table.new_commit()
-    results = [task.upsert_batches([], table, options, writer.instant, attempt=a) for a in (1, 2)]
+    results = [task.upsert_batches([], table, options, writer.instant, attempt=a).to_wire() for a in (1, 2)]
     results[0][TASK_KEY], results[1][TASK_KEY] = GOOD, bad
     if bad == "missing":
         del results[1][TASK_KEY]
-    rows = [(s, s + 1, task.pack_payload(r)) for s, r in enumerate(results)]
+    rows = [(s, s + 1, pack_payload(r)) for s, r in enumerate(results)]
     with pytest.raises(CommitError, match="a task result is malformed"):
         commit_results(writer, JobResults(rows, SparkJobReport(None, "t", "no Spark here")), options,
                        expected_tasks=2)

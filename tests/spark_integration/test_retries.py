@@ -24,6 +24,7 @@ from dbidx.spark_integration.api import tag, upsert
 from dbidx.spark_integration.driver import _check_layout_and_schema, commit_results
 from dbidx.spark_integration.reads import committed_data_files, read_table
 from dbidx.spark_integration.tagger import TagOptions
+from dbidx.spark_integration.task_result import ShardMetrics, TaskResult, pack_payload, unpack_result
 from dbidx.table import leftovers, markers
 from dbidx.table.data_view import SCHEMA_EXTRA
 from dbidx.table.records import ACTION_ROLLBACK
@@ -175,7 +176,7 @@ def test_speculative_duplicate_attempts_leave_one_version(setup) -> None:
     batch = pa.RecordBatch.from_pylist([{"id": k, "dt": d, "v": v} for k, d, v, _ in rows_of(80)])
     shard0 = pa.Table.from_batches([batch]).filter(pa.array(table.shard_of([r["id"] for r in batch.to_pylist()]) == 0))
     writer = table.new_commit()
-    results: dict[int, dict] = {}
+    results: dict[int, TaskResult] = {}
 
     def attempt(attempt_id: int) -> None:  # the two attempts contend for the shard's cache lock: one waits
         results[attempt_id] = task.upsert_batches(shard0.to_batches(), table, options, writer.instant, attempt_id)
@@ -185,18 +186,18 @@ def test_speculative_duplicate_attempts_leave_one_version(setup) -> None:
         t.start()
     for t in threads:
         t.join()
-    assert [f["file_group"] for f in results[11]["files"]] == [f["file_group"] for f in results[12]["files"]]
+    assert [f.file_group for f in results[11].files] == [f.file_group for f in results[12].files]
     empty = task.upsert_batches([], table, options, writer.instant, 13)  # shard 1 has no rows in this batch
-    winner = task.pack_payload(results[12])
+    winner = results[12].pack()
     schema, _seq = _check_layout_and_schema(table, options, shard0.schema, "the batch")  # as run_upsert records it
     writer.extra[SCHEMA_EXTRA] = encode_schema(schema)
-    record, summary = commit_results(writer, [(0, 12, winner), (1, 13, task.pack_payload(empty))], options,
+    record, summary = commit_results(writer, [(0, 12, winner), (1, 13, empty.pack())], options,
                                      expected_tasks=2)
     keep = [f.path for f in record.data_files] + [f.path for f in record.files]
     deleted = markers.discard_unlisted(table.io, writer.instant, keep=keep)
-    loser = [f["path"] for f in results[11]["files"] + results[11]["index_files"]]
-    assert sorted(deleted) == sorted(loser + [t["path"] for t in results[11]["touched"] if t["path"] not in loser]
-                                     + [t["path"] for t in results[12]["touched"] if t["path"] not in keep])
+    loser = [f.path for f in results[11].files + results[11].index_files]
+    assert sorted(deleted) == sorted(loser + [t.path for t in results[11].touched if t.path not in loser]
+                                     + [t.path for t in results[12].touched if t.path not in keep])
     assert parquet_on_disk(table) == {f.path for f in record.data_files}
     assert summary.inserts == shard0.num_rows and len(index_state(table)) == shard0.num_rows
     # The winner's rows, once: the loser's files are in no Delta version.
@@ -211,10 +212,10 @@ def test_a_task_result_with_malformed_metrics_publishes_nothing(setup, bad) -> N
     table, config = setup
     options = TagOptions(key="id", partition="dt", cache=config)
     writer = table.new_commit()
-    results = [task.upsert_batches([], table, options, writer.instant, attempt=a) for a in (1, 2)]
-    results[0]["metrics"] = [task.ShardMetrics(shard=0).to_dict() | bad]
+    results = [task.upsert_batches([], table, options, writer.instant, attempt=a).to_wire() for a in (1, 2)]
+    results[0]["metrics"] = [ShardMetrics(shard=0).to_dict() | bad]
     with pytest.raises(CommitError, match="a task result is malformed"):
-        commit_results(writer, [(s, s + 1, task.pack_payload(r)) for s, r in enumerate(results)], options,
+        commit_results(writer, [(s, s + 1, pack_payload(r)) for s, r in enumerate(results)], options,
                        expected_tasks=2)
     writer.rollback()
     assert [r.action for r in table.timeline.completed()] == [ACTION_ROLLBACK]
@@ -229,9 +230,9 @@ def test_malformed_attempt_figures_from_a_spark_task_publish_nothing(spark, setu
     def with_bad_attempt(results):
         rows = collect(results)
         shard, attempt, payload = rows[-1]
-        sent = task.unpack_result(payload)
+        sent = unpack_result(payload)
         sent["spark_attempt"]["attempt_number"] = -1
-        return rows[:-1] + [(shard, attempt, task.pack_payload(sent))]
+        return rows[:-1] + [(shard, attempt, pack_payload(sent))]
 
     monkeypatch.setattr(api, "_collect_results", with_bad_attempt)
     with pytest.raises(CommitError, match="a task result is malformed .*attempt_number must be a whole number"):
@@ -249,7 +250,7 @@ def test_late_attempts_withdraw_and_leftovers_are_swept(setup) -> None:
     instant = writer.instant
     writer.rollback()  # the job failed and the driver cleaned up already
     late = task.upsert_batches([batch], table, options, instant, attempt=77)
-    assert late["files"] and parquet_on_disk(table) == set()
+    assert late.files and parquet_on_disk(table) == set()
     # A killed attempt: its file and marker were written, nothing withdrew them; the next upsert sweeps them.
     killed = f"dt=2025-03-01/00000000-{'0' * 24}_{instant}_78.parquet"
     table.io.write_atomic(markers.marker_of(instant, killed), b"")
