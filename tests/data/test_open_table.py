@@ -564,7 +564,7 @@ def test_a_task_result_naming_rows_of_another_file_publishes_nothing(tmp_path: P
 
     def lying(*args, **kwargs):
         result = real_batches(*args, **kwargs)
-        result["superseded"]["rows"][other_day] = BitMap([0]).serialize()  # b's row, which this batch never touched
+        result.superseded[other_day] = BitMap([0])  # b's row, which this batch never touched
         return result
 
     monkeypatch.setattr(task, "upsert_batches", lying)
