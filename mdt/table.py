@@ -11,25 +11,18 @@ import time
 import uuid
 import warnings
 from contextlib import contextmanager
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from dbidx.data.compaction import DataCompactionResult, compact_data
-from dbidx.data.delta_actions import VersionActions, read_version
 from dbidx.data.delta_log import (
     DeltaLogWriter,
-    TableShape,
-    checkpoint_pointer,
     initial_version,
-    last_checkpoint_version,
     listed_versions,
     put_version,
-    version_file,
-    version_for,
 )
 from dbidx.data.schema import recorded_schema
 from dbidx.errors import (
@@ -41,20 +34,19 @@ from dbidx.errors import (
     TableNotFoundError,
 )
 from dbidx.mdt import rli_files
-from dbidx.mdt.absorb import absorb_run, collect_run, reread_run, run_in_progress
 from dbidx.mdt.compaction import CompactionResult, clean, compact
-from dbidx.mdt.point_lookup import lookup
 from dbidx.mdt.service_settings import ServiceSettings, read_settings, write_settings
-from dbidx.data.delta_checkpoint import write_delta_checkpoint
-from dbidx.mdt.delta_properties import retention_of, set_delta_properties
+from dbidx.mdt.delta_properties import set_delta_properties
 from dbidx.mdt.services import ServicesReport, run_services
+from dbidx.mdt.table_delta import DeltaLogSync
+from dbidx.mdt.table_reads import IndexReads
 from dbidx.mdt.writer import CommitWriter
 from dbidx.progress import Progress
 from dbidx.runner import WorkRunner
 from dbidx.table import layout
 from dbidx.table.checkpoint import Checkpoint, archive_before, write_checkpoint
 from dbidx.table.commit_lock import CommitLock
-from dbidx.table.data_view import DELTA_ADOPTED_EXTRA, DataView, check_adopted
+from dbidx.table.data_view import DataView
 from dbidx.table.file_view import FileView, PartitionStats
 from dbidx.table.fileio import FileIO
 from dbidx.table.format_switch import finish_upgrade
@@ -70,13 +62,13 @@ from dbidx.table.properties import (
     properties_json,
 )
 from dbidx.table.pending import AbandonedReport, PendingAttempt, pending_attempts, roll_back_abandoned
-from dbidx.table.records import ACTION_BUILD_INDEX, ACTION_CLEAN, CompletedInstant, FileRecord
+from dbidx.table.records import CompletedInstant, FileRecord
 from dbidx.table.timeline import Timeline
 
 __all__ = ["Table"]
 
 
-class Table:
+class Table(IndexReads, DeltaLogSync):
     """A dbidx table: FileIO + properties + timeline; picklable, so Spark tasks can receive it."""
 
     def __init__(self, io: FileIO, props: TableProperties) -> None:
@@ -315,161 +307,6 @@ class Table:
         archive_before(self.io, self.props.table_id, seq)
         return seq if created else None
 
-    def _after_publish(self, record: CompletedInstant) -> None:
-        self.sync_delta_log()
-        interval = self.props.checkpoint_interval
-        if interval and record.seq % interval == 0:
-            self.checkpoint()
-            # Delta readers then start from it too (delta-rs writes Delta's checkpoint format; it refuses a table
-            # whose schema is still empty: an index written through the library writer has no data yet), unless a
-            # Delta checkpoint (the log cleanup service's, another engine's) is fewer than delta.checkpointInterval
-            # versions old: a second one so close adds bytes to the log and saves readers nothing.
-            newest = checkpoint_pointer(self.io)
-            if self._data.schema is not None and (newest < 0 or self.delta_version() - newest
-                                                  >= retention_of(self._data.configuration()).checkpoint_interval):
-                write_delta_checkpoint(self.io)
-
-    def sync_delta_log(self) -> int:
-        """Bring dbidx up to the Delta log and the log up to dbidx: absorb every version other engines wrote since
-        the index's last (mdt/absorb.py), publish records whose writer put their version but died before publishing,
-        and write the versions of completions an older dbidx published without one (a crash between its two steps).
-        Runs before this process claims an instant and after each publish. Returns the number of versions written."""
-        with self._view_lock:
-            self._delta_writer()
-            self.refresh()
-            if self.adopting_delta and self._data.delta_adopted is None:
-                return 0
-            self.absorb_delta_log()
-            return self._delta.sync(self.io, self.timeline.latest_seq, self.timeline.completed, self._refreshed_seq,
-                                    self._data.delta_offset, self._data.delta_first_seq, self.timeline.in_memory)
-
-    def _delta_writer(self) -> DeltaLogWriter:
-        if self._delta is None:
-            # Versions of completions this view folded already are derived again only if they are missing.
-            self._delta = DeltaLogWriter(TableShape(self.props.table_id, self.props.created_at_ms or 0,
-                                                    self.props.upgraded_at_seq), self.io)
-        return self._delta
-
-    def absorb_delta_log(self) -> list[CompletedInstant]:
-        """Give every Delta version beyond the index's latest completion its record: a version a dbidx writer put
-        and staged its record for is published from that record; any other is another engine's commit, absorbed
-        into the index (docs/FORMAT.md section 12c). Returns the records this call published."""
-        if getattr(self._absorbing, "on", False):
-            return []
-        out: list[CompletedInstant] = []
-        with self._view_lock:
-            if self.adopting_delta and self._data.delta_adopted is None:
-                return out
-            self._absorbing.on = True
-            try:
-                floor = last_checkpoint_version(self.io)  # versions up to it exist, their JSON may be expired
-                stalled = 0
-                self.refresh(force=True)
-                while True:
-                    seq = self.timeline.latest_seq + 1
-                    version = seq + self._data.delta_offset
-                    if seq < self._data.delta_first_seq or not (version <= floor
-                                                                or self.io.exists(version_file(version))):
-                        return out
-                    published = self._next_version_record(version, seq)
-                    out += published
-                    self.refresh(force=True)
-                    stalled = 0 if published or self.timeline.latest_seq >= seq else stalled + 1
-                    if stalled >= 3:  # never a silent spin: something keeps the version from getting its record
-                        raise CorruptFileError(f"Delta version {version} of {self.uri} gets no completion record "
-                                               f"(seq {seq}) after {stalled} attempts; `dbidx verify URI` says why")
-            finally:
-                self._absorbing.on = False
-
-    def delta_version(self) -> int:
-        """The Delta version of the index's latest completion (what Delta readers call the table's version)."""
-        view = self.data_view()
-        return self.timeline.latest_seq + view.delta_offset
-
-    def follow_delta_log(self) -> None:
-        """What every user-facing read does first (read_arrow, read_table, lookup, stats, verify): describe the latest
-        Delta version, whoever wrote it. Absorbing writes the index's records of other engines' versions, so a reader
-        needs write access to the table once another engine has committed."""
-        self.absorb_delta_log()
-
-    def _next_version_record(self, version: int, seq: int) -> list[CompletedInstant]:
-        """Publish the record(s) of Delta version `version` onward, `version` being completion `seq`'s: a dbidx
-        version from its staged record; a run of other engines' versions as one absorbed run ([]: another process
-        published first)."""
-        run = run_in_progress(self.timeline.in_memory(seq - 1))
-        if run is not None:  # a run another absorber started and did not finish: exactly that run
-            first, last = run
-            return absorb_run(self, reread_run(self, first, last), seq, published=version - first)
-        if self.io.exists(version_file(version)):
-            staged = self._staged_of(read_version(self.io, version), seq)
-            if staged is not None:
-                return staged
-        # Other engines' versions, up to the next one a dbidx writer staged (or a dbidx version whose staged record
-        # is gone: absorbed from its actions like any other).
-        self._delta_writer()
-        return absorb_run(self, collect_run(self, version, self._has_staged), seq)
-
-    def _has_staged(self, actions: VersionActions) -> bool:
-        return actions.dbidx_instant is not None and layout.is_instant(actions.dbidx_instant) \
-            and self.io.exists(layout.staged_file(actions.dbidx_instant))
-
-    def _staged_of(self, actions: VersionActions, seq: int) -> list[CompletedInstant] | None:
-        """A version a dbidx writer put: its staged record published ([] if someone else did), None if it is not
-        one (or its staged record is gone)."""
-        instant = actions.dbidx_instant
-        if instant is None or not layout.is_instant(instant):
-            return None
-        staged = layout.staged_file(instant)
-        try:
-            raw = self.io.read_bytes(staged) if self.io.exists(staged) else None
-        except CorruptFileError:  # its writer published and removed it between the two calls
-            raw = None
-        if raw is not None:
-            record = self.timeline.publish_staged(raw, self.io.path(staged))
-            if record is not None and record.instant == instant:
-                if record.action == ACTION_CLEAN:  # its deletions may not have run: its claim tells the sweep
-                    self.io.delete(staged)
-                else:
-                    self.timeline.delete_claim_files(instant)  # staged copy, claim and heartbeat of its dead writer
-                return [record]
-        self.timeline.refresh()
-        if self.timeline.latest_seq >= seq:  # its writer published (and removed the staged copy) meanwhile
-            return []
-        return None
-
-    def _commit_point(self, record: CompletedInstant) -> bool:
-        """The commit point of every completion (docs/FORMAT.md section 12): stage the record, then put its Delta
-        version if absent. True: the version is this record's (the record is published next; if this process dies
-        first, the next reader publishes it from the staged copy). False: the version was taken by another writer
-        (dbidx or not); the staged copy goes and the publish loop looks again."""
-        adopted = record.extra.get(DELTA_ADOPTED_EXTRA) if record.action == ACTION_BUILD_INDEX else None
-        if self.adopting_delta and self._data.delta_adopted is None and adopted is None:
-            return True  # a rollback during an adoption: the log is still the other engine's alone
-        with self._view_lock:
-            self.refresh(force=True)
-            if self._data.applied_seq != record.seq - 1:
-                return False  # a completion landed since the checks: they run again on it
-            delta = self._delta_writer()
-            if adopted is not None:
-                version = check_adopted(adopted, f"instant {record.instant}")["version"] + 1
-            else:
-                version = record.seq + self._data.delta_offset
-            if version <= last_checkpoint_version(self.io):
-                return False  # a checkpoint past it: the version exists for Delta readers (its JSON expired)
-            data = version_for(delta.shape, record, self._data, delta.body())
-            staged = layout.staged_file(record.instant)
-            self.io.write_atomic(staged, record.to_json())
-            path = version_file(version)
-            if self.io.create_exclusive(path, data) or self.io.read_bytes(path) == data:
-                delta.mark_written(record.seq)
-                return True
-            self.io.delete(staged)
-            return False
-
-    def _refreshed_seq(self) -> int:
-        self.refresh()
-        return self.timeline.latest_seq
-
     def _check_files(self, files: Iterable[FileRecord], where: str) -> None:
         """What a record (or checkpoint) may only say about this table: shards in range, a partition exactly in
         partitioned mode."""
@@ -497,122 +334,7 @@ class Table:
             return point
         return self.timeline.seq_of(layout.validate_instant(point))
 
-    # ---- reads -------------------------------------------------------------------------------------------
-    def snapshot(self, partition: str | None, shard: int | None = None, as_of: int | str | None = None) -> pa.Table:
-        """Live entries of a partition (or, in global mode with partition None, the whole index) at an instant.
-
-        `as_of` is a completed instant id or a completion seq: the table as it was right after that completion.
-        """
-        shards = self._shards(shard)
-        if partition is not None:
-            layout.validate_partition(partition)
-        elif not self.global_index:
-            raise InvalidInputError("snapshot of a partitioned index needs a partition path")
-        # 1. The seq and every shard's file list from one state of the view: another thread's refresh moves the
-        #    timeline first and then folds the records in, so a seq read outside the lock can be ahead of the view
-        #    (a compaction half folded: replaced files gone, its base not there yet).
-        with self._view_lock:
-            upto = self.seq_at(as_of)
-            listed = [self._view.files(None if self.global_index else partition, s, upto) for s in shards]
-        # 2. The files are read without the lock (slow; the view is not needed for them).
-        pieces = []
-        for files in listed:
-            merged = rli_files.resolve_latest([self.read_index_file(f) for f in files], self.schema)
-            if self.global_index and partition is not None:
-                merged = merged.filter(pc.equal(merged.column(rli_files.PARTITION), partition))
-            pieces.append(merged)
-        return pa.concat_tables(pieces) if pieces else self.schema.empty_table()
-
-    def incremental(
-        self,
-        start_exclusive: int | str | None,
-        end_inclusive: int | str | None = None,
-        partitions: Iterable[str] | None = None,
-        shard: int | None = None,
-    ) -> pa.Table:
-        """Entries (inserts and tombstones) committed in (start, end], in commit order, with `partition` and `seq`.
-
-        What a cache applies to catch up. Raises HistoryCompactedError if cleaning removed a needed file.
-        """
-        wanted = None if partitions is None else {layout.validate_partition(p) for p in partitions}
-        return self.read_incremental(self.incremental_files(start_exclusive, end_inclusive, wanted, shard), wanted)
-
-    def incremental_files(self, start_exclusive: int | str | None, end_inclusive: int | str | None = None,
-                          partitions: Iterable[str] | None = None,
-                          shard: int | None = None) -> list[tuple[int, FileRecord]]:
-        """The (seq, record) of each delta file `incremental` reads, in commit order (a global file holds every
-        partition: it is listed whatever `partitions` says)."""
-        wanted = None if partitions is None else set(partitions)
-        shards = set(self._shards(shard))
-        # The seqs and the listing under the view lock: another thread's refresh folds records into the same view
-        # in place (a listing beside it fails with "dictionary changed size during iteration"), and a seq read
-        # outside the lock can be ahead of the records folded so far (the newest files would be missing).
-        with self._view_lock:
-            start = self.seq_at(start_exclusive) if start_exclusive is not None else 0
-            end = self.seq_at(end_inclusive)
-            between = self._view.delta_files_between(start, end)
-        return [(seq, record) for seq, record in between
-                if record.shard in shards
-                and (wanted is None or record.partition is None or record.partition in wanted)]
-
-    def read_incremental(self, files: list[tuple[int, FileRecord]],
-                         partitions: Iterable[str] | None = None) -> pa.Table:
-        """Read listed delta files (verified) into one table with `partition` and `seq`, a global file's rows cut to
-        `partitions`. Needs no refresh: a reader thread can run it beside its caller (cache catch-up does)."""
-        wanted = None if partitions is None else sorted(set(partitions))
-        pieces = []
-        for seq, record in files:
-            table = self.read_index_file(record)
-            if record.partition is not None:
-                table = table.add_column(1, rli_files.PARTITION, pa.repeat(pa.scalar(record.partition, pa.string()),
-                                                                          table.num_rows))
-            elif wanted is not None:
-                table = table.filter(pc.is_in(table.column(rli_files.PARTITION), pa.array(wanted, pa.string())))
-            pieces.append(table.append_column("seq", pa.array(np.full(table.num_rows, seq, dtype=np.int64))))
-        if not pieces:
-            return rli_files.GLOBAL_SCHEMA.append(pa.field("seq", pa.int64())).empty_table()
-        return pa.concat_tables(pieces)
-
-    def incremental_plan(
-        self, start_exclusive: int, end_inclusive: int, shard: int | None = None
-    ) -> dict[str | None, tuple[int, bool]]:
-        """Per partition (None in global mode): (entries committed in (start, end], whether cleaning removed
-        some of that history). Lets a cache decide, per partition and before reading, to catch up or reload."""
-        shards = set(self._shards(shard))
-        plan: dict[str | None, tuple[int, bool]] = {}
-        with self._view_lock:  # the view as one refresh left it (see incremental_files); no file is read here
-            self.refresh()
-            stale = self.history_before(start_exclusive)
-            for _seq, record in self._view.delta_files_between(start_exclusive, end_inclusive, strict=False):
-                if record.shard in shards:
-                    rows, cleaned = plan.get(record.partition, (0, False))
-                    plan[record.partition] = (rows + record.rows,
-                                              cleaned or stale or self._view.is_cleaned(record.path))
-        return plan
-
-    def history_before(self, seq: int) -> bool:
-        """True if history after `seq` is incomplete in this reader (as of its last refresh): it opened from a
-        checkpoint that left out files replaced and cleaned after seq. Every partition behind it must reload
-        (incremental_plan says so for the partitions it lists; a caller asks this for the others). The floor only
-        comes from the checkpoint a reader starts from, so no refresh is needed to answer."""
-        with self._view_lock:  # the first refresh may swap in the view a checkpoint holds
-            return seq < self._view.history_floor
-
-    def lookup(
-        self,
-        keys: Sequence[str] | pa.Array,
-        partition: str | None = None,
-        mode: str = "auto",
-        seek_threshold: float = rli_files.DEFAULT_SEEK_THRESHOLD,
-        plan: dict[str, int] | None = None,
-    ) -> pa.Table:
-        """Live entries for the given keys (absent keys are simply not in the result): mdt/point_lookup.py.
-
-        Partitioned mode needs the partition; global mode searches the whole index. `mode` is "seek" (read only
-        the row groups whose key range contains a lookup key), "scan" (read whole files) or "auto" (seek unless
-        more than `seek_threshold` of a file's row groups are touched). `plan`, if given, counts files per method.
-        """
-        return lookup(self, keys, partition, mode, seek_threshold, plan)
+    # ---- reads: mdt/table_reads.py (IndexReads) ---------------------------------------------------------
 
     def new_commit(self, tags: Mapping[str, str] | None = None) -> CommitWriter:
         """Start a new instant that adds index entries; use as a context manager or call commit()/rollback().
