@@ -1,7 +1,9 @@
 """Table: open or create a dbidx table at a base URI and read its record-level index.
 
 Writes live in `writer.py` (commits), `compaction.py` (compact, clean) and `build_index.py` (migration); this module
-holds the table identity and the read paths: snapshot, incremental, lookup and partition stats.
+holds the table identity, its views, checkpoints, partition stats and the maintenance entry points. Its index reads
+(snapshot, incremental, lookup) are the `IndexReads` mixin (`table_reads.py`), its side of the Delta log the
+`DeltaLogSync` mixin (`table_delta.py`).
 """
 from __future__ import annotations
 

@@ -117,7 +117,7 @@ def _upsert_partition(batches: Iterator[pa.RecordBatch], table: Table, options: 
     if on_task_written is not None and context is not None:
         run_hook(on_task_written, context.partitionId(), context.attemptNumber())
     if context is not None:
-        result.attempt = TaskAttempt(**TaskAttempt.of_task(context))
+        result.attempt = TaskAttempt.of_task(context)
     yield pack_result(context.partitionId() if context is not None else -1, attempt, result)
 
 

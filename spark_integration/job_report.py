@@ -45,10 +45,10 @@ class TaskAttempt:
     host: str
 
     @classmethod
-    def of_task(cls, context: Any) -> dict[str, Any]:
+    def of_task(cls, context: Any) -> "TaskAttempt":
         """The figures a running task sends (from pyspark's TaskContext; its Python side has no stage attempt or
         executor id, which the driver reads from the status store by the task's id)."""
-        return {"attempt_number": context.attemptNumber(), "stage_id": context.stageId(), "host": socket.gethostname()}
+        return cls(attempt_number=context.attemptNumber(), stage_id=context.stageId(), host=socket.gethostname())
 
     @classmethod
     def from_dict(cls, sent: Any) -> "TaskAttempt":

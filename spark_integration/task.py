@@ -302,8 +302,8 @@ def _upsert_rows(batches: Iterable[pa.RecordBatch], table: Table, options: TagOp
     for metrics in shard_metrics:
         metrics.write_seconds = (time.perf_counter() - started) / len(shard_metrics)
         metrics.partitions = sorted({f.partition for f in files})
-    return TaskResult(superseded_seq=basis_seq, files=list(files), index_files=list(index_files), touched=list(touched),
-                      changes=dict(changes), superseded=fresh, metrics=shard_metrics)
+    return TaskResult(superseded_seq=basis_seq, files=files, index_files=index_files, touched=touched,
+                      changes=changes, superseded=fresh, metrics=shard_metrics)
 
 
 def _announced(disk: KeyFiles | None, instant: str, attempt: int, written: list) -> KeyFiles | None:

@@ -43,7 +43,7 @@ def test_a_real_result_survives_its_wire_form(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("wire", [[1, 2], {"files": []}, {"superseded": {"seq": -1, "rows": {}}}], ids=str)
-def test_bytes_that_are_not_a_result_are_refused(tmp_path: Path, wire: object) -> None:
+def test_bytes_that_are_not_a_result_are_refused(wire: object) -> None:
     """Not a mapping, a field missing, a negative seq: each a ValueError or KeyError (the driver's CommitError)."""
     with pytest.raises((ValueError, KeyError)):
         TaskResult.parse(msgpack.packb(wire) if not isinstance(wire, dict) else pack_payload(wire), 0, 0)
