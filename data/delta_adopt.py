@@ -251,7 +251,7 @@ def _from_checkpoint(io: FileIO, version: int) -> tuple[int, dict[tuple[Any, str
     for _part, (_total, name) in sorted(parts[cp].items()):
         where = io.path(DELTA_LOG_DIR + "/" + name)
         try:
-            checkpoint = pq.read_table(pa.BufferReader(io.read_bytes(f"{DELTA_LOG_DIR}/{name}")))
+            checkpoint = pq.read_table(pa.BufferReader(io.read_buffer(f"{DELTA_LOG_DIR}/{name}")))
             columns = {c: checkpoint.column(c).to_pylist() for c in ("add", "metaData")
                        if c in checkpoint.column_names}
         except (pa.ArrowException, OSError) as exc:

@@ -63,7 +63,7 @@ def write_delta_checkpoint(io: FileIO) -> CheckpointWritten | None:
     name = f"{DELTA_LOG_DIR}/{version:020d}.checkpoint.parquet"
     if not io.exists(name):  # a multi-part or V2 checkpoint: left as delta-rs wrote it
         return CheckpointWritten(version, 0, 0, 0)
-    raw = io.read_bytes(name)
+    raw = io.read_buffer(name)
     # 2. The tombstones of paths added back in the same checkpoint, with an inline (or no) vector, and all but the
     #    newest of each other path; of those kept, the inline vectors.
     try:

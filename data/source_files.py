@@ -40,7 +40,7 @@ def read_source(io: FileIO, rel: str, partition: str, key_column: str) -> Source
     """Read a data file once: its bytes' size and checksum (readers verify them later), row count, key column."""
     where = io.path(rel)
     try:
-        data = io.read_bytes(rel)
+        data = io.read_buffer(rel)
         handle = pq.ParquetFile(pa.BufferReader(data))
         schema = handle.schema_arrow.remove_metadata()
         if key_column not in schema.names:
