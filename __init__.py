@@ -13,7 +13,7 @@ from dbidx.version import __version__
 
 # Public name -> the module that defines it.
 _EXPORTS = {
-    "Table": "dbidx.mdt.table",
+    "Table": "dbidx.table.facade",
     "upsert": "dbidx.spark_integration.api",
     "tag": "dbidx.spark_integration.api",
     "bulk_insert": "dbidx.spark_integration.api",
@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from dbidx.config import CacheConfig
     from dbidx.data.reads import read_arrow
     from dbidx.errors import DbidxError
-    from dbidx.mdt.table import Table
+    from dbidx.table.facade import Table
     from dbidx.spark_integration.api import bulk_insert, tag, upsert
     from dbidx.spark_integration.local import upsert_arrow
     from dbidx.spark_integration.reads import read_table

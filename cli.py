@@ -88,7 +88,7 @@ def main(ctx: click.Context, verbose: bool, as_json: bool, storage_options: tupl
 @json_option
 def init_cmd(uri: str, num_shards: int, global_index: bool, as_json: bool) -> None:
     """Create an empty dbidx table (its metadata folder) at URI."""
-    from dbidx.mdt.table import Table
+    from dbidx.table.facade import Table
 
     table = Table.create(uri, num_shards=num_shards, global_index=global_index, storage_options=storage_options())
     output(as_json).emit(asdict(table.props) | {"uri": table.uri},
@@ -110,9 +110,9 @@ def init_cmd(uri: str, num_shards: int, global_index: bool, as_json: bool) -> No
 def build_index_cmd(uri: str, key_column: str, partition_columns: tuple[str, ...], num_shards: int | None,
                     global_index: bool, readopt: bool, as_json: bool) -> None:
     """Build the record-level index of the Parquet data set at URI, or adopt the Delta table at URI."""
-    from dbidx.mdt.build_index import build_index
-    from dbidx.mdt.readopt import readopt as readopt_table
-    from dbidx.mdt.table import Table
+    from dbidx.table.build_index import build_index
+    from dbidx.table.readopt import readopt as readopt_table
+    from dbidx.table.facade import Table
 
     moved = None
     with ProgressBar("build-index", wants_json(as_json)) as progress:
@@ -139,7 +139,7 @@ def build_index_cmd(uri: str, key_column: str, partition_columns: tuple[str, ...
 def lookup_cmd(uri: str, keys: tuple[str, ...], partition: str | None, mode: str, as_json: bool) -> None:
     """Print where KEYS are in the table at URI (keys not in the index are new; a partition the table does not
     have is said to be missing, with its nearest existing partitions). Exit 1 when no key is found."""
-    from dbidx.mdt.point_lookup import lookup_report
+    from dbidx.index.point_lookup import lookup_report
 
     if not keys:
         raise click.UsageError("name at least one KEY after the URI: dbidx lookup URI KEY... [--partition P]")
@@ -243,7 +243,7 @@ def verify_cmd(uri: str, as_json: bool) -> None:
 
 
 def _verify_table_files(table: Any, as_json: bool) -> None:
-    from dbidx.mdt.verify_table import verify_table
+    from dbidx.table.verify_table import verify_table
 
     with ProgressBar("verify", wants_json(as_json)) as update:
         check = verify_table(table, progress=update)
@@ -337,7 +337,7 @@ def repair_cmd(uri: str, as_json: bool) -> None:
     sweep what dead writers left (unfinished instants of writers that are gone, rolled back; settled instants'
     timeline files and markers; files a published clean lists that are still there; temp files older than an hour;
     requested/inflight files of instant ids at the end of the 17-digit range that no completion names)."""
-    from dbidx.table.instant_range import remove_strays
+    from dbidx.storage.instant_range import remove_strays
 
     table = open_table(uri)
     strays = remove_strays(table.io, table.timeline)  # 1. first: they stop every writer
@@ -395,7 +395,7 @@ def sync_cmd(uri: str, as_json: bool) -> None:
 def upgrade_cmd(uri: str, rollback_pending: bool, as_json: bool) -> None:
     """Convert a format-3 table in place to format 4 (a Delta Lake table with deletion vectors); no data file is
     rewritten. Stop the table's writers first. Run again after a crash: it finishes or starts over safely."""
-    from dbidx.mdt.upgrade import upgrade_table
+    from dbidx.table.upgrade import upgrade_table
 
     with ProgressBar("upgrade", wants_json(as_json)) as progress:
         report = upgrade_table(uri, storage_options=storage_options() or None, rollback_pending=rollback_pending,

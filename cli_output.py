@@ -69,7 +69,7 @@ def storage_options() -> dict[str, str]:
 
 def open_table(uri: str) -> Any:
     """The table at URI, with the group's --storage-option values."""
-    from dbidx.mdt.table import Table
+    from dbidx.table.facade import Table
 
     return Table.open(uri, storage_options=storage_options())
 

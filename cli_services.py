@@ -17,7 +17,7 @@ from dbidx.cli_output import json_option, open_table, output, table_argument
 def config_cmd(uri: str, settings: tuple[str, ...], as_json: bool) -> None:
     """Show the table service settings and Delta table properties, or change them (KEY=VALUE; a key with a dot,
     such as delta.logRetentionDuration, is a Delta table property; VALUE `default` resets a key); docs/CONFIG.md."""
-    from dbidx.mdt.service_settings import parse_text, read_settings, write_settings
+    from dbidx.table.service_settings import parse_text, read_settings, write_settings
 
     table = open_table(uri)
     changes: dict[str, Any] = {}
@@ -55,8 +55,8 @@ def maintain_cmd(uri: str, budget_seconds: float | None, budget_files: int | Non
                  max_runs: int | None, as_json: bool) -> None:
     """Run the table services the table needs now (data compaction, index compaction, clean, Delta log cleanup,
     vacuum) within a budget."""
-    from dbidx.mdt.service_settings import read_settings
-    from dbidx.mdt.services import run_services
+    from dbidx.table.service_settings import read_settings
+    from dbidx.table.services import run_services
 
     table, out, runs = open_table(uri), output(as_json), []
     try:
@@ -93,7 +93,7 @@ def _run_text(p: dict[str, Any]) -> str:
 @json_option
 def vacuum_cmd(uri: str, retention_hours: int, dry_run: bool, as_json: bool) -> None:
     """Delete files the table no longer references, unreferenced for over --retention-hours (Delta's VACUUM)."""
-    from dbidx.mdt.vacuum import vacuum
+    from dbidx.table.vacuum import vacuum
 
     table = open_table(uri)
     payload = vacuum(table, retention_hours=retention_hours, dry_run=dry_run).to_dict() | {"uri": table.uri}

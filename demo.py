@@ -23,7 +23,7 @@ import pandas as pd
 from dbidx.buckets.assigner import BucketSpec
 from dbidx.config import CacheConfig
 from dbidx.errors import DbidxError, InvalidInputError
-from dbidx.mdt.table import Table
+from dbidx.table.facade import Table
 from dbidx.spark_integration.api import upsert
 from dbidx.spark_integration.driver import CommitSummary
 from dbidx.spark_integration.reads import read_table

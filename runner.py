@@ -28,7 +28,7 @@ Work = Callable[[Any, int], bytes]
 
 
 class SizedStorage(Protocol):
-    """What check_written needs of a FileIO (dbidx.table.fileio; this module sits below it)."""
+    """What check_written needs of a FileIO (dbidx.storage.fileio; this module sits below it)."""
 
     def sizes(self, rels: list[str]) -> dict[str, int]: ...
 

@@ -48,8 +48,8 @@ from speed_bench import STEP_HEADERS, summary_cells
 
 from dbidx.config import CacheConfig
 from dbidx.data import reads
-from dbidx.mdt.table import Table
-from dbidx.mdt.verify_table import verify_table
+from dbidx.table.facade import Table
+from dbidx.table.verify_table import verify_table
 from dbidx.spark_integration.local import upsert_arrow
 
 KEY, PARTITION = "id", "dt"

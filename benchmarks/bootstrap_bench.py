@@ -25,7 +25,7 @@ from dbidx.bootstrap.on_demand import OnDemandLoader
 from dbidx.bootstrap.time_bounded import bootstrap
 from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.config import CacheConfig
-from dbidx.mdt.table import Table
+from dbidx.table.facade import Table
 
 FIRST_DAY = np.datetime64("2025-01-01")
 

@@ -32,7 +32,7 @@ from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.cache.registry import CacheIdentity
 from dbidx.cache.store import MULTI_GET_CHUNK, multi_get
 from dbidx.config import CacheConfig
-from dbidx.mdt.table import Table
+from dbidx.table.facade import Table
 
 
 def seq_keys(start: int, n: int) -> pa.Array:
@@ -146,7 +146,7 @@ def main() -> None:
                 base_rss = rss_of("import dbidx.cache.record_cache\n")
                 dict_rss = rss_of(
                     f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\n"
-                    "from dbidx.mdt.table import Table\n"
+                    "from dbidx.table.facade import Table\n"
                     f"t = Table.open({table.uri!r})\n"
                     "m = {}\n"
                     "for s in t.partitions():\n"

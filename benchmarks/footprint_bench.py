@@ -31,7 +31,7 @@ from dbidx.cache.reaper import reap
 from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.cache.registry import CacheIdentity
 from dbidx.config import CacheConfig
-from dbidx.mdt.table import Table
+from dbidx.table.facade import Table
 
 SHAPES = ("uuid", "numeric20", "composite")
 RFC107 = "RFC-107 estimate: 50-70 B/entry in the index, RocksDB about 2x the HFile (~100-140 B/entry)"
@@ -70,8 +70,8 @@ def mdt_bytes(table: Table) -> int:
 
 def dict_rss(table: Table) -> int:
     """Peak RSS growth of a fresh interpreter that holds the whole index in a dict {key: file group}."""
-    base = rss_of("from dbidx.mdt.table import Table\n")
-    full = rss_of("from dbidx.mdt.table import Table\n"
+    base = rss_of("from dbidx.table.facade import Table\n")
+    full = rss_of("from dbidx.table.facade import Table\n"
                   f"t = Table.open({table.uri!r})\n"
                   "m = {}\n"
                   "for s in t.partitions():\n"

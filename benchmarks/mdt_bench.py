@@ -20,8 +20,8 @@ import pyarrow as pa
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _report
 
-from dbidx.mdt import rli_files
-from dbidx.mdt.table import Table
+from dbidx.index import rli_files
+from dbidx.table.facade import Table
 
 PARTITION = "dt=2025-01-15"
 

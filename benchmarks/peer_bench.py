@@ -228,7 +228,7 @@ class DbidxPeer(SparkInput):
     def __init__(self, root: Path, work: Path, shards: int) -> None:
         super().__init__(work, shards)
         from dbidx.config import CacheConfig
-        from dbidx.mdt.table import Table
+        from dbidx.table.facade import Table
 
         self.table = Table.open_or_create(str(root), num_shards=shards)
         self.config = CacheConfig(base_path=str(work / "dbidx-cache"))

@@ -31,7 +31,7 @@ from dbidx.cache.catchup import sync
 from dbidx.cache.loading import load_from_snapshot
 from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.config import CacheConfig
-from dbidx.mdt.table import Table
+from dbidx.table.facade import Table
 
 DAYS = 30
 

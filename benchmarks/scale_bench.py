@@ -43,8 +43,8 @@ from bootstrap_bench import FIRST_DAY, partition_of, uuid_keys
 from dbidx.bootstrap.time_bounded import bootstrap
 from dbidx.buckets.naming import file_group_id
 from dbidx.config import CacheConfig
-from dbidx.mdt import rli_files
-from dbidx.mdt.table import Table
+from dbidx.index import rli_files
+from dbidx.table.facade import Table
 
 PARTITIONS = 30
 WINDOW = 7

@@ -7,7 +7,7 @@ services on and their defaults (they run inside `upsert_arrow` after its publish
 per service and per window of `--window` batches, wall seconds and CPU seconds (`time.process_time` of this process:
 the services run here, so this is their CPU, and the machine being shared does not inflate it).
 
-How the services are measured: the functions of `dbidx.mdt.services` that `run_services` calls are wrapped in this
+How the services are measured: the functions of `dbidx.table.services` that `run_services` calls are wrapped in this
 process (the real ones run; the wrapper only reads the clocks around them): each service's trigger (`data_needs`,
 `index_needs`, `clean_due`, `retention_of`, `vacuum_wait`) and its step (`_compact_data`, `_compact_index`, `_clean`,
 `_log_cleanup`, `_vacuum`). A name the module no longer has is reported and skipped. `--profile` also runs cProfile
@@ -44,9 +44,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _report
 from table_bench import Stream
 
-from dbidx.mdt import service_settings
-from dbidx.mdt import services as services_module
-from dbidx.mdt.table import Table
+from dbidx.table import service_settings
+from dbidx.table import services as services_module
+from dbidx.table.facade import Table
 from dbidx.spark_integration import driver
 from dbidx.spark_integration.local import upsert_arrow
 
@@ -78,7 +78,7 @@ class Batch:
 
 class Meter:
     """Clocks around the services: the whole run (wrapping the `run_services` the writer calls) and each service's
-    trigger and step (wrapping the functions of dbidx.mdt.services). Wrapping, not copying: the real code runs."""
+    trigger and step (wrapping the functions of dbidx.table.services). Wrapping, not copying: the real code runs."""
 
     def __init__(self, profile: bool) -> None:
         self.parts: dict[str, list[float]] = {}
@@ -323,7 +323,7 @@ def render(args: argparse.Namespace, batches: list[Batch], profiles: list[tuple[
              f"services on with their defaults{' (profiled: CPU inflated)' if args.profile else ''}.",
              totals_table(ws), service_table(ws), work_table(ws), files_table(ws)]
     if missing:
-        parts.append(f"Not measured (dbidx.mdt.services has no such function now): {', '.join(missing)}.")
+        parts.append(f"Not measured (dbidx.table.services has no such function now): {', '.join(missing)}.")
     if profiles:
         parts += ["Functions whose own CPU grew most (tottime):", profile_table(profiles, "tottime"),
                   "Functions whose inclusive CPU grew most (cumtime):", profile_table(profiles, "cumtime")]

@@ -32,8 +32,8 @@ import speed_bench
 
 from dbidx.config import CacheConfig
 from dbidx.data import reads
-from dbidx.mdt.service_settings import write_settings
-from dbidx.mdt.table import Table
+from dbidx.table.service_settings import write_settings
+from dbidx.table.facade import Table
 from dbidx.runner import IN_PROCESS, WorkRunner, pack
 from dbidx.spark_integration.local import upsert_arrow
 from dbidx.spark_integration.service_jobs import SparkWorkRunner

@@ -21,7 +21,7 @@ import _report
 from bootstrap_bench import uuid_keys
 
 from dbidx.buckets.assigner import DynamicBucketAssigner, SimpleBucketAssigner
-from dbidx.table.keyhash import shard_of
+from dbidx.storage.keyhash import shard_of
 
 PARTITION = "region=eu"
 

@@ -51,7 +51,7 @@ import speed_bench
 
 from dbidx.config import CacheConfig
 from dbidx.data import reads
-from dbidx.mdt.table import Table
+from dbidx.table.facade import Table
 
 KEY, PARTITION = "id", "dt"
 READS = 2  # timed full reads per reader per checkpoint (the best is kept)

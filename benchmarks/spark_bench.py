@@ -30,8 +30,8 @@ import _report
 
 from dbidx.buckets.naming import file_group_id
 from dbidx.config import CacheConfig
-from dbidx.mdt import rli_files
-from dbidx.mdt.table import Table
+from dbidx.index import rli_files
+from dbidx.table.facade import Table
 
 PARTITIONS = 30
 

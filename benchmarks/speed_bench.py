@@ -55,7 +55,7 @@ import work_floor
 
 from dbidx.config import CacheConfig
 from dbidx.data import reads
-from dbidx.mdt.table import Table
+from dbidx.table.facade import Table
 
 KEY, PARTITION = "id", "dt"
 FLOOR_REPEATS = 3

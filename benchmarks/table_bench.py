@@ -32,7 +32,7 @@ import _report
 
 from dbidx.config import CacheConfig
 from dbidx.data import reads
-from dbidx.mdt.table import Table
+from dbidx.table.facade import Table
 from dbidx.spark_integration.local import upsert_arrow
 
 DAYS = [f"2026-10-{d:02d}" for d in range(1, 31)]

@@ -28,7 +28,7 @@ from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.cache.sst_builder import PreparedLoad
 from dbidx.config import CacheConfig
 from dbidx.errors import CacheError, InvalidInputError
-from dbidx.mdt.table import Table
+from dbidx.table.facade import Table
 from dbidx.progress import Progress
 
 PARALLELISM = ("auto", "threads", "processes", "serial")

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable
 from dbidx.cache.loading import load_from_snapshot
 from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.errors import CacheCorruptError
-from dbidx.mdt.table import Table
+from dbidx.table.facade import Table
 
 @dataclass
 class OnDemandReport:

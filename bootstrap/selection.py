@@ -13,7 +13,7 @@ from typing import Any, Iterable
 
 from dbidx.bootstrap.partition_dates import compile_pattern, partition_time
 from dbidx.errors import InvalidInputError
-from dbidx.table.file_view import PartitionStats
+from dbidx.storage.index_view import PartitionStats
 
 BY_PATH = "path-date"
 BY_COMMIT = "last-commit"

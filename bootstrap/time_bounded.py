@@ -21,7 +21,7 @@ from dbidx.cache.record_cache import GLOBAL_PARTITION, RecordIndexCache
 from dbidx.cache.registry import table_cache_dir_name
 from dbidx.config import CacheConfig
 from dbidx.errors import CacheMismatchError, InvalidInputError
-from dbidx.mdt.table import Table
+from dbidx.table.facade import Table
 from dbidx.progress import Progress
 
 INFO_NAME = "bootstrap"

@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from dbidx.buckets.naming import MAX_BUCKET, bucket_of, file_group_id
 from dbidx.errors import ConfigError
-from dbidx.table.keyhash import shard_of
+from dbidx.storage.keyhash import shard_of
 
 __all__ = ["BucketSpec"]
 

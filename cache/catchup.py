@@ -27,8 +27,8 @@ from dbidx.cache.loading import load_from_snapshot
 from dbidx.cache.record_cache import GLOBAL_PARTITION, RecordIndexCache
 from dbidx.cache.staging import promote
 from dbidx.errors import CacheMismatchError, HistoryCompactedError
-from dbidx.mdt.rli_files import DELETED, FILE_GROUP, KEY, PARTITION
-from dbidx.mdt.table import Table
+from dbidx.index.rli_files import DELETED, FILE_GROUP, KEY, PARTITION
+from dbidx.table.facade import Table
 
 
 # Reload instead of apply when the entries to catch up exceed this fraction of the partition's cached entries (and

@@ -52,8 +52,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from dbidx.data.key_files import FINISHED, finished_files
-from dbidx.table.layout import is_instant
-from dbidx.table.records import ACTION_ABSORB, ACTION_DATA_COMPACTION, ACTION_ROLLBACK
+from dbidx.storage.layout import is_instant
+from dbidx.storage.records import ACTION_ABSORB, ACTION_DATA_COMPACTION, ACTION_ROLLBACK
 
 REMOVING = (ACTION_DATA_COMPACTION, ACTION_ABSORB)  # the completions that take data files out of the live set
 

@@ -17,8 +17,8 @@ from dbidx.cache.codec import GLOBAL_SEPARATOR
 from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.cache.sst_builder import PreparedLoad, build_sst
 from dbidx.config import CacheConfig
-from dbidx.mdt.rli_files import FILE_GROUP, KEY, PARTITION
-from dbidx.mdt.table import Table
+from dbidx.index.rli_files import FILE_GROUP, KEY, PARTITION
+from dbidx.table.facade import Table
 
 
 def snapshot_entries(table: Table, shard: int, partition: str, as_of_seq: int,

@@ -33,8 +33,8 @@ from dbidx.cache.sst_builder import PreparedLoad, build_sst
 from dbidx.cache.store import Store, get, multi_get
 from dbidx.config import CacheConfig
 from dbidx.errors import CacheError, InvalidInputError, PartitionNotReadyError
-from dbidx.table.keys import normalize_keys
-from dbidx.table.layout import partition_dir_name, validate_partition
+from dbidx.storage.keys import normalize_keys
+from dbidx.storage.layout import partition_dir_name, validate_partition
 
 GLOBAL_PARTITION = ""  # global mode keeps the whole shard in one partition entry
 

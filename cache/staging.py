@@ -37,10 +37,10 @@ from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.cache.sst_builder import PreparedLoad, build_sst
 from dbidx.config import CacheConfig
 from dbidx.errors import DbidxError
-from dbidx.mdt.table import Table
-from dbidx.table.file_view import FileView
-from dbidx.table.layout import validate_partition
-from dbidx.table.records import ACTION_ROLLBACK, FileRecord
+from dbidx.table.facade import Table
+from dbidx.storage.index_view import IndexView
+from dbidx.storage.layout import validate_partition
+from dbidx.storage.records import ACTION_ROLLBACK, FileRecord
 
 STAGED_SUFFIX = ".staged"
 MANIFEST = "manifest.json"
@@ -156,7 +156,7 @@ class StagedLoad:
             self.abort()
 
 
-def promote(cache: RecordIndexCache, table: Table, view: FileView, upto_seq: int,
+def promote(cache: RecordIndexCache, table: Table, view: IndexView, upto_seq: int,
             now_s: float | None = None) -> PromoteResult:
     """Install the staged partitions the table's completions up to `upto_seq` confirm (see the module docstring),
     delete staged directories that can never be installed; leave those of instants still pending (or completed
@@ -179,7 +179,7 @@ def promote(cache: RecordIndexCache, table: Table, view: FileView, upto_seq: int
     return result
 
 
-def _promote_one(cache: RecordIndexCache, table: Table, view: FileView, upto_seq: int, entry: Path, now: float,
+def _promote_one(cache: RecordIndexCache, table: Table, view: IndexView, upto_seq: int, entry: Path, now: float,
                  result: PromoteResult) -> None:
     """Install, keep or discard one staged directory."""
     # 1. Only directories are staged; temp directories of tasks that died mid-write go once nobody can still be
@@ -210,7 +210,7 @@ def _promote_one(cache: RecordIndexCache, table: Table, view: FileView, upto_seq
     _discard(entry, result)
 
 
-def _install(cache: RecordIndexCache, view: FileView, record: Any, entry: Path,
+def _install(cache: RecordIndexCache, view: IndexView, record: Any, entry: Path,
              partitions: list[StagedPartition]) -> list[str]:
     """Install each staged partition the record confirms and the cache lacks; returns those installed."""
     listed = {(f.path, f.checksum): f for f in record.files}

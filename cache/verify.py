@@ -8,8 +8,8 @@ from dbidx.cache.catchup import check_table
 from dbidx.cache.codec import global_location
 from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.errors import HistoryCompactedError
-from dbidx.mdt.rli_files import FILE_GROUP, KEY, PARTITION
-from dbidx.mdt.table import Table
+from dbidx.index.rli_files import FILE_GROUP, KEY, PARTITION
+from dbidx.table.facade import Table
 
 MAX_EXAMPLES = 5
 

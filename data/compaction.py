@@ -30,11 +30,11 @@ from dbidx.data.superseded import load_vector, write_vectors
 from dbidx.errors import CommitError, ConflictError, CorruptFileError, InvalidInputError
 from dbidx.progress import Progress, Steps
 from dbidx.runner import IN_PROCESS, WorkRunner, attempt_of, check_written, pack, unpack
-from dbidx.table import layout, markers
-from dbidx.table.data_view import DvRef
-from dbidx.table.fileio import FileIO
-from dbidx.table.records import ACTION_ABSORB, ACTION_DATA_COMPACTION, CompletedInstant, DataFileRecord, record_dict
-from dbidx.table.state import TableState
+from dbidx.storage import layout, markers
+from dbidx.storage.data_view import DvRef
+from dbidx.storage.fileio import FileIO
+from dbidx.storage.records import ACTION_ABSORB, ACTION_DATA_COMPACTION, CompletedInstant, DataFileRecord, record_dict
+from dbidx.storage.state import TableState
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """One Delta version another engine wrote, read back and checked: which files it removed and added, with which
 deletion vectors, and what it says about the table (metaData, protocol, commitInfo).
 
-Why a reader of our own and not delta-rs: absorbing a version (mdt/absorb.py) needs each action exactly as the log
+Why a reader of our own and not delta-rs: absorbing a version (table/absorb.py) needs each action exactly as the log
 spells it (a later `remove` must repeat a path and vector descriptor byte for byte), and needs it for one version at
 a time, not a whole snapshot. Everything here is untrusted input: a line that is not JSON, a path or a vector that
 lies outside the table, a size that is not a number, is a typed error naming the version file, raised before any
@@ -21,8 +21,8 @@ from pyroaring import BitMap
 from dbidx.data.deletion_vectors import DV_PREFIX, decode_vector, vector_body, VectorSlot, z85_decode
 from dbidx.data.delta_log import version_file
 from dbidx.errors import CorruptFileError, DeltaFeatureError, InvalidInputError
-from dbidx.table import layout
-from dbidx.table.fileio import FileIO
+from dbidx.storage import layout
+from dbidx.storage.fileio import FileIO
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,8 @@ from pyroaring import BitMap
 from dbidx.data.deletion_vectors import z85_decode
 from dbidx.data.delta_log import DELTA_LOG_DIR, listed_versions, version_file
 from dbidx.errors import CorruptFileError, DbidxError, DeltaFeatureError, InvalidInputError
-from dbidx.table import layout
-from dbidx.table.fileio import FileIO
+from dbidx.storage import layout
+from dbidx.storage.fileio import FileIO
 
 # Features dbidx keeps intact when it writes (each checked below where it has a condition).
 READER_FEATURES = {"deletionVectors", "timestampNtz", "variantType"}
@@ -269,7 +269,7 @@ def _from_checkpoint(io: FileIO, version: int) -> tuple[int, dict[tuple[Any, str
 def checkpoint_snapshot(io: FileIO, version: int) -> tuple[int, dict[tuple[Any, str], dict[str, Any]], dict[str, Any]]:
     """The newest complete classic checkpoint at or below `version`: (its version, live `add` actions keyed by (path,
     vector id), metaData); (-1, {}, {}) without one. What absorbing reads when a log cleanup expired the JSON of
-    versions dbidx had not absorbed yet (mdt/absorb.py)."""
+    versions dbidx had not absorbed yet (table/absorb.py)."""
     return _from_checkpoint(io, version)
 
 

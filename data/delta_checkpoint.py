@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 
 from dbidx.data.delta_log import DELTA_LOG_DIR, checkpoint_pointer, delta_checkpoint, read_checkpoint_pointer
 from dbidx.errors import CorruptFileError
-from dbidx.table.fileio import DECODE_ERRORS, FileIO
+from dbidx.storage.fileio import DECODE_ERRORS, FileIO
 
 COMPRESSION = "snappy"  # every Delta reader reads it (delta-rs writes its checkpoints uncompressed)
 

@@ -29,10 +29,12 @@ from dbidx.data.deletion_vectors import inline_form
 from dbidx.data.schema import recorded_schema
 from dbidx.data.superseded import load_vector_bytes
 from dbidx.errors import CorruptFileError, ForeignCommitError
-from dbidx.table.data_view import DEFAULT_CONFIGURATION, DELTA_ADOPTED_EXTRA, DELTA_CONFIGURATION_EXTRA, DataView, DvRef
-from dbidx.table.fileio import FileIO
-from dbidx.table.layout import layout_partition_columns
-from dbidx.table.records import (
+from dbidx.storage.data_view import (
+    DEFAULT_CONFIGURATION, DELTA_ADOPTED_EXTRA, DELTA_CONFIGURATION_EXTRA, DataView, DvRef,
+)
+from dbidx.storage.fileio import FileIO
+from dbidx.storage.layout import layout_partition_columns
+from dbidx.storage.records import (
     ACTION_ABSORB, ACTION_BUILD_INDEX, ACTION_COMMIT, ACTION_DATA_COMPACTION, ACTION_PROPERTIES, ACTION_UPGRADE,
     CompletedInstant,
     DataFileRecord,

@@ -22,9 +22,9 @@ import pyarrow as pa
 from dbidx.data.files import INSTANT_COLUMN, read_data_file
 from dbidx.data.superseded import load_vector
 from dbidx.errors import CorruptFileError, HistoryCompactedError, SchemaError
-from dbidx.table.data_view import DvRef
-from dbidx.table.fileio import FileIO
-from dbidx.table.records import DataFileRecord
+from dbidx.storage.data_view import DvRef
+from dbidx.storage.fileio import FileIO
+from dbidx.storage.records import DataFileRecord
 
 FILE_GROUP_COLUMN = "_dbidx_file_group"  # optional in reads: the file group a row lives in
 

@@ -10,8 +10,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dbidx.errors import CorruptFileError
-from dbidx.table.fileio import DECODE_ERRORS, FileIO, file_checksum
-from dbidx.table.records import DataFileRecord
+from dbidx.storage.fileio import DECODE_ERRORS, FileIO, file_checksum
+from dbidx.storage.records import DataFileRecord
 
 INSTANT_COLUMN = "_dbidx_instant"  # written in every data file: the instant that wrote the row
 DELETED_COLUMN = "_dbidx_deleted"  # written in every data file: the row deletes its record

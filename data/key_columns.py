@@ -8,7 +8,7 @@ also keeps its keys' 32-bit hashes sorted once: finding m keys in a file of n ro
 
 Indexing the files a process did not write is what the first batch a worker runs after a large load pays (5 M keys
 per shard at 10 M rows): the sort is numpy's unstable one (0.2 s for 5 M hashes, against 0.75 s for a stable sort:
-rows of one hash value need no order), and the hash Spark's (table/keyhash.py, ~0.35 s for 5 M UUIDs).
+rows of one hash value need no order), and the hash Spark's (storage/keyhash.py, ~0.35 s for 5 M UUIDs).
 """
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dbidx.table.keyhash import spark_hash
-from dbidx.table.records import DataFileRecord
+from dbidx.storage.keyhash import spark_hash
+from dbidx.storage.records import DataFileRecord
 
 KEY_CACHE_BYTES = int(os.environ.get("DBIDX_KEY_CACHE_MB", "512")) * 2 ** 20
 

@@ -39,8 +39,8 @@ import pyarrow as pa
 import xxhash
 
 from dbidx.data.key_columns import FileKeys
-from dbidx.table.keyhash import HASH_NAME, spark_hash  # what sorted_hashes hold; any other is refused
-from dbidx.table.records import DataFileRecord
+from dbidx.storage.keyhash import HASH_NAME, spark_hash  # what sorted_hashes hold; any other is refused
+from dbidx.storage.records import DataFileRecord
 
 TRIM_EVERY = 64  # trim after saving 1/64 of the byte budget, or of MAX_FILES files
 MAX_FILES = 65_536

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 
 from dbidx.data.delta_log import DELTA_LOG_DIR, checkpoint_floor
-from dbidx.table.fileio import FileEntry, FileIO
+from dbidx.storage.fileio import FileEntry, FileIO
 
 # <version>.json, <version>.crc, <version>.checkpoint.parquet, <version>.checkpoint.<part>.<parts>.parquet,
 # <version>.checkpoint.<uuid>.(json|parquet) (V2), <from>.<to>.compacted.json (log compaction).

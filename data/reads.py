@@ -23,11 +23,11 @@ from dbidx.data.file_rows import FILE_GROUP_COLUMN, file_rows, shape_of
 from dbidx.data.files import DELETED_COLUMN, INSTANT_COLUMN, read_data_file
 from dbidx.data.schema import recorded_schema
 from dbidx.errors import CorruptFileError, InvalidInputError
-from dbidx.table.archive_retention import data_view_at
-from dbidx.table.data_view import LAYOUT_EXTRA, DataView, DvRef, LiveDataFile
-from dbidx.table.fileio import FileIO
-from dbidx.table.layout import hive_values, layout_partition_columns
-from dbidx.table.records import DataFileRecord
+from dbidx.storage.archive_retention import data_view_at
+from dbidx.storage.data_view import LAYOUT_EXTRA, DataView, DvRef, LiveDataFile
+from dbidx.storage.fileio import FileIO
+from dbidx.storage.layout import hive_values, layout_partition_columns
+from dbidx.storage.records import DataFileRecord
 
 __all__ = ["read_arrow", "record_batch_reader"]
 

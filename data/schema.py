@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from dbidx.errors import CorruptFileError, SchemaError
 
-from dbidx.table.data_view import Recorded
+from dbidx.storage.data_view import Recorded
 
 
 def encode_schema(schema: pa.Schema) -> str:

@@ -1,7 +1,7 @@
 """A Parquet file dbidx indexes by reference (a migrated source file, or a file another engine added to the Delta
 table): read once for its bytes' size and checksum (every later read verifies them), its key column and schema.
 
-Shared by build-index (mdt/build_index.py) and the absorption of other engines' versions (mdt/absorb.py): both turn
+Shared by build-index (table/build_index.py) and the absorption of other engines' versions (table/absorb.py): both turn
 a file dbidx did not write into a `DataFileRecord` of its own file group, with the same checks on its key column.
 """
 from __future__ import annotations
@@ -14,9 +14,9 @@ import pyarrow.parquet as pq
 
 from dbidx.data.files import key_range
 from dbidx.errors import CorruptFileError, InvalidInputError, InvalidKeyError
-from dbidx.table.fileio import FileIO, file_checksum
-from dbidx.table.keys import normalize_keys, unfit_key_kind, unfit_key_message
-from dbidx.table.records import DataFileRecord
+from dbidx.storage.fileio import FileIO, file_checksum
+from dbidx.storage.keys import normalize_keys, unfit_key_kind, unfit_key_message
+from dbidx.storage.records import DataFileRecord
 
 PARQUET_SUFFIX = ".parquet"
 

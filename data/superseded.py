@@ -30,10 +30,10 @@ from dbidx.data.deletion_vectors import DvFileBuilder, VectorSlot, dv_file_name,
 from dbidx.data.files import DELETED_COLUMN, read_data_file
 from dbidx.data.key_columns import KEYS, FileKeys, KeySources, KeyStore, Probe
 from dbidx.errors import CorruptFileError
-from dbidx.table import layout, markers
-from dbidx.table.data_view import DataView, DvRef
-from dbidx.table.fileio import FileIO, file_checksum
-from dbidx.table.records import DataFileRecord, DeletionVectorRecord, DvFileRecord
+from dbidx.storage import layout, markers
+from dbidx.storage.data_view import DataView, DvRef
+from dbidx.storage.fileio import FileIO, file_checksum
+from dbidx.storage.records import DataFileRecord, DeletionVectorRecord, DvFileRecord
 
 _THREADS = 8
 

@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from dbidx.buckets.assigner import BucketSpec
 from dbidx.config import CacheConfig
-from dbidx.mdt.table import Table
+from dbidx.table.facade import Table
 from dbidx.progress import Progress, null_progress
 from dbidx.spark_integration import task
 from dbidx.spark_integration.bulk import empty_table_seq, new_partitions_seq

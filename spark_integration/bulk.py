@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from dbidx.errors import InvalidInputError
-from dbidx.mdt.table import Table
+from dbidx.table.facade import Table
 
 
 def empty_table_seq(table: Table) -> int | None:

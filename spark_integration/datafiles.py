@@ -1,6 +1,6 @@
 """Data files of an upsert: one Parquet file per (partition, file group, task attempt), each announced by a marker.
 
-A task announces every file before writing it (table/markers.py); the commit lists the files of the winning attempts
+A task announces every file before writing it (storage/markers.py); the commit lists the files of the winning attempts
 only, with their size and checksum, and everything else a marker names is deleted after the commit (or all of it
 after a rollback). Readers only read files a completed commit lists, and verify their bytes first, so an orphan or
 a damaged file is never read as table data.
@@ -22,10 +22,10 @@ from dbidx.data.key_files import KEY_FILES_DIR, KeyFiles
 from dbidx.data.files import DELETED_COLUMN, INSTANT_COLUMN, data_file_path, write_data_file
 from dbidx.errors import ConfigError, DbidxError
 from dbidx.spark_integration.grouping import runs
-from dbidx.table import markers
-from dbidx.table.fileio import FileIO
-from dbidx.table.leftovers import settled_files
-from dbidx.table.records import DataFileRecord
+from dbidx.storage import markers
+from dbidx.storage.fileio import FileIO
+from dbidx.storage.leftovers import settled_files
+from dbidx.storage.records import DataFileRecord
 
 log = logging.getLogger(__name__)
 

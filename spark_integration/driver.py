@@ -20,9 +20,9 @@ from dbidx.data.schema import data_columns, encode_schema, evolve, recorded_sche
 from dbidx.errors import (
     CommitError, ConfigError, ConflictError, CorruptFileError, HistoryCompactedError, SchemaError,
 )
-from dbidx.mdt.service_settings import read_settings
-from dbidx.mdt.services import run_services
-from dbidx.mdt.table import Table
+from dbidx.table.service_settings import read_settings
+from dbidx.table.services import run_services
+from dbidx.table.facade import Table
 from dbidx.progress import Progress, Steps
 from dbidx.runner import IN_PROCESS, BySize, WorkRunner, check_written
 from dbidx.spark_integration.job_report import SHARD_FIELDS, TASK_KEY, JobResults, TaskAttempt
@@ -31,9 +31,9 @@ from dbidx.spark_integration.tagger import TagOptions
 from dbidx.spark_integration.task_errors import (
     retyped,
 )
-from dbidx.table import leftovers, markers
-from dbidx.table.data_view import LAYOUT_EXTRA, SCHEMA_EXTRA, DataView
-from dbidx.table.records import DataFileRecord, FileRecord
+from dbidx.storage import leftovers, markers
+from dbidx.storage.data_view import LAYOUT_EXTRA, SCHEMA_EXTRA, DataView
+from dbidx.storage.records import DataFileRecord, FileRecord
 
 
 
@@ -66,7 +66,7 @@ class CommitSummary(TaskCounts):
     # What Spark did to run the upsert's job (task attempts, retries, speculation, kills, executors lost:
     # job_report.SparkJobReport); None for an upsert run in process (`upsert_arrow`).
     spark: dict[str, Any] | None = None
-    # What the table services did after the publish (mdt.services.ServicesReport.to_dict(); {"error": ...} when they
+    # What the table services did after the publish (table.services.ServicesReport.to_dict(); {"error": ...} when they
     # failed, which never fails the committed upsert); None when `after_commit` is off. Returned only: the services
     # run after the completion record was written, so `dbidx commits` does not show them (their own instants do).
     services: dict[str, Any] | None = None

@@ -14,13 +14,13 @@ import pyarrow as pa
 
 from dbidx.buckets.assigner import BucketSpec
 from dbidx.config import CacheConfig
-from dbidx.mdt.table import Table
+from dbidx.table.facade import Table
 from dbidx.progress import Progress, Steps
 from dbidx.spark_integration import task
 from dbidx.spark_integration.bulk import empty_table_seq
 from dbidx.spark_integration.driver import CommitSummary, make_options, run_upsert
 from dbidx.spark_integration.tagger import ROW_ID
-from dbidx.table.keys import unfit_key_kind
+from dbidx.storage.keys import unfit_key_kind
 
 __all__ = ["upsert_arrow"]
 

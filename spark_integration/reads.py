@@ -11,8 +11,8 @@ from typing import Any, Iterable, Iterator, Sequence
 import pyarrow as pa
 
 from dbidx.data import reads
-from dbidx.mdt.table import Table
-from dbidx.table.records import ACTION_COMMIT, DataFileRecord
+from dbidx.table.facade import Table
+from dbidx.storage.records import ACTION_COMMIT, DataFileRecord
 
 __all__ = ["read_table"]
 

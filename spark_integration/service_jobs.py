@@ -21,8 +21,8 @@ from typing import Any, Iterator, Sequence
 import pyarrow as pa
 
 from dbidx.errors import CommitError
-from dbidx.mdt.services import ServicesReport
-from dbidx.mdt.table import Table
+from dbidx.table.services import ServicesReport
+from dbidx.table.facade import Table
 from dbidx.progress import Progress
 from dbidx.runner import Work
 from dbidx.spark_integration.task_errors import typed_errors

@@ -20,11 +20,11 @@ from dbidx.cache.record_cache import GLOBAL_PARTITION, RecordIndexCache
 from dbidx.config import CacheConfig
 from dbidx.counters import Counters
 from dbidx.errors import InvalidInputError, InvalidKeyError, InvalidPartitionError
-from dbidx.mdt.table import Table
-from dbidx.mdt.writer import as_key_array
+from dbidx.table.facade import Table
+from dbidx.table.writer import as_key_array
 from dbidx.spark_integration.grouping import runs
-from dbidx.table.keys import unfit_key_kind, unfit_key_message
-from dbidx.table.layout import validate_partition
+from dbidx.storage.keys import unfit_key_kind, unfit_key_message
+from dbidx.storage.layout import validate_partition
 
 TAG_PARTITION = "_dbidx_partition"  # partition path the row is written to (global-mode deletes: where the key lives)
 TAG_FILE_GROUP = "_dbidx_file_group"  # file group the row is written to (None: delete of a key not in the index)

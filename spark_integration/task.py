@@ -33,7 +33,7 @@ from dbidx.data.key_columns import KeySources
 from dbidx.data.key_files import KeyFiles
 from dbidx.data.superseded import superseded_rows
 from dbidx.errors import CacheCorruptError, CacheError, CorruptFileError, DbidxError
-from dbidx.mdt.table import Table
+from dbidx.table.facade import Table
 from dbidx.spark_integration import datafiles
 from dbidx.spark_integration.tagger import (
     ROW_ID, TAG_FILE_GROUP, TAG_IS_DELETE, TAG_IS_UPDATE, TAG_NAMES, TAG_OLD_FILE_GROUP, TAG_OLD_PARTITION,
@@ -41,7 +41,7 @@ from dbidx.spark_integration.tagger import (
 )
 from dbidx.spark_integration.task_index import stage_each_delta, write_task_index, written_paths
 from dbidx.spark_integration.task_result import ShardMetrics, TaskResult
-from dbidx.table.keyhash import shards_of_hashes, spark_hash
+from dbidx.storage.keyhash import shards_of_hashes, spark_hash
 
 REAPER_INFO = "reaper"
 _TABLES: dict[tuple[str, str], Table] = {}  # per worker process: Python workers are reused, timelines stay warm

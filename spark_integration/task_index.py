@@ -3,7 +3,7 @@
 One task serves one key shard, so it owns every index group (partition, shard) its rows fall in: it writes those
 groups' sorted delta files itself (through the MDT's EntryBuffer) and reports only their records. The driver then
 holds per task a few hundred bytes per file, never a key. Every key the task tagged is also kept, per group, for the
-publish-time conflict check (mdt/conflicts.py): the delta file serves when every tagged key of the group has an
+publish-time conflict check (index/conflicts.py): the delta file serves when every tagged key of the group has an
 entry (an initial load), else a small `touched-*.parquet` file holds them.
 """
 from __future__ import annotations
@@ -18,15 +18,15 @@ from dbidx.arrays import one_chunk
 from dbidx.cache.loading import cache_entries
 from dbidx.cache.record_cache import GLOBAL_PARTITION
 from dbidx.cache.staging import StagedLoad
-from dbidx.mdt.conflicts import TouchedKeys, write_touched_groups
-from dbidx.mdt.table import Table
-from dbidx.mdt.writer import EntryBuffer
+from dbidx.index.conflicts import TouchedKeys, write_touched_groups
+from dbidx.table.facade import Table
+from dbidx.table.writer import EntryBuffer
 from dbidx.spark_integration.grouping import runs
 from dbidx.spark_integration.tagger import (
     TAG_FILE_GROUP, TAG_IS_DELETE, TAG_IS_UPDATE, TAG_OLD_FILE_GROUP, TAG_OLD_PARTITION, TAG_PARTITION, TagOptions,
 )
-from dbidx.table import layout, markers
-from dbidx.table.records import FileRecord, PartitionChange
+from dbidx.storage import layout, markers
+from dbidx.storage.records import FileRecord, PartitionChange
 
 
 def write_task_index(table: Table, tagged: pa.Table, options: TagOptions, instant: str, attempt: int,

@@ -18,12 +18,12 @@ from pyroaring import BitMap
 
 from dbidx.cache.metrics import CacheCounters
 from dbidx.counters import gauge
-from dbidx.mdt.conflicts import TouchedKeys
+from dbidx.index.conflicts import TouchedKeys
 from dbidx.plain import plain
 from dbidx.spark_integration.job_report import TASK_KEY, TaskAttempt
 from dbidx.spark_integration.tagger import TagCounts
-from dbidx.table import layout
-from dbidx.table.records import DataFileRecord, FileRecord, PartitionChange
+from dbidx.storage import layout
+from dbidx.storage.records import DataFileRecord, FileRecord, PartitionChange
 
 RESULT_DDL = "shard int, attempt long, payload binary"
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.config import CacheConfig
-from dbidx.mdt.table import Table
+from dbidx.table.facade import Table
 
 DAY1, DAY2, DAY3 = "dt=2025-01-01", "dt=2025-01-02", "dt=2025-01-03"
 

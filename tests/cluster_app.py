@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from pyspark.sql import SparkSession
 
-    from dbidx.mdt.table import Table
+    from dbidx.table.facade import Table
     from dbidx.spark_integration.api import upsert
     from dbidx.spark_integration.reads import read_table
 

@@ -12,7 +12,7 @@ from deltalake import DeltaTable, QueryBuilder
 
 from dbidx.data import reads
 from dbidx.demo import duckdb_delta_extension
-from dbidx.mdt.table import Table
+from dbidx.table.facade import Table
 
 
 def extension_file() -> str:

@@ -5,8 +5,8 @@ import random
 from dataclasses import dataclass, field
 
 from dbidx.buckets.naming import bucket_of
-from dbidx.mdt import rli_files
-from dbidx.mdt.table import Table
+from dbidx.index import rli_files
+from dbidx.table.facade import Table
 
 SCHEMA = "id string, dt string, v long, _dbidx_delete boolean"
 DAYS = [f"2025-03-{d:02d}" for d in range(1, 9)]

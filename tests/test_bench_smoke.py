@@ -144,7 +144,7 @@ def test_soak_benchmark_runs_at_smoke_size(shared_spark_smokes, services):
 @pytest.mark.slow
 def test_service_growth_runs_at_smoke_size(tmp_path):
     """24 batches of 200 rows on 2,000 keys, windows of 8, profiled: the per-window totals, the per-service table
-    (every service's trigger measured: the wrapped functions still exist in dbidx.mdt.services) and the profile's
+    (every service's trigger measured: the wrapped functions still exist in dbidx.table.services) and the profile's
     growth tables."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     result = subprocess.run([sys.executable, str(BENCHMARKS / "service_growth.py"), "--smoke", "--profile"],

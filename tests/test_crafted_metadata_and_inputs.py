@@ -17,10 +17,10 @@ from dbidx.config import CacheConfig
 from dbidx.errors import (
     ConflictError, CorruptFileError, FormatUpgradeError, HookError, InvalidKeyError, InvalidPartitionError,
 )
-from dbidx.mdt import compaction
-from dbidx.mdt.table import Table
+from dbidx.index import compaction
+from dbidx.table.facade import Table
 from dbidx.spark_integration.local import upsert_arrow
-from dbidx.table import layout, leftovers, markers
+from dbidx.storage import layout, leftovers, markers
 
 DAY = "dt=2025-03-01"
 
@@ -264,7 +264,7 @@ def test_a_table_of_the_previous_format_is_refused_by_name(table: Table) -> None
     for old in (1, 2, 3):
         props["format_version"] = old
         Path(table.io.path(layout.PROPERTIES_FILE)).write_text(json.dumps(props))
-        if old == 3:  # convertible: the error names the command (tests/mdt/test_upgrade.py converts real ones)
+        if old == 3:  # convertible: the error names the command (tests/table/test_upgrade.py converts real ones)
             with pytest.raises(FormatUpgradeError, match="format 3 .* reads format 4 .*dbidx upgrade URI"):
                 Table.open(table.uri)
             continue

@@ -10,7 +10,7 @@ import pytest
 
 import dbidx
 
-NAMES = {"Table": "dbidx.mdt.table", "upsert": "dbidx.spark_integration.api", "tag": "dbidx.spark_integration.api",
+NAMES = {"Table": "dbidx.table.facade", "upsert": "dbidx.spark_integration.api", "tag": "dbidx.spark_integration.api",
          "bulk_insert": "dbidx.spark_integration.api", "upsert_arrow": "dbidx.spark_integration.local",
          "read_table": "dbidx.spark_integration.reads", "read_arrow": "dbidx.data.reads",
          "BucketSpec": "dbidx.buckets.assigner", "CacheConfig": "dbidx.config", "DbidxError": "dbidx.errors"}
@@ -49,9 +49,9 @@ def test_importing_dbidx_loads_neither_pyspark_nor_the_library() -> None:
     assert out[1] == "False True", out
 
 
-@pytest.mark.parametrize("module", ["dbidx.mdt.table", "dbidx.spark_integration.api", "dbidx.spark_integration.local",
-                                    "dbidx.spark_integration.reads", "dbidx.data.reads", "dbidx.config",
-                                    "dbidx.errors", "dbidx.buckets.assigner"])
+@pytest.mark.parametrize("module", ["dbidx.table.facade", "dbidx.spark_integration.api",
+                                    "dbidx.spark_integration.local", "dbidx.spark_integration.reads",
+                                    "dbidx.data.reads", "dbidx.config", "dbidx.errors", "dbidx.buckets.assigner"])
 def test_user_facing_modules_say_what_they_export(module: str) -> None:
     """`__all__` on each module the front door reads from: every name exists, and the front door's own names from
     that module are among them."""

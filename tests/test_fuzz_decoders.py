@@ -16,12 +16,12 @@ from hypothesis import strategies as st
 from dbidx.bootstrap.partition_dates import compile_pattern, partition_time
 from dbidx.cache import codec
 from dbidx.errors import DbidxError
-from dbidx.mdt import rli_files
-from dbidx.table import layout
-from dbidx.table.fileio import FileIO, file_checksum
-from dbidx.table.keys import normalize_keys
-from dbidx.table.records import CompletedInstant, _record_checksum
-from dbidx.table.timeline import Timeline
+from dbidx.index import rli_files
+from dbidx.storage import layout
+from dbidx.storage.fileio import FileIO, file_checksum
+from dbidx.storage.keys import normalize_keys
+from dbidx.storage.records import CompletedInstant, _record_checksum
+from dbidx.storage.timeline import Timeline
 
 pytestmark = pytest.mark.slow
 # derandomize: the same examples in every run, so CI on a fresh clone sees what the last local run saw. 3,000 per

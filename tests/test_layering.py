@@ -14,11 +14,11 @@ ROOT = Path(__file__).resolve().parents[1]
 # floor without being one package (the base modules, the CLI's) may import each other; the circle check covers them.
 FLOORS = {
     # The package itself is the front door (`from dbidx import Table, upsert, ...`): it sits above every floor.
-    "dbidx": 9, "dbidx.version": 0, "dbidx.errors": 0, "dbidx.config": 0, "dbidx.counters": 0, "dbidx.progress": 0,
+    "dbidx": 10, "dbidx.version": 0, "dbidx.errors": 0, "dbidx.config": 0, "dbidx.counters": 0, "dbidx.progress": 0,
     "dbidx.charts": 0, "dbidx.arrays": 0, "dbidx.runner": 0, "dbidx.plain": 0,
-    "dbidx.table": 1, "dbidx.data": 2, "dbidx.mdt": 3, "dbidx.buckets": 4, "dbidx.cache": 5, "dbidx.bootstrap": 6,
-    "dbidx.spark_integration": 7,
-    "dbidx.cli": 8, "dbidx.cli_cache": 8, "dbidx.cli_services": 8, "dbidx.cli_output": 8, "dbidx.demo": 8,
+    "dbidx.storage": 1, "dbidx.data": 2, "dbidx.index": 3, "dbidx.table": 4, "dbidx.buckets": 5, "dbidx.cache": 6,
+    "dbidx.bootstrap": 7, "dbidx.spark_integration": 8,
+    "dbidx.cli": 9, "dbidx.cli_cache": 9, "dbidx.cli_services": 9, "dbidx.cli_output": 9, "dbidx.demo": 9,
 }
 NOT_PACKAGED = {"tests", "benchmarks", "tools", "docs", ".venv", "build", "dist", ".git"}
 
@@ -106,7 +106,7 @@ def test_only_the_spark_glue_imports_pyspark() -> None:
 def test_the_rules_see_the_package() -> None:
     """The checks above read real modules with real imports (so an empty walk cannot pass them)."""
     known = modules()
-    assert {"dbidx.table.timeline", "dbidx.data.reads", "dbidx.mdt.table", "dbidx.cache.record_cache",
+    assert {"dbidx.storage.timeline", "dbidx.data.reads", "dbidx.table.facade", "dbidx.cache.record_cache",
             "dbidx.spark_integration.api", "dbidx.cli"} <= set(known)
-    assert "dbidx.table.timeline" in imports_of("dbidx.mdt.table", known["dbidx.mdt.table"], known)
+    assert "dbidx.storage.timeline" in imports_of("dbidx.table.facade", known["dbidx.table.facade"], known)
 

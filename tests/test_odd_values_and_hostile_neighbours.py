@@ -16,10 +16,10 @@ from dbidx.data.reads import read_arrow
 from dbidx.errors import (
     ConfigError, CorruptFileError, InstantStateError, InvalidInputError, InvalidKeyError, InvalidPartitionError,
 )
-from dbidx.mdt.table import Table
-from dbidx.mdt.verify_table import verify_table
+from dbidx.table.facade import Table
+from dbidx.table.verify_table import verify_table
 from dbidx.spark_integration.local import upsert_arrow
-from dbidx.table import layout, markers
+from dbidx.storage import layout, markers
 
 
 def rows(ids: list[str], day: str = "2025-03-01", v: int = 1) -> pa.Table:

@@ -7,7 +7,7 @@ from typing import Any
 
 from dbidx.cache.registry import PartitionState
 from dbidx.plain import plain
-from dbidx.table.records import DataFileRecord, DeletionVectorRecord, DvFileRecord
+from dbidx.storage.records import DataFileRecord, DeletionVectorRecord, DvFileRecord
 
 
 @dataclass

@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from pyspark.sql import SparkSession
 
-    from dbidx.mdt.table import Table
+    from dbidx.table.facade import Table
     from dbidx.spark_integration.api import upsert
 
     spark = SparkSession.builder.appName("dbidx-upsert-example").getOrCreate()

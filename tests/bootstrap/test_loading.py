@@ -18,7 +18,7 @@ from dbidx.cache.registry import table_cache_dir_name
 from dbidx.cache.verify import verify
 from dbidx.config import CacheConfig
 from dbidx.errors import CacheMismatchError, InvalidInputError
-from dbidx.mdt.table import Table
+from dbidx.table.facade import Table
 
 from tests.cache_helpers import open_cache, random_uuids
 
@@ -216,7 +216,7 @@ def test_an_on_demand_load_of_a_missing_partition_is_ready_and_empty(table, tmp_
 _KILL_SCRIPT = """
 import sys, time
 from dbidx.bootstrap.time_bounded import bootstrap
-from dbidx.mdt.table import Table
+from dbidx.table.facade import Table
 
 def progress(done, total, step, rows):
     print("LOADED", step, flush=True)

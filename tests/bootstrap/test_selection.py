@@ -8,7 +8,7 @@ import pytest
 from dbidx.bootstrap.partition_dates import partition_time
 from dbidx.bootstrap.selection import BY_COMMIT, BY_PATH, select_partitions
 from dbidx.errors import ConfigError, InvalidInputError
-from dbidx.table.file_view import PartitionStats
+from dbidx.storage.index_view import PartitionStats
 
 DAY = datetime(2025, 1, 15, tzinfo=timezone.utc)
 HOUR7 = datetime(2025, 1, 15, 7, tzinfo=timezone.utc)

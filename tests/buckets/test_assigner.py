@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from dbidx.buckets.assigner import BucketSpec, DynamicBucketAssigner, SimpleBucketAssigner
 from dbidx.buckets.naming import bucket_of, file_group_id
 from dbidx.errors import ConfigError, InvalidInputError
-from dbidx.table.keyhash import shard_of
+from dbidx.storage.keyhash import shard_of
 
 
 def keys(n: int, prefix: str = "k") -> pa.Array:

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from dbidx.cache import change_writes, registry
 from dbidx.cache.changes import last_per_key, plan_changes
 from dbidx.cache.codec import encode_keys_binary
-from dbidx.mdt.table import Table
+from dbidx.table.facade import Table
 
 from tests.cache_helpers import DAY1, make_table, open_cache
 

@@ -19,7 +19,7 @@ from dbidx.cache.store import directory_bytes
 from dbidx.config import CacheConfig
 from dbidx.data import reads
 from dbidx.data.key_files import KEY_FILES_DIR, KeyFiles, finished_files, wait_for_saves
-from dbidx.mdt.table import Table
+from dbidx.table.facade import Table
 from dbidx.spark_integration.local import upsert_arrow
 
 from tests.cache_helpers import open_cache, random_uuids

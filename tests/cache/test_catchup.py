@@ -10,8 +10,8 @@ from dbidx.cache.loading import load_from_snapshot
 from dbidx.cache.record_cache import GLOBAL_PARTITION
 from dbidx.cache.verify import verify
 from dbidx.errors import HistoryCompactedError
-from dbidx.mdt.compaction import clean, compact
-from dbidx.mdt.table import Table
+from dbidx.index.compaction import clean, compact
+from dbidx.table.facade import Table
 
 from tests.cache_helpers import DAY1, DAY2, DAY3, make_table, open_cache, truth
 

@@ -16,7 +16,7 @@ from dbidx.cache.catchup import sync
 from dbidx.cache.loading import load_from_snapshot
 from dbidx.cache.reaper import reap
 from dbidx.cache.verify import verify
-from dbidx.mdt.table import Table
+from dbidx.table.facade import Table
 
 from tests.cache_helpers import DAY1, DAY2, DAY3, make_table, open_cache, truth
 
@@ -29,7 +29,7 @@ CHILD = textwrap.dedent("""
     from dbidx.cache.loading import load_from_snapshot
     from dbidx.cache.record_cache import RecordIndexCache
     from dbidx.config import CacheConfig
-    from dbidx.mdt.table import Table
+    from dbidx.table.facade import Table
 
     table = Table.open(sys.argv[1])
     mode = sys.argv[3]

@@ -14,7 +14,7 @@ from dbidx.cache.catchup import sync
 from dbidx.cache.loading import snapshot_entries
 from dbidx.cache.record_cache import GLOBAL_PARTITION, RecordIndexCache
 from dbidx.config import CacheConfig
-from dbidx.mdt.table import Table
+from dbidx.table.facade import Table
 from dbidx.spark_integration.local import upsert_arrow
 
 from tests.data.test_compaction import as_arrow, current
@@ -92,7 +92,7 @@ def test_stage_loads_false_stages_nothing(tmp_path: Path) -> None:
 
 
 def test_a_rolled_back_loads_staging_is_discarded_and_never_installed(tmp_path: Path, monkeypatch) -> None:
-    from dbidx.mdt.writer import CommitWriter
+    from dbidx.table.writer import CommitWriter
 
     def fail(*_args, **_kwargs):
         raise RuntimeError("publish failed")

@@ -17,7 +17,7 @@ from dbidx.cache.reaper import sweep_abandoned
 from dbidx.cli import main
 from dbidx.data.key_columns import FileKeys
 from dbidx.data.key_files import KEY_FILES_DIR, KeyFiles
-from dbidx.table.records import DataFileRecord
+from dbidx.storage.records import DataFileRecord
 
 from tests.cache_helpers import DAY1, DAY2, make_table, open_cache
 

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from dbidx import __version__
 from dbidx.cli import main
-from dbidx.mdt.table import Table
+from dbidx.table.facade import Table
 
 
 @pytest.fixture()

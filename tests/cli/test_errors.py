@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from dbidx.cli import main
-from dbidx.mdt.table import Table
+from dbidx.table.facade import Table
 
 TABLE_COMMANDS = [
     ["init", "{t}"],

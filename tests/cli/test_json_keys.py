@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from dbidx.cli import main
 from dbidx.config import CacheConfig
-from dbidx.mdt.table import Table
+from dbidx.table.facade import Table
 from dbidx.spark_integration.local import upsert_arrow
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "CLI.md"

@@ -18,14 +18,14 @@ from dbidx.cache.inspect import find_cache_dirs
 from dbidx.cli import main
 from dbidx.config import CacheConfig
 from dbidx.errors import UnsafeConcurrencyError
-from dbidx.mdt.build_index import build_index
-from dbidx.mdt.table import Table
-from dbidx.mdt.upgrade import upgrade_table
+from dbidx.table.build_index import build_index
+from dbidx.table.facade import Table
+from dbidx.table.upgrade import upgrade_table
 from dbidx.spark_integration.local import upsert_arrow
-from dbidx.table import markers
+from dbidx.storage import markers
 
 from tests.bootstrap.test_loading import make_daily_table
-from tests.mdt.test_upgrade import unpack
+from tests.table.test_upgrade import unpack
 
 DAYS = ("2025-01-01", "2025-01-02", "2025-01-03")
 

@@ -8,11 +8,11 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from dbidx.cli import main
-from dbidx.mdt import service_settings
-from dbidx.mdt.service_settings import SERVICES_FILE, ServiceSettings
-from dbidx.mdt.table import Table
+from dbidx.table import service_settings
+from dbidx.table.service_settings import SERVICES_FILE, ServiceSettings
+from dbidx.table.facade import Table
 
-from tests.mdt.test_services import SMALL, Writer, live_data_files
+from tests.table.test_services import SMALL, Writer, live_data_files
 
 
 def test_table_methods(tmp_path: Path) -> None:

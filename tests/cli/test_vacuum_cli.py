@@ -9,10 +9,10 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from dbidx.cli import main
-from dbidx.mdt.table import Table
-from dbidx.mdt.verify_table import verify_table
+from dbidx.table.facade import Table
+from dbidx.table.verify_table import verify_table
 
-from tests.mdt.test_vacuum import DAY_S, PLAIN, SPACED, Scene
+from tests.table.test_vacuum import DAY_S, PLAIN, SPACED, Scene
 
 
 KEYS = {"uri", "retention_hours", "dry_run", "deleted", "bytes", "protected", "seconds"}

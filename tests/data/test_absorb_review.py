@@ -17,10 +17,10 @@ from deltalake import DeltaTable, write_deltalake
 from dbidx.config import CacheConfig
 from dbidx.data import reads
 from dbidx.errors import DeltaFeatureError
-from dbidx.mdt.table import Table
-from dbidx.mdt.verify_table import verify_table
+from dbidx.table.facade import Table
+from dbidx.table.verify_table import verify_table
 from dbidx.spark_integration.local import upsert_arrow
-from dbidx.table import layout
+from dbidx.storage import layout
 
 from tests.delta_readers import assert_readers_agree, via_dbidx, via_deltalake, via_duckdb
 
@@ -231,7 +231,7 @@ def test_two_tables_absorbing_the_same_run_at_once_publish_it_once(tmp_path: Pat
     """Both build the run's records (a barrier holds each right after building), then race to publish: the run is
     published once, the loser leaves no claim or index file behind, and the table reads right. (A run without
     inserted keys: with them the loser can fail, see the xfail test of _reject_live below.)"""
-    from dbidx.mdt import absorb
+    from dbidx.table import absorb
 
     w = Writer(tmp_path)
     DeltaTable(w.path).optimize.compact()
@@ -361,7 +361,7 @@ def test_a_partition_value_with_a_colon_after_a_delta_rs_update(tmp_path: Path) 
 def test_an_absorber_that_loses_the_race_for_an_append_does_not_report_duplicates(tmp_path: Path,
                                                                                   monkeypatch: pytest.MonkeyPatch
                                                                                   ) -> None:
-    from dbidx.mdt import absorb
+    from dbidx.table import absorb
 
     w = Writer(tmp_path)
     write_deltalake(w.path, arrow([("a1", "d1", 1), ("a2", "d2", 2)]), partition_by=["dt"], mode="append")

@@ -30,12 +30,12 @@ from deltalake import DeltaTable, write_deltalake
 
 from dbidx.config import CacheConfig
 from dbidx.data.delta_log import listed_versions, version_file
-from dbidx.mdt.absorb import run_in_progress
-from dbidx.mdt.table import Table
-from dbidx.mdt.verify_table import verify_table
+from dbidx.table.absorb import run_in_progress
+from dbidx.table.facade import Table
+from dbidx.table.verify_table import verify_table
 from dbidx.spark_integration.local import upsert_arrow
-from dbidx.table import layout
-from dbidx.table.records import ACTION_ROLLBACK
+from dbidx.storage import layout
+from dbidx.storage.records import ACTION_ROLLBACK
 
 from tests.data.test_delta_adopt import _delete_rows, _log
 from tests.delta_readers import assert_readers_agree
@@ -49,10 +49,10 @@ CHILD = textwrap.dedent("""
     import json, os, re, signal, sys
     import pyarrow as pa
     from dbidx.config import CacheConfig
-    from dbidx.mdt.table import Table
+    from dbidx.table.facade import Table
     from dbidx.spark_integration.local import upsert_arrow
-    from dbidx.table.fileio import FileIO
-    from dbidx.table.timeline import Timeline
+    from dbidx.storage.fileio import FileIO
+    from dbidx.storage.timeline import Timeline
 
     path, cache, method, pattern, when, nth, action, batch = sys.argv[1:9]
     nth, seen = int(nth), [0]
@@ -419,7 +419,7 @@ def test_dbidx_rollback_of_a_writer_killed_after_its_delta_put_is_refused(childr
 
 def test_a_failed_record_create_after_the_delta_put_keeps_the_committed_batch(template: Scene, tmp_path: Path,
                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    from dbidx.table.fileio import FileIO
+    from dbidx.storage.fileio import FileIO
 
     scene = copy_scene(template, tmp_path)
     real = FileIO.create_exclusive

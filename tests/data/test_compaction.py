@@ -11,10 +11,10 @@ from dbidx.buckets.assigner import BucketSpec
 from dbidx.config import CacheConfig
 from dbidx.data import compaction as data_compaction, reads
 from dbidx.errors import CorruptFileError
-from dbidx.mdt.table import Table
-from dbidx.mdt.verify_table import verify_table
+from dbidx.table.facade import Table
+from dbidx.table.verify_table import verify_table
 from dbidx.spark_integration.local import upsert_arrow
-from dbidx.table.data_view import DataView
+from dbidx.storage.data_view import DataView
 
 from tests.spark_helpers import Oracle, random_batch
 
@@ -129,7 +129,7 @@ def test_a_compaction_published_between_snapshot_and_start_is_a_conflict(tmp_pat
     """Another compaction (and an upsert) landing after this compaction planned, before it started: this one must
     publish nothing, and the upsert's newer row must stay the answer."""
     from dbidx.errors import ConflictError
-    from dbidx.table import timeline as timeline_module
+    from dbidx.storage import timeline as timeline_module
 
     table = Table.create(str(tmp_path / "t"), num_shards=1)
     other = Table.open(table.uri)

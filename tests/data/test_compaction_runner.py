@@ -14,12 +14,12 @@ import pytest
 from dbidx.buckets.assigner import BucketSpec
 from dbidx.config import CacheConfig
 from dbidx.errors import CommitError
-from dbidx.mdt.service_settings import write_settings
-from dbidx.mdt.table import Table
-from dbidx.mdt.verify_table import verify_table
+from dbidx.table.service_settings import write_settings
+from dbidx.table.facade import Table
+from dbidx.table.verify_table import verify_table
 from dbidx.runner import Work
 from dbidx.spark_integration.local import upsert_arrow
-from dbidx.table import markers
+from dbidx.storage import markers
 
 from tests.data.test_compaction import as_arrow, current, data_files_on_disk
 from tests.spark_helpers import Oracle, random_batch
@@ -172,8 +172,8 @@ def test_spark_jobs_off_keeps_the_pieces_in_the_driver(tmp_path: Path, services_
 def _unit(sizes: list[int], deleted: dict[int, int] | None = None) -> Any:
     """A file group of files of these sizes (100 rows each), file i with deleted[i] rows in its vector."""
     from dbidx.data.reads import ReadUnit
-    from dbidx.table.data_view import DvRef
-    from dbidx.table.records import DataFileRecord, DeletionVectorRecord, DvFileRecord
+    from dbidx.storage.data_view import DvRef
+    from dbidx.storage.records import DataFileRecord, DeletionVectorRecord, DvFileRecord
 
     files = tuple(DataFileRecord(f"dt=x/g_{i:017d}_0.parquet", "dt=x", "g", 100, size, "xxh64:" + "0" * 16)
                   for i, size in enumerate(sizes))

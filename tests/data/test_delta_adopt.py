@@ -19,9 +19,9 @@ from dbidx.cli import main
 from dbidx.config import CacheConfig
 from dbidx.data.deletion_vectors import DvFileBuilder, dv_file_name, encode_vector, inline_form, z85_encode
 from dbidx.errors import DeltaFeatureError, ForeignCommitError
-from dbidx.mdt.build_index import build_index
-from dbidx.mdt.table import Table
-from dbidx.mdt.verify_table import verify_table
+from dbidx.table.build_index import build_index
+from dbidx.table.facade import Table
+from dbidx.table.verify_table import verify_table
 from dbidx.spark_integration.local import upsert_arrow
 
 from tests.delta_readers import assert_readers_agree
@@ -172,7 +172,7 @@ def test_a_commit_another_engine_makes_during_the_adoption_refuses_it(tmp_path: 
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """The other engine appends while build-index reads the snapshot: nothing is published (the adoption would miss
     that commit's rows), and build-index again adopts the newer version."""
-    from dbidx.mdt import build_index as adoption
+    from dbidx.table import build_index as adoption
 
     path = tmp_path / "t"
     write_deltalake(str(path), pa.table({"id": ["a"], "dt": ["d"], "v": pa.array([1], pa.int64())}),

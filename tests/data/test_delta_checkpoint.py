@@ -18,8 +18,8 @@ from dbidx.data.delta_checkpoint import COMPRESSION, _check_same_state, _strip_i
     write_delta_checkpoint
 from dbidx.data.delta_log import DELTA_LOG_DIR, checkpoint_pointer
 from dbidx.errors import CorruptFileError
-from dbidx.mdt.table import Table
-from dbidx.mdt.verify_table import verify_table
+from dbidx.table.facade import Table
+from dbidx.table.verify_table import verify_table
 from dbidx.spark_integration.local import upsert_arrow
 
 from tests.delta_readers import assert_readers_agree, via_deltalake

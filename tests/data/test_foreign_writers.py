@@ -17,8 +17,8 @@ from deltalake import DeltaTable, write_deltalake
 from dbidx.config import CacheConfig
 from dbidx.data import delta_log, reads
 from dbidx.errors import ConflictError, DeltaFeatureError, ForeignDuplicateError
-from dbidx.mdt.table import Table
-from dbidx.mdt.verify_table import verify_table
+from dbidx.table.facade import Table
+from dbidx.table.verify_table import verify_table
 from dbidx.spark_integration.local import upsert_arrow
 
 from tests.data.test_delta_adopt import _delete_rows, _log
@@ -249,7 +249,7 @@ def test_a_duplicate_then_readopt_rebuilds_the_index_from_the_current_snapshot(t
 
 
 def test_a_changed_partitioning_is_refused_by_name_and_readopt_takes_it(tmp_path: Path) -> None:
-    from dbidx.mdt.readopt import readopt
+    from dbidx.table.readopt import readopt
 
     w = Writer(tmp_path)
     rows = arrow([("x", "d1", 1), ("y", "d2", 2)])
@@ -295,7 +295,7 @@ def test_a_commit_staged_by_a_writer_that_died_is_published_by_the_next(tmp_path
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """The writer put its Delta version (the commit point) and died before publishing its record: the next reader
     publishes the record from the staged copy, so dbidx and the Delta readers never disagree for long."""
-    from dbidx.table import timeline as timeline_module
+    from dbidx.storage import timeline as timeline_module
 
     w = Writer(tmp_path)
     real = timeline_module.Timeline._after_publish
@@ -475,7 +475,7 @@ def test_versions_a_log_cleanup_expired_before_dbidx_absorbed_them(tmp_path: Pat
 
 
 def test_a_dead_absorbers_claim_and_files_are_swept_after_an_hour(tmp_path: Path) -> None:
-    from dbidx.table import layout
+    from dbidx.storage import layout
 
     w = Writer(tmp_path)
     table = Table.open(w.path)
@@ -513,7 +513,7 @@ def test_a_killed_writers_pending_attempt_is_shown_with_its_writer_age_files_and
         import os, signal
         import pyarrow as pa
         from dbidx.config import CacheConfig
-        from dbidx.mdt.table import Table
+        from dbidx.table.facade import Table
         from dbidx.spark_integration import task
         from dbidx.spark_integration.local import upsert_arrow
         real, calls = task.upsert_batches, []

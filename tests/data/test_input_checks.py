@@ -23,8 +23,8 @@ from dbidx.data.deletion_vectors import DvFileBuilder, encode_vector, inline_for
 from dbidx.errors import (
     CorruptFileError, DeltaFeatureError, InvalidInputError, InvalidPartitionError, SchemaError,
 )
-from dbidx.mdt.build_index import build_index
-from dbidx.mdt.table import Table
+from dbidx.table.build_index import build_index
+from dbidx.table.facade import Table
 from dbidx.spark_integration.local import upsert_arrow
 
 from tests.delta_readers import assert_readers_agree

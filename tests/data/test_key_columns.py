@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dbidx.data.key_columns import FileKeys, KeyColumns, Probe
-from dbidx.table.records import DataFileRecord
+from dbidx.storage.records import DataFileRecord
 
 WORDS = st.text(alphabet="abcé\x00", min_size=0, max_size=6)
 

@@ -19,7 +19,7 @@ import xxhash
 from dbidx.data import key_files
 from dbidx.data.key_columns import FileKeys, KeyColumns, KeySources, Probe
 from dbidx.data.key_files import KeyFiles, sweep_unused
-from dbidx.table.records import DataFileRecord
+from dbidx.storage.records import DataFileRecord
 
 
 def record(rows: int, n: int = 0) -> DataFileRecord:

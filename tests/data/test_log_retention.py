@@ -14,12 +14,12 @@ from dbidx.config import CacheConfig
 from dbidx.data.delta_log import DELTA_LOG_DIR, delta_checkpoint, listed_versions
 from dbidx.data.log_retention import still_young, LogExpiry, complete_checkpoints, expire_log
 from dbidx.errors import CorruptFileError
-from dbidx.mdt.service_settings import write_settings
-from dbidx.mdt.services import run_services
-from dbidx.mdt.table import Table
-from dbidx.mdt.verify_table import verify_table
+from dbidx.table.service_settings import write_settings
+from dbidx.table.services import run_services
+from dbidx.table.facade import Table
+from dbidx.table.verify_table import verify_table
 from dbidx.spark_integration.local import upsert_arrow
-from dbidx.table.fileio import FileEntry
+from dbidx.storage.fileio import FileEntry
 
 from tests.delta_readers import assert_readers_agree, via_deltalake, via_polars
 

@@ -14,9 +14,9 @@ from dbidx.buckets.assigner import BucketSpec
 from dbidx.config import CacheConfig
 from dbidx.data import compaction as data_compaction, delta_log, reads
 from dbidx.errors import CorruptFileError, HistoryCompactedError, InvalidInputError
-from dbidx.mdt.build_index import build_index
-from dbidx.mdt.table import Table
-from dbidx.mdt.verify_table import verify_table
+from dbidx.table.build_index import build_index
+from dbidx.table.facade import Table
+from dbidx.table.verify_table import verify_table
 from dbidx.spark_integration.local import upsert_arrow
 
 from tests.delta_readers import assert_readers_agree, via_deltalake, via_polars
@@ -174,7 +174,7 @@ def test_a_crashed_upsert_rolled_back_leaves_no_file_and_readers_agree(tmp_path:
     from click.testing import CliRunner
 
     from dbidx.cli import main
-    from dbidx.mdt.writer import CommitWriter
+    from dbidx.table.writer import CommitWriter
     from dbidx.spark_integration import driver
 
     table = twice_updated(tmp_path, ("d1", "d2"))
@@ -434,7 +434,7 @@ def test_a_hive_partition_value_holding_a_slash_is_refused(tmp_path: Path) -> No
     `dt=x`: refused before anything is written; the same values as plain paths (hive_style=False) are fine, and
     Delta's partitionValues of a one-column layout hold the whole value."""
     from dbidx.errors import InvalidPartitionError
-    from dbidx.table.layout import hive_values
+    from dbidx.storage.layout import hive_values
 
     table = Table.create(str(tmp_path / "t"), num_shards=1)
     config = CacheConfig(base_path=str(tmp_path / "cache"))

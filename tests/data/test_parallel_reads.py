@@ -13,7 +13,7 @@ from dbidx.data import reads
 from dbidx.data.file_rows import FILE_GROUP_COLUMN
 from dbidx.data.files import INSTANT_COLUMN
 from dbidx.errors import CorruptFileError
-from dbidx.mdt.table import Table
+from dbidx.table.facade import Table
 from dbidx.spark_integration.local import upsert_arrow
 
 

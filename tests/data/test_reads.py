@@ -10,7 +10,7 @@ import pytest
 from dbidx.config import CacheConfig
 from dbidx.data import reads
 from dbidx.errors import SchemaError
-from dbidx.mdt.table import Table
+from dbidx.table.facade import Table
 from dbidx.spark_integration.local import upsert_arrow
 
 
@@ -144,7 +144,7 @@ def test_a_migrated_table_is_table_data(spark, tmp_path: Path) -> None:
     import pandas as pd
     import pyarrow.parquet as pq
 
-    from dbidx.mdt.build_index import build_index
+    from dbidx.table.build_index import build_index
     from dbidx.spark_integration.api import upsert
     from dbidx.spark_integration.reads import read_table
 

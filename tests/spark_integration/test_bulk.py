@@ -10,8 +10,8 @@ import pytest
 from dbidx.config import CacheConfig
 from dbidx.data import reads
 from dbidx.errors import ConflictError, InvalidInputError
-from dbidx.mdt.table import Table
-from dbidx.mdt.verify_table import verify_table
+from dbidx.table.facade import Table
+from dbidx.table.verify_table import verify_table
 from dbidx.spark_integration import task
 from dbidx.spark_integration.bulk import empty_table_seq, new_partitions_seq
 from dbidx.spark_integration.local import upsert_arrow

@@ -23,7 +23,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from dbidx.table.keyhash import spark_hash_one
+from dbidx.storage.keyhash import spark_hash_one
 
 from tests.cluster_harness import StandaloneCluster, WorkerNode, java_missing, run_driver
 

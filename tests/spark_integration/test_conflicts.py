@@ -15,13 +15,13 @@ from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.cache.verify import verify
 from dbidx.config import CacheConfig
 from dbidx.errors import CommitError, ConflictError
-from dbidx.mdt.table import Table
+from dbidx.table.facade import Table
 from dbidx.spark_integration import api
 from dbidx.spark_integration.api import upsert
 from dbidx.spark_integration.reads import read_table
-from dbidx.table import markers
-from dbidx.table.keyhash import shard_of_one
-from dbidx.table.records import ACTION_ROLLBACK
+from dbidx.storage import markers
+from dbidx.storage.keyhash import shard_of_one
+from dbidx.storage.records import ACTION_ROLLBACK
 
 from tests.delta_readers import assert_readers_agree
 from tests.spark_helpers import SCHEMA, index_state

@@ -15,7 +15,7 @@ import pytest
 
 from dbidx.config import CacheConfig
 from dbidx.errors import CommitError
-from dbidx.mdt.table import Table
+from dbidx.table.facade import Table
 from dbidx.spark_integration import job_report, task
 from dbidx.spark_integration.driver import commit_results
 from dbidx.spark_integration.job_report import (
@@ -24,7 +24,7 @@ from dbidx.spark_integration.job_report import (
 from dbidx.spark_integration.local import upsert_arrow
 from dbidx.spark_integration.tagger import TagOptions
 from dbidx.spark_integration.task_result import pack_payload
-from dbidx.table.records import ACTION_ROLLBACK
+from dbidx.storage.records import ACTION_ROLLBACK
 
 GOOD = {"attempt_number": 1, "stage_id": 7, "host": "worker-3.example"}
 T0 = "2025-01-15T10:00:00.000GMT"

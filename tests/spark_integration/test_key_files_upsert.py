@@ -13,7 +13,7 @@ from dbidx.config import CacheConfig
 from dbidx.data import reads, superseded
 from dbidx.data.key_columns import KeyColumns
 from dbidx.data.key_files import KEY_FILES_DIR, wait_for_saves
-from dbidx.mdt.table import Table
+from dbidx.table.facade import Table
 from dbidx.spark_integration.local import upsert_arrow
 
 

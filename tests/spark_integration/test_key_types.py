@@ -11,8 +11,8 @@ import pytest
 
 from dbidx.config import CacheConfig
 from dbidx.errors import InvalidKeyError
-from dbidx.mdt.build_index import build_index
-from dbidx.mdt.table import Table
+from dbidx.table.build_index import build_index
+from dbidx.table.facade import Table
 from dbidx.spark_integration.local import upsert_arrow
 from dbidx.spark_integration.tagger import TagOptions
 

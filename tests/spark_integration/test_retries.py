@@ -18,16 +18,16 @@ from dbidx.cli import main
 from dbidx.config import CacheConfig
 from dbidx.data.schema import encode_schema
 from dbidx.errors import CommitError, HookError, InvalidInputError, InvalidKeyError
-from dbidx.mdt.table import Table
+from dbidx.table.facade import Table
 from dbidx.spark_integration import api, task
 from dbidx.spark_integration.api import tag, upsert
 from dbidx.spark_integration.driver import _check_layout_and_schema, commit_results
 from dbidx.spark_integration.reads import committed_data_files, read_table
 from dbidx.spark_integration.tagger import TagOptions
 from dbidx.spark_integration.task_result import ShardMetrics, TaskResult, pack_payload, unpack_result
-from dbidx.table import leftovers, markers
-from dbidx.table.data_view import SCHEMA_EXTRA
-from dbidx.table.records import ACTION_ROLLBACK
+from dbidx.storage import leftovers, markers
+from dbidx.storage.data_view import SCHEMA_EXTRA
+from dbidx.storage.records import ACTION_ROLLBACK
 
 from tests.delta_readers import assert_readers_agree
 from tests.spark_helpers import SCHEMA, Oracle, index_state

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from dbidx.config import CacheConfig
-from dbidx.mdt.service_settings import write_settings
-from dbidx.mdt.table import Table
+from dbidx.table.service_settings import write_settings
+from dbidx.table.facade import Table
 from dbidx.data import reads
 from dbidx.errors import CorruptFileError
 from dbidx.spark_integration.api import maintain, upsert

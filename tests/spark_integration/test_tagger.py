@@ -14,13 +14,13 @@ from dbidx.buckets.assigner import BucketSpec
 from dbidx.buckets.naming import bucket_of
 from dbidx.config import CacheConfig
 from dbidx.errors import InvalidInputError
-from dbidx.mdt.table import Table
+from dbidx.table.facade import Table
 from dbidx.spark_integration import tagger as tagger_module
 from dbidx.spark_integration.tagger import (
     TAG_FILE_GROUP, TAG_IS_DELETE, TAG_IS_UPDATE, TAG_PARTITION, ShardTagger, TagOptions, all_distinct,
     file_group_column, latest_per_key,
 )
-from dbidx.table.keyhash import shard_of, spark_hash
+from dbidx.storage.keyhash import shard_of, spark_hash
 
 
 @settings(max_examples=150, deadline=None)

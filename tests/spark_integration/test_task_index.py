@@ -9,12 +9,12 @@ import pytest
 
 from dbidx.config import CacheConfig
 from dbidx.errors import InvalidPartitionError
-from dbidx.mdt import rli_files
-from dbidx.mdt.table import Table
-from dbidx.mdt.writer import CommitWriter
+from dbidx.index import rli_files
+from dbidx.table.facade import Table
+from dbidx.table.writer import CommitWriter
 from dbidx.spark_integration.tagger import TAG_FIELDS, TagOptions
 from dbidx.spark_integration.task_index import write_task_index
-from dbidx.table import markers
+from dbidx.storage import markers
 
 
 def tagged_rows(rows: list[tuple[str, str, str | None, bool, bool]]) -> pa.Table:

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 
 from dbidx.config import CacheConfig
-from dbidx.mdt.table import Table
+from dbidx.table.facade import Table
 from dbidx.spark_integration import task
 from dbidx.spark_integration.job_report import TaskAttempt
 from dbidx.spark_integration.local import upsert_arrow

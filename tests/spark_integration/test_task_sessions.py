@@ -15,7 +15,7 @@ from dbidx.cache.store import lock_path
 from dbidx.config import CacheConfig
 from dbidx.data.reads import read_arrow
 from dbidx.errors import InvalidKeyError
-from dbidx.mdt.table import Table
+from dbidx.table.facade import Table
 from dbidx.spark_integration import task
 from dbidx.spark_integration.local import upsert_arrow
 from dbidx.spark_integration.tagger import TagOptions

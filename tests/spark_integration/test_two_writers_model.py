@@ -15,9 +15,9 @@ import pytest
 from dbidx.config import CacheConfig
 from dbidx.data.files import DELETED_COLUMN, read_data_file
 from dbidx.errors import ConflictError
-from dbidx.mdt.table import Table
+from dbidx.table.facade import Table
 from dbidx.spark_integration.local import upsert_arrow
-from dbidx.table.records import ACTION_COMMIT
+from dbidx.storage.records import ACTION_COMMIT
 
 from tests.delta_readers import assert_readers_agree
 from tests.spark_helpers import DAYS, Oracle, hive, index_state

@@ -11,11 +11,11 @@ import pytest
 from dbidx.buckets.assigner import BucketSpec
 from dbidx.buckets.naming import bucket_of
 from dbidx.config import CacheConfig
-from dbidx.mdt.table import Table
+from dbidx.table.facade import Table
 from dbidx.spark_integration.api import tag, upsert
 from dbidx.spark_integration.driver import commit_history
 from dbidx.spark_integration.reads import read_table
-from dbidx.table.keyhash import shard_of
+from dbidx.storage.keyhash import shard_of
 
 from tests.delta_readers import assert_readers_agree
 from tests.spark_helpers import SCHEMA, Oracle, as_expected_index, bucket_layout, hive, index_state, random_batch

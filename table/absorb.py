@@ -1,0 +1,513 @@
+"""Absorbing another engine's Delta version into the index (docs/FORMAT.md section 12c).
+
+A Delta table is shared: other pipelines append to it, a nightly job OPTIMIZEs it, a retention job VACUUMs it, a
+GDPR job deletes rows. Each of their commits is one Delta version, and dbidx gives it one completion record of its
+own (action `absorb`, at the seq whose Delta version it is), so the index describes exactly the rows every Delta
+reader reads. The record is computed from the version's actions alone, reading the key column of the files it
+touched and nothing else:
+
+- keys of the rows that left (removed files, rows a new deletion vector deletes) and came (added files minus their
+  vectors), per partition (table-wide in global mode);
+- a key that left and came back is re-pointed to its new file group (a data-neutral rewrite: OPTIMIZE, Z-order; or
+  the copy-on-write of a delete, update or merge); a key that only left is tombstoned; a key that only came is new,
+  and must not be live elsewhere: a blind append of an existing key is refused by name (ForeignDuplicateError);
+- the files it removed leave the data view (kept on storage: that engine's VACUUM deletes them), the files it added
+  enter it, each its own file group (its name without `.parquet`), with its vector copied into a DV file of dbidx's
+  whose record keeps the log's descriptor (a later dbidx `remove` repeats it exactly).
+
+Caches catch up from the record's index files exactly as from a dbidx commit; an upsert that touched a re-pointed
+key meanwhile conflicts (index/conflicts.py), since its rows were written against the old location.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Any, Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyroaring import BitMap
+
+from dbidx.arrays import one_chunk
+from dbidx.data.delta_actions import (
+    FileAction, VersionActions, expired_version, from_checkpoint, read_descriptor, read_version,
+)
+from dbidx.data.delta_log import delta_path, last_checkpoint_version, version_file, view_partition_columns
+from dbidx.data.source_files import read_source
+from dbidx.data.superseded import load_vector, read_key_column, write_vectors
+from dbidx.errors import CorruptFileError, DbidxError, DeltaFeatureError, ForeignDuplicateError, InvalidInputError
+from dbidx.index import rli_files
+from dbidx.table.writer import EntryBuffer
+from dbidx.storage import layout, markers
+from dbidx.storage.data_view import DELTA_CONFIGURATION_EXTRA, DataView, check_configuration
+from dbidx.storage.records import ACTION_ABSORB, CompletedInstant, DataFileRecord
+from dbidx.storage.state import TableState
+from dbidx.storage.timeline import StartedInstant
+
+ABSORBED_EXTRA = "absorbed"  # the record's extra: {"version", "operation", "engine"} of the version it absorbs
+_SAMPLE = 10  # keys or files an error names
+
+
+class _Rows:
+    """Key rows of one side of a version (the rows that left, or those that came), with their partition, file
+    group and file, gathered file by file and stacked into one table."""
+
+    def __init__(self) -> None:
+        self._parts: list[pa.Table] = []
+        self._files: list[str] = []
+
+    def add(self, keys: pa.Array, partition: str, group: str, file: str) -> None:
+        n = len(keys)
+        self._parts.append(pa.table({"key": keys, "partition": pa.repeat(pa.scalar(partition, pa.string()), n),
+                                     "group": pa.repeat(pa.scalar(group, pa.string()), n),
+                                     "file": pa.array(np.full(n, len(self._files), dtype=np.int64))}))
+        self._files.append(file)
+
+    def table(self) -> pa.Table:
+        if not self._parts:
+            return pa.table({"key": pa.array([], pa.string()), "partition": pa.array([], pa.string()),
+                             "group": pa.array([], pa.string()), "file": pa.array([], pa.int64())})
+        return pa.concat_tables(self._parts)
+
+    def file_name(self, i: int) -> str:
+        return self._files[i]
+
+
+def absorb_run(table: TableState, run: list[VersionActions], seq: int, published: int = 0
+               ) -> list[CompletedInstant]:
+    """Absorb the consecutive Delta versions `run` (none of them dbidx's): one record per version, where all but the
+    last change nothing (they say which run they belong to) and the last carries the run's net effect on the files
+    and the index. Why net: a file another engine added and removed again inside the run (an append, then an
+    OPTIMIZE and a VACUUM) may be gone from storage, and only its net effect, nothing, is needed. The records of
+    run[:published] are published already (a run another process started); `seq` is the seq of run[published],
+    and the data view must stand right before it. Returns the records this call published (all the run's rest, or
+    none if another process published `seq` first: nothing of this call then stays on storage)."""
+    view = table.data_view()
+    if view.applied_seq != seq - 1 or published >= len(run):
+        return []
+    # 1. What the versions may not do to a table dbidx indexes: checked before anything is claimed or written.
+    first, last = run[0], run[-1]
+    where = _where(run)
+    key = _key_column(view)
+    columns = view_partition_columns(view)
+    bounds = [first.version, last.version]
+    extra: dict[str, Any] = {ABSORBED_EXTRA: _about(last, bounds)}
+    for actions in run:
+        _check_metadata(view, actions, columns, key, extra, where)
+    removed, added = _net(view, run, where)
+    # 2. One claimed instant per record still to publish; the net record's files written under the last one.
+    claims = [table.timeline.start(ACTION_ABSORB, hooks=False) for _ in run[published:]]
+    written: list[str] = []
+    done: list[CompletedInstant] = []
+    try:
+        net_seq = seq + len(claims) - 1
+        record = _build(table, view, where, net_seq, claims[-1], key, columns, removed, added, extra, written)
+        # 3. The pass-through records of the run's earlier versions, then the net record.
+        for i, (actions, claim) in enumerate(zip(run[published:-1], claims)):
+            passing = CompletedInstant(seq=seq + i, instant=claim.instant, action=ACTION_ABSORB,
+                                       completed_at_ms=int(time.time() * 1000), start_seq=seq + i - 1,
+                                       table_id=table.props.table_id,
+                                       extra={ABSORBED_EXTRA: _about(actions, bounds)})
+            if not table.timeline.publish_exact(claim, passing):
+                break
+            done.append(passing)
+        else:
+            if table.timeline.publish_exact(claims[-1], record):
+                markers.discard_unlisted(table.io, claims[-1].instant, keep={f.path for f in record.dv_files})
+                done.append(record)
+    except ForeignDuplicateError:
+        # Lookups read the index as of the latest completion: if another process published this run's first
+        # record meanwhile, the keys it added are live already and the "duplicates" are this run's own.
+        table.timeline.refresh()
+        if table.timeline.latest_seq < seq:
+            raise
+    finally:
+        # 4. Whatever did not publish goes: its index and DV files, markers and claims (no record to roll back).
+        if len(done) < len(claims):
+            _discard(table, [c.instant for c in claims[len(done):]], written)
+    return done
+
+
+def collect_run(table: TableState, version: int, staged: Callable[[VersionActions], bool]) -> list[VersionActions]:
+    """The run of other engines' versions from `version` on: every version on storage up to the first one a dbidx
+    writer staged a record for (`staged`). Versions a Delta log cleanup expired (at or below `_last_checkpoint`)
+    count as present: up to the checkpoint, the run is read from its snapshot."""
+    io = table.io
+    floor = last_checkpoint_version(io)
+    run: list[VersionActions] = []
+    nxt = version
+    if version <= floor:
+        run = [expired_version(v) for v in range(version, floor)] + [from_checkpoint(io, floor, _known(table))]
+        nxt = floor + 1
+    while io.exists(version_file(nxt)):
+        actions = read_version(io, nxt)
+        if run and staged(actions):
+            break
+        run.append(actions)
+        nxt += 1
+    return run
+
+
+def reread_run(table: TableState, first: int, last: int) -> list[VersionActions]:
+    """Exactly the run [first, last] another absorber started (its records before the net one are published)."""
+    io = table.io
+    floor = last_checkpoint_version(io)
+    if first > floor:
+        return [read_version(io, v) for v in range(first, last + 1)]
+    if floor > last:
+        raise CorruptFileError(f"Delta versions {first}-{last} of {io.path('_delta_log')} were being absorbed when a "
+                               f"log cleanup expired them (a checkpoint at version {floor} is past them): the run "
+                               "cannot be finished. Re-adopt the table: `dbidx build-index URI --key COLUMN "
+                               "--readopt`")
+    return ([expired_version(v) for v in range(first, floor)] + [from_checkpoint(io, floor, _known(table))]
+            + [read_version(io, v) for v in range(floor + 1, last + 1)])
+
+
+def _known(table: TableState) -> dict[str, int]:
+    """The index's live data files with the rows their vectors delete (what a checkpoint is compared with)."""
+    view = table.data_view()
+    out = {}
+    for live in view.live():
+        ref = view.vector_of(live.record.path)
+        out[live.record.path] = 0 if ref is None else ref.vector.cardinality
+    return out
+
+
+def run_in_progress(record: CompletedInstant | None) -> tuple[int, int] | None:
+    """The (first, last) Delta versions of the run an absorb record belongs to, when its net record (at the run's
+    last version) is not published yet: the next absorber finishes exactly that run."""
+    if record is None or record.action != ACTION_ABSORB:
+        return None
+    about = record.extra.get(ABSORBED_EXTRA)
+    run = about.get("run") if isinstance(about, dict) else None
+    if not (isinstance(run, list) and len(run) == 2 and all(isinstance(v, int) for v in run)):
+        return None
+    return (run[0], run[1]) if about.get("version") != run[1] else None
+
+
+def _about(actions: VersionActions, bounds: list[int]) -> dict[str, Any]:
+    return {"version": actions.version, "operation": str(actions.commit_info.get("operation", "")),
+            "engine": str(actions.commit_info.get("engineInfo", "")), "run": list(bounds)}
+
+
+def _where(run: list[VersionActions]) -> str:
+    if len(run) == 1:
+        return f"Delta version {run[0].version} ({run[0].writer})"
+    writers = sorted({a.writer for a in run})
+    shown = ", ".join(writers[:4]) + (", ..." if len(writers) > 4 else "")
+    return f"Delta versions {run[0].version}-{run[-1].version} ({shown})"
+
+
+def _net(view: DataView, run: list[VersionActions], where: str) -> tuple[set[str], dict[str, FileAction]]:
+    """The run's net effect on the files: (known files that left or whose vector changed, files live at its end
+    that were added in it, with their last `add`). A file added and removed within the run is in neither."""
+    spelled = {f.record.path: f.record.delta_path or delta_path(f.record.path) for f in view.live()}
+    known = set(spelled)
+    present: dict[str, FileAction | None] = {p: None for p in known}
+    for actions in run:
+        for a in actions.removes:
+            if a.path not in present:
+                raise CorruptFileError(f"Delta version {actions.version} ({actions.writer}) removes {a.raw_path!r}, "
+                                       "which is not a live file at that version: the index and the log disagree")
+            if present[a.path] is None and a.raw_path != spelled[a.path] and not actions.synthetic:
+                # Delta readers match a remove to its add by the path string: this one misses, they keep the file.
+                raise DeltaFeatureError(
+                    f"Delta version {actions.version} ({actions.writer}) removes {a.raw_path!r}, but the file was "
+                    f"added as {spelled[a.path]!r}: Delta readers keep it live while the remove says it is gone, so "
+                    "dbidx cannot describe what they read. Restore the version before with that engine and rewrite "
+                    "the file's rows with dbidx (or re-adopt the table once its log is consistent)")
+            present.pop(a.path)
+        adds: set[str] = set()
+        for a in actions.adds:
+            if a.path in adds:
+                raise CorruptFileError(f"Delta version {actions.version} ({actions.writer}) adds {a.raw_path!r} twice")
+            adds.add(a.path)
+            present[a.path] = a
+    removed = {p for p in known if p not in present or present[p] is not None}
+    added = {p: a for p, a in present.items() if a is not None}
+    return removed, added
+
+
+def _discard(table: TableState, instants: list[str], written: list[str]) -> None:
+    """Claims of an absorb that did not publish: their files, markers and claim files go (they never had a record
+    to roll back)."""
+    for rel in written:
+        table.io.delete(rel)
+    for instant in instants:
+        markers.discard_unlisted(table.io, instant, keep=())
+        table.io.delete(layout.inflight_file(instant))
+        table.io.delete(layout.requested_file(instant))
+        table.timeline.stop_heartbeat(instant)
+
+
+def _build(table: TableState, view: DataView, where: str, seq: int, started: StartedInstant, key: str | None,
+           columns: list[str], removed: set[str], added: dict[str, FileAction],
+           extra: dict[str, Any], written: list[str]) -> CompletedInstant:
+    """The absorb record: data files in and out, vectors, and the index entries of every key that moved."""
+    instant = started.instant
+    gone = sorted(removed - set(added))
+    fresh = sorted(set(added) - removed)
+    changed = sorted(removed & set(added))
+    if (gone or fresh or changed) and key is None:
+        raise DeltaFeatureError(f"{where} changes data files, but the table has no recorded key column yet; "
+                                "write it with dbidx first (build-index or an upsert)")
+    left, came = _Rows(), _Rows()
+    vectors: dict[str, BitMap] = {}
+    descriptors: dict[str, dict[str, Any]] = {}
+    # 2. Files that left: every row still live in them leaves (read from the file; from the index if a VACUUM
+    #    deleted it before dbidx absorbed its removal).
+    by_group: dict[tuple[str, str], list[str]] = {}
+    live_files = {f.record.path: f.record for f in view.live()}  # gone and changed files are live (_net)
+    for path in gone:
+        by_group.setdefault((live_files[path].partition, live_files[path].file_group), []).append(path)
+    for (partition, group), paths in sorted(by_group.items()):
+        if all(table.io.exists(p) for p in paths):
+            for path in paths:
+                record = live_files[path]
+                keys = read_key_column(table.io, record, key or "")
+                left.add(_minus(keys, _vector(table, view, path, record.rows)), partition, group, path)
+        else:
+            left.add(_keys_only_in(table, view, partition, group, set(paths), key or ""), partition, group, paths[0])
+    # 3. Files whose vector changed: the rows it newly deletes leave.
+    for path in changed:
+        record = live_files[path]
+        old = _vector(table, view, path, record.rows)
+        new = BitMap() if added[path].dv is None else read_descriptor(
+            table.io, added[path].dv, record.rows, f"{where}, file {path!r}")
+        if not old.issubset(new):
+            raise DeltaFeatureError(f"{where} brings back deleted rows of {path!r} (its new deletion vector lacks "
+                                    "rows the old one had): dbidx cannot tell which version of those records is live")
+        keys = read_key_column(table.io, record, key or "")
+        positions = np.asarray((new - old).to_array(), dtype=np.int64)
+        left.add(keys.take(pa.array(positions)), record.partition, record.file_group, path)
+        if added[path].dv is not None:
+            vectors[path], descriptors[path] = new, dict(added[path].dv)
+    # 4. Files that came: their rows minus their own vector.
+    data_files = []
+    for path in fresh:
+        action = added[path]
+        partition = _partition_of(action, columns, where)
+        record, keys = _read_new_file(table, path, partition, action, key or "", where)
+        data_files.append(record)
+        deleted = BitMap()
+        if action.dv is not None:
+            deleted = read_descriptor(table.io, action.dv, record.rows, f"{where}, file {path!r}")
+            vectors[path], descriptors[path] = deleted, dict(action.dv)
+        came.add(_minus(keys, deleted), partition, record.file_group, path)
+    # 5. The index entries, per scope (a partition, or the whole table in global mode).
+    buffer = EntryBuffer(table, instant)
+    _entries(table, buffer, left.table(), came.table(), came, where)
+    groups = buffer.sorted_groups()
+    paths = [layout.delta_file(g[0], g[1], instant) for g in groups]
+    table.timeline.mark_inflight(started, paths)
+    written += paths
+    files = buffer.write(table.io, groups)
+    dv_files, dv_records = write_vectors(table.io, instant, vectors)
+    return CompletedInstant(
+        seq=seq, instant=instant, action=ACTION_ABSORB, completed_at_ms=int(time.time() * 1000), start_seq=seq - 1,
+        table_id=table.props.table_id, files=tuple(files), data_files=tuple(data_files), replaced=tuple(gone),
+        dv_files=dv_files, deletion_vectors=tuple(replace(v, delta=descriptors[v.path]) for v in dv_records),
+        partitions=buffer.changes(), extra=extra)
+
+
+def _entries(table: TableState, buffer: EntryBuffer, left: pa.Table, came: pa.Table, came_rows: _Rows,
+             where: str) -> None:
+    """Re-point the keys that left and came, tombstone those that only left, insert those that only came (after
+    checking that none of them is live elsewhere)."""
+    scopes = [None] if table.global_index else sorted(set(left.column("partition").to_pylist())
+                                                      | set(came.column("partition").to_pylist()))
+    for scope in scopes:
+        old = left if scope is None else left.filter(pc.equal(left.column("partition"), scope))
+        new = came if scope is None else came.filter(pc.equal(came.column("partition"), scope))
+        _reject_repeats(new, came_rows, where, scope)
+        index = pc.index_in(new.column("key"), value_set=old.column("key"))
+        moved = pc.is_valid(index)
+        stays = pc.invert(pc.is_in(old.column("key"), value_set=new.column("key")))
+        repoint, insert = new.filter(moved), new.filter(pc.invert(moved))
+        previous = old.take(pc.drop_null(index))
+        _reject_live(table, insert, came_rows, where, scope)
+        for part in _partitions(repoint):
+            rows = repoint.filter(pc.equal(repoint.column("partition"), part))
+            buffer.add(part, rows.column("key"), one_chunk(rows.column("group")), deleted=False, live=+1)
+        for part in _partitions(previous):
+            rows = previous.filter(pc.equal(previous.column("partition"), part))
+            buffer.count(part, one_chunk(rows.column("group")), -1)
+        tombstones = old.filter(stays)
+        for part in _partitions(tombstones):
+            rows = tombstones.filter(pc.equal(tombstones.column("partition"), part))
+            buffer.add(part, rows.column("key"), one_chunk(rows.column("group")), deleted=True, live=-1)
+        for part in _partitions(insert):
+            rows = insert.filter(pc.equal(insert.column("partition"), part))
+            buffer.add(part, rows.column("key"), one_chunk(rows.column("group")), deleted=False, live=+1)
+
+
+def _partitions(rows: pa.Table) -> list[str]:
+    return sorted(set(rows.column("partition").to_pylist())) if rows.num_rows else []
+
+
+def _reject_repeats(new: pa.Table, came_rows: _Rows, where: str, scope: str | None) -> None:
+    """A key may come once per scope in a version (two live rows of it would be two locations)."""
+    counts = pc.value_counts(new.column("key"))
+    repeated = counts.field("values").filter(pc.greater(counts.field("counts"), 1))
+    if len(repeated):
+        _duplicate(where, scope, repeated, new, came_rows, "it adds more than one live row of each")
+
+
+def _reject_live(table: TableState, insert: pa.Table, came_rows: _Rows, where: str, scope: str | None) -> None:
+    """A key that only came must not be live in another file the version left alone (a blind append)."""
+    if not insert.num_rows:
+        return
+    found = table.lookup(one_chunk(insert.column("key")), scope)
+    if found.num_rows:
+        _duplicate(where, scope, found.column(rli_files.KEY), insert, came_rows,
+                   "they are live already in files it did not touch")
+
+
+def _duplicate(where: str, scope: str | None, keys: Any, rows: pa.Table, came_rows: _Rows, why: str) -> None:
+    sample = one_chunk(keys).slice(0, _SAMPLE)
+    hit = rows.filter(pc.is_in(rows.column("key"), value_set=sample))
+    files = sorted({came_rows.file_name(i) for i in hit.column("file").to_pylist()})[:_SAMPLE]
+    scope_text = "the table" if scope is None else f"partition {scope!r}"
+    raise ForeignDuplicateError(
+        f"{where} makes {len(keys)} key(s) of {scope_text} live twice ({why}), e.g. "
+        f"{', '.join(repr(k) for k in sample.to_pylist())}, in {', '.join(files)}. dbidx keeps one location per key "
+        "and absorbed nothing of it. Remedy: remove the repeated rows with the engine that wrote them (or restore "
+        "the version before), then re-adopt the table as it then is: `dbidx build-index URI --key COLUMN --readopt` "
+        "(docs/FORMAT.md section 12c)")
+
+
+def _keys_only_in(table: TableState, view: DataView, partition: str, group: str, paths: set[str],
+                  key: str) -> pa.Array:
+    """The live keys of a file group's files `paths` without reading them (a VACUUM deleted them): the group's keys
+    in the index, minus the live keys of its other files."""
+    scope = None if table.global_index else partition
+    entries = table.snapshot(scope, as_of=view.applied_seq)  # the index right before the run
+    mine = pc.equal(entries.column(rli_files.FILE_GROUP), group)
+    if table.global_index:
+        mine = pc.and_(mine, pc.equal(entries.column(rli_files.PARTITION), partition))
+    keys = one_chunk(entries.filter(mine).column(rli_files.KEY))
+    for live in view.live():
+        f = live.record
+        if f.partition == partition and f.file_group == group and f.path not in paths:
+            others = _minus(read_key_column(table.io, f, key), _vector(table, view, f.path, f.rows))
+            keys = keys.filter(pc.invert(pc.is_in(keys, value_set=others)))
+    return keys
+
+
+def _minus(keys: pa.Array, deleted: BitMap) -> pa.Array:
+    if not len(deleted):
+        return keys
+    keep = np.ones(len(keys), dtype=bool)
+    keep[np.asarray(deleted.to_array(), dtype=np.int64)] = False
+    return keys.filter(pa.array(keep))
+
+
+def _vector(table: TableState, view: DataView, path: str, rows: int) -> BitMap:
+    ref = view.vector_of(path)
+    return BitMap() if ref is None else load_vector(table.io, ref, rows)
+
+
+def _key_column(view: DataView) -> str | None:
+    value = view.layout.value if view.layout is not None else None
+    key = value.get("key") if isinstance(value, dict) else None
+    return key if isinstance(key, str) else None
+
+
+def _partition_of(action: FileAction, columns: list[str], where: str) -> str:
+    """A new file's dbidx partition from its partitionValues (`col=value`, one segment per column)."""
+    extra = sorted(set(action.values) - set(columns))
+    if extra:
+        raise DeltaFeatureError(f"{where} adds {action.raw_path!r} with partition values for {extra}, which are not "
+                                f"the table's partition columns {columns}: the table's partitioning changed")
+    segments = []
+    for column in columns:
+        value = action.values.get(column)
+        if value is None or value == "":
+            raise DeltaFeatureError(f"{where} adds {action.raw_path!r} with a null or empty value of partition "
+                                    f"column {column!r}; dbidx names partitions by their values")
+        if len(columns) > 1 and "/" in value:
+            raise DeltaFeatureError(f"{where} adds {action.raw_path!r} with partition value {value!r}, whose '/' "
+                                    "would split a partition path")
+        segments.append(f"{column}={value}")
+    try:
+        return layout.validate_partition("/".join(segments))
+    except InvalidInputError as exc:
+        raise DeltaFeatureError(f"{where} adds {action.raw_path!r} in a partition dbidx cannot name: {exc}") from exc
+
+
+def _read_new_file(table: TableState, path: str, partition: str, action: FileAction, key: str,
+                   where: str) -> tuple[DataFileRecord, pa.Array]:
+    """A file another engine added, read as build-index reads a migrated file (data/source_files.py: its bytes
+    checksummed, its key column checked), its size checked against the `add`."""
+    try:
+        source = read_source(table.io, path, partition, key)
+    except DbidxError as exc:
+        raise type(exc)(f"{where} adds {path!r}: {exc}") from exc
+    if source.record.size != action.size:
+        raise CorruptFileError(f"{where} adds {table.io.path(path)} of {action.size} bytes; the file has "
+                               f"{source.record.size}")
+    spelled = None if action.raw_path == delta_path(path) else action.raw_path
+    return replace(source.record, delta_path=spelled), source.keys
+
+
+def _check_metadata(view: DataView, actions: VersionActions, columns: list[str], key: str | None,
+                    extra: dict[str, Any], where: str) -> None:
+    """A protocol or metaData change dbidx can keep (the same partition columns, the key column with its type, no
+    column mapping, no feature dbidx cannot write); new columns are recorded as the table's data schema."""
+    from dbidx.data.delta_adopt import READER_FEATURES, WRITER_FEATURES
+
+    if actions.protocol is not None:
+        p = actions.protocol
+        unknown = sorted((set(p.get("readerFeatures") or []) - READER_FEATURES)
+                         | (set(p.get("writerFeatures") or []) - WRITER_FEATURES))
+        if p.get("minReaderVersion", 1) > 3 or p.get("minWriterVersion", 1) not in (1, 2, 7) or unknown:
+            raise DeltaFeatureError(f"{where} changes the protocol to {p} (features {unknown}), which dbidx cannot "
+                                    "keep when it writes; re-adopt once the table is in a form dbidx can write")
+    meta = actions.metadata
+    if meta is None:
+        return
+    if list(meta.get("partitionColumns") or []) != columns:
+        raise DeltaFeatureError(f"{where} changes the partition columns from {columns} to "
+                                f"{meta.get('partitionColumns')}: every key's partition would change. Re-adopt the "
+                                "table as it is now: `dbidx build-index URI --key COLUMN --readopt`")
+    configuration = meta.get("configuration") or {}
+    if str(configuration.get("delta.columnMapping.mode", "none")) != "none":
+        raise DeltaFeatureError(f"{where} turns on column mapping, which dbidx cannot write")
+    if str(configuration.get("delta.enableDeletionVectors", "true")).lower() != "true":
+        raise DeltaFeatureError(f"{where} turns deletion vectors off (delta.enableDeletionVectors), which every "
+                                "dbidx upsert writes: set it back to true before dbidx writes again")
+    # 1. The table properties: recorded when they change (the run's newest wins), so that dbidx's own later
+    #    metaData (a schema change, a properties change) carries them on instead of the ones it started with.
+    configuration = check_configuration(configuration, where)
+    if configuration != extra.get(DELTA_CONFIGURATION_EXTRA, view.configuration()):
+        extra[DELTA_CONFIGURATION_EXTRA] = configuration
+    schema = _arrow_schema(meta, where)
+    if schema is None:
+        return
+    if key is not None and key not in schema.names:
+        raise DeltaFeatureError(f"{where} drops the key column {key!r}")
+    from dbidx.data.schema import decode_schema, encode_schema, recorded_schema
+
+    # (an earlier version of the same run may have added columns already)
+    old = decode_schema(extra["schema"], where) if "schema" in extra else recorded_schema(view.schema)
+    names = set(old.names) if old is not None else set()
+    if old is not None and not set(n for n in names if n not in columns).issubset(schema.names):
+        raise DeltaFeatureError(f"{where} drops column(s) {sorted(names - set(schema.names))}: dbidx's files and "
+                                "schema keep every column; re-adopt the table to take the new schema")
+    new_fields = [f.with_nullable(True) for f in schema if f.name not in names]
+    if new_fields:
+        base = list(old) if old is not None else []
+        extra["schema"] = encode_schema(pa.schema(base + new_fields))
+
+
+def _arrow_schema(meta: dict[str, Any], where: str) -> pa.Schema | None:
+    text = meta.get("schemaString")
+    if not isinstance(text, str):
+        return None
+    from deltalake import Schema
+
+    try:
+        return pa.schema(Schema.from_json(text).to_arrow())
+    except Exception as exc:
+        raise CorruptFileError(f"{where} has a schema dbidx cannot read: {exc}") from exc
