@@ -9,7 +9,10 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
+from dbidx import moved as _moved
 from dbidx.version import __version__
+
+_moved.install()  # module paths that moved in 0.2 stay importable for one release (moved.py)
 
 # Public name -> the module that defines it.
 _EXPORTS = {
@@ -33,10 +36,10 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from dbidx.config import CacheConfig
     from dbidx.data.reads import read_arrow
     from dbidx.errors import DbidxError
-    from dbidx.table.facade import Table
     from dbidx.spark_integration.api import bulk_insert, tag, upsert
     from dbidx.spark_integration.local import upsert_arrow
     from dbidx.spark_integration.reads import read_table
+    from dbidx.table.facade import Table
 
 
 def __getattr__(name: str) -> Any:

@@ -3,7 +3,7 @@ cold partition, warm restart, and the projection to RFC-107's example (10 M keys
 
 Data: `--days-total` daily partitions of `--keys-per-day` random UUID keys (default 30 x 300 k), one commit per day,
 file groups of ~100 k keys; one shard cache (`--shards 1`) so a load's rate is one executor's. Every figure is
-end to end: MDT Parquet -> ready column families (read, encode, sort, SST write, ingest, registry flip).
+end to end: index Parquet -> ready column families (read, encode, sort, SST write, ingest, registry flip).
 Run: `python benchmarks/bootstrap_bench.py [--smoke] [--write-results]`.
 """
 from __future__ import annotations
@@ -84,7 +84,7 @@ def main() -> None:
         table = build_table(work, args.days_total, args.keys_per_day, args.shards)
         build_s = time.perf_counter() - started
         now = str(FIRST_DAY + args.days_total - 1)
-        mdt_bytes = _report.dir_bytes(work / "table" / ".dbidx", "*.parquet")
+        index_bytes = _report.dir_bytes(work / "table" / ".dbidx", "*.parquet")
         # 1. Cold bootstrap of the window, per parallelism mode (medians).
         rows, rates = [], {}
         plans = [(mode, args.window) for mode in ("serial", "threads", "processes", "auto")]
@@ -124,8 +124,8 @@ def main() -> None:
         "## Bootstrap (time-bounded, on-demand, warm restart)",
         f"Machine: {_report.machine()}. Command: `{_report.command()}`. Medians of {args.repeats} run(s). "
         f"Table: {args.days_total} daily partitions x {args.keys_per_day:,} random UUID keys ({build_s:.0f} s to "
-        f"write, {mdt_bytes / (args.days_total * args.keys_per_day):.1f} B/entry of Parquet), {args.shards} shard(s); "
-        f"bootstrap of the last {args.window} days into empty caches, end to end (MDT Parquet -> ready column "
+        f"write, {index_bytes / (args.days_total * args.keys_per_day):.1f} B/entry of Parquet), {args.shards} shard(s); "
+        f"bootstrap of the last {args.window} days into empty caches, end to end (index Parquet -> ready column "
         "families).",
         _report.table(["parallelism", "days", "entries", "seconds", "entries/s", "cache B/entry"], rows),
         _report.table(["what", "value"], [

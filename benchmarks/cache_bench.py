@@ -1,4 +1,4 @@
-"""Cache benchmark: on-disk bytes per entry (per key shape, compression and block size) against the MDT's Parquet,
+"""Cache benchmark: on-disk bytes per entry (per key shape, compression and block size) against the index's Parquet,
 batched lookup rate against raw rocksdict multi-get, and process RSS against a Python dict of the same map.
 
 Data: `--entries` entries over `--partitions` partitions (default 10 M over 30), once with random UUID-string keys
@@ -172,11 +172,11 @@ def main() -> None:
         f"Machine: {_report.machine()}. Command: `{_report.command()}`. {args.entries:,} entries over "
         f"{args.partitions} partitions, one shard; file groups of ~100 k keys; cache B/entry = the whole cache "
         "directory (SSTs, registry, manifest) after bulk load and flush.",
-        _report.table(["keys", "entries", "MDT Parquet B/entry", "cache B/entry (zstd, 16 KB)", "cache / Parquet"],
+        _report.table(["keys", "entries", "index Parquet B/entry", "cache B/entry (zstd, 16 KB)", "cache / Parquet"],
                       headline),
-        f"Compression x block size ({args.grid_partitions} partition(s) of each shape; MDT Parquet B/entry is the "
+        f"Compression x block size ({args.grid_partitions} partition(s) of each shape; index Parquet B/entry is the "
         "table-wide average):",
-        _report.table(["keys", "compression", "block KB", "entries", "cache B/entry", "MDT Parquet B/entry"], grid),
+        _report.table(["keys", "compression", "block KB", "entries", "cache B/entry", "index Parquet B/entry"], grid),
         f"Batched lookup, one warm partition, batches of {args.batch:,} keys (80 % present), medians of "
         f"{args.repeats}: `RecordIndexCache.lookup` of the batch as an Arrow string array, as the tagger passes it "
         "(validate, encode, order, multi-get, decode, scatter, metrics), vs raw rocksdict "

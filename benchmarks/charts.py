@@ -37,7 +37,7 @@ def _save(plt: Any, figure: Figure, data: dict, out_dir: Path) -> str:
 
 
 def footprint(plt: Any, data: dict) -> list[Figure]:
-    """Bytes per entry by key shape (MDT, cache, dict, RFC-107), and cache MB over 30 days with the TTL on/off."""
+    """Bytes per entry by key shape (index, cache, dict, RFC-107), and cache MB over 30 days with the TTL on/off."""
     import numpy as np
 
     largest = max(r[1] for r in data["headline"])
@@ -45,7 +45,7 @@ def footprint(plt: Any, data: dict) -> list[Figure]:
     dicts = {r[0]: r[2] for r in data["dict"] if r[1] >= largest * 0.99}
     fig, ax = plt.subplots(figsize=(8, 4.8))
     width, x = 0.25, np.arange(len(rows))
-    ax.bar(x - width, [r[3] for r in rows], width, label="MDT Parquet")
+    ax.bar(x - width, [r[3] for r in rows], width, label="index Parquet")
     ax.bar(x, [r[4] for r in rows], width, label="RocksDB cache (zstd)")
     ax.bar(x + width, [dicts.get(r[0], 0) for r in rows], width, label="Python dict (RSS)")
     ax.axhspan(50, 70, color="grey", alpha=0.2, label="RFC-107 index estimate (50-70)")

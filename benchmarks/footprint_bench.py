@@ -1,4 +1,4 @@
-"""Disk footprint benchmark (the headline): bytes per index entry of the MDT Parquet files, the RocksDB cache and a
+"""Disk footprint benchmark (the headline): bytes per index entry of the index Parquet files, the RocksDB cache and a
 Python dict, for realistic key shapes and partition counts; the cache under snappy / lz4 / zstd before and after
 compaction; and the cache's growth over 30 simulated days with the TTL reaper on vs off.
 
@@ -64,7 +64,7 @@ def build_table(root: Path, shape: str, entries: int, partitions: int, rng: np.r
     return table
 
 
-def mdt_bytes(table: Table) -> int:
+def index_bytes(table: Table) -> int:
     return _report.dir_bytes(Path(table.uri) / ".dbidx", "*.parquet")
 
 
@@ -153,7 +153,7 @@ def summary_line(headline: list[list]) -> str:
     best = min(rows, key=lambda r: r[4])
     return (f"At {largest:,} entries the cache takes {best[4]:.1f} B/entry ({best[0]}, {best[2]} partitions) to "
             f"{worst[4]:.1f} B/entry ({worst[0]}, {worst[2]} partitions), {min(r[5] for r in rows):.1f}x to "
-            f"{max(r[5] for r in rows):.1f}x the MDT's Parquet bytes.")
+            f"{max(r[5] for r in rows):.1f}x the index's Parquet bytes.")
 
 
 def main() -> None:
@@ -176,11 +176,11 @@ def main() -> None:
         for size in sizes:
             for shape in SHAPES:
                 for parts in partition_counts:
-                    # 1. The MDT as upserts write it and the cache as bootstrap loads it (bulk ingest, zstd).
+                    # 1. The index as upserts write it and the cache as bootstrap loads it (bulk ingest, zstd).
                     table = build_table(work, shape, size, parts, rng)
                     n = sum(s.live_keys for s in table.partitions())
                     disk, entries = bulk_loaded_size(table, work / "cache", CacheConfig())
-                    headline.append([shape, n, parts, mdt_bytes(table) / n, disk / entries, disk / mdt_bytes(table)])
+                    headline.append([shape, n, parts, index_bytes(table) / n, disk / entries, disk / index_bytes(table)])
                     middle = partition_counts[len(partition_counts) // 2]
                     if parts == middle:
                         dicts[(shape, size)] = dict_rss(table) / n
@@ -196,7 +196,7 @@ def main() -> None:
                             before = cache.disk_bytes() / entries
                             compact_all(cache)
                             compression.append([shape, entries, codec, bulk[codec], before,
-                                                cache.disk_bytes() / entries, mdt_bytes(table) / n])
+                                                cache.disk_bytes() / entries, index_bytes(table) / n])
                             cache.close()
                             shutil.rmtree(work / "inc", ignore_errors=True)
                     shutil.rmtree(table.uri, ignore_errors=True)
@@ -210,8 +210,8 @@ def main() -> None:
         "## Disk footprint",
         f"Machine: {_report.machine()}. Command: `{_report.command()}` ({time.perf_counter() - started:,.0f} s). "
         "One shard; cache = bulk-loaded SSTs (what bootstrap and on-demand loads write), zstd, 16 KB blocks, "
-        "bloom 10 bits/key; MDT = the RLI Parquet files; dict = RSS growth of a process holding {key: file group}.",
-        _report.table(["key shape", "entries", "partitions", "MDT Parquet B/entry", "cache B/entry", "cache / MDT"],
+        "bloom 10 bits/key; index = the RLI Parquet files; dict = RSS growth of a process holding {key: file group}.",
+        _report.table(["key shape", "entries", "partitions", "index Parquet B/entry", "cache B/entry", "cache / index"],
                       headline),
         f"{RFC107}. {summary_line(headline)}",
         _report.table(["key shape", "entries", "dict B/entry", "dict MB"], dict_rows),
@@ -219,7 +219,7 @@ def main() -> None:
         "bootstrap and on-demand loads write it: sorted SSTs ingested at the bottom level), and filled by catch-up "
         "writes (batched puts, memtable flushes) before and after a full compaction.",
         _report.table(["key shape", "entries", "compression", "bulk-loaded B/entry",
-                       "catch-up written B/entry, before compaction", "after compaction", "MDT Parquet B/entry"],
+                       "catch-up written B/entry, before compaction", "after compaction", "index Parquet B/entry"],
                       compression),
         f"Growth over {args.days} simulated days ({max(1_000, sizes[0] // 30):,} new UUID keys a day, each batch "
         f"touching the last 3 days), TTL {args.ttl_days} days: bounded with the reaper, growing without it.",

@@ -61,8 +61,8 @@ def scale_section(scale: dict) -> str:
          f"{full['entries']:,} entries in {full['seconds']:.1f} s ({full['parallelism']})"],
         [f"bootstrap, one shard, {scale['window_days']}-day window", f"{window['seconds']:.1f} s",
          f"{window['entries']:,} entries at {window['entries_per_s']:,.0f} entries/s ({window['parallelism']})"],
-        ["cache / MDT bytes per entry", f"{full['bytes_per_entry']:.1f} / {large['mdt_bytes_per_entry']:.1f} B",
-         f"the one-shard 30-day cache; the MDT's Parquet ({large['mdt_bytes'] / 1e9:.1f} GB)"],
+        ["cache / index bytes per entry", f"{full['bytes_per_entry']:.1f} / {large['index_bytes_per_entry']:.1f} B",
+         f"the one-shard 30-day cache; the index's Parquet ({large['index_bytes'] / 1e9:.1f} GB)"],
     ]
     return "\n\n".join([
         f"## Measured scale: {large['keys']:,} keys on this machine",
@@ -84,7 +84,7 @@ def main() -> None:
     largest = max(r[1] for r in footprint["headline"])
     uuid_rows = [r for r in footprint["headline"] if r[0] == "uuid" and r[1] >= largest * 0.99]
     b_entry = max(r[4] for r in uuid_rows)  # the worst partition count measured, UUID keys
-    mdt_entry = max(r[3] for r in uuid_rows)
+    index_entry = max(r[3] for r in uuid_rows)
     rate = boot["window_entries_per_s"]
     big_rate = max([rate] + [r[4] for r in boot.get("rows", [])])
     catch = restart["rows"]
@@ -109,9 +109,9 @@ def main() -> None:
          "vs RFC-107's estimate of ~4.2 GB for the same 70 M entries"],
         ["bootstrap per executor, 7-day window", f"{per_exec / rate:,.1f} s",
          f"at {rate:,.0f} entries/s (bootstrap_bench, best mode on this {boot['machine'].split(',')[0]} machine)"],
-        ["MDT Parquet read per executor for that bootstrap", f"{per_exec * mdt_entry / 1e6:,.0f} MB",
-         f"x {mdt_entry:.1f} B/entry; read from local disk here, from an object store at "
-         f"{a['object_store_mb_per_s']} MB/s add {per_exec * mdt_entry / 1e6 / a['object_store_mb_per_s']:,.1f} s"],
+        ["index Parquet read per executor for that bootstrap", f"{per_exec * index_entry / 1e6:,.0f} MB",
+         f"x {index_entry:.1f} B/entry; read from local disk here, from an object store at "
+         f"{a['object_store_mb_per_s']} MB/s add {per_exec * index_entry / 1e6 / a['object_store_mb_per_s']:,.1f} s"],
         ["global bootstrap per executor (all 1 B keys)", f"{a['keys'] / a['executors'] / big_rate:,.0f} s",
          f"{a['keys'] / a['executors']:,.0f} entries at {big_rate:,.0f} entries/s (the best rate of a large load in "
          "bootstrap_bench; global index mode ignores the window)"],
@@ -161,7 +161,7 @@ def readme_block(footprint: dict, spark: dict, boot: dict, restart: dict, skew: 
     grown = skew["rows"][-1]
     lines = [
         f"- Disk, {largest:,} entries over 30 partitions: the cache takes {at[('uuid', 30)][4]:.1f} B/entry for "
-        f"UUID keys ({at[('uuid', 30)][3]:.1f} in the MDT's Parquet, {dicts['uuid']:.0f} in a Python dict), "
+        f"UUID keys ({at[('uuid', 30)][3]:.1f} in the index's Parquet, {dicts['uuid']:.0f} in a Python dict), "
         f"{at[('numeric20', 30)][4]:.1f} for 20-digit ids, {at[('composite', 30)][4]:.1f} for composite keys; "
         "RFC-107 estimated 50-70 B/entry.",
         f"- Tagging a {spark['batch_rows']:,}-row batch against {tag['keys']:,} keys: {tag['dbidx_s']:.2f} s with "

@@ -2,7 +2,7 @@
 
 What is measured, per index size N (`--sizes`, default 10 M and 100 M, so that with spark_bench's 1 M - 10 M figures
 the curve runs from 1 M to 100 M keys):
-  1. Build: the persisted index (MDT) of N random UUID keys over 30 daily partitions, 2 key shards, written the
+  1. Build: the persisted index of N random UUID keys over 30 daily partitions, 2 key shards, written the
      cheapest way the library allows (one `new_commit()` + `insert` per partition of N/30 keys, file group = the
      (partition, shard) bucket as upsert names it); seconds, Parquet bytes on disk and per entry, the driver's peak
      RSS while building (keys are generated per partition, so memory is bounded by one partition).
@@ -50,7 +50,7 @@ PARTITIONS = 30
 WINDOW = 7
 SHARDS = 2
 RECENT, OLDER = 0.80, 0.05  # shares of a batch: existing keys of the last 7 days, of the older days; the rest is new
-# A guard, not a figure: disk a size may need at most (MDT ~20 B/entry, two full shard-cache sets ~18 B/entry each,
+# A guard, not a figure: disk a size may need at most (index ~20 B/entry, two full shard-cache sets ~18 B/entry each,
 # SST staging), so a run stops before it fills a shared disk.
 DISK_GUARD_BYTES_PER_KEY = 90
 
@@ -82,7 +82,7 @@ def pool_sizes(keys: int, batch_rows: int, batches: int) -> list[int]:
 
 
 def build_index(root: Path, keys: int, pools: list[int], seed: int) -> tuple[Table, list[pa.Array]]:
-    """The MDT of `keys` random UUID keys: one commit per daily partition, file group = the (partition, shard)
+    """The index of `keys` random UUID keys: one commit per daily partition, file group = the (partition, shard)
     bucket as upsert names it. Returns the table and, per partition, a random sample of its keys (the batches'
     existing keys), so no more than one partition's keys are ever in memory."""
     table = Table.create(str(root / "table"), num_shards=SHARDS)
@@ -189,14 +189,14 @@ def run_size(spark: Any, work: Path, keys: int, args: argparse.Namespace) -> dic
     if free < need:
         raise SystemExit(f"{keys:,} keys may need up to {need / 1e9:.1f} GB of disk under {work}; "
                          f"{free / 1e9:.1f} GB free")
-    # 1. Build the MDT, one commit per daily partition; keep a small sample of each partition's keys.
+    # 1. Build the index, one commit per daily partition; keep a small sample of each partition's keys.
     reset_peak_rss()
     started = time.perf_counter()
     table, samples = build_index(root, keys, pool_sizes(keys, args.batch_rows, batches_needed), seed=keys % 2**31)
     build_s = time.perf_counter() - started
     build_rss = _report.status_bytes("VmHWM")
-    mdt_bytes = _report.dir_bytes(root / "table" / ".dbidx", "*.parquet")
-    log(f"{keys:,} keys: built in {build_s:.1f} s, MDT {mdt_bytes / 1e9:.2f} GB, driver peak RSS "
+    index_bytes = _report.dir_bytes(root / "table" / ".dbidx", "*.parquet")
+    log(f"{keys:,} keys: built in {build_s:.1f} s, index {index_bytes / 1e9:.2f} GB, driver peak RSS "
         f"{build_rss / 2**30:.2f} GB")
     # 2. Bootstrap one shard's cache: every partition, then the 7-day window (empty cache dir each time).
     full = bootstrap_one_shard(table, root / "boot", PARTITIONS)
@@ -245,8 +245,8 @@ def run_size(spark: Any, work: Path, keys: int, args: argparse.Namespace) -> dic
     for frame in frames:
         frame.unpersist()
     shutil.rmtree(root, ignore_errors=True)
-    return {"keys": keys, "build_s": build_s, "build_peak_rss": build_rss, "mdt_bytes": mdt_bytes,
-            "mdt_bytes_per_entry": mdt_bytes / keys, "full_bootstrap": full, "window_bootstrap": window,
+    return {"keys": keys, "build_s": build_s, "build_peak_rss": build_rss, "index_bytes": index_bytes,
+            "index_bytes_per_entry": index_bytes / keys, "full_bootstrap": full, "window_bootstrap": window,
             "cold_s": cold_s, "warm_s": warm_s, "warm_runs": timed, "tag_cache_bytes": cache_bytes,
             "tag_cache_bytes_per_entry": cache_bytes / keys, "tag_peak_tree_rss": tag_rss.total, "join_s": join_s}
 
@@ -288,17 +288,17 @@ def main() -> None:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
     # 5. The tables and the verdict.
-    headers = ["index keys", "MDT B/entry", "build s", "cache B/entry", "full bootstrap s (1 shard, 30 days)",
+    headers = ["index keys", "index B/entry", "build s", "cache B/entry", "full bootstrap s (1 shard, 30 days)",
                "full bootstrap entries/s", "7-day bootstrap s", "cold first batch s", "warm s/batch"]
     rows = []
     for r in results:
         full, window = r["full_bootstrap"], r["window_bootstrap"]
-        rows.append([r["keys"], r["mdt_bytes_per_entry"], r["build_s"], full["bytes_per_entry"], full["seconds"],
+        rows.append([r["keys"], r["index_bytes_per_entry"], r["build_s"], full["bytes_per_entry"], full["seconds"],
                      full["entries_per_s"], window["seconds"], r["cold_s"], r["warm_s"]]
                     + ([r["join_s"]] if args.join else []))
     if args.join:
         headers.append("Spark join s/batch")
-    details = [[r["keys"], r["mdt_bytes"] / 1e9, r["build_peak_rss"] / 2**30, r["full_bootstrap"]["entries"],
+    details = [[r["keys"], r["index_bytes"] / 1e9, r["build_peak_rss"] / 2**30, r["full_bootstrap"]["entries"],
                 r["full_bootstrap"]["parallelism"], r["full_bootstrap"]["disk_bytes"] / 1e9,
                 r["window_bootstrap"]["entries"], r["window_bootstrap"]["entries_per_s"],
                 max(r["full_bootstrap"]["peak_tree_rss"], r["window_bootstrap"]["peak_tree_rss"]) / 2**30,
@@ -307,7 +307,7 @@ def main() -> None:
     body = "\n\n".join([
         "## Scale on one machine",
         f"Machine: {_report.machine()}; Spark local[2], {SHARDS} key shards. Command: `{_report.command()}`. "
-        f"Per size: the MDT of N random UUID keys over {PARTITIONS} daily partitions (one commit per partition, "
+        f"Per size: the index of N random UUID keys over {PARTITIONS} daily partitions (one commit per partition, "
         f"file group = the (partition, shard) bucket); one run of each bootstrap of ONE shard's cache into an "
         f"empty directory (parallelism auto); batches of {args.batch_rows:,} rows ({RECENT:.0%} existing keys of "
         f"the last {WINDOW} days, {OLDER:.0%} of older days, the rest new), 'cold first batch' on empty caches "
@@ -316,7 +316,7 @@ def main() -> None:
         _report.table(headers, rows),
         "Sizes on disk and memory (peak RSS: the driver while building; the whole process tree, driver + Spark "
         "JVM + Python workers + bootstrap processes, sampled every 0.25 s, during the bootstraps and the tagging):",
-        _report.table(["index keys", "MDT GB", "build peak RSS GB", "full bootstrap entries", "mode",
+        _report.table(["index keys", "index GB", "build peak RSS GB", "full bootstrap entries", "mode",
                        "full bootstrap cache GB", "7-day entries", "7-day entries/s", "bootstrap peak RSS GB",
                        "tag caches GB (both shards)", "tagging peak RSS GB"], details),
         line,

@@ -1,4 +1,4 @@
-"""PartitionLoader: load (cache, partition) slices of the MDT in parallel, building SSTs in a pool.
+"""PartitionLoader: load (cache, partition) slices of the index in parallel, building SSTs in a pool.
 
 Why a split between workers and the owner: reading Parquet and building a sorted SST is CPU work that needs no
 RocksDB handle, so it runs in a pool (threads, or spawned processes that escape the GIL); ingesting the finished

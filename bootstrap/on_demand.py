@@ -37,7 +37,7 @@ class OnDemandReport:
 
 
 class OnDemandLoader:
-    """Loads cold partitions of one open shard cache from the MDT, concurrently and at most once at a time."""
+    """Loads cold partitions of one open shard cache from the index, concurrently and at most once at a time."""
 
     def __init__(self, cache: RecordIndexCache, table: Table, workers: int | None = None,
                  on_build_start: Callable[[str], None] | None = None,

@@ -3,7 +3,7 @@
 The window is X calendar days (UTC) ending with the day of `now`: with now = 2025-01-22 and X = 7 it is
 2025-01-16 .. 2025-01-22. A dated partition is in it when its day is on or after the first day (future-dated
 partitions count as recent). A partition whose path holds no date (`region=eu`) is in it when its last commit,
-from the MDT partition stats, falls on or after the first day: "the last X days" = written to in the last X days.
+from the index partition stats, falls on or after the first day: "the last X days" = written to in the last X days.
 """
 from __future__ import annotations
 

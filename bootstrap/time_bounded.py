@@ -69,7 +69,7 @@ class BootstrapResult:
 
     @property
     def entries_per_second(self) -> float:
-        """End-to-end load rate (MDT Parquet -> ready column families)."""
+        """End-to-end load rate (index Parquet -> ready column families)."""
         return self.entries / self.seconds if self.seconds > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,6 +1,6 @@
-"""Catch-up: bring a cache shard up to the MDT's latest completed instant before it serves lookups.
+"""Catch-up: bring a cache shard up to the index's latest completed instant before it serves lookups.
 
-The cache is a replica; the MDT is the truth. Whatever happened while this cache was not looking (another
+The cache is a replica; the index is the truth. Whatever happened while this cache was not looking (another
 executor ran the shard, another writer committed, this process crashed with its memtable), the fix is the same:
 read the committed entries after each partition's synced seq for this shard, apply them in commit order, and
 reload a partition from a snapshot when its history has been cleaned away, the gap is larger than

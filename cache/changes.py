@@ -1,4 +1,4 @@
-"""ChangePlan: what a run of committed MDT entries does to one column family, computed a whole batch at a time.
+"""ChangePlan: what a run of committed index entries does to one column family, computed a whole batch at a time.
 
 Catch-up applies thousands to millions of entries per sync. Walking them one by one in Python (look up the old
 value, compare, count, put) costs ~2 us an entry and made a warm restart after many commits only a few times faster

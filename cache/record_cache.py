@@ -2,7 +2,7 @@
 
 One column family per data partition (key -> location) and the `default` column family as registry; it holds
 committed entries only (catch-up applies them once their instant completed). Lookups go ready partition -> (not
-ready: the caller loads it) -> None = new key. The cache knows nothing of Spark; it reads the MDT only in
+ready: the caller loads it) -> None = new key. The cache knows nothing of Spark; it reads the index only in
 catchup.py (and installs a bulk load's staged partitions in staging.py).
 
 Crash-safety rules (the WAL is off): a partition's column family name is new for every load, so the registry can
@@ -66,7 +66,7 @@ class RecordIndexCache:
     @classmethod
     def for_table(cls, table: Any, shard: int, config: CacheConfig | None = None,
                   base_path: str | Path | None = None) -> "RecordIndexCache":
-        """The (unopened) cache of one shard of an MDT table, under the configured or default base path."""
+        """The (unopened) cache of one shard of a table, under the configured or default base path."""
         config = config or CacheConfig()
         if not 0 <= shard < table.num_shards:
             raise InvalidInputError(f"shard {shard} is out of range 0..{table.num_shards - 1} for {table.uri}")
@@ -281,7 +281,7 @@ class RecordIndexCache:
     # ---- committed changes (catch-up) ----------------------------------------------------------------------
     def apply(self, partition: str, keys: Sequence[str] | pa.Array, locations: Sequence[str | None],
               deleted: Sequence[bool], synced_seq: int) -> int:
-        """Apply committed MDT entries in order (inserts and tombstones) and move the partition's synced seq.
+        """Apply committed index entries in order (inserts and tombstones) and move the partition's synced seq.
 
         Idempotent: applying entries the partition already reflects changes nothing, which is what makes replay
         from an older registry state (after a crash) safe.
@@ -373,7 +373,7 @@ class RecordIndexCache:
         return plan.changed
 
     def set_watermark(self, seq: int) -> None:
-        """Record the MDT completion seq up to which the whole cache (all its partitions) is caught up."""
+        """Record the completion seq up to which the whole cache (all its partitions) is caught up."""
         with self._lock:
             for state in self._states.values():
                 state.synced_seq = max(state.synced_seq, seq)

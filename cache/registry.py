@@ -48,7 +48,7 @@ class CacheIdentity:
 
     @classmethod
     def of_table(cls, table: Any, shard: int) -> "CacheIdentity":
-        """The identity of one shard's cache of an MDT table."""
+        """The identity of one shard's cache of a table."""
         return cls(table.props.table_id, table.num_shards, shard, table.props.index_mode, location=table.location)
 
     def shard_dir(self, base: str | Path) -> Path:
@@ -83,8 +83,8 @@ class PartitionState:
     partition: str
     cf: str
     state: str = LOADING
-    loaded_seq: int = 0  # MDT completion seq of the snapshot it was loaded from
-    synced_seq: int = 0  # MDT completion seq its content reflects (catch-up moves it forward)
+    loaded_seq: int = 0  # completion seq of the snapshot it was loaded from
+    synced_seq: int = 0  # completion seq its content reflects (catch-up moves it forward)
     entries: int = 0
     last_access_ms: int = 0
     loaded_at_ms: int = 0

@@ -1,4 +1,4 @@
-"""verify: compare every ready partition of a cache with the MDT snapshot at the seq it claims to reflect."""
+"""verify: compare every ready partition of a cache with the index snapshot at the seq it claims to reflect."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -16,14 +16,14 @@ MAX_EXAMPLES = 5
 
 @dataclass
 class PartitionDiff:
-    """Differences between one cache partition and the MDT."""
+    """Differences between one cache partition and the index."""
 
     partition: str
     synced_seq: int
     cache_entries: int
-    mdt_entries: int
-    missing: int = 0  # in the MDT, not in the cache
-    extra: int = 0  # in the cache, not in the MDT
+    index_entries: int
+    missing: int = 0  # in the index, not in the cache
+    extra: int = 0  # in the cache, not in the index
     wrong_location: int = 0
     examples: list[str] = field(default_factory=list)
 
@@ -48,11 +48,12 @@ class VerifyResult:
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form."""
         return {"ok": self.ok, "watermark": self.watermark,
-                "partitions": [{**vars(p), "ok": p.ok} for p in self.partitions]}
+                "partitions": [{**vars(p), "ok": p.ok, "mdt_entries": p.index_entries}  # 0.1's name, for 0.2 only
+                               for p in self.partitions]}
 
 
 def verify(cache: RecordIndexCache, table: Table) -> VerifyResult:
-    """Read each ready partition fully and diff it with the MDT snapshot of the cache's shard at its synced seq.
+    """Read each ready partition fully and diff it with the index snapshot of the cache's shard at its synced seq.
 
     A cache synced to a seq whose index files a clean has removed since cannot be compared: HistoryCompactedError,
     saying to sync the cache first (`dbidx.cache.catchup.sync(cache, table)` or `dbidx cache sync`).
@@ -92,7 +93,7 @@ def _verify(cache: RecordIndexCache, table: Table) -> VerifyResult:
                 _example(diff, f"extra key {key!r} -> {location!r}")
             elif expected != location:
                 diff.wrong_location += 1
-                _example(diff, f"key {key!r}: cache {location!r}, MDT {expected!r}")
+                _example(diff, f"key {key!r}: cache {location!r}, index {expected!r}")
         for key in truth.keys() - seen:
             diff.missing += 1
             _example(diff, f"missing key {key!r} -> {truth[key]!r}")

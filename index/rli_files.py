@@ -33,7 +33,7 @@ GLOBAL_SCHEMA = pa.schema(
 )
 _ORD = "__ord"
 
-# Default chosen by benchmarks/mdt_bench.py: the fraction of a file's row groups a lookup must touch above which
+# Default chosen by benchmarks/index_bench.py: the fraction of a file's row groups a lookup must touch above which
 # one sequential read of the key column beats reading the touched row groups one by one.
 DEFAULT_SEEK_THRESHOLD = 0.25
 

@@ -270,7 +270,7 @@ def _upsert_rows(batches: Iterable[pa.RecordBatch], table: Table, options: TagOp
     del batch, slices, tagged_parts, rows
     # 3b. The rows these files supersede (their deletion vectors), found here on the executor, where the keys are
     #     in memory and the older files' key columns stay cached in the worker; the driver uses them if nothing
-    #     committed since changed these file groups (mdt/writer.CommitWriter._tasks_fresh).
+    #     committed since changed these file groups (table/writer.CommitWriter._tasks_fresh).
     #     The view is held while they are computed: the seq they are stamped with is exactly the state they saw (a
     #     thread sharing this warm table may publish and refresh meanwhile; a later seq would hide its commit).
     disk, sources = datafiles.key_files_for(table, shards[0], options.cache), KeySources()  # (no lock needed)

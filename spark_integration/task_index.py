@@ -1,7 +1,7 @@
 """The index side of an upsert task: its shard's delta files, its touched keys and its partition stats.
 
 One task serves one key shard, so it owns every index group (partition, shard) its rows fall in: it writes those
-groups' sorted delta files itself (through the MDT's EntryBuffer) and reports only their records. The driver then
+groups' sorted delta files itself (through the index's EntryBuffer) and reports only their records. The driver then
 holds per task a few hundred bytes per file, never a key. Every key the task tagged is also kept, per group, for the
 publish-time conflict check (index/conflicts.py): the delta file serves when every tagged key of the group has an
 entry (an initial load), else a small `touched-*.parquet` file holds them.

@@ -1,4 +1,4 @@
-"""Helpers shared by the cache tests: an MDT table with known content and a cache on a temp dir."""
+"""Helpers shared by the cache tests: a table with known content and a cache on a temp dir."""
 from __future__ import annotations
 
 import uuid
@@ -23,7 +23,7 @@ def make_table(root: Path, num_shards: int = 2, keys_per_day: int = 300, global_
 
 
 def truth(table: Table, partition: str | None, shard: int) -> dict[str, str]:
-    """The MDT's key -> file group map of one shard (the reference every cache answer is checked against)."""
+    """The index's key -> file group map of one shard (the reference every cache answer is checked against)."""
     snap = table.snapshot(partition, shard=shard)
     return dict(zip(snap.column("key").to_pylist(), snap.column("file_group").to_pylist()))
 

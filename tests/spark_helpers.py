@@ -92,7 +92,7 @@ def random_batch(rng: random.Random, oracle: Oracle, serial: list[int], size: in
 
 
 def index_state(table: Table) -> dict[tuple[str, ...], str]:
-    """Record identity -> file group, read from the MDT with pyarrow (no cache, no Spark)."""
+    """Record identity -> file group, read from the index with pyarrow (no cache, no Spark)."""
     table.refresh()
     out: dict[tuple[str, ...], str] = {}
     if table.global_index:

@@ -13,10 +13,10 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
 SMOKE = {  # script -> a line of its results table that shows it ran to the end
-    "mdt_bench.py": "Seek/scan crossover",
+    "index_bench.py": "Seek/scan crossover",
     "bootstrap_bench.py": "| parallelism |",
     "cache_bench.py": "B/entry",
-    "footprint_bench.py": "| key shape | entries | partitions | MDT Parquet B/entry |",
+    "footprint_bench.py": "| key shape | entries | partitions | index Parquet B/entry |",
     "skew_bench.py": "| day | new keys | keys | simple max |",
     "restart_bench.py": "| K commits | entries to catch up |",
     "table_bench.py": "| after commits | dbidx commit s | files written | dbidx live files | dbidx read s |",
@@ -47,7 +47,7 @@ SPARK_SMOKE = {  # Spark benchmarks -> lines their output must hold
     # Peers not installed show as skipped; a wrong read-back anywhere makes the script fail.
     "peer_bench.py": ["| system | status | load s | median s/batch (excl. batch 1) |", "| dbidx | ok |"],
     # Two tiny sizes: the per-size table, the disk/RAM table and the verdict comparing them.
-    "scale_bench.py": ["| index keys | MDT B/entry | build s | cache B/entry |", "| 60,000 |",
+    "scale_bench.py": ["| index keys | index B/entry | build s | cache B/entry |", "| 60,000 |",
                        "Warm s/batch (2,000 rows) at 60,000 keys is"],
     # Every figure beside its anchor, then the read-back check (a mismatch also fails the script).
     "speed_bench.py": ["| figure | dbidx | anchor | ratio | goal | met |", "| steady batch (median of batch 2) |",

@@ -45,7 +45,7 @@ def test_importing_dbidx_loads_neither_pyspark_nor_the_library() -> None:
             "dbidx.upsert\n"
             "print('pyspark' in sys.modules, 'dbidx.spark_integration.api' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
-    assert out[0] == "['dbidx.version']", out
+    assert out[0] == "['dbidx.moved', 'dbidx.version']", out
     assert out[1] == "False True", out
 
 
@@ -58,3 +58,35 @@ def test_user_facing_modules_say_what_they_export(module: str) -> None:
     loaded = importlib.import_module(module)
     assert loaded.__all__ and all(hasattr(loaded, name) for name in loaded.__all__), module
     assert {n for n, m in NAMES.items() if m == module} <= set(loaded.__all__)
+
+
+def test_a_moved_module_path_still_imports_the_module_it_became() -> None:
+    """0.2 renamed the rooms (mdt/ -> index/ and table/, table/ -> storage/); the old paths resolve, for one release,
+    to the very module objects (no copies), with a DeprecationWarning naming the new path."""
+    code = ("import warnings\n"
+            "warnings.simplefilter('error', DeprecationWarning)\n"
+            "import dbidx\n"
+            "try:\n"
+            "    from dbidx.mdt.table import Table\n"
+            "except DeprecationWarning as w:\n"
+            "    print(w)\n"
+            "warnings.simplefilter('ignore', DeprecationWarning)\n"
+            "from dbidx.mdt.table import Table\n"
+            "from dbidx.table.fileio import FileIO\n"
+            "import dbidx.mdt.rli_files as old, dbidx.index.rli_files as new\n"
+            "from dbidx.table import timeline\n"
+            "import dbidx.storage.fileio, dbidx.storage.timeline, dbidx.table.facade\n"
+            "print(Table is dbidx.table.facade.Table, FileIO is dbidx.storage.fileio.FileIO, old is new,\n"
+            "      timeline is dbidx.storage.timeline)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out == ["dbidx.mdt.table moved to dbidx.table.facade in dbidx 0.2; import it from there (the old path "
+                   "goes in the next release)", "True True True True"], out
+
+
+def test_every_moved_path_names_a_module_that_exists() -> None:
+    from dbidx.moved import MOVED
+
+    for old, new in MOVED.items():
+        assert importlib.util.find_spec(new) is not None, (old, new)
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("dbidx.mdt.no_such_module")

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FLOORS = {
     # The package itself is the front door (`from dbidx import Table, upsert, ...`): it sits above every floor.
     "dbidx": 10, "dbidx.version": 0, "dbidx.errors": 0, "dbidx.config": 0, "dbidx.counters": 0, "dbidx.progress": 0,
-    "dbidx.charts": 0, "dbidx.arrays": 0, "dbidx.runner": 0, "dbidx.plain": 0,
+    "dbidx.charts": 0, "dbidx.arrays": 0, "dbidx.runner": 0, "dbidx.plain": 0, "dbidx.moved": 0,
     "dbidx.storage": 1, "dbidx.data": 2, "dbidx.index": 3, "dbidx.table": 4, "dbidx.buckets": 5, "dbidx.cache": 6,
     "dbidx.bootstrap": 7, "dbidx.spark_integration": 8,
     "dbidx.cli": 9, "dbidx.cli_cache": 9, "dbidx.cli_services": 9, "dbidx.cli_output": 9, "dbidx.demo": 9,

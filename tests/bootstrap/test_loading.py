@@ -1,4 +1,4 @@
-"""Time-bounded, global and on-demand loading against a real MDT and real RocksDB caches."""
+"""Time-bounded, global and on-demand loading against a real index and real RocksDB caches."""
 from __future__ import annotations
 
 import os

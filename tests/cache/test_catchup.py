@@ -1,4 +1,4 @@
-"""Catch-up from the MDT: completed and rolled-back instants, other writers, compaction, cleaning, global mode."""
+"""Catch-up from the index: completed and rolled-back instants, other writers, compaction, cleaning, global mode."""
 from __future__ import annotations
 
 import pytest

@@ -85,7 +85,7 @@ def test_sigkill_then_reopen_verifies_and_answers_like_the_mdt(tmp_path, mode, m
         survived = verify(cache, table)
         if mode == "ingest" and not survived.ok:
             # ... except that a kill between a large catch-up's SST ingest and the registry flush right after it
-            # (milliseconds) leaves that partition's data ahead of its registry: then it holds only entries the MDT
+            # (milliseconds) leaves that partition's data ahead of its registry: then it holds only entries the index
             # committed later (never a wrong or a missing one), which the open counted and catch-up replays
             # read-first.
             assert all(d.missing == d.wrong_location == 0 for d in survived.partitions), survived.to_dict()

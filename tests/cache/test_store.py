@@ -97,7 +97,7 @@ def test_partitions_with_any_path_get_their_own_family(tmp_path):
     assert all(len(f.encode()) <= 255 and "/" not in f for f in families)
 
 
-def test_cache_matches_the_mdt_and_reports_stats(tmp_path):
+def test_cache_matches_the_index_and_reports_stats(tmp_path):
     table = make_table(tmp_path)
     with open_cache(table, 1, tmp_path / "cache") as cache:
         expected = truth(table, DAY1, 1)

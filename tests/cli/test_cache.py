@@ -57,7 +57,10 @@ def test_sync_then_verify(setup):
         w.insert(DAY1, [f"new-{i}" for i in range(50)], "fg-new")
     synced = run(["cache", "sync", table.uri, "--cache-dir", str(base), "--json"])
     assert sum(c["applied_entries"] for c in synced["caches"]) == 50
-    assert run(["cache", "verify", table.uri, "--cache-dir", str(base), "--json"])["ok"] is True
+    verified = run(["cache", "verify", table.uri, "--cache-dir", str(base), "--json"])
+    assert verified["ok"] is True
+    parts = [p for c in verified["caches"] for p in c["partitions"]]
+    assert parts and all(p["index_entries"] == p["cache_entries"] == p["mdt_entries"] for p in parts)  # 0.1's name
     # Damage one cache through the library: verify exits 1 and names the difference.
     path = find_cache_dirs(base)[0]
     with open_cache_dir(path) as cache:

@@ -128,6 +128,7 @@ def test_demo_runs(tmp_path):
     assert not [line for line in narrative if " WARN " in line], result.stderr[-3000:]  # (the JVM's own
     # "WARNING: Using incubator modules" line is printed by java itself, before any logger exists)
     assert report["rows_checked"] == report["live_keys"] > 100
+    assert report["index_bytes_per_entry"] == report["mdt_bytes_per_entry"] > 0  # 0.1's name, kept for 0.2
     assert [b["via"] for b in report["batches"]] == ["batch", "streaming", "batch"]
     assert report["batches"][0]["inserts"] == 100 and all(b["updates"] > 0 for b in report["batches"][1:])
     # The same table through the Delta log: polars and duckdb (dev dependencies) see exactly the checked rows.

@@ -53,7 +53,7 @@ def test_random_batches_match_the_oracle_warm_and_cold(spark, tmp_path: Path, gl
         df = spark.createDataFrame(batch, SCHEMA)
         summaries = {}
         for name, table in tables.items():
-            if name == "cold":  # a fresh executor every batch: the whole cache is rebuilt from the MDT
+            if name == "cold":  # a fresh executor every batch: the whole cache is rebuilt from the index
                 shutil.rmtree(tmp_path / "cache-cold", ignore_errors=True)
             summaries[name] = upsert(df, table, key="id", partition="dt", buckets=BucketSpec(capacity=capacity),
                                      cache_config=configs[name])

@@ -1,9 +1,9 @@
-"""MDT benchmark: write, snapshot and lookup speed of the persisted index, its bytes per entry, and the
+"""Index benchmark: write, snapshot and lookup speed of the persisted index, its bytes per entry, and the
 seek-vs-scan crossover that sets rli_files.DEFAULT_SEEK_THRESHOLD.
 
-Why these figures: the MDT is read by every bootstrap and catch-up (snapshot rate), written by every commit
+Why these figures: the index is read by every bootstrap and catch-up (snapshot rate), written by every commit
 (write rate), and queried directly when no cache is warm (lookup latency); its bytes per entry is the baseline
-the cache's disk footprint is held to. Run: `python benchmarks/mdt_bench.py [--entries N] [--write-results]`.
+the cache's disk footprint is held to. Run: `python benchmarks/index_bench.py [--entries N] [--write-results]`.
 """
 from __future__ import annotations
 
@@ -116,10 +116,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dir", default=None, help="work directory (default: a temp dir, removed afterwards)")
     parser.add_argument("--smoke", action="store_true", help="20 k entries, 1 repeat: checks the script runs")
-    parser.add_argument("--write-results", action="store_true", help="rewrite the MDT section of RESULTS.md")
+    parser.add_argument("--write-results", action="store_true", help="rewrite the index section of RESULTS.md")
     args = parser.parse_args()
     n, repeats = (20_000, 1) if args.smoke else (args.entries, args.repeats)
-    work = Path(args.dir or tempfile.mkdtemp(prefix="dbidx-mdt-bench-"))
+    work = Path(args.dir or tempfile.mkdtemp(prefix="dbidx-index-bench-"))
     try:
         rows, lookups, crossovers, costs = [], [], {}, []
         for shape in ("uuid", "seq20"):
@@ -155,7 +155,7 @@ def main() -> None:
     text = "\n".join(out)
     print(text)
     if args.write_results and not args.smoke:
-        _report.write_section("mdt", "## MDT (persisted record index)\n\n" + text)
+        _report.write_section("index", "## Index (persisted record index)\n\n" + text)
 
 
 if __name__ == "__main__":
