@@ -124,7 +124,8 @@ def main() -> None:
         "## Bootstrap (time-bounded, on-demand, warm restart)",
         f"Machine: {_report.machine()}. Command: `{_report.command()}`. Medians of {args.repeats} run(s). "
         f"Table: {args.days_total} daily partitions x {args.keys_per_day:,} random UUID keys ({build_s:.0f} s to "
-        f"write, {index_bytes / (args.days_total * args.keys_per_day):.1f} B/entry of Parquet), {args.shards} shard(s); "
+        f"write, {index_bytes / (args.days_total * args.keys_per_day):.1f} B/entry of Parquet), "
+        f"{args.shards} shard(s); "
         f"bootstrap of the last {args.window} days into empty caches, end to end (index Parquet -> ready column "
         "families).",
         _report.table(["parallelism", "days", "entries", "seconds", "entries/s", "cache B/entry"], rows),

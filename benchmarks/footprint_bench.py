@@ -180,7 +180,8 @@ def main() -> None:
                     table = build_table(work, shape, size, parts, rng)
                     n = sum(s.live_keys for s in table.partitions())
                     disk, entries = bulk_loaded_size(table, work / "cache", CacheConfig())
-                    headline.append([shape, n, parts, index_bytes(table) / n, disk / entries, disk / index_bytes(table)])
+                    index = index_bytes(table)
+                    headline.append([shape, n, parts, index / n, disk / entries, disk / index])
                     middle = partition_counts[len(partition_counts) // 2]
                     if parts == middle:
                         dicts[(shape, size)] = dict_rss(table) / n
