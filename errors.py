@@ -8,10 +8,10 @@ from typing import Any
 
 __all__ = ["CacheBusyError", "CacheCorruptError", "CacheError", "CacheMismatchError", "CommitError", "ConfigError",
            "ConflictError", "CorruptFileError", "DbidxError", "DeltaFeatureError", "DuplicateKeyError",
-           "ForeignCommitError", "ForeignDuplicateError", "FormatUpgradeError", "HistoryCompactedError", "HookError",
-           "InstantStateError", "InvalidInputError", "InvalidKeyError", "InvalidPartitionError",
-           "PartitionNotReadyError", "SchemaError", "StoreUnavailableError", "TableExistsError",
-           "TableNotFoundError", "UnsafeConcurrencyError"]
+           "ForeignCommitAfterPublishError", "ForeignCommitError", "ForeignDuplicateError", "FormatUpgradeError",
+           "HistoryCompactedError", "HookError", "InstantStateError", "InvalidInputError", "InvalidKeyError",
+           "InvalidPartitionError", "PartitionNotReadyError", "SchemaError", "StoreUnavailableError",
+           "TableExistsError", "TableNotFoundError", "UnsafeConcurrencyError"]
 
 
 class DbidxError(Exception):
@@ -120,6 +120,17 @@ class ForeignCommitError(DbidxError, exit_code=5):
 
     # The completion dbidx had published when another engine took its Delta version (None: nothing published).
     published: Any = None
+
+
+class ForeignCommitAfterPublishError(ForeignCommitError):
+    """Another engine took the Delta version of a completion dbidx had published (`published`): never rolled back."""
+
+    def __init__(self, message: str, published: Any = None) -> None:
+        super().__init__(message)
+        self.published = published
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (str(self), self.published)
 
 
 class ForeignDuplicateError(DuplicateKeyError):

@@ -33,6 +33,7 @@ from dbidx.runner import IN_PROCESS, WorkRunner, attempt_of, check_written, pack
 from dbidx.storage import layout, markers
 from dbidx.storage.data_view import DvRef
 from dbidx.storage.fileio import FileIO
+from dbidx.storage.instant_life import InstantLife
 from dbidx.storage.records import ACTION_ABSORB, ACTION_DATA_COMPACTION, CompletedInstant, DataFileRecord, record_dict
 from dbidx.storage.state import TableState
 
@@ -90,7 +91,6 @@ def compact_data(table: TableState, partitions: Iterable[str] | None = None, min
     if not todo:
         return DataCompactionResult(None, 0, 0, 0, 0, 0)
     schema = pa.schema(list(plan.schema) + [pa.field(INSTANT_COLUMN, pa.string())])
-    writer = table.timeline.start(ACTION_DATA_COMPACTION)
     replaced = [f.path for u in todo for f in u.files]
     seen = {f.path: v for u in todo for f, v in zip(u.files, u.vectors)}  # each file's vector in the snapshot
     bases: list[DataFileRecord] = []
@@ -112,7 +112,9 @@ def compact_data(table: TableState, partitions: Iterable[str] | None = None, min
                 if dv.path in mine:
                     later[dv.path] = DvRef(dv, dv_files[dv.dv_file])
 
-    try:
+    # The instant ends published or rolled back, its unlisted files (a first try's base, later tries') deleted
+    # (storage/instant_life.py).
+    with InstantLife(table.timeline, ACTION_DATA_COMPACTION) as writer:
         # 1b. A compaction that published between the snapshot and this instant's start counts too.
         check(table.timeline.completed(after_seq=plan.seq, upto_seq=writer.start_seq))
         # 2. Declare the bases (a rollback finds them after a crash), then write each: live rows only, each row
@@ -120,7 +122,7 @@ def compact_data(table: TableState, partitions: Iterable[str] | None = None, min
         #    Spark job), each result checked before anything is published.
         paths = {(u.partition, u.file_group): data_file_path(u.partition, u.file_group, writer.instant, 0)
                  for u in todo}
-        table.timeline.mark_inflight(writer, paths.values())
+        writer.declare(paths.values())
         steps = Steps(progress, len(todo))
         work = partial(rewrite_file_group, table.io, writer.instant, plan.key or "", schema)
         what = f"data compaction {writer.instant}"
@@ -140,13 +142,7 @@ def compact_data(table: TableState, partitions: Iterable[str] | None = None, min
                                     dv_files=dv_files, deletion_vectors=vectors)
 
         # 3. Publish: readers switch from the old files to the bases in one step.
-        record = table.timeline.publish(writer, build, check)
-    except BaseException as exc:
-        if getattr(exc, "published", None) is None:  # published, then another engine took its Delta version
-            table.timeline.rollback(writer.instant)
-        raise
-    markers.discard_losing_tries(table.io, writer.instant, paths.values(),
-                                 {f.path for f in record.dv_files} | {b.path for b in bases})
+        record = writer.publish(build, check)
     return DataCompactionResult(record, len(todo), len(replaced), sum(b.rows for b in bases),
                                 sum(u.bytes for u in todo), sum(b.size for b in bases))
 

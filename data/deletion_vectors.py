@@ -9,7 +9,7 @@ Delta reader (Spark, delta-rs, polars, DuckDB, Trino) applies them:
 - a DV file `deletion_vector_<uuid>.bin`: one version byte 1, then per vector a 4-byte big-endian length, the
   vector, and a 4-byte big-endian CRC-32 of the vector (the completion record gives each vector's offset, size and
   cardinality);
-- in the Delta log a vector travels inline: Z85 of its bytes (data/delta_log.py says why).
+- in the Delta log a vector travels inline: Z85 of its bytes (data/delta_derive.py says why).
 
 Everything read back is untrusted: a wrong magic, a CRC mismatch, a size or cardinality that differs from the
 descriptor, or a position past the file's rows is a CorruptFileError naming the DV file, never fewer deleted rows.

@@ -33,7 +33,7 @@ _DELTA_RS_SAFE = "/=-_.~:@+,!&'();$"
 
 def delta_spelling(rel: str) -> str | None:
     """The `delta_path` a new data file's record carries: delta-rs's spelling of its path when it differs from the
-    default one (data/delta_log.py `delta_path`), else None (the default is then the same)."""
+    default one (data/delta_derive.py `delta_path`), else None (the default is then the same)."""
     spelled = quote(rel, safe=_DELTA_RS_SAFE)
     return None if spelled == quote(rel, safe="/=-_.~") else spelled
 

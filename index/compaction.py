@@ -31,6 +31,7 @@ from dbidx.progress import Progress, Steps
 from dbidx.runner import IN_PROCESS, WorkRunner, attempt_of, check_written, pack, unpack
 from dbidx.storage import layout, markers
 from dbidx.storage.fileio import FileIO
+from dbidx.storage.instant_life import InstantLife
 from dbidx.storage.records import ACTION_CLEAN, ACTION_COMPACTION, CompletedInstant, FileRecord, record_dict
 from dbidx.storage.state import TableState
 
@@ -116,17 +117,18 @@ def compact(
             todo[(partition, shard)] = plan
     if not todo:
         return CompactionResult(None, 0, 0, 0)
-    writer = table.timeline.start(ACTION_COMPACTION)
     bases: list[FileRecord] = []
     replaced = [f.path for plan in todo.values() for f in plan.files]
     steps = Steps(progress, len(todo))
-    try:
+    # The instant ends published or rolled back, its unlisted files (a first try's base, later tries') deleted
+    # (storage/instant_life.py).
+    with InstantLife(table.timeline, ACTION_COMPACTION) as writer:
         # 2. Declare, then write one file per group: the newest entry per key, tombstones dropped from a base (kept in
         #    a merged file); one piece of work per group, run by `runner` (here, or as a Spark job), each result
         #    checked before anything is published.
         paths = {g: layout.rli_file(g[0], g[1], _output_kind(plan.into_base), writer.instant)
                  for g, plan in todo.items()}
-        table.timeline.mark_inflight(writer, paths.values())
+        writer.declare(paths.values())
         work = partial(merge_group, table.io, writer.instant, table.schema, table.props.row_group_size)
         what = f"compaction {writer.instant}"
         items = [(g[0], g[1], plan.files, plan.into_base) for g, plan in todo.items()]
@@ -156,12 +158,7 @@ def compact(
                                     files=tuple(bases), replaced=tuple(replaced))
 
         # 3. Publish: the bases replace the old files in one step.
-        record = table.timeline.publish(writer, build, check)
-    except BaseException as exc:
-        if getattr(exc, "published", None) is None:  # published, then another engine took its Delta version
-            table.timeline.rollback(writer.instant)
-        raise
-    markers.discard_losing_tries(table.io, writer.instant, paths.values(), {b.path for b in bases})
+        record = writer.publish(build, check)
     return CompactionResult(record, len(todo), len(replaced), sum(b.rows for b in bases),
                             sum(1 for plan in todo.values() if plan.into_base))
 
@@ -236,7 +233,6 @@ def clean(table: TableState, retain_completions: int = 10, delete_migrated: bool
     doomed += data.replaced(horizon, migrated=delete_migrated) + data.unreferenced_dv_files(horizon)
     if not doomed:
         return None
-    writer = table.timeline.start(ACTION_CLEAN)
 
     def build(seq: int) -> CompletedInstant:
         return CompletedInstant(seq=seq, instant=writer.instant, action=ACTION_CLEAN, table_id=table.props.table_id,
@@ -245,8 +241,10 @@ def clean(table: TableState, retain_completions: int = 10, delete_migrated: bool
 
     # 1. Publish first: from now on readers know these files are gone on purpose. The claim stays until step 2 is
     #    done: a clean killed in between leaves it, and the next sweep (any upsert, clean, compaction, `dbidx
-    #    repair`) deletes what the record lists that is still there (storage/leftovers.py).
-    record = table.timeline.publish(writer, build, keep_claim=True)
+    #    repair`) deletes what the record lists that is still there (storage/leftovers.py). A failure before the
+    #    publish rolls the instant back (storage/instant_life.py).
+    with InstantLife(table.timeline, ACTION_CLEAN) as writer:
+        record = writer.publish(build, keep_claim=True)
     # 2. Then delete them, then the claim.
     try:
         for path in doomed:

@@ -31,7 +31,7 @@ from dbidx.spark_integration.tagger import TagOptions
 from dbidx.spark_integration.task_errors import (
     retyped,
 )
-from dbidx.storage import leftovers, markers
+from dbidx.storage import leftovers
 from dbidx.storage.data_view import LAYOUT_EXTRA, SCHEMA_EXTRA, DataView
 from dbidx.storage.records import DataFileRecord, FileRecord
 
@@ -173,19 +173,17 @@ def run_upsert(table: Table, options: TagOptions, job: Callable[[str], list[tupl
         record, summary = commit_results(writer, results, options, expected_tasks=table.num_shards,
                                          started=started, progress=progress, abandoned=abandoned.to_dict())
     except BaseException as exc:
-        try:
-            writer.rollback()  # also deletes every file any attempt announced
-        except Exception as cleanup:  # noqa: BLE001 - reported with the error that caused the rollback
-            exc.add_note(f"rolling back instant {instant} failed too: {type(cleanup).__name__}: {cleanup}")
+        # Rolled back unless published, which also deletes every file any attempt announced; a rollback that fails
+        # too is a note on `exc` (storage/instant_life.py).
+        writer.fail(exc)
         error = retyped(exc)
         if error is exc:
             raise  # as it is, with its own cause (`raise exc from exc` would replace that cause by itself)
         raise error from exc
     marks.append(time.perf_counter())
     # 3. Files of failed or losing attempts (and the touched-key files) were never listed; now they go.
-    listed = leftovers.settled_files(record) or set()
     scratch = {t.path for t in writer.touched() if t.path}
-    deleted = markers.discard_unlisted(table.io, instant, keep=listed)
+    deleted = writer.finish()
     summary.orphans_deleted = len([rel for rel in deleted if rel not in scratch])
     leftovers.sweep_after_write(table.io, record)  # dead writers' temp files where this batch wrote
     summary.seq = record.seq

@@ -35,9 +35,10 @@ from dbidx.data.superseded import superseded_rows
 from dbidx.errors import CacheCorruptError, CacheError, CorruptFileError, DbidxError
 from dbidx.table.facade import Table
 from dbidx.spark_integration import datafiles
+from dbidx.spark_integration.dedupe import latest_per_key
 from dbidx.spark_integration.tagger import (
     ROW_ID, TAG_FILE_GROUP, TAG_IS_DELETE, TAG_IS_UPDATE, TAG_NAMES, TAG_OLD_FILE_GROUP, TAG_OLD_PARTITION,
-    TAG_PARTITION, ShardTagger, TagOptions, latest_per_key,
+    TAG_PARTITION, ShardTagger, TagOptions,
 )
 from dbidx.spark_integration.task_index import stage_each_delta, write_task_index, written_paths
 from dbidx.spark_integration.task_result import ShardMetrics, TaskResult

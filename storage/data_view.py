@@ -90,7 +90,7 @@ class DataView:
         """Fold newly published completion records (in seq order) into the view; an inconsistent log (a data file
         under the metadata folder, a compaction of a file that is not live) is a CorruptFileError naming it.
         `before(record, view)` sees each record with the view as it stood right before it (the Delta log's
-        commit for a record is a function of both: data/delta_log.py)."""
+        commit for a record is a function of both: data/delta_derive.py)."""
         for rec in records:
             if rec.seq <= self.applied_seq:
                 continue

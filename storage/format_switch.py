@@ -13,7 +13,8 @@ from dbidx.storage import layout, markers
 from dbidx.storage.fileio import FileIO
 from dbidx.storage.properties import TableProperties, properties_json
 from dbidx.storage.records import ACTION_UPGRADE, CompletedInstant
-from dbidx.storage.timeline import StartedInstant, Timeline
+from dbidx.storage.timeline import Timeline
+from dbidx.storage.timeline_writes import StartedInstant
 
 UPGRADE_FROM = 3
 STAGED_RECORD = f"{layout.META_DIR}/upgrade-from-3.json"

@@ -17,6 +17,9 @@ touched and nothing else:
 
 Caches catch up from the record's index files exactly as from a dbidx commit; an upsert that touched a re-pointed
 key meanwhile conflicts (index/conflicts.py), since its rows were written against the old location.
+
+This module holds the run, its files and its record; the index entries of the keys that moved are
+table/absorb_entries.py's, the checks of what a version may change table/absorb_checks.py's.
 """
 from __future__ import annotations
 
@@ -33,45 +36,22 @@ from dbidx.arrays import one_chunk
 from dbidx.data.delta_actions import (
     FileAction, VersionActions, expired_version, from_checkpoint, read_descriptor, read_version,
 )
-from dbidx.data.delta_log import delta_path, last_checkpoint_version, version_file, view_partition_columns
+from dbidx.data.delta_derive import delta_path, view_partition_columns
+from dbidx.data.delta_log import last_checkpoint_version, version_file
 from dbidx.data.source_files import read_source
 from dbidx.data.superseded import load_vector, read_key_column, write_vectors
-from dbidx.errors import CorruptFileError, DbidxError, DeltaFeatureError, ForeignDuplicateError, InvalidInputError
+from dbidx.errors import CorruptFileError, DbidxError, DeltaFeatureError, ForeignDuplicateError
 from dbidx.index import rli_files
+from dbidx.table.absorb_checks import _check_metadata, _partition_of
+from dbidx.table.absorb_entries import _entries, _Rows
 from dbidx.table.writer import EntryBuffer
 from dbidx.storage import layout, markers
-from dbidx.storage.data_view import DELTA_CONFIGURATION_EXTRA, DataView, check_configuration
+from dbidx.storage.data_view import DataView
 from dbidx.storage.records import ACTION_ABSORB, CompletedInstant, DataFileRecord
 from dbidx.storage.state import TableState
-from dbidx.storage.timeline import StartedInstant
+from dbidx.storage.timeline_writes import StartedInstant
 
 ABSORBED_EXTRA = "absorbed"  # the record's extra: {"version", "operation", "engine"} of the version it absorbs
-_SAMPLE = 10  # keys or files an error names
-
-
-class _Rows:
-    """Key rows of one side of a version (the rows that left, or those that came), with their partition, file
-    group and file, gathered file by file and stacked into one table."""
-
-    def __init__(self) -> None:
-        self._parts: list[pa.Table] = []
-        self._files: list[str] = []
-
-    def add(self, keys: pa.Array, partition: str, group: str, file: str) -> None:
-        n = len(keys)
-        self._parts.append(pa.table({"key": keys, "partition": pa.repeat(pa.scalar(partition, pa.string()), n),
-                                     "group": pa.repeat(pa.scalar(group, pa.string()), n),
-                                     "file": pa.array(np.full(n, len(self._files), dtype=np.int64))}))
-        self._files.append(file)
-
-    def table(self) -> pa.Table:
-        if not self._parts:
-            return pa.table({"key": pa.array([], pa.string()), "partition": pa.array([], pa.string()),
-                             "group": pa.array([], pa.string()), "file": pa.array([], pa.int64())})
-        return pa.concat_tables(self._parts)
-
-    def file_name(self, i: int) -> str:
-        return self._files[i]
 
 
 def absorb_run(table: TableState, run: list[VersionActions], seq: int, published: int = 0
@@ -311,72 +291,6 @@ def _build(table: TableState, view: DataView, where: str, seq: int, started: Sta
         partitions=buffer.changes(), extra=extra)
 
 
-def _entries(table: TableState, buffer: EntryBuffer, left: pa.Table, came: pa.Table, came_rows: _Rows,
-             where: str) -> None:
-    """Re-point the keys that left and came, tombstone those that only left, insert those that only came (after
-    checking that none of them is live elsewhere)."""
-    scopes = [None] if table.global_index else sorted(set(left.column("partition").to_pylist())
-                                                      | set(came.column("partition").to_pylist()))
-    for scope in scopes:
-        old = left if scope is None else left.filter(pc.equal(left.column("partition"), scope))
-        new = came if scope is None else came.filter(pc.equal(came.column("partition"), scope))
-        _reject_repeats(new, came_rows, where, scope)
-        index = pc.index_in(new.column("key"), value_set=old.column("key"))
-        moved = pc.is_valid(index)
-        stays = pc.invert(pc.is_in(old.column("key"), value_set=new.column("key")))
-        repoint, insert = new.filter(moved), new.filter(pc.invert(moved))
-        previous = old.take(pc.drop_null(index))
-        _reject_live(table, insert, came_rows, where, scope)
-        for part in _partitions(repoint):
-            rows = repoint.filter(pc.equal(repoint.column("partition"), part))
-            buffer.add(part, rows.column("key"), one_chunk(rows.column("group")), deleted=False, live=+1)
-        for part in _partitions(previous):
-            rows = previous.filter(pc.equal(previous.column("partition"), part))
-            buffer.count(part, one_chunk(rows.column("group")), -1)
-        tombstones = old.filter(stays)
-        for part in _partitions(tombstones):
-            rows = tombstones.filter(pc.equal(tombstones.column("partition"), part))
-            buffer.add(part, rows.column("key"), one_chunk(rows.column("group")), deleted=True, live=-1)
-        for part in _partitions(insert):
-            rows = insert.filter(pc.equal(insert.column("partition"), part))
-            buffer.add(part, rows.column("key"), one_chunk(rows.column("group")), deleted=False, live=+1)
-
-
-def _partitions(rows: pa.Table) -> list[str]:
-    return sorted(set(rows.column("partition").to_pylist())) if rows.num_rows else []
-
-
-def _reject_repeats(new: pa.Table, came_rows: _Rows, where: str, scope: str | None) -> None:
-    """A key may come once per scope in a version (two live rows of it would be two locations)."""
-    counts = pc.value_counts(new.column("key"))
-    repeated = counts.field("values").filter(pc.greater(counts.field("counts"), 1))
-    if len(repeated):
-        _duplicate(where, scope, repeated, new, came_rows, "it adds more than one live row of each")
-
-
-def _reject_live(table: TableState, insert: pa.Table, came_rows: _Rows, where: str, scope: str | None) -> None:
-    """A key that only came must not be live in another file the version left alone (a blind append)."""
-    if not insert.num_rows:
-        return
-    found = table.lookup(one_chunk(insert.column("key")), scope)
-    if found.num_rows:
-        _duplicate(where, scope, found.column(rli_files.KEY), insert, came_rows,
-                   "they are live already in files it did not touch")
-
-
-def _duplicate(where: str, scope: str | None, keys: Any, rows: pa.Table, came_rows: _Rows, why: str) -> None:
-    sample = one_chunk(keys).slice(0, _SAMPLE)
-    hit = rows.filter(pc.is_in(rows.column("key"), value_set=sample))
-    files = sorted({came_rows.file_name(i) for i in hit.column("file").to_pylist()})[:_SAMPLE]
-    scope_text = "the table" if scope is None else f"partition {scope!r}"
-    raise ForeignDuplicateError(
-        f"{where} makes {len(keys)} key(s) of {scope_text} live twice ({why}), e.g. "
-        f"{', '.join(repr(k) for k in sample.to_pylist())}, in {', '.join(files)}. dbidx keeps one location per key "
-        "and absorbed nothing of it. Remedy: remove the repeated rows with the engine that wrote them (or restore "
-        "the version before), then re-adopt the table as it then is: `dbidx build-index URI --key COLUMN --readopt` "
-        "(docs/FORMAT.md section 12c)")
-
-
 def _keys_only_in(table: TableState, view: DataView, partition: str, group: str, paths: set[str],
                   key: str) -> pa.Array:
     """The live keys of a file group's files `paths` without reading them (a VACUUM deleted them): the group's keys
@@ -414,28 +328,6 @@ def _key_column(view: DataView) -> str | None:
     return key if isinstance(key, str) else None
 
 
-def _partition_of(action: FileAction, columns: list[str], where: str) -> str:
-    """A new file's dbidx partition from its partitionValues (`col=value`, one segment per column)."""
-    extra = sorted(set(action.values) - set(columns))
-    if extra:
-        raise DeltaFeatureError(f"{where} adds {action.raw_path!r} with partition values for {extra}, which are not "
-                                f"the table's partition columns {columns}: the table's partitioning changed")
-    segments = []
-    for column in columns:
-        value = action.values.get(column)
-        if value is None or value == "":
-            raise DeltaFeatureError(f"{where} adds {action.raw_path!r} with a null or empty value of partition "
-                                    f"column {column!r}; dbidx names partitions by their values")
-        if len(columns) > 1 and "/" in value:
-            raise DeltaFeatureError(f"{where} adds {action.raw_path!r} with partition value {value!r}, whose '/' "
-                                    "would split a partition path")
-        segments.append(f"{column}={value}")
-    try:
-        return layout.validate_partition("/".join(segments))
-    except InvalidInputError as exc:
-        raise DeltaFeatureError(f"{where} adds {action.raw_path!r} in a partition dbidx cannot name: {exc}") from exc
-
-
 def _read_new_file(table: TableState, path: str, partition: str, action: FileAction, key: str,
                    where: str) -> tuple[DataFileRecord, pa.Array]:
     """A file another engine added, read as build-index reads a migrated file (data/source_files.py: its bytes
@@ -449,65 +341,3 @@ def _read_new_file(table: TableState, path: str, partition: str, action: FileAct
                                f"{source.record.size}")
     spelled = None if action.raw_path == delta_path(path) else action.raw_path
     return replace(source.record, delta_path=spelled), source.keys
-
-
-def _check_metadata(view: DataView, actions: VersionActions, columns: list[str], key: str | None,
-                    extra: dict[str, Any], where: str) -> None:
-    """A protocol or metaData change dbidx can keep (the same partition columns, the key column with its type, no
-    column mapping, no feature dbidx cannot write); new columns are recorded as the table's data schema."""
-    from dbidx.data.delta_adopt import READER_FEATURES, WRITER_FEATURES
-
-    if actions.protocol is not None:
-        p = actions.protocol
-        unknown = sorted((set(p.get("readerFeatures") or []) - READER_FEATURES)
-                         | (set(p.get("writerFeatures") or []) - WRITER_FEATURES))
-        if p.get("minReaderVersion", 1) > 3 or p.get("minWriterVersion", 1) not in (1, 2, 7) or unknown:
-            raise DeltaFeatureError(f"{where} changes the protocol to {p} (features {unknown}), which dbidx cannot "
-                                    "keep when it writes; re-adopt once the table is in a form dbidx can write")
-    meta = actions.metadata
-    if meta is None:
-        return
-    if list(meta.get("partitionColumns") or []) != columns:
-        raise DeltaFeatureError(f"{where} changes the partition columns from {columns} to "
-                                f"{meta.get('partitionColumns')}: every key's partition would change. Re-adopt the "
-                                "table as it is now: `dbidx build-index URI --key COLUMN --readopt`")
-    configuration = meta.get("configuration") or {}
-    if str(configuration.get("delta.columnMapping.mode", "none")) != "none":
-        raise DeltaFeatureError(f"{where} turns on column mapping, which dbidx cannot write")
-    if str(configuration.get("delta.enableDeletionVectors", "true")).lower() != "true":
-        raise DeltaFeatureError(f"{where} turns deletion vectors off (delta.enableDeletionVectors), which every "
-                                "dbidx upsert writes: set it back to true before dbidx writes again")
-    # 1. The table properties: recorded when they change (the run's newest wins), so that dbidx's own later
-    #    metaData (a schema change, a properties change) carries them on instead of the ones it started with.
-    configuration = check_configuration(configuration, where)
-    if configuration != extra.get(DELTA_CONFIGURATION_EXTRA, view.configuration()):
-        extra[DELTA_CONFIGURATION_EXTRA] = configuration
-    schema = _arrow_schema(meta, where)
-    if schema is None:
-        return
-    if key is not None and key not in schema.names:
-        raise DeltaFeatureError(f"{where} drops the key column {key!r}")
-    from dbidx.data.schema import decode_schema, encode_schema, recorded_schema
-
-    # (an earlier version of the same run may have added columns already)
-    old = decode_schema(extra["schema"], where) if "schema" in extra else recorded_schema(view.schema)
-    names = set(old.names) if old is not None else set()
-    if old is not None and not set(n for n in names if n not in columns).issubset(schema.names):
-        raise DeltaFeatureError(f"{where} drops column(s) {sorted(names - set(schema.names))}: dbidx's files and "
-                                "schema keep every column; re-adopt the table to take the new schema")
-    new_fields = [f.with_nullable(True) for f in schema if f.name not in names]
-    if new_fields:
-        base = list(old) if old is not None else []
-        extra["schema"] = encode_schema(pa.schema(base + new_fields))
-
-
-def _arrow_schema(meta: dict[str, Any], where: str) -> pa.Schema | None:
-    text = meta.get("schemaString")
-    if not isinstance(text, str):
-        return None
-    from deltalake import Schema
-
-    try:
-        return pa.schema(Schema.from_json(text).to_arrow())
-    except Exception as exc:
-        raise CorruptFileError(f"{where} has a schema dbidx cannot read: {exc}") from exc

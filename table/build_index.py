@@ -32,7 +32,7 @@ from dbidx.errors import (
 from dbidx.table.facade import Table
 from dbidx.table.writer import CommitWriter
 from dbidx.progress import Progress, Steps
-from dbidx.storage import layout, markers
+from dbidx.storage import layout
 from dbidx.storage.data_view import DELTA_ADOPTED_EXTRA, LAYOUT_EXTRA, SCHEMA_EXTRA
 from dbidx.storage.records import ACTION_BUILD_INDEX, CompletedInstant, DataFileRecord
 
@@ -210,7 +210,7 @@ def build_index(
         writer.extra[LAYOUT_EXTRA] = {"key": key_column, "partition_columns": list(partition_columns or [])}
         if schema is not None:
             writer.extra[SCHEMA_EXTRA] = encode_schema(pa.schema([f.with_nullable(True) for f in schema]))
-    record = table.timeline.record_of(writer.instant)
+    record = writer.record
     assert record is not None
     return BuildIndexResult(writer.instant, total, len(by_partition), keys_total, record)
 
@@ -285,9 +285,8 @@ def adopt_delta_table(table: Table, key_column: str, partition_columns: Sequence
     finally:
         table.adopting_delta = False
         table.timeline.before_publish.remove(no_newer)
-    record = table.timeline.record_of(writer.instant)
+    record = writer.record
     assert record is not None
-    markers.discard_unlisted(table.io, writer.instant, keep={f.path for f in record.dv_files})
     return BuildIndexResult(writer.instant, len(records), len({f.partition for f in records}),
                             sum(len(k) for ks, _i in keys_by_scope.values() for k in ks), record)
 
@@ -344,6 +343,8 @@ def _first_index_writer(table: Table, key_column: str) -> Iterator[CommitWriter]
         if refusal is None:
             raise
         raise refusal from exc
+    # 4. Committed: what the build wrote and its record does not list (a lost publish pass's DV file) goes.
+    writer.finish()
 
 
 def _no_newer_version(table: Table, version: int, instant: str, key_column: str) -> None:

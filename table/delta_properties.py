@@ -24,6 +24,7 @@ from dbidx.errors import ConfigError, ConflictError
 from dbidx.storage.data_view import DELTA_CONFIGURATION_EXTRA
 from dbidx.storage.records import ACTION_ABSORB, ACTION_PROPERTIES, CompletedInstant
 from dbidx.storage.data_view import DataView
+from dbidx.storage.instant_life import InstantLife
 from dbidx.storage.state import TableState
 
 
@@ -132,7 +133,6 @@ def set_delta_properties(table: PropertiesTable, changes: Mapping[str, str | Non
     after.update({k: v for k, v in changes.items() if v is not None})
     if after == before:
         return None
-    writer = table.timeline.start(ACTION_PROPERTIES)
 
     def check(news: list[CompletedInstant]) -> None:
         # A change built on a configuration that is no longer the latest would undo the other one.
@@ -146,9 +146,6 @@ def set_delta_properties(table: PropertiesTable, changes: Mapping[str, str | Non
                                 table_id=table.props.table_id, completed_at_ms=int(time.time() * 1000),
                                 start_seq=writer.start_seq, extra={DELTA_CONFIGURATION_EXTRA: after})
 
-    try:
-        return table.timeline.publish(writer, build, check=check)
-    except BaseException as exc:
-        if getattr(exc, "published", None) is None:  # published, then another engine took its Delta version
-            table.timeline.rollback(writer.instant)
-        raise
+    # 3. One instant: published, or rolled back (storage/instant_life.py).
+    with InstantLife(table.timeline, ACTION_PROPERTIES) as writer:
+        return writer.publish(build, check=check)

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 
 from dbidx.data.delta_actions import VersionActions, read_version
+from dbidx.data.delta_derive import TableShape, version_for
 from dbidx.data.delta_log import (
     DeltaLogWriter,
-    TableShape,
     checkpoint_pointer,
     last_checkpoint_version,
     version_file,
-    version_for,
 )
 from dbidx.errors import (
     CorruptFileError,

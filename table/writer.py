@@ -33,8 +33,8 @@ from dbidx.storage.records import (
     ACTION_ABSORB, ACTION_COMMIT, CompletedInstant, DataFileRecord, DeletionVectorRecord, DvFileRecord, FileRecord,
     PartitionChange,
 )
+from dbidx.storage.instant_life import InstantLife
 from dbidx.storage.state import TableState
-from dbidx.storage.timeline import StartedInstant
 
 Keys = Sequence[str] | pa.Array | pa.ChunkedArray
 
@@ -154,12 +154,12 @@ class EntryBuffer:
         return files
 
 
-class CommitWriter:
+class CommitWriter(InstantLife):
     """Collects the index entries of one instant and commits or rolls them back as a unit."""
 
     def __init__(self, table: TableState, action: str = ACTION_COMMIT, tags: Mapping[str, str] | None = None) -> None:
+        super().__init__(table.timeline, action, tags=tags)  # the instant's life: storage/instant_life.py
         self.table = table
-        self.started: StartedInstant = table.timeline.start(action, tags=tags)
         self.buffer = EntryBuffer(table, self.started.instant)
         self._written: list[FileRecord] = []
         self._data_files: list[DataFileRecord] = []
@@ -167,27 +167,21 @@ class CommitWriter:
         self._touched: dict[GroupKey, TouchedKeys] = {}
         self._fresh: list[tuple[int, dict[str, BitMap]]] = []  # tasks' superseded rows: (view seq, positions)
         self.adopted_vectors: tuple[tuple[DvFileRecord, ...], tuple[DeletionVectorRecord, ...]] | None = None
-        self._done = False
         self.extra: dict[str, Any] = {}
         # More publish checks over the completions that landed meanwhile (e.g. the data schema an upsert relies on);
         # each raises ConflictError to publish nothing.
         self.checks: list[Callable[[list[CompletedInstant]], None]] = []
 
-    @property
-    def instant(self) -> str:
-        """This writer's instant id."""
-        return self.started.instant
-
     def __enter__(self) -> "CommitWriter":
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if self._done:
-            return
-        if exc_type is None:
+        """Commit when the block ends normally (`finish` deletes what the instant wrote and did not list, for a
+        caller whose tasks announced files); on an error, the instant's end (`InstantLife.fail`)."""
+        if exc is not None:
+            self.fail(exc)
+        elif not (self.ended or self.published):
             self.commit()
-        else:
-            self.rollback()
 
     # ---- collecting entries --------------------------------------------------------------------------------
     def insert(self, partition: str, keys: Keys, file_groups: Keys | str) -> None:
@@ -256,22 +250,19 @@ class CommitWriter:
         return list(self._touched.values())
 
     def _check_open(self) -> None:
-        if self._done:
+        if self.ended or self.published:
             raise InstantStateError(f"instant {self.instant} is already finished")
 
     # ---- finishing -----------------------------------------------------------------------------------------
     def commit(self) -> CompletedInstant:
-        """Write the delta files and publish the instant; on any error the instant is rolled back and re-raised."""
+        """Write the delta files and publish the instant; on any error the instant is rolled back (unless it was
+        published: InstantLife.fail) and the error re-raised."""
         self._check_open()
         try:
-            record = self._commit()
+            return self._commit()
         except BaseException as exc:
-            if getattr(exc, "published", None) is not None:
-                self._done = True  # published, then another engine took its Delta version: nothing to roll back
-            self.rollback()
+            self.fail(exc)
             raise
-        self._done = True
-        return record
 
     def _commit(self) -> CompletedInstant:
         table, io = self.table, self.table.io
@@ -279,7 +270,7 @@ class CommitWriter:
         groups = self.buffer.sorted_groups()
         _reject_repeated_groups(list(groups) + [(f.partition, f.shard) for f in self._written], self.instant)
         paths = [layout.delta_file(g[0], g[1], self.instant) for g in groups]
-        table.timeline.mark_inflight(self.started, paths)
+        self.declare(paths)
         files = self.buffer.write(io, groups) + self._written
         changes = merge_changes(self.buffer.changes(), self._written_changes)
         touched = dict(self._touched)
@@ -301,7 +292,7 @@ class CommitWriter:
             for extra_check in self.checks:
                 extra_check(news)
 
-        return table.timeline.publish(self.started, build, check)
+        return self.publish(build, check)
 
     def _deletion_vectors(self) -> tuple[tuple[DvFileRecord, ...], tuple[DeletionVectorRecord, ...]]:
         """The rows this commit's data files supersede or delete, as deletion vectors against the table exactly as
@@ -347,13 +338,6 @@ class CommitWriter:
             for path, positions in fresh.items():
                 united[path] = united[path] | positions if path in united else positions
         return united
-
-    def rollback(self) -> None:
-        """Abort the instant and delete whatever it wrote (idempotent)."""
-        if self._done:
-            return
-        self._done = True
-        self.table.timeline.rollback(self.instant)
 
 
 def merge_changes(a: dict[str, PartitionChange], b: dict[str, PartitionChange]) -> dict[str, PartitionChange]:

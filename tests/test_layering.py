@@ -18,7 +18,8 @@ FLOORS = {
     "dbidx.charts": 0, "dbidx.arrays": 0, "dbidx.runner": 0, "dbidx.plain": 0, "dbidx.moved": 0,
     "dbidx.storage": 1, "dbidx.data": 2, "dbidx.index": 3, "dbidx.table": 4, "dbidx.buckets": 5, "dbidx.cache": 6,
     "dbidx.bootstrap": 7, "dbidx.spark_integration": 8,
-    "dbidx.cli": 9, "dbidx.cli_cache": 9, "dbidx.cli_services": 9, "dbidx.cli_output": 9, "dbidx.demo": 9,
+    "dbidx.cli": 9, "dbidx.cli_cache": 9, "dbidx.cli_services": 9, "dbidx.cli_output": 9, "dbidx.cli_table": 9,
+    "dbidx.demo": 9,
 }
 NOT_PACKAGED = {"tests", "benchmarks", "tools", "docs", ".venv", "build", "dist", ".git"}
 

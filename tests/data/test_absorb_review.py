@@ -361,13 +361,13 @@ def test_a_partition_value_with_a_colon_after_a_delta_rs_update(tmp_path: Path) 
 def test_an_absorber_that_loses_the_race_for_an_append_does_not_report_duplicates(tmp_path: Path,
                                                                                   monkeypatch: pytest.MonkeyPatch
                                                                                   ) -> None:
-    from dbidx.table import absorb
+    from dbidx.table import absorb_entries
 
     w = Writer(tmp_path)
     write_deltalake(w.path, arrow([("a1", "d1", 1), ("a2", "d2", 2)]), partition_by=["dt"], mode="append")
     w.put("a1", "d1", 1)
     w.put("a2", "d2", 2)
-    real = absorb._reject_live
+    real = absorb_entries._reject_live
     other: list[int] = []
 
     def reject_live(*args, **kwargs):
@@ -376,7 +376,7 @@ def test_an_absorber_that_loses_the_race_for_an_append_does_not_report_duplicate
             other[0] = len(Table.open(w.path).absorb_delta_log())
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(absorb, "_reject_live", reject_live)
+    monkeypatch.setattr(absorb_entries, "_reject_live", reject_live)
     slow = Table.open(w.path)
     slow.follow_delta_log()
     monkeypatch.undo()

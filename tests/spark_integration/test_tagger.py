@@ -15,10 +15,10 @@ from dbidx.buckets.naming import bucket_of
 from dbidx.config import CacheConfig
 from dbidx.errors import InvalidInputError
 from dbidx.table.facade import Table
-from dbidx.spark_integration import tagger as tagger_module
+from dbidx.spark_integration import dedupe as dedupe_module
+from dbidx.spark_integration.dedupe import all_distinct, latest_per_key
 from dbidx.spark_integration.tagger import (
-    TAG_FILE_GROUP, TAG_IS_DELETE, TAG_IS_UPDATE, TAG_PARTITION, ShardTagger, TagOptions, all_distinct,
-    file_group_column, latest_per_key,
+    TAG_FILE_GROUP, TAG_IS_DELETE, TAG_IS_UPDATE, TAG_PARTITION, ShardTagger, TagOptions, file_group_column,
 )
 from dbidx.storage.keyhash import shard_of, spark_hash
 
@@ -46,11 +46,11 @@ def test_all_distinct_is_exact_when_hashes_share_their_top_bits(keys: list[str],
     forced = np.array([values["abcdefg".index(k)] for k in keys], dtype=np.int32)
     truth = len(set(keys)) == len(keys)
     assert all_distinct(array, forced) is truth  # small: every hash searched
-    saved, tagger_module._BITMAP_FROM = tagger_module._BITMAP_FROM, 0  # the bitmap path of big batches
+    saved, dedupe_module._BITMAP_FROM = dedupe_module._BITMAP_FROM, 0  # the bitmap path of big batches
     try:
         assert all_distinct(array, forced) is truth
     finally:
-        tagger_module._BITMAP_FROM = saved
+        dedupe_module._BITMAP_FROM = saved
 
 
 def test_latest_per_key_with_hashes_keeps_distinct_keys_and_collapses_repeats() -> None:
