@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint test-fast fuzz test-cluster pack-env bench bench-smoke bench-index bench-mdt bench-cache bench-bootstrap bench-spark bench-commit bench-footprint bench-skew bench-restart bench-absorb bench-peers bench-scale bench-speed bench-soak check-java clean
+.PHONY: demo test lint typecheck test-fast fuzz test-cluster pack-env bench bench-smoke bench-index bench-mdt bench-cache bench-bootstrap bench-spark bench-commit bench-footprint bench-skew bench-restart bench-absorb bench-peers bench-scale bench-speed bench-soak check-java clean
 
 demo: check-java $(STAMP)
 	$(BIN)/dbidx demo
@@ -18,9 +18,17 @@ XDIST := -n 2 --dist loadgroup --no-loadscope-reorder
 test: check-java $(STAMP) lint
 	$(BIN)/python -m pytest -m "not packing" $(XDIST) --durations=15
 
-# Lint (ruff: pycodestyle, pyflakes, no blind except or blanket noqa without a reason; pyproject.toml [tool.ruff]).
-lint: $(STAMP)
+# Lint (ruff: pycodestyle, pyflakes, no blind except or blanket noqa without a reason; the format check; the type
+# check). pyproject.toml [tool.ruff] and [tool.mypy]. `ruff format .` fixes what the format check finds.
+lint: $(STAMP) typecheck
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+# mypy over the package (the repository root is `dbidx`: mypy sees it through a link named so in a temporary dir).
+typecheck: $(STAMP)
+	@root=$$(mktemp -d) && ln -s "$(CURDIR)" "$$root/dbidx" && cd "$$root" && \
+	  "$(CURDIR)/$(BIN)/mypy" --config-file "$(CURDIR)/pyproject.toml" --cache-dir "$(CURDIR)/.mypy_cache" -p dbidx; \
+	  status=$$?; rm -rf "$$root"; exit $$status
 
 # Day-to-day tier: no Spark, nothing marked slow (under two minutes on 2 cores).
 test-fast: $(STAMP)
@@ -134,4 +142,4 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache

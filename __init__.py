@@ -4,6 +4,7 @@ The front door: `from dbidx import Table, upsert, read_table, ...` (README "Use"
 use (PEP 562), so `import dbidx` stays light, a CLI command or a Spark worker loads only what it runs, and pyspark is
 imported only by the Spark functions when they are called.
 """
+
 from __future__ import annotations
 
 from importlib import import_module
@@ -28,8 +29,19 @@ _EXPORTS = {
     "DbidxError": "dbidx.errors",
 }
 
-__all__ = ["BucketSpec", "CacheConfig", "DbidxError", "Table", "__version__", "bulk_insert", "read_arrow",
-           "read_table", "tag", "upsert", "upsert_arrow"]  # the names of _EXPORTS (tests/test_front_door.py)
+__all__ = [
+    "BucketSpec",
+    "CacheConfig",
+    "DbidxError",
+    "Table",
+    "__version__",
+    "bulk_insert",
+    "read_arrow",
+    "read_table",
+    "tag",
+    "upsert",
+    "upsert_arrow",
+]  # the names of _EXPORTS (tests/test_front_door.py)
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on first use
     from dbidx.buckets.assigner import BucketSpec

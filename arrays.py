@@ -1,5 +1,6 @@
 """Arrow helpers every floor uses: a column as one array without a copy when it is one already, record batches as
 one chunk per column, the sort order of a string column."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -15,10 +16,14 @@ def offsets_and_data(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     it, so the first value starts at 0."""
     n = len(array)
     large = pa.types.is_large_string(array.type) or pa.types.is_large_binary(array.type)
-    offsets = np.frombuffer(array.buffers()[1], dtype=np.int64 if large else np.int32, count=n + 1,
-                            offset=array.offset * (8 if large else 4)).astype(np.int64)
+    offsets = np.frombuffer(
+        array.buffers()[1],
+        dtype=np.int64 if large else np.int32,
+        count=n + 1,
+        offset=array.offset * (8 if large else 4),
+    ).astype(np.int64)
     data = array.buffers()[2]
-    data = np.frombuffer(data, dtype=np.uint8)[offsets[0]:offsets[-1]] if data is not None else np.zeros(0, np.uint8)
+    data = np.frombuffer(data, dtype=np.uint8)[offsets[0] : offsets[-1]] if data is not None else np.zeros(0, np.uint8)
     return offsets - offsets[0], data
 
 
@@ -55,8 +60,10 @@ def string_sort_indices(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
     tied[:-1] |= same
     where = np.flatnonzero(tied)
     rows = order[where]
-    exact = pc.sort_indices(pa.table({"head": ordered[where], "value": values.take(pa.array(rows)), "row": rows}),
-                            sort_keys=[("head", "ascending"), ("value", "ascending"), ("row", "ascending")])
+    exact = pc.sort_indices(
+        pa.table({"head": ordered[where], "value": values.take(pa.array(rows)), "row": rows}),
+        sort_keys=[("head", "ascending"), ("value", "ascending"), ("row", "ascending")],
+    )
     order[where] = rows[exact.to_numpy()]
     return order
 
@@ -83,5 +90,5 @@ def batches_as_one_chunk(batches: list[pa.RecordBatch]) -> pa.Table:
     combined = []
     for i in range(len(columns)):
         combined.append(one_chunk(columns[i]))
-        columns[i] = None  # type: ignore[call-overload]  # this column's input chunks go now
+        columns[i] = None  # this column's input chunks go now
     return pa.Table.from_arrays(combined, schema=schema)

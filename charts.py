@@ -3,6 +3,7 @@
 matplotlib is optional (the `dev` and `bench` extras install it): without it `pyplot()` is None and nothing is
 drawn; the caller says so instead of failing.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,6 +14,7 @@ def pyplot() -> Any | None:
     """matplotlib.pyplot on the file-only Agg backend, or None when matplotlib is not installed."""
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:

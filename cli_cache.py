@@ -4,6 +4,7 @@ Each is a few lines over the library (`dbidx.cache`, `dbidx.bootstrap`); `each_c
 the shard caches under a directory (a shard dir or a base path; by default the one base path Spark tasks use too,
 `base_dir.base_path_choice`, which `dbidx cache info` shows) and opens them one at a time.
 """
+
 from __future__ import annotations
 
 import sys
@@ -18,8 +19,9 @@ from dbidx.errors import CacheError, InvalidInputError
 T = TypeVar("T")
 
 
-def each_cache(cache_dir: str | Path | None, fn: Callable[[Path, Any], T], table: Any = None,
-               none_ok: bool = False) -> list[T]:
+def each_cache(
+    cache_dir: str | Path | None, fn: Callable[[Path, Any], T], table: Any = None, none_ok: bool = False
+) -> list[T]:
     """fn(path, open cache) for every shard cache under `cache_dir` (of `table` only, when given), one at a time:
     each cache is closed before the next opens, and when fn raises. No cache there is a CacheError unless
     `none_ok`. CLI tools wait at most 10 s for a busy cache."""
@@ -35,8 +37,14 @@ def each_cache(cache_dir: str | Path | None, fn: Callable[[Path, Any], T], table
     except CacheError as exc:
         if none_ok:
             return []
-        where = "" if cache_dir is not None else (" (the default base path; a job that set base.path or "
-                                                  "spark.local.dir keeps its caches elsewhere: pass --cache-dir)")
+        where = (
+            ""
+            if cache_dir is not None
+            else (
+                " (the default base path; a job that set base.path or "
+                "spark.local.dir keeps its caches elsewhere: pass --cache-dir)"
+            )
+        )
         raise CacheError(f"{exc}{where}; `dbidx cache info` shows where caches are looked for") from exc
     config = cli_cache_config()
     results = []
@@ -64,8 +72,12 @@ def base_path() -> Path:
     return Path(configured) if configured else default_base_path()
 
 
-cache_dir_option = click.option("--cache-dir", default=None, help="A shard cache dir or a base path holding several "
-                                "[default: the base path Spark tasks use too; see `dbidx cache info`].")
+cache_dir_option = click.option(
+    "--cache-dir",
+    default=None,
+    help="A shard cache dir or a base path holding several "
+    "[default: the base path Spark tasks use too; see `dbidx cache info`].",
+)
 
 
 def table_caches_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -94,14 +106,21 @@ def info_cmd(as_json: bool) -> None:
 
 
 def _info_text(p: dict[str, Any]) -> str:
-    lines = [f"base path: {p['base_path']}", f"chosen by: {p['chosen_by']}",
-             f"exists: {'yes' if p['exists'] else 'no (created by the first job or bootstrap)'}",
-             f"caches: {len(p['caches'])} shard cache(s), {p['disk_bytes']:,} bytes"]
+    lines = [
+        f"base path: {p['base_path']}",
+        f"chosen by: {p['chosen_by']}",
+        f"exists: {'yes' if p['exists'] else 'no (created by the first job or bootstrap)'}",
+        f"caches: {len(p['caches'])} shard cache(s), {p['disk_bytes']:,} bytes",
+    ]
     lines += [f"  {c['path']} ({c['disk_bytes']:,} bytes)" for c in p["caches"]]
     lines += [f"key files: {k['path']} ({k['files']:,} files, {k['disk_bytes']:,} bytes)" for k in p["key_files"]]
-    return "\n".join(lines + [
-        "a job whose base.path or spark.local.dir names another directory keeps its caches there "
-        "(<spark.local.dir>/dbidx-cache, unless that is the system temp dir): pass --cache-dir"])
+    return "\n".join(
+        lines
+        + [
+            "a job whose base.path or spark.local.dir names another directory keeps its caches there "
+            "(<spark.local.dir>/dbidx-cache, unless that is the system temp dir): pass --cache-dir"
+        ]
+    )
 
 
 @cache_group.command("stats")
@@ -118,10 +137,15 @@ def stats_cmd(cache_dir: str, as_json: bool) -> None:
 def _stats_text(p: dict[str, Any]) -> str:
     lines = []
     for c in p["caches"]:
-        lines.append(f"{c['path']}: table {c['table_id']} shard {c['shard']}/{c['num_shards']}, watermark "
-                     f"{c['watermark']}, {c['entries']} entries, {c['disk_bytes']} bytes")
-        lines += [f"  {r['partition'] or '(global)'}\t{r['state']}\t{r['entries']} entries\t{r['disk_bytes']} B"
-                  f"\tlast access {r['last_access']}" for r in c["partitions"]]
+        lines.append(
+            f"{c['path']}: table {c['table_id']} shard {c['shard']}/{c['num_shards']}, watermark "
+            f"{c['watermark']}, {c['entries']} entries, {c['disk_bytes']} bytes"
+        )
+        lines += [
+            f"  {r['partition'] or '(global)'}\t{r['state']}\t{r['entries']} entries\t{r['disk_bytes']} B"
+            f"\tlast access {r['last_access']}"
+            for r in c["partitions"]
+        ]
     return "\n".join(lines)
 
 
@@ -132,10 +156,14 @@ def sync_cmd(uri: str, cache_dir: str, as_json: bool) -> None:
     from dbidx.cache.catchup import sync
 
     results = _table_reports(uri, cache_dir, sync)
-    output(as_json).emit({"caches": results}, lambda p: "\n".join(
-        f"{r['path']}: seq {r['from_seq']} -> {r['to_seq']}, applied {r['applied_entries']} entries, reloaded "
-        f"{len(r['reloaded_partitions'])} partitions, installed {len(r['staged_partitions'])} staged by a load"
-        for r in p["caches"]))
+    output(as_json).emit(
+        {"caches": results},
+        lambda p: "\n".join(
+            f"{r['path']}: seq {r['from_seq']} -> {r['to_seq']}, applied {r['applied_entries']} entries, reloaded "
+            f"{len(r['reloaded_partitions'])} partitions, installed {len(r['staged_partitions'])} staged by a load"
+            for r in p["caches"]
+        ),
+    )
 
 
 @cache_group.command("verify")
@@ -155,19 +183,29 @@ def _verify_text(p: dict[str, Any]) -> str:
     lines = []
     for c in p["caches"]:
         for r in c["partitions"]:
-            verdict = "ok" if r["ok"] else (f"DIFF missing {r['missing']} extra {r['extra']} wrong location "
-                                            f"{r['wrong_location']}: " + "; ".join(r["examples"]))
-            lines.append(f"{c['path']} {r['partition'] or '(global)'} @ seq {r['synced_seq']}: "
-                         f"{r['cache_entries']} entries, {verdict}")
+            verdict = (
+                "ok"
+                if r["ok"]
+                else (
+                    f"DIFF missing {r['missing']} extra {r['extra']} wrong location "
+                    f"{r['wrong_location']}: " + "; ".join(r["examples"])
+                )
+            )
+            lines.append(
+                f"{c['path']} {r['partition'] or '(global)'} @ seq {r['synced_seq']}: "
+                f"{r['cache_entries']} entries, {verdict}"
+            )
     return "\n".join(lines + ["all caches match the index" if p["ok"] else "MISMATCH"])
 
 
 @cache_group.command("reap")
 @cache_dir_option
-@click.option("--ttl-hours", type=click.FloatRange(min=0), default=None,
-              help="Drop partitions idle this long [config default].")
-@click.option("--max-disk-mb", type=click.IntRange(min=0), default=None,
-              help="Then drop LRU partitions above this size [config].")
+@click.option(
+    "--ttl-hours", type=click.FloatRange(min=0), default=None, help="Drop partitions idle this long [config default]."
+)
+@click.option(
+    "--max-disk-mb", type=click.IntRange(min=0), default=None, help="Then drop LRU partitions above this size [config]."
+)
 @click.option("--dry-run", is_flag=True, help="Only report what would be dropped.")
 @json_option
 def reap_cmd(cache_dir: str, ttl_hours: float | None, max_disk_mb: int | None, dry_run: bool, as_json: bool) -> None:
@@ -181,35 +219,71 @@ def reap_cmd(cache_dir: str, ttl_hours: float | None, max_disk_mb: int | None, d
     # First, before opening any cache (an open counts as a use): caches no process holds, idle for the TTL.
     abandoned = [] if is_cache_dir(root) else sweep_abandoned(root, ttl, dry_run=dry_run)
     # none_ok when the sweep removed caches: it may have removed every one there was.
-    results = each_cache(root, lambda path, cache: {"path": str(path)} | reap(
-        cache, ttl_hours, max_disk_mb, dry_run=dry_run).to_dict(), none_ok=bool(abandoned))
+    results = each_cache(
+        root,
+        lambda path, cache: {"path": str(path)} | reap(cache, ttl_hours, max_disk_mb, dry_run=dry_run).to_dict(),
+        none_ok=bool(abandoned),
+    )
     verb = "would drop" if dry_run else "dropped"
-    output(as_json).emit({"abandoned": abandoned_to_dict(abandoned), "caches": results}, lambda p: "\n".join(
-        [f"{a['path']}: {'would remove' if dry_run else 'removed'} abandoned cache (idle {a['idle_hours']} h, "
-         f"{a['disk_bytes']} bytes)" for a in p["abandoned"]]
-        + [f"{r['path']}: {verb} {len(r['dropped'])} partitions {r['dropped'] or ''} ({r['bytes_before']} -> "
-           f"{r['bytes_after']} bytes)" for r in p["caches"]]))
+    output(as_json).emit(
+        {"abandoned": abandoned_to_dict(abandoned), "caches": results},
+        lambda p: "\n".join(
+            [
+                f"{a['path']}: {'would remove' if dry_run else 'removed'} abandoned cache (idle {a['idle_hours']} h, "
+                f"{a['disk_bytes']} bytes)"
+                for a in p["abandoned"]
+            ]
+            + [
+                f"{r['path']}: {verb} {len(r['dropped'])} partitions {r['dropped'] or ''} ({r['bytes_before']} -> "
+                f"{r['bytes_after']} bytes)"
+                for r in p["caches"]
+            ]
+        ),
+    )
 
 
 @cache_group.command("bootstrap")
 @table_argument()
-@click.option("--days", type=click.IntRange(min=0), default=None,
-              help="Load the partitions of the last DAYS days [config: 7].")
+@click.option(
+    "--days", type=click.IntRange(min=0), default=None, help="Load the partitions of the last DAYS days [config: 7]."
+)
 @click.option("--shard", "shards", type=click.IntRange(min=0), multiple=True, help="Bootstrap this shard (repeatable).")
-@click.option("--num-shards", type=click.IntRange(min=1), default=None,
-              help="Expected shard count of the table (checked).")
+@click.option(
+    "--num-shards", type=click.IntRange(min=1), default=None, help="Expected shard count of the table (checked)."
+)
 @click.option("--all-shards", is_flag=True, help="Bootstrap every shard (the default without --shard).")
-@click.option("--cache-dir", default=None, help="Base path of the caches [config base.path, else SPARK_LOCAL_DIRS "
-              "or the user cache dir].")
-@click.option("--partition-pattern", default=None, help="Date pattern of partition paths, strftime-like "
-              "(ds=%Y%m%d) or 're:' + regex with named groups year, month, day[, hour].")
+@click.option(
+    "--cache-dir",
+    default=None,
+    help="Base path of the caches [config base.path, else SPARK_LOCAL_DIRS or the user cache dir].",
+)
+@click.option(
+    "--partition-pattern",
+    default=None,
+    help="Date pattern of partition paths, strftime-like "
+    "(ds=%Y%m%d) or 're:' + regex with named groups year, month, day[, hour].",
+)
 @click.option("--now", default=None, help="Treat this ISO date (or date-time, UTC) as today [the clock].")
-@click.option("--parallelism", type=click.Choice(["auto", "threads", "processes", "serial"]), default="auto",
-              show_default=True, help="How partitions are built in parallel.")
+@click.option(
+    "--parallelism",
+    type=click.Choice(["auto", "threads", "processes", "serial"]),
+    default="auto",
+    show_default=True,
+    help="How partitions are built in parallel.",
+)
 @json_option
-def bootstrap_cmd(uri: str, days: int | None, shards: tuple[int, ...], num_shards: int | None, all_shards: bool,
-                  cache_dir: str | None, partition_pattern: str | None, now: str | None, parallelism: str,
-                  as_json: bool) -> None:
+def bootstrap_cmd(
+    uri: str,
+    days: int | None,
+    shards: tuple[int, ...],
+    num_shards: int | None,
+    all_shards: bool,
+    cache_dir: str | None,
+    partition_pattern: str | None,
+    now: str | None,
+    parallelism: str,
+    as_json: bool,
+) -> None:
     """Load the last DAYS days of partitions (global index: the shard's whole slice) into local shard caches.
 
     `dbidx bootstrap` and `dbidx cache bootstrap` are the same command."""
@@ -220,12 +294,17 @@ def bootstrap_cmd(uri: str, days: int | None, shards: tuple[int, ...], num_shard
     table = open_table(uri)
     chosen = resolve_shards(table, list(shards) or None, num_shards)
     with ProgressBar("bootstrap", wants_json(as_json)) as progress:
-        result = bootstrap(table, days, chosen, now, cli_cache_config(), cache_dir, partition_pattern,
-                           parallelism, progress=progress)
-    output(as_json).emit(result.to_dict(), lambda p: (
-        f"bootstrapped {len(p['shards'])} shard(s) of {p['table']}: window {p['selection']['first_day']} .. "
-        f"{p['selection']['now'][:10]} ({p['days']} days), {p['partitions_loaded']} partition slices loaded, "
-        f"{p['entries']:,} entries, {p['disk_bytes']:,} bytes on disk, {p['seconds']:.2f} s, "
-        f"{p['entries_per_second']:,} entries/s ({p['parallelism']}); "
-        f"{sum(len(s['already_ready']) for s in p['shards'])} already ready (caught up "
-        f"{sum(s['caught_up_entries'] for s in p['shards']):,} entries)"))
+        result = bootstrap(
+            table, days, chosen, now, cli_cache_config(), cache_dir, partition_pattern, parallelism, progress=progress
+        )
+    output(as_json).emit(
+        result.to_dict(),
+        lambda p: (
+            f"bootstrapped {len(p['shards'])} shard(s) of {p['table']}: window {p['selection']['first_day']} .. "
+            f"{p['selection']['now'][:10]} ({p['days']} days), {p['partitions_loaded']} partition slices loaded, "
+            f"{p['entries']:,} entries, {p['disk_bytes']:,} bytes on disk, {p['seconds']:.2f} s, "
+            f"{p['entries_per_second']:,} entries/s ({p['parallelism']}); "
+            f"{sum(len(s['already_ready']) for s in p['shards'])} already ready (caught up "
+            f"{sum(s['caught_up_entries'] for s in p['shards']):,} entries)"
+        ),
+    )

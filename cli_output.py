@@ -3,6 +3,7 @@ table (its URI, the first argument).
 
 Imported by cli.py and cli_cache.py; it imports neither, so there is no cycle.
 """
+
 from __future__ import annotations
 
 import json
@@ -94,8 +95,9 @@ class ProgressBar:
         rate = f", {rows:,} rows, {rows / max(now - self.started, 1e-6):,.0f} rows/s" if rows else ""
         if self.tty:
             if self.bar is None:
-                self.bar = click.progressbar(length=max(total, 1), label=self.label, file=sys.stderr,
-                                             item_show_func=lambda item: item).__enter__()
+                self.bar = click.progressbar(
+                    length=max(total, 1), label=self.label, file=sys.stderr, item_show_func=lambda item: item
+                ).__enter__()
             self.bar.length = max(total, 1)
             self.bar.update(done - self.bar.pos, current_item=f"{step}{rate}")
         elif done >= total or not self.logged or now - self.logged >= self.every_s:

@@ -1,5 +1,6 @@
 """`dbidx config` and `dbidx maintain`: the table services' settings, and a run of the services (once, or in a loop
 for pipelines whose writes should never wait for maintenance)."""
+
 from __future__ import annotations
 
 import time
@@ -33,26 +34,55 @@ def config_cmd(uri: str, settings: tuple[str, ...], as_json: bool) -> None:
     if properties:
         table.set_delta_properties(properties)
     current = write_settings(table.io, changes) if changes else read_settings(table.io)
-    payload = {"uri": table.uri, "settings": current.to_dict(), "changed": sorted(changes | properties),
-               "non_default": sorted(current.changed()), "delta_properties": table.delta_properties()}
-    output(as_json).emit(payload, lambda p: "\n".join(
-        [f"{k} = {v}{'' if k not in p['non_default'] else '  (set)'}" for k, v in p["settings"].items()]
-        + [f"{k} = {v}  (Delta table property)" for k, v in sorted(p["delta_properties"].items())]))
+    payload = {
+        "uri": table.uri,
+        "settings": current.to_dict(),
+        "changed": sorted(changes | properties),
+        "non_default": sorted(current.changed()),
+        "delta_properties": table.delta_properties(),
+    }
+    output(as_json).emit(
+        payload,
+        lambda p: "\n".join(
+            [f"{k} = {v}{'' if k not in p['non_default'] else '  (set)'}" for k, v in p["settings"].items()]
+            + [f"{k} = {v}  (Delta table property)" for k, v in sorted(p["delta_properties"].items())]
+        ),
+    )
 
 
 @click.command("maintain")
 @table_argument()
-@click.option("--budget-seconds", type=click.FloatRange(min=0.001), default=None,
-              help="Start no new service step after this many seconds (default: the table's budget_seconds).")
-@click.option("--budget-files", type=click.IntRange(min=1), default=None,
-              help="Rewrite at most this many data files per run (default: the table's budget_files).")
+@click.option(
+    "--budget-seconds",
+    type=click.FloatRange(min=0.001),
+    default=None,
+    help="Start no new service step after this many seconds (default: the table's budget_seconds).",
+)
+@click.option(
+    "--budget-files",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Rewrite at most this many data files per run (default: the table's budget_files).",
+)
 @click.option("--loop", is_flag=True, help="Run again every --interval seconds until Ctrl-C.")
-@click.option("--interval", type=click.FloatRange(min=0), default=60.0, show_default=True,
-              help="With --loop: seconds between the end of a run and the start of the next.")
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0),
+    default=60.0,
+    show_default=True,
+    help="With --loop: seconds between the end of a run and the start of the next.",
+)
 @click.option("--max-runs", type=click.IntRange(min=1), default=None, help="With --loop: stop after this many runs.")
 @json_option
-def maintain_cmd(uri: str, budget_seconds: float | None, budget_files: int | None, loop: bool, interval: float,
-                 max_runs: int | None, as_json: bool) -> None:
+def maintain_cmd(
+    uri: str,
+    budget_seconds: float | None,
+    budget_files: int | None,
+    loop: bool,
+    interval: float,
+    max_runs: int | None,
+    as_json: bool,
+) -> None:
     """Run the table services the table needs now (data compaction, index compaction, clean, Delta log cleanup,
     vacuum) within a budget."""
     from dbidx.table.service_settings import read_settings
@@ -77,18 +107,29 @@ def maintain_cmd(uri: str, budget_seconds: float | None, budget_files: int | Non
 
 
 def _run_text(p: dict[str, Any]) -> str:
-    lines = [f"{r['service']} {r['instant']} in {r['seconds']:.2f} s: "
-             + ", ".join(f"{k} {v}" for k, v in r["details"].items() if k != "partitions") for r in p["ran"]]
+    lines = [
+        f"{r['service']} {r['instant']} in {r['seconds']:.2f} s: "
+        + ", ".join(f"{k} {v}" for k, v in r["details"].items() if k != "partitions")
+        for r in p["ran"]
+    ]
     lines += [f"{y['service']} yielded to a concurrent run (next run retries): {y['error']}" for y in p["yielded"]]
-    lines += [f"{left['service']} left for the next run ({left['reason']}): "
-              + ", ".join(f"{k} {v}" for k, v in left.items() if k not in ("service", "reason")) for left in p["left"]]
+    lines += [
+        f"{left['service']} left for the next run ({left['reason']}): "
+        + ", ".join(f"{k} {v}" for k, v in left.items() if k not in ("service", "reason"))
+        for left in p["left"]
+    ]
     return "\n".join(lines + [f"services run in {p['seconds']:.2f} s" + ("" if p["ran"] else ": nothing to do")])
 
 
 @click.command("vacuum")
 @table_argument()
-@click.option("--retention-hours", type=int, default=168, show_default=True,
-              help="Delete only files unreferenced for longer than this (whole hours, at least 1).")
+@click.option(
+    "--retention-hours",
+    type=int,
+    default=168,
+    show_default=True,
+    help="Delete only files unreferenced for longer than this (whole hours, at least 1).",
+)
 @click.option("--dry-run", is_flag=True, help="List what would be deleted; delete nothing.")
 @json_option
 def vacuum_cmd(uri: str, retention_hours: int, dry_run: bool, as_json: bool) -> None:
@@ -98,26 +139,51 @@ def vacuum_cmd(uri: str, retention_hours: int, dry_run: bool, as_json: bool) -> 
     table = open_table(uri)
     payload = vacuum(table, retention_hours=retention_hours, dry_run=dry_run).to_dict() | {"uri": table.uri}
     verb = "would delete" if dry_run else "deleted"
-    output(as_json).emit(payload, lambda p: "\n".join(
-        [f"{verb} {path}" for path in p["deleted"]] + [f"kept {k['path']}: {k['reason']}" for k in p["protected"]]
-        + [f"{verb} {len(p['deleted'])} files ({p['bytes']:,} bytes) unreferenced for over {retention_hours} h; "
-           f"kept {len(p['protected'])} that delta-rs listed; {p['seconds']:.2f} s"]))
+    output(as_json).emit(
+        payload,
+        lambda p: "\n".join(
+            [f"{verb} {path}" for path in p["deleted"]]
+            + [f"kept {k['path']}: {k['reason']}" for k in p["protected"]]
+            + [
+                f"{verb} {len(p['deleted'])} files ({p['bytes']:,} bytes) unreferenced for over {retention_hours} h; "
+                f"kept {len(p['protected'])} that delta-rs listed; {p['seconds']:.2f} s"
+            ]
+        ),
+    )
 
 
 @click.command("clean")
 @table_argument()
-@click.option("--retain", type=click.IntRange(min=0), default=10, show_default=True,
-              help="Keep files replaced within this many completions (time travel, caches behind).")
-@click.option("--delete-migrated", is_flag=True, help="Also delete the user's source files a build-index listed "
-              "once a data compaction replaced them.")
+@click.option(
+    "--retain",
+    type=click.IntRange(min=0),
+    default=10,
+    show_default=True,
+    help="Keep files replaced within this many completions (time travel, caches behind).",
+)
+@click.option(
+    "--delete-migrated",
+    is_flag=True,
+    help="Also delete the user's source files a build-index listed once a data compaction replaced them.",
+)
 @json_option
 def clean_cmd(uri: str, retain: int, delete_migrated: bool, as_json: bool) -> None:
     """Delete the files compactions replaced at least --retain completions ago (the clean service, on demand)."""
     table = open_table(uri)
     record = table.clean(retain_completions=retain, delete_migrated=delete_migrated)
-    payload = {"uri": table.uri, "instant": record.instant if record else None,
-               "deleted": list(record.deleted) if record else []}
-    output(as_json).emit(payload, lambda p: "\n".join(
-        [f"deleted {path}" for path in p["deleted"]]
-        + [f"clean {p['instant']}: {len(p['deleted'])} files deleted" if p["instant"] else
-           f"nothing replaced at least {retain} completions ago"]))
+    payload = {
+        "uri": table.uri,
+        "instant": record.instant if record else None,
+        "deleted": list(record.deleted) if record else [],
+    }
+    output(as_json).emit(
+        payload,
+        lambda p: "\n".join(
+            [f"deleted {path}" for path in p["deleted"]]
+            + [
+                f"clean {p['instant']}: {len(p['deleted'])} files deleted"
+                if p["instant"]
+                else f"nothing replaced at least {retain} completions ago"
+            ]
+        ),
+    )

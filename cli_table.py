@@ -2,6 +2,7 @@
 completions, its partitions and services, the checksums of its files), each with the table's pending attempts.
 Apart from cli.py, which registers these commands, so that module stays a list of commands over library calls.
 """
+
 from __future__ import annotations
 
 import sys
@@ -14,16 +15,23 @@ from dbidx.cli_output import ProgressBar, json_option, open_table, output, table
 
 @click.command("commits")
 @click.argument("uri")
-@click.option("--last", default=20, show_default=True, type=click.IntRange(min=1),
-              help="How many completions to show, newest first.")
+@click.option(
+    "--last",
+    default=20,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="How many completions to show, newest first.",
+)
 @json_option
 def commits_cmd(uri: str, last: int, as_json: bool) -> None:
     """Recent completions of a table, with each upsert's metrics (rows, inserts, hit rate, on-demand loads...)."""
     from dbidx.spark_integration.driver import commit_history
 
     table = open_table(uri)
-    output(as_json).emit({"commits": commit_history(table, last),
-                          "pending": [p.to_dict() for p in table.pending_attempts()]}, _commits_text)
+    output(as_json).emit(
+        {"commits": commit_history(table, last), "pending": [p.to_dict() for p in table.pending_attempts()]},
+        _commits_text,
+    )
 
 
 def _pending_text(pending: list[dict[str, Any]]) -> list[str]:
@@ -32,11 +40,16 @@ def _pending_text(pending: list[dict[str, Any]]) -> list[str]:
     for p in pending:
         age = "unknown age" if p["age_seconds"] is None else f"{p['age_seconds'] / 60:.1f} min old"
         alive = {True: "alive", False: "gone", None: "liveness unknown yet"}[p["alive"]]
-        beat = ("no heartbeat" if p.get("heartbeat_age_seconds") is None
-                else f"heartbeat {p['heartbeat_age_seconds']:.0f} s ago")
+        beat = (
+            "no heartbeat"
+            if p.get("heartbeat_age_seconds") is None
+            else f"heartbeat {p['heartbeat_age_seconds']:.0f} s ago"
+        )
         app = "".join(f", {k} {v}" for k, v in sorted((p.get("tags") or {}).items()))
-        lines.append(f"PENDING {p['instant']} {p['action'] or '?'} by {p['host'] or '?'} pid {p['pid'] or '?'}{app} "
-                     f"({alive}: {beat}), {age}, {len(p['files'])} files: {p['advice']}")
+        lines.append(
+            f"PENDING {p['instant']} {p['action'] or '?'} by {p['host'] or '?'} pid {p['pid'] or '?'}{app} "
+            f"({alive}: {beat}), {age}, {len(p['files'])} files: {p['advice']}"
+        )
     return lines
 
 
@@ -46,12 +59,17 @@ def _commits_text(payload: dict[str, Any]) -> str:
     lines = _pending_text(payload.get("pending", []))
     for c in payload["commits"]:
         m = c["metrics"]
-        what = (f"{m.get('input_rows', m['rows']):,} rows in, {m['rows']:,} records, {m['inserts']:,} inserts, "
-                f"{m['updates']:,} updates, {m['deletes']:,} deletes"
-                f" ({m['deletes_missing']:,} more of keys not in the index: nothing to delete), "
-                f"hit rate {m['hit_rate']:.1%}, {m['on_demand_loads']} on-demand loads "
-                f"({m['stall_seconds']:.2f} s), {m['catchup_entries']:,} catch-up entries, {m['seconds']:.1f} s"
-                if m else f"rolled back {c['rolled_back']}" if c["rolled_back"] else "")
+        what = (
+            f"{m.get('input_rows', m['rows']):,} rows in, {m['rows']:,} records, {m['inserts']:,} inserts, "
+            f"{m['updates']:,} updates, {m['deletes']:,} deletes"
+            f" ({m['deletes_missing']:,} more of keys not in the index: nothing to delete), "
+            f"hit rate {m['hit_rate']:.1%}, {m['on_demand_loads']} on-demand loads "
+            f"({m['stall_seconds']:.2f} s), {m['catchup_entries']:,} catch-up entries, {m['seconds']:.1f} s"
+            if m
+            else f"rolled back {c['rolled_back']}"
+            if c["rolled_back"]
+            else ""
+        )
         lines.append(f"{c['seq']:>5} {c['instant']} {c['action']:<11} {what}".rstrip())
         if m and m.get("spark"):  # an upsert Spark ran: attempts, retries, speculation, executors lost
             lines.append(f"{'':>5} {describe(m['spark'])}")
@@ -65,21 +83,40 @@ def stats_cmd(uri: str, as_json: bool) -> None:
     """Per-partition stats of the persisted index (last commit, live keys, file groups); `dbidx cache stats` for
     local caches."""
     table = open_table(uri)
-    parts = [{"partition": s.partition, "last_instant": s.last_instant, "last_commit": s.last_commit_time.isoformat(),
-              "live_keys": s.live_keys, "file_groups": len(s.bucket_fills), "bucket_fills": s.bucket_fills}
-             for s in table.partitions()]
+    parts = [
+        {
+            "partition": s.partition,
+            "last_instant": s.last_instant,
+            "last_commit": s.last_commit_time.isoformat(),
+            "live_keys": s.live_keys,
+            "file_groups": len(s.bucket_fills),
+            "bucket_fills": s.bucket_fills,
+        }
+        for s in table.partitions()
+    ]
     latest = table.latest()
-    payload = {"uri": table.uri, "index_mode": table.props.index_mode, "num_shards": table.num_shards,
-               "completed_instants": table.timeline.latest_seq, "latest_instant": latest.instant if latest else None,
-               "live_keys": sum(p["live_keys"] for p in parts), "partitions": parts,
-               "pending": [a.to_dict() for a in table.pending_attempts()],
-               "services": (services := table.service_settings()).to_dict()}
+    payload = {
+        "uri": table.uri,
+        "index_mode": table.props.index_mode,
+        "num_shards": table.num_shards,
+        "completed_instants": table.timeline.latest_seq,
+        "latest_instant": latest.instant if latest else None,
+        "live_keys": sum(p["live_keys"] for p in parts),
+        "partitions": parts,
+        "pending": [a.to_dict() for a in table.pending_attempts()],
+        "services": (services := table.service_settings()).to_dict(),
+    }
 
     def text(p: dict[str, Any]) -> str:
-        head = (f"{p['uri']}: {p['index_mode']} index, {p['num_shards']} shards, {p['live_keys']} live keys, "
-                f"{len(p['partitions'])} partitions, {p['completed_instants']} completions")
-        rows = [f"  {r['partition'] or '(root)'}\t{r['live_keys']} keys\t{r['file_groups']} file groups\t"
-                f"last {r['last_instant']} ({r['last_commit']})" for r in p["partitions"]]
+        head = (
+            f"{p['uri']}: {p['index_mode']} index, {p['num_shards']} shards, {p['live_keys']} live keys, "
+            f"{len(p['partitions'])} partitions, {p['completed_instants']} completions"
+        )
+        rows = [
+            f"  {r['partition'] or '(root)'}\t{r['live_keys']} keys\t{r['file_groups']} file groups\t"
+            f"last {r['last_instant']} ({r['last_commit']})"
+            for r in p["partitions"]
+        ]
         changed = ", ".join(f"{k}={v}" for k, v in services.changed().items()) or "defaults"
         return "\n".join([head] + rows + [f"  services: {changed} (dbidx config)"] + _pending_text(p["pending"]))
 
@@ -104,8 +141,10 @@ def _verify_table_files(table: Any, as_json: bool) -> None:
 
     def text(p: dict[str, Any]) -> str:
         lines = [f"DAMAGED {d['path']}: {d['problem']}" for d in p["damaged"]] + _pending_text(p["pending"])
-        lines.append(f"seq {p['seq']}: {p['index_files']} index files and {p['data_files']} data files intact "
-                     f"({p['bytes_checked']:,} bytes checked), {len(p['damaged'])} damaged")
+        lines.append(
+            f"seq {p['seq']}: {p['index_files']} index files and {p['data_files']} data files intact "
+            f"({p['bytes_checked']:,} bytes checked), {len(p['damaged'])} damaged"
+        )
         return "\n".join(lines)
 
     output(as_json).emit(check.to_dict() | {"pending": pending}, text)

@@ -5,6 +5,7 @@ dbidx too). Environment variables use `DBIDX_CACHE_` + the suffix upper-cased wi
 `DBIDX_CACHE_BLOCK_CACHE_MB=256`. Precedence: explicit mapping > Spark conf > environment > default.
 Defaults and the reasons for them are in docs/CONFIG.md.
 """
+
 from __future__ import annotations
 
 import os
@@ -68,9 +69,11 @@ class CacheConfig:
         name = short.replace(".", "_")
         if name in names and (short == name or short == name.replace("_", ".")):
             return name
-        raise ConfigError(f"unknown cache config key {key!r}: give a key as the full name "
-                          f"({PREFIX}base.path), the short dotted name (base.path) or the field name (base_path); "
-                          f"known short names: {', '.join(sorted(k[len(PREFIX):] for k in cls.keys()))}")
+        raise ConfigError(
+            f"unknown cache config key {key!r}: give a key as the full name "
+            f"({PREFIX}base.path), the short dotted name (base.path) or the field name (base_path); "
+            f"known short names: {', '.join(sorted(k[len(PREFIX) :] for k in cls.keys()))}"
+        )
 
     @classmethod
     def from_sources(
@@ -89,7 +92,7 @@ class CacheConfig:
         if spark_conf is not None and spark_conf.get(PREFIX + SWITCH, None) is not None:
             switch = (spark_conf.get(PREFIX + SWITCH, None), f"Spark conf {PREFIX}{SWITCH}")
         for key, name in cls.keys().items():
-            env_name = ENV_PREFIX + key[len(PREFIX):].replace(".", "_").upper()
+            env_name = ENV_PREFIX + key[len(PREFIX) :].replace(".", "_").upper()
             if env_name in env:
                 values[name] = (env[env_name], env_name)
         if spark_conf is not None:
@@ -103,8 +106,9 @@ class CacheConfig:
                 continue
             name = cls.field_for(key)
             if name in seen:
-                raise ConfigError(f"cache config keys {seen[name]!r} and {key!r} set the same setting {name}; "
-                                  "give it once")
+                raise ConfigError(
+                    f"cache config keys {seen[name]!r} and {key!r} set the same setting {name}; give it once"
+                )
             seen[name] = key
             values[name] = (value, f"key {key}")
         if switch is not None:
@@ -116,8 +120,16 @@ class CacheConfig:
             raise ConfigError(f"compression {self.compression!r} is not one of {COMPRESSIONS}")
         if self.compaction_style not in COMPACTION_STYLES:
             raise ConfigError(f"compaction.style {self.compaction_style!r} is not one of {COMPACTION_STYLES}")
-        for name in ("bootstrap_days", "block_cache_mb", "block_size_kb", "max_open_files", "max_disk_mb",
-                     "max_catchup_entries", "load_threads", "key_files_mb"):
+        for name in (
+            "bootstrap_days",
+            "block_cache_mb",
+            "block_size_kb",
+            "max_open_files",
+            "max_disk_mb",
+            "max_catchup_entries",
+            "load_threads",
+            "key_files_mb",
+        ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{PREFIX}{name.replace('_', '.')} must be >= 0, got {getattr(self, name)}")
         if self.partition_ttl_hours <= 0:
@@ -127,9 +139,11 @@ class CacheConfig:
 def _check_switch(value: Any, where: str) -> None:
     """RFC-107's `enabled`: true passes, false is a ConfigError (see SWITCH)."""
     if not _read_bool(value, where, SWITCH):
-        raise ConfigError(f"{PREFIX}{SWITCH}=false ({where}): dbidx has no cache-less tagging path, so it refuses the "
-                          "setting rather than ignore it; remove the key (true is accepted for Hudi-style config "
-                          "blocks) or tag this table with another index")
+        raise ConfigError(
+            f"{PREFIX}{SWITCH}=false ({where}): dbidx has no cache-less tagging path, so it refuses the "
+            "setting rather than ignore it; remove the key (true is accepted for Hudi-style config "
+            "blocks) or tag this table with another index"
+        )
 
 
 def _read_bool(value: Any, where: str, name: str) -> bool:

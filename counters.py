@@ -6,6 +6,7 @@ sync by hand); fields marked `gauge()` (an id, a seq, a size measured once) are 
 `from_dict` are the wire form: task results travel to the driver as dicts and are parsed strictly there, like any
 other input read back.
 """
+
 from __future__ import annotations
 
 import copy
@@ -50,8 +51,13 @@ class Counters:
         names = _SUMMED.get(cls)
         if names is None:
             names = _SUMMED[cls] = frozenset(
-                f.name for f in fields(cls) if not f.name.startswith("_") and not f.metadata.get(_GAUGE)
-                and f.default is not MISSING and _is_number(f.default))
+                f.name
+                for f in fields(cls)
+                if not f.name.startswith("_")
+                and not f.metadata.get(_GAUGE)
+                and f.default is not MISSING
+                and _is_number(f.default)
+            )
         return names
 
     def to_dict(self) -> dict[str, Any]:
@@ -69,9 +75,14 @@ class Counters:
                 continue
             value = data[f.name]
             whole = isinstance(f.default, int)
-            if not (isinstance(value, int) if whole else _is_number(value)) or isinstance(value, bool) \
-                    or not math.isfinite(value) or value < 0:
-                raise ValueError(f"{cls.__name__}.{f.name} must be a {'whole' if whole else 'finite'} number >= 0, "
-                                 f"got {value!r}")
+            if (
+                not (isinstance(value, int) if whole else _is_number(value))
+                or isinstance(value, bool)
+                or not math.isfinite(value)
+                or value < 0
+            ):
+                raise ValueError(
+                    f"{cls.__name__}.{f.name} must be a {'whole' if whole else 'finite'} number >= 0, got {value!r}"
+                )
             values[f.name] = value
         return cls(**values)

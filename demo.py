@@ -7,6 +7,7 @@ local disk are reused and caught up: a warm restart); compact the index; then ch
 exactly one row per key, equal to an independent pandas computation of the expected state. Any wrong answer
 raises DbidxError.
 """
+
 from __future__ import annotations
 
 import os
@@ -52,13 +53,15 @@ class ChangeStream:
 
     def _frame(self, ids: np.ndarray, days: np.ndarray, deletes: np.ndarray, batch: int) -> pd.DataFrame:
         n = len(ids)
-        return pd.DataFrame({
-            "id": [f"user-{i:09d}" for i in ids],
-            "dt": [(FIRST_DAY + timedelta(days=int(d))).isoformat() for d in days],
-            "seq": batch * 10_000_000 + np.arange(n, dtype=np.int64),
-            "amount": np.round(self.rng.gamma(2.0, 40.0, n), 2),
-            "_dbidx_delete": deletes,
-        })
+        return pd.DataFrame(
+            {
+                "id": [f"user-{i:09d}" for i in ids],
+                "dt": [(FIRST_DAY + timedelta(days=int(d))).isoformat() for d in days],
+                "seq": batch * 10_000_000 + np.arange(n, dtype=np.int64),
+                "amount": np.round(self.rng.gamma(2.0, 40.0, n), 2),
+                "_dbidx_delete": deletes,
+            }
+        )
 
     def _new(self, n: int, day: int) -> np.ndarray:
         ids = np.arange(self.serial, self.serial + n)
@@ -91,8 +94,9 @@ class ChangeStream:
         new = self._new(rows - len(upd) - n_late - n_del, newest)
         repeats = self.rng.choice(upd, max(1, rows // 100))  # a few keys twice in one batch: the later row wins
         ids = np.concatenate([upd, late, dels, new, repeats])
-        deletes = np.concatenate([np.zeros(len(upd) + n_late, bool), np.ones(n_del, bool),
-                                  np.zeros(len(new) + len(repeats), bool)])
+        deletes = np.concatenate(
+            [np.zeros(len(upd) + n_late, bool), np.ones(n_del, bool), np.zeros(len(new) + len(repeats), bool)]
+        )
         order = self.rng.permutation(len(ids))
         return self._frame(ids[order], self.home[ids[order]], deletes[order], number)
 
@@ -113,9 +117,11 @@ def _start_spark(local_dir: Path, say: Callable[[str], None], why: str) -> Any:
 
 
 def _line(number: int | str, how: str, s: CommitSummary) -> str:
-    return (f"  batch {number:>2} {how:<9} {s.rows:>8,} rows {s.rows / max(s.seconds, 1e-9):>9,.0f} rows/s  "
-            f"ins {s.inserts:>7,} upd {s.updates:>7,} del {s.deletes:>5,}  hit {s.hit_rate:6.1%}  "
-            f"on-demand {s.on_demand_loads:>2} ({s.stall_seconds:4.2f} s)  catch-up {s.catchup_entries:>6,}")
+    return (
+        f"  batch {number:>2} {how:<9} {s.rows:>8,} rows {s.rows / max(s.seconds, 1e-9):>9,.0f} rows/s  "
+        f"ins {s.inserts:>7,} upd {s.updates:>7,} del {s.deletes:>5,}  hit {s.hit_rate:6.1%}  "
+        f"on-demand {s.on_demand_loads:>2} ({s.stall_seconds:4.2f} s)  catch-up {s.catchup_entries:>6,}"
+    )
 
 
 def prepare_workdir(root: Path, force: bool = False) -> None:
@@ -125,16 +131,25 @@ def prepare_workdir(root: Path, force: bool = False) -> None:
     if root.exists() and not root.is_dir():
         raise InvalidInputError(f"--dir {root} is a file, not a directory")
     if root.is_dir() and any(root.iterdir()) and not marker.exists() and not force:
-        raise InvalidInputError(f"--dir {root} is not empty and was not created by `dbidx demo`; the demo replaces "
-                                "its directory on every run, so choose another --dir (or pass --force to let it "
-                                "delete what is there)")
+        raise InvalidInputError(
+            f"--dir {root} is not empty and was not created by `dbidx demo`; the demo replaces "
+            "its directory on every run, so choose another --dir (or pass --force to let it "
+            "delete what is there)"
+        )
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     marker.write_text("created by `dbidx demo`; the next run replaces this directory\n")
 
 
-def run_demo(workdir: str | Path, keys: int = 200_000, days: int = 10, batches: int = 6,
-             batch_rows: int | None = None, echo: Echo = print, force: bool = False) -> dict[str, Any]:
+def run_demo(
+    workdir: str | Path,
+    keys: int = 200_000,
+    days: int = 10,
+    batches: int = 6,
+    batch_rows: int | None = None,
+    echo: Echo = print,
+    force: bool = False,
+) -> dict[str, Any]:
     """Run the demo; returns the report (also printed through `echo` unless None)."""
     say = echo or (lambda _msg: None)
     if keys < 100 or days < 2 or batches < 2:
@@ -150,12 +165,18 @@ def run_demo(workdir: str | Path, keys: int = 200_000, days: int = 10, batches: 
     generated: list[pd.DataFrame] = []
     report: dict[str, Any] = {"table": table.uri, "keys": keys, "days": days, "batches": []}
     say(f"dbidx demo: table {table.uri}, 2 key shards, dynamic buckets of {spec.capacity:,} keys, Spark local[2]")
-    say(f"  change stream: an initial load of {keys:,} keys over {days} daily partitions, then {batches} batches of "
-        f"{rows:,} rows (updates of recent days, late updates, deletes, new keys, repeats)")
-    say("  per batch: 'catch-up' = index entries committed since a shard's local cache last saw the table, applied "
-        "to it before tagging (batch 1 applies the whole initial load, which upserts never write to caches)")
-    say("             'on-demand' = partitions a batch touched that were not in the local cache yet, loaded from "
-        "the persisted index while the batch waited (the 'stall' seconds)")
+    say(
+        f"  change stream: an initial load of {keys:,} keys over {days} daily partitions, then {batches} batches of "
+        f"{rows:,} rows (updates of recent days, late updates, deletes, new keys, repeats)"
+    )
+    say(
+        "  per batch: 'catch-up' = index entries committed since a shard's local cache last saw the table, applied "
+        "to it before tagging (batch 1 applies the whole initial load, which upserts never write to caches)"
+    )
+    say(
+        "             'on-demand' = partitions a batch touched that were not in the local cache yet, loaded from "
+        "the persisted index while the batch waited (the 'stall' seconds)"
+    )
     spark = _start_spark(root / "_spark", say, "the first application; a JVM start takes 5-15 s")
     try:
         # 1. The initial load, then B change batches; the middle one arrives through Structured Streaming.
@@ -172,22 +193,33 @@ def run_demo(workdir: str | Path, keys: int = 200_000, days: int = 10, batches: 
             if number == streamed_at:
                 summary, how = _streamed(spark, root, frame, table, config, spec, number), "streaming"
             else:
-                summary, how = upsert(spark.createDataFrame(frame), table, key="id", partition="dt", buckets=spec,
-                                      cache_config=config), "batch"
+                summary, how = (
+                    upsert(
+                        spark.createDataFrame(frame), table, key="id", partition="dt", buckets=spec, cache_config=config
+                    ),
+                    "batch",
+                )
             say(_line(number, how, summary))
-            report["batches"].append({"batch": number, "via": how, **{k: v for k, v in summary.to_dict().items()
-                                                                      if k != "per_shard"}})
+            report["batches"].append(
+                {"batch": number, "via": how, **{k: v for k, v in summary.to_dict().items() if k != "per_shard"}}
+            )
         warm = report["batches"][restart_at]
         if warm["on_demand_loads"] > table.num_shards:  # only the batch's new day may be cold (once per shard)
-            raise DbidxError(f"demo check failed: after the restart {warm['on_demand_loads']} partitions were "
-                             "loaded again; the warm restart should have reused them")
+            raise DbidxError(
+                f"demo check failed: after the restart {warm['on_demand_loads']} partitions were "
+                "loaded again; the warm restart should have reused them"
+            )
         # 3. Footprint: the cache's bytes per entry vs the index's (compacted) bytes per entry.
         report.update(_footprint(table, summary, root / "_cache"))
-        say(f"  footprint ({report['live_keys']:,} keys): cache {report['cache_bytes_per_entry']:.1f} B/entry on "
+        say(
+            f"  footprint ({report['live_keys']:,} keys): cache {report['cache_bytes_per_entry']:.1f} B/entry on "
             f"local disk ({report['cache_sst_bytes_per_entry']:.1f} in SST files, the rest RocksDB's fixed files), "
-            f"index {report['index_bytes_per_entry']:.1f} B/entry in the index after compaction")
-        say("    (same definitions as benchmarks/footprint_bench.py; the demo's sequential 'user-NNNNNNNNN' keys "
-            "compress far better than the README's 10 M UUID keys, and fixed files weigh more at this size)")
+            f"index {report['index_bytes_per_entry']:.1f} B/entry in the index after compaction"
+        )
+        say(
+            "    (same definitions as benchmarks/footprint_bench.py; the demo's sequential 'user-NNNNNNNNN' keys "
+            "compress far better than the README's 10 M UUID keys, and fixed files weigh more at this size)"
+        )
         # 4. The check: the table's rows equal an independent pandas computation of the expected state.
         expected = expected_state(generated)
         actual = read_table(spark, table).select("id", "dt", "seq", "amount").toPandas()
@@ -209,26 +241,40 @@ def _chart(report: dict[str, Any], root: Path, say: Callable[[str], None]) -> st
     """The demo's PNG chart (dbidx.charts.demo_chart) under the work dir; None, said, without matplotlib."""
     from dbidx.charts import demo_chart
 
-    footer = (f"{report['keys']:,} keys over {report['days']} days, {len(report['batches']) - 1} change batches, "
-              f"Spark local[2], 2 key shards; whole demo {report['seconds']} s (JVM starts included)")
+    footer = (
+        f"{report['keys']:,} keys over {report['days']} days, {len(report['batches']) - 1} change batches, "
+        f"Spark local[2], 2 key shards; whole demo {report['seconds']} s (JVM starts included)"
+    )
     path = demo_chart(report["batches"], root / "demo-batches.png", footer)
-    say(f"  chart: {path} (batch seconds and cache hit rate per batch)" if path is not None
-        else "  chart: not drawn, matplotlib is not installed (pip install matplotlib)")
+    say(
+        f"  chart: {path} (batch seconds and cache hit rate per batch)"
+        if path is not None
+        else "  chart: not drawn, matplotlib is not installed (pip install matplotlib)"
+    )
     return None if path is None else str(path)
 
 
-def _streamed(spark: Any, root: Path, frame: pd.DataFrame, table: Table, config: CacheConfig, spec: BucketSpec,
-              number: int) -> CommitSummary:
+def _streamed(
+    spark: Any, root: Path, frame: pd.DataFrame, table: Table, config: CacheConfig, spec: BucketSpec, number: int
+) -> CommitSummary:
     """Upsert one batch through a Structured Streaming query with foreachBatch."""
     incoming = root / "_incoming"
     incoming.mkdir(exist_ok=True)
     frame.to_parquet(incoming / f"batch-{number:03d}.parquet", index=False)
     summaries: list[CommitSummary] = []
     schema = spark.read.parquet(str(incoming)).schema
-    query = (spark.readStream.schema(schema).parquet(str(incoming)).writeStream
-             .foreachBatch(lambda df, _id: summaries.append(upsert(df, table, key="id", partition="dt", buckets=spec,
-                                                                   cache_config=config)))
-             .option("checkpointLocation", str(root / "_checkpoint")).trigger(availableNow=True).start())
+    query = (
+        spark.readStream.schema(schema)
+        .parquet(str(incoming))
+        .writeStream.foreachBatch(
+            lambda df, _id: summaries.append(
+                upsert(df, table, key="id", partition="dt", buckets=spec, cache_config=config)
+            )
+        )
+        .option("checkpointLocation", str(root / "_checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
     query.awaitTermination()
     if len(summaries) != 1:
         raise DbidxError(f"demo check failed: the streaming query ran {len(summaries)} micro-batches, expected 1")
@@ -246,10 +292,13 @@ def _footprint(table: Table, last: CommitSummary, cache_base: Path) -> dict[str,
     cache_entries = sum(m["cache_entries"] for m in last.per_shard)
     sst_bytes = sum(f.stat().st_size for f in cache_base.glob("*/shard-*/*.sst"))
     index_per_entry = round(rli / max(live, 1), 2)
-    return {"live_keys": live, "index_bytes_per_entry": index_per_entry,
-            "mdt_bytes_per_entry": index_per_entry,  # the 0.1 name of index_bytes_per_entry, kept for 0.2 only
-            "cache_bytes_per_entry": round(cache_bytes / max(cache_entries, 1), 2),
-            "cache_sst_bytes_per_entry": round(sst_bytes / max(cache_entries, 1), 2)}
+    return {
+        "live_keys": live,
+        "index_bytes_per_entry": index_per_entry,
+        "mdt_bytes_per_entry": index_per_entry,  # the 0.1 name of index_bytes_per_entry, kept for 0.2 only
+        "cache_bytes_per_entry": round(cache_bytes / max(cache_entries, 1), 2),
+        "cache_sst_bytes_per_entry": round(sst_bytes / max(cache_entries, 1), 2),
+    }
 
 
 def duckdb_delta_extension() -> str | None:
@@ -280,6 +329,7 @@ def other_readers(path: str, expected: pd.DataFrame, say: Callable[[str], None])
 
         extension = duckdb_delta_extension()
         if extension is not None:
+
             def via_duckdb() -> list[tuple[str, int]]:
                 con = duckdb.connect(config={"allow_unsigned_extensions": "true"})
                 con.execute(f"LOAD '{extension}'")
@@ -293,11 +343,15 @@ def other_readers(path: str, expected: pd.DataFrame, say: Callable[[str], None])
         started = time.perf_counter()
         rows = read()
         if rows != want:
-            raise DbidxError(f"demo check failed: {name} reads {len(rows):,} rows from the table's Delta log, "
-                             f"{len(set(rows) ^ set(want)):,} of them differ from the {len(want):,} expected")
+            raise DbidxError(
+                f"demo check failed: {name} reads {len(rows):,} rows from the table's Delta log, "
+                f"{len(set(rows) ^ set(want)):,} of them differ from the {len(want):,} expected"
+            )
         report[name] = len(rows)
-        say(f"  open table: {name} reads the same {len(rows):,} rows from {path} "
-            f"({time.perf_counter() - started:.1f} s, Delta log + deletion vectors, no dbidx involved)")
+        say(
+            f"  open table: {name} reads the same {len(rows):,} rows from {path} "
+            f"({time.perf_counter() - started:.1f} s, Delta log + deletion vectors, no dbidx involved)"
+        )
     for name in ("polars", "duckdb"):
         if name not in readers:
             report[name] = "not installed"
@@ -314,5 +368,6 @@ def _compare(actual: pd.DataFrame, expected: pd.DataFrame) -> None:
     if len(a) != len(e) or not a.equals(e.astype(a.dtypes.to_dict())):
         merged = a.merge(e, on=["dt", "id"], how="outer", indicator=True, suffixes=("", "_expected"))
         wrong = merged[(merged["_merge"] != "both") | (merged["seq"] != merged["seq_expected"])]
-        raise DbidxError(f"demo check failed: {len(wrong)} rows differ from the expected state, e.g.\n"
-                         f"{wrong.head(5).to_string()}")
+        raise DbidxError(
+            f"demo check failed: {len(wrong)} rows differ from the expected state, e.g.\n{wrong.head(5).to_string()}"
+        )

@@ -2,16 +2,40 @@
 
 Each message says what went wrong and where (a path, a key, an instant), and where it can, the likely cause.
 """
+
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["CacheBusyError", "CacheCorruptError", "CacheError", "CacheMismatchError", "CommitError", "ConfigError",
-           "ConflictError", "CorruptFileError", "DbidxError", "DeltaFeatureError", "DuplicateKeyError",
-           "ForeignCommitAfterPublishError", "ForeignCommitError", "ForeignDuplicateError", "FormatUpgradeError",
-           "HistoryCompactedError", "HookError", "InstantStateError", "InvalidInputError", "InvalidKeyError",
-           "InvalidPartitionError", "PartitionNotReadyError", "SchemaError", "StoreUnavailableError",
-           "TableExistsError", "TableNotFoundError", "UnsafeConcurrencyError"]
+__all__ = [
+    "CacheBusyError",
+    "CacheCorruptError",
+    "CacheError",
+    "CacheMismatchError",
+    "CommitError",
+    "ConfigError",
+    "ConflictError",
+    "CorruptFileError",
+    "DbidxError",
+    "DeltaFeatureError",
+    "DuplicateKeyError",
+    "ForeignCommitAfterPublishError",
+    "ForeignCommitError",
+    "ForeignDuplicateError",
+    "FormatUpgradeError",
+    "HistoryCompactedError",
+    "HookError",
+    "InstantStateError",
+    "InvalidInputError",
+    "InvalidKeyError",
+    "InvalidPartitionError",
+    "PartitionNotReadyError",
+    "SchemaError",
+    "StoreUnavailableError",
+    "TableExistsError",
+    "TableNotFoundError",
+    "UnsafeConcurrencyError",
+]
 
 
 class DbidxError(Exception):

@@ -6,6 +6,7 @@ renamed module must not break such code on upgrade. The old name resolves to the
 `isinstance`, monkeypatching and pickles by reference see one module, not a copy. `dbidx/__init__.py` installs the
 finder; it answers only for the names in `MOVED`, after every other finder has failed.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -16,11 +17,41 @@ import types
 import warnings
 from typing import Sequence
 
-_STORAGE = ("archive_retention", "checkpoint", "commit_lock", "data_view", "fileio", "format_switch", "heartbeat",
-            "history_floor", "instant_range", "keyhash", "keys", "layout", "leftovers", "markers", "object_store",
-            "pending", "properties", "records", "state", "timeline", "writer_presence")
-_TABLE = ("absorb", "build_index", "delta_properties", "readopt", "service_settings", "services", "upgrade", "vacuum",
-          "verify_table", "writer")
+_STORAGE = (
+    "archive_retention",
+    "checkpoint",
+    "commit_lock",
+    "data_view",
+    "fileio",
+    "format_switch",
+    "heartbeat",
+    "history_floor",
+    "instant_range",
+    "keyhash",
+    "keys",
+    "layout",
+    "leftovers",
+    "markers",
+    "object_store",
+    "pending",
+    "properties",
+    "records",
+    "state",
+    "timeline",
+    "writer_presence",
+)
+_TABLE = (
+    "absorb",
+    "build_index",
+    "delta_properties",
+    "readopt",
+    "service_settings",
+    "services",
+    "upgrade",
+    "vacuum",
+    "verify_table",
+    "writer",
+)
 
 # Old module path -> new module path (dbidx 0.2; the old paths go in the release after it).
 MOVED: dict[str, str] = {
@@ -47,8 +78,12 @@ class _Alias(importlib.abc.Loader):
             package = types.ModuleType(spec.name, f"Moved in dbidx 0.2: see {__name__}.MOVED.")
             package.__path__ = []
             return package
-        warnings.warn(f"{spec.name} moved to {self.new} in dbidx 0.2; import it from there (the old path goes in "
-                      "the next release)", DeprecationWarning, stacklevel=3)
+        warnings.warn(
+            f"{spec.name} moved to {self.new} in dbidx 0.2; import it from there (the old path goes in "
+            "the next release)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
         return importlib.import_module(self.new)
 
     def exec_module(self, module: types.ModuleType) -> None:
@@ -58,8 +93,9 @@ class _Alias(importlib.abc.Loader):
 class MovedModuleFinder(importlib.abc.MetaPathFinder):
     """Finds the old path of a moved module (and only those), last on sys.meta_path."""
 
-    def find_spec(self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
-                  ) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
         if fullname in MOVED:
             return importlib.machinery.ModuleSpec(fullname, _Alias(MOVED[fullname]))
         if fullname in OLD_PACKAGES:

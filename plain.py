@@ -6,6 +6,7 @@ numbers, and converting them was ~3 % of a steady upsert batch (measured: 2 M ke
 is the same as asdict's: nested dataclasses become dicts, lists and tuples keep their type, dicts are new dicts;
 immutable leaves are shared, and any other leaf is deep-copied as asdict does.
 """
+
 from __future__ import annotations
 
 import copy
@@ -31,8 +32,11 @@ def plain(value: Any) -> Any:
     if cls is dict:
         return {plain(k): plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):  # a named tuple or a subclass: rebuilt the way asdict does
-        return type(value)(*[plain(v) for v in value]) if hasattr(value, "_fields") else type(value)(
-            plain(v) for v in value)
+        return (
+            type(value)(*[plain(v) for v in value])
+            if hasattr(value, "_fields")
+            else type(value)(plain(v) for v in value)
+        )
     if isinstance(value, dict):
         return type(value)((plain(k), plain(v)) for k, v in value.items())
     return copy.deepcopy(value)

@@ -12,6 +12,7 @@ A callback is any callable `progress(done, total, step, rows)`:
 - `rows`: rows (keys, entries) processed so far, all steps together; 0 when the work does not count rows. A display
   divides it by the time since the first call for rows/s.
 """
+
 from __future__ import annotations
 
 from typing import Protocol

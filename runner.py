@@ -16,6 +16,7 @@ The contract, the same for every runner:
 - an error in a piece is raised by `run` as its own dbidx type where it can be (Spark: from the task's traceback).
 - `work` and the items must pickle when the runner is Spark: a module-level function bound with functools.partial.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Iterator, Protocol, Sequence
@@ -40,8 +41,9 @@ class WorkRunner(Protocol):
 
     where: str  # "driver" or "spark": reported with each service run
 
-    def run(self, work: Work, items: Sequence[Any], what: str,
-            weights: Sequence[int] | None = None) -> Iterator[bytes]: ...
+    def run(
+        self, work: Work, items: Sequence[Any], what: str, weights: Sequence[int] | None = None
+    ) -> Iterator[bytes]: ...
 
 
 class InProcessRunner:
@@ -50,8 +52,7 @@ class InProcessRunner:
 
     where = "driver"
 
-    def run(self, work: Work, items: Sequence[Any], what: str,
-            weights: Sequence[int] | None = None) -> Iterator[bytes]:
+    def run(self, work: Work, items: Sequence[Any], what: str, weights: Sequence[int] | None = None) -> Iterator[bytes]:
         """Each item's result, in order, as it finishes (`weights` only matter to runners that spread the work)."""
         for item in items:
             yield work(item, 0)
@@ -73,11 +74,14 @@ def unpack(payload: object, where: str, fields: set[str]) -> dict[str, Any]:
             raise ValueError(f"a {type(payload).__name__}, not bytes")
         result = msgpack.unpackb(payload, raw=False, strict_map_key=True)
         if not isinstance(result, dict) or set(result) != fields:
-            raise ValueError(f"fields {sorted(result) if isinstance(result, dict) else type(result).__name__}, "
-                             f"expected {sorted(fields)}")
+            raise ValueError(
+                f"fields {sorted(result) if isinstance(result, dict) else type(result).__name__}, "
+                f"expected {sorted(fields)}"
+            )
     except (ValueError, msgpack.UnpackException) as exc:
-        raise CommitError(f"{where}: a piece of work returned a malformed result ({exc}); nothing was "
-                          "published") from exc
+        raise CommitError(
+            f"{where}: a piece of work returned a malformed result ({exc}); nothing was published"
+        ) from exc
     return result
 
 
@@ -96,9 +100,11 @@ def check_written(io: SizedStorage, what: str, expected: list[tuple[str, int]]) 
     wrong = [(rel, size, sizes.get(rel)) for rel, size in expected if sizes.get(rel) != size]
     if wrong:
         rel, size, found = wrong[0]
-        raise CommitError(f"{what}: {len(wrong)} file(s) the tasks listed are missing or have another "
-                          f"size, e.g. {io.path(rel)} ({size} bytes reported, "
-                          f"{'missing' if found is None else f'{found} found'}); nothing was published")
+        raise CommitError(
+            f"{what}: {len(wrong)} file(s) the tasks listed are missing or have another "
+            f"size, e.g. {io.path(rel)} ({size} bytes reported, "
+            f"{'missing' if found is None else f'{found} found'}); nothing was published"
+        )
 
 
 class BySize:
@@ -111,8 +117,7 @@ class BySize:
         self.large, self.small, self.min_weight = large, small, min_weight
         self.where = small.where if min_weight > 0 else large.where
 
-    def run(self, work: Work, items: Sequence[Any], what: str,
-            weights: Sequence[int] | None = None) -> Iterator[bytes]:
+    def run(self, work: Work, items: Sequence[Any], what: str, weights: Sequence[int] | None = None) -> Iterator[bytes]:
         """The items' results from the runner their total weight chooses (unweighted work goes to `large`)."""
         runner = self.large if weights is None or sum(weights) >= self.min_weight else self.small
         self.where = runner.where

@@ -1,5 +1,6 @@
 """The installed dbidx's version (`dbidx.__version__`, `dbidx --version`), apart from the front door so that the
 CLI can read it without importing the library's top."""
+
 from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version

@@ -3,6 +3,7 @@
 Each benchmark script owns one section of benchmarks/RESULTS.md, delimited by HTML comments, and rewrites only
 that section (`--write-results`), so the figures in the file always come from a run, never from typing.
 """
+
 from __future__ import annotations
 
 import os
@@ -29,8 +30,10 @@ def machine() -> str:
     except OSError:
         pass
     rd_version = _dist_version("rocksdict")
-    return (f"{os.cpu_count()} cores, {mem_gb:.0f} GB RAM, {platform.system()} {platform.machine()}; "
-            f"Python {platform.python_version()}, pyarrow {pyarrow.__version__}, rocksdict {rd_version}")
+    return (
+        f"{os.cpu_count()} cores, {mem_gb:.0f} GB RAM, {platform.system()} {platform.machine()}; "
+        f"Python {platform.python_version()}, pyarrow {pyarrow.__version__}, rocksdict {rd_version}"
+    )
 
 
 def _dist_version(name: str) -> str:
@@ -61,6 +64,7 @@ def median_time(fn: Callable[[], Any], repeats: int, setup: Callable[[], Any] | 
 
 def table(headers: list[str], rows: list[list[Any]]) -> str:
     """A markdown table."""
+
     def cell(v: Any) -> str:
         if isinstance(v, float):
             return f"{v:,.3f}" if abs(v) < 100 else f"{v:,.0f}"
@@ -125,8 +129,12 @@ def write_section(name: str, body: str, target: Path = RESULTS) -> None:
     """Replace (or append) the section `name` of RESULTS.md (or another markdown file) with body."""
     start, end = f"<!-- begin {name} -->", f"<!-- end {name} -->"
     block = f"{start}\n{body.rstrip()}\n{end}"
-    text = target.read_text() if target.exists() else "# Benchmark results\n\nEvery figure below is written by " \
+    text = (
+        target.read_text()
+        if target.exists()
+        else "# Benchmark results\n\nEvery figure below is written by "
         "the benchmark script named in its section (`--write-results`); none is typed by hand.\n"
+    )
     pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
     text = pattern.sub(lambda _m: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
     target.write_text(text)
@@ -173,11 +181,17 @@ def spark_session(local_dir: Path, shards: int, app: str) -> Any:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    spark = (SparkSession.builder.master("local[2]").appName(app)
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", str(shards)).config("spark.driver.memory", "4g")
-             .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-             .config("spark.local.dir", str(local_dir)).getOrCreate())
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName(app)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", str(shards))
+        .config("spark.driver.memory", "4g")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.local.dir", str(local_dir))
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 

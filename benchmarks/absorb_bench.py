@@ -24,6 +24,7 @@ Run: `python benchmarks/absorb_bench.py [--keys 10000000] [--days 30] [--shards 
 [--write-results]` (or `make bench-absorb`). The table and caches live in `--work` (default: a temporary dir under
 the current directory) and are removed at the end.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -90,8 +91,9 @@ def string_array(text: np.ndarray) -> pa.Array:
     n, width = text.shape
     offsets = np.arange(0, (n + 1) * width, width, dtype=np.int64)
     data = np.ascontiguousarray(text).reshape(-1)
-    return pa.Array.from_buffers(pa.large_string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)]
-                                 ).cast(pa.string())
+    return pa.Array.from_buffers(pa.large_string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)]).cast(
+        pa.string()
+    )
 
 
 class Keys:
@@ -109,9 +111,13 @@ class Keys:
 
     def rows(self, idx: np.ndarray, value: int) -> pa.Table:
         self.v[idx] = value
-        return pa.table({KEY: string_array(self.text[idx]),
-                         PARTITION: pa.array(self.days[self.day[idx]], pa.string()),
-                         "v": pa.array(np.full(len(idx), value, dtype=np.int64))})
+        return pa.table(
+            {
+                KEY: string_array(self.text[idx]),
+                PARTITION: pa.array(self.days[self.day[idx]], pa.string()),
+                "v": pa.array(np.full(len(idx), value, dtype=np.int64)),
+            }
+        )
 
     def steady(self, rows: int, value: int) -> pa.Table:
         """`rows` rows: 80% updates of distinct existing keys (any day, in place), 20% new keys (any day)."""
@@ -126,6 +132,7 @@ class Keys:
 
 # ---------------------------------------------------------------------------------------------------------------
 # The steps.
+
 
 def upsert(batch: pa.Table, table: Table, config: CacheConfig) -> tuple[float, dict[str, Any]]:
     """Wall seconds and summary of one upsert_arrow."""
@@ -183,20 +190,35 @@ def check(root: Path, keys: Keys) -> tuple[str, bool, dict[str, Any]]:
     start = time.perf_counter()
     verified = verify_table(Table.open(str(root)))
     verify_s = time.perf_counter() - start
-    out = QueryBuilder().register("t", DeltaTable(str(root))).execute(
-        f"select count(*) as n, count(distinct {KEY}) as d, sum(v) as s from t").read_all()
+    out = (
+        QueryBuilder()
+        .register("t", DeltaTable(str(root)))
+        .execute(f"select count(*) as n, count(distinct {KEY}) as d, sum(v) as s from t")
+        .read_all()
+    )
     delta = pa.table(out).to_pylist()[0]
     ours = reads.read_arrow(Table.open(str(root)), columns=[KEY]).num_rows
     expected = {"rows": len(keys), "sum_v": int(keys.v.sum())}
-    ok = (verified.ok and delta["n"] == delta["d"] == ours == expected["rows"]
-          and int(delta["s"] or 0) == expected["sum_v"])
-    line = (f"Check: `verify_table` {'ok' if verified.ok else 'FAILED: ' + str(verified.damaged[:3])} "
-            f"({verify_s:.1f} s); deltalake QueryBuilder reads {delta['n']:,} rows ({delta['d']:,} distinct ids, "
-            f"sum(v) {int(delta['s'] or 0):,}), dbidx `read_arrow` {ours:,} rows; expected {expected['rows']:,} "
-            f"distinct keys, sum(v) {expected['sum_v']:,}: {'check ok' if ok else 'MISMATCH'}.")
-    figures = {"verify_ok": verified.ok, "verify_s": verify_s, "querybuilder_rows": delta["n"],
-               "querybuilder_distinct": delta["d"], "read_arrow_rows": ours, "expected_rows": expected["rows"],
-               "ok": ok}
+    ok = (
+        verified.ok
+        and delta["n"] == delta["d"] == ours == expected["rows"]
+        and int(delta["s"] or 0) == expected["sum_v"]
+    )
+    line = (
+        f"Check: `verify_table` {'ok' if verified.ok else 'FAILED: ' + str(verified.damaged[:3])} "
+        f"({verify_s:.1f} s); deltalake QueryBuilder reads {delta['n']:,} rows ({delta['d']:,} distinct ids, "
+        f"sum(v) {int(delta['s'] or 0):,}), dbidx `read_arrow` {ours:,} rows; expected {expected['rows']:,} "
+        f"distinct keys, sum(v) {expected['sum_v']:,}: {'check ok' if ok else 'MISMATCH'}."
+    )
+    figures = {
+        "verify_ok": verified.ok,
+        "verify_s": verify_s,
+        "querybuilder_rows": delta["n"],
+        "querybuilder_distinct": delta["d"],
+        "read_arrow_rows": ours,
+        "expected_rows": expected["rows"],
+        "ok": ok,
+    }
     return line, ok, figures
 
 
@@ -232,8 +254,10 @@ def run(args: argparse.Namespace, work: Path) -> tuple[str, bool, dict[str, Any]
     compact_s, metrics, compact_rss = peak_rss_of(lambda: DeltaTable(str(root)).optimize.compact())
     version = DeltaTable(str(root)).version()
     removed, added, info = version_files(root, version)
-    log(f"delta-rs optimize.compact: {compact_s:.2f} s, version {version}, {len(removed):,} files removed, "
-        f"{len(added):,} added")
+    log(
+        f"delta-rs optimize.compact: {compact_s:.2f} s, version {version}, {len(removed):,} files removed, "
+        f"{len(added):,} added"
+    )
 
     # 3. dbidx absorbs it.
     absorb_s, records, absorb_rss = peak_rss_of(lambda: Table.open(str(root)).absorb_delta_log())
@@ -243,13 +267,17 @@ def run(args: argparse.Namespace, work: Path) -> tuple[str, bool, dict[str, Any]
     entries = sum(f.rows for f in record.files)
     inserts = sum(f.inserts for f in record.files)
     tombstones = sum(f.tombstones for f in record.files)
-    log(f"dbidx absorb: {absorb_s:.2f} s, {len(record.replaced):,} files removed, {len(record.data_files):,} added, "
-        f"{entries:,} index entries")
+    log(
+        f"dbidx absorb: {absorb_s:.2f} s, {len(record.replaced):,} files removed, {len(record.data_files):,} added, "
+        f"{entries:,} index entries"
+    )
 
     # 4. The floor: the key column of the touched files.
     anchor_s, anchor_rows = key_column_floor(removed + added)
-    log(f"pyarrow key-column read of the {len(removed) + len(added):,} touched files: {anchor_s:.2f} s "
-        f"({anchor_rows:,} rows)")
+    log(
+        f"pyarrow key-column read of the {len(removed) + len(added):,} touched files: {anchor_s:.2f} s "
+        f"({anchor_rows:,} rows)"
+    )
 
     # 5. Steady batches after the absorb (the writer's own long-lived Table, the same caches).
     after = []
@@ -261,17 +289,35 @@ def run(args: argparse.Namespace, work: Path) -> tuple[str, bool, dict[str, Any]
     line, ok, checked = check(root, keys)
     log(line)
     figures = {
-        "keys": args.keys, "days": args.days, "shards": args.shards, "build_batch": args.build_batch,
-        "steady_rows": args.steady_rows, "build_s": sum(build), "build_batch_s": build,
-        "steady_before_s": [s for s, _ in before], "steady_after_s": [s for s, _ in after],
+        "keys": args.keys,
+        "days": args.days,
+        "shards": args.shards,
+        "build_batch": args.build_batch,
+        "steady_rows": args.steady_rows,
+        "build_s": sum(build),
+        "build_batch_s": build,
+        "steady_before_s": [s for s, _ in before],
+        "steady_after_s": [s for s, _ in after],
         "summaries": [{k: v for k, v in m.items() if k not in ("partitions", "per_shard")} for _, m in before + after],
-        "delta_files_before": delta_files_before, "compact_s": compact_s, "compact_rss": compact_rss,
-        "compact_metrics": metrics, "delta_version": version, "delta_operation": info.get("operation"),
-        "delta_removed": len(removed), "delta_added": len(added),
-        "absorb_s": absorb_s, "absorb_rss": absorb_rss, "absorb_records": len(records),
-        "absorb_removed": len(record.replaced), "absorb_added": len(record.data_files),
-        "absorb_entries": entries, "absorb_inserts": inserts, "absorb_tombstones": tombstones,
-        "absorb_index_files": len(record.files), "anchor_s": anchor_s, "anchor_rows": anchor_rows,
+        "delta_files_before": delta_files_before,
+        "compact_s": compact_s,
+        "compact_rss": compact_rss,
+        "compact_metrics": metrics,
+        "delta_version": version,
+        "delta_operation": info.get("operation"),
+        "delta_removed": len(removed),
+        "delta_added": len(added),
+        "absorb_s": absorb_s,
+        "absorb_rss": absorb_rss,
+        "absorb_records": len(records),
+        "absorb_removed": len(record.replaced),
+        "absorb_added": len(record.data_files),
+        "absorb_entries": entries,
+        "absorb_inserts": inserts,
+        "absorb_tombstones": tombstones,
+        "absorb_index_files": len(record.files),
+        "anchor_s": anchor_s,
+        "anchor_rows": anchor_rows,
         "check": checked,
     }
     body = render(args, figures, before, after, line)
@@ -281,73 +327,111 @@ def run(args: argparse.Namespace, work: Path) -> tuple[str, bool, dict[str, Any]
 # ---------------------------------------------------------------------------------------------------------------
 # The report.
 
+
 def rss(pair: tuple[int, int]) -> str:
     """A step's memory: this process's peak RSS during it, and its RSS when it began."""
     return f"peak RSS of the process {pair[1] / MIB:,.0f} MiB ({pair[0] / MIB:,.0f} MiB when the step began)"
 
 
-def render(args: argparse.Namespace, f: dict[str, Any], before: list[tuple[float, dict[str, Any]]],
-           after: list[tuple[float, dict[str, Any]]], check_line: str) -> str:
+def render(
+    args: argparse.Namespace,
+    f: dict[str, Any],
+    before: list[tuple[float, dict[str, Any]]],
+    after: list[tuple[float, dict[str, Any]]],
+    check_line: str,
+) -> str:
     steady_before = statistics.median(f["steady_before_s"])
     touched = f["delta_removed"] + f["delta_added"]
     rows = [
-        [f"dbidx build: {args.keys:,} keys, {len(f['build_batch_s'])} upsert_arrow batches of "
-         f"{args.build_batch:,} (the first on the bulk path)", f"{f['build_s']:.1f} s",
-         f"{args.keys / f['build_s']:,.0f} keys/s", "-"],
-        [f"dbidx steady batch before the OPTIMIZE ({args.steady_rows:,} rows, median of {STEADY_BEFORE})",
-         f"{steady_before:.3f} s", "-", "-"],
-        [f"delta-rs `optimize.compact()` (the other engine): {f['delta_files_before']:,} live files before, "
-         f"{f['delta_removed']:,} removed, {f['delta_added']:,} added; {rss(f['compact_rss'])}",
-         f"{f['compact_s']:.2f} s", "-", "-"],
-        [f"dbidx absorb of that version (`Table.open(..).absorb_delta_log()`): {f['absorb_removed']:,} files "
-         f"removed, {f['absorb_added']:,} added, {f['absorb_entries']:,} index entries ({f['absorb_inserts']:,} "
-         f"keys re-pointed or new, {f['absorb_tombstones']:,} tombstones) in {f['absorb_index_files']:,} index files; "
-         f"{rss(f['absorb_rss'])}",
-         f"{f['absorb_s']:.2f} s",
-         f"pyarrow key-column read of the {touched:,} touched files ({f['anchor_rows']:,} rows): "
-         f"{f['anchor_s']:.2f} s", f"{f['absorb_s'] / f['anchor_s']:.2f}x"],
-        ["dbidx absorb vs the other engine's OPTIMIZE", f"{f['absorb_s']:.2f} s",
-         f"delta-rs compact {f['compact_s']:.2f} s", f"{f['absorb_s'] / f['compact_s']:.2f}x"],
+        [
+            f"dbidx build: {args.keys:,} keys, {len(f['build_batch_s'])} upsert_arrow batches of "
+            f"{args.build_batch:,} (the first on the bulk path)",
+            f"{f['build_s']:.1f} s",
+            f"{args.keys / f['build_s']:,.0f} keys/s",
+            "-",
+        ],
+        [
+            f"dbidx steady batch before the OPTIMIZE ({args.steady_rows:,} rows, median of {STEADY_BEFORE})",
+            f"{steady_before:.3f} s",
+            "-",
+            "-",
+        ],
+        [
+            f"delta-rs `optimize.compact()` (the other engine): {f['delta_files_before']:,} live files before, "
+            f"{f['delta_removed']:,} removed, {f['delta_added']:,} added; {rss(f['compact_rss'])}",
+            f"{f['compact_s']:.2f} s",
+            "-",
+            "-",
+        ],
+        [
+            f"dbidx absorb of that version (`Table.open(..).absorb_delta_log()`): {f['absorb_removed']:,} files "
+            f"removed, {f['absorb_added']:,} added, {f['absorb_entries']:,} index entries ({f['absorb_inserts']:,} "
+            f"keys re-pointed or new, {f['absorb_tombstones']:,} tombstones) in {f['absorb_index_files']:,} index files; "
+            f"{rss(f['absorb_rss'])}",
+            f"{f['absorb_s']:.2f} s",
+            f"pyarrow key-column read of the {touched:,} touched files ({f['anchor_rows']:,} rows): "
+            f"{f['anchor_s']:.2f} s",
+            f"{f['absorb_s'] / f['anchor_s']:.2f}x",
+        ],
+        [
+            "dbidx absorb vs the other engine's OPTIMIZE",
+            f"{f['absorb_s']:.2f} s",
+            f"delta-rs compact {f['compact_s']:.2f} s",
+            f"{f['absorb_s'] / f['compact_s']:.2f}x",
+        ],
     ]
     for i, (seconds, _) in enumerate(after, start=1):
         label = "first" if i == 1 else "second" if i == 2 else f"#{i}"
-        rows.append([f"dbidx {label} steady batch after the absorb ({args.steady_rows:,} rows)", f"{seconds:.3f} s",
-                     f"steady before the OPTIMIZE {steady_before:.3f} s", f"{seconds / steady_before:.2f}x"])
+        rows.append(
+            [
+                f"dbidx {label} steady batch after the absorb ({args.steady_rows:,} rows)",
+                f"{seconds:.3f} s",
+                f"steady before the OPTIMIZE {steady_before:.3f} s",
+                f"{seconds / steady_before:.2f}x",
+            ]
+        )
     batch_rows = []
     for i, (seconds, summary) in enumerate(before, start=1):
         batch_rows.append([f"before the OPTIMIZE, {i}", f"{seconds:.3f}"] + summary_cells(summary))
     for i, (seconds, summary) in enumerate(after, start=1):
         batch_rows.append([f"after the absorb, {i}", f"{seconds:.3f}"] + summary_cells(summary))
-    return "\n\n".join([
-        f"## Absorbing another engine's OPTIMIZE: {args.keys:,} keys",
-        f"Machine: {_report.machine()}. Command: `{_report.command()}`. No Spark: dbidx writes through "
-        f"`upsert_arrow` in this process ({args.shards} key shards, one cache base path for every upsert), "
-        f"{args.keys:,} UUID keys over {args.days} daily partitions (each key's day at random), columns id, dt, v. "
-        f"Steady batches: {args.steady_rows:,} rows, {UPDATE_SHARE:.0%} updates of existing keys at random "
-        f"(any day), the rest new keys. Then delta-rs {deltalake_version()} compacts the table "
-        f"(Delta version {f['delta_version']}, operation {f['delta_operation']}), and a Table opened for it absorbs "
-        "that version (docs/FORMAT.md section 12c: it reads the key column of the removed files minus their "
-        "deletion vectors and of the added files, and re-points every key to its new file). The anchor is the floor "
-        "the absorb cannot go under: `pyarrow.parquet.read_table(path, columns=['id'])` of each touched file, one "
-        "after another, in the same run (page cache warm for both: the compaction just read and wrote them). "
-        "One run per row.",
-        _report.table(["step", "seconds", "anchor", "ratio"], rows),
-        check_line,
-        "Steady batches, from the upsert's summary (catch-up entries: index entries the caches applied before "
-        "tagging; the first batch after the absorb pays for the re-pointed keys):",
-        _report.table(["batch", "dbidx s"] + CELL_HEADERS, batch_rows),
-    ])
+    return "\n\n".join(
+        [
+            f"## Absorbing another engine's OPTIMIZE: {args.keys:,} keys",
+            f"Machine: {_report.machine()}. Command: `{_report.command()}`. No Spark: dbidx writes through "
+            f"`upsert_arrow` in this process ({args.shards} key shards, one cache base path for every upsert), "
+            f"{args.keys:,} UUID keys over {args.days} daily partitions (each key's day at random), columns id, dt, v. "
+            f"Steady batches: {args.steady_rows:,} rows, {UPDATE_SHARE:.0%} updates of existing keys at random "
+            f"(any day), the rest new keys. Then delta-rs {deltalake_version()} compacts the table "
+            f"(Delta version {f['delta_version']}, operation {f['delta_operation']}), and a Table opened for it absorbs "
+            "that version (docs/FORMAT.md section 12c: it reads the key column of the removed files minus their "
+            "deletion vectors and of the added files, and re-points every key to its new file). The anchor is the floor "
+            "the absorb cannot go under: `pyarrow.parquet.read_table(path, columns=['id'])` of each touched file, one "
+            "after another, in the same run (page cache warm for both: the compaction just read and wrote them). "
+            "One run per row.",
+            _report.table(["step", "seconds", "anchor", "ratio"], rows),
+            check_line,
+            "Steady batches, from the upsert's summary (catch-up entries: index entries the caches applied before "
+            "tagging; the first batch after the absorb pays for the re-pointed keys):",
+            _report.table(["batch", "dbidx s"] + CELL_HEADERS, batch_rows),
+        ]
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keys", type=int, default=10_000_000)
     parser.add_argument("--days", type=int, default=30, help="daily partitions")
     parser.add_argument("--shards", type=int, default=2, help="dbidx key shards")
-    parser.add_argument("--work", type=Path, help="where the table and caches go (default: a temp dir under the "
-                        "current directory); removed at the end either way")
+    parser.add_argument(
+        "--work",
+        type=Path,
+        help="where the table and caches go (default: a temp dir under the "
+        "current directory); removed at the end either way",
+    )
     parser.add_argument("--smoke", action="store_true", help="20,000 keys (seconds; used by tests)")
     parser.add_argument("--write-results", action="store_true")
     args = parser.parse_args()

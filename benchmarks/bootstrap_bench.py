@@ -6,6 +6,7 @@ file groups of ~100 k keys; one shard cache (`--shards 1`) so a load's rate is o
 end to end: index Parquet -> ready column families (read, encode, sort, SST write, ingest, registry flip).
 Run: `python benchmarks/bootstrap_bench.py [--smoke] [--write-results]`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,15 +52,13 @@ def build_table(root: Path, days_total: int, keys_per_day: int, shards: int) -> 
     groups = max(1, keys_per_day // 100_000)
     for day in range(days_total):
         keys = uuid_keys(keys_per_day, rng)
-        fgs = pa.array([f"{g:08d}-{day:08x}" for g in range(groups)]).take(
-            pa.array(np.arange(keys_per_day) % groups))
+        fgs = pa.array([f"{g:08d}-{day:08x}" for g in range(groups)]).take(pa.array(np.arange(keys_per_day) % groups))
         with table.new_commit() as w:
             w.insert(partition_of(day), keys, fgs)
     return table
 
 
-def timed_bootstrap(table: Table, base: Path, days: int, now: str,
-                    parallelism: str) -> tuple[float, int, int, str]:
+def timed_bootstrap(table: Table, base: Path, days: int, now: str, parallelism: str) -> tuple[float, int, int, str]:
     """(seconds, entries, disk bytes, mode used) of a cold bootstrap into an empty base path."""
     shutil.rmtree(base, ignore_errors=True)
     result = bootstrap(table, days=days, now=now, base_path=base, parallelism=parallelism)
@@ -97,14 +96,23 @@ def main() -> None:
             seconds = sorted(r[0] for r in results)[len(results) // 2]
             entries, disk, used = results[-1][1], results[-1][2], results[-1][3]
             rates[(mode, window)] = entries / seconds
-            rows.append([mode if mode != "auto" else f"auto ({used})", window, entries, seconds,
-                         entries / seconds, disk / entries])
+            rows.append(
+                [
+                    mode if mode != "auto" else f"auto ({used})",
+                    window,
+                    entries,
+                    seconds,
+                    entries / seconds,
+                    disk / entries,
+                ]
+            )
         # 2. Warm restart: the caches are intact, 1 new commit since; bootstrap only catches up.
         timed_bootstrap(table, work / "caches", args.window, now, "auto")
         with table.new_commit() as w:
             w.insert(partition_of(args.days_total - 1), uuid_keys(10_000, np.random.default_rng(9)), "99999999-new")
-        warm_s, _ = _report.median_time(lambda: bootstrap(table, days=args.window, now=now,
-                                                          base_path=work / "caches"), args.repeats)
+        warm_s, _ = _report.median_time(
+            lambda: bootstrap(table, days=args.window, now=now, base_path=work / "caches"), args.repeats
+        )
         # 3. On-demand stall: one cold partition (outside the window) needed by a batch.
         cache = RecordIndexCache.for_table(table, 0, CacheConfig(), base_path=work / "caches").open()
         cold = [partition_of(d) for d in range(min(args.repeats, args.days_total - args.window))]
@@ -120,32 +128,47 @@ def main() -> None:
     window_rate = max(r for (mode, w), r in rates.items() if w == args.window)
     per_entry = rows[0][5]
     projection = projection_rows(window_rate, per_entry, args.shards)
-    body = "\n\n".join([
-        "## Bootstrap (time-bounded, on-demand, warm restart)",
-        f"Machine: {_report.machine()}. Command: `{_report.command()}`. Medians of {args.repeats} run(s). "
-        f"Table: {args.days_total} daily partitions x {args.keys_per_day:,} random UUID keys ({build_s:.0f} s to "
-        f"write, {index_bytes / (args.days_total * args.keys_per_day):.1f} B/entry of Parquet), "
-        f"{args.shards} shard(s); "
-        f"bootstrap of the last {args.window} days into empty caches, end to end (index Parquet -> ready column "
-        "families).",
-        _report.table(["parallelism", "days", "entries", "seconds", "entries/s", "cache B/entry"], rows),
-        _report.table(["what", "value"], [
-            [f"best rate for the {args.window}-day window, entries/s", window_rate],
-            ["warm restart (intact caches, 1 commit of 10 k keys to catch up), s", warm_s],
-            [f"on-demand stall, one cold partition of {cold_entries:,} entries, s", stall],
-            ["on-demand stall per 1 M entries, s", stall / max(cold_entries, 1) * 1_000_000],
-        ]),
-        "Projection (RFC-107's example: 10 M new keys/day, a 7-day window = 70 M entries per table, ~4.2 GB in its "
-        "estimate; with the best measured window rate and bytes/entry above, each executor loading its own shards, "
-        "all executors in parallel; a 70 M single-executor load would run in processes, faster than this rate):",
-        _report.table(["executors (shards)", "entries per executor", "disk per executor (GB)",
-                       "bootstrap per executor (s)"], projection),
-    ])
+    body = "\n\n".join(
+        [
+            "## Bootstrap (time-bounded, on-demand, warm restart)",
+            f"Machine: {_report.machine()}. Command: `{_report.command()}`. Medians of {args.repeats} run(s). "
+            f"Table: {args.days_total} daily partitions x {args.keys_per_day:,} random UUID keys ({build_s:.0f} s to "
+            f"write, {index_bytes / (args.days_total * args.keys_per_day):.1f} B/entry of Parquet), "
+            f"{args.shards} shard(s); "
+            f"bootstrap of the last {args.window} days into empty caches, end to end (index Parquet -> ready column "
+            "families).",
+            _report.table(["parallelism", "days", "entries", "seconds", "entries/s", "cache B/entry"], rows),
+            _report.table(
+                ["what", "value"],
+                [
+                    [f"best rate for the {args.window}-day window, entries/s", window_rate],
+                    ["warm restart (intact caches, 1 commit of 10 k keys to catch up), s", warm_s],
+                    [f"on-demand stall, one cold partition of {cold_entries:,} entries, s", stall],
+                    ["on-demand stall per 1 M entries, s", stall / max(cold_entries, 1) * 1_000_000],
+                ],
+            ),
+            "Projection (RFC-107's example: 10 M new keys/day, a 7-day window = 70 M entries per table, ~4.2 GB in its "
+            "estimate; with the best measured window rate and bytes/entry above, each executor loading its own shards, "
+            "all executors in parallel; a 70 M single-executor load would run in processes, faster than this rate):",
+            _report.table(
+                ["executors (shards)", "entries per executor", "disk per executor (GB)", "bootstrap per executor (s)"],
+                projection,
+            ),
+        ]
+    )
     if args.write_results and not args.smoke:
-        body = _report.publish("bootstrap", body, {
-            "window_entries_per_s": window_rate, "days_total": args.days_total, "keys_per_day": args.keys_per_day,
-            "rows": rows, "stall_s_per_million": stall / max(cold_entries, 1) * 1_000_000,
-            "cache_bytes_per_entry": per_entry})
+        body = _report.publish(
+            "bootstrap",
+            body,
+            {
+                "window_entries_per_s": window_rate,
+                "days_total": args.days_total,
+                "keys_per_day": args.keys_per_day,
+                "rows": rows,
+                "stall_s_per_million": stall / max(cold_entries, 1) * 1_000_000,
+                "cache_bytes_per_entry": per_entry,
+            },
+        )
     print(body)
 
 

@@ -6,6 +6,7 @@ and once with 20-digit sequential ids; file groups of ~100 k keys. The headline 
 entry; the compression x block-size grid uses the first `--grid-partitions` partitions (stated in the table).
 Run: `python benchmarks/cache_bench.py [--smoke] [--write-results]`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,15 +69,19 @@ def load_cache(table: Table, path: Path, config: CacheConfig, partitions: list[s
     return cache, entries
 
 
-def measure_lookups(table: Table, cache: RecordIndexCache, shape: str, partition: str, size: int,
-                    repeats: int) -> tuple[list[object], list[str]]:
+def measure_lookups(
+    table: Table, cache: RecordIndexCache, shape: str, partition: str, size: int, repeats: int
+) -> tuple[list[object], list[str]]:
     """One warm partition, a batch of `size` keys (80 % present): ([shape, batch, cache keys/s, raw multi-get
     keys/s, cache / raw], the batch's keys). Medians of `repeats`, after one untimed lookup."""
     present = table.snapshot(partition).column("key").to_pylist()
     rng = np.random.default_rng(5)
     n_present = int(size * 0.8)
-    absent = (uuid_keys(size - n_present, rng).to_pylist() if shape == "uuid"
-              else seq_keys(10**18, size - n_present).to_pylist())
+    absent = (
+        uuid_keys(size - n_present, rng).to_pylist()
+        if shape == "uuid"
+        else seq_keys(10**18, size - n_present).to_pylist()
+    )
     batch = [present[i] for i in rng.integers(0, len(present), n_present)] + absent
     rng.shuffle(batch)
     view = cache.store.cf(cache.partitions()[partition].cf)  # type: ignore[union-attr]
@@ -95,8 +100,12 @@ def rss_of(script: str) -> int:
     """Peak resident set size (bytes) of a fresh interpreter running `script` (it prints nothing we need)."""
     # VmHWM, not ru_maxrss: on Linux ru_maxrss carries the parent's high-water mark across fork + exec.
     code = script + ("\nprint([int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmHWM')][0])")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)),
+    )
     if out.returncode != 0:
         raise RuntimeError(f"memory probe failed:\n{out.stderr[-2000:]}")
     return int(out.stdout.strip().splitlines()[-1]) * 1024
@@ -124,8 +133,15 @@ def main() -> None:
             total = sum(s.live_keys for s in table.partitions())
             # 1. Headline: every entry, default options.
             cache, entries = load_cache(table, work / "c" / shape, CacheConfig(), parts)
-            headline.append([shape, entries, parquet / total, cache.disk_bytes() / entries,
-                             cache.disk_bytes() / entries / (parquet / total)])
+            headline.append(
+                [
+                    shape,
+                    entries,
+                    parquet / total,
+                    cache.disk_bytes() / entries,
+                    cache.disk_bytes() / entries / (parquet / total),
+                ]
+            )
             # 2. Lookups: a batch of 80 % present / 20 % absent keys against one partition, warm.
             row, batch = measure_lookups(table, cache, shape, parts[len(parts) // 2], args.batch, args.repeats)
             lookups.append(row)
@@ -142,7 +158,8 @@ def main() -> None:
                     "for p in c.partitions(): c.lookup(p, keys)\n"
                     # Closed before the interpreter exits: a RocksDB left open at exit can abort the process
                     # ("terminate called without an active exception") as its background threads are torn down.
-                    "c.close()\n")
+                    "c.close()\n"
+                )
                 base_rss = rss_of("import dbidx.cache.record_cache\n")
                 dict_rss = rss_of(
                     f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\n"
@@ -152,10 +169,11 @@ def main() -> None:
                     "for s in t.partitions():\n"
                     "    snap = t.snapshot(s.partition)\n"
                     "    m.update(zip(snap.column('key').to_pylist(), snap.column('file_group').to_pylist()))\n"
-                    "    del snap\n")
+                    "    del snap\n"
+                )
                 memory = [[entries, base_rss / 2**20, cache_rss / 2**20, dict_rss / 2**20, dict_rss / cache_rss]]
             # 4. Grid: compression x block size on the first partitions (bottommost-level files after ingest).
-            grid_parts = parts[:args.grid_partitions]
+            grid_parts = parts[: args.grid_partitions]
             for compression in ("zstd", "lz4", "snappy", "none"):
                 for block_kb in (4, 16, 64):
                     config = replace(CacheConfig(), compression=compression, block_size_kb=block_kb)
@@ -167,35 +185,48 @@ def main() -> None:
             shutil.rmtree(work / f"table-{shape}", ignore_errors=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    body = "\n\n".join([
-        "## Cache (disk footprint, lookups, memory)",
-        f"Machine: {_report.machine()}. Command: `{_report.command()}`. {args.entries:,} entries over "
-        f"{args.partitions} partitions, one shard; file groups of ~100 k keys; cache B/entry = the whole cache "
-        "directory (SSTs, registry, manifest) after bulk load and flush.",
-        _report.table(["keys", "entries", "index Parquet B/entry", "cache B/entry (zstd, 16 KB)", "cache / Parquet"],
-                      headline),
-        f"Compression x block size ({args.grid_partitions} partition(s) of each shape; index Parquet B/entry is the "
-        "table-wide average):",
-        _report.table(["keys", "compression", "block KB", "entries", "cache B/entry", "index Parquet B/entry"], grid),
-        f"Batched lookup, one warm partition, batches of {args.batch:,} keys (80 % present), medians of "
-        f"{args.repeats}: `RecordIndexCache.lookup` of the batch as an Arrow string array, as the tagger passes it "
-        "(validate, encode, order, multi-get, decode, scatter, metrics), vs raw rocksdict "
-        f"multi-gets of the pre-encoded sorted keys on the same column family, in chunks of {MULTI_GET_CHUNK} "
-        "(rocksdict's per-key cost grows with the list size; the cache splits the same way):",
-        _report.table(["keys", "batch", "cache keys/s", "raw multi-get keys/s", "cache / raw"], lookups),
-        "Target cache / raw >= 0.8: " + ", ".join(
-            f"{r[0]} {r[4]:.2f} ({'met' if r[4] >= 0.8 else 'NOT met'})" for r in lookups) + ".",
-        f"Memory (UUID keys): peak RSS of a process that opens the cache and looks up the {args.batch:,}-key batch "
-        "in every partition (64 MB block cache), vs one holding the same key -> file group map in a Python dict, "
-        "and of a bare interpreter with dbidx imported (both include it):",
-        _report.table(["entries", "bare interpreter MB", "cache process MB", "Python dict process MB",
-                       "dict / cache"], memory),
-    ])
+    body = "\n\n".join(
+        [
+            "## Cache (disk footprint, lookups, memory)",
+            f"Machine: {_report.machine()}. Command: `{_report.command()}`. {args.entries:,} entries over "
+            f"{args.partitions} partitions, one shard; file groups of ~100 k keys; cache B/entry = the whole cache "
+            "directory (SSTs, registry, manifest) after bulk load and flush.",
+            _report.table(
+                ["keys", "entries", "index Parquet B/entry", "cache B/entry (zstd, 16 KB)", "cache / Parquet"], headline
+            ),
+            f"Compression x block size ({args.grid_partitions} partition(s) of each shape; index Parquet B/entry is the "
+            "table-wide average):",
+            _report.table(
+                ["keys", "compression", "block KB", "entries", "cache B/entry", "index Parquet B/entry"], grid
+            ),
+            f"Batched lookup, one warm partition, batches of {args.batch:,} keys (80 % present), medians of "
+            f"{args.repeats}: `RecordIndexCache.lookup` of the batch as an Arrow string array, as the tagger passes it "
+            "(validate, encode, order, multi-get, decode, scatter, metrics), vs raw rocksdict "
+            f"multi-gets of the pre-encoded sorted keys on the same column family, in chunks of {MULTI_GET_CHUNK} "
+            "(rocksdict's per-key cost grows with the list size; the cache splits the same way):",
+            _report.table(["keys", "batch", "cache keys/s", "raw multi-get keys/s", "cache / raw"], lookups),
+            "Target cache / raw >= 0.8: "
+            + ", ".join(f"{r[0]} {r[4]:.2f} ({'met' if r[4] >= 0.8 else 'NOT met'})" for r in lookups)
+            + ".",
+            f"Memory (UUID keys): peak RSS of a process that opens the cache and looks up the {args.batch:,}-key batch "
+            "in every partition (64 MB block cache), vs one holding the same key -> file group map in a Python dict, "
+            "and of a bare interpreter with dbidx imported (both include it):",
+            _report.table(
+                ["entries", "bare interpreter MB", "cache process MB", "Python dict process MB", "dict / cache"], memory
+            ),
+        ]
+    )
     print(body)
     if args.write_results and not args.smoke:
         _report.write_section("cache", body)
-        _report.write_figures("cache", {"entries": args.entries, "lookup_batch": args.batch,
-                                        "lookup_keys_per_s": {row[0]: row[2] for row in lookups}})
+        _report.write_figures(
+            "cache",
+            {
+                "entries": args.entries,
+                "lookup_batch": args.batch,
+                "lookup_keys_per_s": {row[0]: row[2] for row in lookups},
+            },
+        )
 
 
 if __name__ == "__main__":

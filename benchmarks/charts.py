@@ -6,6 +6,7 @@ versions and the command that measured it (both saved in the JSON by `_report.wr
 Needs matplotlib (the `bench` extra); without it nothing is drawn and the benchmarks still run.
 Run: `python benchmarks/charts.py [name ...]` (default: every results/*.json that has a chart).
 """
+
 from __future__ import annotations
 
 import json
@@ -67,8 +68,9 @@ def footprint(plt: Any, data: dict) -> list[Figure]:
     rows = [r for r in data["compression"] if r[1] >= largest * 0.99]  # compressions at the largest size
     fig, ax = plt.subplots(figsize=(8, 4.8))
     x = np.arange(len(rows))
-    for i, (column, label) in enumerate(((3, "bulk-loaded"), (4, "catch-up written"),
-                                         (5, "catch-up written, compacted"))):
+    for i, (column, label) in enumerate(
+        ((3, "bulk-loaded"), (4, "catch-up written"), (5, "catch-up written, compacted"))
+    ):
         ax.bar(x + (i - 1) * width, [r[column] for r in rows], width, label=label)
     ax.set_xticks(x, [f"{r[0]}\n{r[2]}" for r in rows], fontsize=7)
     ax.set_ylabel("cache bytes per entry")
@@ -101,8 +103,11 @@ def spark(plt: Any, data: dict) -> list[Figure]:
     sizes = data["sizes"]
     keys = [r["keys"] / 1e6 for r in sizes]
     fig, ax = plt.subplots(figsize=(8, 4.8))
-    for name, label in (("dbidx_s", "dbidx tag"), ("join_s", "Spark join against the RLI"),
-                        ("dict_s", "driver-side dict (collect + lookups)")):
+    for name, label in (
+        ("dbidx_s", "dbidx tag"),
+        ("join_s", "Spark join against the RLI"),
+        ("dict_s", "driver-side dict (collect + lookups)"),
+    ):
         ax.plot(keys, [r[name] for r in sizes], marker="o", label=label)
     ax.set_xlabel("index size (million keys)")
     ax.set_ylabel(f"seconds per {data['batch_rows']:,}-row batch")
@@ -120,8 +125,10 @@ def bootstrap(plt: Any, data: dict) -> list[Figure]:
     ax.bar(range(len(rows)), [r[4] / 1e6 for r in rows], color=["C0" if r[1] == rows[0][1] else "C1" for r in rows])
     ax.set_xticks(range(len(rows)), labels, fontsize=8)
     ax.set_ylabel("million entries / s (end to end)")
-    ax.set_title(f"Bootstrap rate by parallelism; on-demand stall: {data['stall_s_per_million']:.2f} s per 1 M "
-                 "entries", fontsize=10)
+    ax.set_title(
+        f"Bootstrap rate by parallelism; on-demand stall: {data['stall_s_per_million']:.2f} s per 1 M entries",
+        fontsize=10,
+    )
     shape = f"{data.get('days_total', '?')} daily partitions x {data.get('keys_per_day', 0):,} UUID keys, one shard"
     return [(fig, shape, "bootstrap.png")]
 
@@ -155,8 +162,11 @@ def peers(plt: Any, data: dict) -> list[Figure]:
     fig, ax = plt.subplots(figsize=(8, 4.8))
     names = dict.fromkeys(name for run in runs for name in run["systems"])
     for name in names:
-        points = [(run["keys"] / 1e6, statistics.median(s["batch_s"][1:])) for run in runs
-                  if (s := run["systems"].get(name)) and s["status"] == "ok" and len(s["batch_s"]) > 1]
+        points = [
+            (run["keys"] / 1e6, statistics.median(s["batch_s"][1:]))
+            for run in runs
+            if (s := run["systems"].get(name)) and s["status"] == "ok" and len(s["batch_s"]) > 1
+        ]
         if points:
             label = next(run["systems"][name]["label"] for run in runs if name in run["systems"])
             ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
@@ -166,8 +176,11 @@ def peers(plt: Any, data: dict) -> list[Figure]:
     ax.set_ylabel("median seconds per change batch (batch 1 excluded)")
     ax.set_title("Upsert batch time vs table size: dbidx and its peers")
     ax.legend(fontsize=8)
-    shape = ("batch rows by size: " + ", ".join(f"{run['keys']:,} keys: {run['batch_rows']:,}" for run in runs)
-             + "; 80% recent updates, 5% late updates, 15% new keys; 30 daily partitions")
+    shape = (
+        "batch rows by size: "
+        + ", ".join(f"{run['keys']:,} keys: {run['batch_rows']:,}" for run in runs)
+        + "; 80% recent updates, 5% late updates, 15% new keys; 30 daily partitions"
+    )
     return [(fig, shape, "peers.png")]
 
 
@@ -186,8 +199,11 @@ def soak(plt: Any, data: dict) -> list[Figure]:
         seconds.plot(x, [b["service_s"] for b in batches], lw=0.8, label="of which services")
     seconds.set_ylabel("seconds per batch")
     seconds.legend(fontsize=8)
-    for name, label in (("dbidx_s", "dbidx read_arrow"), ("polars_s", "polars read_delta"),
-                        ("deltars_s", "delta-rs QueryBuilder")):
+    for name, label in (
+        ("dbidx_s", "dbidx read_arrow"),
+        ("polars_s", "polars read_delta"),
+        ("deltars_s", "delta-rs QueryBuilder"),
+    ):
         ratio.plot([c["batch"] for c in points], [c[name] / c["anchor_s"] for c in points], marker="o", label=label)
     ratio.axhline(1.5, color="grey", lw=0.8, label="goal: 1.5x")
     ratio.set_ylim(bottom=0)
@@ -195,19 +211,26 @@ def soak(plt: Any, data: dict) -> list[Figure]:
     ratio.set_xlabel("batch number")
     ratio.legend(fontsize=8)
     fig.suptitle(f"Soak: {data['keys']:,} keys, batches of {data['batch_rows']:,} rows, services {data['services']}")
-    shape = (f"{data['keys']:,} UUID keys, 30 daily partitions, {len(batches):,} batches of {data['batch_rows']:,} "
-             f"rows (80% recent updates, 5% late, 15% new), {data['shards']} shards, Spark local[2]")
+    shape = (
+        f"{data['keys']:,} UUID keys, 30 daily partitions, {len(batches):,} batches of {data['batch_rows']:,} "
+        f"rows (80% recent updates, 5% late, 15% new), {data['shards']} shards, Spark local[2]"
+    )
     return [(fig, shape, f"{data['name']}.png")]
 
 
 CHARTS: dict[str, Callable[[Any, dict], list[Figure]]] = {
-    "footprint": footprint, "skew": skew, "spark": spark, "bootstrap": bootstrap, "restart": restart,
+    "footprint": footprint,
+    "skew": skew,
+    "spark": spark,
+    "bootstrap": bootstrap,
+    "restart": restart,
     "peers": peers,
 }
 # The soak benchmark's runs, one section and chart each: the issue's two sizes, services on and off, and on with a
 # short Delta retention (--retention).
-SOAK_RUNS = [f"soak-{keys}-services-{mode}" for keys in (1_000_000, 10_000_000)
-             for mode in ("on", "off", "on-short-retention")]
+SOAK_RUNS = [
+    f"soak-{keys}-services-{mode}" for keys in (1_000_000, 10_000_000) for mode in ("on", "off", "on-short-retention")
+]
 CHARTS.update({name: soak for name in SOAK_RUNS})
 # Charts that draw nothing until their benchmark has written enough figures (peers: two --keys sizes or more,
 # `make bench-peers`; a soak run: once `make bench-soak` or a run with --write-results made it); the suite checks the

@@ -7,6 +7,7 @@ as dynamic buckets write them (`<bucket:08d>-<24 hex>`, ~100 k keys each, at lea
 Cache B/entry = the whole shard directory (SST files plus RocksDB's fixed files) / entries, one shard.
 Run: `python benchmarks/footprint_bench.py [--sizes 1000000,10000000] [--smoke] [--write-results]`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -71,13 +72,15 @@ def index_bytes(table: Table) -> int:
 def dict_rss(table: Table) -> int:
     """Peak RSS growth of a fresh interpreter that holds the whole index in a dict {key: file group}."""
     base = rss_of("from dbidx.table.facade import Table\n")
-    full = rss_of("from dbidx.table.facade import Table\n"
-                  f"t = Table.open({table.uri!r})\n"
-                  "m = {}\n"
-                  "for s in t.partitions():\n"
-                  "    snap = t.snapshot(s.partition)\n"
-                  "    m.update(zip(snap.column('key').to_pylist(), snap.column('file_group').to_pylist()))\n"
-                  "    del snap\n")
+    full = rss_of(
+        "from dbidx.table.facade import Table\n"
+        f"t = Table.open({table.uri!r})\n"
+        "m = {}\n"
+        "for s in t.partitions():\n"
+        "    snap = t.snapshot(s.partition)\n"
+        "    m.update(zip(snap.column('key').to_pylist(), snap.column('file_group').to_pylist()))\n"
+        "    del snap\n"
+    )
     return full - base
 
 
@@ -119,8 +122,12 @@ def ttl_growth(work: Path, keys_per_day: int, days: int, ttl_days: int) -> list[
     """Cache bytes per day over `days` days of daily partitions (batches touch the last 3 days), TTL on vs off."""
     rng = np.random.default_rng(11)
     table = Table.create(str(work / "ttl-table"), num_shards=1)
-    caches = {on: RecordIndexCache.for_table(table, 0, CacheConfig(partition_ttl_hours=ttl_days * 24.0),
-                                             base_path=work / f"ttl-{on}").open() for on in (True, False)}
+    caches = {
+        on: RecordIndexCache.for_table(
+            table, 0, CacheConfig(partition_ttl_hours=ttl_days * 24.0), base_path=work / f"ttl-{on}"
+        ).open()
+        for on in (True, False)
+    }
     rows = []
     try:
         for day in range(days):
@@ -137,8 +144,15 @@ def ttl_growth(work: Path, keys_per_day: int, days: int, ttl_days: int) -> list[
                 if on:
                     reap(cache, now_ms=now)
                 cache.flush()
-            rows.append([day + 1, (day + 1) * keys_per_day, caches[True].disk_bytes() / 2**20,
-                         caches[False].disk_bytes() / 2**20, len(caches[True].partitions())])
+            rows.append(
+                [
+                    day + 1,
+                    (day + 1) * keys_per_day,
+                    caches[True].disk_bytes() / 2**20,
+                    caches[False].disk_bytes() / 2**20,
+                    len(caches[True].partitions()),
+                ]
+            )
     finally:
         for cache in caches.values():
             cache.close()
@@ -151,9 +165,11 @@ def summary_line(headline: list[list]) -> str:
     rows = [r for r in headline if r[1] >= largest * 0.99]  # the largest size (entries round down per partition)
     worst = max(rows, key=lambda r: r[4])
     best = min(rows, key=lambda r: r[4])
-    return (f"At {largest:,} entries the cache takes {best[4]:.1f} B/entry ({best[0]}, {best[2]} partitions) to "
-            f"{worst[4]:.1f} B/entry ({worst[0]}, {worst[2]} partitions), {min(r[5] for r in rows):.1f}x to "
-            f"{max(r[5] for r in rows):.1f}x the index's Parquet bytes.")
+    return (
+        f"At {largest:,} entries the cache takes {best[4]:.1f} B/entry ({best[0]}, {best[2]} partitions) to "
+        f"{worst[4]:.1f} B/entry ({worst[0]}, {worst[2]} partitions), {min(r[5] for r in rows):.1f}x to "
+        f"{max(r[5] for r in rows):.1f}x the index's Parquet bytes."
+    )
 
 
 def main() -> None:
@@ -196,8 +212,17 @@ def main() -> None:
                             cache, entries = incremental_cache(table, work / "inc", config)
                             before = cache.disk_bytes() / entries
                             compact_all(cache)
-                            compression.append([shape, entries, codec, bulk[codec], before,
-                                                cache.disk_bytes() / entries, index_bytes(table) / n])
+                            compression.append(
+                                [
+                                    shape,
+                                    entries,
+                                    codec,
+                                    bulk[codec],
+                                    before,
+                                    cache.disk_bytes() / entries,
+                                    index_bytes(table) / n,
+                                ]
+                            )
                             cache.close()
                             shutil.rmtree(work / "inc", ignore_errors=True)
                     shutil.rmtree(table.uri, ignore_errors=True)
@@ -205,31 +230,51 @@ def main() -> None:
         growth = ttl_growth(work, max(1_000, sizes[0] // 30), args.days, args.ttl_days)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    dict_rows = [[shape, size, dicts[(shape, size)], dicts[(shape, size)] * size / 2**20]
-                 for size in sizes for shape in SHAPES if (shape, size) in dicts]
-    body = "\n\n".join([
-        "## Disk footprint",
-        f"Machine: {_report.machine()}. Command: `{_report.command()}` ({time.perf_counter() - started:,.0f} s). "
-        "One shard; cache = bulk-loaded SSTs (what bootstrap and on-demand loads write), zstd, 16 KB blocks, "
-        "bloom 10 bits/key; index = the RLI Parquet files; dict = RSS growth of a process holding {key: file group}.",
-        _report.table(["key shape", "entries", "partitions", "index Parquet B/entry", "cache B/entry", "cache / index"],
-                      headline),
-        f"{RFC107}. {summary_line(headline)}",
-        _report.table(["key shape", "entries", "dict B/entry", "dict MB"], dict_rows),
-        f"Compression, over {partition_counts[len(partition_counts) // 2]} partitions: the cache bulk-loaded (as "
-        "bootstrap and on-demand loads write it: sorted SSTs ingested at the bottom level), and filled by catch-up "
-        "writes (batched puts, memtable flushes) before and after a full compaction.",
-        _report.table(["key shape", "entries", "compression", "bulk-loaded B/entry",
-                       "catch-up written B/entry, before compaction", "after compaction", "index Parquet B/entry"],
-                      compression),
-        f"Growth over {args.days} simulated days ({max(1_000, sizes[0] // 30):,} new UUID keys a day, each batch "
-        f"touching the last 3 days), TTL {args.ttl_days} days: bounded with the reaper, growing without it.",
-        _report.table(["day", "keys in the index", "cache MB (TTL on)", "cache MB (TTL off)",
-                       "partitions cached (TTL on)"], growth),
-    ])
+    dict_rows = [
+        [shape, size, dicts[(shape, size)], dicts[(shape, size)] * size / 2**20]
+        for size in sizes
+        for shape in SHAPES
+        if (shape, size) in dicts
+    ]
+    body = "\n\n".join(
+        [
+            "## Disk footprint",
+            f"Machine: {_report.machine()}. Command: `{_report.command()}` ({time.perf_counter() - started:,.0f} s). "
+            "One shard; cache = bulk-loaded SSTs (what bootstrap and on-demand loads write), zstd, 16 KB blocks, "
+            "bloom 10 bits/key; index = the RLI Parquet files; dict = RSS growth of a process holding {key: file group}.",
+            _report.table(
+                ["key shape", "entries", "partitions", "index Parquet B/entry", "cache B/entry", "cache / index"],
+                headline,
+            ),
+            f"{RFC107}. {summary_line(headline)}",
+            _report.table(["key shape", "entries", "dict B/entry", "dict MB"], dict_rows),
+            f"Compression, over {partition_counts[len(partition_counts) // 2]} partitions: the cache bulk-loaded (as "
+            "bootstrap and on-demand loads write it: sorted SSTs ingested at the bottom level), and filled by catch-up "
+            "writes (batched puts, memtable flushes) before and after a full compaction.",
+            _report.table(
+                [
+                    "key shape",
+                    "entries",
+                    "compression",
+                    "bulk-loaded B/entry",
+                    "catch-up written B/entry, before compaction",
+                    "after compaction",
+                    "index Parquet B/entry",
+                ],
+                compression,
+            ),
+            f"Growth over {args.days} simulated days ({max(1_000, sizes[0] // 30):,} new UUID keys a day, each batch "
+            f"touching the last 3 days), TTL {args.ttl_days} days: bounded with the reaper, growing without it.",
+            _report.table(
+                ["day", "keys in the index", "cache MB (TTL on)", "cache MB (TTL off)", "partitions cached (TTL on)"],
+                growth,
+            ),
+        ]
+    )
     if args.write_results and not args.smoke:
-        body = _report.publish("footprint", body, {"headline": headline, "dict": dict_rows,
-                                                   "compression": compression, "growth": growth})
+        body = _report.publish(
+            "footprint", body, {"headline": headline, "dict": dict_rows, "compression": compression, "growth": growth}
+        )
     print(body)
 
 

@@ -5,6 +5,7 @@ Why these figures: the index is read by every bootstrap and catch-up (snapshot r
 (write rate), and queried directly when no cache is warm (lookup latency); its bytes per entry is the baseline
 the cache's disk footprint is held to. Run: `python benchmarks/index_bench.py [--entries N] [--write-results]`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -104,10 +105,18 @@ def verification_cost(shape: str, n: int, repeats: int, work: Path) -> list:
 
     plain_w, _ = _report.median_time(lambda: write(False), repeats)
     crc_w, crc_file = _report.median_time(lambda: write(True), repeats)
-    crc_r, _ = _report.median_time(lambda: pq.ParquetFile(pa.BufferReader(crc_file),
-                                                          page_checksum_verification=True).read(), repeats)
-    return [shape, round(mb, 1), hash_s * 1000 / mb, decode_s * 1000 / mb, verified_s * 1000 / mb,
-            (crc_w - plain_w) * 1000 / mb, (crc_r - decode_s) * 1000 / mb]
+    crc_r, _ = _report.median_time(
+        lambda: pq.ParquetFile(pa.BufferReader(crc_file), page_checksum_verification=True).read(), repeats
+    )
+    return [
+        shape,
+        round(mb, 1),
+        hash_s * 1000 / mb,
+        decode_s * 1000 / mb,
+        verified_s * 1000 / mb,
+        (crc_w - plain_w) * 1000 / mb,
+        (crc_r - decode_s) * 1000 / mb,
+    ]
 
 
 def main() -> None:
@@ -137,8 +146,9 @@ def main() -> None:
         "",
         _report.table(["keys", "shards", "entries", "write entries/s", "snapshot entries/s", "Parquet B/entry"], rows),
         "",
-        _report.table(["keys", "lookup keys (+10% absent)", "row groups touched", "seek ms", "scan ms", "auto ms"],
-                      lookups),
+        _report.table(
+            ["keys", "lookup keys (+10% absent)", "row groups touched", "seek ms", "scan ms", "auto ms"], lookups
+        ),
         "",
         "Seek/scan crossover (smallest touched fraction at which a scan was as fast as seeking): "
         + ", ".join(f"{k} {v:.2f}" for k, v in crossovers.items())
@@ -149,8 +159,18 @@ def main() -> None:
         "does on every read) vs decoding the file, a verified read (read + XXH64 + decode), and the extra cost of "
         "Parquet page checksums (CRC32 per page) on write and on a verifying read.",
         "",
-        _report.table(["keys", "file MB", "XXH64 ms/MB", "decode ms/MB", "verified read ms/MB",
-                       "page CRC write +ms/MB", "page CRC verify +ms/MB"], costs),
+        _report.table(
+            [
+                "keys",
+                "file MB",
+                "XXH64 ms/MB",
+                "decode ms/MB",
+                "verified read ms/MB",
+                "page CRC write +ms/MB",
+                "page CRC verify +ms/MB",
+            ],
+            costs,
+        ),
     ]
     text = "\n".join(out)
     print(text)

@@ -28,6 +28,7 @@ Run: `python benchmarks/peer_bench.py [--keys 2000000] [--batches 5] [--batch N]
 `--smoke` (the test suite's run: 3,000 keys, 3 batches) runs the Spark systems one after the other in one child
 process, so the JVM starts once (a stopped SparkSession's successor reuses it); their figures are not comparable then.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,8 +57,21 @@ import _report
 SEED = 20261123
 SAMPLE_S = 0.2
 READS = 3  # timed full reads per system (the best is reported)
-HEADERS = ["system", "status", "load s", "median s/batch (excl. batch 1)", "steady rows/s", "peak RSS MiB",
-           "table MiB", "data files", "full read s", "polars read s", "compact s", "read after compact s", "check"]
+HEADERS = [
+    "system",
+    "status",
+    "load s",
+    "median s/batch (excl. batch 1)",
+    "steady rows/s",
+    "peak RSS MiB",
+    "table MiB",
+    "data files",
+    "full read s",
+    "polars read s",
+    "compact s",
+    "read after compact s",
+    "check",
+]
 
 
 class Unsupported(Exception):
@@ -66,6 +80,7 @@ class Unsupported(Exception):
 
 # ---------------------------------------------------------------------------------------------------------------
 # The data set: generated once, read by every system.
+
 
 def generate(work: Path, keys: int, batches: int, batch: int) -> dict[str, Any]:
     """Write the load and the change batches as Parquet under work/data; returns the manifest (also saved)."""
@@ -81,8 +96,13 @@ def generate(work: Path, keys: int, batches: int, batch: int) -> dict[str, Any]:
         paths.append(str(data / f"batch-{number:03d}.parquet"))
         pq.write_table(stream.batch(batch, number), paths[-1])
     rows, sum_ver = stream.expected()
-    manifest = {"load": str(data / "load.parquet"), "batches": paths, "batch_rows": batch, "rows": rows,
-                "sum_ver": sum_ver}
+    manifest = {
+        "load": str(data / "load.parquet"),
+        "batches": paths,
+        "batch_rows": batch,
+        "rows": rows,
+        "sum_ver": sum_ver,
+    }
     (work / "manifest.json").write_text(json.dumps(manifest))
     return manifest
 
@@ -96,6 +116,7 @@ def arrow_counts(table: pa.Table) -> tuple[int, int]:
 # The systems. Each has prepare(path) (untimed: the input in memory), load(data), upsert(data), release(data),
 # read_all() -> rows (every column into Arrow: the timed read), files() -> live data files (None: not known),
 # counts() -> (rows, sum of ver) and close().
+
 
 class ArrowInput:
     """Systems fed with a pyarrow Table."""
@@ -120,8 +141,13 @@ class DeltaPeer(ArrowInput):
         self.deltalake.write_deltalake(self.uri, data, partition_by=["dt"])
 
     def upsert(self, data: pa.Table) -> None:
-        (self.deltalake.DeltaTable(self.uri).merge(data, self.predicate, source_alias="s", target_alias="t")
-         .when_matched_update_all().when_not_matched_insert_all().execute())
+        (
+            self.deltalake.DeltaTable(self.uri)
+            .merge(data, self.predicate, source_alias="s", target_alias="t")
+            .when_matched_update_all()
+            .when_not_matched_insert_all()
+            .execute()
+        )
 
     def counts(self) -> tuple[int, int]:
         return arrow_counts(self.deltalake.DeltaTable(self.uri).to_pyarrow_table(columns=["ver"]))
@@ -172,8 +198,9 @@ class PaimonPeer(ArrowInput):
     def load(self, data: pa.Table) -> None:
         from pypaimon import Schema
 
-        schema = Schema.from_pyarrow_schema(data.schema, partition_keys=["dt"], primary_keys=["dt", "id"],
-                                            options={"bucket": str(self.buckets)})
+        schema = Schema.from_pyarrow_schema(
+            data.schema, partition_keys=["dt"], primary_keys=["dt", "id"], options={"bucket": str(self.buckets)}
+        )
         self.catalog.create_table("bench.t", schema, False)
         if not self.catalog.get_table("bench.t").is_primary_key_table:
             raise Unsupported(f"pypaimon {version('pypaimon')} did not create a primary-key table")
@@ -276,9 +303,12 @@ class SparkJoinPeer(SparkInput):
         from pyspark.sql import functions as F
 
         index = self.spark.read.parquet(self.index_dir).select("id", F.col("dt").alias("_indexed_dt"))
-        tagged = (data.join(index, "id", "left")
-                  .withColumn("_op", F.when(F.col("_indexed_dt").isNull(), "insert").otherwise("update"))
-                  .drop("_indexed_dt").cache())
+        tagged = (
+            data.join(index, "id", "left")
+            .withColumn("_op", F.when(F.col("_indexed_dt").isNull(), "insert").otherwise("update"))
+            .drop("_indexed_dt")
+            .cache()
+        )
         try:
             tagged.write.mode("append").partitionBy("dt").parquet(self.data_dir)
             tagged.filter(F.col("_op") == "insert").select("id", "dt").write.mode("append").parquet(self.index_dir)
@@ -308,20 +338,25 @@ class System:
 
 SYSTEMS: dict[str, System] = {
     "dbidx": System("dbidx", "pyspark", lambda root, work, shards: DbidxPeer(root, work, shards)),
-    "delta-id": System("delta-rs merge on id", "deltalake",
-                       lambda root, work, shards: DeltaPeer(root, "t.id = s.id")),
-    "delta-dt-id": System("delta-rs merge on (dt, id)", "deltalake",
-                          lambda root, work, shards: DeltaPeer(root, "t.dt = s.dt and t.id = s.id")),
+    "delta-id": System("delta-rs merge on id", "deltalake", lambda root, work, shards: DeltaPeer(root, "t.id = s.id")),
+    "delta-dt-id": System(
+        "delta-rs merge on (dt, id)",
+        "deltalake",
+        lambda root, work, shards: DeltaPeer(root, "t.dt = s.dt and t.id = s.id"),
+    ),
     "pyiceberg": System("pyiceberg upsert on id", "pyiceberg", lambda root, work, shards: IcebergPeer(root)),
-    "pypaimon": System("pypaimon primary key (dt, id)", "pypaimon",
-                       lambda root, work, shards: PaimonPeer(root, shards)),
-    "spark-join": System("Spark join + Parquet (DIY)", "pyspark",
-                         lambda root, work, shards: SparkJoinPeer(root, work, shards)),
+    "pypaimon": System(
+        "pypaimon primary key (dt, id)", "pypaimon", lambda root, work, shards: PaimonPeer(root, shards)
+    ),
+    "spark-join": System(
+        "Spark join + Parquet (DIY)", "pyspark", lambda root, work, shards: SparkJoinPeer(root, work, shards)
+    ),
 }
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # One system, in its own process: progress is saved after every step, so a timeout still shows what was done.
+
 
 @dataclass
 class Progress:
@@ -399,6 +434,7 @@ def run_one(name: str, work: Path, shards: int) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 # The parent: one child per system, a time cap, and the process tree's RSS sampled.
 
+
 def tree_rss(pid: int) -> int:
     """Resident bytes of a process and all its descendants."""
     return sum(_report.tree_rss_each(pid))
@@ -423,8 +459,16 @@ def kill_tree(proc: subprocess.Popen) -> None:
 def supervise(names: list[str], work: Path, args: argparse.Namespace, timeout: float) -> dict[str, Outcome]:
     """Run `names` in one child (normally one system; at smoke size the Spark systems share a child, so one JVM
     start is paid), under one time cap; each system's outcome from its own figures file."""
-    command = [sys.executable, str(Path(__file__).resolve()), "--run-one", ",".join(names), "--work", str(work),
-               "--shards", str(args.shards)]
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--run-one",
+        ",".join(names),
+        "--work",
+        str(work),
+        "--shards",
+        str(args.shards),
+    ]
     log = work / f"{'+'.join(names)}.log"
     with open(log, "w") as sink:
         proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
@@ -480,14 +524,21 @@ def row(name: str, outcome: Outcome, manifest: dict[str, Any]) -> list[Any]:
     progress = outcome.progress
     steady = progress.batch_s[1:]
     median = statistics.median(steady) if steady else None
-    return [SYSTEMS[name].label, outcome.status, "-" if progress.load_s is None else progress.load_s,
-            "-" if median is None else median, "-" if not median else round(manifest["batch_rows"] / median),
-            round(outcome.peak_rss / (1 << 20)) if outcome.peak_rss else "-",
-            "-" if progress.table_bytes is None else round(progress.table_bytes / (1 << 20), 1),
-            "-" if progress.files is None else progress.files, "-" if progress.read_s is None else progress.read_s,
-            "-" if progress.polars_s is None else progress.polars_s,
-            "-" if progress.compact_s is None else progress.compact_s,
-            "-" if progress.compacted_read_s is None else progress.compacted_read_s, check(progress, manifest)]
+    return [
+        SYSTEMS[name].label,
+        outcome.status,
+        "-" if progress.load_s is None else progress.load_s,
+        "-" if median is None else median,
+        "-" if not median else round(manifest["batch_rows"] / median),
+        round(outcome.peak_rss / (1 << 20)) if outcome.peak_rss else "-",
+        "-" if progress.table_bytes is None else round(progress.table_bytes / (1 << 20), 1),
+        "-" if progress.files is None else progress.files,
+        "-" if progress.read_s is None else progress.read_s,
+        "-" if progress.polars_s is None else progress.polars_s,
+        "-" if progress.compact_s is None else progress.compact_s,
+        "-" if progress.compacted_read_s is None else progress.compacted_read_s,
+        check(progress, manifest),
+    ]
 
 
 def skipped_row(name: str, why: str) -> list[Any]:
@@ -526,8 +577,11 @@ def run_all(args: argparse.Namespace, names: list[str]) -> tuple[list[list[Any]]
                 runnable.append((name, args.iceberg_timeout if name == "pyiceberg" else args.timeout))
         # One child per system; at smoke size the Spark systems share one child (one JVM start, not one each),
         # started with the first of them.
-        shared = [name for name, timeout in runnable if timeout is not None and args.smoke
-                  and SYSTEMS[name].package == "pyspark"]
+        shared = [
+            name
+            for name, timeout in runnable
+            if timeout is not None and args.smoke and SYSTEMS[name].package == "pyspark"
+        ]
         outcomes: dict[str, Outcome] = {}
         for name, timeout in runnable:
             system = SYSTEMS[name]
@@ -543,9 +597,14 @@ def run_all(args: argparse.Namespace, names: list[str]) -> tuple[list[list[Any]]
                     shutil.rmtree(work / f"{member}-scratch", ignore_errors=True)
             outcome = outcomes[name]
             rows.append(row(name, outcome, manifest))
-            figures[name] = {"label": system.label, "status": outcome.status, "load_s": outcome.progress.load_s,
-                             "batch_s": outcome.progress.batch_s, "peak_rss": outcome.peak_rss,
-                             "check": rows[-1][-1]}
+            figures[name] = {
+                "label": system.label,
+                "status": outcome.status,
+                "load_s": outcome.progress.load_s,
+                "batch_s": outcome.progress.batch_s,
+                "peak_rss": outcome.peak_rss,
+                "check": rows[-1][-1],
+            }
             print(f"{system.label}: {outcome.status}", file=sys.stderr)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -560,13 +619,19 @@ def write_results(args: argparse.Namespace, body: str, systems: dict[str, Any]) 
     _report.write_section(f"peers-{args.keys}", body)
     saved = charts.RESULTS_DIR / "peers.json"
     runs = json.loads(saved.read_text()).get("runs", {}) if saved.exists() else {}
-    runs[str(args.keys)] = {"keys": args.keys, "batch_rows": args.batch, "batches": args.batches,
-                            "command": _report.command(), "systems": systems}
+    runs[str(args.keys)] = {
+        "keys": args.keys,
+        "batch_rows": args.batch,
+        "batches": args.batches,
+        "command": _report.command(),
+        "systems": systems,
+    }
     _report.write_figures("peers", {"runs": runs})
     drawn = charts.draw("peers")
     if drawn:
-        _report.write_section("peers-chart", "## Peers: seconds per change batch by table size\n\n"
-                              + charts.links(drawn))
+        _report.write_section(
+            "peers-chart", "## Peers: seconds per change batch by table size\n\n" + charts.links(drawn)
+        )
     return body
 
 
@@ -598,26 +663,32 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown systems {sorted(unknown)}; choose from {', '.join(SYSTEMS)}")
     rows, systems, generate_s = run_all(args, names)
-    body = "\n\n".join([
-        f"## Upserts at {args.keys:,} keys: dbidx and its peers, each system in its own process",
-        f"Machine: {_report.machine()}; {versions()}. Command: `{_report.command()}`. {args.keys:,} UUID keys over 30 "
-        f"daily partitions loaded at once, then {args.batches} batches of {args.batch:,} rows (80% updates to the last "
-        f"7 days, 5% late updates, 15% new keys; generated once in {generate_s:.1f} s, identical for every system). "
-        f"Median s/batch leaves out batch 1 (warm-up); rows/s = batch rows / that median. Peak RSS: the system's "
-        f"whole process tree (JVM and Python workers included), sampled every {SAMPLE_S} s. Table MiB: the table "
-        f"dir (dbidx: data and index files; its executor-local cache is not counted). Data files: live data files "
-        f"after the batches. Full read (best of {READS}): every column into one Arrow table, in the process that "
-        f"wrote (dbidx: `read_arrow`, files minus deletion vectors; delta-rs: `to_pyarrow_table`; pyiceberg: "
-        f"`scan().to_arrow`; pypaimon: its reader; Spark join: the latest-per-key aggregate); polars read (best of "
-        f"{READS}): `polars.read_delta` of the same table through its Delta log (the Delta tables only). Compact s: "
-        f"dbidx's data compaction after the reads (`compact_data()`: each file group's small files into one), then "
-        f"read after compact s: the full read again (best of {READS}). Check: rows read back == "
-        f"distinct keys and sum(ver) as generated. Spark systems run local[2] with {args.shards} shards; time cap "
-        f"{args.timeout:.0f} s per system, {args.iceberg_timeout:.0f} s for pyiceberg."
-        + (" Smoke size: the Spark systems ran one after the other in one process (one JVM), so their peak RSS is "
-           "that process's." if args.smoke else ""),
-        _report.table(HEADERS, rows),
-    ])
+    body = "\n\n".join(
+        [
+            f"## Upserts at {args.keys:,} keys: dbidx and its peers, each system in its own process",
+            f"Machine: {_report.machine()}; {versions()}. Command: `{_report.command()}`. {args.keys:,} UUID keys over 30 "
+            f"daily partitions loaded at once, then {args.batches} batches of {args.batch:,} rows (80% updates to the last "
+            f"7 days, 5% late updates, 15% new keys; generated once in {generate_s:.1f} s, identical for every system). "
+            f"Median s/batch leaves out batch 1 (warm-up); rows/s = batch rows / that median. Peak RSS: the system's "
+            f"whole process tree (JVM and Python workers included), sampled every {SAMPLE_S} s. Table MiB: the table "
+            f"dir (dbidx: data and index files; its executor-local cache is not counted). Data files: live data files "
+            f"after the batches. Full read (best of {READS}): every column into one Arrow table, in the process that "
+            f"wrote (dbidx: `read_arrow`, files minus deletion vectors; delta-rs: `to_pyarrow_table`; pyiceberg: "
+            f"`scan().to_arrow`; pypaimon: its reader; Spark join: the latest-per-key aggregate); polars read (best of "
+            f"{READS}): `polars.read_delta` of the same table through its Delta log (the Delta tables only). Compact s: "
+            f"dbidx's data compaction after the reads (`compact_data()`: each file group's small files into one), then "
+            f"read after compact s: the full read again (best of {READS}). Check: rows read back == "
+            f"distinct keys and sum(ver) as generated. Spark systems run local[2] with {args.shards} shards; time cap "
+            f"{args.timeout:.0f} s per system, {args.iceberg_timeout:.0f} s for pyiceberg."
+            + (
+                " Smoke size: the Spark systems ran one after the other in one process (one JVM), so their peak RSS is "
+                "that process's."
+                if args.smoke
+                else ""
+            ),
+            _report.table(HEADERS, rows),
+        ]
+    )
     if args.write_results and not args.smoke:
         body = write_results(args, body, systems)
     print(body)

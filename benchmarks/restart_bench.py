@@ -11,6 +11,7 @@ applying the entries (`sync`, one write per entry) and reloading the partition f
 (the bulk SST path). The ratio where reloading wins is what `sync` uses to choose (cache/catchup.py).
 Run: `python benchmarks/restart_bench.py [--keys 10000000] [--held 300000] [--smoke] [--write-results]`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,8 +47,9 @@ def add_commits(table, count: int, commit_keys: int, rng: np.random.Generator) -
             writer.delete(partition_of(i % DAYS), victims)
 
 
-def warm_vs_full(work: Path, keys: int, commits: list[int], commit_keys: int, repeats: int,
-                 rng: np.random.Generator) -> list[list[object]]:
+def warm_vs_full(
+    work: Path, keys: int, commits: list[int], commit_keys: int, repeats: int, rng: np.random.Generator
+) -> list[list[object]]:
     """Per K of `commits` (cumulative): [K, entries to catch up, entries in the window, warm restart s (median of
     `repeats`), full re-bootstrap s (median), "<full / warm>x"], for a one-shard table of `keys` keys under work."""
     now = str(FIRST_DAY + DAYS - 1)
@@ -75,8 +77,9 @@ def warm_vs_full(work: Path, keys: int, commits: list[int], commit_keys: int, re
             full_runs.append(bootstrap(table, days=DAYS, now=now, base_path=work / "full"))
         full = sorted(full_runs, key=lambda r: r.seconds)[len(full_runs) // 2]
         shutil.rmtree(work / "behind")
-        rows.append([k, k * commit_keys, full.entries, warm.seconds, full.seconds,
-                     f"{full.seconds / warm.seconds:.0f}x"])
+        rows.append(
+            [k, k * commit_keys, full.entries, warm.seconds, full.seconds, f"{full.seconds / warm.seconds:.0f}x"]
+        )
     return rows
 
 
@@ -97,8 +100,9 @@ def crossover(work: Path, held: int, repeats: int, rng: np.random.Generator) -> 
         catchup.RELOAD_FRACTION = chosen
 
 
-def _crossover_rows(work: Path, table: Table, partition: str, held: int, repeats: int,
-                    rng: np.random.Generator) -> list[list[object]]:
+def _crossover_rows(
+    work: Path, table: Table, partition: str, held: int, repeats: int, rng: np.random.Generator
+) -> list[list[object]]:
     import time
 
     rows: list[list[object]] = []
@@ -106,7 +110,7 @@ def _crossover_rows(work: Path, table: Table, partition: str, held: int, repeats
         n = max(2, int(held * fraction))
         base = work / "crossover-cache"
         shutil.rmtree(base, ignore_errors=True)
-        config = CacheConfig(max_catchup_entries=10 ** 12)
+        config = CacheConfig(max_catchup_entries=10**12)
         with RecordIndexCache.for_table(table, 0, config, base_path=base).open() as cache:
             load_from_snapshot(cache, table, partition, table.timeline.latest_seq)
             cache.set_watermark(table.timeline.latest_seq)
@@ -132,8 +136,17 @@ def _crossover_rows(work: Path, table: Table, partition: str, held: int, repeats
                     out.append(time.perf_counter() - start)
         shutil.rmtree(work / "behind")
         apply_m, reload_m = sorted(apply_s)[len(apply_s) // 2], sorted(reload_s)[len(reload_s) // 2]
-        rows.append([f"{fraction:.0%}", f"{n:,}", f"{len(current):,}", f"{apply_m:.3f}", f"{reload_m:.3f}",
-                     "reload" if reload_m < apply_m else "apply", f"{n / apply_m:,.0f}"])
+        rows.append(
+            [
+                f"{fraction:.0%}",
+                f"{n:,}",
+                f"{len(current):,}",
+                f"{apply_m:.3f}",
+                f"{reload_m:.3f}",
+                "reload" if reload_m < apply_m else "apply",
+                f"{n / apply_m:,.0f}",
+            ]
+        )
     return rows
 
 
@@ -152,8 +165,9 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="dbidx-restart-bench-", dir=str(Path.cwd())))
     rng = np.random.default_rng(21)
     try:
-        rows = warm_vs_full(work, args.keys, [int(c) for c in args.commits.split(",")], args.commit_keys,
-                            args.repeats, rng)
+        rows = warm_vs_full(
+            work, args.keys, [int(c) for c in args.commits.split(",")], args.commit_keys, args.repeats, rng
+        )
         cross = crossover(work, args.held, args.repeats, rng)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -163,28 +177,45 @@ def main() -> None:
     if not missed:
         target = f"met at every K (up to {met[-1][1] / args.keys:.0%} of the index to catch up)."
     elif met:
-        target = (f"met up to K = {met[-1][0]} ({met[-1][1] / args.keys:.0%} of the index to catch up), NOT at K = "
-                  f"{', '.join(map(str, missed))}.")
+        target = (
+            f"met up to K = {met[-1][0]} ({met[-1][1] / args.keys:.0%} of the index to catch up), NOT at K = "
+            f"{', '.join(map(str, missed))}."
+        )
     else:
         target = "not met at any K."
-    verdict = (f"Warm restart is {ratios[0][2]:.0f}x faster than a full re-bootstrap after {ratios[0][0]} commit(s) "
-               f"and {ratios[-1][2]:.0f}x after {ratios[-1][0]}. The >= 20x target is {target}")
-    body = "\n\n".join([
-        "## Warm restart vs full re-bootstrap",
-        f"Machine: {_report.machine()}. Command: `{_report.command()}`. {args.keys:,} keys in {DAYS} daily "
-        f"partitions, one shard; K commits of {args.commit_keys:,} entries (90% new keys, 10% deletes) after the "
-        f"caches were built; medians of {args.repeats}.",
-        _report.table(["K commits", "entries to catch up", "entries in the window", "warm restart s",
-                       "full re-bootstrap s", "full / warm"], rows),
-        verdict,
-        f"### Catch-up crossover: applying a change vs reloading the partition ({args.held:,} keys, one shard)",
-        "One commit changes a fraction of the partition (half deletes of held keys, as far as there are, the rest new "
-        "keys: a partitioned table's index entries); the cache takes it by applying the entries (`sync`) or by "
-        "reloading the partition's snapshot through the SST bulk path. `sync` reloads when the change exceeds "
-        "`catchup.RELOAD_FRACTION` of what the cache holds for the partition (cache/catchup.py).",
-        _report.table(["change / held", "entries to apply", "keys held", "apply s", "reload s", "faster",
-                       "apply entries/s"], cross),
-    ])
+    verdict = (
+        f"Warm restart is {ratios[0][2]:.0f}x faster than a full re-bootstrap after {ratios[0][0]} commit(s) "
+        f"and {ratios[-1][2]:.0f}x after {ratios[-1][0]}. The >= 20x target is {target}"
+    )
+    body = "\n\n".join(
+        [
+            "## Warm restart vs full re-bootstrap",
+            f"Machine: {_report.machine()}. Command: `{_report.command()}`. {args.keys:,} keys in {DAYS} daily "
+            f"partitions, one shard; K commits of {args.commit_keys:,} entries (90% new keys, 10% deletes) after the "
+            f"caches were built; medians of {args.repeats}.",
+            _report.table(
+                [
+                    "K commits",
+                    "entries to catch up",
+                    "entries in the window",
+                    "warm restart s",
+                    "full re-bootstrap s",
+                    "full / warm",
+                ],
+                rows,
+            ),
+            verdict,
+            f"### Catch-up crossover: applying a change vs reloading the partition ({args.held:,} keys, one shard)",
+            "One commit changes a fraction of the partition (half deletes of held keys, as far as there are, the rest new "
+            "keys: a partitioned table's index entries); the cache takes it by applying the entries (`sync`) or by "
+            "reloading the partition's snapshot through the SST bulk path. `sync` reloads when the change exceeds "
+            "`catchup.RELOAD_FRACTION` of what the cache holds for the partition (cache/catchup.py).",
+            _report.table(
+                ["change / held", "entries to apply", "keys held", "apply s", "reload s", "faster", "apply entries/s"],
+                cross,
+            ),
+        ]
+    )
     if args.write_results and not args.smoke:
         body = _report.publish("restart", body, {"keys": args.keys, "rows": rows, "crossover": cross})
     print(body)

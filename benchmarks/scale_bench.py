@@ -21,6 +21,7 @@ steps 2 and 3, so a size's RAM need can be read off a smaller run.
 Run: `python benchmarks/scale_bench.py [--sizes 10000000,100000000] [--batch-rows 100000] [--repeats 3] [--join]
 [--smoke] [--write-results]` (or `make bench-scale`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -105,13 +106,20 @@ def bootstrap_one_shard(table: Table, base: Path, days: int) -> dict[str, Any]:
     """A cold bootstrap of shard 0's cache for the last `days` days into an empty base path (then removed)."""
     shutil.rmtree(base, ignore_errors=True)
     with _report.TreeRss() as rss:
-        result = bootstrap(table, days=days, shards=[0], now=day_label(PARTITIONS - 1), base_path=base,
-                           parallelism="auto")
+        result = bootstrap(
+            table, days=days, shards=[0], now=day_label(PARTITIONS - 1), base_path=base, parallelism="auto"
+        )
     shutil.rmtree(base, ignore_errors=True)
-    return {"days": days, "seconds": result.seconds, "entries": result.entries,
-            "entries_per_s": result.entries_per_second, "disk_bytes": result.disk_bytes,
-            "bytes_per_entry": result.disk_bytes / max(result.entries, 1), "parallelism": result.parallelism,
-            "peak_tree_rss": rss.total}
+    return {
+        "days": days,
+        "seconds": result.seconds,
+        "entries": result.entries,
+        "entries_per_s": result.entries_per_second,
+        "disk_bytes": result.disk_bytes,
+        "bytes_per_entry": result.disk_bytes / max(result.entries, 1),
+        "parallelism": result.parallelism,
+        "peak_tree_rss": rss.total,
+    }
 
 
 class Batches:
@@ -161,9 +169,13 @@ class Batches:
         labels = pa.array([day_label(d) for d in range(PARTITIONS)], pa.string())
         order = pa.array(self.rng.permutation(self.rows))
         self.made += 1
-        return pa.table({"id": pa.concat_arrays(parts_keys),
-                         "dt": labels.take(pa.array(np.concatenate(parts_days))),
-                         "amount": pa.array(self.rng.random(self.rows))}).take(order)
+        return pa.table(
+            {
+                "id": pa.concat_arrays(parts_keys),
+                "dt": labels.take(pa.array(np.concatenate(parts_days))),
+                "amount": pa.array(self.rng.random(self.rows)),
+            }
+        ).take(order)
 
 
 def spark_batch(spark: Any, batch: pa.Table) -> Any:
@@ -187,8 +199,9 @@ def run_size(spark: Any, work: Path, keys: int, args: argparse.Namespace) -> dic
     need = keys * DISK_GUARD_BYTES_PER_KEY
     free = shutil.disk_usage(work).free
     if free < need:
-        raise SystemExit(f"{keys:,} keys may need up to {need / 1e9:.1f} GB of disk under {work}; "
-                         f"{free / 1e9:.1f} GB free")
+        raise SystemExit(
+            f"{keys:,} keys may need up to {need / 1e9:.1f} GB of disk under {work}; {free / 1e9:.1f} GB free"
+        )
     # 1. Build the index, one commit per daily partition; keep a small sample of each partition's keys.
     reset_peak_rss()
     started = time.perf_counter()
@@ -196,13 +209,17 @@ def run_size(spark: Any, work: Path, keys: int, args: argparse.Namespace) -> dic
     build_s = time.perf_counter() - started
     build_rss = _report.status_bytes("VmHWM")
     index_bytes = _report.dir_bytes(root / "table" / ".dbidx", "*.parquet")
-    log(f"{keys:,} keys: built in {build_s:.1f} s, index {index_bytes / 1e9:.2f} GB, driver peak RSS "
-        f"{build_rss / 2**30:.2f} GB")
+    log(
+        f"{keys:,} keys: built in {build_s:.1f} s, index {index_bytes / 1e9:.2f} GB, driver peak RSS "
+        f"{build_rss / 2**30:.2f} GB"
+    )
     # 2. Bootstrap one shard's cache: every partition, then the 7-day window (empty cache dir each time).
     full = bootstrap_one_shard(table, root / "boot", PARTITIONS)
     window = bootstrap_one_shard(table, root / "boot", WINDOW)
-    log(f"{keys:,} keys: one-shard bootstrap, 30 days {full['seconds']:.1f} s ({full['entries_per_s']:,.0f}/s, "
-        f"{full['parallelism']}), 7 days {window['seconds']:.1f} s")
+    log(
+        f"{keys:,} keys: one-shard bootstrap, 30 days {full['seconds']:.1f} s ({full['entries_per_s']:,.0f}/s, "
+        f"{full['parallelism']}), 7 days {window['seconds']:.1f} s"
+    )
     # 3. Spark tagging: cold first batch (on-demand loads), a warm-up batch, then the timed batches.
     config = CacheConfig.from_sources({**args.cache_options, "base_path": str(root / "cache")})
     plan = Batches(samples, args.batch_rows, batches_needed, seed=keys % 2**31 + 2)
@@ -224,31 +241,52 @@ def run_size(spark: Any, work: Path, keys: int, args: argparse.Namespace) -> dic
     if found != plan.existing:
         raise SystemExit(f"dbidx found {found:,} existing keys in a batch at {keys:,} keys, expected {plan.existing:,}")
     cache_bytes = _report.dir_bytes(root / "cache")
-    log(f"{keys:,} keys: cold first batch {cold_s:.2f} s, warm {warm_s:.3f} s/batch, tag caches "
-        f"{cache_bytes / 1e9:.2f} GB")
+    log(
+        f"{keys:,} keys: cold first batch {cold_s:.2f} s, warm {warm_s:.3f} s/batch, tag caches "
+        f"{cache_bytes / 1e9:.2f} GB"
+    )
     # 4. Optionally, the Spark join a user writes without dbidx: the batch against every live RLI entry.
     join_s = None
     if args.join:
         paths = _report.rli_paths(table)
 
         def join(batch: Any) -> Any:
-            rli = (spark.read.option("recursiveFileLookup", "true").parquet(*paths)
-                   .filter(~F.col(rli_files.DELETED)).select(rli_files.KEY, rli_files.FILE_GROUP))
-            return batch.join(rli, batch.id == rli[rli_files.KEY], "left") \
-                .withColumn("is_update", F.col(rli_files.FILE_GROUP).isNotNull())
+            rli = (
+                spark.read.option("recursiveFileLookup", "true")
+                .parquet(*paths)
+                .filter(~F.col(rli_files.DELETED))
+                .select(rli_files.KEY, rli_files.FILE_GROUP)
+            )
+            return batch.join(rli, batch.id == rli[rli_files.KEY], "left").withColumn(
+                "is_update", F.col(rli_files.FILE_GROUP).isNotNull()
+            )
+
         join_s = statistics.median(_report.seconds_of(lambda b=b: noop(join(b))) for b in frames[2:])
         join_found = join(frames[2]).filter("is_update").count()
         if join_found != plan.existing:
-            raise SystemExit(f"the join found {join_found:,} existing keys at {keys:,} keys, expected "
-                             f"{plan.existing:,}")
+            raise SystemExit(
+                f"the join found {join_found:,} existing keys at {keys:,} keys, expected {plan.existing:,}"
+            )
         log(f"{keys:,} keys: Spark join {join_s:.2f} s/batch")
     for frame in frames:
         frame.unpersist()
     shutil.rmtree(root, ignore_errors=True)
-    return {"keys": keys, "build_s": build_s, "build_peak_rss": build_rss, "index_bytes": index_bytes,
-            "index_bytes_per_entry": index_bytes / keys, "full_bootstrap": full, "window_bootstrap": window,
-            "cold_s": cold_s, "warm_s": warm_s, "warm_runs": timed, "tag_cache_bytes": cache_bytes,
-            "tag_cache_bytes_per_entry": cache_bytes / keys, "tag_peak_tree_rss": tag_rss.total, "join_s": join_s}
+    return {
+        "keys": keys,
+        "build_s": build_s,
+        "build_peak_rss": build_rss,
+        "index_bytes": index_bytes,
+        "index_bytes_per_entry": index_bytes / keys,
+        "full_bootstrap": full,
+        "window_bootstrap": window,
+        "cold_s": cold_s,
+        "warm_s": warm_s,
+        "warm_runs": timed,
+        "tag_cache_bytes": cache_bytes,
+        "tag_cache_bytes_per_entry": cache_bytes / keys,
+        "tag_peak_tree_rss": tag_rss.total,
+        "join_s": join_s,
+    }
 
 
 def verdict(results: list[dict[str, Any]], batch_rows: int) -> tuple[str, float | None]:
@@ -257,9 +295,11 @@ def verdict(results: list[dict[str, Any]], batch_rows: int) -> tuple[str, float 
     if small["keys"] == large["keys"]:
         return f"One size measured ({large['keys']:,} keys): no curve to judge.", None
     ratio = large["warm_s"] / small["warm_s"]
-    return (f"Warm s/batch ({batch_rows:,} rows) at {large['keys']:,} keys is {ratio:.2f}x that at "
-            f"{small['keys']:,} keys ({large['warm_s']:.3f} vs {small['warm_s']:.3f} s): "
-            f"{'flat' if ratio <= 1.5 else 'NOT flat'} (flat = within 1.5x)."), ratio
+    return (
+        f"Warm s/batch ({batch_rows:,} rows) at {large['keys']:,} keys is {ratio:.2f}x that at "
+        f"{small['keys']:,} keys ({large['warm_s']:.3f} vs {small['warm_s']:.3f} s): "
+        f"{'flat' if ratio <= 1.5 else 'NOT flat'} (flat = within 1.5x)."
+    ), ratio
 
 
 def main() -> None:
@@ -288,44 +328,100 @@ def main() -> None:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
     # 5. The tables and the verdict.
-    headers = ["index keys", "index B/entry", "build s", "cache B/entry", "full bootstrap s (1 shard, 30 days)",
-               "full bootstrap entries/s", "7-day bootstrap s", "cold first batch s", "warm s/batch"]
+    headers = [
+        "index keys",
+        "index B/entry",
+        "build s",
+        "cache B/entry",
+        "full bootstrap s (1 shard, 30 days)",
+        "full bootstrap entries/s",
+        "7-day bootstrap s",
+        "cold first batch s",
+        "warm s/batch",
+    ]
     rows = []
     for r in results:
         full, window = r["full_bootstrap"], r["window_bootstrap"]
-        rows.append([r["keys"], r["index_bytes_per_entry"], r["build_s"], full["bytes_per_entry"], full["seconds"],
-                     full["entries_per_s"], window["seconds"], r["cold_s"], r["warm_s"]]
-                    + ([r["join_s"]] if args.join else []))
+        rows.append(
+            [
+                r["keys"],
+                r["index_bytes_per_entry"],
+                r["build_s"],
+                full["bytes_per_entry"],
+                full["seconds"],
+                full["entries_per_s"],
+                window["seconds"],
+                r["cold_s"],
+                r["warm_s"],
+            ]
+            + ([r["join_s"]] if args.join else [])
+        )
     if args.join:
         headers.append("Spark join s/batch")
-    details = [[r["keys"], r["index_bytes"] / 1e9, r["build_peak_rss"] / 2**30, r["full_bootstrap"]["entries"],
-                r["full_bootstrap"]["parallelism"], r["full_bootstrap"]["disk_bytes"] / 1e9,
-                r["window_bootstrap"]["entries"], r["window_bootstrap"]["entries_per_s"],
-                max(r["full_bootstrap"]["peak_tree_rss"], r["window_bootstrap"]["peak_tree_rss"]) / 2**30,
-                r["tag_cache_bytes"] / 1e9, r["tag_peak_tree_rss"] / 2**30] for r in results]
+    details = [
+        [
+            r["keys"],
+            r["index_bytes"] / 1e9,
+            r["build_peak_rss"] / 2**30,
+            r["full_bootstrap"]["entries"],
+            r["full_bootstrap"]["parallelism"],
+            r["full_bootstrap"]["disk_bytes"] / 1e9,
+            r["window_bootstrap"]["entries"],
+            r["window_bootstrap"]["entries_per_s"],
+            max(r["full_bootstrap"]["peak_tree_rss"], r["window_bootstrap"]["peak_tree_rss"]) / 2**30,
+            r["tag_cache_bytes"] / 1e9,
+            r["tag_peak_tree_rss"] / 2**30,
+        ]
+        for r in results
+    ]
     line, ratio = verdict(results, args.batch_rows)
-    body = "\n\n".join([
-        "## Scale on one machine",
-        f"Machine: {_report.machine()}; Spark local[2], {SHARDS} key shards. Command: `{_report.command()}`. "
-        f"Per size: the index of N random UUID keys over {PARTITIONS} daily partitions (one commit per partition, "
-        f"file group = the (partition, shard) bucket); one run of each bootstrap of ONE shard's cache into an "
-        f"empty directory (parallelism auto); batches of {args.batch_rows:,} rows ({RECENT:.0%} existing keys of "
-        f"the last {WINDOW} days, {OLDER:.0%} of older days, the rest new), 'cold first batch' on empty caches "
-        f"(every partition it touches loads on demand, both shards), then a warm-up batch and the median of "
-        f"{args.repeats} warm batches. Cache B/entry: the 30-day one-shard bootstrap's directory.",
-        _report.table(headers, rows),
-        "Sizes on disk and memory (peak RSS: the driver while building; the whole process tree, driver + Spark "
-        "JVM + Python workers + bootstrap processes, sampled every 0.25 s, during the bootstraps and the tagging):",
-        _report.table(["index keys", "index GB", "build peak RSS GB", "full bootstrap entries", "mode",
-                       "full bootstrap cache GB", "7-day entries", "7-day entries/s", "bootstrap peak RSS GB",
-                       "tag caches GB (both shards)", "tagging peak RSS GB"], details),
-        line,
-    ])
+    body = "\n\n".join(
+        [
+            "## Scale on one machine",
+            f"Machine: {_report.machine()}; Spark local[2], {SHARDS} key shards. Command: `{_report.command()}`. "
+            f"Per size: the index of N random UUID keys over {PARTITIONS} daily partitions (one commit per partition, "
+            f"file group = the (partition, shard) bucket); one run of each bootstrap of ONE shard's cache into an "
+            f"empty directory (parallelism auto); batches of {args.batch_rows:,} rows ({RECENT:.0%} existing keys of "
+            f"the last {WINDOW} days, {OLDER:.0%} of older days, the rest new), 'cold first batch' on empty caches "
+            f"(every partition it touches loads on demand, both shards), then a warm-up batch and the median of "
+            f"{args.repeats} warm batches. Cache B/entry: the 30-day one-shard bootstrap's directory.",
+            _report.table(headers, rows),
+            "Sizes on disk and memory (peak RSS: the driver while building; the whole process tree, driver + Spark "
+            "JVM + Python workers + bootstrap processes, sampled every 0.25 s, during the bootstraps and the tagging):",
+            _report.table(
+                [
+                    "index keys",
+                    "index GB",
+                    "build peak RSS GB",
+                    "full bootstrap entries",
+                    "mode",
+                    "full bootstrap cache GB",
+                    "7-day entries",
+                    "7-day entries/s",
+                    "bootstrap peak RSS GB",
+                    "tag caches GB (both shards)",
+                    "tagging peak RSS GB",
+                ],
+                details,
+            ),
+            line,
+        ]
+    )
     if args.write_results and not args.smoke:
-        body = _report.publish("scale", body, {"batch_rows": args.batch_rows, "shards": SHARDS,
-                                               "partitions": PARTITIONS, "window_days": WINDOW,
-                                               "repeats": args.repeats, "sizes": results, "verdict": line,
-                                               "warm_ratio": ratio})
+        body = _report.publish(
+            "scale",
+            body,
+            {
+                "batch_rows": args.batch_rows,
+                "shards": SHARDS,
+                "partitions": PARTITIONS,
+                "window_days": WINDOW,
+                "repeats": args.repeats,
+                "sizes": results,
+                "verdict": line,
+                "warm_ratio": ratio,
+            },
+        )
     print(body)
 
 

@@ -23,6 +23,7 @@ bulk path), then `--batches` batches of `--batch` rows (80% updates of the last 
 Run: `python benchmarks/service_growth.py [--keys 100000] [--batches 500] [--batch 2000] [--shards 2] [--window 100]
 [--retention 'interval 2 minutes'] [--profile] [--json OUT] [--smoke]`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,9 +53,13 @@ from dbidx.spark_integration.local import upsert_arrow
 
 KEY, PARTITION, SEED = "id", "dt", 20261123
 # The functions run_services calls, by service: (trigger, step). Their wall and CPU are the service's.
-WRAPPED = {"data_compaction": ("data_needs", "_compact_data"), "index_compaction": ("index_needs", "_compact_index"),
-           "clean": ("clean_due", "_clean"), "log_cleanup": ("retention_of", "_log_cleanup"),
-           "vacuum": ("vacuum_wait", "_vacuum")}
+WRAPPED = {
+    "data_compaction": ("data_needs", "_compact_data"),
+    "index_compaction": ("index_needs", "_compact_index"),
+    "clean": ("clean_due", "_clean"),
+    "log_cleanup": ("retention_of", "_log_cleanup"),
+    "vacuum": ("vacuum_wait", "_vacuum"),
+}
 PROFILE_TOP = 20
 
 
@@ -117,6 +122,7 @@ class Meter:
                 cell[0] += time.perf_counter() - wall
                 cell[1] += time.process_time() - cpu
                 cell[2] += 1
+
         return wrapper
 
     def _run(self, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -137,6 +143,7 @@ class Meter:
                         self.stats = pstats.Stats(profiler)
                     else:
                         self.stats.add(profiler)
+
         return wrapper
 
     def take(self) -> tuple[list[float], dict[str, list[float]]]:
@@ -179,8 +186,9 @@ def run(args: argparse.Namespace, work: Path, meter: Meter) -> tuple[list[Batch]
     # The defaults (the services run inside the upsert), but for the --setting overrides (e.g. A/B of a setting).
     settings = table.configure_services(after_commit=True, **dict(parse_setting(s) for s in args.setting or []))
     if args.retention:
-        table.set_delta_properties({"delta.logRetentionDuration": args.retention,
-                                    "delta.deletedFileRetentionDuration": args.retention})
+        table.set_delta_properties(
+            {"delta.logRetentionDuration": args.retention, "delta.deletedFileRetentionDuration": args.retention}
+        )
     log(f"services {settings.to_dict()}; Delta properties {table.delta_properties()}")
     start = time.perf_counter()
     upsert_arrow(stream.load(), table, key=KEY, partition=PARTITION)
@@ -198,21 +206,27 @@ def run(args: argparse.Namespace, work: Path, meter: Meter) -> tuple[list[Batch]
         section = summary.get("services") or {}
         if section.get("error"):
             log(f"batch {number}: services failed: {section['error']}")
-        ran = [{"service": str(r.get("service")), "seconds": r.get("seconds"), "details": r.get("details")}
-               for r in section.get("ran", [])]
-        batches.append(Batch(number, wall - total[0], cpu - total[1], total[0], total[1], parts, ran,
-                             files_by_area(root)))
+        ran = [
+            {"service": str(r.get("service")), "seconds": r.get("seconds"), "details": r.get("details")}
+            for r in section.get("ran", [])
+        ]
+        batches.append(
+            Batch(number, wall - total[0], cpu - total[1], total[0], total[1], parts, ran, files_by_area(root))
+        )
         if number % args.window == 0 or number == args.batches:
             if meter.stats is not None:
                 profiles.append((number, meter.stats))
             meter.stats = None
-            w = batches[-args.window:]
-            log(f"batch {number}: last {len(w)} batches upsert {sum(b.upsert_wall for b in w):.1f} s wall "
+            w = batches[-args.window :]
+            log(
+                f"batch {number}: last {len(w)} batches upsert {sum(b.upsert_wall for b in w):.1f} s wall "
                 f"{sum(b.upsert_cpu for b in w):.1f} s CPU, services {sum(b.services_wall for b in w):.1f} s wall "
-                f"{sum(b.services_cpu for b in w):.1f} s CPU; files {batches[-1].files}")
+                f"{sum(b.services_cpu for b in w):.1f} s CPU; files {batches[-1].files}"
+            )
     rows, sum_ver = stream.expected()
     from dbidx.data import reads
     import pyarrow.compute as pc
+
     got = reads.read_arrow(table, columns=["ver"])
     if (got.num_rows, int(pc.sum(got.column("ver")).as_py() or 0)) != (rows, sum_ver):
         raise SystemExit(f"read back {got.num_rows:,} rows, expected {rows:,}: the table is wrong")
@@ -222,8 +236,9 @@ def run(args: argparse.Namespace, work: Path, meter: Meter) -> tuple[list[Batch]
 # ---------------------------------------------------------------------------------------------------------------
 # The tables.
 
+
 def windows(batches: list[Batch], size: int) -> list[list[Batch]]:
-    return [batches[i:i + size] for i in range(0, len(batches), size)]
+    return [batches[i : i + size] for i in range(0, len(batches), size)]
 
 
 def label(w: list[Batch]) -> str:
@@ -233,18 +248,28 @@ def label(w: list[Batch]) -> str:
 def totals_table(ws: list[list[Batch]]) -> str:
     rows = []
     for w in ws:
-        rows.append([label(w), sum(b.upsert_wall for b in w), sum(b.upsert_cpu for b in w),
-                     sum(b.services_wall for b in w), sum(b.services_cpu for b in w),
-                     f"{sum(b.services_wall for b in w) / sum(b.upsert_wall + b.services_wall for b in w):.0%}"])
-    return _report.table(["batches", "upsert wall s", "upsert CPU s", "services wall s", "services CPU s",
-                          "services' share of wall"], rows)
+        rows.append(
+            [
+                label(w),
+                sum(b.upsert_wall for b in w),
+                sum(b.upsert_cpu for b in w),
+                sum(b.services_wall for b in w),
+                sum(b.services_cpu for b in w),
+                f"{sum(b.services_wall for b in w) / sum(b.upsert_wall + b.services_wall for b in w):.0%}",
+            ]
+        )
+    return _report.table(
+        ["batches", "upsert wall s", "upsert CPU s", "services wall s", "services CPU s", "services' share of wall"],
+        rows,
+    )
 
 
 def service_table(ws: list[list[Batch]]) -> str:
     """Per service part and window: wall and CPU sums, calls, CPU per call (mean, max) and the CPU ratio to the
     second window (the soak's reference)."""
-    labels = sorted({k for w in ws for b in w for k in b.parts}, key=lambda k: (list(WRAPPED).index(k.split(":")[0]),
-                                                                                 k))
+    labels = sorted(
+        {k for w in ws for b in w for k in b.parts}, key=lambda k: (list(WRAPPED).index(k.split(":")[0]), k)
+    )
     rows = []
     for name in labels:
         ref = None
@@ -255,20 +280,51 @@ def service_table(ws: list[list[Batch]]) -> str:
             if i == 1:
                 ref = sum(cpu)
             ratio = f"{sum(cpu) / ref:.2f}x" if ref else "-"
-            rows.append([name, label(w), sum(c[0] for c in cells), sum(cpu), calls,
-                         sum(cpu) / calls if calls else 0.0, max(cpu, default=0.0), ratio])
+            rows.append(
+                [
+                    name,
+                    label(w),
+                    sum(c[0] for c in cells),
+                    sum(cpu),
+                    calls,
+                    sum(cpu) / calls if calls else 0.0,
+                    max(cpu, default=0.0),
+                    ratio,
+                ]
+            )
     # What no wrapper covers: the run's own settings read and bookkeeping (services total less the parts).
     for i, w in enumerate(ws):
-        rest = [(b.services_wall - sum(c[0] for c in b.parts.values()),
-                 b.services_cpu - sum(c[1] for c in b.parts.values())) for b in w]
-        rows.append(["(rest of the run)", label(w), sum(r[0] for r in rest), sum(r[1] for r in rest), len(w),
-                     sum(r[1] for r in rest) / len(w), max((r[1] for r in rest), default=0.0), ""])
-    return _report.table(["service:part", "batches", "wall s", "CPU s", "calls", "CPU s/call", "max CPU s/call",
-                          "CPU vs 2nd window"], rows)
+        rest = [
+            (
+                b.services_wall - sum(c[0] for c in b.parts.values()),
+                b.services_cpu - sum(c[1] for c in b.parts.values()),
+            )
+            for b in w
+        ]
+        rows.append(
+            [
+                "(rest of the run)",
+                label(w),
+                sum(r[0] for r in rest),
+                sum(r[1] for r in rest),
+                len(w),
+                sum(r[1] for r in rest) / len(w),
+                max((r[1] for r in rest), default=0.0),
+                "",
+            ]
+        )
+    return _report.table(
+        ["service:part", "batches", "wall s", "CPU s", "calls", "CPU s/call", "max CPU s/call", "CPU vs 2nd window"],
+        rows,
+    )
 
 
-WORK = {"data_compaction": "rows_written", "index_compaction": "entries_written", "clean": "files_deleted",
-        "log_cleanup": "files_deleted"}  # what a service's run did, from its report's details
+WORK = {
+    "data_compaction": "rows_written",
+    "index_compaction": "entries_written",
+    "clean": "files_deleted",
+    "log_cleanup": "files_deleted",
+}  # what a service's run did, from its report's details
 
 
 def work_table(ws: list[list[Batch]]) -> str:
@@ -281,9 +337,17 @@ def work_table(ws: list[list[Batch]]) -> str:
             done = sum(int((r.get("details") or {}).get(unit) or 0) for r in runs)
             cpu = sum(b.parts.get(f"{service}:step", [0.0, 0.0, 0])[1] for b in w)
             checkpoints = sum(1 for r in runs if "checkpoint" in (r.get("details") or {}))
-            rows.append([service, label(w), len(runs), f"{done:,} {unit}", cpu,
-                         f"{cpu / done * 1e6:,.1f}" if done else "-",
-                         checkpoints if service == "log_cleanup" else ""])
+            rows.append(
+                [
+                    service,
+                    label(w),
+                    len(runs),
+                    f"{done:,} {unit}",
+                    cpu,
+                    f"{cpu / done * 1e6:,.1f}" if done else "-",
+                    checkpoints if service == "log_cleanup" else "",
+                ]
+            )
     return _report.table(["service", "batches", "runs", "work", "step CPU s", "CPU us per unit", "checkpoints"], rows)
 
 
@@ -303,7 +367,8 @@ def profile_table(profiles: list[tuple[int, pstats.Stats]], key: str) -> str:
         for (file, line, fn), (_cc, calls, tt, ct, _callers) in stats.stats.items():  # type: ignore[attr-defined]
             name = (
                 f"{os.path.relpath(file, str(Path(__file__).resolve().parents[1])) if file.startswith('/') else file}"
-                f":{line}({fn})")
+                f":{line}({fn})"
+            )
             out[name] = (tt if key == "tottime" else ct, calls)
         return out
 
@@ -314,19 +379,29 @@ def profile_table(profiles: list[tuple[int, pstats.Stats]], key: str) -> str:
     return _report.table([f"function ({key}: CPU s (calls) per window)"] + [f"to {n}" for n, _ in profiles], rows)
 
 
-def render(args: argparse.Namespace, batches: list[Batch], profiles: list[tuple[int, pstats.Stats]],
-           missing: list[str]) -> str:
+def render(
+    args: argparse.Namespace, batches: list[Batch], profiles: list[tuple[int, pstats.Stats]], missing: list[str]
+) -> str:
     ws = windows(batches, args.window)
-    parts = [f"## Service growth: {args.batches:,} batches of {args.batch:,} rows on {args.keys:,} keys, "
-             f"{args.shards} shards" + (f", retention {args.retention}" if args.retention else ""),
-             f"Machine: {_report.machine()}. Command: `{_report.command()}`. Writer: `upsert_arrow` (no Spark), "
-             f"services on with their defaults{' (profiled: CPU inflated)' if args.profile else ''}.",
-             totals_table(ws), service_table(ws), work_table(ws), files_table(ws)]
+    parts = [
+        f"## Service growth: {args.batches:,} batches of {args.batch:,} rows on {args.keys:,} keys, "
+        f"{args.shards} shards" + (f", retention {args.retention}" if args.retention else ""),
+        f"Machine: {_report.machine()}. Command: `{_report.command()}`. Writer: `upsert_arrow` (no Spark), "
+        f"services on with their defaults{' (profiled: CPU inflated)' if args.profile else ''}.",
+        totals_table(ws),
+        service_table(ws),
+        work_table(ws),
+        files_table(ws),
+    ]
     if missing:
         parts.append(f"Not measured (dbidx.table.services has no such function now): {', '.join(missing)}.")
     if profiles:
-        parts += ["Functions whose own CPU grew most (tottime):", profile_table(profiles, "tottime"),
-                  "Functions whose inclusive CPU grew most (cumtime):", profile_table(profiles, "cumtime")]
+        parts += [
+            "Functions whose own CPU grew most (tottime):",
+            profile_table(profiles, "tottime"),
+            "Functions whose inclusive CPU grew most (cumtime):",
+            profile_table(profiles, "cumtime"),
+        ]
     return "\n\n".join(parts)
 
 
@@ -338,8 +413,12 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--shards", type=int, default=2)
     parser.add_argument("--window", type=int, default=100)
     parser.add_argument("--retention", help="a Delta interval set as the log and removed-file retention")
-    parser.add_argument("--setting", action="append", metavar="KEY=VALUE",
-                        help="a table service setting other than its default (repeatable), e.g. index_base_share=0")
+    parser.add_argument(
+        "--setting",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a table service setting other than its default (repeatable), e.g. index_base_share=0",
+    )
     parser.add_argument("--profile", action="store_true", help="cProfile each services run (CPU timer)")
     parser.add_argument("--json", type=Path, help="write every batch's figures here")
     parser.add_argument("--work", type=Path, help="work dir, kept (default: a temp dir, removed)")
@@ -364,8 +443,9 @@ def main() -> None:
         if own:
             shutil.rmtree(work, ignore_errors=True)
     if args.json:
-        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                         "batches": [asdict(b) for b in batches]}))
+        args.json.write_text(
+            json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "batches": [asdict(b) for b in batches]})
+        )
     print(render(args, batches, profiles, meter.missing))
 
 

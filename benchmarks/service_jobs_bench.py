@@ -12,6 +12,7 @@ copies must read back the same rows (count and sum of ver) or the script fails.
 
     python benchmarks/service_jobs_bench.py --keys 1000000 --batches 10 --batch 10000 --write-results
 """
+
 from __future__ import annotations
 
 import argparse
@@ -116,8 +117,10 @@ def run(args: argparse.Namespace, work: Path) -> tuple[str, bool]:
             log(f"{name} repeat {repeat + 1}: data {data.wall:.2f} s, index {index.wall:.2f} s")
             prints[name] = fingerprint(Table.open(str(copy)))
             old = best.get(name)
-            best[name] = (min(data, old[0], key=lambda t: t.wall) if old else data,
-                          min(index, old[1], key=lambda t: t.wall) if old else index)
+            best[name] = (
+                min(data, old[0], key=lambda t: t.wall) if old else data,
+                min(index, old[1], key=lambda t: t.wall) if old else index,
+            )
             shutil.rmtree(copy)
     pieces = max(max(best["spark"][0].pieces, best["spark"][1].pieces), 1)
     probe = pieces, min(scheduling(spark_runner, pieces) for _ in range(3))
@@ -126,24 +129,47 @@ def run(args: argparse.Namespace, work: Path) -> tuple[str, bool]:
     rows = []
     for i, service in enumerate(("data compaction", "index compaction")):
         d, s = best["driver"][i], best["spark"][i]
-        rows.append([service, f"{d.pieces:,}", f"{d.input_mib:.1f}", f"{d.wall:.2f}", f"{s.wall:.2f}",
-                     f"{s.wall / d.wall:.2f}x" if d.wall else "-", f"{d.cpu:.2f}", f"{s.cpu:.2f}"])
-    body = "\n\n".join([
-        f"## Table services in the driver vs as Spark jobs: {args.keys:,} keys, {args.batches} batches of "
-        f"{args.batch:,} rows",
-        f"Machine: {_report.machine()}. Command: `{_report.command()}`. Spark local[2]. Data set {origin}; table "
-        f"built with `upsert_arrow`, services off, {args.shards} key shards. Each figure is the best of "
-        f"{args.repeats} runs on a fresh copy of the table. Driver: the pieces one after another in this process "
-        f"(`IN_PROCESS`); Spark: one job per compaction, its pieces packed into as many tasks as Spark has cores, "
-        f"balanced by bytes (`SparkWorkRunner`). CPU: this "
-        f"(driver) process only; Spark's tasks run in its Python workers. A Spark job of {probe[0]:,} empty pieces "
-        f"took {probe[1]:.2f} s (Spark's cost of running a compaction at all).",
-        _report.table(["service", "pieces", "input MiB", "driver s", "Spark job s", "Spark / driver",
-                       "driver CPU s (driver)", "driver CPU s (Spark)"], rows),
-        f"Check: both copies read back {prints['driver'][0]:,} rows, sum(ver) {prints['driver'][1]:,} (driver) "
-        f"and {prints['spark'][0]:,} rows, sum(ver) {prints['spark'][1]:,} (Spark): "
-        f"{'check ok' if ok else 'MISMATCH'}.",
-    ])
+        rows.append(
+            [
+                service,
+                f"{d.pieces:,}",
+                f"{d.input_mib:.1f}",
+                f"{d.wall:.2f}",
+                f"{s.wall:.2f}",
+                f"{s.wall / d.wall:.2f}x" if d.wall else "-",
+                f"{d.cpu:.2f}",
+                f"{s.cpu:.2f}",
+            ]
+        )
+    body = "\n\n".join(
+        [
+            f"## Table services in the driver vs as Spark jobs: {args.keys:,} keys, {args.batches} batches of "
+            f"{args.batch:,} rows",
+            f"Machine: {_report.machine()}. Command: `{_report.command()}`. Spark local[2]. Data set {origin}; table "
+            f"built with `upsert_arrow`, services off, {args.shards} key shards. Each figure is the best of "
+            f"{args.repeats} runs on a fresh copy of the table. Driver: the pieces one after another in this process "
+            f"(`IN_PROCESS`); Spark: one job per compaction, its pieces packed into as many tasks as Spark has cores, "
+            f"balanced by bytes (`SparkWorkRunner`). CPU: this "
+            f"(driver) process only; Spark's tasks run in its Python workers. A Spark job of {probe[0]:,} empty pieces "
+            f"took {probe[1]:.2f} s (Spark's cost of running a compaction at all).",
+            _report.table(
+                [
+                    "service",
+                    "pieces",
+                    "input MiB",
+                    "driver s",
+                    "Spark job s",
+                    "Spark / driver",
+                    "driver CPU s (driver)",
+                    "driver CPU s (Spark)",
+                ],
+                rows,
+            ),
+            f"Check: both copies read back {prints['driver'][0]:,} rows, sum(ver) {prints['driver'][1]:,} (driver) "
+            f"and {prints['spark'][0]:,} rows, sum(ver) {prints['spark'][1]:,} (Spark): "
+            f"{'check ok' if ok else 'MISMATCH'}.",
+        ]
+    )
     return body, ok
 
 

@@ -6,6 +6,7 @@ day 1 growing `--growth` per day. Both modes run the real assigners of `dbidx.bu
 are assigned per key shard (`--shards` shards, each opening only the buckets it owns).
 Run: `python benchmarks/skew_bench.py [--smoke] [--write-results]`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,20 +70,36 @@ def main() -> None:
     shown = [r for r in rows if r[0] % 10 == 0 or r[0] in (1, args.days)]
     last = rows[-1]
     first = rows[0]
-    verdict = (f"After {args.days} days ({last[2]:,} keys): the largest simple bucket grew from {first[3]:,} keys "
-               f"(day 1) to {last[3]:,} ({last[3] / args.capacity:.1f}x the dynamic capacity), a fixed N growing "
-               f"with the partition; "
-               f"dynamic buckets stay at most {last[6]:,} keys ({'within' if last[6] <= args.capacity else 'OVER'} "
-               f"the capacity of {args.capacity:,}) with {last[8]:,} buckets.")
-    body = "\n\n".join([
-        "## Bucket skew: simple vs dynamic",
-        f"Machine: {_report.machine()}. Command: `{_report.command()}`. One partition, {args.first_day:,} new UUID "
-        f"keys on day 1 growing {args.growth:.0%} a day; simple: N = {args.num_buckets}; dynamic: capacity "
-        f"{args.capacity:,} keys, {args.shards} shards.",
-        _report.table(["day", "new keys", "keys", "simple max", "simple p99", "simple buckets", "dynamic max",
-                       "dynamic p99", "dynamic buckets"], shown),
-        verdict,
-    ])
+    verdict = (
+        f"After {args.days} days ({last[2]:,} keys): the largest simple bucket grew from {first[3]:,} keys "
+        f"(day 1) to {last[3]:,} ({last[3] / args.capacity:.1f}x the dynamic capacity), a fixed N growing "
+        f"with the partition; "
+        f"dynamic buckets stay at most {last[6]:,} keys ({'within' if last[6] <= args.capacity else 'OVER'} "
+        f"the capacity of {args.capacity:,}) with {last[8]:,} buckets."
+    )
+    body = "\n\n".join(
+        [
+            "## Bucket skew: simple vs dynamic",
+            f"Machine: {_report.machine()}. Command: `{_report.command()}`. One partition, {args.first_day:,} new UUID "
+            f"keys on day 1 growing {args.growth:.0%} a day; simple: N = {args.num_buckets}; dynamic: capacity "
+            f"{args.capacity:,} keys, {args.shards} shards.",
+            _report.table(
+                [
+                    "day",
+                    "new keys",
+                    "keys",
+                    "simple max",
+                    "simple p99",
+                    "simple buckets",
+                    "dynamic max",
+                    "dynamic p99",
+                    "dynamic buckets",
+                ],
+                shown,
+            ),
+            verdict,
+        ]
+    )
     if args.write_results and not args.smoke:
         body = _report.publish("skew", body, {"days": args.days, "capacity": args.capacity, "rows": rows})
     print(body)

@@ -30,6 +30,7 @@ Data: peer_bench.generate (speed_bench.dataset: reused from `--work` when it hol
 Run: `python benchmarks/soak_bench.py [--keys 1000000] [--batches 1000] [--batch 10000] [--shards 2]
 [--read-every 100] [--services on|off] [--work DIR] [--write-results] [--smoke]`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -67,14 +68,16 @@ def log(message: str) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 # The table services.
 
+
 def set_services(table: Table, mode: str, retention: str | None) -> str:
     """Turn the table's services on or off (`after_commit`: they run inside `upsert` after its publish) and, with
     `retention`, set the table's Delta log and removed-file retention to it; returns how, for the section's text."""
     settings = table.configure_services(after_commit=mode == "on")
     changed = ", ".join(f"{k}={v}" for k, v in settings.changed().items()) or "the defaults"
     if retention:
-        table.set_delta_properties({"delta.logRetentionDuration": retention,
-                                    "delta.deletedFileRetentionDuration": retention})
+        table.set_delta_properties(
+            {"delta.logRetentionDuration": retention, "delta.deletedFileRetentionDuration": retention}
+        )
     properties = f"; Delta table properties: {table.delta_properties()}"
     if mode == "off":
         return f"off (`Table.configure_services(after_commit=False)`; settings: {changed}{properties})"
@@ -87,8 +90,17 @@ def areas(root: Path) -> dict[str, int]:
     out: dict[str, int] = {}
     for dirpath, _dirs, names in os.walk(root):
         rel = os.path.relpath(dirpath, root).split(os.sep)
-        area = "_delta_log" if rel[0] == "_delta_log" else (
-            f".dbidx/{rel[1]}" if rel[0] == ".dbidx" and len(rel) > 1 else ".dbidx" if rel[0] == ".dbidx" else "data")
+        area = (
+            "_delta_log"
+            if rel[0] == "_delta_log"
+            else (
+                f".dbidx/{rel[1]}"
+                if rel[0] == ".dbidx" and len(rel) > 1
+                else ".dbidx"
+                if rel[0] == ".dbidx"
+                else "data"
+            )
+        )
         for name in names:
             try:
                 out[area] = out.get(area, 0) + os.stat(os.path.join(dirpath, name)).st_size
@@ -121,6 +133,7 @@ def services_of(summary: dict[str, Any]) -> tuple[float, list[str], dict[str, fl
 
 # ---------------------------------------------------------------------------------------------------------------
 # What is measured per batch and at the checkpoints.
+
 
 def walk(root: Path) -> tuple[int, int, int]:
     """(files, bytes, index files) under a directory; index files: those under .dbidx/rli/."""
@@ -256,19 +269,37 @@ def soak(spark: Any, work: Path, manifest: dict[str, Any], args: argparse.Namesp
             log(f"batch {number}: the services failed (the upsert is committed): {error}")
         live_files, live_bytes = live(table)
         disk_files, table_bytes, index_files = walk(root)
-        run.batches.append(Batch(number, wall_s - service_s, service_s, live_files, live_bytes, disk_files,
-                                 table_bytes, index_files, walk(caches)[1], ran, error, os.getloadavg()[0],
-                                 per_service))
+        run.batches.append(
+            Batch(
+                number,
+                wall_s - service_s,
+                service_s,
+                live_files,
+                live_bytes,
+                disk_files,
+                table_bytes,
+                index_files,
+                walk(caches)[1],
+                ran,
+                error,
+                os.getloadavg()[0],
+                per_service,
+            )
+        )
         if number % 10 == 0 or number == 1:
             b = run.batches[-1]
-            log(f"batch {number}: upsert {b.upsert_s:.2f} s, services {b.service_s:.2f} s, {b.live_files:,} live "
-                f"files, {b.disk_files:,} on disk, {b.table_bytes / 2**20:.1f} MiB")
+            log(
+                f"batch {number}: upsert {b.upsert_s:.2f} s, services {b.service_s:.2f} s, {b.live_files:,} live "
+                f"files, {b.disk_files:,} on disk, {b.table_bytes / 2**20:.1f} MiB"
+            )
         if number % args.read_every == 0 or number == len(manifest["batches"]):
             expected = speed_bench.expected_rows(args.keys, number, args.batch)
             run.checkpoints.append(checkpoint(table, number, expected, work / "soak-anchor"))
             c = run.checkpoints[-1]
-            log(f"reads at batch {number}: dbidx {c.dbidx_s:.2f} s, polars {c.polars_s:.2f} s, delta-rs "
-                f"{c.deltars_s:.2f} s; anchor {c.anchor_s:.2f} s ({c.anchor_how})")
+            log(
+                f"reads at batch {number}: dbidx {c.dbidx_s:.2f} s, polars {c.polars_s:.2f} s, delta-rs "
+                f"{c.deltars_s:.2f} s; anchor {c.anchor_s:.2f} s ({c.anchor_how})"
+            )
     run.areas = areas(root)
     log("bytes by area at the end: " + ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in run.areas.items()))
     data = reads.read_arrow(table, columns=["ver"])
@@ -278,6 +309,7 @@ def soak(spark: Any, work: Path, manifest: dict[str, Any], args: argparse.Namesp
 
 # ---------------------------------------------------------------------------------------------------------------
 # The goals table, the section and the figures.
+
 
 def window(run: Run, first: int, last: int) -> list[Batch]:
     return [b for b in run.batches if first < b.number <= last]
@@ -292,34 +324,60 @@ def goal_rows(run: Run, args: argparse.Namespace) -> list[list[Any]]:
         early, late = window(run, r, 2 * r), window(run, n - r, n)
         most_early, most_late = max(b.live_files for b in early), max(b.live_files for b in late)
         ratio = most_late / most_early
-        rows.append([f"live data files: most in batches {n - r + 1}-{n} vs most in batches {r + 1}-{2 * r}",
-                     f"{most_late:,} vs {most_early:,} = {ratio:.2f}x", f"<= {FILES_GOAL}x (bounded)",
-                     "yes" if ratio <= FILES_GOAL else "NO"])
+        rows.append(
+            [
+                f"live data files: most in batches {n - r + 1}-{n} vs most in batches {r + 1}-{2 * r}",
+                f"{most_late:,} vs {most_early:,} = {ratio:.2f}x",
+                f"<= {FILES_GOAL}x (bounded)",
+                "yes" if ratio <= FILES_GOAL else "NO",
+            ]
+        )
         t_early = sum(b.upsert_s + b.service_s for b in early)
         t_late = sum(b.upsert_s + b.service_s for b in late)
         s_early, s_late = sum(b.service_s for b in early), sum(b.service_s for b in late)
         ratio = t_late / t_early
-        rows.append([f"upsert + service s: batches {n - r + 1}-{n} vs batches {r + 1}-{2 * r}",
-                     f"{t_late:.1f} s vs {t_early:.1f} s = {ratio:.2f}x (services {s_late:.1f} s = "
-                     f"{share(s_late, t_late)} vs {s_early:.1f} s = {share(s_early, t_early)})", f"<= {TIME_GOAL}x",
-                     "yes" if ratio <= TIME_GOAL else "NO"])
+        rows.append(
+            [
+                f"upsert + service s: batches {n - r + 1}-{n} vs batches {r + 1}-{2 * r}",
+                f"{t_late:.1f} s vs {t_early:.1f} s = {ratio:.2f}x (services {s_late:.1f} s = "
+                f"{share(s_late, t_late)} vs {s_early:.1f} s = {share(s_early, t_early)})",
+                f"<= {TIME_GOAL}x",
+                "yes" if ratio <= TIME_GOAL else "NO",
+            ]
+        )
     else:
         rows.append(["live data files bounded", why, f"<= {FILES_GOAL}x", "-"])
         rows.append(["upsert + service s, last window vs the second", why, f"<= {TIME_GOAL}x", "-"])
-    for name, label in (("dbidx", "dbidx read_arrow"), ("polars", "polars read_delta"),
-                        ("deltars", "delta-rs QueryBuilder")):
+    for name, label in (
+        ("dbidx", "dbidx read_arrow"),
+        ("polars", "polars read_delta"),
+        ("deltars", "delta-rs QueryBuilder"),
+    ):
         worst = max(run.checkpoints, key=lambda c: c.ratio(name))
-        rows.append([f"full read, {label} vs delta-rs on the rows written once: worst of {len(run.checkpoints)} "
-                     f"checkpoints", f"{worst.ratio(name):.2f}x (batch {worst.batch}: {getattr(worst, name + '_s'):.2f}"
-                     f" s vs {worst.anchor_s:.2f} s)", f"<= {READ_GOAL}x",
-                     "yes" if worst.ratio(name) <= READ_GOAL else "NO"])
+        rows.append(
+            [
+                f"full read, {label} vs delta-rs on the rows written once: worst of {len(run.checkpoints)} checkpoints",
+                f"{worst.ratio(name):.2f}x (batch {worst.batch}: {getattr(worst, name + '_s'):.2f}"
+                f" s vs {worst.anchor_s:.2f} s)",
+                f"<= {READ_GOAL}x",
+                "yes" if worst.ratio(name) <= READ_GOAL else "NO",
+            ]
+        )
     last = run.batches[-1]
     ratio = last.table_bytes / last.live_bytes
-    retention = ("after the retention period" if args.services == "on" else
-                 "services off: nothing is ever removed, measured at the end")
-    rows.append([f"bytes on disk vs live data bytes at batch {last.number} ({retention})",
-                 f"{last.table_bytes / 2**20:,.1f} MiB vs {last.live_bytes / 2**20:,.1f} MiB = {ratio:.2f}x",
-                 f"<= {BYTES_GOAL}x", "yes" if ratio <= BYTES_GOAL else "NO"])
+    retention = (
+        "after the retention period"
+        if args.services == "on"
+        else "services off: nothing is ever removed, measured at the end"
+    )
+    rows.append(
+        [
+            f"bytes on disk vs live data bytes at batch {last.number} ({retention})",
+            f"{last.table_bytes / 2**20:,.1f} MiB vs {last.live_bytes / 2**20:,.1f} MiB = {ratio:.2f}x",
+            f"<= {BYTES_GOAL}x",
+            "yes" if ratio <= BYTES_GOAL else "NO",
+        ]
+    )
     return rows
 
 
@@ -331,42 +389,84 @@ def service_rows(run: Run, size: int) -> list[list[Any]]:
     """Seconds per service per window of `size` batches (sum, runs, mean per run, max in one batch; REST: per
     batch), then all services per window with their share of upsert + service s: which service's runs grow, and
     whether they run more often or take longer each time."""
-    windows = [run.batches[i:i + size] for i in range(0, len(run.batches), size)]
+    windows = [run.batches[i : i + size] for i in range(0, len(run.batches), size)]
     names = sorted({name for b in run.batches for name in b.service_seconds}, key=lambda n: (n == REST, n))
     rows: list[list[Any]] = []
     for name in names:
         for w in windows:
             values = [b.service_seconds[name] for b in w if name in b.service_seconds]  # per batch, runs summed
             runs = sum(b.services_ran.count(name) for b in w) if name != REST else len(values)
-            rows.append([name, f"{w[0].number}-{w[-1].number}", sum(values), runs,
-                         sum(values) / runs if runs else 0.0, max(values, default=0.0), ""])
+            rows.append(
+                [
+                    name,
+                    f"{w[0].number}-{w[-1].number}",
+                    sum(values),
+                    runs,
+                    sum(values) / runs if runs else 0.0,
+                    max(values, default=0.0),
+                    "",
+                ]
+            )
     for w in windows:
         services = sum(b.service_s for b in w)
-        rows.append(["all services", f"{w[0].number}-{w[-1].number}", services, len(w), services / len(w),
-                     max((b.service_s for b in w), default=0.0),
-                     share(services, sum(b.upsert_s + b.service_s for b in w))])
+        rows.append(
+            [
+                "all services",
+                f"{w[0].number}-{w[-1].number}",
+                services,
+                len(w),
+                services / len(w),
+                max((b.service_s for b in w), default=0.0),
+                share(services, sum(b.upsert_s + b.service_s for b in w)),
+            ]
+        )
     return rows
 
 
 def sample_rows(run: Run, every: int) -> list[list[Any]]:
     """Batch 1, every `every` batches and the last."""
     picked = [b for b in run.batches if b.number == 1 or b.number % every == 0 or b.number == len(run.batches)]
-    return [[b.number, b.upsert_s, b.service_s, b.live_files, b.disk_files, b.table_bytes / 2**20,
-             b.live_bytes / 2**20, b.index_files, b.cache_bytes / 2**20] for b in picked]
+    return [
+        [
+            b.number,
+            b.upsert_s,
+            b.service_s,
+            b.live_files,
+            b.disk_files,
+            b.table_bytes / 2**20,
+            b.live_bytes / 2**20,
+            b.index_files,
+            b.cache_bytes / 2**20,
+        ]
+        for b in picked
+    ]
 
 
 def read_rows(run: Run) -> list[list[Any]]:
-    return [[c.batch, c.rows, c.dbidx_s, c.polars_s, c.deltars_s, f"{c.anchor_s:.3f} ({c.anchor_how})",
-             f"{c.ratio('dbidx'):.2f}x", f"{c.ratio('polars'):.2f}x", f"{c.ratio('deltars'):.2f}x",
-             c.anchor_bytes / 2**20] for c in run.checkpoints]
+    return [
+        [
+            c.batch,
+            c.rows,
+            c.dbidx_s,
+            c.polars_s,
+            c.deltars_s,
+            f"{c.anchor_s:.3f} ({c.anchor_how})",
+            f"{c.ratio('dbidx'):.2f}x",
+            f"{c.ratio('polars'):.2f}x",
+            f"{c.ratio('deltars'):.2f}x",
+            c.anchor_bytes / 2**20,
+        ]
+        for c in run.checkpoints
+    ]
 
 
 def check_line(run: Run, manifest: dict[str, Any]) -> tuple[str, bool]:
     rows, sum_ver = run.counts
     ok = (rows, sum_ver) == (manifest["rows"], manifest["sum_ver"])
-    return (f"Check (the table read back with `reads.read_arrow`): {rows:,} rows, sum(ver) {sum_ver:,}; expected "
-            f"{manifest['rows']:,} distinct keys, sum(ver) {manifest['sum_ver']:,}: "
-            + ("check ok." if ok else "MISMATCH.")), ok
+    return (
+        f"Check (the table read back with `reads.read_arrow`): {rows:,} rows, sum(ver) {sum_ver:,}; expected "
+        f"{manifest['rows']:,} distinct keys, sum(ver) {manifest['sum_ver']:,}: " + ("check ok." if ok else "MISMATCH.")
+    ), ok
 
 
 def code_version() -> str:
@@ -376,10 +476,16 @@ def code_version() -> str:
 
     root = Path(__file__).resolve().parent.parent
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
-                              timeout=30).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=30).stdout.split("\n")
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, timeout=30
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.split("\n")
     except (OSError, subprocess.SubprocessError):
         return "Code: not a git checkout."
     changed = sorted(line[3:] for line in dirty if line.strip())
@@ -387,8 +493,10 @@ def code_version() -> str:
         return "Code: not a git checkout."
     if not changed:
         return f"Code: dbidx at commit {head}."
-    return (f"Code: dbidx at commit {head} with changes not committed yet in {len(changed)} files of the checkout "
-            f"({', '.join(changed[:8])}{', ...' if len(changed) > 8 else ''}): the run measured them too.")
+    return (
+        f"Code: dbidx at commit {head} with changes not committed yet in {len(changed)} files of the checkout "
+        f"({', '.join(changed[:8])}{', ...' if len(changed) > 8 else ''}): the run measured them too."
+    )
 
 
 def render(args: argparse.Namespace, origin: str, run: Run, check: str, code: str) -> str:
@@ -399,65 +507,122 @@ def render(args: argparse.Namespace, origin: str, run: Run, check: str, code: st
         for service in b.services_ran:
             ran[service] = ran.get(service, 0) + 1
     errors = sum(1 for b in run.batches if b.service_error)
-    services_did = ("; service runs: " + (", ".join(f"{k} {v:,}" for k, v in sorted(ran.items())) or "none")
-                    + f", failed {errors:,}") if args.services == "on" else ""
+    services_did = (
+        (
+            "; service runs: "
+            + (", ".join(f"{k} {v:,}" for k, v in sorted(ran.items())) or "none")
+            + f", failed {errors:,}"
+        )
+        if args.services == "on"
+        else ""
+    )
     every = max(1, args.read_every // 4)
     notes = [code]
-    if not any(args.keys >= keys and args.batches >= batches and args.batch >= batch for keys, batches, batch in
-               ISSUE_SIZES):
-        notes.append("This run is smaller than the issue's soak (1,000 batches of 10,000 rows on 1,000,000 keys, and "
-                     "200 batches of 100,000 rows on 10,000,000 keys, services on: `make bench-soak`); its figures "
-                     "do not stand in for those runs.")
+    if not any(
+        args.keys >= keys and args.batches >= batches and args.batch >= batch for keys, batches, batch in ISSUE_SIZES
+    ):
+        notes.append(
+            "This run is smaller than the issue's soak (1,000 batches of 10,000 rows on 1,000,000 keys, and "
+            "200 batches of 100,000 rows on 10,000,000 keys, services on: `make bench-soak`); its figures "
+            "do not stand in for those runs."
+        )
     if args.services == "off":
-        notes.append("Services off: the baseline, what a pipeline gets when nothing maintains the table. The goals "
-                     "are those of the table services (issue 44); this run shows what they have to fix.")
-    per_service = [
-        f"Service seconds per {args.read_every} batches (the upsert summaries' `services`: each run's `seconds` "
-        f"summed per service; {REST}: the rest of each services run, its triggers and the steps that found nothing "
-        "to do; mean: per run (all services: per batch); max: the most in one batch; share: of upsert + service s):",
-        _report.table(["service", "batches", "sum s", "runs", "mean s", "max s", "share"],
-                      service_rows(run, args.read_every))] if args.services == "on" else []
-    return "\n\n".join([
-        f"## Soak: {args.batches:,} batches of {args.batch:,} rows on {args.keys:,} keys, services {args.services}"
-        + (f", retention {args.retention}" if args.retention else ""),
-        f"Machine: {_report.machine()}. Command: `{_report.command()}`. Spark local[2], {args.shards} key shards. "
-        f"{args.keys:,} UUID keys over 30 daily partitions loaded at once ({run.load_s:.1f} s, the bulk path), then "
-        f"{args.batches:,} change batches of {args.batch:,} rows through `upsert` (80% updates of the last 7 days, "
-        f"5% late updates, 15% new keys; data {origin}), each a cached DataFrame. Services: {run.services}. "
-        f"Upsert s: the `upsert` call less its services; service s: its summary's `services` section (0 without "
-        f"services). "
-        f"Live data files: the table's data view; files on disk and table MiB: every file under the table dir "
-        f"(data, deletion vectors, Delta log, index, timeline); index files: those under `.dbidx/rli/`; cache "
-        f"MiB: the executor-local caches. Mean upsert + service s per batch: {mean:.3f}{services_did}. The "
-        f"machine's 1-minute load average after each batch: median {loads[len(loads) // 2]:.1f}, max {loads[-1]:.1f} "
-        f"({os.cpu_count()} cores; above that, other work shared the machine and the seconds are inflated).",
-        *notes,
-        _report.table(HEADERS, goal_rows(run, args)),
-        check,
-        f"Full reads every {args.read_every} batches (every column into Arrow, best of {READS}, each checked "
-        "against the generator's row count; polars and delta-rs also against dbidx's sum of ver): dbidx "
-        "`reads.read_arrow`, polars `read_delta`, delta-rs `QueryBuilder` `select *` of dbidx's table; anchor: "
-        "the same rows written once by `write_deltalake` partitioned by dt, read by delta-rs (the faster of "
-        "`QueryBuilder` and `to_pyarrow_table`):",
-        _report.table(["batch", "rows", "dbidx s", "polars s", "delta-rs s", "anchor s", "dbidx / anchor",
-                       "polars / anchor", "delta-rs / anchor", "anchor MiB"], read_rows(run)),
-        "Bytes on disk by area at the end: " + ", ".join(f"{k} {v / 2**20:,.1f} MiB" for k, v in run.areas.items())
-        + ".",
-        f"Per batch (batch 1, every {every} batches and the last; every batch is in the figures JSON):",
-        _report.table(["batch", "upsert s", "service s", "live data files", "files on disk", "table MiB",
-                       "live data MiB", "index files", "cache MiB"], sample_rows(run, every)),
-        *per_service,
-    ])
+        notes.append(
+            "Services off: the baseline, what a pipeline gets when nothing maintains the table. The goals "
+            "are those of the table services (issue 44); this run shows what they have to fix."
+        )
+    per_service = (
+        [
+            f"Service seconds per {args.read_every} batches (the upsert summaries' `services`: each run's `seconds` "
+            f"summed per service; {REST}: the rest of each services run, its triggers and the steps that found nothing "
+            "to do; mean: per run (all services: per batch); max: the most in one batch; share: of upsert + service s):",
+            _report.table(
+                ["service", "batches", "sum s", "runs", "mean s", "max s", "share"], service_rows(run, args.read_every)
+            ),
+        ]
+        if args.services == "on"
+        else []
+    )
+    return "\n\n".join(
+        [
+            f"## Soak: {args.batches:,} batches of {args.batch:,} rows on {args.keys:,} keys, services {args.services}"
+            + (f", retention {args.retention}" if args.retention else ""),
+            f"Machine: {_report.machine()}. Command: `{_report.command()}`. Spark local[2], {args.shards} key shards. "
+            f"{args.keys:,} UUID keys over 30 daily partitions loaded at once ({run.load_s:.1f} s, the bulk path), then "
+            f"{args.batches:,} change batches of {args.batch:,} rows through `upsert` (80% updates of the last 7 days, "
+            f"5% late updates, 15% new keys; data {origin}), each a cached DataFrame. Services: {run.services}. "
+            f"Upsert s: the `upsert` call less its services; service s: its summary's `services` section (0 without "
+            f"services). "
+            f"Live data files: the table's data view; files on disk and table MiB: every file under the table dir "
+            f"(data, deletion vectors, Delta log, index, timeline); index files: those under `.dbidx/rli/`; cache "
+            f"MiB: the executor-local caches. Mean upsert + service s per batch: {mean:.3f}{services_did}. The "
+            f"machine's 1-minute load average after each batch: median {loads[len(loads) // 2]:.1f}, max {loads[-1]:.1f} "
+            f"({os.cpu_count()} cores; above that, other work shared the machine and the seconds are inflated).",
+            *notes,
+            _report.table(HEADERS, goal_rows(run, args)),
+            check,
+            f"Full reads every {args.read_every} batches (every column into Arrow, best of {READS}, each checked "
+            "against the generator's row count; polars and delta-rs also against dbidx's sum of ver): dbidx "
+            "`reads.read_arrow`, polars `read_delta`, delta-rs `QueryBuilder` `select *` of dbidx's table; anchor: "
+            "the same rows written once by `write_deltalake` partitioned by dt, read by delta-rs (the faster of "
+            "`QueryBuilder` and `to_pyarrow_table`):",
+            _report.table(
+                [
+                    "batch",
+                    "rows",
+                    "dbidx s",
+                    "polars s",
+                    "delta-rs s",
+                    "anchor s",
+                    "dbidx / anchor",
+                    "polars / anchor",
+                    "delta-rs / anchor",
+                    "anchor MiB",
+                ],
+                read_rows(run),
+            ),
+            "Bytes on disk by area at the end: "
+            + ", ".join(f"{k} {v / 2**20:,.1f} MiB" for k, v in run.areas.items())
+            + ".",
+            f"Per batch (batch 1, every {every} batches and the last; every batch is in the figures JSON):",
+            _report.table(
+                [
+                    "batch",
+                    "upsert s",
+                    "service s",
+                    "live data files",
+                    "files on disk",
+                    "table MiB",
+                    "live data MiB",
+                    "index files",
+                    "cache MiB",
+                ],
+                sample_rows(run, every),
+            ),
+            *per_service,
+        ]
+    )
 
 
 def figures(args: argparse.Namespace, run: Run, ok: bool, name: str) -> dict[str, Any]:
-    return {"name": name, "keys": args.keys, "batch_rows": args.batch, "shards": args.shards,
-            "services": args.services, "read_every": args.read_every, "load_s": run.load_s, "check_ok": ok,
-            "retention": args.retention, "areas": run.areas,
-            "batches": [asdict(b) for b in run.batches], "checkpoints": [asdict(c) for c in run.checkpoints]}
+    return {
+        "name": name,
+        "keys": args.keys,
+        "batch_rows": args.batch,
+        "shards": args.shards,
+        "services": args.services,
+        "read_every": args.read_every,
+        "load_s": run.load_s,
+        "check_ok": ok,
+        "retention": args.retention,
+        "areas": run.areas,
+        "batches": [asdict(b) for b in run.batches],
+        "checkpoints": [asdict(c) for c in run.checkpoints],
+    }
 
 
 # ---------------------------------------------------------------------------------------------------------------
+
 
 def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -465,12 +630,16 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--batches", type=int, default=1_000)
     parser.add_argument("--batch", type=int, default=10_000, help="rows per change batch")
     parser.add_argument("--shards", type=int, default=2, help="dbidx key shards and Spark shuffle partitions")
-    parser.add_argument("--read-every", type=int, default=100, help="full reads every N batches (and the window "
-                        "of the goals)")
+    parser.add_argument(
+        "--read-every", type=int, default=100, help="full reads every N batches (and the window of the goals)"
+    )
     parser.add_argument("--services", choices=("on", "off"), default="on")
-    parser.add_argument("--retention", help="a Delta interval (e.g. 'interval 2 minutes') set as the table's "
-                        "delta.logRetentionDuration and delta.deletedFileRetentionDuration before the load (default: "
-                        "Delta's 30 days and 7 days)")
+    parser.add_argument(
+        "--retention",
+        help="a Delta interval (e.g. 'interval 2 minutes') set as the table's "
+        "delta.logRetentionDuration and delta.deletedFileRetentionDuration before the load (default: "
+        "Delta's 30 days and 7 days)",
+    )
     parser.add_argument("--work", type=Path, help="data dir, kept for reuse (default: a temp dir, removed)")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes (seconds; used by tests)")
     parser.add_argument("--write-results", action="store_true")

@@ -11,6 +11,7 @@ method (median). Forced with Spark's `noop` sink.
   (what a user does without dbidx); dict: the batch collected to the driver as Arrow, then dict lookups.
 Run: `python benchmarks/spark_bench.py [--sizes 1000000,3000000,10000000] [--smoke] [--write-results]`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,9 +64,13 @@ def make_batch(spark, keys: int, rows: int, rng: np.random.Generator, serial: li
     new = np.arange(serial[0], serial[0] + rows - len(existing))
     serial[0] += len(new)
     ids = np.concatenate([existing, new])
-    frame = pa.table({"id": key_strings(ids),
-                      "dt": pa.array([f"2025-01-{d + 1:02d}" for d in day_of(ids)], pa.string()),
-                      "amount": pa.array(rng.random(len(ids)))}).to_pandas()
+    frame = pa.table(
+        {
+            "id": key_strings(ids),
+            "dt": pa.array([f"2025-01-{d + 1:02d}" for d in day_of(ids)], pa.string()),
+            "amount": pa.array(rng.random(len(ids))),
+        }
+    ).to_pandas()
     df = spark.createDataFrame(frame).cache()
     df.count()
     return df
@@ -89,18 +94,27 @@ def run_size(spark, work: Path, keys: int, args: argparse.Namespace) -> dict:
     cold_s = _report.seconds_of(lambda: noop(tag(first, table, key="id", partition="dt", cache_config=config)))
     noop(tag(first, table, key="id", partition="dt", cache_config=config))
     batches = [make_batch(spark, keys, args.batch_rows, rng, serial) for _ in range(args.repeats)]
-    dbidx_s = statistics.median(_report.seconds_of(lambda b=b: noop(tag(b, table, key="id", partition="dt",
-                                                                 cache_config=config))) for b in batches)
-    found = tag(batches[0], table, key="id", partition="dt",
-                cache_config=config).filter(F.col("_dbidx_is_update")).count()
+    dbidx_s = statistics.median(
+        _report.seconds_of(lambda b=b: noop(tag(b, table, key="id", partition="dt", cache_config=config)))
+        for b in batches
+    )
+    found = (
+        tag(batches[0], table, key="id", partition="dt", cache_config=config).filter(F.col("_dbidx_is_update")).count()
+    )
     # 2. The join a user writes without dbidx: the batch against every live RLI entry, read from Parquet.
     paths = _report.rli_paths(table)
 
     def join(batch):
-        rli = (spark.read.option("recursiveFileLookup", "true").parquet(*paths)
-               .filter(~F.col(rli_files.DELETED)).select(rli_files.KEY, rli_files.FILE_GROUP))
-        return batch.join(rli, batch.id == rli[rli_files.KEY], "left") \
-            .withColumn("is_update", F.col(rli_files.FILE_GROUP).isNotNull())
+        rli = (
+            spark.read.option("recursiveFileLookup", "true")
+            .parquet(*paths)
+            .filter(~F.col(rli_files.DELETED))
+            .select(rli_files.KEY, rli_files.FILE_GROUP)
+        )
+        return batch.join(rli, batch.id == rli[rli_files.KEY], "left").withColumn(
+            "is_update", F.col(rli_files.FILE_GROUP).isNotNull()
+        )
+
     join_s = statistics.median(_report.seconds_of(lambda b=b: noop(join(b))) for b in batches)
     join_found = join(batches[0]).filter("is_update").count()
     # 3. A driver-side dict of the whole index (built once, untimed per batch), the batch collected to it.
@@ -117,6 +131,7 @@ def run_size(spark, work: Path, keys: int, args: argparse.Namespace) -> dict:
         ids = batch.select("id").toArrow().column(0).to_pylist()
         get = index.get
         return sum(get(k) is not None for k in ids)
+
     dict_s = statistics.median(_report.seconds_of(lambda b=b: by_dict(b)) for b in batches)
     dict_found = by_dict(batches[0])
     index.clear()  # free the memory before the next size
@@ -126,8 +141,16 @@ def run_size(spark, work: Path, keys: int, args: argparse.Namespace) -> dict:
         raise SystemExit(f"methods disagree at {keys:,} keys: dbidx {found}, join {join_found}, dict {dict_found}")
     shutil.rmtree(work / f"table-{keys}", ignore_errors=True)
     shutil.rmtree(work / f"cache-{keys}", ignore_errors=True)
-    return {"keys": keys, "build_s": build_s, "cold_s": cold_s, "dbidx_s": dbidx_s, "join_s": join_s,
-            "dict_s": dict_s, "dict_build_s": dict_build_s, "dict_mb": dict_mb}
+    return {
+        "keys": keys,
+        "build_s": build_s,
+        "cold_s": cold_s,
+        "dbidx_s": dbidx_s,
+        "join_s": join_s,
+        "dict_s": dict_s,
+        "dict_build_s": dict_build_s,
+        "dict_mb": dict_mb,
+    }
 
 
 def spark_session(work: Path, shards: int):
@@ -155,31 +178,58 @@ def main() -> None:
         for keys in sizes:
             results.append(run_size(spark, work, keys, args))
             r = results[-1]
-            print(f"{keys:,} keys: dbidx {r['dbidx_s']:.2f} s, join {r['join_s']:.2f} s, dict {r['dict_s']:.2f} s",
-                  file=sys.stderr)
+            print(
+                f"{keys:,} keys: dbidx {r['dbidx_s']:.2f} s, join {r['join_s']:.2f} s, dict {r['dict_s']:.2f} s",
+                file=sys.stderr,
+            )
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
-    rows = [[r["keys"], r["dbidx_s"], r["join_s"], r["dict_s"], f"{r['join_s'] / r['dbidx_s']:.1f}x",
-             r["cold_s"], r["dict_build_s"], round(r["dict_mb"])] for r in results]
+    rows = [
+        [
+            r["keys"],
+            r["dbidx_s"],
+            r["join_s"],
+            r["dict_s"],
+            f"{r['join_s'] / r['dbidx_s']:.1f}x",
+            r["cold_s"],
+            r["dict_build_s"],
+            round(r["dict_mb"]),
+        ]
+        for r in results
+    ]
     largest = results[-1]
     ratio = largest["join_s"] / largest["dbidx_s"]
-    verdict = (f"At {largest['keys']:,} keys dbidx tags a {args.batch_rows:,}-row batch {ratio:.1f}x faster than the "
-               f"join (target >= 10x: {'met' if ratio >= 10 else 'NOT met'}).")
-    body = "\n\n".join([
-        "## Spark tagging",
-        f"Machine: {_report.machine()}; Spark local[2], {args.shards} key shards. Command: `{_report.command()}`. "
-        f"Batches of {args.batch_rows:,} rows (80% existing keys over 30 daily partitions, 20% new), median of "
-        f"{args.repeats} per method; 'cold first batch' is dbidx's warm-up batch, which loads the shard caches on "
-        "demand; the dict is built once on the driver (time and RSS growth shown), its per-batch time includes "
-        "collecting the batch's keys to the driver.",
-        _report.table(["index keys", "dbidx s/batch", "Spark join s/batch", "driver dict s/batch",
-                       "join / dbidx", "dbidx cold first batch s", "dict build s", "dict RSS MB"], rows),
-        verdict,
-    ])
+    verdict = (
+        f"At {largest['keys']:,} keys dbidx tags a {args.batch_rows:,}-row batch {ratio:.1f}x faster than the "
+        f"join (target >= 10x: {'met' if ratio >= 10 else 'NOT met'})."
+    )
+    body = "\n\n".join(
+        [
+            "## Spark tagging",
+            f"Machine: {_report.machine()}; Spark local[2], {args.shards} key shards. Command: `{_report.command()}`. "
+            f"Batches of {args.batch_rows:,} rows (80% existing keys over 30 daily partitions, 20% new), median of "
+            f"{args.repeats} per method; 'cold first batch' is dbidx's warm-up batch, which loads the shard caches on "
+            "demand; the dict is built once on the driver (time and RSS growth shown), its per-batch time includes "
+            "collecting the batch's keys to the driver.",
+            _report.table(
+                [
+                    "index keys",
+                    "dbidx s/batch",
+                    "Spark join s/batch",
+                    "driver dict s/batch",
+                    "join / dbidx",
+                    "dbidx cold first batch s",
+                    "dict build s",
+                    "dict RSS MB",
+                ],
+                rows,
+            ),
+            verdict,
+        ]
+    )
     if args.write_results and not args.smoke:
-        body = _report.publish("spark", body, {"batch_rows": args.batch_rows, "shards": args.shards,
-                                               "sizes": results})
+        body = _report.publish("spark", body, {"batch_rows": args.batch_rows, "shards": args.shards, "sizes": results})
     print(body)
 
 

@@ -30,6 +30,7 @@ temporary dir, removed at the end): `--keys` UUID keys over 30 daily partitions 
 Run: `python benchmarks/speed_bench.py [--keys 2000000] [--batches 5] [--batch 100000] [--shards 2] [--work DIR]
 [--restart-keys N] [--scale-keys A,B] [--skip restart,lookup] [--write-results] [--smoke]`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -76,6 +77,7 @@ def log(message: str) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 # The data set.
 
+
 def expected_rows(keys: int, batches: int, batch: int) -> int:
     """Distinct keys after the batches: each brings batch - int(0.8 batch) - int(0.05 batch) new keys."""
     return keys + batches * (batch - int(batch * 0.80) - int(batch * 0.05))
@@ -86,8 +88,11 @@ def fits(manifest_path: Path, keys: int, batches: int, batch: int) -> dict[str, 
     if not manifest_path.exists():
         return None
     manifest = json.loads(manifest_path.read_text())
-    same = (manifest.get("batch_rows") == batch and len(manifest.get("batches", [])) == batches
-            and manifest.get("rows") == expected_rows(keys, batches, batch))
+    same = (
+        manifest.get("batch_rows") == batch
+        and len(manifest.get("batches", [])) == batches
+        and manifest.get("rows") == expected_rows(keys, batches, batch)
+    )
     files = [manifest.get("load", "")] + manifest.get("batches", [])
     return manifest if same and all(Path(f).exists() for f in files) else None
 
@@ -109,6 +114,7 @@ def dataset(work: Path, keys: int, batches: int, batch: int) -> tuple[dict[str, 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Spark: the inputs, the floor job, the Parquet write anchors, dbidx's upserts.
+
 
 def cached(spark: Any, path: str) -> tuple[Any, int]:
     """The Parquet file as a DataFrame cached in Spark memory, and its rows (counting fills the cache), so timings
@@ -157,8 +163,15 @@ def tree_rss_named(pid: int) -> list[tuple[str, int]]:
             # By what the process runs, not by elimination: a short-lived child of the JVM (a forked helper) is
             # neither, and must not pass for a Python worker.
             command = " ".join(proc.cmdline()[:2]).lower()
-            role = ("driver" if proc.pid == pid else "JVM" if "java" in proc.name().lower() or "/java" in command
-                    else "Python worker" if "python" in command else "other")
+            role = (
+                "driver"
+                if proc.pid == pid
+                else "JVM"
+                if "java" in proc.name().lower() or "/java" in command
+                else "Python worker"
+                if "python" in command
+                else "other"
+            )
             named.append((role, proc.memory_info().rss))
         except psutil.Error:
             pass
@@ -182,8 +195,9 @@ class Rss(_report.TreeRss):
             self.at_start = (largest, total)
         if largest > self.largest:
             self.largest, self.largest_role = largest, role
-        self.largest_python = max([self.largest_python] + [size for r, size in sizes
-                                                            if r in ("driver", "Python worker")])
+        self.largest_python = max(
+            [self.largest_python] + [size for r, size in sizes if r in ("driver", "Python worker")]
+        )
         self.total = max(self.total, total)
 
 
@@ -214,8 +228,9 @@ def measured(fn: Any) -> Measured:
 def peaks(rss: Rss, elapsed: float = 0.0, summary: dict[str, Any] | None = None) -> Measured:
     """A Measured from a finished sampler (and the step's seconds and summary, if any)."""
     start_largest, start_total = rss.at_start or (0, 0)
-    return Measured(elapsed, rss.largest, rss.total, rss.largest_role, start_largest, start_total, summary or {},
-                    rss.largest_python)
+    return Measured(
+        elapsed, rss.largest, rss.total, rss.largest_role, start_largest, start_total, summary or {}, rss.largest_python
+    )
 
 
 class Dbidx:
@@ -269,8 +284,7 @@ class SparkPart:
     work_build_s: float
 
 
-def spark_part(spark: Any, work: Path, manifest: dict[str, Any], shards: int,
-               settings: dict[str, str]) -> SparkPart:
+def spark_part(spark: Any, work: Path, manifest: dict[str, Any], shards: int, settings: dict[str, str]) -> SparkPart:
     """Warm-ups, the write anchors, the dbidx load, the batches with their floors, and the read-back."""
     load, load_rows = cached(spark, manifest["load"])
     log(f"warming up on {load_rows:,} cached rows")
@@ -309,6 +323,7 @@ def spark_part(spark: Any, work: Path, manifest: dict[str, Any], shards: int,
 # ---------------------------------------------------------------------------------------------------------------
 # The parts without Spark (restart, lookup) and the optional scale part.
 
+
 def restart_part(work: Path, keys: int, k: int, commit_keys: int, repeats: int) -> dict[str, Any]:
     """Warm restart vs full re-bootstrap after K commits (restart_bench's measurement)."""
     import numpy as np
@@ -318,8 +333,15 @@ def restart_part(work: Path, keys: int, k: int, commit_keys: int, repeats: int) 
         row = restart_bench.warm_vs_full(work, keys, [k], commit_keys, repeats, np.random.default_rng(21))[-1]
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return {"keys": keys, "k": k, "catchup_entries": row[1], "window_entries": row[2], "warm_s": row[3],
-            "full_s": row[4], "ratio": row[4] / row[3]}
+    return {
+        "keys": keys,
+        "k": k,
+        "catchup_entries": row[1],
+        "window_entries": row[2],
+        "warm_s": row[3],
+        "full_s": row[4],
+        "ratio": row[4] / row[3],
+    }
 
 
 def lookup_part(work: Path, entries: int, size: int, repeats: int) -> dict[str, Any]:
@@ -335,8 +357,7 @@ def lookup_part(work: Path, entries: int, size: int, repeats: int) -> dict[str, 
             cache.close()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return {"entries": loaded, "batch": row[1], "cache_keys_per_s": row[2], "raw_keys_per_s": row[3],
-            "ratio": row[4]}
+    return {"entries": loaded, "batch": row[1], "cache_keys_per_s": row[2], "raw_keys_per_s": row[3], "ratio": row[4]}
 
 
 def scale_bench_shards() -> int:
@@ -356,18 +377,27 @@ def scale_part(spark: Any, work: Path, sizes: list[int], batch: int) -> dict[str
     finally:
         shutil.rmtree(work, ignore_errors=True)
     base, large = min(sizes), max(sizes)
-    return {"base_keys": base, "large_keys": large, "base_warm_s": runs[base], "large_warm_s": runs[large],
-            "ratio": runs[large] / runs[base]}
+    return {
+        "base_keys": base,
+        "large_keys": large,
+        "base_warm_s": runs[base],
+        "large_warm_s": runs[large],
+        "ratio": runs[large] / runs[base],
+    }
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # The report.
 
+
 def steady(part: SparkPart) -> tuple[float, float, float]:
     """(dbidx median s, Spark floor median s, work floor median s) over the batches after batch 1."""
     rest = part.batches[1:]
-    return (statistics.median(b.dbidx.seconds for b in rest), statistics.median(b.floor_s for b in rest),
-            statistics.median(b.work_s for b in rest))
+    return (
+        statistics.median(b.dbidx.seconds for b in rest),
+        statistics.median(b.floor_s for b in rest),
+        statistics.median(b.work_s for b in rest),
+    )
 
 
 def steady_label(batches: int) -> str:
@@ -390,69 +420,157 @@ def largest(m: Measured) -> str:
     return f"{mib(m.largest)} ({m.largest_role})"
 
 
-def goal_rows(part: SparkPart, restart: dict[str, Any] | None, lookup: dict[str, Any] | None,
-              scale: dict[str, Any] | None) -> list[list[str]]:
+def goal_rows(
+    part: SparkPart, restart: dict[str, Any] | None, lookup: dict[str, Any] | None, scale: dict[str, Any] | None
+) -> list[list[str]]:
     """The headline table: each figure, its anchor, the ratio, the goal and whether it was met."""
     dbidx_s, floor_s, work_s = steady(part)
     load, shuffled, plain = part.load, part.shuffled, part.plain
     first = part.batches[0].dbidx.seconds
     label = steady_label(len(part.batches))
     rows = [
-        [f"steady batch (median of {label})", seconds(dbidx_s), f"work floor {seconds(work_s)}",
-         f"{dbidx_s / work_s:.2f}x", "<= 1.3x", met(dbidx_s <= 1.3 * work_s)],
-        ["steady batch vs the Spark floor (the empty job of its shape)", seconds(dbidx_s),
-         f"Spark floor {seconds(floor_s)}", f"{dbidx_s / floor_s:.2f}x", "-", "-"],
-        [f"initial load ({part.load_rows:,} rows, bulk path)", seconds(load.seconds),
-         f"Spark repartition + write {seconds(shuffled.seconds)}", f"{load.seconds / shuffled.seconds:.2f}x",
-         "<= 1.3x", met(load.seconds <= 1.3 * shuffled.seconds)],
-        ["initial load vs Spark's plain write", seconds(load.seconds), f"Spark write {seconds(plain.seconds)}",
-         f"{load.seconds / plain.seconds:.2f}x", "-", "-"],
-        ["initial load vs its Spark floor (the same shuffle, every row to Python, nothing written)",
-         seconds(load.seconds), f"Spark floor {seconds(part.load_floor_s)}",
-         f"{load.seconds / part.load_floor_s:.2f}x", "-", "-"],
-        ["initial load: peak RSS, largest process", largest(load), f"Spark repartition + write "
-         f"{largest(shuffled)}", f"{load.largest / shuffled.largest:.2f}x", "<= 2 GB",
-         met(load.largest <= LARGEST_GOAL_BYTES)],
-        ["initial load: peak RSS, largest Python process (driver or worker)", mib(load.largest_python),
-         f"Spark repartition + write {mib(shuffled.largest_python)}", "-", "<= 2 GB",
-         met(load.largest_python <= LARGEST_GOAL_BYTES)],
-        ["initial load: peak RSS, process tree", mib(load.total), f"Spark repartition + write {mib(shuffled.total)}",
-         f"{load.total / shuffled.total:.2f}x", "-", "-"],
-        ["first batch after the load", seconds(first), f"steady median {seconds(dbidx_s)}",
-         f"{first / dbidx_s:.2f}x", "<= 2x", met(first <= 2 * dbidx_s)],
+        [
+            f"steady batch (median of {label})",
+            seconds(dbidx_s),
+            f"work floor {seconds(work_s)}",
+            f"{dbidx_s / work_s:.2f}x",
+            "<= 1.3x",
+            met(dbidx_s <= 1.3 * work_s),
+        ],
+        [
+            "steady batch vs the Spark floor (the empty job of its shape)",
+            seconds(dbidx_s),
+            f"Spark floor {seconds(floor_s)}",
+            f"{dbidx_s / floor_s:.2f}x",
+            "-",
+            "-",
+        ],
+        [
+            f"initial load ({part.load_rows:,} rows, bulk path)",
+            seconds(load.seconds),
+            f"Spark repartition + write {seconds(shuffled.seconds)}",
+            f"{load.seconds / shuffled.seconds:.2f}x",
+            "<= 1.3x",
+            met(load.seconds <= 1.3 * shuffled.seconds),
+        ],
+        [
+            "initial load vs Spark's plain write",
+            seconds(load.seconds),
+            f"Spark write {seconds(plain.seconds)}",
+            f"{load.seconds / plain.seconds:.2f}x",
+            "-",
+            "-",
+        ],
+        [
+            "initial load vs its Spark floor (the same shuffle, every row to Python, nothing written)",
+            seconds(load.seconds),
+            f"Spark floor {seconds(part.load_floor_s)}",
+            f"{load.seconds / part.load_floor_s:.2f}x",
+            "-",
+            "-",
+        ],
+        [
+            "initial load: peak RSS, largest process",
+            largest(load),
+            f"Spark repartition + write {largest(shuffled)}",
+            f"{load.largest / shuffled.largest:.2f}x",
+            "<= 2 GB",
+            met(load.largest <= LARGEST_GOAL_BYTES),
+        ],
+        [
+            "initial load: peak RSS, largest Python process (driver or worker)",
+            mib(load.largest_python),
+            f"Spark repartition + write {mib(shuffled.largest_python)}",
+            "-",
+            "<= 2 GB",
+            met(load.largest_python <= LARGEST_GOAL_BYTES),
+        ],
+        [
+            "initial load: peak RSS, process tree",
+            mib(load.total),
+            f"Spark repartition + write {mib(shuffled.total)}",
+            f"{load.total / shuffled.total:.2f}x",
+            "-",
+            "-",
+        ],
+        [
+            "first batch after the load",
+            seconds(first),
+            f"steady median {seconds(dbidx_s)}",
+            f"{first / dbidx_s:.2f}x",
+            "<= 2x",
+            met(first <= 2 * dbidx_s),
+        ],
     ]
     if restart is not None:
-        rows.append([f"warm restart, K = {restart['k']} commits ({restart['catchup_entries']:,} entries to catch up), "
-                     f"{restart['keys']:,} keys", seconds(restart["warm_s"]),
-                     f"full re-bootstrap {seconds(restart['full_s'])}", f"{restart['ratio']:.1f}x (full / warm)",
-                     ">= 20x", met(restart["ratio"] >= 20)])
+        rows.append(
+            [
+                f"warm restart, K = {restart['k']} commits ({restart['catchup_entries']:,} entries to catch up), "
+                f"{restart['keys']:,} keys",
+                seconds(restart["warm_s"]),
+                f"full re-bootstrap {seconds(restart['full_s'])}",
+                f"{restart['ratio']:.1f}x (full / warm)",
+                ">= 20x",
+                met(restart["ratio"] >= 20),
+            ]
+        )
     else:
         rows.append(["warm restart vs re-bootstrap", "skipped (--skip restart)", "-", "-", ">= 20x", "-"])
     if lookup is not None:
-        rows.append([f"lookup path, {lookup['batch']:,} keys, {lookup['entries']:,} entries",
-                     f"{lookup['cache_keys_per_s']:,.0f} keys/s",
-                     f"raw multi-get {lookup['raw_keys_per_s']:,.0f} keys/s", f"{lookup['ratio']:.2f}x", ">= 0.8x",
-                     met(lookup["ratio"] >= 0.8)])
+        rows.append(
+            [
+                f"lookup path, {lookup['batch']:,} keys, {lookup['entries']:,} entries",
+                f"{lookup['cache_keys_per_s']:,.0f} keys/s",
+                f"raw multi-get {lookup['raw_keys_per_s']:,.0f} keys/s",
+                f"{lookup['ratio']:.2f}x",
+                ">= 0.8x",
+                met(lookup["ratio"] >= 0.8),
+            ]
+        )
     else:
         rows.append(["lookup path vs raw multi-get", "skipped (--skip lookup)", "-", "-", ">= 0.8x", "-"])
     if scale is not None:
-        rows.append([f"warm tag batch at {scale['large_keys']:,} keys", seconds(scale["large_warm_s"]),
-                     f"at {scale['base_keys']:,} keys {seconds(scale['base_warm_s'])}", f"{scale['ratio']:.2f}x",
-                     "<= 1.2x", met(scale["ratio"] <= 1.2)])
+        rows.append(
+            [
+                f"warm tag batch at {scale['large_keys']:,} keys",
+                seconds(scale["large_warm_s"]),
+                f"at {scale['base_keys']:,} keys {seconds(scale['base_warm_s'])}",
+                f"{scale['ratio']:.2f}x",
+                "<= 1.2x",
+                met(scale["ratio"] <= 1.2),
+            ]
+        )
     else:
-        rows.append(["warm batch at a large size vs a base size", "not run (pass --scale-keys)", "-", "-", "<= 1.2x",
-                     "-"])
+        rows.append(
+            ["warm batch at a large size vs a base size", "not run (pass --scale-keys)", "-", "-", "<= 1.2x", "-"]
+        )
     return rows
 
 
-STEP_HEADERS = ["step", "rows", "dbidx s", "anchor", "anchor s", "work floor s", "on-demand loads", "stall s",
-                "staged loads", "catch-up entries", "open s (slowest shard)", "sync s (slowest)", "tag s (slowest)",
-                "write s (slowest)", "key indexes: memory / key files / decoded", "hit rate",
-                "driver phases s: prepare / job / commit / cleanup / services"]
+STEP_HEADERS = [
+    "step",
+    "rows",
+    "dbidx s",
+    "anchor",
+    "anchor s",
+    "work floor s",
+    "on-demand loads",
+    "stall s",
+    "staged loads",
+    "catch-up entries",
+    "open s (slowest shard)",
+    "sync s (slowest)",
+    "tag s (slowest)",
+    "write s (slowest)",
+    "key indexes: memory / key files / decoded",
+    "hit rate",
+    "driver phases s: prepare / job / commit / cleanup / services",
+]
 
 
 def summary_cells(summary: dict[str, Any]) -> list[Any]:
     """The upsert summary's cache figures, as STEP_HEADERS lists them ("-" where the summary has no such key)."""
+
     def get(name: str, fmt: str = "{:,}") -> str:
         return fmt.format(summary[name]) if name in summary else "-"
 
@@ -461,12 +579,27 @@ def summary_cells(summary: dict[str, Any]) -> list[Any]:
     def slowest(name: str) -> str:
         return f"{max(s.get(name, 0.0) for s in shards):.3f}" if shards else "-"
 
-    sources = " / ".join(f"{sum(s.get('keys_from_' + name, 0) for s in shards):,}"
-                         for name in ("memory", "key_files", "data_files")) if shards else "-"
+    sources = (
+        " / ".join(
+            f"{sum(s.get('keys_from_' + name, 0) for s in shards):,}" for name in ("memory", "key_files", "data_files")
+        )
+        if shards
+        else "-"
+    )
     phases = summary.get("phases") or {}
-    return [get("on_demand_loads"), get("stall_seconds", "{:.2f}"), get("staged_loads"), get("catchup_entries"),
-            slowest("open_seconds"), slowest("sync_seconds"), slowest("tag_seconds"), slowest("write_seconds"), sources,
-            get("hit_rate", "{:.1%}"), " / ".join(f"{v:.3f}" for v in phases.values()) if phases else "-"]
+    return [
+        get("on_demand_loads"),
+        get("stall_seconds", "{:.2f}"),
+        get("staged_loads"),
+        get("catchup_entries"),
+        slowest("open_seconds"),
+        slowest("sync_seconds"),
+        slowest("tag_seconds"),
+        slowest("write_seconds"),
+        sources,
+        get("hit_rate", "{:.1%}"),
+        " / ".join(f"{v:.3f}" for v in phases.values()) if phases else "-",
+    ]
 
 
 def step_rows(part: SparkPart) -> list[list[Any]]:
@@ -475,97 +608,151 @@ def step_rows(part: SparkPart) -> list[list[Any]]:
     rows: list[list[Any]] = [
         ["Spark repartition + write (anchor)", part.load_rows, "-", "-", seconds(shuffled.seconds), "-"] + none,
         ["Spark plain write (anchor)", part.load_rows, "-", "-", seconds(plain.seconds), "-"] + none,
-        ["dbidx initial load", part.load_rows, seconds(load.seconds), "Spark repartition + write",
-         seconds(shuffled.seconds), "-"] + summary_cells(load.summary),
+        [
+            "dbidx initial load",
+            part.load_rows,
+            seconds(load.seconds),
+            "Spark repartition + write",
+            seconds(shuffled.seconds),
+            "-",
+        ]
+        + summary_cells(load.summary),
     ]
     for b in part.batches:
-        rows.append([f"batch {b.number}", b.rows, seconds(b.dbidx.seconds),
-                     f"Spark floor (median of {FLOOR_REPEATS})", seconds(b.floor_s), seconds(b.work_s)]
-                    + summary_cells(b.dbidx.summary))
+        rows.append(
+            [
+                f"batch {b.number}",
+                b.rows,
+                seconds(b.dbidx.seconds),
+                f"Spark floor (median of {FLOOR_REPEATS})",
+                seconds(b.floor_s),
+                seconds(b.work_s),
+            ]
+            + summary_cells(b.dbidx.summary)
+        )
     return rows
 
 
 def memory_rows(part: SparkPart) -> list[list[Any]]:
-    steps = [("Spark repartition + write", part.shuffled), ("Spark plain write", part.plain),
-             ("dbidx initial load", part.load),
-             (f"dbidx batches 1-{len(part.batches)} (with their floors)", part.batches_peak)]
+    steps = [
+        ("Spark repartition + write", part.shuffled),
+        ("Spark plain write", part.plain),
+        ("dbidx initial load", part.load),
+        (f"dbidx batches 1-{len(part.batches)} (with their floors)", part.batches_peak),
+    ]
     return [[name, mib(m.start_largest), mib(m.start_total), largest(m), mib(m.total)] for name, m in steps]
 
 
 def check_line(part: SparkPart, manifest: dict[str, Any]) -> tuple[str, bool]:
     (rows, sum_ver), expected = part.counts, (manifest["rows"], manifest["sum_ver"])
     ok = (rows, sum_ver) == expected
-    return (f"Check (the table read back with `reads.read_arrow`): {rows:,} rows, sum(ver) {sum_ver:,}; "
-            f"expected {expected[0]:,} distinct keys, sum(ver) {expected[1]:,}: "
-            f"{'check ok' if ok else 'MISMATCH'}."), ok
+    return (
+        f"Check (the table read back with `reads.read_arrow`): {rows:,} rows, sum(ver) {sum_ver:,}; "
+        f"expected {expected[0]:,} distinct keys, sum(ver) {expected[1]:,}: "
+        f"{'check ok' if ok else 'MISMATCH'}."
+    ), ok
 
 
-def figures(args: argparse.Namespace, part: SparkPart, restart: dict[str, Any] | None,
-            lookup: dict[str, Any] | None, scale: dict[str, Any] | None, ok: bool) -> dict[str, Any]:
+def figures(
+    args: argparse.Namespace,
+    part: SparkPart,
+    restart: dict[str, Any] | None,
+    lookup: dict[str, Any] | None,
+    scale: dict[str, Any] | None,
+    ok: bool,
+) -> dict[str, Any]:
     dbidx_s, floor_s, work_s = steady(part)
 
     def step(m: Measured) -> dict[str, Any]:
-        return {"seconds": m.seconds, "peak_largest": m.largest, "peak_largest_role": m.largest_role,
-                "peak_tree": m.total, "start_largest": m.start_largest, "start_tree": m.start_total}
+        return {
+            "seconds": m.seconds,
+            "peak_largest": m.largest,
+            "peak_largest_role": m.largest_role,
+            "peak_tree": m.total,
+            "start_largest": m.start_largest,
+            "start_tree": m.start_total,
+        }
 
-    return {"keys": args.keys, "batches": args.batches, "batch_rows": args.batch, "shards": args.shards,
-            "steady_s": dbidx_s, "steady_floor_s": floor_s, "steady_work_floor_s": work_s,
-            "work_floor_build_s": part.work_build_s, "load": step(part.load),
-            "load_floor_s": part.load_floor_s, "spark_shuffled_write": step(part.shuffled),
-            "spark_plain_write": step(part.plain),
-            "batch_s": [b.dbidx.seconds for b in part.batches], "floor_s": [b.floor_s for b in part.batches],
-            "work_floor_s": [b.work_s for b in part.batches],
-            "on_demand_loads": [b.dbidx.summary.get("on_demand_loads") for b in part.batches],
-            "stall_s": [b.dbidx.summary.get("stall_seconds") for b in part.batches],
-            "summaries": [{k: v for k, v in m.summary.items() if k not in ("partitions", "per_shard", "services")}
-                          | {"services_s": (m.summary.get("services") or {}).get("seconds")}
-                          for m in [part.load] + [b.dbidx for b in part.batches]],
-            "batches_peak": step(part.batches_peak),
-            "restart": restart, "lookup": lookup, "scale": scale, "check_ok": ok}
+    return {
+        "keys": args.keys,
+        "batches": args.batches,
+        "batch_rows": args.batch,
+        "shards": args.shards,
+        "steady_s": dbidx_s,
+        "steady_floor_s": floor_s,
+        "steady_work_floor_s": work_s,
+        "work_floor_build_s": part.work_build_s,
+        "load": step(part.load),
+        "load_floor_s": part.load_floor_s,
+        "spark_shuffled_write": step(part.shuffled),
+        "spark_plain_write": step(part.plain),
+        "batch_s": [b.dbidx.seconds for b in part.batches],
+        "floor_s": [b.floor_s for b in part.batches],
+        "work_floor_s": [b.work_s for b in part.batches],
+        "on_demand_loads": [b.dbidx.summary.get("on_demand_loads") for b in part.batches],
+        "stall_s": [b.dbidx.summary.get("stall_seconds") for b in part.batches],
+        "summaries": [
+            {k: v for k, v in m.summary.items() if k not in ("partitions", "per_shard", "services")}
+            | {"services_s": (m.summary.get("services") or {}).get("seconds")}
+            for m in [part.load] + [b.dbidx for b in part.batches]
+        ],
+        "batches_peak": step(part.batches_peak),
+        "restart": restart,
+        "lookup": lookup,
+        "scale": scale,
+        "check_ok": ok,
+    }
 
 
 def render(args: argparse.Namespace, origin: str, part: SparkPart, goals: list[list[str]], check: str) -> str:
-    return "\n\n".join([
-        f"## Speed at and around the steady state: {args.keys:,} keys",
-        f"Machine: {_report.machine()}. Command: `{_report.command()}`. Spark local[2], {args.shards} key shards. "
-        f"{args.keys:,} UUID keys over 30 daily partitions loaded at once, then {args.batches} change batches of "
-        f"{args.batch:,} rows (80% updates of the last 7 days, 5% late updates, 15% new keys; data {origin}). Every "
-        f"input is a cached DataFrame. Untimed warm-ups first: a floor job, a {WARMUP_ROWS:,}-row Spark Parquet "
-        f"write, a {WARMUP_ROWS:,}-row dbidx upsert into a scratch table. The Spark floor of a batch: "
-        f"`repartition({args.shards}, col(id).cast(string)).mapInArrow(read every batch, one row per task)"
-        f".collect()` on the same cached DataFrame, median of {FLOOR_REPEATS}, run just before the batch's upsert; "
-        f"the work floor of a batch (benchmarks/work_floor.py): the same shuffle, then each task multi-gets its keys, "
-        f"sorted, in an open, warm RocksDB of its shard holding the load's keys (built untimed after the load, kept "
-        f"open read-only in each Python worker, 256 MiB block cache, bloom filter) and writes one zstd Parquet file "
-        f"per partition touched, and the driver writes and fsyncs one commit file listing them; median of "
-        f"{FLOOR_REPEATS} after an untimed run, just before the batch's upsert; "
-        f"the load's floor is one such job on the load's DataFrame, run just before the dbidx load. "
-        f"Steady = median of {steady_label(args.batches)}; batch 1 runs right after the load, on the caches it left. "
-        + (f"Cache settings: `{args.cache}` (docs/CONFIG.md). " if args.cache else "") +
-        f"Peak RSS: sampled every 0.2 s while the step ran (the JVM keeps the heap earlier steps grew; its size "
-        f"follows spark.driver.memory, 4g here, as Spark's own write shows). Restart: "
-        f"restart_bench's measurement (one shard, 30 daily partitions, K commits of {args.restart_commit_keys:,} "
-        f"entries, medians of {args.restart_repeats}); lookup: cache_bench's (one warm partition of a "
-        f"{LOOKUP_PARTITIONS}-partition cache, 80% present keys, medians of {args.lookup_repeats})."
-        + (f" Scale: scale_bench's measurement (an index of A and of B keys, {scale_bench_shards()} shards, Spark "
-           f"`tag` of {args.batch:,}-row batches into the noop sink, median of {SCALE_REPEATS} warm batches)."
-           if args.scale_sizes else ""),
-        _report.table(HEADERS, goals),
-        check,
-        "Per step (from the upsert's summary: on-demand loads and their stall, partitions ingested from SSTs the "
-        "load staged, catch-up entries, the slowest shard task's cache sync, tagging and writing (data files, "
-        "deletion vectors, index files), where the key indexes of the older data files the deletion vectors "
-        "searched came from (the worker's memory, the executor's key files, or decoded from the data file), hit "
-        "rate):",
-        _report.table(STEP_HEADERS, step_rows(part)),
-        "RSS per step, when it began and at its peak (largest single process, and the sum over the process tree: "
-        "driver, Spark JVM, Python workers):",
-        _report.table(["step", "largest at start", "tree at start", "peak largest", "peak tree"],
-                      memory_rows(part)),
-    ])
+    return "\n\n".join(
+        [
+            f"## Speed at and around the steady state: {args.keys:,} keys",
+            f"Machine: {_report.machine()}. Command: `{_report.command()}`. Spark local[2], {args.shards} key shards. "
+            f"{args.keys:,} UUID keys over 30 daily partitions loaded at once, then {args.batches} change batches of "
+            f"{args.batch:,} rows (80% updates of the last 7 days, 5% late updates, 15% new keys; data {origin}). Every "
+            f"input is a cached DataFrame. Untimed warm-ups first: a floor job, a {WARMUP_ROWS:,}-row Spark Parquet "
+            f"write, a {WARMUP_ROWS:,}-row dbidx upsert into a scratch table. The Spark floor of a batch: "
+            f"`repartition({args.shards}, col(id).cast(string)).mapInArrow(read every batch, one row per task)"
+            f".collect()` on the same cached DataFrame, median of {FLOOR_REPEATS}, run just before the batch's upsert; "
+            f"the work floor of a batch (benchmarks/work_floor.py): the same shuffle, then each task multi-gets its keys, "
+            f"sorted, in an open, warm RocksDB of its shard holding the load's keys (built untimed after the load, kept "
+            f"open read-only in each Python worker, 256 MiB block cache, bloom filter) and writes one zstd Parquet file "
+            f"per partition touched, and the driver writes and fsyncs one commit file listing them; median of "
+            f"{FLOOR_REPEATS} after an untimed run, just before the batch's upsert; "
+            f"the load's floor is one such job on the load's DataFrame, run just before the dbidx load. "
+            f"Steady = median of {steady_label(args.batches)}; batch 1 runs right after the load, on the caches it left. "
+            + (f"Cache settings: `{args.cache}` (docs/CONFIG.md). " if args.cache else "")
+            + f"Peak RSS: sampled every 0.2 s while the step ran (the JVM keeps the heap earlier steps grew; its size "
+            f"follows spark.driver.memory, 4g here, as Spark's own write shows). Restart: "
+            f"restart_bench's measurement (one shard, 30 daily partitions, K commits of {args.restart_commit_keys:,} "
+            f"entries, medians of {args.restart_repeats}); lookup: cache_bench's (one warm partition of a "
+            f"{LOOKUP_PARTITIONS}-partition cache, 80% present keys, medians of {args.lookup_repeats})."
+            + (
+                f" Scale: scale_bench's measurement (an index of A and of B keys, {scale_bench_shards()} shards, Spark "
+                f"`tag` of {args.batch:,}-row batches into the noop sink, median of {SCALE_REPEATS} warm batches)."
+                if args.scale_sizes
+                else ""
+            ),
+            _report.table(HEADERS, goals),
+            check,
+            "Per step (from the upsert's summary: on-demand loads and their stall, partitions ingested from SSTs the "
+            "load staged, catch-up entries, the slowest shard task's cache sync, tagging and writing (data files, "
+            "deletion vectors, index files), where the key indexes of the older data files the deletion vectors "
+            "searched came from (the worker's memory, the executor's key files, or decoded from the data file), hit "
+            "rate):",
+            _report.table(STEP_HEADERS, step_rows(part)),
+            "RSS per step, when it began and at its peak (largest single process, and the sum over the process tree: "
+            "driver, Spark JVM, Python workers):",
+            _report.table(
+                ["step", "largest at start", "tree at start", "peak largest", "peak tree"], memory_rows(part)
+            ),
+        ]
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
+
 
 def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -578,8 +765,11 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--scale-keys", help="two index sizes A,B: warm batch at B vs A (default: not run)")
     parser.add_argument("--skip", default="", help=f"comma separated, of {', '.join(SKIPPABLE)}")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes (well under a minute; used by tests)")
-    parser.add_argument("--cache", default="", help=f"{_report.CACHE_HELP} of the dbidx load and batches (an A/B "
-                        "of one setting is two runs)")
+    parser.add_argument(
+        "--cache",
+        default="",
+        help=f"{_report.CACHE_HELP} of the dbidx load and batches (an A/B of one setting is two runs)",
+    )
     parser.add_argument("--write-results", action="store_true")
     args = parser.parse_args()
     args.cache_options = _report.cache_settings(parser, args.cache)
@@ -606,8 +796,18 @@ def parse() -> argparse.Namespace:
 def run(args: argparse.Namespace, work: Path) -> tuple[str, bool, dict[str, Any]]:
     manifest, origin = dataset(work, args.keys, args.batches, args.batch)
     log(f"data {origin}")
-    for name in ("speed-table", "speed-cache", "speed-spark", "speed-anchor", "speed-anchor-plain", "speed-warmup",
-                 "speed-restart", "speed-lookup", "speed-scale", "speed-work-floor"):
+    for name in (
+        "speed-table",
+        "speed-cache",
+        "speed-spark",
+        "speed-anchor",
+        "speed-anchor-plain",
+        "speed-warmup",
+        "speed-restart",
+        "speed-lookup",
+        "speed-scale",
+        "speed-work-floor",
+    ):
         shutil.rmtree(work / name, ignore_errors=True)
     spark = _report.spark_session(work / "speed-spark", args.shards, "dbidx-speed-bench")
     scale = None
@@ -622,8 +822,9 @@ def run(args: argparse.Namespace, work: Path) -> tuple[str, bool, dict[str, Any]
     restart = lookup = None
     if "restart" not in args.skipped:
         log(f"restart: {args.restart_keys:,} keys, K = {args.restart_k}")
-        restart = restart_part(work / "speed-restart", args.restart_keys, args.restart_k, args.restart_commit_keys,
-                               args.restart_repeats)
+        restart = restart_part(
+            work / "speed-restart", args.restart_keys, args.restart_k, args.restart_commit_keys, args.restart_repeats
+        )
     if "lookup" not in args.skipped:
         log(f"lookup: {args.keys:,} entries, batches of {args.batch:,}")
         lookup = lookup_part(work / "speed-lookup", args.keys, args.batch, args.lookup_repeats)

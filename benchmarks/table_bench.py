@@ -13,6 +13,7 @@ and archive bundles (only the checkpoint and the records after it are read).
 Run: `python benchmarks/table_bench.py [--keys 2000000] [--batch 100000] [--completions 10000] [--part all|reads|open]
 [--smoke] [--write-results]`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,7 +43,7 @@ COMPACT_EVERY = 500
 
 def uuid_keys(n: int, rng: np.random.Generator) -> np.ndarray:
     """n random UUID-shaped strings."""
-    raw = rng.integers(0, 2 ** 63, size=(n, 2), dtype=np.int64).view(np.uint64)
+    raw = rng.integers(0, 2**63, size=(n, 2), dtype=np.int64).view(np.uint64)
     return np.array([f"{a:016x}{b:016x}" for a, b in raw], dtype=object)
 
 
@@ -62,8 +63,9 @@ class Stream:
         """80% updates of recent days, 5% late updates, 15% new keys (distinct keys)."""
         recent = np.flatnonzero(self.days >= len(DAYS) - 7)
         old = np.flatnonzero(self.days < len(DAYS) - 7)
-        picks = np.concatenate([self.rng.choice(recent, int(n * 0.80), replace=False),
-                                self.rng.choice(old, int(n * 0.05), replace=False)])
+        picks = np.concatenate(
+            [self.rng.choice(recent, int(n * 0.80), replace=False), self.rng.choice(old, int(n * 0.05), replace=False)]
+        )
         fresh = n - len(picks)
         start = len(self.keys)
         self.keys = np.concatenate([self.keys, uuid_keys(fresh, self.rng)])
@@ -73,10 +75,14 @@ class Stream:
 
     def _rows(self, idx: np.ndarray, commit: int) -> pa.Table:
         self.version[idx] = commit
-        return pa.table({"id": pa.array(self.keys[idx], pa.string()),
-                         "dt": pa.array(np.array(DAYS, dtype=object)[self.days[idx]], pa.string()),
-                         "ver": pa.array(np.full(len(idx), commit, dtype=np.int64)),
-                         "payload": pa.array(np.full(len(idx), "x" * 40, dtype=object), pa.string())})
+        return pa.table(
+            {
+                "id": pa.array(self.keys[idx], pa.string()),
+                "dt": pa.array(np.array(DAYS, dtype=object)[self.days[idx]], pa.string()),
+                "ver": pa.array(np.full(len(idx), commit, dtype=np.int64)),
+                "payload": pa.array(np.full(len(idx), "x" * 40, dtype=object), pa.string()),
+            }
+        )
 
     def expected(self) -> tuple[int, int]:
         return len(self.keys), int(self.version.sum())
@@ -93,8 +99,9 @@ def dbidx_files(table: Table) -> int:
 
 
 def data_bytes(root: Path) -> int:
-    return sum(f.stat().st_size for f in root.rglob("*.parquet") if ".dbidx" not in f.parts and "_delta_log" not in
-               f.parts)
+    return sum(
+        f.stat().st_size for f in root.rglob("*.parquet") if ".dbidx" not in f.parts and "_delta_log" not in f.parts
+    )
 
 
 def timed(fn: Any) -> tuple[float, Any]:
@@ -119,18 +126,27 @@ def open_times(work: Path, completions: int) -> tuple[str, dict[str, Any]]:
         open_s, _ = _report.median_time(lambda: Table.open(str(path)).refresh(), 3)
         plan_s, _ = _report.median_time(lambda: reads.plan_read(Table.open(str(path))), 3)
         files = len(list((path / ".dbidx" / "timeline" / "completed").iterdir()))
-        rows.append([name, f"{Table.open(str(path)).refresh().applied_seq:,}", files, f"{open_s * 1000:.1f}",
-                     f"{plan_s * 1000:.1f}"])
+        rows.append(
+            [
+                name,
+                f"{Table.open(str(path)).refresh().applied_seq:,}",
+                files,
+                f"{open_s * 1000:.1f}",
+                f"{plan_s * 1000:.1f}",
+            ]
+        )
         figures[name] = {"open_s": open_s, "plan_s": plan_s, "record_files": files}
-    body = "\n\n".join([
-        f"## Opening a table after {completions:,} completions, without and with a checkpoint",
-        f"Machine: {_report.machine()}. Command: `{_report.command()}`. One-key commits over 30 partitions through "
-        f"the library writer ({write_s / completions * 1000:.1f} ms per commit, log only), the index compacted and "
-        f"cleaned every {COMPACT_EVERY} commits ({compactions} times). Open = `Table.open(..).refresh()`; "
-        "plan = open + `reads.plan_read` (what a read of the latest state needs). Median of 3, local disk; on "
-        "an object store every record file read is a request, so the gap grows with the request latency.",
-        _report.table(["timeline", "completions", "record files listed", "open ms", "open + plan ms"], rows),
-    ])
+    body = "\n\n".join(
+        [
+            f"## Opening a table after {completions:,} completions, without and with a checkpoint",
+            f"Machine: {_report.machine()}. Command: `{_report.command()}`. One-key commits over 30 partitions through "
+            f"the library writer ({write_s / completions * 1000:.1f} ms per commit, log only), the index compacted and "
+            f"cleaned every {COMPACT_EVERY} commits ({compactions} times). Open = `Table.open(..).refresh()`; "
+            "plan = open + `reads.plan_read` (what a read of the latest state needs). Median of 3, local disk; on "
+            "an object store every record file read is a request, so the gap grows with the request latency.",
+            _report.table(["timeline", "completions", "record files listed", "open ms", "open + plan ms"], rows),
+        ]
+    )
     return body, figures
 
 
@@ -194,9 +210,15 @@ def main() -> None:
             commit_s, _ = timed(lambda: upsert_arrow(batch, table, key="id", partition="dt", cache_config=config))
             merge_s = None
             if deltalake is not None:
-                merge_s, _ = timed(lambda: (deltalake.DeltaTable(delta_uri).merge(
-                    batch, "t.dt = s.dt and t.id = s.id", source_alias="s", target_alias="t")
-                    .when_matched_update_all().when_not_matched_insert_all().execute()))
+                merge_s, _ = timed(
+                    lambda: (
+                        deltalake.DeltaTable(delta_uri)
+                        .merge(batch, "t.dt = s.dt and t.id = s.id", source_alias="s", target_alias="t")
+                        .when_matched_update_all()
+                        .when_not_matched_insert_all()
+                        .execute()
+                    )
+                )
             if commit not in CHECKPOINTS and commit != args.commits:
                 continue
             expected = stream.expected()
@@ -213,8 +235,12 @@ def main() -> None:
             if deltalake is not None:
                 delta_s, delta = timed(lambda: deltalake.DeltaTable(delta_uri).to_pyarrow_table())
                 check(delta, expected, "delta-rs")
-                row += [merge_s, len(deltalake.DeltaTable(delta_uri).file_uris()), delta_s,
-                        data_bytes(work / "delta") / expected[0]]
+                row += [
+                    merge_s,
+                    len(deltalake.DeltaTable(delta_uri).file_uris()),
+                    delta_s,
+                    data_bytes(work / "delta") / expected[0],
+                ]
             else:
                 row += ["-", "-", "-", "-"]
             rows.append(row)
@@ -228,25 +254,53 @@ def main() -> None:
         if polars is not None:
             polars_s, frame = timed(lambda: polars.read_delta(str(work / "dbidx")))
             check(frame.to_arrow(), stream.expected(), "polars on dbidx's Delta log")
-        rows.append([f"{args.commits} + data compaction", compact_s, "-", dbidx_files(table), read_s, polars_s,
-                     data_bytes(work / "dbidx") / stream.expected()[0], "-", "-", "-", "-"])
+        rows.append(
+            [
+                f"{args.commits} + data compaction",
+                compact_s,
+                "-",
+                dbidx_files(table),
+                read_s,
+                polars_s,
+                data_bytes(work / "dbidx") / stream.expected()[0],
+                "-",
+                "-",
+                "-",
+                "-",
+            ]
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    body = "\n\n".join([
-        f"## Table reads at {args.keys:,} keys: dbidx vs delta-rs, before and after data compaction",
-        f"Machine: {_report.machine()}. Command: `{_report.command()}`. {args.keys:,} UUID keys in 30 daily "
-        f"partitions, {args.shards} shards; commits of {args.batch:,} rows (80% recent updates, 5% late updates, 15% "
-        f"new keys). Initial load: dbidx upsert_arrow {load_s:.1f} s"
-        + (f", delta-rs write_deltalake {delta_load_s:.1f} s" if deltalake is not None else "")
-        + f". Data compaction took {compact_s:.1f} s for {result.file_groups:,} file groups "
-          f"({result.files_replaced:,} files). Reads are full scans into Arrow, checked (rows, sum of versions): "
-          "dbidx's own reader (`read_arrow`: files minus deletion vectors) and polars `read_delta` of the same table "
-          "through its Delta log. Commit s: the commit just before the read (dbidx `upsert_arrow` in process, no "
-          "Spark; delta-rs `merge` on (dt, id)); files written = data / DV / index files of that commit.",
-        _report.table(["after commits", "dbidx commit s", "files written", "dbidx live files", "dbidx read s",
-                       "polars read of dbidx s", "dbidx data B/row", "delta merge s", "delta files", "delta read s",
-                       "delta data B/row"], rows),
-    ])
+    body = "\n\n".join(
+        [
+            f"## Table reads at {args.keys:,} keys: dbidx vs delta-rs, before and after data compaction",
+            f"Machine: {_report.machine()}. Command: `{_report.command()}`. {args.keys:,} UUID keys in 30 daily "
+            f"partitions, {args.shards} shards; commits of {args.batch:,} rows (80% recent updates, 5% late updates, 15% "
+            f"new keys). Initial load: dbidx upsert_arrow {load_s:.1f} s"
+            + (f", delta-rs write_deltalake {delta_load_s:.1f} s" if deltalake is not None else "")
+            + f". Data compaction took {compact_s:.1f} s for {result.file_groups:,} file groups "
+            f"({result.files_replaced:,} files). Reads are full scans into Arrow, checked (rows, sum of versions): "
+            "dbidx's own reader (`read_arrow`: files minus deletion vectors) and polars `read_delta` of the same table "
+            "through its Delta log. Commit s: the commit just before the read (dbidx `upsert_arrow` in process, no "
+            "Spark; delta-rs `merge` on (dt, id)); files written = data / DV / index files of that commit.",
+            _report.table(
+                [
+                    "after commits",
+                    "dbidx commit s",
+                    "files written",
+                    "dbidx live files",
+                    "dbidx read s",
+                    "polars read of dbidx s",
+                    "dbidx data B/row",
+                    "delta merge s",
+                    "delta files",
+                    "delta read s",
+                    "delta data B/row",
+                ],
+                rows,
+            ),
+        ]
+    )
     if args.write_results and not args.smoke:
         _report.write_section(f"table-{args.keys}", body)  # one section per size: 1 M and 10 M side by side
     print(body)

@@ -12,6 +12,7 @@ advantage an upsert could hope for:
   3. `warm` runs it once untimed first, so every worker has the DBs open and the blocks cached.
 No deletion vectors, no index files, no conflict checks, no log: what it leaves out is what the ratio prices.
 """
+
 from __future__ import annotations
 
 import json
@@ -90,8 +91,12 @@ class WorkFloor:
         start = time.perf_counter()
         shutil.rmtree(self.root, ignore_errors=True)
         self.dbs.mkdir(parents=True)
-        (load.select(F.col(KEY).cast("string").alias(KEY)).repartition(self.shards, F.col(KEY))
-         .mapInArrow(build_shard, "n long").collect())
+        (
+            load.select(F.col(KEY).cast("string").alias(KEY))
+            .repartition(self.shards, F.col(KEY))
+            .mapInArrow(build_shard, "n long")
+            .collect()
+        )
         return time.perf_counter() - start
 
     def run(self, df: Any) -> list[str]:
@@ -120,8 +125,7 @@ class WorkFloor:
             path = f"{dbs}/shard-{shard}"
             db = holder.dbs.get(path)
             if db is None:
-                db = holder.dbs[path] = rd.Rdict(path, options(holder.cache),
-                                                 access_type=rd.AccessType.read_only())
+                db = holder.dbs[path] = rd.Rdict(path, options(holder.cache), access_type=rd.AccessType.read_only())
             table = pa.Table.from_batches(list(batches))
             if table.num_rows == 0:
                 yield pa.RecordBatch.from_pydict({"path": pa.array([], pa.string()), "found": pa.array([], pa.int64())})
@@ -143,8 +147,14 @@ class WorkFloor:
                 offset += count
             yield pa.RecordBatch.from_pydict({"path": paths, "found": [found] * len(paths)})
 
-        files = [row["path"] for row in (df.repartition(self.shards, F.col(KEY).cast("string"))
-                                         .mapInArrow(lookup_and_write, "path string, found long").collect())]
+        files = [
+            row["path"]
+            for row in (
+                df.repartition(self.shards, F.col(KEY).cast("string"))
+                .mapInArrow(lookup_and_write, "path string, found long")
+                .collect()
+            )
+        ]
         # 4. The driver's commit: one file listing the data files, written and fsynced.
         self.runs += 1
         commit = self.out / "_commits" / f"{self.runs:020d}.json"

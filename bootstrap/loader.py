@@ -10,6 +10,7 @@ starting them (~0.5 s); the crossover lies between 2 M and 9 M entries (at 2.1 M
 but lost the last two benchmark runs by 5-25 %; at 9 M they win by ~30 %), so "auto" runs serially below 3 M
 expected entries and uses processes above.
 """
+
 from __future__ import annotations
 
 import multiprocessing
@@ -37,7 +38,6 @@ PARALLELISM = ("auto", "threads", "processes", "serial")
 PROCESS_THRESHOLD_ENTRIES = 3_000_000
 
 
-
 @dataclass
 class LoadJob:
     """One slice to load: a partition of the shard a cache holds, as of a completion seq."""
@@ -60,8 +60,9 @@ class LoadOutcome:
     finished: float  # time.monotonic() when the partition became ready
 
 
-def _timed_prepare(table: Table, shard: int, partition: str, seq: int, global_mode: bool, sst_path: str,
-                   config: CacheConfig) -> tuple[PreparedLoad, float]:
+def _timed_prepare(
+    table: Table, shard: int, partition: str, seq: int, global_mode: bool, sst_path: str, config: CacheConfig
+) -> tuple[PreparedLoad, float]:
     started = time.monotonic()
     return prepare_slice(table, shard, partition, seq, global_mode, sst_path, config), started
 
@@ -80,8 +81,14 @@ def choose_parallelism(parallelism: str, expected_entries: int, jobs: int) -> st
 class PartitionLoader:
     """Loads many slices at once: builds in a pool, installs in the calling thread as builds finish."""
 
-    def __init__(self, table: Table, parallelism: str = "auto", workers: int | None = None,
-                 progress: Progress | None = None, flush_interval_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        table: Table,
+        parallelism: str = "auto",
+        workers: int | None = None,
+        progress: Progress | None = None,
+        flush_interval_s: float = 1.0,
+    ) -> None:
         """flush_interval_s: how often installed partitions are made durable (a flush per partition costs a tiny
         registry SST each; a crash loses at most this much loading progress, never correctness)."""
         choose_parallelism(parallelism, 0, 0)  # validate early
@@ -113,10 +120,13 @@ class PartitionLoader:
                 self._install(partial(_timed_prepare, *self._args(job, sst)), job, sst)
         else:
             workers = self.workers or min(len(jobs), max(2, os.cpu_count() or 2) if mode == "processes" else 8)
-            pool: Executor = (ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dbidx-load")
-                              if mode == "threads" else
-                              ProcessPoolExecutor(max_workers=min(workers, len(jobs)),
-                                                  mp_context=multiprocessing.get_context("spawn")))
+            pool: Executor = (
+                ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dbidx-load")
+                if mode == "threads"
+                else ProcessPoolExecutor(
+                    max_workers=min(workers, len(jobs)), mp_context=multiprocessing.get_context("spawn")
+                )
+            )
             try:
                 futures: dict[Future, tuple[LoadJob, str]] = {}
                 for job in jobs:
@@ -133,8 +143,15 @@ class PartitionLoader:
         return self._outcomes
 
     def _args(self, job: LoadJob, sst: str) -> tuple:
-        return (self.table, job.cache.identity.shard, job.partition, job.seq, job.cache.global_mode, sst,
-                job.cache.config)
+        return (
+            self.table,
+            job.cache.identity.shard,
+            job.partition,
+            job.seq,
+            job.cache.global_mode,
+            sst,
+            job.cache.config,
+        )
 
     @staticmethod
     def _sst_path(job: LoadJob) -> str:
@@ -156,15 +173,23 @@ class PartitionLoader:
                 f"a bootstrap worker process died while building partition {job.partition!r} of shard "
                 f"{job.cache.identity.shard} (out of memory? or a script that starts a load without an "
                 "`if __name__ == '__main__':` guard, which spawned workers re-run); parallelism='threads' avoids "
-                "worker processes")
+                "worker processes"
+            )
             return
         except BaseException as exc:  # noqa: BLE001 - the other slices still finish; the first error is raised
             Path(sst).unlink(missing_ok=True)
             self._error = self._error or exc
             return
-        self._outcomes.append(LoadOutcome(job.cache.identity.shard, job.partition, prepared.entries,
-                                          prepared.seconds, started, time.monotonic()))
+        self._outcomes.append(
+            LoadOutcome(
+                job.cache.identity.shard, job.partition, prepared.entries, prepared.seconds, started, time.monotonic()
+            )
+        )
         self._done += prepared.entries
         if self.progress is not None:
-            self.progress(self._done, max(self._expected, self._done),
-                          f"shard {job.cache.identity.shard} {job.partition or '(global)'}", self._done)
+            self.progress(
+                self._done,
+                max(self._expected, self._done),
+                f"shard {job.cache.identity.shard} {job.partition or '(global)'}",
+                self._done,
+            )

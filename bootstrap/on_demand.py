@@ -8,6 +8,7 @@ loaded wait for that load instead of starting a second one (single flight). Stal
 metrics. A loader belongs to whoever holds the cache open (a Spark task session, spark_integration/task.py), which
 closes it with the cache.
 """
+
 from __future__ import annotations
 
 import threading
@@ -20,6 +21,7 @@ from dbidx.cache.loading import load_from_snapshot
 from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.errors import CacheCorruptError
 from dbidx.table.facade import Table
+
 
 @dataclass
 class OnDemandReport:
@@ -39,9 +41,14 @@ class OnDemandReport:
 class OnDemandLoader:
     """Loads cold partitions of one open shard cache from the index, concurrently and at most once at a time."""
 
-    def __init__(self, cache: RecordIndexCache, table: Table, workers: int | None = None,
-                 on_build_start: Callable[[str], None] | None = None,
-                 on_join: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        cache: RecordIndexCache,
+        table: Table,
+        workers: int | None = None,
+        on_build_start: Callable[[str], None] | None = None,
+        on_join: Callable[[str], None] | None = None,
+    ) -> None:
         """workers: loads at once (default: the cache's `load.threads`, CacheConfig.on_demand_workers).
         Instrumentation hooks: on_build_start(partition) runs in the loading thread before the read;
         on_join(partition) runs in a caller that found the partition's load already in flight, before it waits."""

@@ -13,6 +13,7 @@ A user pattern is either strftime-like (`%Y`, `%m`, `%d`, `%H`, `%j` and literal
 regular expression with named groups `year`, `month`, `day` and optionally `hour` (prefix `re:`), matched at
 level boundaries. Numbers must make a real calendar date with a year in 1900..2199, so `id=12345678` is no date.
 """
+
 from __future__ import annotations
 
 import re
@@ -28,18 +29,35 @@ _LEVEL_END = r"(?=/|$)"
 _NEXT_HOUR = rf"(?:/(?:{_HOUR_KEY})?(?P<hour2>\d{{2}}))?"
 
 _BUILT_IN = [
-    re.compile(rf"{_LEVEL_START}(?:year|yyyy|y)=(?P<year>\d{{4}})/(?:month|mm|m)=(?P<month>\d{{1,2}})/"
-               rf"(?:day|dd|d)=(?P<day>\d{{1,2}})(?:/{_HOUR_KEY}(?P<hour>\d{{1,2}}))?{_LEVEL_END}", re.I),
-    re.compile(rf"{_LEVEL_START}(?:[^/=]+=)?(?P<year>\d{{4}})-(?P<month>\d{{2}})-(?P<day>\d{{2}})"
-               rf"(?:[-T_ ](?P<hour>\d{{2}}))?{_LEVEL_END}{_NEXT_HOUR}{_LEVEL_END}", re.I),
-    re.compile(rf"{_LEVEL_START}(?:[^/=]+=)?(?P<year>\d{{4}})(?P<month>\d{{2}})(?P<day>\d{{2}})(?P<hour>\d{{2}})?"
-               rf"{_LEVEL_END}{_NEXT_HOUR}{_LEVEL_END}", re.I),
-    re.compile(rf"{_LEVEL_START}(?P<year>\d{{4}})/(?P<month>\d{{2}})/(?P<day>\d{{2}})(?:/(?P<hour>\d{{2}}))?"
-               rf"{_LEVEL_END}"),
+    re.compile(
+        rf"{_LEVEL_START}(?:year|yyyy|y)=(?P<year>\d{{4}})/(?:month|mm|m)=(?P<month>\d{{1,2}})/"
+        rf"(?:day|dd|d)=(?P<day>\d{{1,2}})(?:/{_HOUR_KEY}(?P<hour>\d{{1,2}}))?{_LEVEL_END}",
+        re.I,
+    ),
+    re.compile(
+        rf"{_LEVEL_START}(?:[^/=]+=)?(?P<year>\d{{4}})-(?P<month>\d{{2}})-(?P<day>\d{{2}})"
+        rf"(?:[-T_ ](?P<hour>\d{{2}}))?{_LEVEL_END}{_NEXT_HOUR}{_LEVEL_END}",
+        re.I,
+    ),
+    re.compile(
+        rf"{_LEVEL_START}(?:[^/=]+=)?(?P<year>\d{{4}})(?P<month>\d{{2}})(?P<day>\d{{2}})(?P<hour>\d{{2}})?"
+        rf"{_LEVEL_END}{_NEXT_HOUR}{_LEVEL_END}",
+        re.I,
+    ),
+    re.compile(
+        rf"{_LEVEL_START}(?P<year>\d{{4}})/(?P<month>\d{{2}})/(?P<day>\d{{2}})(?:/(?P<hour>\d{{2}}))?"
+        rf"{_LEVEL_END}"
+    ),
 ]
 
-_STRFTIME = {"%Y": r"(?P<year>\d{4})", "%m": r"(?P<month>\d{1,2})", "%d": r"(?P<day>\d{1,2})",
-             "%H": r"(?P<hour>\d{1,2})", "%j": r"(?P<yday>\d{3})", "%%": "%"}
+_STRFTIME = {
+    "%Y": r"(?P<year>\d{4})",
+    "%m": r"(?P<month>\d{1,2})",
+    "%d": r"(?P<day>\d{1,2})",
+    "%H": r"(?P<hour>\d{1,2})",
+    "%j": r"(?P<yday>\d{3})",
+    "%%": "%",
+}
 
 
 @dataclass(frozen=True)
@@ -63,13 +81,15 @@ def compile_pattern(pattern: str) -> re.Pattern[str]:
     else:
         body, i = "", 0
         while i < len(pattern):
-            token = pattern[i:i + 2]
+            token = pattern[i : i + 2]
             if token in _STRFTIME:
                 body += _STRFTIME[token]
                 i += 2
             elif pattern[i] == "%":
-                raise ConfigError(f"partition pattern {pattern!r}: {token!r} is not supported; use %Y %m %d %H %j "
-                                  "or a regex with named groups (prefix 're:')")
+                raise ConfigError(
+                    f"partition pattern {pattern!r}: {token!r} is not supported; use %Y %m %d %H %j "
+                    "or a regex with named groups (prefix 're:')"
+                )
             else:
                 body += re.escape(pattern[i])
                 i += 1
@@ -79,8 +99,10 @@ def compile_pattern(pattern: str) -> re.Pattern[str]:
         raise ConfigError(f"partition pattern {pattern!r} is not a valid regex: {exc}") from exc
     groups = set(compiled.groupindex)
     if not ({"year", "month", "day"} <= groups or {"year", "yday"} <= groups):
-        raise ConfigError(f"partition pattern {pattern!r} must capture a year, month and day (%Y %m %d, or named "
-                          "groups year/month/day in a regex)")
+        raise ConfigError(
+            f"partition pattern {pattern!r} must capture a year, month and day (%Y %m %d, or named "
+            "groups year/month/day in a regex)"
+        )
     return compiled
 
 

@@ -5,6 +5,7 @@ The window is X calendar days (UTC) ending with the day of `now`: with now = 202
 partitions count as recent). A partition whose path holds no date (`region=eu`) is in it when its last commit,
 from the index partition stats, falls on or after the first day: "the last X days" = written to in the last X days.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -46,10 +47,17 @@ class Selection:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form."""
-        return {"now": self.now.isoformat(), "days": self.days, "first_day": self.first_day.isoformat(),
-                "selected": [{"partition": s.partition, "reason": s.reason, "day": s.day.isoformat(),
-                              "live_keys": s.live_keys} for s in self.selected],
-                "outside": self.outside, "oldest": self.oldest}
+        return {
+            "now": self.now.isoformat(),
+            "days": self.days,
+            "first_day": self.first_day.isoformat(),
+            "selected": [
+                {"partition": s.partition, "reason": s.reason, "day": s.day.isoformat(), "live_keys": s.live_keys}
+                for s in self.selected
+            ],
+            "outside": self.outside,
+            "oldest": self.oldest,
+        }
 
 
 def parse_now(value: str | datetime | None) -> datetime:
@@ -66,8 +74,9 @@ def parse_now(value: str | datetime | None) -> datetime:
     return value.astimezone(timezone.utc)
 
 
-def select_partitions(stats: Iterable[PartitionStats], days: int, now: str | datetime | None = None,
-                      pattern: str | None = None) -> Selection:
+def select_partitions(
+    stats: Iterable[PartitionStats], days: int, now: str | datetime | None = None, pattern: str | None = None
+) -> Selection:
     """The partitions of the last `days` days (0 selects none), newest first."""
     if not isinstance(days, int) or days < 0:
         raise InvalidInputError(f"days must be an integer >= 0, got {days!r}")

@@ -6,6 +6,7 @@ only its own file groups, all (shard, partition) slices go through one parallel 
 the window that was loaded (first day, oldest partition, the instant it reflects) is recorded in each cache's
 registry.
 """
+
 from __future__ import annotations
 
 import time
@@ -74,18 +75,28 @@ class BootstrapResult:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form (what `dbidx cache bootstrap --json` prints)."""
-        return {"table": self.table, "days": self.days, "seq": self.seq, "parallelism": self.parallelism,
-                "partitions_loaded": self.partitions_loaded, "entries": self.entries,
-                "disk_bytes": self.disk_bytes, "seconds": round(self.seconds, 3),
-                "entries_per_second": round(self.entries_per_second), "selection": self.selection,
-                "shards": [vars(s) for s in self.shards]}
+        return {
+            "table": self.table,
+            "days": self.days,
+            "seq": self.seq,
+            "parallelism": self.parallelism,
+            "partitions_loaded": self.partitions_loaded,
+            "entries": self.entries,
+            "disk_bytes": self.disk_bytes,
+            "seconds": round(self.seconds, 3),
+            "entries_per_second": round(self.entries_per_second),
+            "selection": self.selection,
+            "shards": [vars(s) for s in self.shards],
+        }
 
 
 def resolve_shards(table: Table, shards: Sequence[int] | None, num_shards: int | None = None) -> list[int]:
     """The shards to bootstrap (None = all), checked against the table's shard count."""
     if num_shards is not None and num_shards != table.num_shards:
-        raise InvalidInputError(f"--num-shards {num_shards} does not match table {table.uri}, which has "
-                                f"{table.num_shards} shards (fixed at creation)")
+        raise InvalidInputError(
+            f"--num-shards {num_shards} does not match table {table.uri}, which has "
+            f"{table.num_shards} shards (fixed at creation)"
+        )
     if shards is None:
         return list(range(table.num_shards))
     for shard in shards:
@@ -94,8 +105,9 @@ def resolve_shards(table: Table, shards: Sequence[int] | None, num_shards: int |
     return sorted(set(shards))
 
 
-def plan_jobs(cache: RecordIndexCache, table: Table, selection: Selection, seq: int,
-              table_keys: int) -> tuple[list[LoadJob], list[str]]:
+def plan_jobs(
+    cache: RecordIndexCache, table: Table, selection: Selection, seq: int, table_keys: int
+) -> tuple[list[LoadJob], list[str]]:
     """(jobs for partitions this cache lacks, partitions already ready) for one shard cache; table_keys = live
     keys of the whole table (what a global-mode shard's slice is estimated from)."""
     if cache.global_mode:
@@ -111,10 +123,17 @@ def plan_jobs(cache: RecordIndexCache, table: Table, selection: Selection, seq: 
     return jobs, ready
 
 
-def bootstrap_caches(caches: Sequence[RecordIndexCache], table: Table, days: int | None = None,
-                     now: Any = None, pattern: str | None = None, parallelism: str = "auto",
-                     workers: int | None = None, progress: Progress | None = None,
-                     flush_interval_s: float = 1.0) -> BootstrapResult:
+def bootstrap_caches(
+    caches: Sequence[RecordIndexCache],
+    table: Table,
+    days: int | None = None,
+    now: Any = None,
+    pattern: str | None = None,
+    parallelism: str = "auto",
+    workers: int | None = None,
+    progress: Progress | None = None,
+    flush_interval_s: float = 1.0,
+) -> BootstrapResult:
     """Bootstrap open shard caches of one table: catch up what they hold, load the window's missing partitions."""
     started = time.perf_counter()
     if not caches:
@@ -143,14 +162,23 @@ def bootstrap_caches(caches: Sequence[RecordIndexCache], table: Table, days: int
     #    then record the window in the registry.
     for cache, result in zip(caches, results):
         result.caught_up_entries = catchup.sync(cache, table).applied_entries
-        cache.set_info(INFO_NAME, {"days": days, "now": selection.now.isoformat(),
-                                   "first_day": selection.first_day.isoformat(), "oldest_partition": selection.oldest,
-                                   "loaded_seq": seq, "at_ms": int(time.time() * 1000),
-                                   "partitions": len(result.loaded) + len(result.already_ready)})
+        cache.set_info(
+            INFO_NAME,
+            {
+                "days": days,
+                "now": selection.now.isoformat(),
+                "first_day": selection.first_day.isoformat(),
+                "oldest_partition": selection.oldest,
+                "loaded_seq": seq,
+                "at_ms": int(time.time() * 1000),
+                "partitions": len(result.loaded) + len(result.already_ready),
+            },
+        )
         cache.flush()
         result.disk_bytes = cache.disk_bytes()
-    return BootstrapResult(table.uri, days, selection.to_dict(), seq, loader.used or "none", results,
-                           time.perf_counter() - started)
+    return BootstrapResult(
+        table.uri, days, selection.to_dict(), seq, loader.used or "none", results, time.perf_counter() - started
+    )
 
 
 def check_base_path(base: Path, table: Table) -> None:
@@ -161,19 +189,31 @@ def check_base_path(base: Path, table: Table) -> None:
     set of caches inside it (and, for another table's directory, mix two tables' caches).
     """
     if is_cache_dir(base):
-        raise CacheMismatchError(f"{base} is the cache directory of one shard (table {base.parent.name}); pass the "
-                                 f"base path that holds <table id>-<hash>/shard-* directories, e.g. "
-                                 f"{base.parent.parent}")
+        raise CacheMismatchError(
+            f"{base} is the cache directory of one shard (table {base.parent.name}); pass the "
+            f"base path that holds <table id>-<hash>/shard-* directories, e.g. "
+            f"{base.parent.parent}"
+        )
     if any(is_cache_dir(p) for p in base.glob("shard-*")):
         owner = "this table" if base.name == table_cache_dir_name(table) else f"table {base.name}, not {table.uri}"
-        raise CacheMismatchError(f"{base} holds the shard caches of {owner}; pass its parent {base.parent} as the "
-                                 "base path")
+        raise CacheMismatchError(
+            f"{base} holds the shard caches of {owner}; pass its parent {base.parent} as the base path"
+        )
 
 
-def bootstrap(table: Table, days: int | None = None, shards: Sequence[int] | None = None,
-              now: Any = None, config: CacheConfig | None = None, base_path: str | Path | None = None,
-              pattern: str | None = None, parallelism: str = "auto", workers: int | None = None,
-              progress: Progress | None = None, flush_interval_s: float = 1.0) -> BootstrapResult:
+def bootstrap(
+    table: Table,
+    days: int | None = None,
+    shards: Sequence[int] | None = None,
+    now: Any = None,
+    config: CacheConfig | None = None,
+    base_path: str | Path | None = None,
+    pattern: str | None = None,
+    parallelism: str = "auto",
+    workers: int | None = None,
+    progress: Progress | None = None,
+    flush_interval_s: float = 1.0,
+) -> BootstrapResult:
     """Open the caches of the given shards (None = all) under the base path, bootstrap them, close them.
 
     What `dbidx cache bootstrap` runs; in a long-lived process, open the caches yourself and call bootstrap_caches().

@@ -3,6 +3,7 @@
 Both answer one question for the keys a batch inserts into a partition: which file group. Keys that already exist
 never ask (their location comes from the index and never changes), so only new keys consume bucket capacity.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -118,8 +119,10 @@ class DynamicBucketAssigner:
             while candidate in owned:
                 candidate += self.num_shards
             if candidate > MAX_BUCKET:
-                raise ConfigError(f"partition {partition!r} needs more than {MAX_BUCKET + 1} buckets; raise the "
-                                  f"bucket capacity (now {self.capacity})")
+                raise ConfigError(
+                    f"partition {partition!r} needs more than {MAX_BUCKET + 1} buckets; raise the "
+                    f"bucket capacity (now {self.capacity})"
+                )
             take = min(self.capacity, remaining)
             out.append((file_group_id(self.table_id, partition, candidate), take))
             owned[candidate] = take

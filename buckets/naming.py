@@ -4,6 +4,7 @@ Why derived and not random: a bucket's file group id must be the same in every t
 every later batch that opens the bucket, without a registry round trip. A name-based UUID (uuid5) over the table
 id, partition and bucket gives exactly that, and two writers that open the same bucket agree on its file group.
 """
+
 from __future__ import annotations
 
 import re

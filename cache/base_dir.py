@@ -1,6 +1,7 @@
 """Where caches live on a node: the base path rule (the node's Spark local dir, else the user's cache dir) and the
 private directories under it, created with owner-only permissions and checked for free space before a cache opens.
 """
+
 from __future__ import annotations
 
 import os
@@ -39,8 +40,7 @@ def default_base_path(spark_local_dir: str | None = None, environ: Mapping[str, 
     return base_path_choice(spark_local_dir, environ)[0]
 
 
-def base_path_choice(spark_local_dir: str | None = None,
-                     environ: Mapping[str, str] | None = None) -> tuple[Path, str]:
+def base_path_choice(spark_local_dir: str | None = None, environ: Mapping[str, str] | None = None) -> tuple[Path, str]:
     """The default base path of the caches and the rule that chose it. One rule for Spark tasks and the CLI, so
     `dbidx cache ...` finds the caches a local job made:
 
@@ -104,13 +104,17 @@ def check_private_dir(path: Path) -> None:
     except OSError as exc:
         raise ConfigError(f"cache directory {path} cannot be inspected: {exc.strerror or exc}") from exc
     if info.st_uid != os.geteuid():
-        raise ConfigError(f"cache directory {path} is owned by uid {info.st_uid}, not by this user (uid "
-                          f"{os.geteuid()}): another user could replace the caches in it. Point "
-                          f"{PREFIX}base.path (or DBIDX_CACHE_BASE_PATH) at a directory you own, or remove {path}")
+        raise ConfigError(
+            f"cache directory {path} is owned by uid {info.st_uid}, not by this user (uid "
+            f"{os.geteuid()}): another user could replace the caches in it. Point "
+            f"{PREFIX}base.path (or DBIDX_CACHE_BASE_PATH) at a directory you own, or remove {path}"
+        )
     if info.st_mode & 0o022:
-        raise ConfigError(f"cache directory {path} is writable by group or others (mode "
-                          f"{oct(info.st_mode & 0o777)}): another user could replace the caches in it. Run "
-                          f"`chmod go-w {path}` or point {PREFIX}base.path at a private directory")
+        raise ConfigError(
+            f"cache directory {path} is writable by group or others (mode "
+            f"{oct(info.st_mode & 0o777)}): another user could replace the caches in it. Run "
+            f"`chmod go-w {path}` or point {PREFIX}base.path at a private directory"
+        )
 
 
 def prepare_dir(path: Path, min_free_mb: int = 64) -> Path:
@@ -127,6 +131,8 @@ def prepare_dir(path: Path, min_free_mb: int = 64) -> Path:
         raise ConfigError(f"cache directory {path} is not writable by this user")
     free_mb = shutil.disk_usage(path).free // (1 << 20)
     if free_mb < min_free_mb:
-        raise ConfigError(f"cache directory {path} has only {free_mb} MB free (need at least {min_free_mb} MB); "
-                          "point hoodie.index.cache.rocksdb.base.path at a larger local disk")
+        raise ConfigError(
+            f"cache directory {path} has only {free_mb} MB free (need at least {min_free_mb} MB); "
+            "point hoodie.index.cache.rocksdb.base.path at a larger local disk"
+        )
     return path

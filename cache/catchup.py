@@ -12,6 +12,7 @@ A partitioned table's entries are applied without reading the cache first (Recor
 inserts an absent key or removes a present one at the location it names, so it says itself how it moves the
 counters. A global table's moves do not name the location they leave, so its entries are applied read-first.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -66,12 +67,16 @@ class CatchUpResult:
 def check_table(cache: RecordIndexCache, table: Table) -> None:
     """Refuse to sync a cache from a table it does not replicate."""
     ident = cache.identity
-    if (ident.table_id, ident.num_shards, ident.index_mode) != (table.props.table_id, table.num_shards,
-                                                                 table.props.index_mode) or \
-            ident.location not in ("", table.location):
-        raise CacheMismatchError(f"cache {cache.path} replicates table {ident.table_id} at {ident.location or '?'} "
-                                 f"({ident.num_shards} shards, {ident.index_mode}), not {table.location} "
-                                 f"({table.props.table_id})")
+    if (ident.table_id, ident.num_shards, ident.index_mode) != (
+        table.props.table_id,
+        table.num_shards,
+        table.props.index_mode,
+    ) or ident.location not in ("", table.location):
+        raise CacheMismatchError(
+            f"cache {cache.path} replicates table {ident.table_id} at {ident.location or '?'} "
+            f"({ident.num_shards} shards, {ident.index_mode}), not {table.location} "
+            f"({table.props.table_id})"
+        )
 
 
 def sync(cache: RecordIndexCache, table: Table, max_catchup_entries: int | None = None) -> CatchUpResult:
@@ -150,10 +155,13 @@ def _apply_incremental(cache: RecordIndexCache, table: Table, start: int, end: i
     if changes.num_rows == 0:
         return cache.apply(GLOBAL_PARTITION, [], [], [], synced_seq=end)
     # A move's entry does not name the location it leaves: only a read says what each entry changes.
-    locations = [global_location(p, fg) if fg is not None else None
-                 for p, fg in zip(changes.column(PARTITION).to_pylist(), changes.column(FILE_GROUP).to_pylist())]
-    return cache.apply(GLOBAL_PARTITION, changes.column(KEY), locations, changes.column(DELETED).to_numpy(),
-                       synced_seq=end)
+    locations = [
+        global_location(p, fg) if fg is not None else None
+        for p, fg in zip(changes.column(PARTITION).to_pylist(), changes.column(FILE_GROUP).to_pylist())
+    ]
+    return cache.apply(
+        GLOBAL_PARTITION, changes.column(KEY), locations, changes.column(DELETED).to_numpy(), synced_seq=end
+    )
 
 
 def _apply_partitioned(cache: RecordIndexCache, table: Table, start: int, end: int, partitions: list[str]) -> int:
@@ -182,9 +190,13 @@ def _apply_partitioned(cache: RecordIndexCache, table: Table, start: int, end: i
                 partition, future = ahead.popleft()
                 changes = future.result()
                 top_up()
-                applied += cache.apply_exact(partition, one_chunk(changes.column(KEY)),
-                                             one_chunk(changes.column(FILE_GROUP)), changes.column(DELETED).to_numpy(),
-                                             synced_seq=end)
+                applied += cache.apply_exact(
+                    partition,
+                    one_chunk(changes.column(KEY)),
+                    one_chunk(changes.column(FILE_GROUP)),
+                    changes.column(DELETED).to_numpy(),
+                    synced_seq=end,
+                )
         finally:
             for _, future in ahead:  # a failed read or apply: the reads not started yet are not made
                 future.cancel()

@@ -5,6 +5,7 @@ Why two ways: a write batch costs a memtable insert now and a flush later (~0.8 
 and its ingest is durable at once. The crossover is a few thousand entries; SST_APPLY_MIN_ENTRIES stays well above
 it so a steady batch's small catch-ups (hundreds of entries per partition) never create files.
 """
+
 from __future__ import annotations
 
 import uuid
@@ -20,8 +21,16 @@ from dbidx.config import CacheConfig
 SST_APPLY_MIN_ENTRIES = 16_384
 
 
-def write_changes(store: Store, cf: str, plan: ExactChanges, values: list[bytes], batch: Any,
-                  dictionary: list[str] | None, scratch_dir: Path, config: CacheConfig) -> bool:
+def write_changes(
+    store: Store,
+    cf: str,
+    plan: ExactChanges,
+    values: list[bytes],
+    batch: Any,
+    dictionary: list[str] | None,
+    scratch_dir: Path,
+    config: CacheConfig,
+) -> bool:
     """Write the plan's changes (keys sorted, `values` aligned with them) into family `cf`: into `batch` (written by
     the caller together with the registry), or, when large, as one SST ingested now. Returns whether it ingested
     (the data is then durable ahead of the registry: the caller flushes the registry at once).
@@ -34,8 +43,14 @@ def write_changes(store: Store, cf: str, plan: ExactChanges, values: list[bytes]
         last = plan.last.tolist()
         sst = scratch_dir / f"apply-{uuid.uuid4().hex[:12]}.sst"
         try:
-            build_changes_sst(sst, list(compress(plan.keys, last)), list(compress(values, last)),
-                              plan.deleted[plan.last].tolist(), dictionary, config)
+            build_changes_sst(
+                sst,
+                list(compress(plan.keys, last)),
+                list(compress(values, last)),
+                plan.deleted[plan.last].tolist(),
+                dictionary,
+                config,
+            )
             store.ingest(cf, [str(sst)])
         finally:
             sst.unlink(missing_ok=True)

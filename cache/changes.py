@@ -8,6 +8,7 @@ key depends on another and every step is a vectorised pass: numpy masks over obj
 
 ExactChanges skips even the read: a partitioned table's entries each say what they change (see exact_changes).
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -48,8 +49,9 @@ def sorted_with_last(keys: pa.Array) -> tuple[np.ndarray, pa.Array, np.ndarray]:
     return order, ordered, last
 
 
-def last_per_key(keys: pa.Array, locations: Sequence[str | None],
-                 deleted: Sequence[bool]) -> tuple[list[bytes], list[str | None], np.ndarray]:
+def last_per_key(
+    keys: pa.Array, locations: Sequence[str | None], deleted: Sequence[bool]
+) -> tuple[list[bytes], list[str | None], np.ndarray]:
     """Each key's last effective entry (keys: encoded, Arrow binary), keys sorted (sorted multi-gets and writes
     are markedly faster).
 
@@ -72,8 +74,13 @@ def last_per_key(keys: pa.Array, locations: Sequence[str | None],
     return ordered.filter(pa.array(last)).to_pylist(), location_array[final].tolist(), deleted_array[final]
 
 
-def plan_changes(keys: Sequence[bytes], locations: Sequence[str | None], deleted: np.ndarray,
-                 old_values: Sequence[bytes | None], decode: Callable[[bytes], str]) -> ChangePlan:
+def plan_changes(
+    keys: Sequence[bytes],
+    locations: Sequence[str | None],
+    deleted: np.ndarray,
+    old_values: Sequence[bytes | None],
+    decode: Callable[[bytes], str],
+) -> ChangePlan:
     """Compare each key's final entry with what the family holds now (`old_values`, aligned with `keys`).
 
     Idempotent by construction: an entry the family already reflects (same location, or a delete of an absent key)
@@ -96,10 +103,13 @@ def plan_changes(keys: Sequence[bytes], locations: Sequence[str | None], deleted
     # 3. Counters move by the net change: entries by presence, fills by location.
     fills_delta = Counter(new_locs[put_mask].tolist())
     fills_delta.subtract(old_locs[(put_mask | delete_mask) & present].tolist())
-    return ChangePlan(put_keys=key_array[put_mask].tolist(), put_locations=new_locs[put_mask].tolist(),
-                      delete_keys=key_array[delete_mask].tolist(),
-                      entries_delta=int(np.count_nonzero(put_mask & ~present)) - int(np.count_nonzero(delete_mask)),
-                      fills_delta=fills_delta)
+    return ChangePlan(
+        put_keys=key_array[put_mask].tolist(),
+        put_locations=new_locs[put_mask].tolist(),
+        delete_keys=key_array[delete_mask].tolist(),
+        entries_delta=int(np.count_nonzero(put_mask & ~present)) - int(np.count_nonzero(delete_mask)),
+        fills_delta=fills_delta,
+    )
 
 
 @dataclass(frozen=True)
@@ -142,5 +152,12 @@ def exact_changes(keys: pa.Array, locations: pa.Array, deleted: np.ndarray) -> E
     removed = int(np.count_nonzero(deleted))
     # 2. Key order (RocksDB takes sorted writes ~3x faster), each key's last entry marked for an SST.
     order, ordered, last = sorted_with_last(keys)
-    return ExactChanges(keys=ordered.to_pylist(), locations=names, codes=codes[order], deleted=deleted[order],
-                        entries_delta=(n - removed) - removed, fills_delta=fills, last=last)
+    return ExactChanges(
+        keys=ordered.to_pylist(),
+        locations=names,
+        codes=codes[order],
+        deleted=deleted[order],
+        entries_delta=(n - removed) - removed,
+        fills_delta=fills,
+        last=last,
+    )

@@ -11,6 +11,7 @@ decoding always gives back the exact key. Values: the varint index of the locati
 location dictionary (file group ids, or "partition\\0file group" in global mode): 1 byte for the first 128 file
 groups of a partition, 2 bytes up to 16 384.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -59,7 +60,7 @@ def _all_uuids(data: np.ndarray, starts: np.ndarray, n: int) -> np.ndarray | Non
     dashes are checked in place first; exactly 32 bytes per key remain only if there was no other dash, and those
     are the hex runs' values in order.
     """
-    block = data[int(starts[0]):int(starts[0]) + 36 * n]
+    block = data[int(starts[0]) : int(starts[0]) + 36 * n]
     if not np.all(block.reshape(n, 36)[:, list(_UUID_DASHES)] == ord("-")):
         return None
     nibbles = block.tobytes().translate(_NIBBLES, b"-")  # hex digit -> its value, any other byte -> 0xFF
@@ -136,7 +137,7 @@ def encode_keys_binary(keys: Any) -> pa.Array:
         if not len(rows):
             continue
         digits = np.zeros((len(rows), 20), dtype=np.uint64)
-        digits[:, 20 - int(length):] = mat[ok]
+        digits[:, 20 - int(length) :] = mat[ok]
         hi, lo = digits[:, :10] @ _POW10, digits[:, 10:] @ _POW10
         body = np.empty((len(rows), 11), dtype=np.uint8)
         body[:, 0] = TAG_DIGITS + int(length)
@@ -177,8 +178,7 @@ def encode_keys_binary(keys: Any) -> pa.Array:
             target = np.repeat(offsets[raw_rows] + 1, raw_len) + within
             out[target] = data[np.repeat(starts[raw_rows], raw_len) + within]
     if offsets[-1] < 2**31:
-        return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets.astype(np.int32)),
-                                                      pa.py_buffer(out)])
+        return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(out)])
     return pa.Array.from_buffers(pa.large_binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(out)])
 
 
@@ -216,7 +216,7 @@ def lookup_order(encoded: pa.Array) -> np.ndarray:
     if not len(varying):  # a longer shared prefix (tenant/table/... paths): Arrow's exact sort of the bytes
         return pc.sort_indices(encoded).to_numpy()
     first = int(varying[0])
-    prefix = np.ascontiguousarray(heads[:, first:first + 8]).view(">u8").ravel()
+    prefix = np.ascontiguousarray(heads[:, first : first + 8]).view(">u8").ravel()
     return np.argsort(prefix)
 
 
@@ -237,8 +237,9 @@ def decode_key(encoded: bytes) -> str:
             return encoded[1:].decode("utf-8")
         except UnicodeDecodeError:
             pass
-    raise CacheError(f"cache key {bytes(encoded[:40])!r} is not an encoded record key: the cache is damaged, delete "
-                     "it to rebuild")
+    raise CacheError(
+        f"cache key {bytes(encoded[:40])!r} is not an encoded record key: the cache is damaged, delete it to rebuild"
+    )
 
 
 def encode_index(index: int) -> bytes:

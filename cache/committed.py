@@ -3,6 +3,7 @@
 Kept apart from the cache core so the fast path (one multi-get, one dictionary map, one scatter) reads as one
 algorithm; the core only picks the column family and its decoder under its lock.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Iterator
@@ -17,8 +18,9 @@ from dbidx.cache.store import multi_get, scan
 Decode = Callable[[bytes], str]
 
 
-def lookup_committed(view: Any, keys: pa.Array, decoder: dict[bytes | None, str | None],
-                     decode_strict: Decode) -> tuple[np.ndarray, int]:
+def lookup_committed(
+    view: Any, keys: pa.Array, decoder: dict[bytes | None, str | None], decode_strict: Decode
+) -> tuple[np.ndarray, int]:
     """The committed location of each encoded key (None: absent), in input order, as an object array (what the
     tagger computes with; no list round trip), and how many were found.
 
@@ -33,8 +35,11 @@ def lookup_committed(view: Any, keys: pa.Array, decoder: dict[bytes | None, str 
     try:
         decoded = np.fromiter(map(decoder.__getitem__, values), dtype=object, count=len(values))
     except KeyError:
-        decoded = np.fromiter((None if raw is None else (decoder.get(raw) or decode_strict(raw)) for raw in values),
-                              dtype=object, count=len(values))
+        decoded = np.fromiter(
+            (None if raw is None else (decoder.get(raw) or decode_strict(raw)) for raw in values),
+            dtype=object,
+            count=len(values),
+        )
     # 3. Scatter back to input order without a Python loop per key.
     scattered = np.empty(len(keys), dtype=object)
     scattered[order] = decoded

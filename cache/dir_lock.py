@@ -4,6 +4,7 @@ RocksDB allows one read-write opener per directory and fails a second at once; t
 its turn (two tasks of one shard on an executor), and lets the reaper and the damage path check "held by nobody"
 before deleting a cache. The file's mtime is the cache's last open; its content names the directory's incarnation.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -90,6 +91,7 @@ def acquire_flock(path: Path, timeout_s: float) -> int:
             raise CacheBusyError(
                 f"cache {path.with_suffix('')} is in use by another opener (process or thread) for more than "
                 f"{timeout_s:g} s: another task on this executor holding the same shard? Raise "
-                "hoodie.index.cache.rocksdb.lock.timeout.s or give each job its own base.path")
+                "hoodie.index.cache.rocksdb.lock.timeout.s or give each job its own base.path"
+            )
         time.sleep(delay)
         delay = min(delay * 2, 0.2)

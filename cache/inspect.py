@@ -1,4 +1,5 @@
 """Operator views of caches on disk: find them under a base path, open one by path, report its state."""
+
 from __future__ import annotations
 
 from datetime import datetime, timezone
@@ -26,8 +27,9 @@ def find_cache_dirs(path: str | Path) -> list[Path]:
     found = sorted(p for p in root.glob("shard-*") if is_cache_dir(p))
     found += sorted(p for p in root.glob("*/shard-*") if is_cache_dir(p))
     if not found:
-        raise CacheError(f"no dbidx cache under {root}: expected <base>/<table id>-<location hash>/"
-                         "shard-NNNNN-of-NNNNN directories")
+        raise CacheError(
+            f"no dbidx cache under {root}: expected <base>/<table id>-<location hash>/shard-NNNNN-of-NNNNN directories"
+        )
     return found
 
 
@@ -49,18 +51,32 @@ def cache_report(cache: RecordIndexCache) -> dict[str, Any]:
     assert ident is not None
     partitions = []
     for name, state in sorted(cache.partitions().items()):
-        partitions.append({
-            "partition": name, "state": state.state, "entries": state.entries,
-            "disk_bytes": cache.disk_bytes(name), "loaded_seq": state.loaded_seq, "synced_seq": state.synced_seq,
-            "last_access": _iso(state.last_access_ms), "loaded_at": _iso(state.loaded_at_ms),
-            "file_groups": len(state.fills),
-        })
+        partitions.append(
+            {
+                "partition": name,
+                "state": state.state,
+                "entries": state.entries,
+                "disk_bytes": cache.disk_bytes(name),
+                "loaded_seq": state.loaded_seq,
+                "synced_seq": state.synced_seq,
+                "last_access": _iso(state.last_access_ms),
+                "loaded_at": _iso(state.loaded_at_ms),
+                "file_groups": len(state.fills),
+            }
+        )
     entries = sum(p["entries"] for p in partitions)
     disk = cache.disk_bytes()
     return {
-        "path": str(cache.path), "table_id": ident.table_id, "shard": ident.shard, "num_shards": ident.num_shards,
-        "index_mode": ident.index_mode, "watermark": cache.watermark, "recovered": cache.recovered,
-        "entries": entries, "disk_bytes": disk, "bytes_per_entry": round(disk / entries, 2) if entries else None,
+        "path": str(cache.path),
+        "table_id": ident.table_id,
+        "shard": ident.shard,
+        "num_shards": ident.num_shards,
+        "index_mode": ident.index_mode,
+        "watermark": cache.watermark,
+        "recovered": cache.recovered,
+        "entries": entries,
+        "disk_bytes": disk,
+        "bytes_per_entry": round(disk / entries, 2) if entries else None,
         "partitions": partitions,
     }
 
@@ -77,10 +93,18 @@ def caches_summary(config: CacheConfig | None = None) -> dict[str, Any]:
     else:
         base, chosen_by = base_path_choice()
     found = sorted(p for p in base.glob("*/shard-*") if is_cache_dir(p)) if base.is_dir() else []
-    caches = [{"path": str(p), "disk_bytes": sum(f.stat().st_size for f in p.rglob("*") if f.is_file())}
-              for p in found]
+    caches = [{"path": str(p), "disk_bytes": sum(f.stat().st_size for f in p.rglob("*") if f.is_file())} for p in found]
     key_dirs = sorted(p for p in base.glob(f"*/{KEY_FILES_DIR}") if p.is_dir()) if base.is_dir() else []
-    key_files = [{"path": str(p), "files": len(files), "disk_bytes": sum(size for _m, size, _p in files)}
-                 for p in key_dirs for files in [finished_files(p)]]
-    return {"base_path": str(base), "chosen_by": chosen_by, "exists": base.is_dir(), "caches": caches,
-            "disk_bytes": sum(c["disk_bytes"] for c in caches), "key_files": key_files}
+    key_files = [
+        {"path": str(p), "files": len(files), "disk_bytes": sum(size for _m, size, _p in files)}
+        for p in key_dirs
+        for files in [finished_files(p)]
+    ]
+    return {
+        "base_path": str(base),
+        "chosen_by": chosen_by,
+        "exists": base.is_dir(),
+        "caches": caches,
+        "disk_bytes": sum(c["disk_bytes"] for c in caches),
+        "key_files": key_files,
+    }

@@ -38,6 +38,7 @@ task's timeline holds in memory.
 A sweep never fails an upsert: key files are never needed (a missing one is rebuilt from its data file), so what goes
 wrong while sweeping is a warning. Only names data/key_files.py writes are deleted, never through a symbolic link.
 """
+
 from __future__ import annotations
 
 import json
@@ -73,8 +74,9 @@ def pending_dir(key_files_root: str | Path) -> Path:
     return Path(key_files_root).parent / PENDING_DIR
 
 
-def announce(key_files_root: str | Path, instant: str, attempt: int | str,
-             files: Iterable[tuple[str, str]]) -> Path | None:
+def announce(
+    key_files_root: str | Path, instant: str, attempt: int | str, files: Iterable[tuple[str, str]]
+) -> Path | None:
     """Record that a task attempt of `instant` is about to save the key files `files` ((data file path, key-file
     name) pairs): written whole under a temporary name, then renamed; None when there is nothing to announce. Raises
     OSError when it cannot: the caller then saves no key file (one a sweep could not tell from a dead one)."""
@@ -140,13 +142,22 @@ def sweep(disk: Any, table: Any, view_read_s: float) -> SweepResult:
                 unsettled.append(marker)
                 continue
             settled.append(marker)
-            dead_marker = dead_marker or record.action == ACTION_ROLLBACK or \
-                not all(view.is_live(path) for path, _name in marker.files)
+            dead_marker = (
+                dead_marker
+                or record.action == ACTION_ROLLBACK
+                or not all(view.is_live(path) for path, _name in marker.files)
+            )
         with _SWEPT_LOCK:
             swept = _SWEPT.get(str(root))
-        full = dead_marker or swept is None or swept < table.timeline.base_seq or \
-            any(rec.action in REMOVING and rec.replaced
-                for rec in table.timeline.completed(after_seq=swept, upto_seq=seq))
+        full = (
+            dead_marker
+            or swept is None
+            or swept < table.timeline.base_seq
+            or any(
+                rec.action in REMOVING and rec.replaced
+                for rec in table.timeline.completed(after_seq=swept, upto_seq=seq)
+            )
+        )
         live = {key_file_name(f.record) for f in view.live()} if full else set()
     # 2. The directory against the live names, announced names and recent changes.
     if full:
@@ -208,8 +219,11 @@ def _read_markers(root: Path) -> list[Marker]:
         try:
             data = json.loads(path.read_text())
             files = [(str(p), str(n)) for p, n in data["files"]]
-            if (data["format"] != FORMAT or data["instant"] != match.group(1)
-                    or not all(isinstance(p, str) and FINISHED.fullmatch(n) for p, n in data["files"])):
+            if (
+                data["format"] != FORMAT
+                or data["instant"] != match.group(1)
+                or not all(isinstance(p, str) and FINISHED.fullmatch(n) for p, n in data["files"])
+            ):
                 raise ValueError("format, instant or a key-file name does not match")
         except FileNotFoundError:
             continue  # settled and deleted by another process's sweep meanwhile

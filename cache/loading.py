@@ -7,6 +7,7 @@ reloads (cache/catchup.py decides when) and an on-demand loader's threads (boots
 `prepare_slice` builds the SST alone, for bootstrap's pool of workers, whose owner installs the results
 (bootstrap/loader.py).
 """
+
 from __future__ import annotations
 
 import pyarrow as pa
@@ -21,30 +22,30 @@ from dbidx.index.rli_files import FILE_GROUP, KEY, PARTITION
 from dbidx.table.facade import Table
 
 
-def snapshot_entries(table: Table, shard: int, partition: str, as_of_seq: int,
-                     global_mode: bool) -> tuple[pa.Array, pa.Array]:
+def snapshot_entries(
+    table: Table, shard: int, partition: str, as_of_seq: int, global_mode: bool
+) -> tuple[pa.Array, pa.Array]:
     """(keys, cache locations) of one shard's slice of a partition (global mode: of the whole index) at a seq.
 
     Reads only that shard's file group(s), never the whole partition. Picklable inputs: loaders call it in worker
     processes too.
     """
-    return cache_entries(table.snapshot(None if global_mode else partition, shard=shard, as_of=as_of_seq),
-                         global_mode)
+    return cache_entries(table.snapshot(None if global_mode else partition, shard=shard, as_of=as_of_seq), global_mode)
 
 
 def cache_entries(entries: pa.Table, global_mode: bool) -> tuple[pa.Array, pa.Array]:
     """(keys, cache locations) of live index entries: the file group, or in global mode "partition\\0file
     group" (codec.global_location, vectorised)."""
     if global_mode:
-        locations = pc.binary_join_element_wise(entries.column(PARTITION), entries.column(FILE_GROUP),
-                                                GLOBAL_SEPARATOR)
+        locations = pc.binary_join_element_wise(entries.column(PARTITION), entries.column(FILE_GROUP), GLOBAL_SEPARATOR)
     else:
         locations = entries.column(FILE_GROUP)
     return one_chunk(entries.column(KEY)), one_chunk(locations)
 
 
-def prepare_slice(table: Table, shard: int, partition: str, seq: int, global_mode: bool, sst_path: str,
-                  config: CacheConfig) -> PreparedLoad:
+def prepare_slice(
+    table: Table, shard: int, partition: str, seq: int, global_mode: bool, sst_path: str, config: CacheConfig
+) -> PreparedLoad:
     """Read one shard's slice of a partition from the index and write it as an SST at `sst_path` (picklable
     inputs: bootstrap runs it in worker processes)."""
     keys, locations = snapshot_entries(table, shard, partition, seq, global_mode)

@@ -5,6 +5,7 @@ The list lives in the family itself under LOCATIONS_KEY (written by the SST buil
 same write batch as the entries that need a new location), so a family is self-describing; this class keeps its
 decode and encode maps in memory per open family.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -62,8 +63,11 @@ class LocationDictionary:
         index = codec.decode_index(raw)
         locations = self._locations.get(cf, [])
         if index >= len(locations):
-            raise registry.damaged(self.cache_path, f"column family {cf!r}",
-                                   f"an entry has location #{index}, its dictionary holds {len(locations)}")
+            raise registry.damaged(
+                self.cache_path,
+                f"column family {cf!r}",
+                f"an entry has location #{index}, its dictionary holds {len(locations)}",
+            )
         return locations[index]
 
     def encode(self, store: Store, cf: str, location: str, batch: Any) -> bytes:

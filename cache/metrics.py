@@ -2,6 +2,7 @@
 
 All of them are `dbidx.counters.Counters` (docs/DESIGN.md, section 6 "Metrics").
 """
+
 from __future__ import annotations
 
 import threading

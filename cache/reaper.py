@@ -5,6 +5,7 @@ A cache holds committed entries only, all of them also in the index, so any part
 2. budget: then least-recently-used partitions while the directory exceeds `max_disk_mb` (0 = no budget).
 A dropped partition is simply reloaded on demand the next time a batch touches it.
 """
+
 from __future__ import annotations
 
 import logging
@@ -111,8 +112,9 @@ def _last_use_s(shard_dir: Path) -> float:
     return max(times, default=0.0)
 
 
-def sweep_abandoned(base_path: str | Path, ttl_hours: float, dry_run: bool = False,
-                    now_s: float | None = None) -> list[AbandonedCache]:
+def sweep_abandoned(
+    base_path: str | Path, ttl_hours: float, dry_run: bool = False, now_s: float | None = None
+) -> list[AbandonedCache]:
     """Remove whole shard caches under a base path (`<base>/<table dir>/shard-*`) that no live process holds and
     nobody has opened for `ttl_hours`, and key files (data/key_files.py) nobody used for as long and writers' markers
     of them (cache/key_file_sweep.py) as old, then the table directories left empty.
@@ -218,8 +220,10 @@ def discard_cache_dir(shard_dir: str | Path, seen: str | None) -> str:
     # 2. Under its lock, and still the same incarnation once we hold it.
     fd = try_flock(lock)
     if fd is None:
-        return ("not discarded: another opener holds it now (it meets the same damage; if this error comes back, "
-                f"delete {shard_dir} by hand)")
+        return (
+            "not discarded: another opener holds it now (it meets the same damage; if this error comes back, "
+            f"delete {shard_dir} by hand)"
+        )
     try:
         if incarnation(fd) != seen:
             return "already discarded by another opener"

@@ -9,6 +9,7 @@ Crash-safety rules (the WAL is off): a partition's column family name is new for
 only point at a completely ingested family; the registry is flushed after the data; on open, families the registry
 does not point at are dropped, and after an unclean shutdown the counters are recounted from the data.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -64,8 +65,9 @@ class RecordIndexCache:
 
     # ---- construction --------------------------------------------------------------------------------------
     @classmethod
-    def for_table(cls, table: Any, shard: int, config: CacheConfig | None = None,
-                  base_path: str | Path | None = None) -> "RecordIndexCache":
+    def for_table(
+        cls, table: Any, shard: int, config: CacheConfig | None = None, base_path: str | Path | None = None
+    ) -> "RecordIndexCache":
         """The (unopened) cache of one shard of a table, under the configured or default base path."""
         config = config or CacheConfig()
         if not 0 <= shard < table.num_shards:
@@ -157,8 +159,10 @@ class RecordIndexCache:
                 finally:
                     store.close()  # type: ignore[union-attr]  # releases the directory lock whatever happened
             except Exception as exc:  # rocksdict raises a bare Exception (e.g. no space left on the device)
-                raise CacheError(f"closing cache {self.path} failed (disk full?): {exc}; the lock is released and "
-                                 "the next open repairs the cache from the index") from exc
+                raise CacheError(
+                    f"closing cache {self.path} failed (disk full?): {exc}; the lock is released and "
+                    "the next open repairs the cache from the index"
+                ) from exc
 
     # ---- registry views ------------------------------------------------------------------------------------
     def partitions(self) -> dict[str, PartitionState]:
@@ -181,8 +185,9 @@ class RecordIndexCache:
         return sorted({p for p in partitions if p not in self._states})
 
     # ---- loading -------------------------------------------------------------------------------------------
-    def load_partition(self, partition: str, keys: Any, locations: Any, synced_seq: int,
-                       tmp_dir: Path | None = None) -> PartitionState:
+    def load_partition(
+        self, partition: str, keys: Any, locations: Any, synced_seq: int, tmp_dir: Path | None = None
+    ) -> PartitionState:
         """Replace a partition's content with the given live entries (one shard's slice), then mark it ready.
 
         Builds the SST in this thread (see sst_builder for building elsewhere) and installs it.
@@ -212,9 +217,17 @@ class RecordIndexCache:
         store.create_from_sst(cf, prepared.sst_path)
         # 2. Flip the registry to the new family, then drop the old one.
         now = _now_ms()
-        state = PartitionState(partition=partition, cf=cf, state=registry.READY, loaded_seq=synced_seq,
-                               synced_seq=synced_seq, entries=prepared.entries, last_access_ms=now,
-                               loaded_at_ms=now, fills=dict(prepared.fills))
+        state = PartitionState(
+            partition=partition,
+            cf=cf,
+            state=registry.READY,
+            loaded_seq=synced_seq,
+            synced_seq=synced_seq,
+            entries=prepared.entries,
+            last_access_ms=now,
+            loaded_at_ms=now,
+            fills=dict(prepared.fills),
+        )
         with self._lock:
             old = self._states.get(partition)
             store.write(registry.put_states(store.batch(), [state]))
@@ -279,8 +292,14 @@ class RecordIndexCache:
             state.last_access_ms = _now_ms() if at_ms is None else int(at_ms)
 
     # ---- committed changes (catch-up) ----------------------------------------------------------------------
-    def apply(self, partition: str, keys: Sequence[str] | pa.Array, locations: Sequence[str | None],
-              deleted: Sequence[bool], synced_seq: int) -> int:
+    def apply(
+        self,
+        partition: str,
+        keys: Sequence[str] | pa.Array,
+        locations: Sequence[str | None],
+        deleted: Sequence[bool],
+        synced_seq: int,
+    ) -> int:
         """Apply committed index entries in order (inserts and tombstones) and move the partition's synced seq.
 
         Idempotent: applying entries the partition already reflects changes nothing, which is what makes replay
@@ -292,18 +311,24 @@ class RecordIndexCache:
                 return 0
             store = self._require_store()
             # 1. One final entry per key, keys sorted; then what the family holds for them now.
-            unique_keys, final_locations, final_deleted = last_per_key(codec.encode_keys_binary(normalize_keys(keys)),
-                                                                       locations,
-                                                                       deleted)
+            unique_keys, final_locations, final_deleted = last_per_key(
+                codec.encode_keys_binary(normalize_keys(keys)), locations, deleted
+            )
             family, handle = store.cf(state.cf), store.handle(state.cf)
             old_values = multi_get(family, unique_keys)
             decoder = self._dictionary.decoder(state.cf)
-            plan = plan_changes(unique_keys, final_locations, final_deleted, old_values,
-                                lambda raw: decoder.get(raw) or self._dictionary.decode(state.cf, raw))
+            plan = plan_changes(
+                unique_keys,
+                final_locations,
+                final_deleted,
+                old_values,
+                lambda raw: decoder.get(raw) or self._dictionary.decode(state.cf, raw),
+            )
             # 2. One write batch: new dictionary entries first, then the puts and deletes, then the registry.
             batch = store.batch()
-            values = {loc: self._dictionary.encode(store, state.cf, loc, batch)
-                      for loc in dict.fromkeys(plan.put_locations)}
+            values = {
+                loc: self._dictionary.encode(store, state.cf, loc, batch) for loc in dict.fromkeys(plan.put_locations)
+            }
             put, delete = batch.put, batch.delete
             for key, loc in zip(plan.put_keys, plan.put_locations):
                 put(key, values[loc], handle)
@@ -332,8 +357,9 @@ class RecordIndexCache:
         if self._unsure and self.recovery_bound is None:
             self.recovery_bound = seq
 
-    def apply_exact(self, partition: str, keys: Sequence[str] | pa.Array, locations: pa.Array,
-                    deleted: np.ndarray, synced_seq: int) -> int:
+    def apply_exact(
+        self, partition: str, keys: Sequence[str] | pa.Array, locations: pa.Array, deleted: np.ndarray, synced_seq: int
+    ) -> int:
         """`apply` for entries each of which changes the family (a partitioned table's committed entries: see
         changes.exact_changes), without reading the family first: every entry is one write and moves the counters
         by its own +1 or -1, so a catch-up costs no lookup per entry.
@@ -346,8 +372,11 @@ class RecordIndexCache:
             state = self._states.get(partition)
             if state is None:
                 return 0
-            plan = None if partition in self._unsure or locations.null_count else \
-                exact_changes(codec.encode_keys_binary(normalize_keys(keys)), locations, deleted)
+            plan = (
+                None
+                if partition in self._unsure or locations.null_count
+                else exact_changes(codec.encode_keys_binary(normalize_keys(keys)), locations, deleted)
+            )
             if plan is None:
                 return self.apply(partition, keys, locations.to_pylist(), deleted, synced_seq)
             store = self._require_store()
@@ -357,8 +386,16 @@ class RecordIndexCache:
             value_of = np.empty(len(plan.locations), dtype=object)
             value_of[:] = [self._dictionary.encode(store, state.cf, loc, batch) for loc in plan.locations]
             dictionary = self._dictionary.locations(state.cf)
-            ingested = write_changes(store, state.cf, plan, value_of[plan.codes].tolist(), batch,
-                                     dictionary if len(dictionary) > known else None, self.scratch_dir, self.config)
+            ingested = write_changes(
+                store,
+                state.cf,
+                plan,
+                value_of[plan.codes].tolist(),
+                batch,
+                dictionary if len(dictionary) > known else None,
+                self.scratch_dir,
+                self.config,
+            )
             # 2. Counters by the entries' own movements, and the partition's synced seq, in the same batch.
             state.entries += plan.entries_delta
             for loc, delta in plan.fills_delta.items():  # no zero movements (exact_changes leaves them out)
@@ -420,8 +457,9 @@ class RecordIndexCache:
     def _ready_state(self, partition: str) -> PartitionState:
         state = self._states.get(partition)
         if state is None:
-            raise PartitionNotReadyError(f"partition {partition!r} is not loaded in cache {self.path}; load it "
-                                         "(bootstrap or on-demand) first")
+            raise PartitionNotReadyError(
+                f"partition {partition!r} is not loaded in cache {self.path}; load it (bootstrap or on-demand) first"
+            )
         return state
 
     def _forget_family(self, cf: str) -> None:

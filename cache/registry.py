@@ -10,6 +10,7 @@ Every value is read back as untrusted: one that does not parse is a CacheCorrupt
 the cache is disposable: deleting it rebuilds it from the index).
 Each partition column family also holds its location dictionary (see sst_builder.LOCATIONS_KEY).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -66,8 +67,11 @@ class CacheIdentity:
     def check(self, stored: "CacheIdentity", where: str) -> None:
         """Refuse a directory that belongs to another table, table location, shard count, shard or format."""
         if stored != self:
-            copy = (" (the same table id at another location: a copy of the table?)"
-                    if stored.table_id == self.table_id and stored.location != self.location else "")
+            copy = (
+                " (the same table id at another location: a copy of the table?)"
+                if stored.table_id == self.table_id and stored.location != self.location
+                else ""
+            )
             raise CacheMismatchError(
                 f"cache directory {where} belongs to table {stored.table_id} at {stored.location or '?'} shard "
                 f"{stored.shard}/{stored.num_shards} ({stored.index_mode}, format {stored.format}), not table "
@@ -134,10 +138,15 @@ def unpack_state(raw: bytes) -> PartitionState:
     """Read a PartitionState written by pack(), every field checked (a wrong type raises ValueError)."""
     state = PartitionState(**msgpack.unpackb(raw, raw=False, strict_map_key=False))
     counts = (state.loaded_seq, state.synced_seq, state.entries, state.last_access_ms, state.loaded_at_ms)
-    if not (isinstance(state.partition, str) and isinstance(state.cf, str) and state.cf
-            and state.state in (LOADING, READY) and all(type(n) is int and n >= 0 for n in counts)
-            and isinstance(state.fills, dict)
-            and all(isinstance(k, str) and type(v) is int and v > 0 for k, v in state.fills.items())):
+    if not (
+        isinstance(state.partition, str)
+        and isinstance(state.cf, str)
+        and state.cf
+        and state.state in (LOADING, READY)
+        and all(type(n) is int and n >= 0 for n in counts)
+        and isinstance(state.fills, dict)
+        and all(isinstance(k, str) and type(v) is int and v > 0 for k, v in state.fills.items())
+    ):
         raise ValueError(f"not a partition state: {vars(state)!r:.200}")
     return state
 
@@ -158,8 +167,9 @@ def damaged(path: Path, what: str, problem: Exception | str) -> CacheCorruptErro
     delete it (a Spark task session does that itself)."""
     if isinstance(problem, Exception):
         problem = f"{type(problem).__name__}: {problem}"
-    return CacheCorruptError(f"cache {path}: {what} is damaged ({problem}); delete the cache directory to rebuild it "
-                             "from the index")
+    return CacheCorruptError(
+        f"cache {path}: {what} is damaged ({problem}); delete the cache directory to rebuild it from the index"
+    )
 
 
 def open_identity(db: Any, identity: CacheIdentity | None, path: Path) -> CacheIdentity:
@@ -167,8 +177,10 @@ def open_identity(db: Any, identity: CacheIdentity | None, path: Path) -> CacheI
     never serves another table, shard count or shard. identity None: adopt what the directory says (CLI tools)."""
     raw = get(db, META_KEY)
     if raw is None and identity is None:
-        raise CacheError(f"{path} is not a dbidx cache (its registry has no identity); pass the cache directory of "
-                         "one shard, e.g. <base>/<table id>-<location hash>/shard-00000-of-00004")
+        raise CacheError(
+            f"{path} is not a dbidx cache (its registry has no identity); pass the cache directory of "
+            "one shard, e.g. <base>/<table id>-<location hash>/shard-00000-of-00004"
+        )
     if raw is None:
         db[META_KEY] = pack(identity)
         return identity  # type: ignore[return-value]

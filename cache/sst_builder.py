@@ -6,6 +6,7 @@ a fork hangs the child); the process that owns the cache only ingests the finish
 The location dictionary is written into the same SST under LOCATIONS_KEY (0xFF sorts after every encoded key), so
 data and dictionary arrive in one atomic ingest.
 """
+
 from __future__ import annotations
 
 import time
@@ -111,8 +112,14 @@ def sst_options(config: CacheConfig) -> rd.Options:
     return opts
 
 
-def build_changes_sst(sst_path: str | Path, keys: list[bytes], values: list[bytes], deleted: list[bool],
-                      dictionary: list[str] | None, config: CacheConfig) -> None:
+def build_changes_sst(
+    sst_path: str | Path,
+    keys: list[bytes],
+    values: list[bytes],
+    deleted: list[bool],
+    dictionary: list[str] | None,
+    config: CacheConfig,
+) -> None:
     """Write a column family's changes (sorted distinct encoded keys: a value, or a tombstone where `deleted`) into
     one SST to ingest over what the family holds: a large catch-up skips the memtable and its flush.
 

@@ -20,6 +20,7 @@ else is deleted unread. Staged files live outside the RocksDB directory and are 
 a task writes a private `.tmp-*` directory and renames it into place complete, and only renamed directories are read.
 A damaged staged directory is discarded (it is a shortcut, never needed), with a warning.
 """
+
 from __future__ import annotations
 
 import json
@@ -107,9 +108,17 @@ class StagedLoad:
         finally:
             self.seconds += time.perf_counter() - started
         if prepared.sst_path is not None:
-            self.staged.append(StagedPartition(partition, record.path, record.checksum,
-                                               Path(prepared.sst_path).name, prepared.entries, prepared.locations,
-                                               prepared.fills))
+            self.staged.append(
+                StagedPartition(
+                    partition,
+                    record.path,
+                    record.checksum,
+                    Path(prepared.sst_path).name,
+                    prepared.entries,
+                    prepared.locations,
+                    prepared.fills,
+                )
+            )
             self.entries += prepared.entries
 
     def publish(self) -> Path | None:
@@ -119,8 +128,12 @@ class StagedLoad:
         if not self.staged:
             self.abort()
             return None
-        manifest = {"format": FORMAT, "instant": self.instant, "attempt": self.attempt,
-                    "partitions": [asdict(s) for s in self.staged]}
+        manifest = {
+            "format": FORMAT,
+            "instant": self.instant,
+            "attempt": self.attempt,
+            "partitions": [asdict(s) for s in self.staged],
+        }
         started = time.perf_counter()
         final = self.root / f"{self.instant}~{self.attempt}"
         try:
@@ -136,8 +149,12 @@ class StagedLoad:
 
     def _give_up(self, exc: BaseException) -> None:
         self.failed = f"{type(exc).__name__}: {exc}"
-        log.warning("dbidx: staging the load's entries for the cache beside %s stopped (%s); the next batch loads "
-                    "those partitions from the index instead", self.root, self.failed)
+        log.warning(
+            "dbidx: staging the load's entries for the cache beside %s stopped (%s); the next batch loads "
+            "those partitions from the index instead",
+            self.root,
+            self.failed,
+        )
         self.abort()
 
     def abort(self) -> None:
@@ -156,8 +173,9 @@ class StagedLoad:
             self.abort()
 
 
-def promote(cache: RecordIndexCache, table: Table, view: IndexView, upto_seq: int,
-            now_s: float | None = None) -> PromoteResult:
+def promote(
+    cache: RecordIndexCache, table: Table, view: IndexView, upto_seq: int, now_s: float | None = None
+) -> PromoteResult:
     """Install the staged partitions the table's completions up to `upto_seq` confirm (see the module docstring),
     delete staged directories that can never be installed; leave those of instants still pending (or completed
     after `upto_seq`). The caller holds the cache open (its lock); `view` is the table's index view it refreshed,
@@ -173,14 +191,25 @@ def promote(cache: RecordIndexCache, table: Table, view: IndexView, upto_seq: in
         try:
             _promote_one(cache, table, view, upto_seq, entry, now, result)
         except (OSError, DbidxError) as exc:
-            log.warning("dbidx: staged load %s could not be installed (%s: %s); discarded, the partitions load "
-                        "from the index", entry, type(exc).__name__, exc)
+            log.warning(
+                "dbidx: staged load %s could not be installed (%s: %s); discarded, the partitions load from the index",
+                entry,
+                type(exc).__name__,
+                exc,
+            )
             _discard(entry, result)
     return result
 
 
-def _promote_one(cache: RecordIndexCache, table: Table, view: IndexView, upto_seq: int, entry: Path, now: float,
-                 result: PromoteResult) -> None:
+def _promote_one(
+    cache: RecordIndexCache,
+    table: Table,
+    view: IndexView,
+    upto_seq: int,
+    entry: Path,
+    now: float,
+    result: PromoteResult,
+) -> None:
     """Install, keep or discard one staged directory."""
     # 1. Only directories are staged; temp directories of tasks that died mid-write go once nobody can still be
     #    writing them.
@@ -194,8 +223,9 @@ def _promote_one(cache: RecordIndexCache, table: Table, view: IndexView, upto_se
     try:
         instant, partitions = _read_manifest(entry)
     except (OSError, ValueError, TypeError, KeyError) as exc:
-        log.warning("dbidx: staged load %s is unreadable (%s); discarded, the partitions load from the index",
-                    entry, exc)
+        log.warning(
+            "dbidx: staged load %s is unreadable (%s); discarded, the partitions load from the index", entry, exc
+        )
         _discard(entry, result)
         return
     # 2. Pending (or completed after the state this catch-up works to): keep, until it is clearly abandoned.
@@ -210,8 +240,9 @@ def _promote_one(cache: RecordIndexCache, table: Table, view: IndexView, upto_se
     _discard(entry, result)
 
 
-def _install(cache: RecordIndexCache, view: IndexView, record: Any, entry: Path,
-             partitions: list[StagedPartition]) -> list[str]:
+def _install(
+    cache: RecordIndexCache, view: IndexView, record: Any, entry: Path, partitions: list[StagedPartition]
+) -> list[str]:
     """Install each staged partition the record confirms and the cache lacks; returns those installed."""
     listed = {(f.path, f.checksum): f for f in record.files}
     shard = cache.identity.shard
@@ -227,8 +258,9 @@ def _install(cache: RecordIndexCache, view: IndexView, record: Any, entry: Path,
         # seq (HistoryCompactedError if a clean removed that history since: the directory is discarded).
         if [f.path for f in view.files(group, shard, upto_seq=record.seq)] != [staged.index_path]:
             continue
-        prepared = PreparedLoad(staged.partition, str(entry / staged.sst), list(staged.locations),
-                                dict(staged.fills), staged.entries)
+        prepared = PreparedLoad(
+            staged.partition, str(entry / staged.sst), list(staged.locations), dict(staged.fills), staged.entries
+        )
         cache.install_partition(prepared, synced_seq=record.seq, durable=False)
         installed.append(staged.partition)
     if installed:
@@ -247,12 +279,19 @@ def _read_manifest(entry: Path) -> tuple[str, list[StagedPartition]]:
         staged = StagedPartition(**item)
         if staged.partition:
             validate_partition(staged.partition)
-        if not (isinstance(staged.entries, int) and staged.entries > 0 and isinstance(staged.locations, list)
-                and all(isinstance(v, str) for v in staged.locations) and isinstance(staged.fills, dict)
-                and all(isinstance(v, int) for v in staged.fills.values())
-                and sum(staged.fills.values()) == staged.entries
-                and isinstance(staged.sst, str) and "/" not in staged.sst and not staged.sst.startswith(".")
-                and (entry / staged.sst).is_file()):
+        if not (
+            isinstance(staged.entries, int)
+            and staged.entries > 0
+            and isinstance(staged.locations, list)
+            and all(isinstance(v, str) for v in staged.locations)
+            and isinstance(staged.fills, dict)
+            and all(isinstance(v, int) for v in staged.fills.values())
+            and sum(staged.fills.values()) == staged.entries
+            and isinstance(staged.sst, str)
+            and "/" not in staged.sst
+            and not staged.sst.startswith(".")
+            and (entry / staged.sst).is_file()
+        ):
             raise ValueError(f"staged partition {item!r:.120} is malformed")
         partitions.append(staged)
     return data["instant"], partitions

@@ -6,6 +6,7 @@ consistent (if older) state across the registry and the partitions, which catch-
 directory is guarded by an flock on `<dir>.lock` besides RocksDB's own LOCK (cache/dir_lock.py). Every read's
 error is typed here (`read_failure`): damage is a CacheCorruptError, never a shorter answer.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -229,8 +230,9 @@ class Store:
         try:
             self.cf(name).ingest_external_file(sst_paths, opts)
         except Exception as exc:  # rocksdict raises a bare Exception (e.g. no space left on the device)
-            raise CacheError(f"ingesting {len(sst_paths)} SST file(s) into {name!r} in {self.path} failed: "
-                             f"{exc}") from exc
+            raise CacheError(
+                f"ingesting {len(sst_paths)} SST file(s) into {name!r} in {self.path} failed: {exc}"
+            ) from exc
 
     def create_from_sst(self, name: str, sst_path: str | Path | None) -> None:
         """Create a column family holding exactly one SST's content (empty if None); the SST file is gone after
@@ -286,8 +288,9 @@ class Store:
                     continue
                 view.compact_range(None, None)
             except Exception as exc:  # rocksdict raises a bare Exception (e.g. no space left on the device)
-                raise CacheError(f"compacting column family {name!r} of cache {self.path} failed (disk full?): "
-                                 f"{exc}") from exc
+                raise CacheError(
+                    f"compacting column family {name!r} of cache {self.path} failed (disk full?): {exc}"
+                ) from exc
             compacted.append(name)
         return compacted
 
@@ -313,7 +316,7 @@ def multi_get(view: rd.Rdict, keys: list[bytes], chunk: int = MULTI_GET_CHUNK) -
             return view[keys] if keys else []
         values: list[bytes | None] = []
         for start in range(0, len(keys), chunk):
-            values += view[keys[start:start + chunk]]
+            values += view[keys[start : start + chunk]]
         return values
     except Exception as exc:  # rocksdict raises a bare Exception
         raise read_failure(exc, f"reading {len(keys)} keys from a cache column family") from exc
@@ -347,8 +350,10 @@ def scan(view: rd.Rdict, from_key: bytes | None = None) -> Iterator[tuple[bytes,
 
 
 # RocksDB's own files (the manifest CURRENT names, a table file the manifest lists, the options file) missing.
-_OWN_FILE_MISSING = re.compile(r"^IO error: No such file or directory: .*/(MANIFEST-\d+|\d+\.sst|OPTIONS-\d+)"
-                               r"(: No such file or directory)?$")
+_OWN_FILE_MISSING = re.compile(
+    r"^IO error: No such file or directory: .*/(MANIFEST-\d+|\d+\.sst|OPTIONS-\d+)"
+    r"(: No such file or directory)?$"
+)
 
 
 def read_failure(exc: Exception, what: str) -> CacheError:
@@ -358,9 +363,11 @@ def read_failure(exc: Exception, what: str) -> CacheError:
     else (a full disk, too many open files) a CacheError."""
     text = str(exc)
     if text.startswith("Corruption") or _OWN_FILE_MISSING.match(text):  # the status code comes first, paths later
-        return CacheCorruptError(f"{what} failed: {exc}; the cache's files are damaged (disk or copy error, or a "
-                                 "file deleted by hand): delete its directory (a Spark task session does) and it is "
-                                 "rebuilt from the index")
+        return CacheCorruptError(
+            f"{what} failed: {exc}; the cache's files are damaged (disk or copy error, or a "
+            "file deleted by hand): delete its directory (a Spark task session does) and it is "
+            "rebuilt from the index"
+        )
     return CacheError(f"{what} failed: {exc}")
 
 

@@ -1,4 +1,5 @@
 """verify: compare every ready partition of a cache with the index snapshot at the seq it claims to reflect."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -47,9 +48,14 @@ class VerifyResult:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form."""
-        return {"ok": self.ok, "watermark": self.watermark,
-                "partitions": [{**vars(p), "ok": p.ok, "mdt_entries": p.index_entries}  # 0.1's name, for 0.2 only
-                               for p in self.partitions]}
+        return {
+            "ok": self.ok,
+            "watermark": self.watermark,
+            "partitions": [
+                {**vars(p), "ok": p.ok, "mdt_entries": p.index_entries}  # 0.1's name, for 0.2 only
+                for p in self.partitions
+            ],
+        }
 
 
 def verify(cache: RecordIndexCache, table: Table) -> VerifyResult:
@@ -64,7 +70,8 @@ def verify(cache: RecordIndexCache, table: Table) -> VerifyResult:
         raise HistoryCompactedError(
             f"{exc}. The cache {cache.path} is behind a clean of the index, so its state at its synced seq cannot "
             "be rebuilt to compare with: sync it first (dbidx.cache.catchup.sync(cache, table), or `dbidx cache sync "
-            f"{table.uri} --cache-dir <dir>`), then verify") from exc
+            f"{table.uri} --cache-dir <dir>`), then verify"
+        ) from exc
 
 
 def _verify(cache: RecordIndexCache, table: Table) -> VerifyResult:
@@ -75,9 +82,14 @@ def _verify(cache: RecordIndexCache, table: Table) -> VerifyResult:
         # 1. The truth at the seq the partition says it reflects.
         if cache.global_mode:
             snap = table.snapshot(None, shard=shard, as_of=state.synced_seq)
-            truth = {k: global_location(p, fg) for k, p, fg in zip(snap.column(KEY).to_pylist(),
-                                                                   snap.column(PARTITION).to_pylist(),
-                                                                   snap.column(FILE_GROUP).to_pylist())}
+            truth = {
+                k: global_location(p, fg)
+                for k, p, fg in zip(
+                    snap.column(KEY).to_pylist(),
+                    snap.column(PARTITION).to_pylist(),
+                    snap.column(FILE_GROUP).to_pylist(),
+                )
+            }
         else:
             snap = table.snapshot(partition, shard=shard, as_of=state.synced_seq)
             truth = dict(zip(snap.column(KEY).to_pylist(), snap.column(FILE_GROUP).to_pylist()))

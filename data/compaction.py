@@ -12,6 +12,7 @@ replaced row became and publishes them as the base's deletion vector. An upsert 
 computes its vectors against the base. Only another data compaction of the same files conflicts. Replaced files stay on
 disk until a `clean` at least `retain_completions` completions later deletes them.
 """
+
 from __future__ import annotations
 
 import time
@@ -54,11 +55,16 @@ DEFAULT_DELETED_SHARE = 0.2
 DEFAULT_TARGET_FILE_BYTES = 64 << 20
 
 
-def compact_data(table: TableState, partitions: Iterable[str] | None = None, min_files: int = 2,
-                 deleted_share: float | None = DEFAULT_DELETED_SHARE,
-                 target_file_bytes: int | None = DEFAULT_TARGET_FILE_BYTES,
-                 progress: Progress | None = None, runner: WorkRunner | None = None,
-                 base_share: float | None = None) -> DataCompactionResult:
+def compact_data(
+    table: TableState,
+    partitions: Iterable[str] | None = None,
+    min_files: int = 2,
+    deleted_share: float | None = DEFAULT_DELETED_SHARE,
+    target_file_bytes: int | None = DEFAULT_TARGET_FILE_BYTES,
+    progress: Progress | None = None,
+    runner: WorkRunner | None = None,
+    base_share: float | None = None,
+) -> DataCompactionResult:
     """Rewrite, per file group, its small files (under `target_file_bytes`; None: every file counts as small) when
     there are at least `min_files` of them, and every file whose deletion vector hides at least `deleted_share` of
     its rows (None: never for that reason), into one base of their live rows.
@@ -78,11 +84,13 @@ def compact_data(table: TableState, partitions: Iterable[str] | None = None, min
     """
     if deleted_share is not None and not 0.0 < deleted_share <= 1.0:
         raise InvalidInputError(f"deleted_share must be in (0, 1], got {deleted_share!r}")
-    if base_share is not None and (isinstance(base_share, bool) or not isinstance(base_share, (int, float))
-                                   or not 0.0 < base_share <= 1e6):
+    if base_share is not None and (
+        isinstance(base_share, bool) or not isinstance(base_share, (int, float)) or not 0.0 < base_share <= 1e6
+    ):
         raise InvalidInputError(f"base_share must be a number in (0, 1000000] or None, got {base_share!r}")
-    if target_file_bytes is not None and (isinstance(target_file_bytes, bool) or not isinstance(target_file_bytes, int)
-                                          or target_file_bytes < 1):
+    if target_file_bytes is not None and (
+        isinstance(target_file_bytes, bool) or not isinstance(target_file_bytes, int) or target_file_bytes < 1
+    ):
         raise InvalidInputError(f"target_file_bytes must be a positive number of bytes, got {target_file_bytes!r}")
     # 1. The snapshot: the files of each group worth rewriting as of now.
     plan = plan_read(table, partitions)
@@ -101,12 +109,16 @@ def compact_data(table: TableState, partitions: Iterable[str] | None = None, min
         mine = set(replaced)
         for rec in news:
             if rec.action == ACTION_DATA_COMPACTION and mine.intersection(rec.replaced):
-                raise ConflictError(f"data compaction {writer.instant} overlaps data compaction {rec.instant} "
-                                    f"(seq {rec.seq}) on the same files; nothing was published, run it again")
+                raise ConflictError(
+                    f"data compaction {writer.instant} overlaps data compaction {rec.instant} "
+                    f"(seq {rec.seq}) on the same files; nothing was published, run it again"
+                )
             if rec.action == ACTION_ABSORB and mine.intersection(rec.replaced):
-                raise ConflictError(f"data compaction {writer.instant} rewrote files another engine's Delta version "
-                                    f"{rec.extra.get('absorbed', {}).get('version')} removed meanwhile (absorbed at "
-                                    f"seq {rec.seq}); nothing was published, run it again")
+                raise ConflictError(
+                    f"data compaction {writer.instant} rewrote files another engine's Delta version "
+                    f"{rec.extra.get('absorbed', {}).get('version')} removed meanwhile (absorbed at "
+                    f"seq {rec.seq}); nothing was published, run it again"
+                )
             dv_files = {f.path: f for f in rec.dv_files}
             for dv in rec.deletion_vectors:
                 if dv.path in mine:
@@ -120,8 +132,9 @@ def compact_data(table: TableState, partitions: Iterable[str] | None = None, min
         # 2. Declare the bases (a rollback finds them after a crash), then write each: live rows only, each row
         #    keeping the instant that wrote it; one piece of work per file group, run by `runner` (here, or as a
         #    Spark job), each result checked before anything is published.
-        paths = {(u.partition, u.file_group): data_file_path(u.partition, u.file_group, writer.instant, 0)
-                 for u in todo}
+        paths = {
+            (u.partition, u.file_group): data_file_path(u.partition, u.file_group, writer.instant, 0) for u in todo
+        }
         writer.declare(paths.values())
         steps = Steps(progress, len(todo))
         work = partial(rewrite_file_group, table.io, writer.instant, plan.key or "", schema)
@@ -136,26 +149,48 @@ def compact_data(table: TableState, partitions: Iterable[str] | None = None, min
 
         def build(seq: int) -> CompletedInstant:
             dv_files, vectors = _rebased_vectors(table, writer.instant, seen, later, moved)
-            return CompletedInstant(seq=seq, instant=writer.instant, action=ACTION_DATA_COMPACTION,
-                                    table_id=table.props.table_id, completed_at_ms=int(time.time() * 1000),
-                                    start_seq=writer.start_seq, data_files=tuple(bases), replaced=tuple(replaced),
-                                    dv_files=dv_files, deletion_vectors=vectors)
+            return CompletedInstant(
+                seq=seq,
+                instant=writer.instant,
+                action=ACTION_DATA_COMPACTION,
+                table_id=table.props.table_id,
+                completed_at_ms=int(time.time() * 1000),
+                start_seq=writer.start_seq,
+                data_files=tuple(bases),
+                replaced=tuple(replaced),
+                dv_files=dv_files,
+                deletion_vectors=vectors,
+            )
 
         # 3. Publish: readers switch from the old files to the bases in one step.
         record = writer.publish(build, check)
-    return DataCompactionResult(record, len(todo), len(replaced), sum(b.rows for b in bases),
-                                sum(u.bytes for u in todo), sum(b.size for b in bases))
+    return DataCompactionResult(
+        record,
+        len(todo),
+        len(replaced),
+        sum(b.rows for b in bases),
+        sum(u.bytes for u in todo),
+        sum(b.size for b in bases),
+    )
 
 
-def _to_rewrite(unit: ReadUnit, min_files: int, deleted_share: float | None,
-                target_file_bytes: int | None, base_share: float | None = None) -> ReadUnit | None:
+def _to_rewrite(
+    unit: ReadUnit,
+    min_files: int,
+    deleted_share: float | None,
+    target_file_bytes: int | None,
+    base_share: float | None = None,
+) -> ReadUnit | None:
     """The part of a file group to rewrite (None: nothing): the files whose vector hides at least `deleted_share` of
     their rows, and the small ones if at least `min_files` files are to be rewritten at all, less the largest small
     one while the others hold under `base_share` of its bytes (compact_data says why)."""
     vectors = unit.vectors or (None,) * len(unit.files)
     share = 2.0 if deleted_share is None else deleted_share
-    heavy = {i for i, (f, v) in enumerate(zip(unit.files, vectors))
-             if v is not None and f.rows and v.vector.cardinality / f.rows >= share}
+    heavy = {
+        i
+        for i, (f, v) in enumerate(zip(unit.files, vectors))
+        if v is not None and f.rows and v.vector.cardinality / f.rows >= share
+    }
     small = {i for i, f in enumerate(unit.files) if target_file_bytes is None or f.size < target_file_bytes}
     picked = sorted(heavy | small) if len(heavy | small) >= min_files else sorted(heavy)
     if base_share is not None and len(picked) >= min_files:
@@ -163,13 +198,21 @@ def _to_rewrite(unit: ReadUnit, min_files: int, deleted_share: float | None,
         # rest is still worth merging: two files or more, or one rewritten for its deletes.
         largest = max((i for i in picked if i not in heavy), key=lambda i: unit.files[i].size, default=None)
         rest = [i for i in picked if i != largest]
-        if largest is not None and sum(unit.files[i].size for i in rest) < base_share * unit.files[largest].size \
-                and (len(rest) >= 2 or heavy.intersection(rest)):
+        if (
+            largest is not None
+            and sum(unit.files[i].size for i in rest) < base_share * unit.files[largest].size
+            and (len(rest) >= 2 or heavy.intersection(rest))
+        ):
             picked = rest
     if not picked:
         return None
-    return replace(unit, files=tuple(unit.files[i] for i in picked), seqs=tuple(unit.seqs[i] for i in picked),
-                   instants=tuple(unit.instants[i] for i in picked), vectors=tuple(vectors[i] for i in picked))
+    return replace(
+        unit,
+        files=tuple(unit.files[i] for i in picked),
+        seqs=tuple(unit.seqs[i] for i in picked),
+        instants=tuple(unit.instants[i] for i in picked),
+        vectors=tuple(vectors[i] for i in picked),
+    )
 
 
 def rewrite_file_group(io: FileIO, instant: str, key: str, schema: pa.Schema, unit: ReadUnit, attempt: int) -> bytes:
@@ -192,15 +235,16 @@ def rewrite_file_group(io: FileIO, instant: str, key: str, schema: pa.Schema, un
     moved, start = [], 0
     for record, kept in origins:
         rows = np.full(record.rows, -1, dtype="<i8")
-        rows[kept] = base_row[start:start + len(kept)]
+        rows[kept] = base_row[start : start + len(kept)]
         moved.append([record.path, rows.tobytes()])
         start += len(kept)
     base = write_data_file(io, rel, live, unit.partition, unit.file_group, key)
     return pack({"attempt": attempt, "base": record_dict(base), "moved": moved})
 
 
-def _parsed_rewrite(payload: bytes, unit: ReadUnit, instant: str, moved: dict[str, tuple[str, np.ndarray]],
-                    what: str) -> DataFileRecord | None:
+def _parsed_rewrite(
+    payload: bytes, unit: ReadUnit, instant: str, moved: dict[str, tuple[str, np.ndarray]], what: str
+) -> DataFileRecord | None:
     """A file group's rewrite result, checked strictly (CommitError: nothing is published on a result that does not
     fit its file group): the base must be the group's, written under this instant's name for the attempt, and each
     replaced file's row map must cover its rows and send every base row exactly once. `moved` gets the maps."""
@@ -213,8 +257,11 @@ def _parsed_rewrite(payload: bytes, unit: ReadUnit, instant: str, moved: dict[st
                 raise ValueError("row maps without a base")
             return None
         base = DataFileRecord.parse(result["base"], "base")
-        if (base.path, base.partition, base.file_group) != \
-                (data_file_path(unit.partition, unit.file_group, instant, attempt), unit.partition, unit.file_group):
+        if (base.path, base.partition, base.file_group) != (
+            data_file_path(unit.partition, unit.file_group, instant, attempt),
+            unit.partition,
+            unit.file_group,
+        ):
             raise ValueError(f"base {base.path!r} is not this file group's file of attempt {attempt}")
         rows_of = {f.path: f.rows for f in unit.files}
         maps: dict[str, np.ndarray] = {}
@@ -236,8 +283,13 @@ def _parsed_rewrite(payload: bytes, unit: ReadUnit, instant: str, moved: dict[st
     return base
 
 
-def _rebased_vectors(table: TableState, instant: str, seen: dict[str, DvRef | None], later: dict[str, DvRef],
-                     moved: dict[str, tuple[str, np.ndarray]]) -> tuple[tuple, tuple]:
+def _rebased_vectors(
+    table: TableState,
+    instant: str,
+    seen: dict[str, DvRef | None],
+    later: dict[str, DvRef],
+    moved: dict[str, tuple[str, np.ndarray]],
+) -> tuple[tuple, tuple]:
     """Rows of replaced files that commits superseded after the snapshot, as vectors of the bases that hold them:
     the compaction then publishes without conflicting with those commits, and no version of a record is live
     twice."""
@@ -249,7 +301,9 @@ def _rebased_vectors(table: TableState, instant: str, seen: dict[str, DvRef | No
         fresh = now - load_vector(table.io, before, len(rows)) if before is not None else now
         positions = rows[np.asarray(fresh.to_array(), dtype=np.int64)]
         if (positions < 0).any():
-            raise CorruptFileError(f"data compaction {instant}: a commit deleted rows of {path} that were not table "
-                                   "data in the snapshot it compacted; nothing was published")
+            raise CorruptFileError(
+                f"data compaction {instant}: a commit deleted rows of {path} that were not table "
+                "data in the snapshot it compacted; nothing was published"
+            )
         vectors[base] = vectors.get(base, BitMap()) | BitMap(positions.astype(np.uint32))
     return write_vectors(table.io, instant, vectors)

@@ -14,6 +14,7 @@ Delta reader (Spark, delta-rs, polars, DuckDB, Trino) applies them:
 Everything read back is untrusted: a wrong magic, a CRC mismatch, a size or cardinality that differs from the
 descriptor, or a position past the file's rows is a CorruptFileError naming the DV file, never fewer deleted rows.
 """
+
 from __future__ import annotations
 
 import struct
@@ -55,12 +56,12 @@ def z85_decode(text: str) -> bytes:
     out = bytearray()
     for i in range(0, len(text), 5):
         value = 0
-        for c in text[i:i + 5]:
+        for c in text[i : i + 5]:
             if c not in _Z85_INDEX:
                 raise ValueError(f"{c!r} is not a Z85 character")
             value = value * 85 + _Z85_INDEX[c]
-        if value >= 2 ** 32:
-            raise ValueError(f"Z85 group {text[i:i + 5]!r} is out of range")
+        if value >= 2**32:
+            raise ValueError(f"Z85 group {text[i : i + 5]!r} is out of range")
         out += value.to_bytes(4, "big")
     return bytes(out)
 
@@ -86,7 +87,7 @@ def decode_vector(data: bytes, where: str) -> BitMap:
         result, offset = BitMap(), 12
         for _ in range(count):
             (high,) = struct.unpack_from("<I", data, offset)
-            part = BitMap.deserialize(data[offset + 4:])
+            part = BitMap.deserialize(data[offset + 4 :])
             if high != 0 and len(part):
                 raise ValueError("row positions at or above 2^32")
             result |= part
@@ -137,11 +138,12 @@ def vector_body(data: bytes, slot: VectorSlot, where: str) -> bytes:
     if slot.offset < 1 or end > len(data):
         raise CorruptFileError(f"DV file {where} has no vector of {slot.size} bytes at offset {slot.offset}")
     (length,) = struct.unpack_from(">I", data, slot.offset)
-    body = data[slot.offset + 4:slot.offset + 4 + slot.size]
+    body = data[slot.offset + 4 : slot.offset + 4 + slot.size]
     (crc,) = struct.unpack_from(">I", data, slot.offset + 4 + slot.size)
     if length != slot.size:
-        raise CorruptFileError(f"DV file {where}: the vector at offset {slot.offset} is {length} bytes, its "
-                               f"descriptor says {slot.size}")
+        raise CorruptFileError(
+            f"DV file {where}: the vector at offset {slot.offset} is {length} bytes, its descriptor says {slot.size}"
+        )
     if zlib.crc32(body) & 0xFFFFFFFF != crc:
         raise CorruptFileError(f"DV file {where}: the vector at offset {slot.offset} fails its CRC-32 (damaged)")
     return body
@@ -151,11 +153,15 @@ def read_vector(data: bytes, slot: VectorSlot, rows: int, where: str) -> BitMap:
     """One vector's positions (vector_body, then its cardinality and every position < the data file's rows)."""
     positions = decode_vector(vector_body(data, slot, where), where)
     if len(positions) != slot.cardinality:
-        raise CorruptFileError(f"DV file {where}: the vector at offset {slot.offset} holds {len(positions)} "
-                               f"positions, its descriptor says {slot.cardinality}")
+        raise CorruptFileError(
+            f"DV file {where}: the vector at offset {slot.offset} holds {len(positions)} "
+            f"positions, its descriptor says {slot.cardinality}"
+        )
     if len(positions) and positions.max() >= rows:
-        raise CorruptFileError(f"DV file {where}: the vector at offset {slot.offset} deletes row {positions.max()} "
-                               f"of a data file of {rows} rows")
+        raise CorruptFileError(
+            f"DV file {where}: the vector at offset {slot.offset} deletes row {positions.max()} "
+            f"of a data file of {rows} rows"
+        )
     return positions
 
 

@@ -7,6 +7,7 @@ a time, not a whole snapshot. Everything here is untrusted input: a line that is
 lies outside the table, a size that is not a number, is a typed error naming the version file, raised before any
 file it names is opened.
 """
+
 from __future__ import annotations
 
 import json
@@ -71,14 +72,17 @@ def read_version(io: FileIO, version: int) -> VersionActions:
         text = io.read_bytes(version_file(version)).decode("utf-8")
         actions = [json.loads(line) for line in text.splitlines() if line.strip()]
     except (UnicodeError, ValueError) as exc:
-        raise CorruptFileError(f"Delta version {version} ({where}) is not a valid commit (torn or damaged: {exc}); "
-                               "restore it from a backup or remove the engine's failed commit") from exc
+        raise CorruptFileError(
+            f"Delta version {version} ({where}) is not a valid commit (torn or damaged: {exc}); "
+            "restore it from a backup or remove the engine's failed commit"
+        ) from exc
     out: dict[str, Any] = {"adds": [], "removes": []}
     for i, action in enumerate(actions):
         if not isinstance(action, dict) or len(action) != 1:
-            raise CorruptFileError(f"line {i + 1} of Delta version {version} ({where}) is not one action: "
-                                   f"{action!r:.200}")
-        (kind, body), = action.items()
+            raise CorruptFileError(
+                f"line {i + 1} of Delta version {version} ({where}) is not one action: {action!r:.200}"
+            )
+        ((kind, body),) = action.items()
         if kind in ("add", "remove"):
             out[kind + "s"].append(_file_action(io, body, kind, f"line {i + 1} of {where}"))
         elif kind in ("commitInfo", "metaData", "protocol"):
@@ -86,8 +90,14 @@ def read_version(io: FileIO, version: int) -> VersionActions:
                 raise CorruptFileError(f"the {kind} action on line {i + 1} of {where} is not an object")
             out[{"commitInfo": "commit_info", "metaData": "metadata", "protocol": "protocol"}[kind]] = body
         # txn, domainMetadata, cdc (change data files, never table data) and unknown actions change no row
-    return VersionActions(version, out.get("commit_info", {}), tuple(out["adds"]), tuple(out["removes"]),
-                          out.get("metadata"), out.get("protocol"))
+    return VersionActions(
+        version,
+        out.get("commit_info", {}),
+        tuple(out["adds"]),
+        tuple(out["removes"]),
+        out.get("metadata"),
+        out.get("protocol"),
+    )
 
 
 def _file_action(io: FileIO, body: Any, kind: str, where: str) -> FileAction:
@@ -104,8 +114,9 @@ def _file_action(io: FileIO, body: Any, kind: str, where: str) -> FileAction:
     dv = body.get("deletionVector")
     if dv is not None:
         check_descriptor(io, dv, f"the {kind} of {raw!r} at {where}")
-    return FileAction(path, raw, dict(values), size if isinstance(size, int) else None, dv,
-                      bool(body.get("dataChange", True)))
+    return FileAction(
+        path, raw, dict(values), size if isinstance(size, int) else None, dv, bool(body.get("dataChange", True))
+    )
 
 
 def expired_version(version: int) -> VersionActions:
@@ -122,8 +133,10 @@ def from_checkpoint(io: FileIO, version: int, known: dict[str, int]) -> VersionA
     where = io.path(f"_delta_log/{version:020d}.checkpoint.parquet")
     found, live, metadata = checkpoint_snapshot(io, version)
     if found != version:
-        raise CorruptFileError(f"{where}: _last_checkpoint names version {version}, whose checkpoint is not complete "
-                               "or missing, and the versions before it are expired: the Delta log is damaged")
+        raise CorruptFileError(
+            f"{where}: _last_checkpoint names version {version}, whose checkpoint is not complete "
+            "or missing, and the versions before it are expired: the Delta log is damaged"
+        )
     adds: dict[str, FileAction] = {}
     for add in live.values():
         action = _file_action(io, add, "add", where)
@@ -141,11 +154,13 @@ def table_relative(io: FileIO, raw: str, where: str) -> str:
     plain = unquote(raw)
     for prefix in ("file://" + root + "/", root + "/"):
         if plain.startswith(prefix):
-            plain = plain[len(prefix):]
+            plain = plain[len(prefix) :]
             break
     if "://" in plain or plain.startswith("/"):
-        raise DeltaFeatureError(f"{where} names {raw!r}, a file outside the table at {root} (a shallow clone?): "
-                                "dbidx indexes tables whose files lie inside them")
+        raise DeltaFeatureError(
+            f"{where} names {raw!r}, a file outside the table at {root} (a shallow clone?): "
+            "dbidx indexes tables whose files lie inside them"
+        )
     try:
         rel = layout.validate_table_path(plain)
     except InvalidInputError as exc:
@@ -171,8 +186,9 @@ def dv_file_path(dv: dict[str, Any], where: str) -> str:
     try:
         return layout.validate_table_path(rel)
     except InvalidInputError as exc:
-        raise DeltaFeatureError(f"{where}: its deletion vector file {rel!r} lies outside the table ({exc}); nothing "
-                                "was read") from exc
+        raise DeltaFeatureError(
+            f"{where}: its deletion vector file {rel!r} lies outside the table ({exc}); nothing was read"
+        ) from exc
 
 
 def check_descriptor(io: FileIO, dv: Any, where: str) -> None:
@@ -181,8 +197,10 @@ def check_descriptor(io: FileIO, dv: Any, where: str) -> None:
         raise CorruptFileError(f"{where}: its deletionVector is not an object")
     kind = dv.get("storageType")
     if kind == "p":
-        raise DeltaFeatureError(f"{where}: its deletion vector is stored at an absolute path "
-                                f"({dv.get('pathOrInlineDv')!r:.200}); dbidx reads relative and inline vectors only")
+        raise DeltaFeatureError(
+            f"{where}: its deletion vector is stored at an absolute path "
+            f"({dv.get('pathOrInlineDv')!r:.200}); dbidx reads relative and inline vectors only"
+        )
     if kind not in ("i", "u"):
         raise CorruptFileError(f"{where}: deletion vector storage type {kind!r} is not one Delta defines")
     for name in ("sizeInBytes", "cardinality"):
@@ -212,8 +230,9 @@ def read_descriptor(io: FileIO, dv: dict[str, Any], rows: int, where: str) -> Bi
         body = vector_body(io.read_bytes(rel), VectorSlot(offset, size, cardinality), io.path(rel))
     positions = decode_vector(body, where)
     if len(positions) != cardinality:
-        raise CorruptFileError(f"{where}: its deletion vector holds {len(positions)} rows, its descriptor says "
-                               f"{cardinality}")
+        raise CorruptFileError(
+            f"{where}: its deletion vector holds {len(positions)} rows, its descriptor says {cardinality}"
+        )
     if len(positions) and positions.max() >= rows:
         raise CorruptFileError(f"{where}: its deletion vector deletes row {positions.max()} of a file of {rows} rows")
     return positions

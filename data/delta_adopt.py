@@ -7,6 +7,7 @@ would keep the old entry beside dbidx's new one. So the log's JSON versions (fro
 on) are replayed here for those two facts, and the result is checked against delta-rs's snapshot file by file
 (paths, deleted-row counts): a disagreement is an error, never a guess.
 """
+
 from __future__ import annotations
 
 import json
@@ -72,8 +73,10 @@ def read_snapshot(io: FileIO) -> DeltaSnapshot:
     from deltalake.exceptions import DeltaError
 
     if not io.is_local:
-        raise DeltaFeatureError(f"adopting a Delta table on an object store ({io.path('')}) is not supported yet; "
-                                "adopt a local copy, or write the table with dbidx from the start")
+        raise DeltaFeatureError(
+            f"adopting a Delta table on an object store ({io.path('')}) is not supported yet; "
+            "adopt a local copy, or write the table with dbidx from the start"
+        )
     # 1. delta-rs's snapshot: version, protocol, metaData, schema, files. A log it cannot read (a torn commit) is
     #    named by our own replay of it where it can be, else with delta-rs's words.
     try:
@@ -84,8 +87,9 @@ def read_snapshot(io: FileIO) -> DeltaSnapshot:
         their_paths = pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
     except DeltaError as exc:
         _replay(io, _newest_version(io))
-        raise CorruptFileError(f"the Delta log {io.path(DELTA_LOG_DIR)} is unreadable to delta-rs: {exc}; nothing "
-                               "was written") from exc
+        raise CorruptFileError(
+            f"the Delta log {io.path(DELTA_LOG_DIR)} is unreadable to delta-rs: {exc}; nothing was written"
+        ) from exc
     protocol = _check_protocol(raw_protocol, configuration, io)
     # 2. Our replay of the same version: each file's raw path and vector descriptor, and the metaData action; every
     #    vector checked to be inline or inside the table before anything (delta-rs included) opens one.
@@ -97,26 +101,33 @@ def read_snapshot(io: FileIO) -> DeltaSnapshot:
     ours = {_relative(raw, io): (raw, add) for raw, add in live.items()}
     if set(theirs) != set(ours):
         odd = sorted(set(theirs) ^ set(ours))[:3]
-        raise CorruptFileError(f"the Delta log of {io.path('')} at version {version} reads differently in delta-rs and "
-                               f"in dbidx's replay (e.g. {odd}); nothing was written")
+        raise CorruptFileError(
+            f"the Delta log of {io.path('')} at version {version} reads differently in delta-rs and "
+            f"in dbidx's replay (e.g. {odd}); nothing was written"
+        )
     for path, (_raw, add) in sorted(ours.items()):
         if add.get("deletionVector") is not None:
             _check_vector(add["deletionVector"], io, path)
     try:
         deleted = _deleted_rows(table, io) if any(add.get("deletionVector") for add in live.values()) else {}
     except DeltaError as exc:
-        raise CorruptFileError(f"delta-rs cannot read the deletion vectors of the Delta table {io.path('')} at "
-                               f"version {version}: {exc}; nothing was written") from exc
+        raise CorruptFileError(
+            f"delta-rs cannot read the deletion vectors of the Delta table {io.path('')} at "
+            f"version {version}: {exc}; nothing was written"
+        ) from exc
     files = []
     for path, (raw, add) in sorted(ours.items()):
         dv = add.get("deletionVector")
         rows = deleted.get(path)
         if (dv is None) != (rows is None) or (dv is not None and dv.get("cardinality") != len(rows)):
-            raise CorruptFileError(f"the deletion vector of {io.path(path)} in the Delta log ({dv}) does not match "
-                                   f"the {0 if rows is None else len(rows)} deleted rows delta-rs reads; nothing "
-                                   "was written")
-        files.append(AdoptedFile(path, raw, _partition_of(add, partition_columns, io.path(path)),
-                                 int(add["size"]), dv, rows))
+            raise CorruptFileError(
+                f"the deletion vector of {io.path(path)} in the Delta log ({dv}) does not match "
+                f"the {0 if rows is None else len(rows)} deleted rows delta-rs reads; nothing "
+                "was written"
+            )
+        files.append(
+            AdoptedFile(path, raw, _partition_of(add, partition_columns, io.path(path)), int(add["size"]), dv, rows)
+        )
     return DeltaSnapshot(version, protocol, metadata, schema, partition_columns, files)
 
 
@@ -141,8 +152,10 @@ def _check_vector(dv: Any, io: FileIO, path: str) -> None:
     if kind == "i":
         return
     if kind != "u":
-        raise DeltaFeatureError(f"{where} is stored at an absolute path or in an unknown way ({kind!r}); dbidx "
-                                "adopts relative (u) and inline (i) vectors only; nothing was written")
+        raise DeltaFeatureError(
+            f"{where} is stored at an absolute path or in an unknown way ({kind!r}); dbidx "
+            "adopts relative (u) and inline (i) vectors only; nothing was written"
+        )
     text = dv.get("pathOrInlineDv")
     if not isinstance(text, str) or len(text) < _DV_UUID_CHARS:
         raise CorruptFileError(f"{where}: a relative vector's pathOrInlineDv must end in a 20-character Z85 uuid")
@@ -156,8 +169,10 @@ def _check_vector(dv: Any, io: FileIO, path: str) -> None:
     try:
         io.guard(rel, "read")
     except DbidxError as exc:
-        raise DeltaFeatureError(f"{where} names the DV file {rel!r}, which is not inside the table: {exc}; dbidx "
-                                "adopts vectors stored inside the table only; nothing was written") from exc
+        raise DeltaFeatureError(
+            f"{where} names the DV file {rel!r}, which is not inside the table: {exc}; dbidx "
+            "adopts vectors stored inside the table only; nothing was written"
+        ) from exc
 
 
 def _check_protocol(p: Any, configuration: dict[str, str], io: FileIO) -> dict[str, Any]:
@@ -169,17 +184,23 @@ def _check_protocol(p: Any, configuration: dict[str, str], io: FileIO) -> dict[s
         raise DeltaFeatureError(
             f"{where}: protocol reader {reader} / writer {writer} is not one dbidx can write to (reader 1-3, writer "
             "1, 2 or 7 with table features; writer 3-6 imply check constraints, change data feed, generated or "
-            "identity columns, column mapping)")
+            "identity columns, column mapping)"
+        )
     unknown = sorted((set(readers) - READER_FEATURES) | (set(writers) - WRITER_FEATURES))
     if unknown:
-        raise DeltaFeatureError(f"{where}: the table uses Delta feature(s) {unknown}, which dbidx cannot keep when "
-                                "it writes; nothing was written")
+        raise DeltaFeatureError(
+            f"{where}: the table uses Delta feature(s) {unknown}, which dbidx cannot keep when "
+            "it writes; nothing was written"
+        )
     if configuration.get("delta.columnMapping.mode", "none") != "none":
-        raise DeltaFeatureError(f"{where}: column mapping ({configuration['delta.columnMapping.mode']}) is not "
-                                "supported: dbidx writes data files with the logical column names")
+        raise DeltaFeatureError(
+            f"{where}: column mapping ({configuration['delta.columnMapping.mode']}) is not "
+            "supported: dbidx writes data files with the logical column names"
+        )
     if str(configuration.get("delta.appendOnly", "false")).lower() == "true":
-        raise DeltaFeatureError(f"{where}: the table is append-only (delta.appendOnly=true): upserts would "
-                                "update and delete rows of it")
+        raise DeltaFeatureError(
+            f"{where}: the table is append-only (delta.appendOnly=true): upserts would update and delete rows of it"
+        )
     out: dict[str, Any] = {"minReaderVersion": reader, "minWriterVersion": writer}
     if reader == 3:
         out["readerFeatures"] = sorted(readers)
@@ -195,8 +216,9 @@ def _check_schema(metadata: dict[str, Any], schema: pa.Schema, io: FileIO) -> No
     if '"variant"' in text:
         raise DeltaFeatureError(f"{io.path(DELTA_LOG_DIR)}: the table has a variant column, which dbidx cannot write")
     if "delta.invariants" in text:
-        raise DeltaFeatureError(f"{io.path(DELTA_LOG_DIR)}: a column carries Delta invariants, which dbidx does not "
-                                "check when it writes")
+        raise DeltaFeatureError(
+            f"{io.path(DELTA_LOG_DIR)}: a column carries Delta invariants, which dbidx does not check when it writes"
+        )
     if any(f.name.startswith("_dbidx_") for f in schema):
         raise DeltaFeatureError(f"{io.path('')}: the table has columns in dbidx's `_dbidx_` namespace")
 
@@ -211,8 +233,9 @@ def _replay(io: FileIO, version: int) -> tuple[dict[str, dict[str, Any]], dict[s
             if not all(isinstance(action, dict) for action in actions):
                 raise ValueError("a line is not a JSON object")
         except (OSError, UnicodeError, ValueError) as exc:
-            raise CorruptFileError(f"Delta version {v} ({io.path(version_file(v))}) is unreadable: {exc}; nothing "
-                                   "was written") from exc
+            raise CorruptFileError(
+                f"Delta version {v} ({io.path(version_file(v))}) is unreadable: {exc}; nothing was written"
+            ) from exc
         for action in actions:  # removes first: a remove and an add of one path in a version replace its vector
             if isinstance(action.get("remove"), dict):
                 live.pop((action["remove"].get("path"), _dv_id(action["remove"].get("deletionVector"))), None)
@@ -225,8 +248,9 @@ def _replay(io: FileIO, version: int) -> tuple[dict[str, dict[str, Any]], dict[s
     by_path: dict[str, dict[str, Any]] = {}
     for (raw, _dv), add in live.items():
         if not isinstance(raw, str) or raw in by_path:
-            raise CorruptFileError(f"the Delta log of {io.path('')} lists file {raw!r} twice (or without a path) at "
-                                   f"version {version}")
+            raise CorruptFileError(
+                f"the Delta log of {io.path('')} lists file {raw!r} twice (or without a path) at version {version}"
+            )
         by_path[raw] = add
     if not metadata:
         raise CorruptFileError(f"the Delta log of {io.path('')} has no metaData action up to version {version}")
@@ -252,8 +276,7 @@ def _from_checkpoint(io: FileIO, version: int) -> tuple[int, dict[tuple[Any, str
         where = io.path(DELTA_LOG_DIR + "/" + name)
         try:
             checkpoint = pq.read_table(pa.BufferReader(io.read_buffer(f"{DELTA_LOG_DIR}/{name}")))
-            columns = {c: checkpoint.column(c).to_pylist() for c in ("add", "metaData")
-                       if c in checkpoint.column_names}
+            columns = {c: checkpoint.column(c).to_pylist() for c in ("add", "metaData") if c in checkpoint.column_names}
         except (pa.ArrowException, OSError) as exc:
             raise CorruptFileError(f"Delta checkpoint {where} is unreadable: {exc}") from exc
         for row in columns.get("add", []):
@@ -283,8 +306,9 @@ def _action_from_checkpoint(value: Any, arrow_type: pa.DataType, where: str) -> 
         try:
             return {k: _action_from_checkpoint(v, arrow_type.item_type, where) for k, v in value}
         except (TypeError, ValueError) as exc:
-            raise CorruptFileError(f"Delta checkpoint {where} holds a map that is not key/value pairs: "
-                                   f"{value!r:.100}") from exc
+            raise CorruptFileError(
+                f"Delta checkpoint {where} holds a map that is not key/value pairs: {value!r:.100}"
+            ) from exc
     if pa.types.is_struct(arrow_type):
         fields = {f.name: f.type for f in arrow_type}
         return {k: _action_from_checkpoint(v, fields[k], where) for k, v in value.items() if v is not None}
@@ -307,11 +331,13 @@ def _relative(path: str, io: FileIO) -> str:
     plain = unquote(path)
     for prefix in ("file://" + root + "/", root + "/"):
         if plain.startswith(prefix):
-            plain = plain[len(prefix):]
+            plain = plain[len(prefix) :]
             break
     if "://" in plain or plain.startswith("/"):
-        raise DeltaFeatureError(f"the Delta table at {root} lists {path!r}, a file outside its directory (a shallow "
-                                "clone?); dbidx adopts tables whose files lie inside them")
+        raise DeltaFeatureError(
+            f"the Delta table at {root} lists {path!r}, a file outside its directory (a shallow "
+            "clone?); dbidx adopts tables whose files lie inside them"
+        )
     try:
         return layout.validate_table_path(plain)
     except InvalidInputError as exc:
@@ -336,12 +362,16 @@ def _partition_of(add: dict[str, Any], columns: list[str], where: str) -> str:
     for column in columns:
         value = values.get(column)
         if value is None or value == "":  # Delta reads an empty partition value as null
-            raise DeltaFeatureError(f"{where} has a null, empty or no value ({value!r}) for partition column "
-                                    f"{column!r}; dbidx names partitions by their values")
+            raise DeltaFeatureError(
+                f"{where} has a null, empty or no value ({value!r}) for partition column "
+                f"{column!r}; dbidx names partitions by their values"
+            )
         if "/" in str(value):
-            raise DeltaFeatureError(f"{where} has partition value {value!r} for column {column!r}: dbidx names "
-                                    "partitions by path segments, and a '/' in a value would split it; nothing was "
-                                    "written")
+            raise DeltaFeatureError(
+                f"{where} has partition value {value!r} for column {column!r}: dbidx names "
+                "partitions by path segments, and a '/' in a value would split it; nothing was "
+                "written"
+            )
         segments.append(f"{column}={value}")
     partition = "/".join(segments)
     try:

@@ -25,6 +25,7 @@ The slim file replaces delta-rs's own under the same name in one atomic write, a
 added back); `_last_checkpoint` then gets its new size. A reader that opened
 the fat file reads it to the end (a rename or a PUT never changes an open file's bytes).
 """
+
 from __future__ import annotations
 
 import json
@@ -100,8 +101,9 @@ def _useless_tombstones(add: pa.ChunkedArray, remove: pa.ChunkedArray) -> np.nda
     rows = len(remove)
     is_remove = pc.is_valid(remove).to_numpy(zero_copy_only=False)
     vector = pc.struct_field(remove, "deletionVector")
-    inline = pc.fill_null(pc.or_kleene(pc.is_null(vector), pc.equal(pc.struct_field(vector, "storageType"), "i")),
-                          True).to_numpy(zero_copy_only=False)
+    inline = pc.fill_null(
+        pc.or_kleene(pc.is_null(vector), pc.equal(pc.struct_field(vector, "storageType"), "i")), True
+    ).to_numpy(zero_copy_only=False)
     candidates = np.flatnonzero(is_remove & inline)
     out = np.zeros(rows, dtype=bool)
     if not len(candidates):
@@ -123,8 +125,9 @@ def _useless_tombstones(add: pa.ChunkedArray, remove: pa.ChunkedArray) -> np.nda
 def _inline_vectors(remove: pa.ChunkedArray | pa.StructArray) -> pa.Array:
     """Per checkpoint row, whether it is a tombstone carrying an inline vector (storageType "i")."""
     vector = pc.struct_field(remove, "deletionVector")
-    return pc.fill_null(pc.and_kleene(pc.is_valid(remove), pc.equal(pc.struct_field(vector, "storageType"), "i")),
-                        False)
+    return pc.fill_null(
+        pc.and_kleene(pc.is_valid(remove), pc.equal(pc.struct_field(vector, "storageType"), "i")), False
+    )
 
 
 def _strip_inline_vectors(table: pa.Table) -> tuple[pa.Table, int]:
@@ -141,8 +144,11 @@ def _strip_inline_vectors(table: pa.Table) -> tuple[pa.Table, int]:
     vector = remove.field("deletionVector")
     # The vector's own fields are kept as they are under a null parent (some are non-nullable: a null struct over
     # them is what Parquet stores for "no vector").
-    bare = pa.StructArray.from_arrays([vector.field(i) for i in range(vector.type.num_fields)],
-                                      fields=list(vector.type), mask=pc.or_(pc.is_null(vector), inline))
+    bare = pa.StructArray.from_arrays(
+        [vector.field(i) for i in range(vector.type.num_fields)],
+        fields=list(vector.type),
+        mask=pc.or_(pc.is_null(vector), inline),
+    )
     fields = [bare if f.name == "deletionVector" else remove.field(i) for i, f in enumerate(remove.type)]
     out = pa.StructArray.from_arrays(fields, fields=list(remove.type), mask=pc.is_null(remove))
     return table.set_column(at, table.schema.field(at), out), stripped
@@ -152,8 +158,7 @@ def _strip_inline_vectors(table: pa.Table) -> tuple[pa.Table, int]:
 _TOMBSTONE_FIELDS = ("path", "deletionTimestamp", "dataChange", "size", "partitionValues", "extendedFileMetadata")
 
 
-def _check_same_state(fat: pa.Table, kept: pa.Table, slim: pa.Table, dropped: int, stripped: int,
-                      where: str) -> None:
+def _check_same_state(fat: pa.Table, kept: pa.Table, slim: pa.Table, dropped: int, stripped: int, where: str) -> None:
     """The slim checkpoint holds the fat one's schema and every row but the dropped tombstones (`kept`), the same
     but for the stripped inline vectors, which only tombstones of paths not added back lose."""
     problems = []
@@ -162,8 +167,10 @@ def _check_same_state(fat: pa.Table, kept: pa.Table, slim: pa.Table, dropped: in
     if slim.num_rows != fat.num_rows - dropped or kept.num_rows != slim.num_rows:
         problems.append(f"it has {slim.num_rows} rows, not {fat.num_rows - dropped}")
     for column in ("add", "metaData", "protocol", "txn", "domainMetadata"):
-        if column in fat.column_names and \
-                pc.sum(pc.is_valid(fat.column(column))).as_py() != pc.sum(pc.is_valid(slim.column(column))).as_py():
+        if (
+            column in fat.column_names
+            and pc.sum(pc.is_valid(fat.column(column))).as_py() != pc.sum(pc.is_valid(slim.column(column))).as_py()
+        ):
             problems.append(f"its {column} actions differ")
     if not problems:
         for column in slim.column_names:
@@ -172,8 +179,9 @@ def _check_same_state(fat: pa.Table, kept: pa.Table, slim: pa.Table, dropped: in
         before, after = kept.column("remove"), slim.column("remove")
         remove_type = fat.schema.field("remove").type
         for name in _TOMBSTONE_FIELDS:
-            if remove_type.get_field_index(name) >= 0 and \
-                    not pc.struct_field(before, name).equals(pc.struct_field(after, name)):
+            if remove_type.get_field_index(name) >= 0 and not pc.struct_field(before, name).equals(
+                pc.struct_field(after, name)
+            ):
                 problems.append(f"its tombstones' {name} differ")
         if not pc.is_valid(after).equals(pc.is_valid(before)):
             problems.append("its tombstones differ")
@@ -191,5 +199,7 @@ def _check_same_state(fat: pa.Table, kept: pa.Table, slim: pa.Table, dropped: in
             if pc.any(pc.is_in(bare, value_set=live.combine_chunks())).as_py():
                 problems.append("a tombstone of a path added back lost its vector")
     if problems:
-        raise CorruptFileError(f"slimming Delta checkpoint {where} went wrong ({'; '.join(problems)}); the file "
-                               "delta-rs wrote is left as it was")
+        raise CorruptFileError(
+            f"slimming Delta checkpoint {where} went wrong ({'; '.join(problems)}); the file "
+            "delta-rs wrote is left as it was"
+        )

@@ -9,6 +9,7 @@ vector is a `remove` carrying its old vector plus an `add` carrying the union; a
 it replaced and adds its bases with `dataChange: false`; index compactions, cleans and rollbacks change no row and
 write a version with `commitInfo` only.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,23 +23,46 @@ from dbidx.data.deletion_vectors import inline_form
 from dbidx.data.schema import recorded_schema
 from dbidx.errors import CorruptFileError
 from dbidx.storage.data_view import (
-    DEFAULT_CONFIGURATION, DELTA_ADOPTED_EXTRA, DELTA_CONFIGURATION_EXTRA, DataView, DvRef,
+    DEFAULT_CONFIGURATION,
+    DELTA_ADOPTED_EXTRA,
+    DELTA_CONFIGURATION_EXTRA,
+    DataView,
+    DvRef,
 )
 from dbidx.storage.layout import layout_partition_columns
 from dbidx.storage.records import (
-    ACTION_ABSORB, ACTION_BUILD_INDEX, ACTION_COMMIT, ACTION_DATA_COMPACTION, ACTION_PROPERTIES, ACTION_UPGRADE,
+    ACTION_ABSORB,
+    ACTION_BUILD_INDEX,
+    ACTION_COMMIT,
+    ACTION_DATA_COMPACTION,
+    ACTION_PROPERTIES,
+    ACTION_UPGRADE,
     CompletedInstant,
     DataFileRecord,
 )
 
 ENGINE = "dbidx"
-PROTOCOL = {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": ["deletionVectors"],
-            "writerFeatures": ["deletionVectors"]}
-_OPERATIONS = {ACTION_COMMIT: "MERGE", ACTION_BUILD_INDEX: "CONVERT", ACTION_DATA_COMPACTION: "OPTIMIZE",
-               ACTION_UPGRADE: "CONVERT", ACTION_PROPERTIES: "SET TBLPROPERTIES"}
+PROTOCOL = {
+    "minReaderVersion": 3,
+    "minWriterVersion": 7,
+    "readerFeatures": ["deletionVectors"],
+    "writerFeatures": ["deletionVectors"],
+}
+_OPERATIONS = {
+    ACTION_COMMIT: "MERGE",
+    ACTION_BUILD_INDEX: "CONVERT",
+    ACTION_DATA_COMPACTION: "OPTIMIZE",
+    ACTION_UPGRADE: "CONVERT",
+    ACTION_PROPERTIES: "SET TBLPROPERTIES",
+}
 # Partition column types whose partitionValues text every reader parses back to the same value.
-_PARTITION_TYPES = (pa.types.is_string, pa.types.is_large_string, pa.types.is_integer, pa.types.is_date32,
-                    pa.types.is_boolean)
+_PARTITION_TYPES = (
+    pa.types.is_string,
+    pa.types.is_large_string,
+    pa.types.is_integer,
+    pa.types.is_date32,
+    pa.types.is_boolean,
+)
 
 
 def encode(actions: Iterable[dict[str, Any]]) -> bytes:
@@ -49,9 +73,13 @@ def encode(actions: Iterable[dict[str, Any]]) -> bytes:
 def initial_version(table_id: str, created_at_ms: int) -> bytes:
     """Version 0, written when the table is created: the protocol (deletion vectors) and an empty schema (the
     first write's version carries the real one)."""
-    return encode([_commit_info(created_at_ms, "CREATE TABLE", None),
-                   {"protocol": PROTOCOL},
-                   _metadata(table_id, created_at_ms, {"type": "struct", "fields": []}, [], DEFAULT_CONFIGURATION)])
+    return encode(
+        [
+            _commit_info(created_at_ms, "CREATE TABLE", None),
+            {"protocol": PROTOCOL},
+            _metadata(table_id, created_at_ms, {"type": "struct", "fields": []}, [], DEFAULT_CONFIGURATION),
+        ]
+    )
 
 
 @dataclass(frozen=True)
@@ -63,17 +91,19 @@ class TableShape:
     upgraded_at_seq: int = 0  # `dbidx upgrade` from format 3: earlier completions add no rows to the Delta log
 
 
-def version_for(shape: TableShape, record: CompletedInstant, view: DataView,
-                body: Callable[[DvRef], bytes]) -> bytes:
+def version_for(shape: TableShape, record: CompletedInstant, view: DataView, body: Callable[[DvRef], bytes]) -> bytes:
     """Delta version `record.seq`: the record's effect on the rows, given the data view right before it; `body`
     gives a vector's bytes (verified), which the version carries inline."""
     if record.action == ACTION_ABSORB:
         version = record.extra.get("absorbed", {}).get("version")
-        raise CorruptFileError(f"completion {record.seq} ({record.instant}) absorbed another engine's Delta version "
-                               f"{version!r}, which is missing from the log: it cannot be derived (restore "
-                               "`_delta_log/` from a backup)")
-    actions: list[dict[str, Any]] = [_commit_info(record.completed_at_ms, _OPERATIONS.get(record.action, "VACUUM"),
-                                                  record)]
+        raise CorruptFileError(
+            f"completion {record.seq} ({record.instant}) absorbed another engine's Delta version "
+            f"{version!r}, which is missing from the log: it cannot be derived (restore "
+            "`_delta_log/` from a backup)"
+        )
+    actions: list[dict[str, Any]] = [
+        _commit_info(record.completed_at_ms, _OPERATIONS.get(record.action, "VACUUM"), record)
+    ]
     if record.seq < shape.upgraded_at_seq:
         # A format-3 completion: its files had no vectors yet (rows merged by key), so it adds nothing a Delta
         # reader could read correctly; the upgrade's version adds the whole table at once.
@@ -89,8 +119,9 @@ def version_for(shape: TableShape, record: CompletedInstant, view: DataView,
         # The table properties change: the metaData as it stands, with the record's whole new configuration.
         configuration = record.extra.get(DELTA_CONFIGURATION_EXTRA)
         if not isinstance(configuration, dict):
-            raise CorruptFileError(f"completion {record.seq} ({record.instant}) changes the table properties but "
-                                   "records no configuration")
+            raise CorruptFileError(
+                f"completion {record.seq} ({record.instant}) changes the table properties but records no configuration"
+            )
         return encode(actions + [_current_metadata(shape, view, after_schema, partition_columns, configuration)])
     if after_schema is not None and (view.schema is None or "schema" in record.extra):
         actions.append(_current_metadata(shape, view, after_schema, partition_columns, None))
@@ -101,20 +132,26 @@ def version_for(shape: TableShape, record: CompletedInstant, view: DataView,
     for path in record.replaced if record.action == ACTION_DATA_COMPACTION else ():
         gone = view.get(path)
         if gone is None:
-            raise CorruptFileError(f"completion {record.seq} ({record.instant}) replaces {path!r}, which is not a "
-                                   "live data file right before it")
-        actions.append(_remove(gone.record, _inline(view.vector_of(path), body), partition_columns, ms,
-                               data_change=False))
+            raise CorruptFileError(
+                f"completion {record.seq} ({record.instant}) replaces {path!r}, which is not a "
+                "live data file right before it"
+            )
+        actions.append(
+            _remove(gone.record, _inline(view.vector_of(path), body), partition_columns, ms, data_change=False)
+        )
     new_paths = {f.path for f in record.data_files}
     # 2. Files that were live before and got a new vector: remove with the old vector, add with the new one.
     for path in sorted(set(vectors) - new_paths):
         old = view.get(path)
         if old is None:
-            raise CorruptFileError(f"completion {record.seq} ({record.instant}) gives {path!r} a deletion vector, "
-                                   "but it is not a live data file right before it")
+            raise CorruptFileError(
+                f"completion {record.seq} ({record.instant}) gives {path!r} a deletion vector, "
+                "but it is not a live data file right before it"
+            )
         new = DvRef(vectors[path], dv_files[vectors[path].dv_file])
-        actions.append(_remove(old.record, _inline(view.vector_of(path), body), partition_columns, ms,
-                               data_change=True))
+        actions.append(
+            _remove(old.record, _inline(view.vector_of(path), body), partition_columns, ms, data_change=True)
+        )
         actions.append(_add(old.record, _inline(new, body), partition_columns, ms, data_change=True, key=key))
     # 3. New files (a commit's, or a compaction's bases), each with its own vector if it has one.
     change = record.action != ACTION_DATA_COMPACTION
@@ -124,8 +161,9 @@ def version_for(shape: TableShape, record: CompletedInstant, view: DataView,
     return encode(actions)
 
 
-def _upgrade_actions(shape: TableShape, record: CompletedInstant, view: DataView,
-                     body: Callable[[DvRef], bytes]) -> list[dict[str, Any]]:
+def _upgrade_actions(
+    shape: TableShape, record: CompletedInstant, view: DataView, body: Callable[[DvRef], bytes]
+) -> list[dict[str, Any]]:
     """The upgrade's version: the schema and every live data file, each with the vector the upgrade gave it."""
     schema = _schema_after(record, view)
     columns = _partition_columns(record, view, schema)
@@ -150,8 +188,12 @@ def adoption_protocol(existing: dict[str, Any]) -> dict[str, Any]:
     writers = set(existing.get("writerFeatures") or []) | {"deletionVectors"}
     if existing.get("minWriterVersion", 1) >= 2 and "writerFeatures" not in existing:
         writers |= {"appendOnly", "invariants"}
-    return {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": sorted(readers),
-            "writerFeatures": sorted(writers)}
+    return {
+        "minReaderVersion": 3,
+        "minWriterVersion": 7,
+        "readerFeatures": sorted(readers),
+        "writerFeatures": sorted(writers),
+    }
 
 
 def _commit_info(ms: int, operation: str, record: CompletedInstant | None) -> dict[str, Any]:
@@ -161,8 +203,13 @@ def _commit_info(ms: int, operation: str, record: CompletedInstant | None) -> di
     return {"commitInfo": info}
 
 
-def _current_metadata(shape: TableShape, view: DataView, schema: pa.Schema | None, partition_columns: list[str],
-                      configuration: dict[str, str] | None) -> dict[str, Any]:
+def _current_metadata(
+    shape: TableShape,
+    view: DataView,
+    schema: pa.Schema | None,
+    partition_columns: list[str],
+    configuration: dict[str, str] | None,
+) -> dict[str, Any]:
     """The metaData action for the view's table with `schema` and `configuration` (None: the one in force). An
     adopted table keeps its id, creation time and other fields; the configuration is the recorded one once a
     change was recorded (before that, the adopted table's own: the same bytes older dbidx versions derived)."""
@@ -175,17 +222,33 @@ def _current_metadata(shape: TableShape, view: DataView, schema: pa.Schema | Non
         if configuration is not None:
             meta["configuration"] = dict(configuration)
         return {"metaData": meta}
-    return _metadata(shape.table_id, shape.created_at_ms, delta_schema, partition_columns,
-                     DEFAULT_CONFIGURATION if configuration is None else configuration)
+    return _metadata(
+        shape.table_id,
+        shape.created_at_ms,
+        delta_schema,
+        partition_columns,
+        DEFAULT_CONFIGURATION if configuration is None else configuration,
+    )
 
 
-def _metadata(table_id: str, created_at_ms: int, schema: dict[str, Any], partition_columns: list[str],
-              configuration: dict[str, str]) -> dict:
+def _metadata(
+    table_id: str,
+    created_at_ms: int,
+    schema: dict[str, Any],
+    partition_columns: list[str],
+    configuration: dict[str, str],
+) -> dict:
     uid = f"{table_id[:8]}-{table_id[8:12]}-{table_id[12:16]}-{table_id[16:20]}-{table_id[20:32]}"
-    return {"metaData": {"id": uid, "format": {"provider": "parquet", "options": {}},
-                         "schemaString": json.dumps(schema, sort_keys=True, separators=(",", ":")),
-                         "partitionColumns": partition_columns, "createdTime": created_at_ms,
-                         "configuration": dict(configuration)}}
+    return {
+        "metaData": {
+            "id": uid,
+            "format": {"provider": "parquet", "options": {}},
+            "schemaString": json.dumps(schema, sort_keys=True, separators=(",", ":")),
+            "partitionColumns": partition_columns,
+            "createdTime": created_at_ms,
+            "configuration": dict(configuration),
+        }
+    }
 
 
 def _delta_schema(schema: pa.Schema) -> dict[str, Any]:
@@ -213,16 +276,18 @@ def _key(record: CompletedInstant, view: DataView, schema: pa.Schema | None) -> 
     key = _layout(record, view).get("key")
     if not isinstance(key, str) or schema is None or key not in schema.names:
         return None
-    return key if pa.types.is_string(schema.field(key).type) or pa.types.is_large_string(schema.field(key).type) \
-        else None
+    return (
+        key if pa.types.is_string(schema.field(key).type) or pa.types.is_large_string(schema.field(key).type) else None
+    )
 
 
 def _partition_columns(record: CompletedInstant, view: DataView, schema: pa.Schema | None) -> list[str]:
     """Hive partition columns (`dt=2025-01-15` paths) whose values readers can parse back; else none (an
     unpartitioned Delta table whose files hold the column, as an upsert writes them)."""
     columns = layout_partition_columns(_layout(record, view))
-    if schema is None or not all(c in schema.names and any(t(schema.field(c).type) for t in _PARTITION_TYPES)
-                                 for c in columns):
+    if schema is None or not all(
+        c in schema.names and any(t(schema.field(c).type) for t in _PARTITION_TYPES) for c in columns
+    ):
         return []
     return columns
 
@@ -232,8 +297,9 @@ def view_partition_columns(view: DataView) -> list[str]:
     value = view.layout.value if view.layout is not None else None
     columns = layout_partition_columns(value if isinstance(value, dict) else None)
     schema = recorded_schema(view.schema)
-    if schema is None or not all(c in schema.names and any(t(schema.field(c).type) for t in _PARTITION_TYPES)
-                                 for c in columns):
+    if schema is None or not all(
+        c in schema.names and any(t(schema.field(c).type) for t in _PARTITION_TYPES) for c in columns
+    ):
         return []
     return columns
 
@@ -255,8 +321,12 @@ def _inline(ref: DvRef | None, body: Callable[[DvRef], bytes]) -> dict[str, Any]
     if ref.vector.delta is not None:  # adopted with a Delta table: its log has this exact descriptor already
         return dict(ref.vector.delta)
     data = body(ref)
-    return {"storageType": "i", "pathOrInlineDv": inline_form(data), "sizeInBytes": len(data),
-            "cardinality": ref.vector.cardinality}
+    return {
+        "storageType": "i",
+        "pathOrInlineDv": inline_form(data),
+        "sizeInBytes": len(data),
+        "cardinality": ref.vector.cardinality,
+    }
 
 
 def delta_path(path: str) -> str:
@@ -267,25 +337,36 @@ def delta_path(path: str) -> str:
     return quote(path, safe="/=-_.~")
 
 
-def _add(f: DataFileRecord, dv: dict[str, Any] | None, columns: list[str], ms: int, data_change: bool,
-         key: str | None) -> dict[str, Any]:
+def _add(
+    f: DataFileRecord, dv: dict[str, Any] | None, columns: list[str], ms: int, data_change: bool, key: str | None
+) -> dict[str, Any]:
     stats: dict[str, Any] = {"numRecords": f.rows}
     if key is not None and key not in columns and f.min_key is not None:
         stats.update(minValues={key: f.min_key}, maxValues={key: f.max_key}, nullCount={key: 0})
-    add: dict[str, Any] = {"path": f.delta_path or delta_path(f.path),
-                           "partitionValues": _partition_values(f.partition, columns),
-                           "size": f.size, "modificationTime": ms, "dataChange": data_change,
-                           "stats": json.dumps(stats, sort_keys=True, separators=(",", ":"))}
+    add: dict[str, Any] = {
+        "path": f.delta_path or delta_path(f.path),
+        "partitionValues": _partition_values(f.partition, columns),
+        "size": f.size,
+        "modificationTime": ms,
+        "dataChange": data_change,
+        "stats": json.dumps(stats, sort_keys=True, separators=(",", ":")),
+    }
     if dv is not None:
         add["deletionVector"] = dv
     return {"add": add}
 
 
-def _remove(f: DataFileRecord, dv: dict[str, Any] | None, columns: list[str], ms: int,
-            data_change: bool) -> dict[str, Any]:
-    remove: dict[str, Any] = {"path": f.delta_path or delta_path(f.path), "deletionTimestamp": ms,
-                              "dataChange": data_change, "extendedFileMetadata": True,
-                              "partitionValues": _partition_values(f.partition, columns), "size": f.size}
+def _remove(
+    f: DataFileRecord, dv: dict[str, Any] | None, columns: list[str], ms: int, data_change: bool
+) -> dict[str, Any]:
+    remove: dict[str, Any] = {
+        "path": f.delta_path or delta_path(f.path),
+        "deletionTimestamp": ms,
+        "dataChange": data_change,
+        "extendedFileMetadata": True,
+        "partitionValues": _partition_values(f.partition, columns),
+        "size": f.size,
+    }
     if dv is not None:
         remove["deletionVector"] = dv
     return {"remove": remove}

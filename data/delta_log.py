@@ -13,12 +13,14 @@ loudly (ForeignCommitError) before dbidx writes anything on top of it.
 This module holds the log on storage (listing, checkpoints, put-if-absent) and the writer that keeps it up to
 date; what each version holds is derived by data/delta_derive.py.
 """
+
 from __future__ import annotations
 
 import json
 from typing import Any, Callable, Iterable
 
 from dbidx.data.delta_derive import TableShape, initial_version, version_for
+
 # delta_path is re-exported: table/build_index.py imports it from here.
 from dbidx.data.delta_derive import delta_path  # noqa: F401
 from dbidx.data.superseded import load_vector_bytes
@@ -64,8 +66,10 @@ def checkpoint_floor(io: FileIO, names: list[str] | None = None) -> int:
     version = _pointer_version(io)
     # classic, multi-part (N.checkpoint.i.n.parquet) or V2 checkpoints
     if not any(n.startswith(f"{version:020d}.checkpoint") or n == f"{version:020d}.json" for n in names):
-        raise CorruptFileError(f"{io.path(DELTA_LOG_DIR)}/_last_checkpoint names version {version}, whose "
-                               "checkpoint file and JSON are both missing")
+        raise CorruptFileError(
+            f"{io.path(DELTA_LOG_DIR)}/_last_checkpoint names version {version}, whose "
+            "checkpoint file and JSON are both missing"
+        )
     return version
 
 
@@ -77,8 +81,9 @@ def read_checkpoint_pointer(io: FileIO) -> dict[str, Any]:
         pointer = json.loads(raw)
         version = pointer["version"]
     except (ValueError, KeyError, TypeError) as exc:
-        raise CorruptFileError(f"{io.path(DELTA_LOG_DIR)}/_last_checkpoint is not a Delta checkpoint pointer: "
-                               f"{raw[:200]!r}") from exc
+        raise CorruptFileError(
+            f"{io.path(DELTA_LOG_DIR)}/_last_checkpoint is not a Delta checkpoint pointer: {raw[:200]!r}"
+        ) from exc
     if isinstance(version, bool) or not isinstance(version, int) or version < 0:
         raise CorruptFileError(f"{io.path(DELTA_LOG_DIR)}/_last_checkpoint names version {version!r}")
     return pointer
@@ -122,7 +127,8 @@ def put_version(io: FileIO, version: int, data: bytes) -> bool:
         raise ForeignCommitError(
             f"Delta version {version} of {io.path(DELTA_LOG_DIR)} was not written by dbidx (its content differs "
             "from what dbidx's completion log derives): another engine committed to this table. dbidx refuses to "
-            "write on top of it; re-index the table with `dbidx build-index` to adopt its current state")
+            "write on top of it; re-index the table with `dbidx build-index` to adopt its current state"
+        )
     return False
 
 
@@ -133,7 +139,8 @@ def check_no_foreign(present: Iterable[int], latest_seq: int, io: FileIO) -> Non
         raise ForeignCommitError(
             f"{io.path(DELTA_LOG_DIR)} has version(s) {beyond[:5]} beyond dbidx's latest completion {latest_seq}: "
             "another engine committed to this Delta table. dbidx refuses to write on top of it; re-index the "
-            "table with `dbidx build-index` to adopt its current state")
+            "table with `dbidx build-index` to adopt its current state"
+        )
 
 
 class DeltaLogWriter:
@@ -165,8 +172,16 @@ class DeltaLogWriter:
             except CorruptFileError as exc:  # a vector's DV file is gone: fine if the version exists (sync checks)
                 self.pending[record.seq] = exc
 
-    def sync(self, io: FileIO, latest_seq: int, records: Any, recheck: Any, offset: int = 0, first_seq: int = 0,
-             in_memory: Callable[[int], CompletedInstant | None] = lambda _seq: None) -> int:
+    def sync(
+        self,
+        io: FileIO,
+        latest_seq: int,
+        records: Any,
+        recheck: Any,
+        offset: int = 0,
+        first_seq: int = 0,
+        in_memory: Callable[[int], CompletedInstant | None] = lambda _seq: None,
+    ) -> int:
         """Write every missing version up to `latest_seq` (put-if-absent, compared if present) and refuse a version
         beyond it that no dbidx completion explains (`recheck()` refreshes the completion log and returns its latest
         seq: a dbidx writer may have published and written meanwhile). The first call of a process lists the log;
@@ -201,8 +216,10 @@ class DeltaLogWriter:
                 # published once its version exists, so a version this process cannot derive must be there.
                 if v in present or io.exists(version_file(v + offset)):
                     continue
-                raise CorruptFileError(f"Delta version {v + offset} of {io.path(DELTA_LOG_DIR)} is missing and "
-                                       f"cannot be derived again: {data}") from data
+                raise CorruptFileError(
+                    f"Delta version {v + offset} of {io.path(DELTA_LOG_DIR)} is missing and "
+                    f"cannot be derived again: {data}"
+                ) from data
             if data is not None:
                 written += put_version(io, v + offset, data)
         self.pending = {v: d for v, d in self.pending.items() if v > latest_seq}
@@ -215,16 +232,24 @@ class DeltaLogWriter:
         must be adopted (build-index) before dbidx writes a version into it."""
         if not versions:
             return
-        if 0 in versions and io.read_bytes(version_file(0)) == initial_version(self.shape.table_id,
-                                                                              self.shape.created_at_ms):
+        if 0 in versions and io.read_bytes(version_file(0)) == initial_version(
+            self.shape.table_id, self.shape.created_at_ms
+        ):
             return
         raise ForeignCommitError(
             f"{io.path(DELTA_LOG_DIR)} is the log of a Delta table dbidx has not adopted (its first version is not "
             "this dbidx table's): dbidx refuses to write into it. Adopt the table with `dbidx build-index URI "
-            "--key COLUMN` (it indexes the table's current files, deletion vectors honoured)")
+            "--key COLUMN` (it indexes the table's current files, deletion vectors honoured)"
+        )
 
-    def _check_newest_own(self, io: FileIO, present: set[int], latest_seq: int,
-                          in_memory: Callable[[int], CompletedInstant | None], offset: int) -> None:
+    def _check_newest_own(
+        self,
+        io: FileIO,
+        present: set[int],
+        latest_seq: int,
+        in_memory: Callable[[int], CompletedInstant | None],
+        offset: int,
+    ) -> None:
         """The newest version a completion has, when this process did not derive it: its commitInfo must name that
         completion's instant. Another engine that took a version in the instant between dbidx's last check and its
         publish left exactly that version foreign; every later writer refuses here. Skipped when the completion is
@@ -239,13 +264,13 @@ class DeltaLogWriter:
             info = json.loads(first_line)["commitInfo"]["dbidx"]
         except (ValueError, KeyError, TypeError):
             info = None
-        if not isinstance(info, dict) or info.get("instant") != mine.instant \
-                or info.get("seq") != newest:
+        if not isinstance(info, dict) or info.get("instant") != mine.instant or info.get("seq") != newest:
             raise ForeignCommitError(
                 f"Delta version {newest + offset} of {io.path(DELTA_LOG_DIR)} was not written by dbidx (it does not "
                 f"name completion {newest}, the one it belongs to): another engine committed to this table. dbidx "
                 "refuses to write on top of it; re-index the table with `dbidx build-index` to adopt its current "
-                "state")
+                "state"
+            )
 
     def body(self) -> Callable[[DvRef], bytes]:
         """Vector bytes from their DV files (verified), each file read once per derivation."""

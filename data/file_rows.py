@@ -11,6 +11,7 @@ A file is decoded on the calling thread (`use_threads=False`) when the read runs
 per-column threads only add hand-offs there (measured: more CPU, no less wall time, on 2 cores). And the file's
 bytes are in memory (checked against the commit record first), so there is nothing for `pre_buffer` to coalesce.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -43,17 +44,27 @@ class Shape:
 
 def shape_of(path_values: dict[str, str], key: str, schema: pa.Schema) -> Shape:
     """The Shape of a file group whose partition path has `path_values`, for a read of `schema` keyed by `key`."""
-    from_path = {name for name in path_values
-                 if name != key and name in schema.names and _exact_from_text(schema.field(name).type)}
+    from_path = {
+        name
+        for name in path_values
+        if name != key and name in schema.names and _exact_from_text(schema.field(name).type)
+    }
     wanted = {f.name for f in schema} - {FILE_GROUP_COLUMN} - from_path | {key}
     # In the schema's order (the key last if it is not in it): what is decoded does not depend on set order.
     columns = tuple(n for n in schema.names if n in wanted) + tuple(n for n in sorted(wanted) if n not in schema.names)
     return Shape(schema, key, columns, path_values)
 
 
-def file_rows(io: FileIO, record: DataFileRecord, instant: str, vector: DvRef | None, shape: Shape,
-              table: Any = None, dv_files: dict[str, bytes] | None = None,
-              use_threads: bool = True) -> tuple[pa.Table, np.ndarray | None]:
+def file_rows(
+    io: FileIO,
+    record: DataFileRecord,
+    instant: str,
+    vector: DvRef | None,
+    shape: Shape,
+    table: Any = None,
+    dv_files: dict[str, bytes] | None = None,
+    use_threads: bool = True,
+) -> tuple[pa.Table, np.ndarray | None]:
     """The live rows of one data file, as `shape.schema`, and the row positions kept (None: all of them, no vector).
 
     table: the table the read was planned on; with it, a file a clean removed since is a HistoryCompactedError.
@@ -74,17 +85,20 @@ def file_rows(io: FileIO, record: DataFileRecord, instant: str, vector: DvRef | 
     return _aligned(data, shape, record, instant, io), kept
 
 
-def _raise_if_cleaned(io: FileIO, table: Any, record: DataFileRecord, vector: DvRef | None,
-                      exc: CorruptFileError) -> None:
+def _raise_if_cleaned(
+    io: FileIO, table: Any, record: DataFileRecord, vector: DvRef | None, exc: CorruptFileError
+) -> None:
     """A data or DV file that is gone because a clean removed it (it is in no current version any more) is
     HistoryCompactedError: the read was planned before the clean, or reads a version older than the retention."""
     if table is None or table.data_view().is_live(record.path) and vector == table.data_view().vector_of(record.path):
         return
     for path in (record.path, vector.file.path if vector is not None else None):
         if path is not None and not io.exists(path):
-            raise HistoryCompactedError(f"{io.path(path)} was removed by a clean after this read was planned, or the "
-                                        "version read is older than the table retains (its data was compacted "
-                                        "since); read a newer version") from exc
+            raise HistoryCompactedError(
+                f"{io.path(path)} was removed by a clean after this read was planned, or the "
+                "version read is older than the table retains (its data was compacted "
+                "since); read a newer version"
+            ) from exc
 
 
 def _exact_from_text(type_: pa.DataType) -> bool:
@@ -103,16 +117,21 @@ def _aligned(data: pa.Table, shape: Shape, record: DataFileRecord, instant: str,
         if field_.name == FILE_GROUP_COLUMN:
             column = pa.repeat(pa.scalar(record.file_group, pa.string()), n)
         elif field_.name == INSTANT_COLUMN:  # the row's own (kept by compaction), else the file's commit
-            column = data.column(INSTANT_COLUMN) if INSTANT_COLUMN in data.column_names else \
-                pa.repeat(pa.scalar(instant, pa.string()), n)
+            column = (
+                data.column(INSTANT_COLUMN)
+                if INSTANT_COLUMN in data.column_names
+                else pa.repeat(pa.scalar(instant, pa.string()), n)
+            )
         elif field_.name in data.column_names:
             column = data.column(field_.name)
             if column.type != field_.type:
                 try:
                     column = column.cast(field_.type)
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                    raise SchemaError(f"column {field_.name!r} of data file {io.path(record.path)} is "
-                                      f"{column.type}, the table's schema says {field_.type}: {exc}") from exc
+                    raise SchemaError(
+                        f"column {field_.name!r} of data file {io.path(record.path)} is "
+                        f"{column.type}, the table's schema says {field_.type}: {exc}"
+                    ) from exc
         elif (value := _path_value(shape.path_values, record.partition, field_.name)) is not None:
             column = _repeat(value, n, field_, record, io)  # from the path (a migrated file has it nowhere else)
         else:
@@ -142,5 +161,7 @@ def _repeat(value: str, n: int, field_: pa.Field, record: DataFileRecord, io: Fi
     try:
         return pa.repeat(pa.scalar(value, pa.string()), n).cast(field_.type)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-        raise SchemaError(f"partition value {value!r} in the path of {io.path(record.path)} is not a "
-                          f"{field_.type} (column {field_.name!r}): {exc}") from exc
+        raise SchemaError(
+            f"partition value {value!r} in the path of {io.path(record.path)} is not a "
+            f"{field_.type} (column {field_.name!r}): {exc}"
+        ) from exc

@@ -1,5 +1,6 @@
 """The table's data files: their names, writing one (bytes serialized in memory, so its record's size and checksum
 cover exactly what was written) and reading one back verified against its commit record."""
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -38,8 +39,9 @@ def delta_spelling(rel: str) -> str | None:
     return None if spelled == quote(rel, safe="/=-_.~") else spelled
 
 
-def write_data_file(io: FileIO, rel: str, rows: pa.Table, partition: str, file_group: str,
-                    key: str | None = None) -> DataFileRecord:
+def write_data_file(
+    io: FileIO, rel: str, rows: pa.Table, partition: str, file_group: str, key: str | None = None
+) -> DataFileRecord:
     """Write one data file and return its record; the bytes are serialized in memory first, so the recorded size and
     checksum cover exactly what was written (and readers verify them before use). `key`: the key column, whose
     range the record keeps when it is a string column (the Delta log's statistics)."""
@@ -49,9 +51,18 @@ def write_data_file(io: FileIO, rel: str, rows: pa.Table, partition: str, file_g
     io.write_atomic(rel, data)
     low, high = key_range(rows.column(key)) if key is not None and key in rows.column_names else (None, None)
     deletes = pc.sum(rows.column(DELETED_COLUMN)).as_py() or 0 if DELETED_COLUMN in rows.column_names else 0
-    return DataFileRecord(path=rel, partition=partition, file_group=file_group, rows=rows.num_rows,
-                          size=data.size, checksum=file_checksum(data), min_key=low, max_key=high, deletes=deletes,
-                          delta_path=delta_spelling(rel))
+    return DataFileRecord(
+        path=rel,
+        partition=partition,
+        file_group=file_group,
+        rows=rows.num_rows,
+        size=data.size,
+        checksum=file_checksum(data),
+        min_key=low,
+        max_key=high,
+        deletes=deletes,
+        delta_path=delta_spelling(rel),
+    )
 
 
 def key_range(keys: pa.ChunkedArray | pa.Array) -> tuple[str | None, str | None]:
@@ -62,8 +73,9 @@ def key_range(keys: pa.ChunkedArray | pa.Array) -> tuple[str | None, str | None]
     return bounds["min"].as_py(), bounds["max"].as_py()
 
 
-def read_data_file(io: FileIO, record: DataFileRecord, columns: Sequence[str] | None = None,
-                   use_threads: bool = True) -> pa.Table:
+def read_data_file(
+    io: FileIO, record: DataFileRecord, columns: Sequence[str] | None = None, use_threads: bool = True
+) -> pa.Table:
     """One published data file (the chosen columns it has; None: all), its bytes verified against the commit record
     first and its row count checked against it after. use_threads: let pyarrow decode its columns on threads of its
     own (False for a read that already runs one file per thread)."""
@@ -71,14 +83,16 @@ def read_data_file(io: FileIO, record: DataFileRecord, columns: Sequence[str] | 
     try:
         handle = pq.ParquetFile(pa.BufferReader(data), pre_buffer=False)  # the bytes are in memory already
         names = handle.schema_arrow.names
-        table = handle.read(columns=None if columns is None else [c for c in columns if c in names],
-                            use_threads=use_threads)
+        table = handle.read(
+            columns=None if columns is None else [c for c in columns if c in names], use_threads=use_threads
+        )
         rows = handle.metadata.num_rows
     except DECODE_ERRORS as exc:
         raise CorruptFileError(f"data file {io.path(record.path)} is unreadable: {exc}") from exc
     if rows != record.rows:
-        raise CorruptFileError(f"data file {io.path(record.path)} holds {rows} rows but its commit recorded "
-                               f"{record.rows}")
+        raise CorruptFileError(
+            f"data file {io.path(record.path)} holds {rows} rows but its commit recorded {record.rows}"
+        )
     return plain_views(table)
 
 
@@ -87,8 +101,13 @@ def plain_views(table: pa.Table) -> pa.Table:
     files they add to the table) as their plain types: pyarrow 26 cannot take or filter a view column, and the
     table's recorded schema names the plain types anyway."""
     for i, field in enumerate(table.schema):
-        plain = pa.string() if pa.types.is_string_view(field.type) else \
-            pa.binary() if pa.types.is_binary_view(field.type) else None
+        plain = (
+            pa.string()
+            if pa.types.is_string_view(field.type)
+            else pa.binary()
+            if pa.types.is_binary_view(field.type)
+            else None
+        )
         if plain is not None:
             table = table.set_column(i, field.with_type(plain), table.column(i).cast(plain))
     return table

@@ -10,6 +10,7 @@ Indexing the files a process did not write is what the first batch a worker runs
 per shard at 10 M rows): the sort is numpy's unstable one (0.2 s for 5 M hashes, against 0.75 s for a stable sort:
 rows of one hash value need no order), and the hash Spark's (storage/keyhash.py, ~0.35 s for 5 M UUIDs).
 """
+
 from __future__ import annotations
 
 import os
@@ -25,7 +26,7 @@ import pyarrow.compute as pc
 from dbidx.storage.keyhash import spark_hash
 from dbidx.storage.records import DataFileRecord
 
-KEY_CACHE_BYTES = int(os.environ.get("DBIDX_KEY_CACHE_MB", "512")) * 2 ** 20
+KEY_CACHE_BYTES = int(os.environ.get("DBIDX_KEY_CACHE_MB", "512")) * 2**20
 
 
 @dataclass(frozen=True)
@@ -126,8 +127,13 @@ class KeyColumns:
                 self._items.move_to_end(ident)
             return found
 
-    def get(self, record: DataFileRecord, read: Callable[[DataFileRecord], pa.Array],
-            disk: KeyStore | None = None, sources: KeySources | None = None) -> FileKeys:
+    def get(
+        self,
+        record: DataFileRecord,
+        read: Callable[[DataFileRecord], pa.Array],
+        disk: KeyStore | None = None,
+        sources: KeySources | None = None,
+    ) -> FileKeys:
         """The file's keys: from this process, else from `disk` (another process built them), else read by
         `read(record)` (verified by the caller), indexed and kept (on `disk` too); `sources` counts which."""
         sources = sources if sources is not None else KeySources()

@@ -21,6 +21,7 @@ key files of data files the table no longer has (cache/key_file_sweep.py: a data
 directory is private (0700) like the caches; a save never re-creates a table directory the reaper removed, nor writes
 through a symbolic link.
 """
+
 from __future__ import annotations
 
 import logging
@@ -133,9 +134,12 @@ class KeyFiles:
             if self._queued and self._queued + size > MAX_QUEUED_BYTES:  # one save is always admitted
                 if not self._warned:
                     self._warned = True
-                    log.warning("dbidx skips key files while %d MB of indexes wait to be written in %s (the disk is "
-                                "slower than the task); their data files are decoded where needed", self._queued >> 20,
-                                self.root)
+                    log.warning(
+                        "dbidx skips key files while %d MB of indexes wait to be written in %s (the disk is "
+                        "slower than the task); their data files are decoded where needed",
+                        self._queued >> 20,
+                        self.root,
+                    )
                 return
             self._queued += size
         try:
@@ -317,8 +321,9 @@ def _decode(data: pa.Buffer, record: DataFileRecord) -> FileKeys:
     if np.any(sorted_hashes[1:] < sorted_hashes[:-1]):
         raise ValueError("hashes out of order")
     sample = np.random.default_rng().choice(len(order), size=min(len(order), SAMPLE), replace=False)  # not foreseeable
-    if len(sample) and not np.array_equal(spark_hash(keys.take(pa.array(order[sample]))).view(np.uint32),
-                                          sorted_hashes[sample]):
+    if len(sample) and not np.array_equal(
+        spark_hash(keys.take(pa.array(order[sample]))).view(np.uint32), sorted_hashes[sample]
+    ):
         raise ValueError("a sampled hash is not its row's key's hash")
     return FileKeys(keys, sorted_hashes, order)
 

@@ -13,6 +13,7 @@ Files are deleted oldest first, so that a crash (or a failing delete) at any poi
 of versions from some point up; the next run takes the rest. The modification time is the file's (the clock Delta
 Spark and delta-rs use for this); a file whose time the store does not report is never deleted.
 """
+
 from __future__ import annotations
 
 import re
@@ -91,8 +92,9 @@ def expire_log(io: FileIO, retention_ms: int, now_ms: int | None = None) -> LogE
     # 2. The newest complete checkpoint at or below the pointer's whose every file is older than the cutoff; and
     #    when the oldest younger one will be, so the caller need not list the log again before then.
     checkpoints = {v: files for v, files in complete_checkpoints(entries).items() if v <= newest}
-    old_enough = [v for v, files in checkpoints.items()
-                  if all(f.mtime_ms is not None and f.mtime_ms <= cutoff for f in files)]
+    old_enough = [
+        v for v, files in checkpoints.items() if all(f.mtime_ms is not None and f.mtime_ms <= cutoff for f in files)
+    ]
     younger = [files for v, files in sorted(checkpoints.items()) if v not in old_enough]
     if younger and all(f.mtime_ms is not None for f in younger[0]):
         report.waits_on = tuple(f.path for f in younger[0])
@@ -103,8 +105,10 @@ def expire_log(io: FileIO, retention_ms: int, now_ms: int | None = None) -> LogE
     report.kept_from = keep_from
     # 3. Every log file of a lower version, oldest first; stop at the first one that is not older than the cutoff
     #    (a clock step or a file copied in later): what stays is a contiguous run up to the newest version.
-    doomed = sorted(((v, e) for e in entries if (v := _version_of(e.path.rsplit("/", 1)[-1])) is not None
-                     and v < keep_from), key=lambda item: (item[0], item[1].path))
+    doomed = sorted(
+        ((v, e) for e in entries if (v := _version_of(e.path.rsplit("/", 1)[-1])) is not None and v < keep_from),
+        key=lambda item: (item[0], item[1].path),
+    )
     for _version, entry in doomed:
         if entry.mtime_ms is None or entry.mtime_ms > cutoff:
             break
@@ -122,5 +126,6 @@ def still_young(io: FileIO, files: tuple[str, ...], retention_ms: int, now_ms: i
         return False
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     found = io.entries(list(files))
-    return len(found) == len(files) and all(e.mtime_ms is not None and e.mtime_ms > now_ms - retention_ms
-                                            for e in found.values())
+    return len(found) == len(files) and all(
+        e.mtime_ms is not None and e.mtime_ms > now_ms - retention_ms for e in found.values()
+    )

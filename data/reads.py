@@ -9,6 +9,7 @@ being decoded from every row of every file.
 Every file is read through the table's FileIO (any pyarrow filesystem: local, S3, GCS, HDFS) and verified against
 the size and checksum its commit recorded before a byte of it is used.
 """
+
 from __future__ import annotations
 
 import os
@@ -72,8 +73,10 @@ def layout_of(table: Any, view: DataView | None = None) -> dict[str, Any] | None
         return None
     layout = recorded.value
     if not isinstance(layout, dict) or not isinstance(layout.get("key"), str) or not layout["key"]:
-        raise CorruptFileError(f"completion {recorded.seq} ({recorded.instant}) of {table.uri} records no valid key "
-                               f"column in its {LAYOUT_EXTRA!r} extra: {layout!r}")
+        raise CorruptFileError(
+            f"completion {recorded.seq} ({recorded.instant}) of {table.uri} records no valid key "
+            f"column in its {LAYOUT_EXTRA!r} extra: {layout!r}"
+        )
     return layout
 
 
@@ -96,27 +99,34 @@ def view_at(table: Any, as_of: int | str | None = None, version: int | None = No
         if version < first and current.delta_adopted is None:
             raise InvalidInputError(f"Delta version {version} does not exist (versions of {table.uri} start at 0)")
         if version < first:
-            raise InvalidInputError(f"Delta version {version} of {table.uri} predates dbidx (the table was adopted "
-                                    f"at version {first}); read it with a Delta reader, e.g. "
-                                    f"deltalake.DeltaTable(uri, version={version})")
+            raise InvalidInputError(
+                f"Delta version {version} of {table.uri} predates dbidx (the table was adopted "
+                f"at version {first}); read it with a Delta reader, e.g. "
+                f"deltalake.DeltaTable(uri, version={version})"
+            )
         as_of = version - current.delta_offset
         if as_of > table.timeline.latest_seq:
-            raise InvalidInputError(f"Delta version {version} of {table.uri} does not exist yet (latest: "
-                                    f"{table.timeline.latest_seq + current.delta_offset})")
+            raise InvalidInputError(
+                f"Delta version {version} of {table.uri} does not exist yet (latest: "
+                f"{table.timeline.latest_seq + current.delta_offset})"
+            )
     if as_of is None:
         return current
     seq = table.seq_at(as_of)
     if seq < table.props.upgraded_at_seq:
-        raise InvalidInputError(f"completion {seq} of {table.uri} predates its upgrade to format 4 (completion "
-                                f"{table.props.upgraded_at_seq}): its rows were merged by key then and are not read "
-                                "as of that time")
+        raise InvalidInputError(
+            f"completion {seq} of {table.uri} predates its upgrade to format 4 (completion "
+            f"{table.props.upgraded_at_seq}): its rows were merged by key then and are not read "
+            "as of that time"
+        )
     if seq >= current.applied_seq:
         return current
     return data_view_at(table.timeline, seq)  # from the history floor when archive retention expired older records
 
 
-def plan_read(table: Any, partitions: Iterable[str] | None = None, as_of: int | str | None = None,
-              version: int | None = None) -> ReadPlan:
+def plan_read(
+    table: Any, partitions: Iterable[str] | None = None, as_of: int | str | None = None, version: int | None = None
+) -> ReadPlan:
     """Group the live data files by (partition, file group), in commit order; `partitions` prunes; `as_of` or
     `version` reads an older state (view_at)."""
     view = view_at(table, as_of, version)
@@ -134,9 +144,17 @@ def plan_read(table: Any, partitions: Iterable[str] | None = None, as_of: int | 
     units = []
     for (p, fg), entries in sorted(groups.items()):
         entries.sort(key=lambda e: e.order)
-        units.append(ReadUnit(p, fg, tuple(e.record for e in entries), tuple(e.seq for e in entries),
-                              tuple(e.instant for e in entries), tuple(view.vector_of(e.record.path) for e in entries),
-                              tuple(sorted(hive_values(p, columns).items()))))
+        units.append(
+            ReadUnit(
+                p,
+                fg,
+                tuple(e.record for e in entries),
+                tuple(e.seq for e in entries),
+                tuple(e.instant for e in entries),
+                tuple(view.vector_of(e.record.path) for e in entries),
+                tuple(sorted(hive_values(p, columns).items())),
+            )
+        )
     return ReadPlan(view.applied_seq, layout["key"] if layout else None, schema, tuple(units))
 
 
@@ -161,8 +179,14 @@ def output_schema(plan: ReadPlan, columns: Sequence[str] | None = None, with_met
     return pa.schema(fields)
 
 
-def read_unit(io: FileIO, unit: ReadUnit, key: str, schema: pa.Schema, table: Any = None,
-              origins: list[tuple[DataFileRecord, np.ndarray]] | None = None) -> pa.Table:
+def read_unit(
+    io: FileIO,
+    unit: ReadUnit,
+    key: str,
+    schema: pa.Schema,
+    table: Any = None,
+    origins: list[tuple[DataFileRecord, np.ndarray]] | None = None,
+) -> pa.Table:
     """The live rows of one file group: each file's rows minus its deletion vector (what every Delta reader does;
     superseded versions and delete rows are in the vectors, so no merge by key is needed).
 
@@ -192,8 +216,9 @@ class _FileReads:
     as its largest file, and a few groups of large files left a core idle; data/file_rows.py says more). DV files
     are read once per read (one DV file holds the vectors of a whole commit, for many file groups)."""
 
-    def __init__(self, pool: ThreadPoolExecutor, io: FileIO, key: str, schema: pa.Schema, table: Any,
-                 inner_threads: bool) -> None:
+    def __init__(
+        self, pool: ThreadPoolExecutor, io: FileIO, key: str, schema: pa.Schema, table: Any, inner_threads: bool
+    ) -> None:
         self.pool, self.io, self.key, self.schema, self.table = pool, io, key, schema, table
         self.inner_threads = inner_threads  # pyarrow's per-column threads: when the pool cannot fill the cores
         self.dv_files: dict[str, bytes] = {}  # dict get/set are atomic: at worst two threads read one DV file
@@ -201,8 +226,12 @@ class _FileReads:
     def submit(self, unit: ReadUnit) -> list[Future[tuple[pa.Table, np.ndarray | None]]]:
         """Start reading a unit's files; their rows come in the unit's order from the futures."""
         shape = shape_of(dict(unit.path_values), self.key, self.schema)
-        return [self.pool.submit(file_rows, self.io, record, instant, vector, shape, self.table, self.dv_files,
-                                 self.inner_threads) for record, instant, vector in _files(unit)]
+        return [
+            self.pool.submit(
+                file_rows, self.io, record, instant, vector, shape, self.table, self.dv_files, self.inner_threads
+            )
+            for record, instant, vector in _files(unit)
+        ]
 
 
 def _pool(files: int) -> tuple[ThreadPoolExecutor, bool]:
@@ -213,8 +242,9 @@ def _pool(files: int) -> tuple[ThreadPoolExecutor, bool]:
     return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dbidx-read"), files < cores
 
 
-def read_units(io: FileIO, units: Iterable[ReadUnit], key: str, schema: pa.Schema,
-               table: Any = None) -> Iterator[pa.RecordBatch]:
+def read_units(
+    io: FileIO, units: Iterable[ReadUnit], key: str, schema: pa.Schema, table: Any = None
+) -> Iterator[pa.RecordBatch]:
     """The live rows of several units as record batches (what a Spark task or a dataset scan yields), in order,
     one unit at a time: a unit's files are read on threads, and the next unit's are read while the caller takes
     the current one's batches, so at most two units' rows are held."""
@@ -233,8 +263,14 @@ def read_units(io: FileIO, units: Iterable[ReadUnit], key: str, schema: pa.Schem
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def read_arrow(table: Any, partitions: Iterable[str] | None = None, columns: Sequence[str] | None = None,
-               with_meta: bool = False, as_of: int | str | None = None, version: int | None = None) -> pa.Table:
+def read_arrow(
+    table: Any,
+    partitions: Iterable[str] | None = None,
+    columns: Sequence[str] | None = None,
+    with_meta: bool = False,
+    as_of: int | str | None = None,
+    version: int | None = None,
+) -> pa.Table:
     """The table's current rows as one `pyarrow.Table` (for DuckDB, Polars, pandas): one row per record, in plan
     order (file groups by partition and group, each group's files oldest first).
 
@@ -257,9 +293,14 @@ def read_arrow(table: Any, partitions: Iterable[str] | None = None, columns: Seq
     return pa.concat_tables(pieces).cast(schema)
 
 
-def record_batch_reader(table: Any, partitions: Iterable[str] | None = None, columns: Sequence[str] | None = None,
-                        with_meta: bool = False, as_of: int | str | None = None,
-                        version: int | None = None) -> pa.RecordBatchReader:
+def record_batch_reader(
+    table: Any,
+    partitions: Iterable[str] | None = None,
+    columns: Sequence[str] | None = None,
+    with_meta: bool = False,
+    as_of: int | str | None = None,
+    version: int | None = None,
+) -> pa.RecordBatchReader:
     """Like read_arrow, streamed one file group at a time (memory bounded by the two largest file groups: the
     next group is read while the current one is taken)."""
     plan = plan_read(table, partitions, as_of, version)

@@ -10,6 +10,7 @@ column is allowed and must be nullable in effect (older files read it as null); 
 the input is an error (its rows would silently lose the value). The schema is stored as an Arrow IPC schema
 message, base64, in the `schema` extra of the completion that first wrote it or changed it.
 """
+
 from __future__ import annotations
 
 import base64
@@ -72,8 +73,9 @@ def _canonical(t: pa.DataType) -> pa.DataType:
     return t
 
 
-def evolve(recorded: pa.Schema | None, incoming: pa.Schema, where: str,
-           consumed: Sequence[str] = ()) -> pa.Schema | None:
+def evolve(
+    recorded: pa.Schema | None, incoming: pa.Schema, where: str, consumed: Sequence[str] = ()
+) -> pa.Schema | None:
     """Check an input's data columns against the table's schema; the schema to record, or None if unchanged.
 
     consumed: columns this write uses up and does not store (its delete flag); a table column of that name may be
@@ -90,12 +92,16 @@ def evolve(recorded: pa.Schema | None, incoming: pa.Schema, where: str,
         if field_.name not in incoming.names and field_.name in consumed:
             continue
         if field_.name not in incoming.names:
-            raise SchemaError(f"{where} has no column {field_.name!r} ({field_.type}), which the table has; "
-                              "add it (null where unknown): an upsert replaces whole rows")
+            raise SchemaError(
+                f"{where} has no column {field_.name!r} ({field_.type}), which the table has; "
+                "add it (null where unknown): an upsert replaces whole rows"
+            )
         got = incoming.field(field_.name).type
         if not same_type(got, field_.type):
-            raise SchemaError(f"{where}: column {field_.name!r} is {got}, the table's schema says {field_.type}; "
-                              f"cast it (e.g. df.withColumn({field_.name!r}, col({field_.name!r}).cast(...)))")
+            raise SchemaError(
+                f"{where}: column {field_.name!r} is {got}, the table's schema says {field_.type}; "
+                f"cast it (e.g. df.withColumn({field_.name!r}, col({field_.name!r}).cast(...)))"
+            )
     # 2. New columns are appended (schema evolution): older files read them as null.
     added = [f for f in incoming if f.name not in recorded.names]
     return pa.schema(list(recorded) + added) if added else None
@@ -109,5 +115,7 @@ def check_distinct_names(schema: pa.Schema, where: str) -> None:
     for name in schema.names:
         other = seen.setdefault(name.lower(), name)
         if other != name:
-            raise SchemaError(f"{where} has columns {other!r} and {name!r}, whose names differ only in case; Delta "
-                              "readers resolve column names case-insensitively: rename or drop one of them")
+            raise SchemaError(
+                f"{where} has columns {other!r} and {name!r}, whose names differ only in case; Delta "
+                "readers resolve column names case-insensitively: rename or drop one of them"
+            )

@@ -4,6 +4,7 @@ table): read once for its bytes' size and checksum (every later read verifies th
 Shared by build-index (table/build_index.py) and the absorption of other engines' versions (table/absorb.py): both turn
 a file dbidx did not write into a `DataFileRecord` of its own file group, with the same checks on its key column.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ PARQUET_SUFFIX = ".parquet"
 def file_group_of(file_name: str) -> str:
     """The file group of a file dbidx did not write: its whole name without `.parquet` (unique in its directory,
     stable), so `events.2026-11-22.parquet` and `events.2026-11-23.parquet` are two file groups."""
-    return file_name[:-len(PARQUET_SUFFIX)] if file_name.endswith(PARQUET_SUFFIX) else file_name
+    return file_name[: -len(PARQUET_SUFFIX)] if file_name.endswith(PARQUET_SUFFIX) else file_name
 
 
 @dataclass(frozen=True)
@@ -55,13 +56,22 @@ def read_source(io: FileIO, rel: str, partition: str, key_column: str) -> Source
         try:
             keys = pc.cast(keys, pa.string())
         except pa.ArrowInvalid as exc:
-            raise InvalidKeyError(f"key column {key_column!r} of data file {where} ({keys.type}) is not text: "
-                                  f"{exc}") from None
+            raise InvalidKeyError(
+                f"key column {key_column!r} of data file {where} ({keys.type}) is not text: {exc}"
+            ) from None
     try:
         keys = normalize_keys(keys, f"key in {where}")
     except InvalidKeyError as exc:
         raise InvalidKeyError(str(exc)) from None
     low, high = key_range(keys)
-    record = DataFileRecord(path=rel, partition=partition, file_group=file_group_of(rel.rsplit("/", 1)[-1]),
-                            rows=len(keys), size=len(data), checksum=file_checksum(data), min_key=low, max_key=high)
+    record = DataFileRecord(
+        path=rel,
+        partition=partition,
+        file_group=file_group_of(rel.rsplit("/", 1)[-1]),
+        rows=len(keys),
+        size=len(data),
+        checksum=file_checksum(data),
+        min_key=low,
+        max_key=high,
+    )
     return SourceFile(record, keys, schema)

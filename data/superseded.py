@@ -12,6 +12,7 @@ The result is one Delta DV file per commit (data/deletion_vectors.py) and, per d
 whole new vector. A new file's own delete rows (deletes, global-mode moves out of the group) are in its vector
 from the start, so no Delta reader ever sees them.
 """
+
 from __future__ import annotations
 
 import secrets
@@ -38,8 +39,9 @@ from dbidx.storage.records import DataFileRecord, DeletionVectorRecord, DvFileRe
 _THREADS = 8
 
 
-def _read_columns(io: FileIO, record: DataFileRecord, key: str, with_deleted: bool = True
-                  ) -> tuple[pa.Array, np.ndarray]:
+def _read_columns(
+    io: FileIO, record: DataFileRecord, key: str, with_deleted: bool = True
+) -> tuple[pa.Array, np.ndarray]:
     """A data file's keys (as strings) and delete flags (False where the file has none, or when not
     `with_deleted`), verified first."""
     table = read_data_file(io, record, [key, DELETED_COLUMN] if with_deleted else [key])
@@ -87,8 +89,14 @@ def dv_file_for(instant: str) -> str:
 NewRows = tuple[DataFileRecord, pa.Array, np.ndarray]  # a new data file, its keys (strings) and delete flags
 
 
-def superseded_rows(io: FileIO, view: DataView, new: Sequence[NewRows], key: str,
-                     disk: KeyStore | None = None, sources: KeySources | None = None) -> dict[str, BitMap]:
+def superseded_rows(
+    io: FileIO,
+    view: DataView,
+    new: Sequence[NewRows],
+    key: str,
+    disk: KeyStore | None = None,
+    sources: KeySources | None = None,
+) -> dict[str, BitMap]:
     """Rows that new data files make non-table data, against `view`: each new file's own delete rows, and the rows
     of the touched groups' older live files whose key a new row carries, minus their current vector ("fresh"
     positions, not unions). What a writing task computes for its own files, and the driver when it must.
@@ -106,8 +114,11 @@ def superseded_rows(io: FileIO, view: DataView, new: Sequence[NewRows], key: str
     #    key file marked used once): from this process, else the executor's key files or the data file, on a few
     #    threads.
     new_paths = {f.path for f, _k, _d in new}
-    older = [f.record for f in view.live() if (f.record.partition, f.record.file_group) in new_keys
-             and f.record.path not in new_paths]
+    older = [
+        f.record
+        for f in view.live()
+        if (f.record.partition, f.record.file_group) in new_keys and f.record.path not in new_paths
+    ]
     reader = partial(read_key_column, io, key=key)
     indexes = {r.path: KEYS.find(r) for r in older}
     missing = [r for r in older if indexes[r.path] is None]
@@ -119,8 +130,9 @@ def superseded_rows(io: FileIO, view: DataView, new: Sequence[NewRows], key: str
                 disk.touch(r)  # used: its key file is not the one a trim drops first
     if missing:
         with ThreadPoolExecutor(max_workers=max(1, min(_THREADS, len(missing)))) as pool:
-            indexes.update(zip((r.path for r in missing), pool.map(lambda r: KEYS.get(r, reader, disk, sources),
-                                                                   missing)))
+            indexes.update(
+                zip((r.path for r in missing), pool.map(lambda r: KEYS.get(r, reader, disk, sources), missing))
+            )
     # 3. In each, the rows whose key a new row of its group carries (hash index, confirmed by key), minus its vector.
     #    Only the groups that have older files are indexed (a load into new partitions has none).
     probes = {g: Probe.of_files(new_keys[g]) for g in {(r.partition, r.file_group) for r in older}}
@@ -158,9 +170,14 @@ def read_new_rows(io: FileIO, view: DataView, new_files: Sequence[DataFileRecord
     return [(f, keys, deleted) for f, (keys, deleted) in zip(new_files, columns)]
 
 
-def vectors_for_commit(io: FileIO, view: DataView, new_files: Sequence[DataFileRecord], key: str, instant: str,
-                       fresh: dict[str, BitMap] | None = None
-                       ) -> tuple[tuple[DvFileRecord, ...], tuple[DeletionVectorRecord, ...]]:
+def vectors_for_commit(
+    io: FileIO,
+    view: DataView,
+    new_files: Sequence[DataFileRecord],
+    key: str,
+    instant: str,
+    fresh: dict[str, BitMap] | None = None,
+) -> tuple[tuple[DvFileRecord, ...], tuple[DeletionVectorRecord, ...]]:
     """The DV file and vectors of a commit adding `new_files`, against `view` (the table right before it): each
     touched file's current vector united with its fresh positions. `fresh`: what the writing tasks computed, when
     the caller checked that nothing committed since changed their groups; else computed here."""
@@ -174,8 +191,10 @@ def vectors_for_commit(io: FileIO, view: DataView, new_files: Sequence[DataFileR
             raise CorruptFileError(f"rows of {path} were found superseded, but it is not a live data file")
         rows = live.record.rows if live is not None else next(f.rows for f in new_files if f.path == path)
         if len(positions) and positions.max() >= rows:
-            raise CorruptFileError(f"row {positions.max()} of {path} was reported superseded, but the file has "
-                                   f"{rows} rows; nothing was published")
+            raise CorruptFileError(
+                f"row {positions.max()} of {path} was reported superseded, but the file has "
+                f"{rows} rows; nothing was published"
+            )
         current = load_vector(io, ref, rows, dv_bytes) if ref is not None else BitMap()
         if positions.issubset(current):
             continue  # nothing new: a vector "changed" to itself would be a remove and an add of one (path, DV)
@@ -183,8 +202,9 @@ def vectors_for_commit(io: FileIO, view: DataView, new_files: Sequence[DataFileR
     return write_vectors(io, instant, vectors)
 
 
-def write_vectors(io: FileIO, instant: str, vectors: dict[str, BitMap]
-                  ) -> tuple[tuple[DvFileRecord, ...], tuple[DeletionVectorRecord, ...]]:
+def write_vectors(
+    io: FileIO, instant: str, vectors: dict[str, BitMap]
+) -> tuple[tuple[DvFileRecord, ...], tuple[DeletionVectorRecord, ...]]:
     """One DV file holding the given whole vectors (data file -> positions), announced before it is written (a
     rollback of the instant deletes it); nothing when there are none."""
     if not vectors:
@@ -196,8 +216,10 @@ def write_vectors(io: FileIO, instant: str, vectors: dict[str, BitMap]
     markers.announce(io, instant, rel)
     io.write_atomic(rel, data)
     dv_file = DvFileRecord(path=rel, size=len(data), checksum=file_checksum(data))
-    return (dv_file,), tuple(DeletionVectorRecord(path=p, dv_file=rel, offset=s.offset, size=s.size,
-                                                  cardinality=s.cardinality) for p, s in slots.items())
+    return (dv_file,), tuple(
+        DeletionVectorRecord(path=p, dv_file=rel, offset=s.offset, size=s.size, cardinality=s.cardinality)
+        for p, s in slots.items()
+    )
 
 
 def _reject_repeats(found: Iterable[tuple[DataFileRecord, pa.Array]], io: FileIO) -> None:
@@ -212,6 +234,8 @@ def _reject_repeats(found: Iterable[tuple[DataFileRecord, pa.Array]], io: FileIO
         counts = pc.value_counts(keys)
         repeated = counts.field("values").filter(pc.greater(counts.field("counts"), 1))[0].as_py()
         paths = [io.path(r.path) for r, k in items if pc.any(pc.equal(k, repeated)).as_py()]
-        raise CorruptFileError(f"key {repeated!r} has more than one live row in file group {group!r} of partition "
-                               f"{partition!r} ({', '.join(paths)}); the table's data files and deletion vectors "
-                               "disagree, nothing was published (run `dbidx verify`)")
+        raise CorruptFileError(
+            f"key {repeated!r} has more than one live row in file group {group!r} of partition "
+            f"{partition!r} ({', '.join(paths)}); the table's data files and deletion vectors "
+            "disagree, nothing was published (run `dbidx verify`)"
+        )

@@ -15,6 +15,7 @@ rewritten about log2(share x base / delta) times before it reaches the base, and
 bytes: a cost per batch that follows the batch, not the table. A merged file is not a delta: a cache's catch-up,
 which replays deltas, never reads it (its entries are older than the deltas it replaced, which the cache saw).
 """
+
 from __future__ import annotations
 
 import time
@@ -75,8 +76,7 @@ def plan_group(files: list[FileRecord], min_files: int, base_share: float | None
         return None
     base = files[0] if files[0].kind == "base" else None
     after = files[1:] if base is not None else files
-    if base_share is None or base is None or len(after) < 2 \
-            or sum(f.rows for f in after) >= base_share * base.rows:
+    if base_share is None or base is None or len(after) < 2 or sum(f.rows for f in after) >= base_share * base.rows:
         return GroupPlan(tuple(files), True)
     run = [after[-1]]
     run_rows = after[-1].rows
@@ -101,10 +101,12 @@ def compact(
     runs the merges, e.g. as a Spark job. base_share (None: always into a new base): a group's base is rewritten
     only once the files after it hold this share of its entries, before that its newest run of files is merged into
     one merged file (size-tiered; the module docstring says why, `plan_group` how)."""
-    if base_share is not None and (isinstance(base_share, bool) or not isinstance(base_share, (int, float))
-                                   or not 0.0 < base_share <= 1e6):
-        raise InvalidInputError(f"index compaction of {table.uri}: base_share must be a number in (0, 1000000] or "
-                                f"None, got {base_share!r}")
+    if base_share is not None and (
+        isinstance(base_share, bool) or not isinstance(base_share, (int, float)) or not 0.0 < base_share <= 1e6
+    ):
+        raise InvalidInputError(
+            f"index compaction of {table.uri}: base_share must be a number in (0, 1000000] or None, got {base_share!r}"
+        )
     view = table.refresh()
     wanted = None if partitions is None else {layout.validate_partition(p) for p in partitions}
     # 1. Choose the groups worth compacting and what of each, from the view as of now.
@@ -126,14 +128,16 @@ def compact(
         # 2. Declare, then write one file per group: the newest entry per key, tombstones dropped from a base (kept in
         #    a merged file); one piece of work per group, run by `runner` (here, or as a Spark job), each result
         #    checked before anything is published.
-        paths = {g: layout.rli_file(g[0], g[1], _output_kind(plan.into_base), writer.instant)
-                 for g, plan in todo.items()}
+        paths = {
+            g: layout.rli_file(g[0], g[1], _output_kind(plan.into_base), writer.instant) for g, plan in todo.items()
+        }
         writer.declare(paths.values())
         work = partial(merge_group, table.io, writer.instant, table.schema, table.props.row_group_size)
         what = f"compaction {writer.instant}"
         items = [(g[0], g[1], plan.files, plan.into_base) for g, plan in todo.items()]
-        results = (runner or IN_PROCESS).run(work, items, f"{what}: merge index groups",
-                                             [sum(f.size for f in item[2]) for item in items])
+        results = (runner or IN_PROCESS).run(
+            work, items, f"{what}: merge index groups", [sum(f.size for f in item[2]) for item in items]
+        )
         for item, payload in zip(items, results):
             base = _parsed_merge(payload, item[0], item[1], item[3], writer.instant, what)
             steps.step(f"{item[0] or '(global)'} shard {item[1]}", sum(f.rows for f in item[2]))
@@ -152,15 +156,22 @@ def compact(
                     )
 
         def build(seq: int) -> CompletedInstant:
-            return CompletedInstant(seq=seq, instant=writer.instant, action=ACTION_COMPACTION,
-                                    table_id=table.props.table_id,
-                                    completed_at_ms=int(time.time() * 1000), start_seq=writer.start_seq,
-                                    files=tuple(bases), replaced=tuple(replaced))
+            return CompletedInstant(
+                seq=seq,
+                instant=writer.instant,
+                action=ACTION_COMPACTION,
+                table_id=table.props.table_id,
+                completed_at_ms=int(time.time() * 1000),
+                start_seq=writer.start_seq,
+                files=tuple(bases),
+                replaced=tuple(replaced),
+            )
 
         # 3. Publish: the bases replace the old files in one step.
         record = writer.publish(build, check)
-    return CompactionResult(record, len(todo), len(replaced), sum(b.rows for b in bases),
-                            sum(1 for plan in todo.values() if plan.into_base))
+    return CompactionResult(
+        record, len(todo), len(replaced), sum(b.rows for b in bases), sum(1 for plan in todo.values() if plan.into_base)
+    )
 
 
 def _output_kind(into_base: bool) -> str:
@@ -168,8 +179,14 @@ def _output_kind(into_base: bool) -> str:
     return "base" if into_base else "merged"
 
 
-def merge_group(io: FileIO, instant: str, schema: pa.Schema, row_group_size: int,
-                item: tuple[str | None, int, tuple[FileRecord, ...], bool], attempt: int) -> bytes:
+def merge_group(
+    io: FileIO,
+    instant: str,
+    schema: pa.Schema,
+    row_group_size: int,
+    item: tuple[str | None, int, tuple[FileRecord, ...], bool],
+    attempt: int,
+) -> bytes:
     """One (partition, shard)'s files merged into a base, or into a merged file that keeps tombstones (a runner's
     piece of work: it may run in a Spark task); a try after the first writes under its own name, announced by a
     marker first (dbidx/runner.py)."""
@@ -178,16 +195,18 @@ def merge_group(io: FileIO, instant: str, schema: pa.Schema, row_group_size: int
     rel = layout.rli_file(partition, shard, kind, instant, attempt or None)
     if attempt:
         markers.announce(io, instant, rel)
-    merged = rli_files.resolve_latest([rli_files.read_rli_file(io, f) for f in files], schema,
-                                      keep_tombstones=not into_base)
+    merged = rli_files.resolve_latest(
+        [rli_files.read_rli_file(io, f) for f in files], schema, keep_tombstones=not into_base
+    )
     if merged.num_rows == 0:
         return pack({"attempt": attempt, "base": None})
     out = rli_files.write_rli_file(io, rel, merged, row_group_size, partition, shard, kind)
     return pack({"attempt": attempt, "base": record_dict(out)})
 
 
-def _parsed_merge(payload: bytes, partition: str | None, shard: int, into_base: bool, instant: str,
-                  what: str) -> FileRecord | None:
+def _parsed_merge(
+    payload: bytes, partition: str | None, shard: int, into_base: bool, instant: str, what: str
+) -> FileRecord | None:
     """A group's merge result, checked strictly: a base (or merged file) of this group, written under this
     instant's name for the attempt (CommitError otherwise: nothing is published)."""
     where = f"{what}, group {partition or '(global)'} shard {shard}"
@@ -198,8 +217,12 @@ def _parsed_merge(payload: bytes, partition: str | None, shard: int, into_base: 
         if result["base"] is None:
             return None
         base = FileRecord.parse(result["base"], "base")
-        if (base.path, base.partition, base.shard, base.kind) != \
-                (layout.rli_file(partition, shard, kind, instant, attempt or None), partition, shard, kind):
+        if (base.path, base.partition, base.shard, base.kind) != (
+            layout.rli_file(partition, shard, kind, instant, attempt or None),
+            partition,
+            shard,
+            kind,
+        ):
             raise ValueError(f"{kind} file {base.path!r} is not this group's {kind} file of attempt {attempt}")
     except (ValueError, TypeError, KeyError) as exc:
         raise CommitError(f"{where}: a malformed merge result ({exc}); nothing was published") from exc
@@ -217,27 +240,36 @@ def clean(table: TableState, retain_completions: int = 10, delete_migrated: bool
     # A negative count would have cleaned as 0 does (everything replaced, however recent), and a float or a string
     # would fail (or round) somewhere below: refused before anything is read or deleted.
     if isinstance(retain_completions, bool) or not isinstance(retain_completions, Integral) or retain_completions < 0:
-        raise InvalidInputError(f"clean of {table.uri}: retain_completions must be a whole number >= 0 (completions "
-                                f"whose replaced files are kept), got {retain_completions!r}")
+        raise InvalidInputError(
+            f"clean of {table.uri}: retain_completions must be a whole number >= 0 (completions "
+            f"whose replaced files are kept), got {retain_completions!r}"
+        )
     if not isinstance(delete_migrated, bool):
-        raise InvalidInputError(f"clean of {table.uri}: delete_migrated must be True or False, got "
-                                f"{delete_migrated!r}")
+        raise InvalidInputError(f"clean of {table.uri}: delete_migrated must be True or False, got {delete_migrated!r}")
     view = table.refresh()
     horizon = table.timeline.latest_seq - int(retain_completions)
     doomed = [path for path, _ in view.replaced_files(horizon)]
     outside = [path for path in doomed if not path.startswith(layout.RLI_DIR + "/")]
     if outside:
-        raise CorruptFileError(f"compaction records of {table.uri} replace files outside {layout.RLI_DIR}, e.g. "
-                               f"{outside[0]!r}; refusing to clean")
+        raise CorruptFileError(
+            f"compaction records of {table.uri} replace files outside {layout.RLI_DIR}, e.g. "
+            f"{outside[0]!r}; refusing to clean"
+        )
     data = table.data_view()
     doomed += data.replaced(horizon, migrated=delete_migrated) + data.unreferenced_dv_files(horizon)
     if not doomed:
         return None
 
     def build(seq: int) -> CompletedInstant:
-        return CompletedInstant(seq=seq, instant=writer.instant, action=ACTION_CLEAN, table_id=table.props.table_id,
-                                completed_at_ms=int(time.time() * 1000), start_seq=writer.start_seq,
-                                deleted=tuple(doomed))
+        return CompletedInstant(
+            seq=seq,
+            instant=writer.instant,
+            action=ACTION_CLEAN,
+            table_id=table.props.table_id,
+            completed_at_ms=int(time.time() * 1000),
+            start_seq=writer.start_seq,
+            deleted=tuple(doomed),
+        )
 
     # 1. Publish first: from now on readers know these files are gone on purpose. The claim stays until step 2 is
     #    done: a clean killed in between leaves it, and the next sweep (any upsert, clean, compaction, `dbidx

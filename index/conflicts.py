@@ -11,6 +11,7 @@ conflict, and why, is the table in docs/DESIGN.md section 3.
 Only groups with overlapping key ranges are read, one at a time, so the publisher's memory is bounded by one
 group's keys, not by the batch.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -54,18 +55,34 @@ class TouchedKeys:
 
     def to_dict(self) -> dict:
         """Plain form for task results (keys in memory are never shipped)."""
-        return {"partition": self.partition, "shard": self.shard, "min_key": self.min_key, "max_key": self.max_key,
-                "since_seq": self.since_seq, "path": self.path, "size": self.size, "checksum": self.checksum}
+        return {
+            "partition": self.partition,
+            "shard": self.shard,
+            "min_key": self.min_key,
+            "max_key": self.max_key,
+            "since_seq": self.since_seq,
+            "path": self.path,
+            "size": self.size,
+            "checksum": self.checksum,
+        }
 
     @classmethod
     def parse(cls, data: dict, since_min: int, since_max: int) -> "TouchedKeys":
         """Rebuild a task's report strictly: typed fields, a path inside the table, a seq that exists."""
         try:
             t = cls(**data)
-            ok = (isinstance(t.shard, int) and isinstance(t.min_key, str) and isinstance(t.max_key, str)
-                  and t.min_key <= t.max_key and isinstance(t.since_seq, int) and since_min <= t.since_seq <= since_max
-                  and (t.partition is None or isinstance(t.partition, str)) and isinstance(t.path, str)
-                  and isinstance(t.size, int) and isinstance(t.checksum, str))
+            ok = (
+                isinstance(t.shard, int)
+                and isinstance(t.min_key, str)
+                and isinstance(t.max_key, str)
+                and t.min_key <= t.max_key
+                and isinstance(t.since_seq, int)
+                and since_min <= t.since_seq <= since_max
+                and (t.partition is None or isinstance(t.partition, str))
+                and isinstance(t.path, str)
+                and isinstance(t.size, int)
+                and isinstance(t.checksum, str)
+            )
             if ok:
                 layout.validate_table_path(t.path)
         except (TypeError, DbidxError) as exc:
@@ -92,20 +109,26 @@ class TouchedKeys:
             raise CorruptFileError(f"touched-keys file {io.path(self.path)} is unreadable: {exc}") from exc
         # This group's rows must be there and span the range its record states: none would hide every conflict.
         if not len(keys) or keys[0].as_py() != self.min_key or keys[-1].as_py() != self.max_key:
-            raise CorruptFileError(f"touched-keys file {io.path(self.path)} does not hold the keys its record states "
-                                   f"for partition {self.partition!r} ({len(keys)} found, range {self.min_key!r} to "
-                                   f"{self.max_key!r} expected)")
+            raise CorruptFileError(
+                f"touched-keys file {io.path(self.path)} does not hold the keys its record states "
+                f"for partition {self.partition!r} ({len(keys)} found, range {self.min_key!r} to "
+                f"{self.max_key!r} expected)"
+            )
         return keys
 
 
-def write_touched_groups(io: FileIO, rel: str, groups: list[tuple[str | None, pa.Array]], shard: int,
-                         since_seq: int) -> list[TouchedKeys]:
+def write_touched_groups(
+    io: FileIO, rel: str, groups: list[tuple[str | None, pa.Array]], shard: int, since_seq: int
+) -> list[TouchedKeys]:
     """Write the keys a task tagged in the groups of one shard (each group's keys sorted, distinct, non-empty;
     partition None in global mode) as one file of (partition, key) rows: one write per task, not one per partition.
     Each group's record names the file and its own key range; `TouchedKeys.load` reads back that group's rows."""
-    table = pa.table({TOUCHED_PARTITION: pa.concat_arrays([pa.repeat(pa.scalar(p, pa.string()), len(k))
-                                                            for p, k in groups]),
-                      rli_files.KEY: pa.concat_arrays([k.cast(pa.string()) for _, k in groups])})
+    table = pa.table(
+        {
+            TOUCHED_PARTITION: pa.concat_arrays([pa.repeat(pa.scalar(p, pa.string()), len(k)) for p, k in groups]),
+            rli_files.KEY: pa.concat_arrays([k.cast(pa.string()) for _, k in groups]),
+        }
+    )
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, compression="zstd", use_dictionary=[TOUCHED_PARTITION])
     data = sink.getvalue()
@@ -114,8 +137,13 @@ def write_touched_groups(io: FileIO, rel: str, groups: list[tuple[str | None, pa
     return [TouchedKeys(p, shard, k[0].as_py(), k[-1].as_py(), since_seq, rel, data.size, checksum) for p, k in groups]
 
 
-def check_conflicts(io: FileIO, instant: str, news: list[CompletedInstant], touched: dict[GroupKey, TouchedKeys],
-                    cleaned: Callable[[str], bool] = lambda path: False) -> None:
+def check_conflicts(
+    io: FileIO,
+    instant: str,
+    news: list[CompletedInstant],
+    touched: dict[GroupKey, TouchedKeys],
+    cleaned: Callable[[str], bool] = lambda path: False,
+) -> None:
     """Raise ConflictError if a commit in `news` wrote index entries for a key this instant touched.
 
     Groups are checked one at a time (their touched keys are dropped before the next group is read), so memory is
@@ -143,7 +171,8 @@ def check_conflicts(io: FileIO, instant: str, news: list[CompletedInstant], touc
                 raise ConflictError(
                     f"instant {instant} cannot be checked against instant {rec.instant} (seq {rec.seq}): its index "
                     f"file for {where}, shard {f.shard} was compacted and cleaned while this instant ran. Nothing "
-                    "was published; re-tag the batch against the new index and retry.")
+                    "was published; re-tag the batch against the new index and retry."
+                )
             theirs = rli_files.read_rli_file(io, f, columns=[rli_files.KEY]).column(rli_files.KEY)
             clash = keys.filter(pc.is_in(keys, value_set=theirs))
             if len(clash):
@@ -159,6 +188,8 @@ def check_conflicts(io: FileIO, instant: str, news: list[CompletedInstant], touc
 
 def touched_in_memory(sorted_keys_by_group: dict[GroupKey, pa.Array], since_seq: int) -> dict[GroupKey, TouchedKeys]:
     """TouchedKeys for keys held in memory (each array sorted, non-empty)."""
-    return {g: TouchedKeys(g[0], g[1], k[0].as_py(), k[-1].as_py(), since_seq, keys=k)
-            for g, k in sorted_keys_by_group.items() if len(k)}
-
+    return {
+        g: TouchedKeys(g[0], g[1], k[0].as_py(), k[-1].as_py(), since_seq, keys=k)
+        for g, k in sorted_keys_by_group.items()
+        if len(k)
+    }

@@ -4,6 +4,7 @@ Per shard: the files of the (partition, shard) group (the whole shard in global 
 row groups whose key range holds a wanted key (`rli_files.read_matching`), every file verified; the latest entry per
 key wins and deletes drop out (`rli_files.resolve_latest`). What `Table.lookup` and `dbidx lookup` run.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -23,8 +24,14 @@ from dbidx.storage.keys import normalize_keys
 from dbidx.storage.state import TableState
 
 
-def lookup(table: TableState, keys: Sequence[str] | pa.Array, partition: str | None, mode: str,
-           seek_threshold: float, plan: dict[str, int] | None) -> pa.Table:
+def lookup(
+    table: TableState,
+    keys: Sequence[str] | pa.Array,
+    partition: str | None,
+    mode: str,
+    seek_threshold: float,
+    plan: dict[str, int] | None,
+) -> pa.Table:
     """Live entries of `keys` (see Table.lookup for the arguments); absent keys are not in the result."""
     if mode not in ("auto", "seek", "scan"):
         raise InvalidInputError(f"lookup mode must be auto, seek or scan, got {mode!r}")
@@ -43,8 +50,9 @@ def lookup(table: TableState, keys: Sequence[str] | pa.Array, partition: str | N
         sorted_keys = sorted(mine.to_pylist())
         found = []
         for record in view.files(None if table.global_index else partition, int(s)):
-            rows, how = table.read_index_file(record, lambda: rli_files.read_matching(
-                table.io, record, sorted_keys, mine, mode, seek_threshold))
+            rows, how = table.read_index_file(
+                record, lambda: rli_files.read_matching(table.io, record, sorted_keys, mine, mode, seek_threshold)
+            )
             if plan is not None:
                 plan[how] = plan.get(how, 0) + 1
             found.append(rows)
@@ -78,8 +86,9 @@ def lookup_report(table: TableState, keys: Sequence[str], partition: str | None,
         follow()  # other engines' versions since the index's last are absorbed first
     rows = table.lookup(list(keys), partition, mode=mode).to_pylist()
     by_key = {row["key"]: row for row in rows}
-    report = LookupReport([by_key[k] for k in keys if k in by_key], [k for k in keys if k not in by_key],
-                          partition, None)
+    report = LookupReport(
+        [by_key[k] for k in keys if k in by_key], [k for k in keys if k not in by_key], partition, None
+    )
     if partition is not None:
         known = table_partitions(table)
         if known is not None:
@@ -103,5 +112,5 @@ def nearest(wanted: str, known: list[str], n: int = 5) -> list[str]:
     (for dates, the days before and after)."""
     close = difflib.get_close_matches(wanted, known, n=n, cutoff=0.6)
     at = bisect.bisect_left(known, wanted)
-    around = known[max(0, at - n // 2):at + (n + 1) // 2]
+    around = known[max(0, at - n // 2) : at + (n + 1) // 2]
     return list(dict.fromkeys(close + around))[:n]

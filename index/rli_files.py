@@ -4,6 +4,7 @@ A file holds rows (key, [partition,] file_group, instant, deleted) sorted by key
 statistics per row group. Sorting makes row-group statistics exact key ranges, which is what point lookups seek on.
 Merging is "newest entry per key wins, tombstones hide the key", applied in completion order.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -28,8 +29,13 @@ PARTITIONED_SCHEMA = pa.schema(
     [(KEY, pa.string(), False), (FILE_GROUP, pa.string()), (INSTANT, pa.string(), False), (DELETED, pa.bool_(), False)]
 )
 GLOBAL_SCHEMA = pa.schema(
-    [(KEY, pa.string(), False), (PARTITION, pa.string()), (FILE_GROUP, pa.string()),
-     (INSTANT, pa.string(), False), (DELETED, pa.bool_(), False)]
+    [
+        (KEY, pa.string(), False),
+        (PARTITION, pa.string()),
+        (FILE_GROUP, pa.string()),
+        (INSTANT, pa.string(), False),
+        (DELETED, pa.bool_(), False),
+    ]
 )
 _ORD = "__ord"
 
@@ -48,25 +54,47 @@ def sort_entries(table: pa.Table) -> pa.Table:
     return table.take(pa.array(string_sort_indices(table.column(KEY))))
 
 
-def write_rli_file(io: FileIO, rel: str, table: pa.Table, row_group_size: int, partition: str | None = None,
-                   shard: int = 0, kind: str = "delta") -> FileRecord:
+def write_rli_file(
+    io: FileIO,
+    rel: str,
+    table: pa.Table,
+    row_group_size: int,
+    partition: str | None = None,
+    shard: int = 0,
+    kind: str = "delta",
+) -> FileRecord:
     """Write sorted entries as one Parquet file under `rel`; returns its record with size and checksum.
 
     The file is serialized in memory first, so the checksum covers exactly the bytes written (no read-back).
     """
     dict_cols = [c for c in (PARTITION, FILE_GROUP, INSTANT) if c in table.column_names]
     sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, row_group_size=row_group_size, compression="zstd", compression_level=3,
-                   use_dictionary=dict_cols, write_statistics=[KEY], sorting_columns=[pq.SortingColumn(0)])
+    pq.write_table(
+        table,
+        sink,
+        row_group_size=row_group_size,
+        compression="zstd",
+        compression_level=3,
+        use_dictionary=dict_cols,
+        write_statistics=[KEY],
+        sorting_columns=[pq.SortingColumn(0)],
+    )
     data = sink.getvalue()
     io.write_atomic(rel, data)
     tombstones = int(pc.sum(table.column(DELETED)).as_py() or 0)
     keys = table.column(KEY)
     return FileRecord(
-        path=rel, partition=partition, shard=shard, kind=kind, rows=table.num_rows,
-        inserts=table.num_rows - tombstones, tombstones=tombstones,
+        path=rel,
+        partition=partition,
+        shard=shard,
+        kind=kind,
+        rows=table.num_rows,
+        inserts=table.num_rows - tombstones,
+        tombstones=tombstones,
         min_key=keys[0].as_py() if table.num_rows else None,
-        max_key=keys[-1].as_py() if table.num_rows else None, size=data.size, checksum=file_checksum(data),
+        max_key=keys[-1].as_py() if table.num_rows else None,
+        size=data.size,
+        checksum=file_checksum(data),
     )
 
 

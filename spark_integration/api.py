@@ -7,6 +7,7 @@ against commits that completed meanwhile, and publishes data and index in one co
 the instant back and deletes every file any attempt announced. Callable from `foreachBatch`. Errors raised in tasks
 come back with their own type (task_errors.py).
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -27,7 +28,9 @@ from dbidx.spark_integration.job_report import JobResults, SparkJobReport, TaskA
 from dbidx.spark_integration.tagger import ROW_ID, TAG_FIELDS, TagOptions
 from dbidx.spark_integration.task_result import RESULT_DDL, pack_result
 from dbidx.spark_integration.task_errors import (
-    TaskHook, hook_error, run_hook,
+    TaskHook,
+    hook_error,
+    run_hook,
 )
 
 __all__ = ["bulk_insert", "maintain", "tag", "upsert", "upsert_with_options"]
@@ -59,16 +62,33 @@ def _unfit_key_columns(df: Any) -> dict[str, tuple[str, str] | None]:
     point, boolean, array/struct/map), else None (from the schema, no job)."""
     from pyspark.sql import types as T
 
-    kinds = ((T.FloatType, T.DoubleType), "floating"), ((T.BooleanType,), "boolean"), \
-        ((T.ArrayType, T.StructType, T.MapType), "nested")
-    return {f.name: next(((f.dataType.simpleString(), kind) for classes, kind in kinds
-                          if isinstance(f.dataType, classes)), None) for f in df.schema.fields}
+    kinds = (
+        ((T.FloatType, T.DoubleType), "floating"),
+        ((T.BooleanType,), "boolean"),
+        ((T.ArrayType, T.StructType, T.MapType), "nested"),
+    )
+    return {
+        f.name: next(
+            ((f.dataType.simpleString(), kind) for classes, kind in kinds if isinstance(f.dataType, classes)), None
+        )
+        for f in df.schema.fields
+    }
 
 
-def tag(df: Any, table: Table, *, key: str, partition: str, ordering: str | None = None,
-        delete_column: str | None = "_dbidx_delete", hive_style: bool = True, buckets: BucketSpec | None = None,
-        cache_options: Mapping[str, Any] | None = None, cache_config: CacheConfig | None = None,
-        use_rdd: bool = False) -> Any:
+def tag(
+    df: Any,
+    table: Table,
+    *,
+    key: str,
+    partition: str,
+    ordering: str | None = None,
+    delete_column: str | None = "_dbidx_delete",
+    hive_style: bool = True,
+    buckets: BucketSpec | None = None,
+    cache_options: Mapping[str, Any] | None = None,
+    cache_config: CacheConfig | None = None,
+    use_rdd: bool = False,
+) -> Any:
     """The rows of `df` with their tag columns (see tagger.TAG_FIELDS), computed against executor-local caches.
 
     Lazy like any transformation. Rows are tagged against the index as of the latest commit when the task runs;
@@ -76,8 +96,18 @@ def tag(df: Any, table: Table, *, key: str, partition: str, ordering: str | None
     the same tagger through `mapPartitions` for pipelines built on RDDs. `key` and `partition` name the record-key
     and partition columns, as keywords and without defaults, as for `upsert`.
     """
-    options = make_options(table, key, partition, ordering, delete_column, hive_style, buckets, cache_options,
-                           cache_config, df.sparkSession.conf)
+    options = make_options(
+        table,
+        key,
+        partition,
+        ordering,
+        delete_column,
+        hive_style,
+        buckets,
+        cache_options,
+        cache_config,
+        df.sparkSession.conf,
+    )
     options.check_columns(df.columns, "the DataFrame to tag", _boolean_columns(df), _unfit_key_columns(df))
     from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -91,6 +121,7 @@ def tag(df: Any, table: Table, *, key: str, partition: str, ordering: str | None
 
 def _tag_rows(rows: Iterable[Any], table: Table, options: TagOptions, names: list[str]) -> Iterator[tuple]:
     """mapPartitions body: Rows -> Arrow batches of 10 000 -> tagger -> tuples."""
+
     def batches() -> Iterator[pa.RecordBatch]:
         chunk: list[Any] = []
         for row in rows:
@@ -105,8 +136,13 @@ def _tag_rows(rows: Iterable[Any], table: Table, options: TagOptions, names: lis
         yield from zip(*(tagged.column(i).to_pylist() for i in range(tagged.num_columns)))
 
 
-def _upsert_partition(batches: Iterator[pa.RecordBatch], table: Table, options: TagOptions, instant: str,
-                      on_task_written: TaskHook | None = None) -> Iterator[pa.RecordBatch]:
+def _upsert_partition(
+    batches: Iterator[pa.RecordBatch],
+    table: Table,
+    options: TagOptions,
+    instant: str,
+    on_task_written: TaskHook | None = None,
+) -> Iterator[pa.RecordBatch]:
     """mapInArrow body of `upsert`: one result row per task attempt, with the attempt's own figures (its attempt
     number, stage and host: job_report.TaskAttempt)."""
     from pyspark import TaskContext
@@ -129,10 +165,21 @@ def _collect_results(results: Any) -> list[tuple[int, int, bytes]]:
     return [(row.shard, row.attempt, row.payload) for row in results.collect()]
 
 
-def upsert(df: Any, table: Table, *, key: str, partition: str, ordering: str | None = None,
-           delete_column: str | None = "_dbidx_delete", hive_style: bool = True, buckets: BucketSpec | None = None,
-           cache_options: Mapping[str, Any] | None = None, cache_config: CacheConfig | None = None,
-           on_task_written: TaskHook | None = None, progress: Progress | None = None) -> CommitSummary:
+def upsert(
+    df: Any,
+    table: Table,
+    *,
+    key: str,
+    partition: str,
+    ordering: str | None = None,
+    delete_column: str | None = "_dbidx_delete",
+    hive_style: bool = True,
+    buckets: BucketSpec | None = None,
+    cache_options: Mapping[str, Any] | None = None,
+    cache_config: CacheConfig | None = None,
+    on_task_written: TaskHook | None = None,
+    progress: Progress | None = None,
+) -> CommitSummary:
     """Insert, update and delete the rows of `df` in `table` as one atomic instant; returns its summary.
 
     `key` and `partition` name the record-key and partition columns. They are required keywords: a guessed default
@@ -147,18 +194,37 @@ def upsert(df: Any, table: Table, *, key: str, partition: str, ordering: str | N
     Raises ConflictError if a commit that completed meanwhile touched one of the batch's keys (nothing is
     published: run the upsert again), CommitError if the job's results are incomplete.
     """
-    options = make_options(table, key, partition, ordering, delete_column, hive_style, buckets, cache_options,
-                           cache_config, df.sparkSession.conf)
+    options = make_options(
+        table,
+        key,
+        partition,
+        ordering,
+        delete_column,
+        hive_style,
+        buckets,
+        cache_options,
+        cache_config,
+        df.sparkSession.conf,
+    )
     options.check_columns(df.columns, "the upsert DataFrame", _boolean_columns(df), _unfit_key_columns(df))
     # A table's first write cannot update anything: it takes the bulk path (tasks skip the caches).
-    return upsert_with_options(df, table, replace(options, bulk_seq=empty_table_seq(table)), on_task_written,
-                               progress)
+    return upsert_with_options(df, table, replace(options, bulk_seq=empty_table_seq(table)), on_task_written, progress)
 
 
-def bulk_insert(df: Any, table: Table, *, key: str, partition: str, ordering: str | None = None,
-                delete_column: str | None = "_dbidx_delete", hive_style: bool = True,
-                buckets: BucketSpec | None = None, cache_options: Mapping[str, Any] | None = None,
-                cache_config: CacheConfig | None = None, on_task_written: TaskHook | None = None) -> CommitSummary:
+def bulk_insert(
+    df: Any,
+    table: Table,
+    *,
+    key: str,
+    partition: str,
+    ordering: str | None = None,
+    delete_column: str | None = "_dbidx_delete",
+    hive_style: bool = True,
+    buckets: BucketSpec | None = None,
+    cache_options: Mapping[str, Any] | None = None,
+    cache_config: CacheConfig | None = None,
+    on_task_written: TaskHook | None = None,
+) -> CommitSummary:
     """Load rows into partitions the table has never had (any partition of an empty table), as one upsert instant
     that skips the caches: the initial load of a table or a backfill of new days.
 
@@ -167,8 +233,18 @@ def bulk_insert(df: Any, table: Table, *, key: str, partition: str, ordering: st
     then arrival) and delete rows delete nothing. Arguments as for `upsert`; `upsert` itself takes this path on a
     table's first write.
     """
-    options = make_options(table, key, partition, ordering, delete_column, hive_style, buckets, cache_options,
-                           cache_config, df.sparkSession.conf)
+    options = make_options(
+        table,
+        key,
+        partition,
+        ordering,
+        delete_column,
+        hive_style,
+        buckets,
+        cache_options,
+        cache_config,
+        df.sparkSession.conf,
+    )
     options.check_columns(df.columns, "the bulk_insert DataFrame", _boolean_columns(df), _unfit_key_columns(df))
     values = [row[0] for row in df.select(partition).distinct().collect()]
     paths = options.partitions_of(pa.table({partition: pa.array(values)})).to_pylist() if values else []
@@ -176,10 +252,16 @@ def bulk_insert(df: Any, table: Table, *, key: str, partition: str, ordering: st
     return upsert_with_options(df, table, replace(options, bulk_seq=seq), on_task_written)
 
 
-def upsert_with_options(df: Any, table: Table, options: TagOptions,
-                        on_task_written: TaskHook | None = None, progress: Progress | None = None) -> CommitSummary:
+def upsert_with_options(
+    df: Any,
+    table: Table,
+    options: TagOptions,
+    on_task_written: TaskHook | None = None,
+    progress: Progress | None = None,
+) -> CommitSummary:
     """`upsert` with its options made (and checked) already: what `upsert` and `bulk_insert` run."""
     from pyspark.sql import functions as F
+
     input_schema = arrow_schema_of(df)
 
     def job(instant: str) -> JobResults:
@@ -189,9 +271,21 @@ def upsert_with_options(df: Any, table: Table, options: TagOptions,
             # Tagged, so the driver can read afterwards what Spark did to run it (retries, speculation, executors
             # lost): job_report.SparkJobReport, read when the results are checked.
             with SparkJobReport.watching(df.sparkSession, instant) as report:
-                return JobResults(_collect_results(shuffled.mapInArrow(
-                    partial(_upsert_partition, table=table, options=options, instant=instant,
-                            on_task_written=on_task_written), RESULT_DDL)), report)
+                return JobResults(
+                    _collect_results(
+                        shuffled.mapInArrow(
+                            partial(
+                                _upsert_partition,
+                                table=table,
+                                options=options,
+                                instant=instant,
+                                on_task_written=on_task_written,
+                            ),
+                            RESULT_DDL,
+                        )
+                    ),
+                    report,
+                )
         except Exception as exc:
             # Only a run with a hook looks for its marker: without one, row data quoted in an error's text cannot
             # pass for a hook's failure.
@@ -203,7 +297,13 @@ def upsert_with_options(df: Any, table: Table, options: TagOptions,
     # The claim names the Spark application, so an attempt its driver left unfinished says whose it was.
     context = df.sparkSession.sparkContext
     tags = {"spark_app_id": context.applicationId, "spark_app_name": context.appName[:256]}
-    return run_upsert(table, options, job, input_schema, "the upsert DataFrame", progress, tags=tags,
-                      services_runner=SparkWorkRunner(df.sparkSession))
-
-
+    return run_upsert(
+        table,
+        options,
+        job,
+        input_schema,
+        "the upsert DataFrame",
+        progress,
+        tags=tags,
+        services_runner=SparkWorkRunner(df.sparkSession),
+    )

@@ -8,6 +8,7 @@ row as an insert (`ShardTagger.tag_new`), write data and index files as usual, a
 one their keys were tagged against. A writer that commits the same keys meanwhile is a conflict at publish, as for
 any upsert; later batches' caches take the new partitions by loading their snapshots (the SST bulk path).
 """
+
 from __future__ import annotations
 
 from typing import Iterable
@@ -30,13 +31,17 @@ def new_partitions_seq(table: Table, partitions: Iterable[str]) -> int:
     if table.global_index:
         seq = empty_table_seq(table)
         if seq is None:
-            raise InvalidInputError(f"bulk_insert into the global-index table {table.uri} needs an empty table (a key "
-                                    "may live in any partition, so its keys must be looked up): use upsert")
+            raise InvalidInputError(
+                f"bulk_insert into the global-index table {table.uri} needs an empty table (a key "
+                "may live in any partition, so its keys must be looked up): use upsert"
+            )
         return seq
     view = table.refresh()
     written = {stats.partition for stats in view.partition_stats()} | {g[0] for g in view.groups()}
     clash = sorted(set(partitions) & written)
     if clash:
-        raise InvalidInputError(f"bulk_insert writes only partitions table {table.uri} has never had; {clash[:5]} "
-                                f"({len(clash)} in all) already hold records: write them with upsert")
+        raise InvalidInputError(
+            f"bulk_insert writes only partitions table {table.uri} has never had; {clash[:5]} "
+            f"({len(clash)} in all) already hold records: write them with upsert"
+        )
     return view.applied_seq

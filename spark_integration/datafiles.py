@@ -5,6 +5,7 @@ only, with their size and checksum, and everything else a marker names is delete
 after a rollback). Readers only read files a completed commit lists, and verify their bytes first, so an orphan or
 a damaged file is never read as table data.
 """
+
 from __future__ import annotations
 
 import logging
@@ -30,10 +31,17 @@ from dbidx.storage.records import DataFileRecord
 log = logging.getLogger(__name__)
 
 
-def write_groups(io: FileIO, rows: pa.Table, deleted: pa.Array, partitions: pa.Array, file_groups: pa.Array,
-                 instant: str, attempt: int, key: str | None = None,
-                 written_rows: list[tuple[DataFileRecord, pa.Array, np.ndarray]] | None = None
-                 ) -> list[DataFileRecord]:
+def write_groups(
+    io: FileIO,
+    rows: pa.Table,
+    deleted: pa.Array,
+    partitions: pa.Array,
+    file_groups: pa.Array,
+    instant: str,
+    attempt: int,
+    key: str | None = None,
+    written_rows: list[tuple[DataFileRecord, pa.Array, np.ndarray]] | None = None,
+) -> list[DataFileRecord]:
     """Split rows (the user's columns) by (partition, file group) and write one file per group, each with its
     instant and deleted columns appended; rows with no file group are skipped.
 
@@ -53,8 +61,11 @@ def write_groups(io: FileIO, rows: pa.Table, deleted: pa.Array, partitions: pa.A
     # 2. Every file about to be written announced by one list marker (one write, not one per file), then the rows
     #    of one group together, in arrival order within it.
     width = len(group_names) + 1
-    targets = [(part_names[code // width], group_names[code % width], positions) for code, positions in runs(codes)
-               if code % width != len(group_names)]
+    targets = [
+        (part_names[code // width], group_names[code % width], positions)
+        for code, positions in runs(codes)
+        if code % width != len(group_names)
+    ]
     paths = [data_file_path(part, group, instant, attempt) for part, group, _ in targets]
     markers.announce_all(io, instant, paths)
     for rel, (partition, file_group, positions) in zip(paths, targets):
@@ -65,8 +76,13 @@ def write_groups(io: FileIO, rows: pa.Table, deleted: pa.Array, partitions: pa.A
         group = group.append_column(DELETED_COLUMN, deleted.take(take))
         written.append(write_data_file(io, rel, group, partition, file_group, key))
         if written_rows is not None and key is not None:
-            written_rows.append((written[-1], one_chunk(pc.cast(group.column(key), pa.string())),
-                                 pc.fill_null(group.column(DELETED_COLUMN), False).to_numpy(zero_copy_only=False)))
+            written_rows.append(
+                (
+                    written[-1],
+                    one_chunk(pc.cast(group.column(key), pa.string())),
+                    pc.fill_null(group.column(DELETED_COLUMN), False).to_numpy(zero_copy_only=False),
+                )
+            )
     return written
 
 

@@ -3,6 +3,7 @@ arrival) and drops the repeats; `all_distinct` tells cheaply when a batch has no
 batches), so nothing is sorted. What a task runs on its rows before tagging them (spark_integration/tagger.py), kept
 apart from the tagger, which assumes one row per record.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -12,8 +13,9 @@ import pyarrow.compute as pc
 from dbidx.spark_integration.tagger import ROW_ID, TagOptions
 
 
-def latest_per_key(batch: pa.Table, options: TagOptions, global_mode: bool,
-                   hashes: np.ndarray | None = None) -> tuple[pa.Table, int]:
+def latest_per_key(
+    batch: pa.Table, options: TagOptions, global_mode: bool, hashes: np.ndarray | None = None
+) -> tuple[pa.Table, int]:
     """One row per record (key, or (partition, key) in partitioned mode): the highest ordering value, then the
     latest arrival (ROW_ID, else position). Returns the rows kept and how many were dropped. `hashes`: the keys'
     `spark_hash`, when the caller has them (a cheaper test for distinct keys)."""

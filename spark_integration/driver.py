@@ -2,6 +2,7 @@
 publish of the tasks' results (every task reported, every file there, no conflict with commits since) or the rollback
 of everything announced. `api.upsert` (Spark) and `local.upsert_arrow` (in-process) both run `run_upsert`.
 """
+
 from __future__ import annotations
 
 import time
@@ -18,7 +19,12 @@ from dbidx.counters import gauge
 from dbidx.data import reads
 from dbidx.data.schema import data_columns, encode_schema, evolve, recorded_schema
 from dbidx.errors import (
-    CommitError, ConfigError, ConflictError, CorruptFileError, HistoryCompactedError, SchemaError,
+    CommitError,
+    ConfigError,
+    ConflictError,
+    CorruptFileError,
+    HistoryCompactedError,
+    SchemaError,
 )
 from dbidx.table.service_settings import read_settings
 from dbidx.table.services import run_services
@@ -34,7 +40,6 @@ from dbidx.spark_integration.task_errors import (
 from dbidx.storage import leftovers
 from dbidx.storage.data_view import LAYOUT_EXTRA, SCHEMA_EXTRA, DataView
 from dbidx.storage.records import DataFileRecord, FileRecord
-
 
 
 # The phases of an upsert call, in order: the checks and the start of the instant; the job (the shard tasks); the
@@ -87,9 +92,18 @@ class CommitSummary(TaskCounts):
         return data
 
 
-def make_options(table: Table, key: str, partition: str, ordering: str | None, delete_column: str | None,
-                 hive_style: bool, buckets: BucketSpec | None, cache_options: Mapping[str, Any] | None,
-                 cache_config: CacheConfig | None, spark_conf: Any = None) -> TagOptions:
+def make_options(
+    table: Table,
+    key: str,
+    partition: str,
+    ordering: str | None,
+    delete_column: str | None,
+    hive_style: bool,
+    buckets: BucketSpec | None,
+    cache_options: Mapping[str, Any] | None,
+    cache_config: CacheConfig | None,
+    spark_conf: Any = None,
+) -> TagOptions:
     """TagOptions from the call's arguments, the Spark conf and the environment (in that order of precedence)."""
     if cache_config is None:
         cache_config = CacheConfig.from_sources(mapping=cache_options, spark_conf=spark_conf)
@@ -97,9 +111,16 @@ def make_options(table: Table, key: str, partition: str, ordering: str | None, d
         raise ConfigError("pass either cache_config or cache_options, not both")
     spec = buckets or recorded_buckets(table) or BucketSpec()
     view = table.data_view()
-    return TagOptions(key=key, partition=partition, ordering=ordering, delete_column=delete_column,
-                      hive_style=hive_style, buckets=spec, cache=cache_config,
-                      partition_columns=recorded_partition_columns(view, reads.layout_of(table, view)))
+    return TagOptions(
+        key=key,
+        partition=partition,
+        ordering=ordering,
+        delete_column=delete_column,
+        hive_style=hive_style,
+        buckets=spec,
+        cache=cache_config,
+        partition_columns=recorded_partition_columns(view, reads.layout_of(table, view)),
+    )
 
 
 def recorded_partition_columns(view: DataView, recorded: dict[str, Any] | None) -> tuple[str, ...] | None:
@@ -112,8 +133,9 @@ def recorded_partition_columns(view: DataView, recorded: dict[str, Any] | None) 
         return None
     if not isinstance(columns, list) or not all(isinstance(c, str) and c for c in columns):
         where = f"completion {view.layout.seq} ({view.layout.instant})" if view.layout is not None else "a completion"
-        raise CorruptFileError(f"{where} records partition columns {columns!r} in its {LAYOUT_EXTRA!r} extra, not "
-                               "a list of column names")
+        raise CorruptFileError(
+            f"{where} records partition columns {columns!r} in its {LAYOUT_EXTRA!r} extra, not a list of column names"
+        )
     return tuple(columns) if columns or view.delta_adopted is not None else None
 
 
@@ -125,21 +147,32 @@ def recorded_buckets(table: Table) -> BucketSpec | None:
     try:
         return BucketSpec(**recorded.value)
     except (TypeError, ConfigError) as exc:
-        raise CorruptFileError(f"completion {recorded.seq} ({recorded.instant}) of {table.uri} records an invalid "
-                               f"bucket spec {recorded.value!r}: {exc}") from exc
+        raise CorruptFileError(
+            f"completion {recorded.seq} ({recorded.instant}) of {table.uri} records an invalid "
+            f"bucket spec {recorded.value!r}: {exc}"
+        ) from exc
 
 
 def _check_buckets(table: Table, spec: BucketSpec) -> None:
     recorded = recorded_buckets(table)
     if recorded is not None and recorded.to_dict() != spec.to_dict():
-        raise ConfigError(f"table {table.uri} routes new keys with buckets {recorded.to_dict()}, but this upsert "
-                          f"asked for {spec.to_dict()}; changing the bucket mode of a written table would put keys "
-                          "of one bucket in two layouts")
+        raise ConfigError(
+            f"table {table.uri} routes new keys with buckets {recorded.to_dict()}, but this upsert "
+            f"asked for {spec.to_dict()}; changing the bucket mode of a written table would put keys "
+            "of one bucket in two layouts"
+        )
 
 
-def run_upsert(table: Table, options: TagOptions, job: Callable[[str], list[tuple[int, int, bytes]]],
-               input_schema: pa.Schema, where: str, progress: Progress | None = None,
-               tags: Mapping[str, str] | None = None, services_runner: WorkRunner = IN_PROCESS) -> CommitSummary:
+def run_upsert(
+    table: Table,
+    options: TagOptions,
+    job: Callable[[str], list[tuple[int, int, bytes]]],
+    input_schema: pa.Schema,
+    where: str,
+    progress: Progress | None = None,
+    tags: Mapping[str, str] | None = None,
+    services_runner: WorkRunner = IN_PROCESS,
+) -> CommitSummary:
     """One upsert instant around a job that runs the shard tasks and returns their results (Spark, or in-process
     for `upsert_arrow`): start, publish after the checks, or roll back and delete every announced file.
 
@@ -170,8 +203,15 @@ def run_upsert(table: Table, options: TagOptions, job: Callable[[str], list[tupl
         # 2. Check that every task reported and every listed file is there, then publish data and index together.
         if new_schema is not None:
             writer.extra[SCHEMA_EXTRA] = encode_schema(new_schema)
-        record, summary = commit_results(writer, results, options, expected_tasks=table.num_shards,
-                                         started=started, progress=progress, abandoned=abandoned.to_dict())
+        record, summary = commit_results(
+            writer,
+            results,
+            options,
+            expected_tasks=table.num_shards,
+            started=started,
+            progress=progress,
+            abandoned=abandoned.to_dict(),
+        )
     except BaseException as exc:
         # Rolled back unless published, which also deletes every file any attempt announced; a rollback that fails
         # too is a note on `exc` (storage/instant_life.py).
@@ -208,13 +248,18 @@ def services_after_commit(table: Table, runner: WorkRunner = IN_PROCESS) -> dict
         return run_services(table, settings, runner=runner).to_dict()
     except Exception as exc:  # noqa: BLE001 - maintenance must never fail a committed upsert; the next run retries
         message = f"{type(exc).__name__}: {exc}"
-        warnings.warn(f"table services after the upsert into {table.uri} failed (the upsert is committed; the next "
-                      f"run tries again): {message}", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"table services after the upsert into {table.uri} failed (the upsert is committed; the next "
+            f"run tries again): {message}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return {"error": message}
 
 
-def _check_layout_and_schema(table: Table, options: TagOptions, input_schema: pa.Schema,
-                             where: str) -> tuple[pa.Schema | None, int]:
+def _check_layout_and_schema(
+    table: Table, options: TagOptions, input_schema: pa.Schema, where: str
+) -> tuple[pa.Schema | None, int]:
     """The driver's checks before any task: the same key/partition layout as the table's earlier writes, no input
     column in dbidx's own `_dbidx_` namespace, and the data schema (data/schema.py). Returns the schema to
     record (None if unchanged) and the seq it was checked at."""
@@ -224,14 +269,18 @@ def _check_layout_and_schema(table: Table, options: TagOptions, input_schema: pa
     if layout is not None:
         for name, mine in (("key", options.key), ("partition", options.partition), ("hive_style", options.hive_style)):
             if name in layout and layout[name] != mine:
-                raise ConfigError(f"table {table.uri} was written with {name}={layout[name]!r}, but this upsert "
-                                  f"passes {name}={mine!r}: records would be merged or placed under another identity "
-                                  "than before")
+                raise ConfigError(
+                    f"table {table.uri} was written with {name}={layout[name]!r}, but this upsert "
+                    f"passes {name}={mine!r}: records would be merged or placed under another identity "
+                    "than before"
+                )
         _check_partition_columns(table, view, layout, options)
     own = [f.name for f in input_schema if f.name.startswith("_dbidx_") and f.name != options.delete_column]
     if own:
-        raise SchemaError(f"{where} has column(s) {own} in dbidx's own `_dbidx_` namespace (data files use such "
-                          "names for the writing instant and the delete flag); rename them")
+        raise SchemaError(
+            f"{where} has column(s) {own} in dbidx's own `_dbidx_` namespace (data files use such "
+            "names for the writing instant and the delete flag); rename them"
+        )
     consumed = [c for c in (options.delete_column,) if c]
     new_schema = evolve(recorded, data_columns(input_schema, consumed), where, consumed)
     return new_schema, seq
@@ -245,38 +294,53 @@ def _check_partition_columns(table: Table, view: DataView, layout: dict[str, Any
     gives the Delta log files without the table's partition values, which Delta readers cannot read."""
     columns = recorded_partition_columns(view, layout)
     if columns is not None and columns != options.partition_columns:  # recorded since make_options read the layout
-        raise ConflictError(f"table {table.uri} recorded partition columns {list(columns)} while this upsert was "
-                            "being prepared (its tasks would not check them); nothing was written: run it again")
+        raise ConflictError(
+            f"table {table.uri} recorded partition columns {list(columns)} while this upsert was "
+            "being prepared (its tasks would not check them); nothing was written: run it again"
+        )
     if columns is None or not options.hive_style or [options.partition] == list(columns):
         return
     how = "adopted from a Delta table" if view.delta_adopted is not None else "indexed by build-index"
     recorded = view.layout
     assert recorded is not None  # a layout was read from it
-    hint = ('pass hive_style=False and a partition column whose values are all "" (the table has no partitions)'
-            if not columns else f"pass partition={columns[0]!r}" if len(columns) == 1 else
-            f"pass hive_style=False and a partition column holding each row's whole path "
-            f"{'/'.join(c + '=<value>' for c in columns)!r}")
-    raise SchemaError(f"table {table.uri} was {how} (completion {recorded.seq}, {recorded.instant}) with key "
-                      f"{layout.get('key')!r} and partition columns {list(columns)}, but this upsert asks for "
-                      f"partition={options.partition!r} with hive_style=True, which writes "
-                      f"{options.partition}=<value> directories: records would be updated in partitions their "
-                      f"versions are not in (inserted twice) and the Delta log would lose its partition values; "
-                      f"{hint}")
+    hint = (
+        'pass hive_style=False and a partition column whose values are all "" (the table has no partitions)'
+        if not columns
+        else f"pass partition={columns[0]!r}"
+        if len(columns) == 1
+        else f"pass hive_style=False and a partition column holding each row's whole path "
+        f"{'/'.join(c + '=<value>' for c in columns)!r}"
+    )
+    raise SchemaError(
+        f"table {table.uri} was {how} (completion {recorded.seq}, {recorded.instant}) with key "
+        f"{layout.get('key')!r} and partition columns {list(columns)}, but this upsert asks for "
+        f"partition={options.partition!r} with hive_style=True, which writes "
+        f"{options.partition}=<value> directories: records would be updated in partitions their "
+        f"versions are not in (inserted twice) and the Delta log would lose its partition values; "
+        f"{hint}"
+    )
 
 
 def _schema_unchanged(news: list[Any], instant: str) -> None:
     """Publish check: no completion since the upsert's schema check recorded another data schema."""
     for rec in news:
         if SCHEMA_EXTRA in rec.extra:
-            raise ConflictError(f"instant {instant}: {rec.action} {rec.instant} (seq {rec.seq}) changed the table's "
-                                "data schema while this upsert ran; nothing was published: run it again (it is "
-                                "checked against the new schema)")
+            raise ConflictError(
+                f"instant {instant}: {rec.action} {rec.instant} (seq {rec.seq}) changed the table's "
+                "data schema while this upsert ran; nothing was published: run it again (it is "
+                "checked against the new schema)"
+            )
 
 
-def commit_results(writer: Any, results: list[tuple[int, int, bytes]], options: TagOptions,
-                   expected_tasks: int, started: float | None = None,
-                   progress: Progress | None = None,
-                   abandoned: dict[str, Any] | None = None) -> tuple[Any, CommitSummary]:
+def commit_results(
+    writer: Any,
+    results: list[tuple[int, int, bytes]],
+    options: TagOptions,
+    expected_tasks: int,
+    started: float | None = None,
+    progress: Progress | None = None,
+    abandoned: dict[str, Any] | None = None,
+) -> tuple[Any, CommitSummary]:
     """Publish the task results of the winning attempts as the writer's instant, or raise and publish nothing.
 
     started: the upsert's perf_counter start; the completion record then stores the seconds from there to the
@@ -294,10 +358,12 @@ def commit_results(writer: Any, results: list[tuple[int, int, bytes]], options: 
     if seen != list(range(expected_tasks)):
         missing = sorted(set(range(expected_tasks)) - set(seen))
         repeated = sorted({s for s in seen if seen.count(s) > 1})
-        raise CommitError(f"instant {writer.instant}: the job returned {len(results)} task results for "
-                          f"{expected_tasks} shard tasks (missing {missing[:10]}, repeated {repeated[:10]}, others "
-                          f"{sorted(set(seen) - set(range(expected_tasks)))[:10]}); the driver may have failed "
-                          "while collecting them (out of memory?). Nothing was published; run the upsert again.")
+        raise CommitError(
+            f"instant {writer.instant}: the job returned {len(results)} task results for "
+            f"{expected_tasks} shard tasks (missing {missing[:10]}, repeated {repeated[:10]}, others "
+            f"{sorted(set(seen) - set(range(expected_tasks)))[:10]}); the driver may have failed "
+            "while collecting them (out of memory?). Nothing was published; run the upsert again."
+        )
     # 2. Parse every record strictly (task results are input like any other) and check the files exist.
     files, index_files, touched, shards = [], [], [], []
     report = results.spark if isinstance(results, JobResults) else None
@@ -323,15 +389,23 @@ def commit_results(writer: Any, results: list[tuple[int, int, bytes]], options: 
             owners += [(shard, sent) for _, sent in task_metrics]
             steps.step(f"shard {shard} checked", sum(parsed.input_rows for parsed, _ in task_metrics))
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise CommitError(f"instant {writer.instant}: a task result is malformed ({exc}); nothing was "
-                          "published") from exc
-    check_written(writer.table.io, f"instant {writer.instant}", [(f.path, f.size) for f in files + index_files]
-                       + [(t.path, t.size) for t in touched if t.path])
+        raise CommitError(
+            f"instant {writer.instant}: a task result is malformed ({exc}); nothing was published"
+        ) from exc
+    check_written(
+        writer.table.io,
+        f"instant {writer.instant}",
+        [(f.path, f.size) for f in files + index_files] + [(t.path, t.size) for t in touched if t.path],
+    )
     summary = _summarize(writer.instant, files, index_files, shards)
     summary.abandoned = dict(abandoned or {})
-    writer.extra[LAYOUT_EXTRA] = {"key": options.key, "partition": options.partition,
-                                  "hive_style": options.hive_style, "ordering": options.ordering,
-                                  "buckets": options.buckets.to_dict()}
+    writer.extra[LAYOUT_EXTRA] = {
+        "key": options.key,
+        "partition": options.partition,
+        "hive_style": options.hive_style,
+        "ordering": options.ordering,
+        "buckets": options.buckets.to_dict(),
+    }
     if options.partition_columns is not None and not options.hive_style:
         # Paths checked against the table's fixed partition columns (tagger): kept, so later upserts are checked
         # against them too and the Delta log's partitionValues keep naming them (layout_partition_columns).
@@ -343,14 +417,19 @@ def commit_results(writer: Any, results: list[tuple[int, int, bytes]], options: 
         sent.update(figures.get(task_shard) or dict.fromkeys(SHARD_FIELDS))
     if started is not None:
         summary.seconds = time.perf_counter() - started  # stored: start to publish (cleanup after is not in it)
-    writer.extra["metrics"] = {k: v for k, v in summary.to_dict().items()
-                               if k not in ("per_shard", "services", "phases")}
+    writer.extra["metrics"] = {
+        k: v for k, v in summary.to_dict().items() if k not in ("per_shard", "services", "phases")
+    }
     # 3. Publish: data and index become visible together, or not at all.
     return writer.commit(), summary
 
 
-def _summarize(instant: str, files: list[DataFileRecord], index_files: list[FileRecord],
-               shards: list[tuple[ShardMetrics, dict[str, Any]]]) -> CommitSummary:
+def _summarize(
+    instant: str,
+    files: list[DataFileRecord],
+    index_files: list[FileRecord],
+    shards: list[tuple[ShardMetrics, dict[str, Any]]],
+) -> CommitSummary:
     """The commit's counts (the shards' sum) and files; shards: each shard's parsed metrics and the dict as sent."""
     ordered = sorted(shards, key=lambda pair: pair[0].shard)
     summary = CommitSummary(instant=instant, seq=0, per_shard=[sent for _, sent in ordered])
@@ -371,7 +450,14 @@ def commit_history(table: Table, last: int = 20) -> list[dict[str, Any]]:
     except HistoryCompactedError:  # some of them are below the history floor (archive retention): what is kept
         records = table.timeline.kept()[-last:] if last > 0 else []
     for rec in reversed(records):
-        out.append({"seq": rec.seq, "instant": rec.instant, "action": rec.action,
-                    "completed_at_ms": rec.completed_at_ms, "rolled_back": rec.rolled_back,
-                    "metrics": rec.extra.get("metrics")})
+        out.append(
+            {
+                "seq": rec.seq,
+                "instant": rec.instant,
+                "action": rec.action,
+                "completed_at_ms": rec.completed_at_ms,
+                "rolled_back": rec.rolled_back,
+                "metrics": rec.extra.get("metrics"),
+            }
+        )
     return out

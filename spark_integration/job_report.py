@@ -12,6 +12,7 @@ figure a task sends. The figures from the status store are a report, not an inpu
 read (the store evicted the job, Spark Connect has no SparkContext here) they are unknown (None), never 0, and
 reading them never fails an upsert. pyspark is never imported here; the Py4J objects come from the caller's context.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,17 @@ from weakref import WeakKeyDictionary
 log = logging.getLogger(__name__)
 TASK_KEY = "spark_attempt"  # the key of a task's own attempt figures in its result payload
 SETTLE_SECONDS = 2.0  # how long to wait for Spark's listener to record the end of the job it already finished
-FIGURES = ("jobs", "stages", "stage_retries", "task_attempts", "retried", "speculative", "killed", "running",
-           "executors_lost")
+FIGURES = (
+    "jobs",
+    "stages",
+    "stage_retries",
+    "task_attempts",
+    "retried",
+    "speculative",
+    "killed",
+    "running",
+    "executors_lost",
+)
 SHARD_FIELDS = ("attempt_number", "host", "executor", "stage_attempt", "speculative", "attempts")
 _MAX_INT = 2**31 - 1
 _REASON_CHARS = 200
@@ -107,16 +117,25 @@ class SparkJobReport:
                 except Exception as exc:  # noqa: BLE001 - a leftover tag marks the caller's later jobs, no more
                     log.warning("dbidx: could not remove Spark job tag %s: %s", tag, exc)
 
-    def summarize(self, winners: Sequence[tuple[int, int, TaskAttempt]]) -> tuple[dict[str, Any],
-                                                                                  dict[int, dict[str, Any]]]:
+    def summarize(
+        self, winners: Sequence[tuple[int, int, TaskAttempt]]
+    ) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
         """The summary's `spark` section and each shard's figures (SHARD_FIELDS, by shard), from the winning
         attempts (shard, task attempt id, what it reported) and the status store. Never raises: a figure the store
         cannot give is None, and the section's `unknown` says why."""
         section: dict[str, Any] = dict.fromkeys(FIGURES)
         section.update(lost_executors=[], unknown=self.why_unknown)
-        shards = {shard: {"attempt_number": sent.attempt_number, "host": sent.host, "executor": None,
-                          "stage_attempt": None, "speculative": None, "attempts": None}
-                  for shard, _, sent in winners}
+        shards = {
+            shard: {
+                "attempt_number": sent.attempt_number,
+                "host": sent.host,
+                "executor": None,
+                "stage_attempt": None,
+                "speculative": None,
+                "attempts": None,
+            }
+            for shard, _, sent in winners
+        }
         if self.context is not None:
             try:
                 self._read_store(section, shards, winners)
@@ -127,13 +146,23 @@ class SparkJobReport:
         if section["unknown"] is not None:
             log.warning("dbidx: what Spark did for %s is unknown: %s", self.tag, section["unknown"])
         section["later_attempts"] = [
-            {"shard": shard, "attempt_number": f["attempt_number"], "executor": f["executor"],
-             "speculative": f["speculative"]}
-            for shard, f in sorted(shards.items()) if f["attempt_number"] > 0]
+            {
+                "shard": shard,
+                "attempt_number": f["attempt_number"],
+                "executor": f["executor"],
+                "speculative": f["speculative"],
+            }
+            for shard, f in sorted(shards.items())
+            if f["attempt_number"] > 0
+        ]
         return section, shards
 
-    def _read_store(self, section: dict[str, Any], shards: dict[int, dict[str, Any]],
-                    winners: Sequence[tuple[int, int, TaskAttempt]]) -> None:
+    def _read_store(
+        self,
+        section: dict[str, Any],
+        shards: dict[int, dict[str, Any]],
+        winners: Sequence[tuple[int, int, TaskAttempt]],
+    ) -> None:
         """Fill the figures from the status store (Py4J errors propagate to `summarize`)."""
         tracker, store, read, no_statuses, no_quantiles, speculation_on = _handles(self.context)
         jobs = self._settled_jobs(tracker, store, read, {sent.stage_id for _, _, sent in winners})
@@ -149,20 +178,26 @@ class SparkJobReport:
                 counts["retried"] += attempt["numFailedTasks"]
                 counts["killed"] += attempt["numKilledTasks"]
                 counts["running"] += attempt["numActiveTasks"]
-                counts["task_attempts"] += sum(attempt[k] for k in ("numCompleteTasks", "numFailedTasks",
-                                                                    "numKilledTasks", "numActiveTasks"))
+                counts["task_attempts"] += sum(
+                    attempt[k] for k in ("numCompleteTasks", "numFailedTasks", "numKilledTasks", "numActiveTasks")
+                )
                 if speculation_on:  # (else there is none to count: a round trip saved per stage)
                     speculation = read(store.speculationSummary(stage_id, attempt["attemptId"]))
                     counts["speculative"] += speculation["numTasks"] if speculation else 0
                 if stage_id in winner_stages:
-                    result_tasks += [(attempt["attemptId"], task)
-                                     for task in read(store.taskList(stage_id, attempt["attemptId"], _MAX_INT))]
-        section.update({name: counts[name] for name in FIGURES if name not in ("jobs", "executors_lost")},
-                       jobs=len(jobs))
+                    result_tasks += [
+                        (attempt["attemptId"], task)
+                        for task in read(store.taskList(stage_id, attempt["attemptId"], _MAX_INT))
+                    ]
+        section.update(
+            {name: counts[name] for name in FIGURES if name not in ("jobs", "executors_lost")}, jobs=len(jobs)
+        )
         now_ms = round(time.time() * 1000)
-        lost = _removed_between(read(store.executorList(False)),
-                                min(_ms(j["submissionTime"]) if j.get("submissionTime") else now_ms for j in jobs),
-                                max(_ms(j["completionTime"]) if j.get("completionTime") else now_ms for j in jobs))
+        lost = _removed_between(
+            read(store.executorList(False)),
+            min(_ms(j["submissionTime"]) if j.get("submissionTime") else now_ms for j in jobs),
+            max(_ms(j["completionTime"]) if j.get("completionTime") else now_ms for j in jobs),
+        )
         section.update(executors_lost=len(lost), lost_executors=lost)
         # Each shard: how many attempts its task took, and where and how its winner ran.
         tries = Counter(task["partitionId"] for _, task in result_tasks)
@@ -171,11 +206,16 @@ class SparkJobReport:
             found = by_id.get(task_id)
             if found is not None:
                 stage_attempt, task = found
-                shards[shard].update(executor=task["executorId"], stage_attempt=stage_attempt,
-                                     speculative=task["speculative"], attempts=tries[shard])
+                shards[shard].update(
+                    executor=task["executorId"],
+                    stage_attempt=stage_attempt,
+                    speculative=task["speculative"],
+                    attempts=tries[shard],
+                )
 
-    def _settled_jobs(self, tracker: Any, store: Any, read: Callable[[Any], Any],
-                      stages: set[int]) -> list[dict[str, Any]]:
+    def _settled_jobs(
+        self, tracker: Any, store: Any, read: Callable[[Any], Any], stages: set[int]
+    ) -> list[dict[str, Any]]:
         """The upsert's jobs (REST form) once Spark's listener has recorded the end of the one its winning tasks
         ran in. The job has ended when `collect` returns, but the listener records events asynchronously; it
         records them in order, so every earlier event of the upsert's jobs is in the store by then."""
@@ -186,9 +226,11 @@ class SparkJobReport:
             if jobs and stages <= ended:
                 return jobs
             if time.monotonic() > deadline:
-                raise LookupError(f"Spark's status store has not recorded the end of the job tagged {self.tag} "
-                                  f"(stages {sorted(stages)}) within {SETTLE_SECONDS} s (evicted, or its listener "
-                                  "is behind)")
+                raise LookupError(
+                    f"Spark's status store has not recorded the end of the job tagged {self.tag} "
+                    f"(stages {sorted(stages)}) within {SETTLE_SECONDS} s (evicted, or its listener "
+                    "is behind)"
+                )
             time.sleep(pause)
             pause = min(pause * 2, 0.05)
 
@@ -206,9 +248,14 @@ def _handles(context: Any) -> tuple[Any, Any, Callable[[Any], Any], Any, Any, bo
             return json.loads(mapper.writeValueAsString(java_object))
 
         speculation_on = context.getConf().get("spark.speculation", "false").strip().lower() == "true"
-        known = _HANDLES[context] = (jvm_context.statusTracker(), jvm_context.statusStore(), read,
-                                     jvm.java.util.ArrayList(), context._gateway.new_array(jvm.double, 0),
-                                     speculation_on)
+        known = _HANDLES[context] = (
+            jvm_context.statusTracker(),
+            jvm_context.statusStore(),
+            read,
+            jvm.java.util.ArrayList(),
+            context._gateway.new_array(jvm.double, 0),
+            speculation_on,
+        )
     return known
 
 
@@ -216,14 +263,18 @@ def describe(section: dict[str, Any]) -> str:
     """One line for `dbidx commits`: what Spark did for an upsert."""
     if section.get("task_attempts") is None:
         return f"spark: figures unknown ({section.get('unknown') or 'not recorded'})"
-    later = ", ".join(f"shard {a['shard']} won by attempt {a['attempt_number']}"
-                      + (" (speculative)" if a.get("speculative") else "")
-                      + (f" on executor {a['executor']}" if a.get("executor") is not None else "")
-                      for a in section.get("later_attempts") or [])
-    return (f"spark: {section['task_attempts']} task attempts in {section['jobs']} jobs, {section['retried']} "
-            f"retried, {section['speculative']} speculative, {section['killed']} killed, {section['running']} "
-            f"still running, {section['stage_retries']} stage retries, {section['executors_lost']} executors lost"
-            + (f"; {later}" if later else ""))
+    later = ", ".join(
+        f"shard {a['shard']} won by attempt {a['attempt_number']}"
+        + (" (speculative)" if a.get("speculative") else "")
+        + (f" on executor {a['executor']}" if a.get("executor") is not None else "")
+        for a in section.get("later_attempts") or []
+    )
+    return (
+        f"spark: {section['task_attempts']} task attempts in {section['jobs']} jobs, {section['retried']} "
+        f"retried, {section['speculative']} speculative, {section['killed']} killed, {section['running']} "
+        f"still running, {section['stage_retries']} stage retries, {section['executors_lost']} executors lost"
+        + (f"; {later}" if later else "")
+    )
 
 
 def _why(exc: Exception) -> str:
@@ -235,12 +286,20 @@ def _why(exc: Exception) -> str:
 
 def _removed_between(executors: list[dict[str, Any]], start_ms: int, end_ms: int) -> list[dict[str, Any]]:
     """Executors Spark removed between two instants (lost, or released: the reason says which)."""
-    return [{"executor": e["id"], "host": e["hostPort"].rpartition(":")[0] or e["hostPort"],
-             "reason": (e.get("removeReason") or "")[:_REASON_CHARS]}
-            for e in executors if e.get("removeTime") and start_ms <= _ms(e["removeTime"]) <= end_ms]
+    return [
+        {
+            "executor": e["id"],
+            "host": e["hostPort"].rpartition(":")[0] or e["hostPort"],
+            "reason": (e.get("removeReason") or "")[:_REASON_CHARS],
+        }
+        for e in executors
+        if e.get("removeTime") and start_ms <= _ms(e["removeTime"]) <= end_ms
+    ]
 
 
 def _ms(stamp: str) -> int:
     """Epoch milliseconds of a REST API time ("2025-01-15T10:20:30.123GMT")."""
-    return round(datetime.strptime(stamp.removesuffix("GMT"), "%Y-%m-%dT%H:%M:%S.%f")
-                 .replace(tzinfo=timezone.utc).timestamp() * 1000)
+    return round(
+        datetime.strptime(stamp.removesuffix("GMT"), "%Y-%m-%dT%H:%M:%S.%f").replace(tzinfo=timezone.utc).timestamp()
+        * 1000
+    )

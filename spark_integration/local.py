@@ -4,6 +4,7 @@ The same task code (`task.upsert_batches`: dedupe, tag against the shard caches,
 for each shard one after another, and the same publish step checks and commits the results. For tests, tools and
 small batches where a Spark session is not worth its start-up; a Spark pipeline uses `api.upsert`.
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -25,19 +26,32 @@ from dbidx.storage.keys import unfit_key_kind
 __all__ = ["upsert_arrow"]
 
 
-def upsert_arrow(data: pa.Table, table: Table, *, key: str, partition: str, ordering: str | None = None,
-                 delete_column: str | None = "_dbidx_delete", hive_style: bool = True,
-                 buckets: BucketSpec | None = None, cache_options: Mapping[str, Any] | None = None,
-                 cache_config: CacheConfig | None = None, progress: Progress | None = None) -> CommitSummary:
+def upsert_arrow(
+    data: pa.Table,
+    table: Table,
+    *,
+    key: str,
+    partition: str,
+    ordering: str | None = None,
+    delete_column: str | None = "_dbidx_delete",
+    hive_style: bool = True,
+    buckets: BucketSpec | None = None,
+    cache_options: Mapping[str, Any] | None = None,
+    cache_config: CacheConfig | None = None,
+    progress: Progress | None = None,
+) -> CommitSummary:
     """Insert, update and delete the rows of an Arrow table as one atomic instant (semantics of `api.upsert`,
     including its required `key` and `partition` keywords). `progress` (dbidx.progress) hears of each shard task
     as it finishes here (rows: input rows so far)."""
-    options = make_options(table, key, partition, ordering, delete_column, hive_style, buckets, cache_options,
-                           cache_config)
-    options.check_columns(data.column_names, "the upsert table",
-                          {f.name: pa.types.is_boolean(f.type) for f in data.schema},
-                          {f.name: (str(f.type), kind) if (kind := unfit_key_kind(f.type)) else None
-                           for f in data.schema})
+    options = make_options(
+        table, key, partition, ordering, delete_column, hive_style, buckets, cache_options, cache_config
+    )
+    options.check_columns(
+        data.column_names,
+        "the upsert table",
+        {f.name: pa.types.is_boolean(f.type) for f in data.schema},
+        {f.name: (str(f.type), kind) if (kind := unfit_key_kind(f.type)) else None for f in data.schema},
+    )
     options = replace(options, bulk_seq=empty_table_seq(table))  # a first write takes the bulk path
     # Partition values the table's layout cannot hold (empty hive values, paths outside its recorded partition
     # columns) are refused here, before the instant starts: such a batch leaves no completion behind.

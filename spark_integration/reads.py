@@ -3,6 +3,7 @@
 `read_table` hands each task whole file groups (a record lives in one) balanced by bytes; each task merges them with
 data/reads.py. `committed_data_files` / `committed_data_records` list what completed upserts published.
 """
+
 from __future__ import annotations
 
 from functools import partial
@@ -25,12 +26,17 @@ def committed_data_files(table: Table) -> list[tuple[str, int, str]]:
 def committed_data_records(table: Table) -> list[tuple[DataFileRecord, int, str]]:
     """(record, completion seq, instant) of every data file a completed upsert published, oldest first."""
     table.refresh()
-    return [(f, rec.seq, rec.instant) for rec in table.timeline.kept()  # those after a history floor
-            if rec.action == ACTION_COMMIT for f in rec.data_files]
+    return [
+        (f, rec.seq, rec.instant)
+        for rec in table.timeline.kept()  # those after a history floor
+        if rec.action == ACTION_COMMIT
+        for f in rec.data_files
+    ]
 
 
-def _read_unit_groups(ids: Iterator[pa.RecordBatch], table: Table, groups: list[list[reads.ReadUnit]],
-                      key: str, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+def _read_unit_groups(
+    ids: Iterator[pa.RecordBatch], table: Table, groups: list[list[reads.ReadUnit]], key: str, schema: pa.Schema
+) -> Iterator[pa.RecordBatch]:
     """mapInArrow body of `read_table`: the live rows of this task's file groups (reads.read_unit)."""
     for batch in ids:
         for task_id in batch.column(0).to_pylist():
@@ -48,9 +54,15 @@ def _balanced(units: Sequence[reads.ReadUnit], tasks: int) -> list[list[reads.Re
     return groups
 
 
-def read_table(spark: Any, table: Table, partitions: Iterable[str] | None = None,
-               columns: Sequence[str] | None = None, with_meta: bool = False, as_of: int | str | None = None,
-               version: int | None = None) -> Any:
+def read_table(
+    spark: Any,
+    table: Table,
+    partitions: Iterable[str] | None = None,
+    columns: Sequence[str] | None = None,
+    with_meta: bool = False,
+    as_of: int | str | None = None,
+    version: int | None = None,
+) -> Any:
     """The table's current rows as a DataFrame: per record the version of the latest commit, deletes dropped.
 
     Planned per file group (a record lives in one), so the read needs no shuffle: each task merges whole file
@@ -72,5 +84,6 @@ def read_table(spark: Any, table: Table, partitions: Iterable[str] | None = None
     groups = _balanced(plan.units, spark.sparkContext.defaultParallelism * 2)
     ids = spark.range(0, len(groups), numPartitions=len(groups)).selectExpr("cast(id as int) as id")
     # 2. Each task reads and merges its file groups: no shuffle.
-    return ids.mapInArrow(partial(_read_unit_groups, table=table, groups=groups, key=plan.key, schema=schema),
-                          spark_schema)
+    return ids.mapInArrow(
+        partial(_read_unit_groups, table=table, groups=groups, key=plan.key, schema=schema), spark_schema
+    )

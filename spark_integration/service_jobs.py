@@ -13,6 +13,7 @@ never a pickle from an executor. A retried or speculative task's
 try writes its files under its own attempt number, announced by a marker (runner.py): the loser's files are deleted
 after the publish. A dbidx error in a task comes back as its own type (task_errors.retyped).
 """
+
 from __future__ import annotations
 
 from functools import partial
@@ -39,8 +40,7 @@ class SparkWorkRunner:
     def __init__(self, spark: Any) -> None:
         self.spark = spark
 
-    def run(self, work: Work, items: Sequence[Any], what: str,
-            weights: Sequence[int] | None = None) -> Iterator[bytes]:
+    def run(self, work: Work, items: Sequence[Any], what: str, weights: Sequence[int] | None = None) -> Iterator[bytes]:
         """Each item's payload, in order, once the whole job is done (CommitError if a piece's result is missing or
         repeated: nothing is published then). The pieces are packed into as many tasks as the cluster has cores
         (`defaultParallelism`), balanced by `weights` (bytes to read): a task costs Spark's scheduling and a Python
@@ -49,27 +49,34 @@ class SparkWorkRunner:
         if not items:
             return iter(())
         context = self.spark.sparkContext
-        slices = balanced(weights if weights is not None else [1] * len(items),
-                          max(1, min(len(items), context.defaultParallelism)))
+        slices = balanced(
+            weights if weights is not None else [1] * len(items), max(1, min(len(items), context.defaultParallelism))
+        )
         described = context.getLocalProperty("spark.job.description")
         context.setJobDescription(f"dbidx {what}"[:1000])
         try:
             with typed_errors():
-                rows = (self.spark.range(len(slices), numPartitions=len(slices))
-                        .mapInArrow(partial(_run_pieces, work=work, items=items, slices=slices), RESULT_DDL)
-                        .collect())
+                rows = (
+                    self.spark.range(len(slices), numPartitions=len(slices))
+                    .mapInArrow(partial(_run_pieces, work=work, items=items, slices=slices), RESULT_DDL)
+                    .collect()
+                )
         finally:
             context.setJobDescription(described)
         got: dict[int, bytes] = {}
         for row in rows:
             if row.item in got or not 0 <= row.item < len(items):
-                raise CommitError(f"dbidx {what}: the Spark job returned item {row.item} twice or out of range "
-                                  f"(of {len(items)}); nothing was published")
+                raise CommitError(
+                    f"dbidx {what}: the Spark job returned item {row.item} twice or out of range "
+                    f"(of {len(items)}); nothing was published"
+                )
             got[row.item] = bytes(row.payload)
         if len(got) != len(items):
             missing = sorted(set(range(len(items))) - set(got))
-            raise CommitError(f"dbidx {what}: the Spark job returned no result for {len(missing)} of {len(items)} "
-                              f"pieces (e.g. item {missing[0]}); nothing was published")
+            raise CommitError(
+                f"dbidx {what}: the Spark job returned no result for {len(missing)} of {len(items)} "
+                f"pieces (e.g. item {missing[0]}); nothing was published"
+            )
         return iter([got[i] for i in range(len(items))])
 
 
@@ -85,8 +92,9 @@ def balanced(weights: Sequence[int], slices: int) -> list[list[int]]:
     return [sorted(g) for g in groups if g]
 
 
-def _run_pieces(batches: Iterator[pa.RecordBatch], work: Work, items: list[Any],
-                slices: list[list[int]]) -> Iterator[pa.RecordBatch]:
+def _run_pieces(
+    batches: Iterator[pa.RecordBatch], work: Work, items: list[Any], slices: list[list[int]]
+) -> Iterator[pa.RecordBatch]:
     """In a task: run the pieces of every slice this Spark partition holds, as this task attempt."""
     from pyspark import TaskContext
 
@@ -96,13 +104,22 @@ def _run_pieces(batches: Iterator[pa.RecordBatch], work: Work, items: list[Any],
         for slice_id in batch.column(0).to_pylist():
             for item in slices[slice_id]:
                 payload = work(items[item], attempt)
-                yield pa.RecordBatch.from_pydict({"item": pa.array([item], pa.int64()),
-                                                  "attempt": pa.array([attempt], pa.int32()),
-                                                  "payload": pa.array([payload], pa.binary())})
+                yield pa.RecordBatch.from_pydict(
+                    {
+                        "item": pa.array([item], pa.int64()),
+                        "attempt": pa.array([attempt], pa.int32()),
+                        "payload": pa.array([payload], pa.binary()),
+                    }
+                )
 
 
-def maintain(spark: Any, table: Table, budget_seconds: float | None = None, budget_files: int | None = None,
-             progress: Progress | None = None) -> ServicesReport:
+def maintain(
+    spark: Any,
+    table: Table,
+    budget_seconds: float | None = None,
+    budget_files: int | None = None,
+    progress: Progress | None = None,
+) -> ServicesReport:
     """Run the table services the table needs now (as `Table.maintain` / `dbidx maintain`), with the compactions'
     pieces as Spark jobs on `spark`: for a maintenance job scheduled on a cluster."""
     return table.maintain(budget_seconds, budget_files, progress, runner=SparkWorkRunner(spark))

@@ -5,6 +5,7 @@ plain-Python tests. A task creates one tagger per shard it serves and feeds it e
 tagger remembers the buckets it gave to new keys, so a key repeated across batches of one task gets one location.
 Repeats within a batch are collapsed before tagging (latest_per_key, in spark_integration/dedupe.py).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -66,8 +67,13 @@ class TagOptions:
     # the paths are the column's values (hive_style=False); with hive_style the driver checks the column's name.
     partition_columns: tuple[str, ...] | None = None
 
-    def check_columns(self, names: list[str], where: str, boolean: Mapping[str, bool] | None = None,
-                      unfit: Mapping[str, tuple[str, str] | None] | None = None) -> None:
+    def check_columns(
+        self,
+        names: list[str],
+        where: str,
+        boolean: Mapping[str, bool] | None = None,
+        unfit: Mapping[str, tuple[str, str] | None] | None = None,
+    ) -> None:
         """Fail early, on the driver, naming the missing column and the ones that exist.
 
         `boolean` (column -> is its type boolean) checks the delete column: a delete column named explicitly must
@@ -80,9 +86,11 @@ class TagOptions:
         """
         duplicated = sorted({name for name in names if names.count(name) > 1})
         if duplicated:
-            raise InvalidInputError(f"{where} has more than one column named {', '.join(map(repr, duplicated))}; "
-                                    "rename or drop the duplicates (a key, partition or data column must be one "
-                                    "column)")
+            raise InvalidInputError(
+                f"{where} has more than one column named {', '.join(map(repr, duplicated))}; "
+                "rename or drop the duplicates (a key, partition or data column must be one "
+                "column)"
+            )
         for role, column in (("key", self.key), ("partition", self.partition), ("ordering", self.ordering)):
             if column is not None and column not in names:
                 raise InvalidInputError(f"{where} has no {role} column {column!r}; its columns are {names}")
@@ -94,8 +102,10 @@ class TagOptions:
             return
         if column not in names:
             if column != DEFAULT_DELETE_COLUMN:
-                raise InvalidInputError(f"{where} has no delete column {column!r}; its columns are {names} (pass "
-                                        "delete_column=None for a batch without deletes)")
+                raise InvalidInputError(
+                    f"{where} has no delete column {column!r}; its columns are {names} (pass "
+                    "delete_column=None for a batch without deletes)"
+                )
             return
         if boolean is not None and not boolean.get(column, False):
             raise InvalidInputError(f"delete column {column!r} of {where} must be boolean (true deletes the key)")
@@ -123,8 +133,7 @@ class TagOptions:
         self.check_layout_values(values)
         if self.hive_style:
             _refuse_hive_values(values, self.partition)
-        paths = pc.binary_join_element_wise(pa.scalar(self.partition + "="), values, "") if self.hive_style \
-            else values
+        paths = pc.binary_join_element_wise(pa.scalar(self.partition + "="), values, "") if self.hive_style else values
         for path in pc.unique(paths).to_pylist():
             validate_partition(path)
         return paths
@@ -154,20 +163,24 @@ class TagOptions:
         """A partition path must name exactly the table's recorded hive partition columns, in order: another path
         would be a partition no earlier file is in (every update of a record there an insert of a second one) and,
         in the Delta log, files whose partitionValues lack the table's partition columns."""
-        segments = [segment.split("=", 1) if "=" in segment else [None, ""] for segment in path.split("/")] \
-            if path else []
+        segments = (
+            [segment.split("=", 1) if "=" in segment else [None, ""] for segment in path.split("/")] if path else []
+        )
         row = pc.index(pc.equal(paths, pa.scalar(path)), True).as_py()
         if [name for name, _value in segments] == list(self.partition_columns or ()):
             if all(value for _name, value in segments):
                 return
-            raise InvalidPartitionError(f"partition column {self.partition!r} holds the partition path {path!r} "
-                                        f"(row {row} of the batch) with an empty value; Delta readers read an empty "
-                                        "partition value as null")
+            raise InvalidPartitionError(
+                f"partition column {self.partition!r} holds the partition path {path!r} "
+                f"(row {row} of the batch) with an empty value; Delta readers read an empty "
+                "partition value as null"
+            )
         expected = "/".join(f"{c}=<value>" for c in self.partition_columns or ()) or '"" (the table is not partitioned)'
         raise InvalidPartitionError(
             f"partition column {self.partition!r} holds the partition path {path!r} (row {row} of the batch, "
             f"hive_style=False), but the table is partitioned by {list(self.partition_columns or ())}: every path "
-            f"must be {expected}")
+            f"must be {expected}"
+        )
 
     def deletes_of(self, batch: pa.Table) -> np.ndarray:
         """Whether each row deletes its key (all False when there is no delete column)."""
@@ -185,9 +198,11 @@ def _refuse_empty_values(values: pa.Array, column: str) -> None:
     empty = pc.equal(pc.binary_length(values), 0)
     if pc.any(empty).as_py():
         row = pc.index(empty, True).as_py()
-        raise InvalidPartitionError(f"partition column {column!r} is empty (\"\") at row {row} of the batch; Delta "
-                                    "readers read an empty partition value as null (pass hive_style=False with \"\" "
-                                    "values for a table without partitions)")
+        raise InvalidPartitionError(
+            f'partition column {column!r} is empty ("") at row {row} of the batch; Delta '
+            'readers read an empty partition value as null (pass hive_style=False with "" '
+            "values for a table without partitions)"
+        )
 
 
 def _refuse_hive_values(values: pa.Array, column: str) -> None:
@@ -199,7 +214,8 @@ def _refuse_hive_values(values: pa.Array, column: str) -> None:
         raise InvalidPartitionError(
             f"partition column {column!r} holds hive paths already ({values[row].as_py()!r} at row {row} of the "
             f"batch): dbidx would write {column}={values[row].as_py()}/ directories. Strip the {column + '='!r} "
-            "prefix from the column, or pass hive_style=False to use the values as the partition paths")
+            "prefix from the column, or pass hive_style=False to use the values as the partition paths"
+        )
     slashed = pc.match_substring(values, "/")
     if pc.any(slashed).as_py():
         row = pc.index(slashed, True).as_py()
@@ -207,7 +223,8 @@ def _refuse_hive_values(values: pa.Array, column: str) -> None:
             f"partition column {column!r} holds a '/' ({values[row].as_py()!r} at row {row} of the batch): as a hive "
             f"path it would nest directories, and Delta readers that read partition values from paths (polars) "
             f"would see only its first level. Replace the '/' in the column, or pass hive_style=False to use the "
-            "values as (nested) partition paths")
+            "values as (nested) partition paths"
+        )
 
 
 @dataclass
@@ -260,9 +277,14 @@ class ShardTagger:
         # 3. New keys (and moved ones) get a bucket of their target partition.
         if needs_bucket.any():
             self._assign(cache, keys, part, np.flatnonzero(needs_bucket), out_fg)
-        counts = TagCounts(rows=n, inserts=int((~exists & ~deletes).sum()), updates=int((exists & ~deletes).sum()),
-                           deletes=int((exists & deletes).sum()), deletes_missing=int((~exists & deletes).sum()),
-                           moves=int(moved.sum()))
+        counts = TagCounts(
+            rows=n,
+            inserts=int((~exists & ~deletes).sum()),
+            updates=int((exists & ~deletes).sum()),
+            deletes=int((exists & deletes).sum()),
+            deletes_missing=int((~exists & deletes).sum()),
+            moves=int(moved.sum()),
+        )
         self.counts.add(counts)
         columns = [out_part, out_fg, exists, old_part, old_fg, deletes]
         for spec, values in zip(TAG_FIELDS, columns):
@@ -297,18 +319,18 @@ class ShardTagger:
             batch = batch.append_column(spec, array)
         return batch
 
-    def _place(self, partition: str, keys: pa.Array, rows: np.ndarray, names: dict[str, int],
-               codes: np.ndarray) -> None:
+    def _place(
+        self, partition: str, keys: pa.Array, rows: np.ndarray, names: dict[str, int], codes: np.ndarray
+    ) -> None:
         """File-group codes of a partition's new keys at `rows` (names: file group -> code, grown here)."""
         if isinstance(self.assigner, DynamicBucketAssigner):  # only the count matters: no copy of the keys
             start = 0
             for name, count in self.assigner.placements(partition, len(rows), {}):
-                codes[rows[start:start + count]] = names.setdefault(name, len(names))
+                codes[rows[start : start + count]] = names.setdefault(name, len(names))
                 start += count
             return
         chosen = pc.dictionary_encode(self.assigner.assign(partition, keys.take(pa.array(rows)), {}))
-        local = np.array([names.setdefault(name, len(names)) for name in chosen.dictionary.to_pylist()],
-                         dtype=np.int32)
+        local = np.array([names.setdefault(name, len(names)) for name in chosen.dictionary.to_pylist()], dtype=np.int32)
         codes[rows] = local[chosen.indices.to_numpy(zero_copy_only=False)]
 
     def _lookup(self, cache: RecordIndexCache, keys: pa.Array, parts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
@@ -331,8 +353,9 @@ class ShardTagger:
             old_part[rows[hit]] = names[code]
         return old_part, old_fg
 
-    def _assign(self, cache: RecordIndexCache, keys: pa.Array, part: np.ndarray, rows: np.ndarray,
-                out_fg: np.ndarray) -> None:
+    def _assign(
+        self, cache: RecordIndexCache, keys: pa.Array, part: np.ndarray, rows: np.ndarray, out_fg: np.ndarray
+    ) -> None:
         """Give each new (or moving) key a file group in its target partition; repeats reuse the first one."""
         sub_keys = keys.take(pa.array(rows))
         sub_parts = part[rows]
@@ -350,8 +373,9 @@ class ShardTagger:
             mask = sub_parts == partition
             encoded = pc.dictionary_encode(sub_keys.filter(pa.array(mask)))
             distinct = encoded.dictionary
-            fgs = self.assigner.assign(partition, distinct, lambda p=partition: self._fills(cache, p)
-                                       ).to_numpy(zero_copy_only=False)
+            fgs = self.assigner.assign(partition, distinct, lambda p=partition: self._fills(cache, p)).to_numpy(
+                zero_copy_only=False
+            )
             out_fg[rows[mask]] = fgs[encoded.indices.to_numpy(zero_copy_only=False)]
             self._new.update(zip(((partition, k) for k in distinct.to_pylist()), fgs.tolist()))
 
@@ -360,7 +384,7 @@ class ShardTagger:
         if not self.global_mode:
             return cache.fills(partition)
         prefix = partition + "\x00"
-        return {loc[len(prefix):]: n for loc, n in cache.fills(GLOBAL_PARTITION).items() if loc.startswith(prefix)}
+        return {loc[len(prefix) :]: n for loc, n in cache.fills(GLOBAL_PARTITION).items() if loc.startswith(prefix)}
 
 
 def file_group_column(names: list[str], codes: np.ndarray, limit: int = 2**31 - 1) -> pa.Array:
@@ -373,7 +397,8 @@ def file_group_column(names: list[str], codes: np.ndarray, limit: int = 2**31 - 
     if total > limit:
         raise InvalidInputError(
             f"one task's {int(used.sum()):,} new rows name their file groups in {total:,} bytes, past the {limit:,} "
-            "one Arrow string column holds: spread the load over more key shards (num_shards) or load it in parts")
+            "one Arrow string column holds: spread the load over more key shards (num_shards) or load it in parts"
+        )
     return pa.array(names, pa.string()).take(pa.array(codes, mask=codes < 0))
 
 
@@ -386,6 +411,8 @@ def _utf8_keys(column: pa.Array | pa.ChunkedArray, what: str) -> pa.Array:
             try:
                 value is None or value.decode("utf-8")
             except UnicodeDecodeError as exc:
-                raise InvalidKeyError(f"{what} at row {row} ({value[:40]!r}) is not valid UTF-8 text: {exc.reason}; "
-                                      "binary keys must hold UTF-8 text") from exc
+                raise InvalidKeyError(
+                    f"{what} at row {row} ({value[:40]!r}) is not valid UTF-8 text: {exc.reason}; "
+                    "binary keys must hold UTF-8 text"
+                ) from exc
         raise

@@ -8,6 +8,7 @@ to give a directory back; holding a cache only for the length of a task is what 
 Shards are independent directories, so tasks of different shards run on different cores at once. Nothing here
 imports pyspark: the Spark wrappers in `api.py` pass the task attempt id in.
 """
+
 from __future__ import annotations
 
 import logging
@@ -37,8 +38,16 @@ from dbidx.table.facade import Table
 from dbidx.spark_integration import datafiles
 from dbidx.spark_integration.dedupe import latest_per_key
 from dbidx.spark_integration.tagger import (
-    ROW_ID, TAG_FILE_GROUP, TAG_IS_DELETE, TAG_IS_UPDATE, TAG_NAMES, TAG_OLD_FILE_GROUP, TAG_OLD_PARTITION,
-    TAG_PARTITION, ShardTagger, TagOptions,
+    ROW_ID,
+    TAG_FILE_GROUP,
+    TAG_IS_DELETE,
+    TAG_IS_UPDATE,
+    TAG_NAMES,
+    TAG_OLD_FILE_GROUP,
+    TAG_OLD_PARTITION,
+    TAG_PARTITION,
+    ShardTagger,
+    TagOptions,
 )
 from dbidx.spark_integration.task_index import stage_each_delta, write_task_index, written_paths
 from dbidx.spark_integration.task_result import ShardMetrics, TaskResult
@@ -60,7 +69,7 @@ def warm_table(table: Table) -> Table:
             try:
                 known.refresh()
             except CorruptFileError:  # its log shrank (a restored table): start over from the task's own copy,
-                known = None          # which reports real damage again if there is any
+                known = None  # which reports real damage again if there is any
         if known is None:
             table.refresh()
             known = _TABLES[key] = table
@@ -137,8 +146,7 @@ def reap_if_due(cache: RecordIndexCache, now_ms: int | None = None) -> bool:
     result = reap(cache, now_ms=now)
     # Whole caches of other shards or tables nobody opened for the TTL (dead executors' leftovers) go too.
     abandoned = sweep_abandoned(cache.path.parent.parent, cache.config.partition_ttl_hours, now_s=now / 1000)
-    cache.set_info(REAPER_INFO, {"last_ms": now, "dropped": result.dropped,
-                                 "abandoned": [a.path for a in abandoned]})
+    cache.set_info(REAPER_INFO, {"last_ms": now, "dropped": result.dropped, "abandoned": [a.path for a in abandoned]})
     return True
 
 
@@ -178,8 +186,9 @@ def tag_batches(batches: Iterable[pa.RecordBatch], table: Table, options: TagOpt
                                 current[1].close()  # the previous shard finished cleanly: its epilogue runs
                                 current = None
                             session = stack.enter_context(ExitStack())
-                            held = session.enter_context(shard_session(table, shard, options,
-                                                                       ShardMetrics(shard=shard)))
+                            held = session.enter_context(
+                                shard_session(table, shard, options, ShardMetrics(shard=shard))
+                            )
                             current = (shard, session, held)
                         current[2].loader.ensure_loaded(tagger.partitions_needed(rows))
                         tagged = tagger.tag(current[2].cache, rows)
@@ -202,8 +211,9 @@ def tag_batches(batches: Iterable[pa.RecordBatch], table: Table, options: TagOpt
                 yield from tagged.to_batches()
 
 
-def upsert_batches(batches: Iterable[pa.RecordBatch], table: Table, options: TagOptions, instant: str,
-                   attempt: int) -> TaskResult:
+def upsert_batches(
+    batches: Iterable[pa.RecordBatch], table: Table, options: TagOptions, instant: str, attempt: int
+) -> TaskResult:
     """Task body of `upsert`: dedupe, tag, write data files and the shard's index files; returns their records.
 
     The cache is not written: new keys reach it only through catch-up after the instant completes, so a failed
@@ -216,8 +226,9 @@ def upsert_batches(batches: Iterable[pa.RecordBatch], table: Table, options: Tag
         return _upsert_rows(batches, table, options, instant, attempt, view_read_s)
 
 
-def _upsert_rows(batches: Iterable[pa.RecordBatch], table: Table, options: TagOptions, instant: str,
-                 attempt: int, view_read_s: float) -> TaskResult:
+def _upsert_rows(
+    batches: Iterable[pa.RecordBatch], table: Table, options: TagOptions, instant: str, attempt: int, view_read_s: float
+) -> TaskResult:
     received = [b for b in batches if b.num_rows]
     if not received:
         return TaskResult(superseded_seq=table.data_view().applied_seq)
@@ -235,8 +246,9 @@ def _upsert_rows(batches: Iterable[pa.RecordBatch], table: Table, options: TagOp
     del hashes
     for shard, rows in slices:
         first = not shard_metrics  # the task-wide counts go to its first shard, once
-        metrics = ShardMetrics(shard=shard, duplicates_dropped=dropped if first else 0,
-                               input_rows=received_rows if first else 0)
+        metrics = ShardMetrics(
+            shard=shard, duplicates_dropped=dropped if first else 0, input_rows=received_rows if first else 0
+        )
         # 2. Tag against the shard's cache, caught up to the latest commit, cold partitions loaded on demand; or,
         #    when the driver found that no key can be in the index yet, without the cache (the bulk path).
         tagger = ShardTagger(table, shard, options)
@@ -258,11 +270,17 @@ def _upsert_rows(batches: Iterable[pa.RecordBatch], table: Table, options: TagOp
     to_write = pa.concat_tables([tagged, moves]) if moves.num_rows else tagged
     del moves
     written_rows: list = []
-    files = datafiles.write_groups(table.io, data_rows(to_write, options),
-                                   one_chunk(to_write.column(TAG_IS_DELETE)),
-                                   one_chunk(to_write.column(TAG_PARTITION)),
-                                   one_chunk(to_write.column(TAG_FILE_GROUP)), instant, attempt, options.key,
-                                   written_rows)
+    files = datafiles.write_groups(
+        table.io,
+        data_rows(to_write, options),
+        one_chunk(to_write.column(TAG_IS_DELETE)),
+        one_chunk(to_write.column(TAG_PARTITION)),
+        one_chunk(to_write.column(TAG_FILE_GROUP)),
+        instant,
+        attempt,
+        options.key,
+        written_rows,
+    )
     del to_write
     # From here on only the key and the tag columns are read: the user's other columns (most of the input's bytes)
     # are let go before the deletion vectors and the index files are built.
@@ -287,13 +305,20 @@ def _upsert_rows(batches: Iterable[pa.RecordBatch], table: Table, options: TagOp
     #    delta's entries as the shard cache's own SST beside the cache (a warm first batch after the load).
     load = None
     if options.bulk_seq is not None and options.cache.stage_loads and len(shards) == 1:
-        load = StagedLoad(RecordIndexCache.for_table(table, shards[0], options.cache).path, instant, attempt,
-                          options.cache)
+        load = StagedLoad(
+            RecordIndexCache.for_table(table, shards[0], options.cache).path, instant, attempt, options.cache
+        )
     with load if load is not None else nullcontext():
         index_files, touched, changes = write_task_index(
-            table, tagged, options, instant, attempt, {m.shard: m.tagged_seq for m in shard_metrics},
+            table,
+            tagged,
+            options,
+            instant,
+            attempt,
+            {m.shard: m.tagged_seq for m in shard_metrics},
             shard=shards[0] if len(shards) == 1 else None,
-            on_written=None if load is None else stage_each_delta(load, table.global_index))
+            on_written=None if load is None else stage_each_delta(load, table.global_index),
+        )
     if load is not None:
         shard_metrics[0].stage_seconds, shard_metrics[0].staged_entries = load.seconds, load.entries
     # 5. An attempt that outlived its job (rolled back) or lost to another attempt (committed without it) withdraws.
@@ -303,8 +328,15 @@ def _upsert_rows(batches: Iterable[pa.RecordBatch], table: Table, options: TagOp
     for metrics in shard_metrics:
         metrics.write_seconds = (time.perf_counter() - started) / len(shard_metrics)
         metrics.partitions = sorted({f.partition for f in files})
-    return TaskResult(superseded_seq=basis_seq, files=files, index_files=index_files, touched=touched,
-                      changes=changes, superseded=fresh, metrics=shard_metrics)
+    return TaskResult(
+        superseded_seq=basis_seq,
+        files=files,
+        index_files=index_files,
+        touched=touched,
+        changes=changes,
+        superseded=fresh,
+        metrics=shard_metrics,
+    )
 
 
 def _announced(disk: KeyFiles | None, instant: str, attempt: int, written: list) -> KeyFiles | None:
@@ -313,8 +345,9 @@ def _announced(disk: KeyFiles | None, instant: str, attempt: int, written: list)
     announce them: then it saves none, rather than files a sweep could not tell from dead ones."""
     if disk is None:
         return None
-    names = [(record.path, path.name) for record, _keys, _deleted in written
-             if (path := disk.path_of(record)) is not None]
+    names = [
+        (record.path, path.name) for record, _keys, _deleted in written if (path := disk.path_of(record)) is not None
+    ]
     try:
         key_file_sweep.announce(disk.root, instant, attempt, names)
     except (OSError, ValueError) as exc:
@@ -329,16 +362,22 @@ def _sweep_key_files(disk: KeyFiles, table: Table, view_read_s: float) -> None:
     try:
         result = key_file_sweep.sweep(disk, table, view_read_s)
     except (OSError, DbidxError) as exc:
-        log.warning("dbidx could not sweep the key files of data files %s no longer has in %s: %s", table.uri,
-                    disk.root, exc)
+        log.warning(
+            "dbidx could not sweep the key files of data files %s no longer has in %s: %s", table.uri, disk.root, exc
+        )
         return
     if result.deleted:
-        log.info("dbidx deleted %d key files (%d bytes) of data files %s no longer has", len(result.deleted),
-                 result.deleted_bytes, table.uri)
+        log.info(
+            "dbidx deleted %d key files (%d bytes) of data files %s no longer has",
+            len(result.deleted),
+            result.deleted_bytes,
+            table.uri,
+        )
 
 
-def _tag_rebuilding(table: Table, shard: int, options: TagOptions, metrics: ShardMetrics,
-                    rows: pa.Table) -> tuple[pa.Table, ShardTagger]:
+def _tag_rebuilding(
+    table: Table, shard: int, options: TagOptions, metrics: ShardMetrics, rows: pa.Table
+) -> tuple[pa.Table, ShardTagger]:
     """Tag one shard's rows in a session; if the cache is damaged (the session discarded it), tag them again in a
     second session, which rebuilds the cache from the index, counted in `cache_rebuilds`. Only a second failure
     fails the task.
@@ -365,22 +404,24 @@ def _tag_rebuilding(table: Table, shard: int, options: TagOptions, metrics: Shar
 
 def _rebuilding(metrics: ShardMetrics, damage: CacheCorruptError) -> None:
     metrics.cache_rebuilds += 1
-    log.warning("dbidx: the cache of shard %d was damaged and is rebuilt from the index in this task: %s",
-                metrics.shard, damage)
+    log.warning(
+        "dbidx: the cache of shard %d was damaged and is rebuilt from the index in this task: %s", metrics.shard, damage
+    )
 
 
 def move_tombstones(tagged: pa.Table) -> pa.Table:
     """Delete rows for the old file groups of records that moved partition (global index): readers merge one file
     group at a time (data/reads.py), so the old group must itself say that the record left it."""
     old_part = tagged.column(TAG_OLD_PARTITION)
-    moved = pc.and_(pc.fill_null(tagged.column(TAG_IS_UPDATE), False),
-                    pc.fill_null(pc.not_equal(old_part, tagged.column(TAG_PARTITION)), False))
+    moved = pc.and_(
+        pc.fill_null(tagged.column(TAG_IS_UPDATE), False),
+        pc.fill_null(pc.not_equal(old_part, tagged.column(TAG_PARTITION)), False),
+    )
     gone = tagged.filter(moved)
     if gone.num_rows == 0:
         return gone
     gone = gone.set_column(gone.schema.get_field_index(TAG_PARTITION), TAG_PARTITION, gone.column(TAG_OLD_PARTITION))
-    gone = gone.set_column(gone.schema.get_field_index(TAG_FILE_GROUP), TAG_FILE_GROUP,
-                           gone.column(TAG_OLD_FILE_GROUP))
+    gone = gone.set_column(gone.schema.get_field_index(TAG_FILE_GROUP), TAG_FILE_GROUP, gone.column(TAG_OLD_FILE_GROUP))
     flag = pa.array([True] * gone.num_rows, tagged.schema.field(TAG_IS_DELETE).type)
     return gone.set_column(gone.schema.get_field_index(TAG_IS_DELETE), TAG_IS_DELETE, flag)
 
@@ -388,6 +429,14 @@ def move_tombstones(tagged: pa.Table) -> pa.Table:
 def data_rows(tagged: pa.Table, options: TagOptions) -> pa.Table:
     """The user's columns of tagged rows (minus the delete flag): what a data file stores, before write_groups
     appends the instant and deleted columns per file."""
-    drop = {ROW_ID, TAG_PARTITION, TAG_FILE_GROUP, TAG_IS_UPDATE, TAG_OLD_PARTITION, TAG_OLD_FILE_GROUP,
-            TAG_IS_DELETE, options.delete_column}
+    drop = {
+        ROW_ID,
+        TAG_PARTITION,
+        TAG_FILE_GROUP,
+        TAG_IS_UPDATE,
+        TAG_OLD_PARTITION,
+        TAG_OLD_FILE_GROUP,
+        TAG_IS_DELETE,
+        options.delete_column,
+    }
     return tagged.select([c for c in tagged.column_names if c not in drop])

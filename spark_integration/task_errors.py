@@ -6,6 +6,7 @@ text: a dbidx error by its class name in the traceback, a hook's exception as a 
 import path and carries the message as a JSON string (unpickling bytes from a task on the driver would run whatever
 they say).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -20,8 +21,9 @@ from dbidx.errors import DbidxError, HookError
 TaskHook = Callable[[int, int], None]
 _TASK_ERROR = re.compile(r"dbidx\.errors\.(\w+): (.+)")
 HOOK_ERROR_MARKER = "dbidx-hook-error"
-_HOOK_ERROR = re.compile(re.escape(HOOK_ERROR_MARKER)
-                         + r"\[([^\s:\]]+):([^\s\]]+)\] shard=(-?\d+) attempt=(\d+) (\"(?:[^\"\\]|\\.)*\")")
+_HOOK_ERROR = re.compile(
+    re.escape(HOOK_ERROR_MARKER) + r"\[([^\s:\]]+):([^\s\]]+)\] shard=(-?\d+) attempt=(\d+) (\"(?:[^\"\\]|\\.)*\")"
+)
 
 
 def retyped(exc: BaseException) -> BaseException:
@@ -68,8 +70,10 @@ def run_hook(hook: TaskHook, shard: int, attempt: int) -> None:
     except Exception as exc:
         kind = type(exc)
         message = exc.args[0] if len(exc.args) == 1 and isinstance(exc.args[0], str) else str(exc)
-        raise RuntimeError(f"{HOOK_ERROR_MARKER}[{kind.__module__}:{kind.__qualname__}] shard={shard} "
-                           f"attempt={attempt} {json.dumps(message)}") from exc
+        raise RuntimeError(
+            f"{HOOK_ERROR_MARKER}[{kind.__module__}:{kind.__qualname__}] shard={shard} "
+            f"attempt={attempt} {json.dumps(message)}"
+        ) from exc
 
 
 def hook_error(exc: BaseException) -> Exception | None:
@@ -86,9 +90,12 @@ def hook_error(exc: BaseException) -> Exception | None:
         message = encoded
     error = _rebuilt(module, qualname, message) or HookError(
         f"on_task_written raised {module}.{qualname}: {message} (that type cannot be imported or built from a "
-        "message on the driver, so it is reported as HookError)")
-    error.add_note(f"raised by on_task_written in the task of shard {shard}, attempt {attempt}, and re-raised on the "
-                   "driver; the Spark error that carried it is its __cause__")
+        "message on the driver, so it is reported as HookError)"
+    )
+    error.add_note(
+        f"raised by on_task_written in the task of shard {shard}, attempt {attempt}, and re-raised on the "
+        "driver; the Spark error that carried it is its __cause__"
+    )
     return error
 
 

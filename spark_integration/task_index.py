@@ -6,6 +6,7 @@ holds per task a few hundred bytes per file, never a key. Every key the task tag
 publish-time conflict check (index/conflicts.py): the delta file serves when every tagged key of the group has an
 entry (an initial load), else a small `touched-*.parquet` file holds them.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -23,17 +24,28 @@ from dbidx.table.facade import Table
 from dbidx.table.writer import EntryBuffer
 from dbidx.spark_integration.grouping import runs
 from dbidx.spark_integration.tagger import (
-    TAG_FILE_GROUP, TAG_IS_DELETE, TAG_IS_UPDATE, TAG_OLD_FILE_GROUP, TAG_OLD_PARTITION, TAG_PARTITION, TagOptions,
+    TAG_FILE_GROUP,
+    TAG_IS_DELETE,
+    TAG_IS_UPDATE,
+    TAG_OLD_FILE_GROUP,
+    TAG_OLD_PARTITION,
+    TAG_PARTITION,
+    TagOptions,
 )
 from dbidx.storage import layout, markers
 from dbidx.storage.records import FileRecord, PartitionChange
 
 
-def write_task_index(table: Table, tagged: pa.Table, options: TagOptions, instant: str, attempt: int,
-                     since_seq: dict[int, int], shard: int | None = None,
-                     on_written: Callable[[FileRecord, pa.Table], None] | None = None) -> tuple[list[FileRecord],
-                                                                                  list[TouchedKeys],
-                                                                                  dict[str, PartitionChange]]:
+def write_task_index(
+    table: Table,
+    tagged: pa.Table,
+    options: TagOptions,
+    instant: str,
+    attempt: int,
+    since_seq: dict[int, int],
+    shard: int | None = None,
+    on_written: Callable[[FileRecord, pa.Table], None] | None = None,
+) -> tuple[list[FileRecord], list[TouchedKeys], dict[str, PartitionChange]]:
     """Write the delta and touched-keys files of a task's tagged rows; returns their records and the stats change.
 
     `since_seq[shard]` is the completion seq the shard's rows were tagged against (its cache's watermark).
@@ -68,8 +80,18 @@ def write_task_index(table: Table, tagged: pa.Table, options: TagOptions, instan
             # Rows are one per record after latest_per_key, so a group's keys are distinct: when the delta has as
             # many entries as the group has rows, its keys are exactly the touched ones (no touched file needed).
             if delta is not None and delta.rows == int(mask.sum()):
-                touched.append(TouchedKeys(partition, shard, delta.min_key or "", delta.max_key or "",
-                                           since_seq[shard], delta.path, delta.size, delta.checksum))
+                touched.append(
+                    TouchedKeys(
+                        partition,
+                        shard,
+                        delta.min_key or "",
+                        delta.max_key or "",
+                        since_seq[shard],
+                        delta.path,
+                        delta.size,
+                        delta.checksum,
+                    )
+                )
                 continue
             unlisted.append((partition, pc.unique(keys.filter(pa.array(mask))).sort()))
         # The other groups' keys: one file for the shard (one write and one marker, not one per partition).
@@ -80,9 +102,16 @@ def write_task_index(table: Table, tagged: pa.Table, options: TagOptions, instan
     return files, touched, buffer.changes()
 
 
-def _write_per_partition(table: Table, buffer: EntryBuffer, tagged: pa.Table, keys: pa.Array, shards: np.ndarray,
-                         partitions: tuple[list[Any], np.ndarray], attempt: int,
-                         on_written: Callable[[FileRecord, pa.Table], None] | None) -> list[FileRecord]:
+def _write_per_partition(
+    table: Table,
+    buffer: EntryBuffer,
+    tagged: pa.Table,
+    keys: pa.Array,
+    shards: np.ndarray,
+    partitions: tuple[list[Any], np.ndarray],
+    attempt: int,
+    on_written: Callable[[FileRecord, pa.Table], None] | None,
+) -> list[FileRecord]:
     """A partitioned table's delta files, one partition at a time: its entries built, written (and staged) and let
     go before the next partition's are built. Every file is announced first, by one list marker.
 
@@ -104,9 +133,15 @@ def _write_per_partition(table: Table, buffer: EntryBuffer, tagged: pa.Table, ke
     #    list marker before any is written.
     rows_of = {code: entry_rows[at] for code, at in runs(codes[entry_rows])}
     order = sorted(rows_of, key=names.__getitem__)  # (partition, shard) order, as write_each orders its groups
-    markers.announce_all(table.io, buffer.instant, [
-        layout.delta_file(names[code], int(s), buffer.instant, attempt)
-        for code in order for s in np.unique(shards[rows_of[code]]).tolist()])
+    markers.announce_all(
+        table.io,
+        buffer.instant,
+        [
+            layout.delta_file(names[code], int(s), buffer.instant, attempt)
+            for code in order
+            for s in np.unique(shards[rows_of[code]]).tolist()
+        ],
+    )
     # 2. Partition by partition: its entries, then its files.
     files: list[FileRecord] = []
     for code in order:
@@ -115,8 +150,14 @@ def _write_per_partition(table: Table, buffer: EntryBuffer, tagged: pa.Table, ke
             positions = rows[mask[rows]]
             if len(positions):
                 take = pa.array(positions)
-                buffer.add(names[code], keys.take(take), file_groups.take(take), deleted=deleted, live=live,
-                           shards=shards[positions])
+                buffer.add(
+                    names[code],
+                    keys.take(take),
+                    file_groups.take(take),
+                    deleted=deleted,
+                    live=live,
+                    shards=shards[positions],
+                )
         files += buffer.write_each(table.io, attempt=attempt, announce=False, on_written=on_written)
     return files
 
@@ -167,8 +208,14 @@ def _buffer_entries(buffer: EntryBuffer, tagged: pa.Table, keys: pa.Array, shard
         names = encoded.dictionary.to_pylist()
         for code, positions in runs(encoded.indices.to_numpy(zero_copy_only=False)):
             take = pa.array(positions)
-            buffer.add(names[code], sub_keys.take(take), sub_fg.take(take), deleted=deleted, live=live,
-                       shards=sub_shards[positions])
+            buffer.add(
+                names[code],
+                sub_keys.take(take),
+                sub_fg.take(take),
+                deleted=deleted,
+                live=live,
+                shards=sub_shards[positions],
+            )
 
 
 def stage_each_delta(load: StagedLoad, global_index: bool) -> Callable[[FileRecord, pa.Table], None]:
@@ -179,6 +226,7 @@ def stage_each_delta(load: StagedLoad, global_index: bool) -> Callable[[FileReco
 
     Only inserts are staged (a bulk load adds no other entry; a delta holding a tombstone is left to the index).
     """
+
     def stage_group(record: FileRecord, entries: pa.Table) -> None:
         if record.tombstones:
             return

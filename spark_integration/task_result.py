@@ -7,6 +7,7 @@ supersede, the index changes per partition, the shards' metrics and, under Spark
 Never a key. Parsing treats it as untrusted input: every record is checked (ValueError, KeyError or TypeError, which
 the driver turns into a CommitError and publishes nothing).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -78,11 +79,13 @@ class TaskResult:
     def to_wire(self) -> dict[str, Any]:
         """The wire form (plain dicts, lists, numbers, strings and bytes)."""
         wire: dict[str, Any] = {
-            "files": [plain(f) for f in self.files], "index_files": [plain(f) for f in self.index_files],
+            "files": [plain(f) for f in self.files],
+            "index_files": [plain(f) for f in self.index_files],
             "touched": [t.to_dict() for t in self.touched],
             "superseded": {"seq": self.superseded_seq, "rows": {p: b.serialize() for p, b in self.superseded.items()}},
             "changes": {p: plain(c) for p, c in self.changes.items()},
-            "metrics": [m.to_dict() for m in self.metrics]}
+            "metrics": [m.to_dict() for m in self.metrics],
+        }
         if self.attempt is not None:
             wire[TASK_KEY] = plain(self.attempt)
         return wire
@@ -103,14 +106,17 @@ class TaskResult:
         if not isinstance(sent_metrics, list):
             raise ValueError(f"task metrics {sent_metrics!r:.100} are not a list")
         return cls(
-            superseded_seq=seq, superseded=rows,
+            superseded_seq=seq,
+            superseded=rows,
             files=[DataFileRecord.parse(f, "data file") for f in sent["files"]],
             index_files=[FileRecord.parse(f, "index file") for f in sent["index_files"]],
             touched=[TouchedKeys.parse(t, since_min, since_max) for t in sent["touched"]],
             changes={p: PartitionChange.parse(c, p) for p, c in sent["changes"].items()},
             # Strict: every number present, >= 0, whole where an int.
-            metrics=[ShardMetrics.from_dict(m) for m in sent_metrics], sent_metrics=sent_metrics,
-            attempt=TaskAttempt.from_dict(sent[TASK_KEY]) if TASK_KEY in sent else None)
+            metrics=[ShardMetrics.from_dict(m) for m in sent_metrics],
+            sent_metrics=sent_metrics,
+            attempt=TaskAttempt.from_dict(sent[TASK_KEY]) if TASK_KEY in sent else None,
+        )
 
 
 def _superseded(sent: Any) -> tuple[int, dict[str, BitMap]]:
@@ -133,5 +139,10 @@ def unpack_result(payload: bytes) -> Any:
 
 def pack_result(shard: int, attempt: int, result: TaskResult) -> pa.RecordBatch:
     """The one-row Arrow batch a task returns to the driver (RESULT_DDL)."""
-    return pa.RecordBatch.from_pydict({"shard": pa.array([shard], pa.int32()), "attempt": pa.array([attempt]),
-                                       "payload": pa.array([result.pack()], pa.binary())})
+    return pa.RecordBatch.from_pydict(
+        {
+            "shard": pa.array([shard], pa.int32()),
+            "attempt": pa.array([attempt]),
+            "payload": pa.array([result.pack()], pa.binary()),
+        }
+    )

@@ -18,6 +18,7 @@ What still asks for old records, and its answer once they are gone (the floor, s
   (a settled writer's leftovers the next sweep removes, or a pending writer), so sweeps and rollbacks never meet one.
 - a gap ABOVE the floor is still a CorruptFileError: only records up to the floor are gone on purpose.
 """
+
 from __future__ import annotations
 
 import time
@@ -47,9 +48,15 @@ class ArchiveExpiry:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form (what the services report shows)."""
-        return {"floor_before": self.floor_before, "floor": self.floor, "retention_ms": self.retention_ms,
-                "records_expired": self.records_expired, "deleted": len(self.deleted), "bytes": self.bytes,
-                "stopped": self.stopped}
+        return {
+            "floor_before": self.floor_before,
+            "floor": self.floor,
+            "retention_ms": self.retention_ms,
+            "records_expired": self.records_expired,
+            "deleted": len(self.deleted),
+            "bytes": self.bytes,
+            "stopped": self.stopped,
+        }
 
 
 def expire_archive(table: Any, retention_ms: int, now_ms: int | None = None) -> ArchiveExpiry:
@@ -64,8 +71,9 @@ def expire_archive(table: Any, retention_ms: int, now_ms: int | None = None) -> 
     report = ArchiveExpiry()
     # 1. The retention, checked before anything is read.
     if isinstance(retention_ms, bool) or not isinstance(retention_ms, Integral) or retention_ms < 0:
-        raise InvalidInputError(f"archive retention of {table.uri}: retention_ms must be a whole number >= 0, got "
-                                f"{retention_ms!r}")
+        raise InvalidInputError(
+            f"archive retention of {table.uri}: retention_ms must be a whole number >= 0, got {retention_ms!r}"
+        )
     report.retention_ms = int(retention_ms)
     cutoff = (int(time.time() * 1000) if now_ms is None else int(now_ms)) - int(retention_ms)
     table.refresh()
@@ -79,14 +87,21 @@ def expire_archive(table: Any, retention_ms: int, now_ms: int | None = None) -> 
     limit = kept[0]
     # 3. The state at the current floor, then bundle by bundle (in seq order) while every condition holds.
     index, data = _base_views(floor)
-    moved = _advance(table, index, data, report, limit, cutoff,
-                     floor.max_instant if floor is not None else "")
+    moved = _advance(table, index, data, report, limit, cutoff, floor.max_instant if floor is not None else "")
     if moved is None:
         return report
     max_instant, newest_ms, count = moved
     # 4. The new floor first (durable, checked by every reader), then what it makes unnecessary.
-    new = HistoryFloor(report.floor, max_instant, int(time.time() * 1000), int(retention_ms), newest_ms,
-                       index.to_dict(), data.to_dict(), io.path(floor_file(report.floor)))
+    new = HistoryFloor(
+        report.floor,
+        max_instant,
+        int(time.time() * 1000),
+        int(retention_ms),
+        newest_ms,
+        index.to_dict(),
+        data.to_dict(),
+        io.path(floor_file(report.floor)),
+    )
     if not write_floor(io, table_id, new) and current_floor(io, table_id) is None:
         raise CorruptFileError(f"history floor {new.where} could not be written")
     report.records_expired = count
@@ -119,13 +134,16 @@ def _base_views(floor: HistoryFloor | None) -> tuple[IndexView, DataView]:
         return IndexView(), DataView()
     index, data = IndexView.from_dict(floor.index, floor.where), DataView.from_dict(floor.data, floor.where)
     if index.applied_seq != floor.seq or data.applied_seq != floor.seq:
-        raise CorruptFileError(f"history floor {floor.where} holds views at seqs {index.applied_seq} / "
-                               f"{data.applied_seq}, not at its own seq {floor.seq}")
+        raise CorruptFileError(
+            f"history floor {floor.where} holds views at seqs {index.applied_seq} / "
+            f"{data.applied_seq}, not at its own seq {floor.seq}"
+        )
     return index, data
 
 
-def _advance(table: Any, index: IndexView, data: DataView, report: ArchiveExpiry, limit: int, cutoff: int,
-             max_instant: str) -> tuple[str, int, int] | None:
+def _advance(
+    table: Any, index: IndexView, data: DataView, report: ArchiveExpiry, limit: int, cutoff: int, max_instant: str
+) -> tuple[str, int, int] | None:
     """Fold whole bundles past the floor while they are below `limit`, all older than `cutoff`, and name no instant
     up to their largest id that has a claim or markers on storage (pending, or settled and not swept yet: either way
     a sweep or rollback must still place it); moves report.floor. Returns (max instant, newest completion time, records
@@ -136,14 +154,15 @@ def _advance(table: Any, index: IndexView, data: DataView, report: ArchiveExpiry
     newest_ms, count = 0, 0
     ends = sorted({last for _first, last in checkpoint.archive_ranges(io) if report.floor < last <= limit})
     if not ends:
-        report.stopped = f"no archive bundle between the floor (seq {report.floor}) and the oldest checkpoint " \
-                         f"(seq {limit})"
+        report.stopped = (
+            f"no archive bundle between the floor (seq {report.floor}) and the oldest checkpoint (seq {limit})"
+        )
         return None
     for last in ends:
         # 1. Every record up to the bundle's end, each checked (a gap above the floor is damage, never expired).
-        records: list[CompletedInstant] = checkpoint.read_records(io, table.props.table_id,
-                                                                  range(report.floor + 1, last + 1), listed,
-                                                                  timeline.legacy_upto)
+        records: list[CompletedInstant] = checkpoint.read_records(
+            io, table.props.table_id, range(report.floor + 1, last + 1), listed, timeline.legacy_upto
+        )
         # 2. Only when all of them are older than the retention and none is still claimed on storage.
         too_new = [r.seq for r in records if r.completed_at_ms >= cutoff]
         if too_new:
@@ -167,18 +186,23 @@ def _advance(table: Any, index: IndexView, data: DataView, report: ArchiveExpiry
 
 def _claimed_instants(io: Any) -> set[str]:
     """Instants with a requested / inflight file or a marker folder on storage."""
-    out = {name.split(".")[0] for name in io.list_names(layout.TIMELINE_DIR)
-           if name.endswith((".requested", ".inflight")) and layout.is_instant(name.split(".")[0])}
+    out = {
+        name.split(".")[0]
+        for name in io.list_names(layout.TIMELINE_DIR)
+        if name.endswith((".requested", ".inflight")) and layout.is_instant(name.split(".")[0])
+    }
     return out | {name for name in io.list_dirs(markers.MARKERS_DIR) if layout.is_instant(name)}
 
 
 def _delete_below(io: Any, report: ArchiveExpiry) -> None:
     """After the new floor is on storage: bundles wholly at or below it, record files at or below it (a crashed
     archiver's leftovers), and older floor files. Oldest first, so a crash leaves a contiguous kept history."""
-    doomed = [layout.archive_file(first, last) for first, last in checkpoint.archive_ranges(io)
-              if last <= report.floor]
-    doomed += [layout.completed_file(s) for s in
-               sorted(checkpoint.listed_seqs(io, io.list_names(layout.COMPLETED_DIR))) if s <= report.floor]
+    doomed = [layout.archive_file(first, last) for first, last in checkpoint.archive_ranges(io) if last <= report.floor]
+    doomed += [
+        layout.completed_file(s)
+        for s in sorted(checkpoint.listed_seqs(io, io.list_names(layout.COMPLETED_DIR)))
+        if s <= report.floor
+    ]
     doomed += [floor_file(s) for s in floor_seqs(io) if s < report.floor]
     for rel in doomed:
         size = io.size(rel)  # 0 if another expirer deleted it already

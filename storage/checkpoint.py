@@ -10,6 +10,7 @@ Both are written once (exclusive create) and never changed; both are read back a
 the canonical JSON, the table id, every field parsed strictly by the view that owns it (file_view.py, data_view.py).
 Format: docs/FORMAT.md section 7a.
 """
+
 from __future__ import annotations
 
 import json
@@ -96,11 +97,18 @@ def checkpoint_seqs(io: FileIO) -> list[int]:
     return sorted(int(m.group(1)) for m in _names(io, layout.CHECKPOINT_DIR, _CHECKPOINT_NAME))
 
 
-def write_checkpoint(io: FileIO, table_id: str, seq: int, max_instant: str, index: dict[str, Any],
-                     data: dict[str, Any]) -> bool:
+def write_checkpoint(
+    io: FileIO, table_id: str, seq: int, max_instant: str, index: dict[str, Any], data: dict[str, Any]
+) -> bool:
     """Create the checkpoint of seq exclusively; False if one exists already (another writer made it)."""
-    payload = {"format": CHECKPOINT_FORMAT, "table_id": table_id, "seq": seq, "max_instant": max_instant,
-               "index": index, "data": data}
+    payload = {
+        "format": CHECKPOINT_FORMAT,
+        "table_id": table_id,
+        "seq": seq,
+        "max_instant": max_instant,
+        "index": index,
+        "data": data,
+    }
     return io.create_exclusive(layout.checkpoint_file(seq), seal(payload))
 
 
@@ -154,8 +162,10 @@ def floor_seqs(io: FileIO) -> list[int]:
             continue
         m = _FLOOR_NAME.match(name)
         if m is None or int(m.group(1)) < 1:
-            raise CorruptFileError(f"unexpected file {io.path(FLOOR_DIR)}/{name} (floor files are named "
-                                   "<12-digit seq>.floor, seq >= 1); it is not dbidx's")
+            raise CorruptFileError(
+                f"unexpected file {io.path(FLOOR_DIR)}/{name} (floor files are named "
+                "<12-digit seq>.floor, seq >= 1); it is not dbidx's"
+            )
         out.append(int(m.group(1)))
     return sorted(out)
 
@@ -175,8 +185,13 @@ def archive_ranges(io: FileIO) -> list[tuple[int, int]]:
 def write_archive(io: FileIO, table_id: str, first: int, raw_records: list[bytes]) -> bool:
     """Bundle the exact bytes of records first..first+n-1; False if that bundle exists already."""
     last = first + len(raw_records) - 1
-    payload = {"format": CHECKPOINT_FORMAT, "table_id": table_id, "first": first, "last": last,
-               "records": [r.decode("utf-8") for r in raw_records]}
+    payload = {
+        "format": CHECKPOINT_FORMAT,
+        "table_id": table_id,
+        "first": first,
+        "last": last,
+        "records": [r.decode("utf-8") for r in raw_records],
+    }
     return io.create_exclusive(layout.archive_file(first, last), seal(payload))
 
 
@@ -187,8 +202,13 @@ def read_archive(io: FileIO, first: int, last: int, table_id: str) -> dict[int, 
     where = f"archive bundle {io.path(rel)}"
     data = unseal(io.read_bytes(rel), where, table_id, {"first", "last", "records"})
     records = data["records"]
-    if data["first"] != first or data["last"] != last or not isinstance(records, list) \
-            or len(records) != last - first + 1 or not all(isinstance(r, str) for r in records):
+    if (
+        data["first"] != first
+        or data["last"] != last
+        or not isinstance(records, list)
+        or len(records) != last - first + 1
+        or not all(isinstance(r, str) for r in records)
+    ):
         raise CorruptFileError(f"{where} is not valid: its range or record list does not match its name")
     return {first + i: r.encode("utf-8") for i, r in enumerate(records)}
 
@@ -202,14 +222,17 @@ def listed_seqs(io: FileIO, names: list[str]) -> set[int]:
         if not name.endswith(".json") or name.startswith("."):
             continue
         if not name[:-5].isdigit():
-            raise CorruptFileError(f"unexpected file {io.path(layout.COMPLETED_DIR)}/{name} in the completion log "
-                                   "(names are <seq>.json); remove it")
+            raise CorruptFileError(
+                f"unexpected file {io.path(layout.COMPLETED_DIR)}/{name} in the completion log "
+                "(names are <seq>.json); remove it"
+            )
         seqs.add(int(name[:-5]))
     return seqs
 
 
-def read_records(io: FileIO, table_id: str, seqs: range, listed: set[int], legacy_upto: int = 0
-                 ) -> list[CompletedInstant]:
+def read_records(
+    io: FileIO, table_id: str, seqs: range, listed: set[int], legacy_upto: int = 0
+) -> list[CompletedInstant]:
     """Records of consecutive seqs, each from its file if listed, else from the archive bundle that holds it; each
     checked (its own checksum, its seq, its table). Records up to `legacy_upto` are of the table's format-3 past."""
     out: list[CompletedInstant] = []
@@ -231,17 +254,21 @@ def read_records(io: FileIO, table_id: str, seqs: range, listed: set[int], legac
                 bundle, bundle_name = _bundle_holding(io, seq, table_id)
             raw = bundle.get(seq)
             if raw is None:
-                raise CorruptFileError(f"completion log gap at {io.path(rel)}: seq {seq} is neither in the "
-                                       "completion folder nor in an archive bundle")
+                raise CorruptFileError(
+                    f"completion log gap at {io.path(rel)}: seq {seq} is neither in the "
+                    "completion folder nor in an archive bundle"
+                )
             where = f"{seq} in archive bundle {bundle_name}"
         record = CompletedInstant.from_json(raw, where, legacy=seq <= legacy_upto)
         if record.seq != seq:
-            raise CorruptFileError(f"completion log gap or mismatch at {where}: expected seq {seq}, the record "
-                                   f"says {record.seq}")
+            raise CorruptFileError(
+                f"completion log gap or mismatch at {where}: expected seq {seq}, the record says {record.seq}"
+            )
         if table_id and record.table_id != table_id:
             raise CorruptFileError(
                 f"completion record {where} belongs to table {record.table_id!r}, not to {table_id!r} of "
-                f"{io.path(layout.PROPERTIES_FILE)}: the table's metadata is mixed up")
+                f"{io.path(layout.PROPERTIES_FILE)}: the table's metadata is mixed up"
+            )
         out.append(record)
     return out
 
@@ -261,7 +288,8 @@ def _names(io: FileIO, rel_dir: str, pattern: re.Pattern[str]) -> list[re.Match[
             continue  # temp files of writers
         m = pattern.match(name)
         if m is None:
-            raise CorruptFileError(f"unexpected file {io.path(rel_dir)}/{name} (expected names like "
-                                   f"{pattern.pattern}); remove it")
+            raise CorruptFileError(
+                f"unexpected file {io.path(rel_dir)}/{name} (expected names like {pattern.pattern}); remove it"
+            )
         out.append(m)
     return out

@@ -3,6 +3,7 @@ custom or in-memory filesystem), every writer of a table holds the same lock whi
 exist only once (an instant claim, a completion record). The interface is a context manager; `FileCommitLock` is the
 example implementation for a path every writer can reach (a POSIX filesystem, or NFS v4 with working locks).
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -48,8 +49,9 @@ class FileCommitLock:
             except OSError:
                 if time.monotonic() >= deadline:
                     os.close(fd)
-                    raise ConfigError(f"commit lock {self.path} is still held after {self.timeout_s:.0f} s; is "
-                                      "another writer stuck?") from None
+                    raise ConfigError(
+                        f"commit lock {self.path} is still held after {self.timeout_s:.0f} s; is another writer stuck?"
+                    ) from None
                 time.sleep(0.01)
 
     def __exit__(self, *exc: Any) -> None:

@@ -5,6 +5,7 @@ add data files, data compactions swap the files they replace for bases, cleans f
 It also keeps the newest recorded data schema, key/partition layout and bucket spec, so nothing that plans a read
 or checks a write has to walk the whole completion log (a checkpoint stores this view; storage/checkpoint.py).
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -13,10 +14,25 @@ from typing import Any, Callable
 from dbidx.errors import CorruptFileError
 from dbidx.storage import layout
 from dbidx.storage.records import (
-    ACTION_ABSORB, ACTION_BUILD_INDEX, ACTION_CLEAN, ACTION_COMMIT, ACTION_DATA_COMPACTION, ACTION_PROPERTIES,
-    DATA_ACTIONS, CompletedInstant,
-    DataFileRecord, DeletionVectorRecord, DvFileRecord, FieldError, parse_instant, parse_int, parse_items,
-    parse_object, parse_order, parse_path, record_dict,
+    ACTION_ABSORB,
+    ACTION_BUILD_INDEX,
+    ACTION_CLEAN,
+    ACTION_COMMIT,
+    ACTION_DATA_COMPACTION,
+    ACTION_PROPERTIES,
+    DATA_ACTIONS,
+    CompletedInstant,
+    DataFileRecord,
+    DeletionVectorRecord,
+    DvFileRecord,
+    FieldError,
+    parse_instant,
+    parse_int,
+    parse_items,
+    parse_object,
+    parse_order,
+    parse_path,
+    record_dict,
 )
 
 LAYOUT_EXTRA = "upsert"  # the completion record's extra that names key and partition columns (and bucket spec)
@@ -85,8 +101,9 @@ class DataView:
         """The first completion seq that has a Delta version of dbidx's (older ones belong to an adopted history)."""
         return 0 if self.delta_adopted is None else self.delta_adopted.seq
 
-    def apply(self, records: list[CompletedInstant],
-              before: Callable[[CompletedInstant, "DataView"], None] | None = None) -> None:
+    def apply(
+        self, records: list[CompletedInstant], before: Callable[[CompletedInstant, "DataView"], None] | None = None
+    ) -> None:
         """Fold newly published completion records (in seq order) into the view; an inconsistent log (a data file
         under the metadata folder, a compaction of a file that is not live) is a CorruptFileError naming it.
         `before(record, view)` sees each record with the view as it stood right before it (the Delta log's
@@ -116,11 +133,15 @@ class DataView:
             if rec.action in (ACTION_ABSORB, ACTION_PROPERTIES) and DELTA_CONFIGURATION_EXTRA in rec.extra:
                 self.delta_configuration = Recorded(
                     check_configuration(rec.extra[DELTA_CONFIGURATION_EXTRA], f"completion {rec.seq} ({rec.instant})"),
-                    rec.seq, rec.instant)
+                    rec.seq,
+                    rec.instant,
+                )
             if rec.action == ACTION_BUILD_INDEX and DELTA_ADOPTED_EXTRA in rec.extra:
-                self.delta_adopted = Recorded(check_adopted(rec.extra[DELTA_ADOPTED_EXTRA],
-                                                            f"completion {rec.seq} ({rec.instant})"),
-                                              rec.seq, rec.instant)
+                self.delta_adopted = Recorded(
+                    check_adopted(rec.extra[DELTA_ADOPTED_EXTRA], f"completion {rec.seq} ({rec.instant})"),
+                    rec.seq,
+                    rec.instant,
+                )
             self.applied_seq = rec.seq
 
     def _add_written(self, rec: CompletedInstant) -> None:
@@ -137,8 +158,10 @@ class DataView:
         for path in rec.replaced:
             gone = self._live.pop(path, None)
             if gone is None:  # two compactions of one file never both publish: the log is damaged or crafted
-                raise CorruptFileError(f"data compaction {rec.instant} (seq {rec.seq}) replaces {path!r}, which is "
-                                       "not a live data file at that point of the log")
+                raise CorruptFileError(
+                    f"data compaction {rec.instant} (seq {rec.seq}) replaces {path!r}, which is "
+                    "not a live data file at that point of the log"
+                )
             self._replaced[path] = (rec.seq, gone.source)
             self._release(self._dv.pop(path, None), rec.seq)
             group = (gone.record.partition, gone.record.file_group)
@@ -146,8 +169,10 @@ class DataView:
         for f in rec.data_files:
             _check_outside_meta(f.path, rec)
             if (f.partition, f.file_group) not in covered:
-                raise CorruptFileError(f"data compaction {rec.instant} (seq {rec.seq}) writes a base for file group "
-                                       f"{f.file_group!r} of {f.partition!r} without replacing any of its files")
+                raise CorruptFileError(
+                    f"data compaction {rec.instant} (seq {rec.seq}) writes a base for file group "
+                    f"{f.file_group!r} of {f.partition!r} without replacing any of its files"
+                )
             self._live[f.path] = LiveDataFile(f, (covered[(f.partition, f.file_group)], 1), rec.seq, rec.instant)
 
     def _absorb(self, rec: CompletedInstant) -> None:
@@ -160,15 +185,19 @@ class DataView:
         for path in rec.replaced:
             gone = self._live.pop(path, None)
             if gone is None:
-                raise CorruptFileError(f"completion {rec.seq} ({rec.instant}) absorbs the removal of {path!r}, which "
-                                       "is not a live data file at that point of the log")
+                raise CorruptFileError(
+                    f"completion {rec.seq} ({rec.instant}) absorbs the removal of {path!r}, which "
+                    "is not a live data file at that point of the log"
+                )
             self._replaced.pop(path, None)
             self._release(self._dv.pop(path, None), rec.seq)
         for f in rec.data_files:
             _check_outside_meta(f.path, rec)
             if f.path in self._live:
-                raise CorruptFileError(f"completion {rec.seq} ({rec.instant}) absorbs {f.path!r} as a new data file, "
-                                       "but it is live already")
+                raise CorruptFileError(
+                    f"completion {rec.seq} ({rec.instant}) absorbs {f.path!r} as a new data file, "
+                    "but it is live already"
+                )
             self._replaced.pop(f.path, None)  # a file an earlier version removed, added back (a RESTORE)
             self._live[f.path] = LiveDataFile(f, (rec.seq, 0), rec.seq, rec.instant)
 
@@ -181,9 +210,11 @@ class DataView:
         for dv in rec.deletion_vectors:
             live = self._live.get(dv.path)
             if live is None or dv.dv_file not in dv_files or dv.cardinality > live.record.rows:
-                raise CorruptFileError(f"completion {rec.seq} ({rec.instant}) gives {dv.path!r} a deletion vector "
-                                       "that does not fit: the file is not live, the vector's DV file is not one the "
-                                       "completion wrote, or it deletes more rows than the file has")
+                raise CorruptFileError(
+                    f"completion {rec.seq} ({rec.instant}) gives {dv.path!r} a deletion vector "
+                    "that does not fit: the file is not live, the vector's DV file is not one the "
+                    "completion wrote, or it deletes more rows than the file has"
+                )
             self._release(self._dv.get(dv.path), rec.seq)
             self._dv[dv.path] = DvRef(dv, dv_files[dv.dv_file])
 
@@ -241,28 +272,61 @@ class DataView:
     # ---- checkpoint form ---------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """The view as a checkpoint stores it (deterministic: the same log gives the same dict)."""
-        return {
-            "applied_seq": self.applied_seq, "writes": self.writes, "last_write": self.last_write,
-            "live": [{"file": record_dict(a.record), "order": list(a.order), "seq": a.seq, "instant": a.instant,
-                      "source": a.source} for a in sorted(self._live.values(), key=lambda a: a.record.path)],
-            "replaced": [{"path": p, "seq": s, "source": src} for p, (s, src) in sorted(self._replaced.items())],
-            "schema": _recorded_dict(self.schema), "layout": _recorded_dict(self.layout),
-            "buckets": _recorded_dict(self.buckets),
-            "vectors": [{"vector": record_dict(d.vector), "file": asdict(d.file)}
-                        for _p, d in sorted(self._dv.items())],
-            "dv_files": [{"path": p, "seq": seq} for p, seq in sorted(self._dv_files.items())],
-        } | ({"delta_adopted": _recorded_dict(self.delta_adopted)} if self.delta_adopted is not None else {}) \
-          | ({"delta_configuration": _recorded_dict(self.delta_configuration)}
-             if self.delta_configuration is not None else {})
+        return (
+            {
+                "applied_seq": self.applied_seq,
+                "writes": self.writes,
+                "last_write": self.last_write,
+                "live": [
+                    {
+                        "file": record_dict(a.record),
+                        "order": list(a.order),
+                        "seq": a.seq,
+                        "instant": a.instant,
+                        "source": a.source,
+                    }
+                    for a in sorted(self._live.values(), key=lambda a: a.record.path)
+                ],
+                "replaced": [{"path": p, "seq": s, "source": src} for p, (s, src) in sorted(self._replaced.items())],
+                "schema": _recorded_dict(self.schema),
+                "layout": _recorded_dict(self.layout),
+                "buckets": _recorded_dict(self.buckets),
+                "vectors": [
+                    {"vector": record_dict(d.vector), "file": asdict(d.file)} for _p, d in sorted(self._dv.items())
+                ],
+                "dv_files": [{"path": p, "seq": seq} for p, seq in sorted(self._dv_files.items())],
+            }
+            | ({"delta_adopted": _recorded_dict(self.delta_adopted)} if self.delta_adopted is not None else {})
+            | (
+                {"delta_configuration": _recorded_dict(self.delta_configuration)}
+                if self.delta_configuration is not None
+                else {}
+            )
+        )
 
     @classmethod
     def from_dict(cls, data: Any, where: str) -> "DataView":
         """Rebuild from a checkpoint, checking every field (a checkpoint is read back from storage: untrusted)."""
         try:
-            d = parse_object(data, "data", {"applied_seq", "writes", "last_write", "live", "replaced", "schema",
-                                            "layout", "buckets", "vectors", "dv_files", "delta_adopted",
-                                            "delta_configuration"},
-                             optional={"delta_adopted", "delta_configuration"})
+            d = parse_object(
+                data,
+                "data",
+                {
+                    "applied_seq",
+                    "writes",
+                    "last_write",
+                    "live",
+                    "replaced",
+                    "schema",
+                    "layout",
+                    "buckets",
+                    "vectors",
+                    "dv_files",
+                    "delta_adopted",
+                    "delta_configuration",
+                },
+                optional={"delta_adopted", "delta_configuration"},
+            )
             view = cls()
             view.applied_seq = parse_int(d["applied_seq"], "data.applied_seq")
             view.writes = parse_int(d["writes"], "data.writes")
@@ -272,28 +336,39 @@ class DataView:
                 record = DataFileRecord.parse(e["file"], f"data.live[{i}].file")
                 _check_outside_meta(record.path, None)
                 order = parse_order(e["order"], f"data.live[{i}].order")
-                view._live[record.path] = LiveDataFile(record, order, parse_int(e["seq"], f"data.live[{i}].seq", 1),
-                                                       parse_instant(e["instant"], f"data.live[{i}].instant"),
-                                                       _bool(e["source"], f"data.live[{i}].source"))
+                view._live[record.path] = LiveDataFile(
+                    record,
+                    order,
+                    parse_int(e["seq"], f"data.live[{i}].seq", 1),
+                    parse_instant(e["instant"], f"data.live[{i}].instant"),
+                    _bool(e["source"], f"data.live[{i}].source"),
+                )
             for i, item in enumerate(parse_items(d["replaced"], "data.replaced")):
                 e = parse_object(item, f"data.replaced[{i}]", {"path", "seq", "source"})
                 path = parse_path(e["path"], f"data.replaced[{i}].path")
                 _check_outside_meta(path, None)
-                view._replaced[path] = (parse_int(e["seq"], f"data.replaced[{i}].seq", 1),
-                                        _bool(e["source"], f"data.replaced[{i}].source"))
+                view._replaced[path] = (
+                    parse_int(e["seq"], f"data.replaced[{i}].seq", 1),
+                    _bool(e["source"], f"data.replaced[{i}].source"),
+                )
             for i, item in enumerate(parse_items(d["vectors"], "data.vectors")):
                 e = parse_object(item, f"data.vectors[{i}]", {"vector", "file"})
-                ref = DvRef(DeletionVectorRecord.parse(e["vector"], f"data.vectors[{i}].vector"),
-                            DvFileRecord.parse(e["file"], f"data.vectors[{i}].file"))
+                ref = DvRef(
+                    DeletionVectorRecord.parse(e["vector"], f"data.vectors[{i}].vector"),
+                    DvFileRecord.parse(e["file"], f"data.vectors[{i}].file"),
+                )
                 live = view._live.get(ref.vector.path)
                 if live is None or ref.vector.dv_file != ref.file.path or ref.vector.cardinality > live.record.rows:
-                    raise FieldError(f"data.vectors[{i}] is the vector of {ref.vector.path!r}, which is not a live "
-                                     "file, or names another DV file, or deletes more rows than the file has")
+                    raise FieldError(
+                        f"data.vectors[{i}] is the vector of {ref.vector.path!r}, which is not a live "
+                        "file, or names another DV file, or deletes more rows than the file has"
+                    )
                 view._dv[ref.vector.path] = ref
             for i, item in enumerate(parse_items(d["dv_files"], "data.dv_files")):
                 e = parse_object(item, f"data.dv_files[{i}]", {"path", "seq"})
-                path = DvFileRecord.parse({"path": e["path"], "size": 0, "checksum": "xxh64:" + "0" * 16},
-                                          f"data.dv_files[{i}]").path
+                path = DvFileRecord.parse(
+                    {"path": e["path"], "size": 0, "checksum": "xxh64:" + "0" * 16}, f"data.dv_files[{i}]"
+                ).path
                 view._dv_files[path] = parse_int(e["seq"], f"data.dv_files[{i}].seq", 1)
             if any(ref.file.path not in view._dv_files for ref in view._dv.values()):
                 raise FieldError("a live vector points into a DV file the view does not list")
@@ -342,9 +417,12 @@ def check_adopted(value: Any, where: str) -> dict[str, Any]:
     try:
         d = parse_object(value, "delta_adopted", {"version", "metaData", "protocol"})
         parse_int(d["version"], "delta_adopted.version")
-        parse_object(d["protocol"], "delta_adopted.protocol",
-                     {"minReaderVersion", "minWriterVersion", "readerFeatures", "writerFeatures"},
-                     optional={"readerFeatures", "writerFeatures"})
+        parse_object(
+            d["protocol"],
+            "delta_adopted.protocol",
+            {"minReaderVersion", "minWriterVersion", "readerFeatures", "writerFeatures"},
+            optional={"readerFeatures", "writerFeatures"},
+        )
         meta = d["metaData"]
         if not isinstance(meta, dict) or not isinstance(meta.get("id"), str):
             raise FieldError("delta_adopted.metaData must be a Delta metaData action with an id")

@@ -13,6 +13,7 @@ Two write primitives carry the table's atomicity:
   `pyarrow.fs` has none; any other filesystem with a user-supplied commit lock (`commit_lock.py`). Without any of
   the three the timeline refuses to run beside a second writer (docs/FORMAT.md, "Atomicity per store").
 """
+
 from __future__ import annotations
 
 import errno
@@ -31,7 +32,11 @@ from dbidx.errors import CorruptFileError, DbidxError, InvalidInputError
 from dbidx.storage.commit_lock import CommitLock
 from dbidx.storage.layout import validate_table_path
 from dbidx.storage.object_store import (
-    CONDITIONAL_PUT_SCHEMES, ConditionalPut, endpoint_url, normalize_options, pyarrow_filesystem,
+    CONDITIONAL_PUT_SCHEMES,
+    ConditionalPut,
+    endpoint_url,
+    normalize_options,
+    pyarrow_filesystem,
 )
 
 # What decoding a damaged Parquet file can raise (footer statistics that are not UTF-8 surface as UnicodeError):
@@ -73,9 +78,13 @@ class FileIO:
     storage_options: dict[str, str] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def from_uri(cls, uri: str, fs: pafs.FileSystem | None = None,
-                 storage_options: Mapping[str, Any] | None = None,
-                 commit_lock: CommitLock | None = None) -> "FileIO":
+    def from_uri(
+        cls,
+        uri: str,
+        fs: pafs.FileSystem | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        commit_lock: CommitLock | None = None,
+    ) -> "FileIO":
         """Resolve a table URI (or a path inside an injected filesystem) to a FileIO.
 
         storage_options (endpoint, region, credentials, allow_http, ...) configure both pyarrow and, on S3, GCS and
@@ -96,12 +105,20 @@ class FileIO:
             raise InvalidInputError(f"cannot open table URI {uri!r}: {exc}") from exc
         scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
         root = path.rstrip("/") or "/"
-        conditional = ConditionalPut(scheme, root, options) if scheme in CONDITIONAL_PUT_SCHEMES and \
-            commit_lock is None else None
+        conditional = (
+            ConditionalPut(scheme, root, options) if scheme in CONDITIONAL_PUT_SCHEMES and commit_lock is None else None
+        )
         full = f"{scheme}://{root}" if scheme and scheme != "file" else root
         endpoint = endpoint_url(options) or ""
-        return cls(fs=resolved, root=root, conditional_put=conditional, commit_lock=commit_lock,
-                   endpoint=endpoint, uri=full, storage_options=options | ({"endpoint": endpoint} if endpoint else {}))
+        return cls(
+            fs=resolved,
+            root=root,
+            conditional_put=conditional,
+            commit_lock=commit_lock,
+            endpoint=endpoint,
+            uri=full,
+            storage_options=options | ({"endpoint": endpoint} if endpoint else {}),
+        )
 
     @property
     def exclusive_create(self) -> str:
@@ -125,8 +142,14 @@ class FileIO:
         self._real_root: str | None = None  # the local root with symlinks resolved, once
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"fs": self.fs, "root": self.root, "conditional_put": self.conditional_put,
-                "commit_lock": self.commit_lock, "endpoint": self.endpoint, "uri": self.uri}
+        return {
+            "fs": self.fs,
+            "root": self.root,
+            "conditional_put": self.conditional_put,
+            "commit_lock": self.commit_lock,
+            "endpoint": self.endpoint,
+            "uri": self.uri,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.fs = state["fs"]
@@ -184,12 +207,14 @@ class FileIO:
         except OSError as exc:
             raise CorruptFileError(f"cannot read {what} {where}: {exc}") from exc
         if data.size != size:
-            raise CorruptFileError(f"{what} {where} has {data.size} bytes but its commit recorded {size} "
-                                   "(truncated or overwritten)")
+            raise CorruptFileError(
+                f"{what} {where} has {data.size} bytes but its commit recorded {size} (truncated or overwritten)"
+            )
         actual = file_checksum(data)
         if actual != checksum:
-            raise CorruptFileError(f"{what} {where} fails its checksum ({actual}, commit recorded {checksum}): "
-                                   "the file is damaged")
+            raise CorruptFileError(
+                f"{what} {where} fails its checksum ({actual}, commit recorded {checksum}): the file is damaged"
+            )
         return data
 
     def size(self, rel: str) -> int:
@@ -231,7 +256,7 @@ class FileIO:
         for info in self.fs.get_file_info(selector):
             if info.type != pafs.FileType.File:
                 continue
-            rel = info.path[len(prefix):] if info.path.startswith(prefix) else info.path
+            rel = info.path[len(prefix) :] if info.path.startswith(prefix) else info.path
             mtime = info.mtime_ns
             out.append(FileEntry(rel, info.size or 0, None if mtime is None else mtime // 1_000_000))
         return sorted(out, key=lambda e: e.path)
@@ -240,8 +265,11 @@ class FileIO:
         """Size and modification time of given files in one `get_file_info` call (a stat or HEAD per path, no
         listing); missing files are absent from the result."""
         infos = self.fs.get_file_info([self.path(rel) for rel in rels]) if rels else []
-        return {rel: FileEntry(rel, info.size or 0, None if info.mtime_ns is None else info.mtime_ns // 1_000_000)
-                for rel, info in zip(rels, infos) if info.type == pafs.FileType.File}
+        return {
+            rel: FileEntry(rel, info.size or 0, None if info.mtime_ns is None else info.mtime_ns // 1_000_000)
+            for rel, info in zip(rels, infos)
+            if info.type == pafs.FileType.File
+        }
 
     # ---- writes ------------------------------------------------------------------------------------------
     def makedirs(self, rel_dir: str) -> None:
@@ -314,10 +342,12 @@ class FileIO:
             self._real_root = root
             target = os.path.realpath(os.path.join(self._local_root, rel))
             if os.path.commonpath([root, target]) != root:
-                raise CorruptFileError(f"refusing to {action} {rel!r}: it resolves to {target}, outside the table "
-                                       f"{root} (a directory on the way is a symlink out of the table): replace the "
-                                       "symlink by a real directory inside the table (move the files it points to "
-                                       "there)")
+                raise CorruptFileError(
+                    f"refusing to {action} {rel!r}: it resolves to {target}, outside the table "
+                    f"{root} (a directory on the way is a symlink out of the table): replace the "
+                    "symlink by a real directory inside the table (move the files it points to "
+                    "there)"
+                )
         return rel
 
     def delete(self, rel: str) -> bool:
@@ -332,8 +362,12 @@ class FileIO:
             text = str(exc).lower()
             # A name too long for the filesystem names a file that cannot exist (a write refused it): nothing to
             # delete, and a rollback or sweep naming it must not fail for ever.
-            if "not found" in text or "no such file" in text or "name too long" in text \
-                    or getattr(exc, "errno", None) == errno.ENAMETOOLONG:
+            if (
+                "not found" in text
+                or "no such file" in text
+                or "name too long" in text
+                or getattr(exc, "errno", None) == errno.ENAMETOOLONG
+            ):
                 return False
             raise
 

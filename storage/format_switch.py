@@ -4,6 +4,7 @@ exactly the seq table.json names, and taking the switch back when a format-3 wri
 Every open of a format-4 table calls `finish_upgrade` (a crash may have cut an upgrade short between the switch and
 the publish), so this lives on the table's own floor; the upgrade itself (`dbidx upgrade`) is table/upgrade.py.
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -37,19 +38,23 @@ def finish_upgrade(io: FileIO, props: TableProperties) -> bool:
         return False  # the upgrading process published and removed it meanwhile
     record = CompletedInstant.from_json(staged, where)
     if record.seq != seq or record.action != ACTION_UPGRADE or record.table_id != props.table_id:
-        raise CorruptFileError(f"{where} is not the upgrade record table.json names (seq {seq}): restore table.json "
-                               "from a backup or remove the staged record and run `dbidx upgrade URI` again")
+        raise CorruptFileError(
+            f"{where} is not the upgrade record table.json names (seq {seq}): restore table.json "
+            "from a backup or remove the staged record and run `dbidx upgrade URI` again"
+        )
     # 1. The seq is taken: by the upgrade itself (the staged copy is left over), or by a format-3 writer.
     if io.exists(layout.completed_file(seq)):
-        there = CompletedInstant.from_json(io.read_bytes(layout.completed_file(seq)),
-                                           io.path(layout.completed_file(seq)), legacy=True)
+        there = CompletedInstant.from_json(
+            io.read_bytes(layout.completed_file(seq)), io.path(layout.completed_file(seq)), legacy=True
+        )
         if there.action == ACTION_UPGRADE and there.instant == record.instant:
             io.delete(STAGED_RECORD)
             return False
         revert(io, properties_json(replace(props, format_version=UPGRADE_FROM, upgraded_at_seq=0)), record)
         raise FormatUpgradeError(
             f"a format-3 writer committed seq {seq} to {io.root} while it was being upgraded: the table is format 3 "
-            "again; stop every writer of the table and run `dbidx upgrade URI` again")
+            "again; stop every writer of the table and run `dbidx upgrade URI` again"
+        )
     # 2. Not taken: publish it.
     timeline = Timeline(io, props.table_id)
     timeline.legacy_upto = seq - 1
@@ -77,11 +82,13 @@ def revert(io: FileIO, format3_json: bytes, record: CompletedInstant) -> None:
 def publish(timeline: Timeline, started: StartedInstant, record: CompletedInstant) -> None:
     """Publish the upgrade record at exactly its seq; another record there is a format-3 writer that committed
     during the upgrade (FormatUpgradeError, nothing published)."""
+
     def build(seq: int) -> CompletedInstant:
         if seq != record.seq:
             raise FormatUpgradeError(
                 f"a writer committed seq {record.seq} to {timeline.io.root} while it was being upgraded: the table "
-                "stays in format 3; stop every writer of the table and run `dbidx upgrade URI` again")
+                "stays in format 3; stop every writer of the table and run `dbidx upgrade URI` again"
+            )
         return record
 
     try:
@@ -90,6 +97,8 @@ def publish(timeline: Timeline, started: StartedInstant, record: CompletedInstan
         mine = timeline.record_of(record.instant)
         if mine is None or mine.action != ACTION_UPGRADE or mine.seq != record.seq:
             # rolled back (e.g. by an older dbidx that took it for a dead writer's instant): not published
-            raise FormatUpgradeError(f"the upgrade's instant {record.instant} of {timeline.io.root} was rolled back "
-                                     "by another process: the table stays in format 3; run `dbidx upgrade URI` "
-                                     "again") from exc
+            raise FormatUpgradeError(
+                f"the upgrade's instant {record.instant} of {timeline.io.root} was rolled back "
+                "by another process: the table stays in format 3; run `dbidx upgrade URI` "
+                "again"
+            ) from exc

@@ -11,6 +11,7 @@ the next completion, and that writer's publish then refuses (InstantStateError).
 needless failures rare. The file says its own interval, so readers need no configuration; its time is the writer's
 clock (clocks of the writers and cleaners must agree within an interval or so, as for Hudi's).
 """
+
 from __future__ import annotations
 
 import json
@@ -61,8 +62,12 @@ def read_heartbeat(io: FileIO, instant: str, now_ms: float | None = None) -> Hea
     renewed, interval = data.get("renewed_at_ms"), data.get("interval_s")
     if not isinstance(renewed, int) or isinstance(renewed, bool) or renewed <= 0:
         return None
-    if not isinstance(interval, (int, float)) or isinstance(interval, bool) or not math.isfinite(interval) \
-            or not MIN_INTERVAL_S <= interval <= MAX_INTERVAL_S:
+    if (
+        not isinstance(interval, (int, float))
+        or isinstance(interval, bool)
+        or not math.isfinite(interval)
+        or not MIN_INTERVAL_S <= interval <= MAX_INTERVAL_S
+    ):
         return None
     now_ms = time.time() * 1000 if now_ms is None else now_ms
     return HeartbeatState(renewed, float(interval), round(max(0.0, (now_ms - renewed) / 1000), 1))
@@ -71,8 +76,9 @@ def read_heartbeat(io: FileIO, instant: str, now_ms: float | None = None) -> Hea
 class Heartbeat:
     """The writer's side: writes the heartbeat at once, then renews it from a daemon thread until stopped."""
 
-    def __init__(self, io: FileIO, instant: str, interval_s: float = DEFAULT_INTERVAL_S,
-                 claim: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self, io: FileIO, instant: str, interval_s: float = DEFAULT_INTERVAL_S, claim: Mapping[str, Any] | None = None
+    ) -> None:
         if not MIN_INTERVAL_S <= interval_s <= MAX_INTERVAL_S:
             raise ValueError(f"heartbeat interval {interval_s} s is outside [{MIN_INTERVAL_S}, {MAX_INTERVAL_S}]")
         self.io, self.instant, self.interval_s = io, instant, float(interval_s)
@@ -94,17 +100,22 @@ class Heartbeat:
         #    is gone then, and a renewed heartbeat would only be a leftover.
         while not self._stop.wait(self.interval_s):
             try:
-                if not self.io.exists(layout.requested_file(self.instant)) \
-                        and not self.io.exists(layout.inflight_file(self.instant)):
+                if not self.io.exists(layout.requested_file(self.instant)) and not self.io.exists(
+                    layout.inflight_file(self.instant)
+                ):
                     return
                 self._beat()
                 self._failures = 0
             except Exception as exc:  # noqa: BLE001 - a missed beat is retried; many in a row are reported once
                 self._failures += 1
                 if self._failures == EXPIRY_INTERVALS // 2:
-                    warnings.warn(f"instant {self.instant}: its heartbeat could not be renewed {self._failures} "
-                                  f"times in a row ({exc}); other processes will take the instant for abandoned "
-                                  "and roll it back if this goes on", RuntimeWarning, stacklevel=1)
+                    warnings.warn(
+                        f"instant {self.instant}: its heartbeat could not be renewed {self._failures} "
+                        f"times in a row ({exc}); other processes will take the instant for abandoned "
+                        "and roll it back if this goes on",
+                        RuntimeWarning,
+                        stacklevel=1,
+                    )
 
     def stop(self, delete: bool = True) -> None:
         """Stop renewing (and wait for a beat in progress), then delete the file unless `delete` is False (an

@@ -11,6 +11,7 @@ Layout: `timeline/floor/<F:012d>.floor`, created exclusively and never changed; 
 Encoding: the checkpoint encoding (zstd, canonical JSON, XXH64 checksum, format, table id; docs/FORMAT.md 7a).
 Older dbidx never lists this folder: reading below the floor, it reports the gap (CorruptFileError) - loud.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -44,15 +45,24 @@ class HistoryFloor:
         return HistoryCompactedError(
             f"{what} needs completion records up to seq {self.seq}, which archive retention expired on purpose "
             f"({SETTING} = {self.retention_ms} ms; floor {self.where}); the history kept starts at seq "
-            f"{self.seq + 1}. A cache reloads instead; time travel and history reach back to seq {self.seq} at most")
+            f"{self.seq + 1}. A cache reloads instead; time travel and history reach back to seq {self.seq} at most"
+        )
 
 
 def write_floor(io: FileIO, table_id: str, floor: HistoryFloor) -> bool:
     """Create the floor file of floor.seq exclusively; False if it exists (another expirer wrote the same state)."""
-    payload = {"format": checkpoint.CHECKPOINT_FORMAT, "table_id": table_id, "seq": floor.seq,
-               "max_instant": floor.max_instant, "expired_at_ms": floor.expired_at_ms,
-               "retention_ms": floor.retention_ms, "newest_expired_ms": floor.newest_expired_ms,
-               "setting": SETTING, "index": floor.index, "data": floor.data}
+    payload = {
+        "format": checkpoint.CHECKPOINT_FORMAT,
+        "table_id": table_id,
+        "seq": floor.seq,
+        "max_instant": floor.max_instant,
+        "expired_at_ms": floor.expired_at_ms,
+        "retention_ms": floor.retention_ms,
+        "newest_expired_ms": floor.newest_expired_ms,
+        "setting": SETTING,
+        "index": floor.index,
+        "data": floor.data,
+    }
     return io.create_exclusive(floor_file(floor.seq), checkpoint.seal(payload))
 
 
@@ -71,10 +81,16 @@ def read_floor(io: FileIO, seq: int, table_id: str) -> HistoryFloor:
         for name in ("index", "data"):
             if not isinstance(data[name], dict):
                 raise FieldError(f"{name} is not an object")
-        return HistoryFloor(seq, max_instant, parse_int(data["expired_at_ms"], "expired_at_ms", 0),
-                            parse_int(data["retention_ms"], "retention_ms", 0),
-                            parse_int(data["newest_expired_ms"], "newest_expired_ms", 0),
-                            data["index"], data["data"], where)
+        return HistoryFloor(
+            seq,
+            max_instant,
+            parse_int(data["expired_at_ms"], "expired_at_ms", 0),
+            parse_int(data["retention_ms"], "retention_ms", 0),
+            parse_int(data["newest_expired_ms"], "newest_expired_ms", 0),
+            data["index"],
+            data["data"],
+            where,
+        )
     except FieldError as exc:
         raise CorruptFileError(f"history floor {where} is not valid: {exc}") from exc
 

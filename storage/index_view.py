@@ -3,6 +3,7 @@
 Built by replaying completion records in order (deltas add files, compactions swap replaced files for a base,
 cleans mark files as physically gone), so a snapshot "as of seq S" is a pure function of the log.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
@@ -11,8 +12,18 @@ from typing import Any
 
 from dbidx.errors import CorruptFileError, HistoryCompactedError
 from dbidx.storage.records import (
-    ACTION_CLEAN, ACTION_COMPACTION, ENTRY_ACTIONS, CompletedInstant, FieldError, FileRecord,
-    parse_instant, parse_int, parse_items, parse_object, parse_order, parse_str,
+    ACTION_CLEAN,
+    ACTION_COMPACTION,
+    ENTRY_ACTIONS,
+    CompletedInstant,
+    FieldError,
+    FileRecord,
+    parse_instant,
+    parse_int,
+    parse_items,
+    parse_object,
+    parse_order,
+    parse_str,
 )
 
 GroupKey = tuple[str | None, int]  # (partition, or None for the global index; shard)
@@ -159,15 +170,18 @@ class IndexView:
         if upto < self.history_floor:
             raise HistoryCompactedError(
                 f"a read as of seq {upto} needs index files a clean removed before seq {self.history_floor} (the "
-                "table was opened from a checkpoint past them); read a newer snapshot (caches reload the partition)")
+                "table was opened from a checkpoint past them); read a newer snapshot (caches reload the partition)"
+            )
         floor = self._group_floors.get((partition, shard), 0)
         if upto < floor:
             raise HistoryCompactedError(
                 f"a read of {'the global index' if partition is None else repr(partition)}, shard {shard} as of seq "
                 f"{upto} needs index files that a compaction replaced (by seq {floor}) and a clean removed since; "
-                "read a newer snapshot (caches reload the partition)")
+                "read a newer snapshot (caches reload the partition)"
+            )
         live = [
-            a for a in self._groups.get((partition, shard), [])
+            a
+            for a in self._groups.get((partition, shard), [])
             if a.seq <= upto and (a.replaced_at is None or a.replaced_at > upto)
         ]
         for a in live:
@@ -202,12 +216,14 @@ class IndexView:
             raise HistoryCompactedError(
                 f"incremental read ({after_seq}, {upto_seq}] reaches back before seq {self.history_floor}, whose "
                 "replaced files a clean removed (the table was opened from a checkpoint past them); reload from a "
-                "snapshot instead")
+                "snapshot instead"
+            )
         if strict and after_seq < self._delta_floor:
             raise HistoryCompactedError(
                 f"incremental read ({after_seq}, {upto_seq}] reaches back before seq {self._delta_floor}, which "
                 "published a delta file that a compaction replaced and a clean removed since; reload from a snapshot "
-                "instead")
+                "instead"
+            )
         out = []
         for added in self._by_path.values():
             if after_seq < added.seq <= upto_seq and added.record.kind == "delta":
@@ -222,7 +238,8 @@ class IndexView:
     def replaced_files(self, upto_seq: int) -> list[tuple[str, int]]:
         """(path, replacing compaction seq) of files replaced at or before upto_seq and not cleaned yet."""
         return sorted(
-            (path, a.replaced_at) for path, a in self._by_path.items()
+            (path, a.replaced_at)
+            for path, a in self._by_path.items()
             if a.replaced_at is not None and a.replaced_at <= upto_seq and path not in self._cleaned
         )
 
@@ -242,10 +259,21 @@ class IndexView:
             if a.replaced_at is not None and path in self._cleaned:
                 floor = max(floor, a.replaced_at)
                 continue
-            files.append({"file": asdict(a.record), "seq": a.seq, "order": list(a.order),
-                          "replaced_at": a.replaced_at, "cleaned_at": self._cleaned.get(path)})
-        return {"applied_seq": self.applied_seq, "history_floor": floor, "files": files,
-                "stats": [asdict(self._stats[p]) for p in sorted(self._stats)]}
+            files.append(
+                {
+                    "file": asdict(a.record),
+                    "seq": a.seq,
+                    "order": list(a.order),
+                    "replaced_at": a.replaced_at,
+                    "cleaned_at": self._cleaned.get(path),
+                }
+            )
+        return {
+            "applied_seq": self.applied_seq,
+            "history_floor": floor,
+            "files": files,
+            "stats": [asdict(self._stats[p]) for p in sorted(self._stats)],
+        }
 
     @classmethod
     def from_dict(cls, data: Any, where: str) -> "IndexView":
@@ -259,22 +287,28 @@ class IndexView:
                 name = f"index.files[{i}]"
                 e = parse_object(item, name, {"file", "seq", "order", "replaced_at", "cleaned_at"})
                 replaced_at = None if e["replaced_at"] is None else parse_int(e["replaced_at"], f"{name}.replaced_at")
-                added = _Added(parse_int(e["seq"], f"{name}.seq", 1), FileRecord.parse(e["file"], f"{name}.file"),
-                               parse_order(e["order"], f"{name}.order"), replaced_at)
+                added = _Added(
+                    parse_int(e["seq"], f"{name}.seq", 1),
+                    FileRecord.parse(e["file"], f"{name}.file"),
+                    parse_order(e["order"], f"{name}.order"),
+                    replaced_at,
+                )
                 view._add(added)
                 if e["cleaned_at"] is not None:
                     view._cleaned[added.record.path] = parse_int(e["cleaned_at"], f"{name}.cleaned_at", 1)
             for i, item in enumerate(parse_items(d["stats"], "index.stats")):
                 name = f"index.stats[{i}]"
-                e = parse_object(item, name, {"partition", "last_instant", "last_commit_ms", "live_keys",
-                                              "bucket_fills"})
+                e = parse_object(
+                    item, name, {"partition", "last_instant", "last_commit_ms", "live_keys", "bucket_fills"}
+                )
                 fills = parse_object(e["bucket_fills"], f"{name}.bucket_fills", set(e["bucket_fills"] or {}))
-                stats = PartitionStats(parse_str(e["partition"], f"{name}.partition"),
-                                       parse_instant(e["last_instant"], f"{name}.last_instant"),
-                                       parse_int(e["last_commit_ms"], f"{name}.last_commit_ms"),
-                                       parse_int(e["live_keys"], f"{name}.live_keys", -(2 ** 62)),
-                                       {fg: parse_int(n, f"{name}.bucket_fills", -(2 ** 62))
-                                        for fg, n in fills.items()})
+                stats = PartitionStats(
+                    parse_str(e["partition"], f"{name}.partition"),
+                    parse_instant(e["last_instant"], f"{name}.last_instant"),
+                    parse_int(e["last_commit_ms"], f"{name}.last_commit_ms"),
+                    parse_int(e["live_keys"], f"{name}.live_keys", -(2**62)),
+                    {fg: parse_int(n, f"{name}.bucket_fills", -(2**62)) for fg, n in fills.items()},
+                )
                 view._stats[stats.partition] = stats
             return view
         except (FieldError, ValueError, TypeError) as exc:

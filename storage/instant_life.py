@@ -19,6 +19,7 @@ than a block. Two instants live otherwise, on purpose: an absorb's claims (table
 engine's versions at exact seqs) and the format upgrade's (table/upgrade.py: never rolled back into a format-3 log;
 a crashed run's instant is discarded by the next run, a lost race reverted).
 """
+
 from __future__ import annotations
 
 from types import TracebackType
@@ -62,8 +63,9 @@ class InstantLife:
     def __enter__(self) -> "InstantLife":
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if exc is None:
             self.finish()
         else:
@@ -76,9 +78,12 @@ class InstantLife:
         self.planned = tuple(sorted(set(files)))
         self.timeline.mark_inflight(self.started, self.planned)
 
-    def publish(self, build: Callable[[int], CompletedInstant],
-                check: Callable[[list[CompletedInstant]], None] | None = None,
-                keep_claim: bool = False) -> CompletedInstant:
+    def publish(
+        self,
+        build: Callable[[int], CompletedInstant],
+        check: Callable[[list[CompletedInstant]], None] | None = None,
+        keep_claim: bool = False,
+    ) -> CompletedInstant:
         """Publish the instant's completion record (Timeline.publish: `check` over what completed meanwhile, `build`
         the record for a seq, `keep_claim` for a caller with work left after the publish)."""
         if self.ended or self.record is not None:

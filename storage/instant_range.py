@@ -13,6 +13,7 @@ kinds of source, three answers:
 
 `verify` reports the last two (exit 4); the writer's error names them and the fix.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -40,31 +41,48 @@ def sources(io: FileIO, timeline: Any) -> list[dict[str, str]]:
     # 1. Completion records whose own instant is out of range (the whole log kept, archived records included;
     #    records archive retention expired are gone: the newest checkpoint's max_instant still covers their ids).
     kept = getattr(timeline, "kept", None)
-    for rec in (kept() if kept is not None else timeline.completed()):
+    for rec in kept() if kept is not None else timeline.completed():
         if layout.instant_out_of_range(rec.instant):
-            found.append({"path": io.path(layout.completed_file(rec.seq)), "instant": rec.instant,
-                          "problem": f"completion record seq {rec.seq} has instant id {rec.instant}, at the end of "
-                                     "the 17-digit range (year 9999: damaged or crafted); no new instant can be "
-                                     "claimed after it: restore .dbidx/timeline from a backup"})
+            found.append(
+                {
+                    "path": io.path(layout.completed_file(rec.seq)),
+                    "instant": rec.instant,
+                    "problem": f"completion record seq {rec.seq} has instant id {rec.instant}, at the end of "
+                    "the 17-digit range (year 9999: damaged or crafted); no new instant can be "
+                    "claimed after it: restore .dbidx/timeline from a backup",
+                }
+            )
     # 2. Requested / inflight files (of ids no completion names, or left behind by a rollback record naming one).
     for name, instant in _stray_names(io):
         named = "a rollback record names" if timeline.record_of(instant) is not None else "no completion names"
-        found.append({"path": io.path(f"{layout.TIMELINE_DIR}/{name}"), "instant": instant,
-                      "problem": f"stray timeline file of instant id {instant}, at the end of the 17-digit range "
-                                 f"(year 9999: a typo or another table's id) that {named}; it stops every writer: "
-                                 "`dbidx repair URI` removes it"})
+        found.append(
+            {
+                "path": io.path(f"{layout.TIMELINE_DIR}/{name}"),
+                "instant": instant,
+                "problem": f"stray timeline file of instant id {instant}, at the end of the 17-digit range "
+                f"(year 9999: a typo or another table's id) that {named}; it stops every writer: "
+                "`dbidx repair URI` removes it",
+            }
+        )
     return found
 
 
 def allocation_error(io: FileIO, timeline: Any) -> CorruptFileError:
     """The error of a writer that cannot claim an instant: what, where (each source) and how to fix it."""
-    found = sources(io, timeline) or [{"path": io.path(layout.TIMELINE_DIR), "instant": "?",
-                                       "problem": "an instant id at the end of the 17-digit range"}]
+    found = sources(io, timeline) or [
+        {
+            "path": io.path(layout.TIMELINE_DIR),
+            "instant": "?",
+            "problem": "an instant id at the end of the 17-digit range",
+        }
+    ]
     listed = "; ".join(f"{s['path']}: {s['problem']}" for s in found[:5])
     more = f" (and {len(found) - 5} more)" if len(found) > 5 else ""
-    return CorruptFileError(f"no new instant can be claimed on {io.path('')}: the timeline names an instant id at the "
-                            f"end of the 17-digit range. {listed}{more}. `dbidx verify URI` lists every "
-                            "such id")
+    return CorruptFileError(
+        f"no new instant can be claimed on {io.path('')}: the timeline names an instant id at the "
+        f"end of the 17-digit range. {listed}{more}. `dbidx verify URI` lists every "
+        "such id"
+    )
 
 
 def remove_strays(io: FileIO, timeline: Any) -> list[str]:

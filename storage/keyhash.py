@@ -9,6 +9,7 @@ own as a sign-extended 32-bit word.
 The vectorized path works on the Arrow string buffers with numpy: one pass per 4-byte word position across all
 keys at once, so the cost is ~ (max key length / 4) numpy passes per batch, not a Python call per key.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -55,7 +56,7 @@ def spark_hash_one(key: str) -> int:
     aligned = len(data) - len(data) % 4
     h1 = SEED
     for i in range(0, aligned, 4):
-        h1 = _mix_h1(h1, _mix_k1(int.from_bytes(data[i:i + 4], "little")))
+        h1 = _mix_h1(h1, _mix_k1(int.from_bytes(data[i : i + 4], "little")))
     for b in data[aligned:]:
         h1 = _mix_h1(h1, _mix_k1((b - 256 if b > 127 else b) & _MASK))
     h = _fmix(h1, len(data))
@@ -122,7 +123,7 @@ def _hash_chunk(keys: pa.Array) -> np.ndarray:
         uniform = n > 0 and bool(lengths.min() == lengths.max())
         if uniform and max_words:
             block = raw.reshape(n, int(lengths[0]))
-            words = np.ascontiguousarray(block[:, :4 * max_words].view("<u4").T)  # word positions as rows
+            words = np.ascontiguousarray(block[:, : 4 * max_words].view("<u4").T)  # word positions as rows
             for w in range(max_words):
                 mix_in_place(h1, words[w])
         if not uniform:
@@ -131,9 +132,12 @@ def _hash_chunk(keys: pa.Array) -> np.ndarray:
         for w in range(0 if uniform else max_words):
             active = np.nonzero(aligned > 4 * w)[0]
             pos = starts[active] + 4 * w
-            word = (data[pos].astype(np.uint32) | (data[pos + 1].astype(np.uint32) << np.uint32(8))
-                    | (data[pos + 2].astype(np.uint32) << np.uint32(16))
-                    | (data[pos + 3].astype(np.uint32) << np.uint32(24)))
+            word = (
+                data[pos].astype(np.uint32)
+                | (data[pos + 1].astype(np.uint32) << np.uint32(8))
+                | (data[pos + 2].astype(np.uint32) << np.uint32(16))
+                | (data[pos + 3].astype(np.uint32) << np.uint32(24))
+            )
             h1[active] = mix(h1[active], word)
         # 2. Up to three tail bytes, each mixed alone as a sign-extended byte (Spark's quirk).
         for t in range(3):

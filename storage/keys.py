@@ -7,6 +7,7 @@ non-string elements (bytes, numbers, NaN, None), strings that are not valid UTF-
 keys. The error names the first bad key and its position. Why so strict: a key that is silently converted (bytes to
 text, 1 to "1", NaN to "nan") can look up or overwrite another record.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -25,8 +26,10 @@ def normalize_keys(keys: Any, what: str = "key") -> pa.Array:
     """Validate record keys and return them as one Arrow string array (raises InvalidKeyError)."""
     # 1. A single string or bytes value where a collection is expected.
     if isinstance(keys, _SCALARS):
-        raise InvalidKeyError(f"{what}s must be a list of keys, got a single {type(keys).__name__} {keys!r:.80}; "
-                              f"pass a list, e.g. [{keys!r:.40}]")
+        raise InvalidKeyError(
+            f"{what}s must be a list of keys, got a single {type(keys).__name__} {keys!r:.80}; "
+            f"pass a list, e.g. [{keys!r:.40}]"
+        )
     # 2. Arrow input: a string type, no nulls, no empty values.
     if isinstance(keys, pa.ChunkedArray):
         keys = one_chunk(keys)
@@ -34,8 +37,10 @@ def normalize_keys(keys: Any, what: str = "key") -> pa.Array:
         if pa.types.is_large_string(keys.type):
             keys = keys.cast(pa.string())
         if not pa.types.is_string(keys.type):
-            raise InvalidKeyError(f"{what}s must be strings, got an Arrow array of type {keys.type}; cast the "
-                                  "column to string first if its values are meant as text")
+            raise InvalidKeyError(
+                f"{what}s must be strings, got an Arrow array of type {keys.type}; cast the "
+                "column to string first if its values are meant as text"
+            )
         return _check_values(keys, what)
     # 3. Python (or numpy) collections: every element must be a str that encodes as UTF-8.
     if isinstance(keys, np.ndarray) and keys.dtype.kind not in "OU":
@@ -55,8 +60,9 @@ def normalize_keys(keys: Any, what: str = "key") -> pa.Array:
             try:
                 key.encode("utf-8")
             except UnicodeEncodeError as exc:
-                raise InvalidKeyError(f"{what} at position {i} ({key!r:.80}) is not valid UTF-8 text: {exc.reason}"
-                                      ) from exc
+                raise InvalidKeyError(
+                    f"{what} at position {i} ({key!r:.80}) is not valid UTF-8 text: {exc.reason}"
+                ) from exc
         raise
     return _check_values(array, what)
 
@@ -67,8 +73,9 @@ def _check_values(array: pa.Array, what: str) -> pa.Array:
     if len(array):
         empty = pc.equal(pc.binary_length(array), 0)
         if pc.any(empty).as_py():
-            raise InvalidKeyError(f"{what} at position {pc.index(empty, True).as_py()} is empty; every record "
-                                  "needs a non-empty key")
+            raise InvalidKeyError(
+                f"{what} at position {pc.index(empty, True).as_py()} is empty; every record needs a non-empty key"
+            )
     return array
 
 
@@ -83,12 +90,12 @@ def _describe(value: Any) -> str:
 # ---- key columns --------------------------------------------------------------------------------------------
 # Kinds of column type that are no record key: why each is refused, and the way out (every message names both).
 _UNFIT_KEYS = {
-    "floating": "a floating-point key is not exact (1.0 would become the key \"1\", NaN the key \"nan\", and two "
-                "floats that print alike would be one record); cast it to an integer, decimal or string column first",
-    "boolean": "a boolean key holds two records at most (every row would be record \"true\" or \"false\"); key the "
-               "table by a column that identifies each record (integer, decimal, date or string)",
+    "floating": 'a floating-point key is not exact (1.0 would become the key "1", NaN the key "nan", and two '
+    "floats that print alike would be one record); cast it to an integer, decimal or string column first",
+    "boolean": 'a boolean key holds two records at most (every row would be record "true" or "false"); key the '
+    "table by a column that identifies each record (integer, decimal, date or string)",
     "nested": "a list, struct or map key has no exact text form; key the table by one integer, decimal, date or "
-              "string column (for a composite key, join its fields into one string column first)",
+    "string column (for a composite key, join its fields into one string column first)",
 }
 
 

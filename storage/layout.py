@@ -2,6 +2,7 @@
 
 Pure functions only: no I/O, so the layout can be unit-tested and documented in docs/FORMAT.md line by line.
 """
+
 from __future__ import annotations
 
 import re
@@ -45,9 +46,11 @@ def validate_partition(partition: object) -> str:
         return partition
     control = _CONTROL.search(partition)
     if control:
-        raise InvalidPartitionError(f"partition path {partition!r} contains the control character "
-                                    f"{control.group(0)!r} at position {control.start()}; partition values must be "
-                                    "printable (a newline or tab would become part of a directory name)")
+        raise InvalidPartitionError(
+            f"partition path {partition!r} contains the control character "
+            f"{control.group(0)!r} at position {control.start()}; partition values must be "
+            "printable (a newline or tab would become part of a directory name)"
+        )
     if partition.startswith("/") or re.match(r"^[A-Za-z]:", partition):
         raise InvalidPartitionError(f"partition path {partition!r} is absolute; use a path relative to the table")
     if "\\" in partition:
@@ -62,10 +65,12 @@ def validate_partition(partition: object) -> str:
             raise InvalidPartitionError(
                 f"partition path segment {segment[:40]!r}... is {len(segment.encode('utf-8'))} bytes long; a "
                 f"directory name holds at most {MAX_SEGMENT_BYTES} bytes on common filesystems, so no file could be "
-                "written there: shorten or hash the partition value before the upsert")
+                "written there: shorten or hash the partition value before the upsert"
+            )
     if META_DIR in segments:
-        raise InvalidPartitionError(f"partition path {partition!r} has a {META_DIR!r} segment, the name of the "
-                                    "metadata folder")
+        raise InvalidPartitionError(
+            f"partition path {partition!r} has a {META_DIR!r} segment, the name of the metadata folder"
+        )
     return partition
 
 
@@ -89,11 +94,13 @@ def validate_instant_file(rel: object, instant: str) -> str:
     id, and either an index file under `.dbidx/rli/` or a data file outside `.dbidx/`. Never the table's metadata."""
     path = validate_table_path(rel)
     name = path.rsplit("/", 1)[-1]
-    if name.startswith("deletion_vector_") and path in (name, f"{DV_DIR}/{name}") and \
-            name.replace("-", "")[16:33] == instant:
+    if (
+        name.startswith("deletion_vector_")
+        and path in (name, f"{DV_DIR}/{name}")
+        and name.replace("-", "")[16:33] == instant
+    ):
         return path  # a DV file (Delta names it by a uuid, whose first 17 hex digits are the instant's id)
-    if instant not in name or (path.startswith(META_DIR + "/") and
-                                                  not path.startswith(RLI_DIR + "/")):
+    if instant not in name or (path.startswith(META_DIR + "/") and not path.startswith(RLI_DIR + "/")):
         raise InvalidInputError(f"file path {path!r} is not a file instant {instant} can have written")
     return path
 
@@ -121,7 +128,7 @@ def partition_dir_name(partition: str) -> str:
     if len(encoded) <= _MAX_DIR_NAME:
         return encoded
     digest = xxhash.xxh64_hexdigest(partition.encode("utf-8"))
-    return f"{encoded[:_MAX_DIR_NAME - 18]}~{digest}"
+    return f"{encoded[: _MAX_DIR_NAME - 18]}~{digest}"
 
 
 def rli_dir(partition: str | None, shard: int) -> str:
@@ -221,7 +228,7 @@ def now_instant() -> int:
 
 # No clock reaches year 9999: an instant id from there on is a typo or a crafted id (issue 29), and allocation (+1 on
 # the largest id known) could never get back below it, so such ids are refused, reported and repaired.
-FIRST_OUT_OF_RANGE = 9999 * 10 ** 13
+FIRST_OUT_OF_RANGE = 9999 * 10**13
 
 
 def instant_out_of_range(instant: str | int) -> bool:
@@ -253,6 +260,6 @@ def hive_values(partition: str, columns: list[str]) -> dict[str, str]:
     if not partition:
         return {}
     if len(columns) == 1 and partition.startswith(columns[0] + "="):
-        return {columns[0]: partition[len(columns[0]) + 1:]}
+        return {columns[0]: partition[len(columns[0]) + 1 :]}
     values = dict(seg.split("=", 1) for seg in partition.split("/") if "=" in seg)
     return {c: values[c] for c in columns if c in values}

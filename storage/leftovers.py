@@ -22,6 +22,7 @@ unfinished instants of writers that are gone (`rolled_back`), as every upsert do
 sweep takes only files older than `min_age_s`, so that a live writer's temp file (seconds old) is never taken from
 under it.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,7 +39,11 @@ from dbidx.storage.fileio import FileIO
 from dbidx.storage.heartbeat import read_heartbeat
 from dbidx.storage.pending import pending_attempts, roll_back_abandoned
 from dbidx.storage.records import (
-    ACTION_ABSORB, ACTION_CLEAN, ACTION_COMPACTION, ACTION_DATA_COMPACTION, CompletedInstant,
+    ACTION_ABSORB,
+    ACTION_CLEAN,
+    ACTION_COMPACTION,
+    ACTION_DATA_COMPACTION,
+    CompletedInstant,
 )
 
 TEMP_PREFIX = ".tmp-"
@@ -62,9 +67,13 @@ class SweepReport:
 
     def counts(self) -> dict[str, int]:
         """Per category, how many files (instants for rolled_back) the sweep took: what `dbidx repair` prints."""
-        return {"settled_files": len(self.settled_files), "timeline_files": len(self.timeline_files),
-                "temp_files": len(self.temp_files), "cleaned_files": len(self.cleaned_files),
-                "rolled_back": len(self.rolled_back)}
+        return {
+            "settled_files": len(self.settled_files),
+            "timeline_files": len(self.timeline_files),
+            "temp_files": len(self.temp_files),
+            "cleaned_files": len(self.cleaned_files),
+            "rolled_back": len(self.rolled_back),
+        }
 
 
 def settled_files(record: Any) -> set[str] | None:
@@ -111,7 +120,7 @@ def sweep_settled(io: FileIO, timeline: Any, report: SweepReport | None = None) 
     # 3. Heartbeats of settled instants, and expired ones of instants with no claim left (their writer was renewing
     #    while a rollback took the claim away).
     for name in io.list_names(layout.HEARTBEAT_DIR):
-        instant = name[:-len(".json")] if name.endswith(".json") else ""
+        instant = name[: -len(".json")] if name.endswith(".json") else ""
         if not layout.is_instant(instant):
             continue
         # The record (in memory) first: a running writer's heartbeat costs no read here.
@@ -129,8 +138,14 @@ def _stale(io: FileIO, instant: str) -> bool:
     return beat is None or beat.expired
 
 
-def finish_cleans(io: FileIO, timeline: Any, cleans: list[CompletedInstant], referenced: set[str],
-                  report: SweepReport, listed_only: bool = False) -> SweepReport:
+def finish_cleans(
+    io: FileIO,
+    timeline: Any,
+    cleans: list[CompletedInstant],
+    referenced: set[str],
+    report: SweepReport,
+    listed_only: bool = False,
+) -> SweepReport:
     """Delete the files these published clean records list that are still on storage, each only if a clean may
     delete it (`clean_may_delete`: checked against the log before the clean) and `referenced` (the current view's
     files) does not name it. listed_only: look for them with one listing per directory instead of one existence
@@ -138,8 +153,12 @@ def finish_cleans(io: FileIO, timeline: Any, cleans: list[CompletedInstant], ref
     if not cleans:
         return report
     eligible = clean_may_delete(timeline, max(c.seq for c in cleans))
-    doomed = [path for rec in sorted(cleans, key=lambda r: r.seq) for path in rec.deleted
-              if path not in referenced and eligible(path, rec.seq)]
+    doomed = [
+        path
+        for rec in sorted(cleans, key=lambda r: r.seq)
+        for path in rec.deleted
+        if path not in referenced and eligible(path, rec.seq)
+    ]
     present = _present(io, doomed) if listed_only else None
     for path in dict.fromkeys(doomed):
         try:
@@ -223,7 +242,7 @@ def sweep_staged(io: FileIO, timeline: Any, report: SweepReport | None = None) -
     directory that is empty but for a moment)."""
     report = report if report is not None else SweepReport()
     for name in io.list_names(layout.STAGED_DIR):
-        instant = name[:-len(".json")] if name.endswith(".json") else ""
+        instant = name[: -len(".json")] if name.endswith(".json") else ""
         if not layout.is_instant(instant):
             continue
         if timeline.record_of(instant) is not None or _staged_seq(io, name) <= timeline.latest_seq:
@@ -241,8 +260,9 @@ def _staged_seq(io: FileIO, name: str) -> float:
     return seq if isinstance(seq, int) and not isinstance(seq, bool) else float("inf")
 
 
-def sweep_dead_absorbs(io: FileIO, timeline: Any, min_age_s: float = DEFAULT_TEMP_AGE_S,
-                       report: SweepReport | None = None) -> SweepReport:
+def sweep_dead_absorbs(
+    io: FileIO, timeline: Any, min_age_s: float = DEFAULT_TEMP_AGE_S, report: SweepReport | None = None
+) -> SweepReport:
     """Claims of absorbing processes that died before publishing (table/absorb.py), older than min_age_s: their index
     and DV files, markers and claim. An absorb never needs a rollback record (it publishes nothing until its one
     create), and absorbing takes seconds: an hour-old unpublished absorb claim is a dead process's."""
@@ -256,8 +276,12 @@ def sweep_dead_absorbs(io: FileIO, timeline: Any, min_age_s: float = DEFAULT_TEM
             claim = json.loads(io.read_bytes(f"{layout.TIMELINE_DIR}/{name}"))
         except (ValueError, OSError):
             continue
-        if not isinstance(claim, dict) or claim.get("action") != "absorb" \
-                or not isinstance(claim.get("started_at_ms"), int) or claim["started_at_ms"] > cutoff_ms:
+        if (
+            not isinstance(claim, dict)
+            or claim.get("action") != "absorb"
+            or not isinstance(claim.get("started_at_ms"), int)
+            or claim["started_at_ms"] > cutoff_ms
+        ):
             continue
         for rel in timeline.planned_files(instant):
             if io.delete(rel):
@@ -269,8 +293,9 @@ def sweep_dead_absorbs(io: FileIO, timeline: Any, min_age_s: float = DEFAULT_TEM
     return report
 
 
-def sweep_temp_files(io: FileIO, min_age_s: float = DEFAULT_TEMP_AGE_S, report: SweepReport | None = None,
-                     now: float | None = None) -> SweepReport:
+def sweep_temp_files(
+    io: FileIO, min_age_s: float = DEFAULT_TEMP_AGE_S, report: SweepReport | None = None, now: float | None = None
+) -> SweepReport:
     """Delete every `.tmp-*` file in the table older than min_age_s (one recursive listing)."""
     report = report if report is not None else SweepReport()
     if not _has_temp_files(io):
@@ -280,8 +305,13 @@ def sweep_temp_files(io: FileIO, min_age_s: float = DEFAULT_TEMP_AGE_S, report: 
     return report
 
 
-def sweep_temp_dirs(io: FileIO, rel_dirs: Iterable[str], min_age_s: float = DEFAULT_TEMP_AGE_S,
-                    report: SweepReport | None = None, now: float | None = None) -> SweepReport:
+def sweep_temp_dirs(
+    io: FileIO,
+    rel_dirs: Iterable[str],
+    min_age_s: float = DEFAULT_TEMP_AGE_S,
+    report: SweepReport | None = None,
+    now: float | None = None,
+) -> SweepReport:
     """Delete the `.tmp-*` files older than min_age_s directly inside these table-relative directories (one
     non-recursive listing each): what an upsert runs over the directories its files went to."""
     report = report if report is not None else SweepReport()
@@ -299,8 +329,12 @@ def sweep_after_write(io: FileIO, record: Any, min_age_s: float = DEFAULT_TEMP_A
     try:
         return sweep_temp_dirs(io, record_dirs(record), min_age_s)
     except Exception as exc:  # noqa: BLE001 - clean, compaction and `dbidx repair` sweep again
-        warnings.warn(f"instant {record.instant} completed at seq {record.seq}, but sweeping old temp files of the "
-                      f"directories it wrote to failed: {exc}", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"instant {record.instant} completed at seq {record.seq}, but sweeping old temp files of the "
+            f"directories it wrote to failed: {exc}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return SweepReport()
 
 
@@ -314,21 +348,23 @@ def _has_temp_files(io: FileIO) -> bool:
     return io.is_local or io.fs.type_name == "hdfs"
 
 
-def _delete_old_temps(io: FileIO, infos: Iterable[pafs.FileInfo], min_age_s: float, report: SweepReport,
-                      now: float | None) -> None:
+def _delete_old_temps(
+    io: FileIO, infos: Iterable[pafs.FileInfo], min_age_s: float, report: SweepReport, now: float | None
+) -> None:
     cutoff = (time.time() if now is None else now) - min_age_s
     prefix = io.root.rstrip("/") + "/"
     for info in infos:
         if info.type != pafs.FileType.File or not info.base_name.startswith(TEMP_PREFIX):
             continue
         modified = info.mtime.timestamp() if info.mtime is not None else 0.0
-        rel = info.path[len(prefix):] if info.path.startswith(prefix) else info.path
+        rel = info.path[len(prefix) :] if info.path.startswith(prefix) else info.path
         if modified <= cutoff and io.delete(rel):
             report.temp_files.append(rel)
 
 
-def sweep_leftovers(io: FileIO, timeline: Any, min_age_s: float = DEFAULT_TEMP_AGE_S,
-                    all_cleans: bool = False) -> SweepReport:
+def sweep_leftovers(
+    io: FileIO, timeline: Any, min_age_s: float = DEFAULT_TEMP_AGE_S, all_cleans: bool = False
+) -> SweepReport:
     """Every sweep: unfinished instants of writers that are gone (rolled back), settled instants' leftovers (a dead
     clean's deletions finished), dead absorbs' claims, then temp files older than min_age_s; all_cleans: also every
     clean record's files still on storage (`dbidx repair`)."""

@@ -8,6 +8,7 @@ lists the files of the winning attempts only, and everything else a marker names
 all of it after a rollback). Readers only read files a completed commit lists, so an unlisted file is never visible,
 even before it is cleaned.
 """
+
 from __future__ import annotations
 
 import json
@@ -114,7 +115,8 @@ def announced_files(io: FileIO, instant: str) -> list[str]:
                 f"marker {io.path(marker_dir(instant))}/{name} of instant {instant} is not valid: {exc}. A marker only "
                 "announces a file dbidx writes, and this one names none: delete it, then run `dbidx rollback "
                 f"{io.root} --all-pending` if the instant is still pending (its writer died), else `dbidx repair "
-                f"{io.root}` to sweep what the settled instant left") from exc
+                f"{io.root}` to sweep what the settled instant left"
+            ) from exc
     return sorted(set(out))
 
 

@@ -11,6 +11,7 @@ S3, GCS and Azure, and is picklable, so Spark tasks can carry it. Data and index
 `secret_access_key`, `session_token`, `allow_http`, ...; anything not given comes from the usual environment
 variables (AWS_*, GOOGLE_*, AZURE_*), which both clients read.
 """
+
 from __future__ import annotations
 
 from typing import Any, Mapping
@@ -20,16 +21,31 @@ import pyarrow.fs as pafs
 
 from dbidx.errors import ConfigError, StoreUnavailableError
 
-CONDITIONAL_PUT_SCHEMES = {"s3": "s3", "s3a": "s3", "gs": "gs", "gcs": "gs", "az": "az", "abfs": "abfs",
-                           "abfss": "abfs"}
+CONDITIONAL_PUT_SCHEMES = {
+    "s3": "s3",
+    "s3a": "s3",
+    "gs": "gs",
+    "gcs": "gs",
+    "az": "az",
+    "abfs": "abfs",
+    "abfss": "abfs",
+}
 _OBSTORE_SCHEME = {"s3": "s3", "gs": "gs", "az": "az", "abfs": "abfs"}
 _ALIASES = {  # delta-rs style names -> one canonical name
-    "endpoint": "endpoint", "endpoint_url": "endpoint", "aws_endpoint": "endpoint", "aws_endpoint_url": "endpoint",
-    "region": "region", "aws_region": "region",
-    "access_key_id": "access_key_id", "aws_access_key_id": "access_key_id",
-    "secret_access_key": "secret_access_key", "aws_secret_access_key": "secret_access_key",
-    "session_token": "session_token", "aws_session_token": "session_token",
-    "allow_http": "allow_http", "aws_allow_http": "allow_http",
+    "endpoint": "endpoint",
+    "endpoint_url": "endpoint",
+    "aws_endpoint": "endpoint",
+    "aws_endpoint_url": "endpoint",
+    "region": "region",
+    "aws_region": "region",
+    "access_key_id": "access_key_id",
+    "aws_access_key_id": "access_key_id",
+    "secret_access_key": "secret_access_key",
+    "aws_secret_access_key": "secret_access_key",
+    "session_token": "session_token",
+    "aws_session_token": "session_token",
+    "allow_http": "allow_http",
+    "aws_allow_http": "allow_http",
 }
 
 
@@ -68,8 +84,12 @@ def pyarrow_filesystem(uri: str, options: Mapping[str, str]) -> tuple[pafs.FileS
             parsed = urlparse(endpoint)
             kwargs["endpoint_override"] = parsed.netloc
             kwargs["scheme"] = parsed.scheme
-        for ours, theirs in (("region", "region"), ("access_key_id", "access_key"),
-                             ("secret_access_key", "secret_key"), ("session_token", "session_token")):
+        for ours, theirs in (
+            ("region", "region"),
+            ("access_key_id", "access_key"),
+            ("secret_access_key", "secret_key"),
+            ("session_token", "session_token"),
+        ):
             if options.get(ours):
                 kwargs[theirs] = options[ours]
         parsed = urlparse(uri)
@@ -106,33 +126,46 @@ class ConditionalPut:
             except ImportError as exc:
                 raise ConfigError(
                     "committing to a table on an object store needs the conditional-put client obstore: "
-                    "pip install 'dbidx[object-store]' (or give the table a commit_lock)") from exc
-            config = {k: v for k, v in self.options.items() if k not in ("endpoint", "allow_http") and
-                      k not in _ALIASES.values()}
+                    "pip install 'dbidx[object-store]' (or give the table a commit_lock)"
+                ) from exc
+            config = {
+                k: v
+                for k, v in self.options.items()
+                if k not in ("endpoint", "allow_http") and k not in _ALIASES.values()
+            }
             if self.kind == "s3":
                 if endpoint_url(self.options):
                     config["aws_endpoint"] = endpoint_url(self.options)
-                for ours, theirs in (("region", "aws_region"),
-                                     ("access_key_id", "aws_access_key_id"),
-                                     ("secret_access_key", "aws_secret_access_key"),
-                                     ("session_token", "aws_session_token")):
+                for ours, theirs in (
+                    ("region", "aws_region"),
+                    ("access_key_id", "aws_access_key_id"),
+                    ("secret_access_key", "aws_secret_access_key"),
+                    ("session_token", "aws_session_token"),
+                ):
                     if self.options.get(ours):
                         config[theirs] = self.options[ours]
-            allow_http = str(endpoint_url(self.options) or "").startswith("http://") or \
-                _truthy(self.options.get("allow_http"))
+            allow_http = str(endpoint_url(self.options) or "").startswith("http://") or _truthy(
+                self.options.get("allow_http")
+            )
             try:
-                self._store = from_url(self.bucket_url, config=config or None,
-                                       client_options={"allow_http": True} if allow_http else None)
+                self._store = from_url(
+                    self.bucket_url, config=config or None, client_options={"allow_http": True} if allow_http else None
+                )
             except Exception as exc:  # obstore's errors are not OSErrors: bad keys, unknown schemes
-                raise ConfigError(f"cannot configure the conditional-put client for {self.bucket_url}: {exc} "
-                                  "(check the storage options)") from exc
+                raise ConfigError(
+                    f"cannot configure the conditional-put client for {self.bucket_url}: {exc} "
+                    "(check the storage options)"
+                ) from exc
         return self._store
 
     def create(self, rel: str, data: bytes) -> bool:
         """Put `data` at `rel` (table-relative) only if nothing is there; False if something already was."""
         import obstore
         from obstore.exceptions import (
-            AlreadyExistsError, PermissionDeniedError, PreconditionError, UnauthenticatedError,
+            AlreadyExistsError,
+            PermissionDeniedError,
+            PreconditionError,
+            UnauthenticatedError,
         )
 
         key = f"{self.prefix}/{rel}" if self.prefix else rel
@@ -143,10 +176,13 @@ class ConditionalPut:
         except (AlreadyExistsError, PreconditionError):
             return False
         except (PermissionDeniedError, UnauthenticatedError) as exc:
-            raise ConfigError(f"the object store refused the conditional put of {self.bucket_url}/{key}: {exc} "
-                              "(check the credentials in the storage options or the environment)") from exc
+            raise ConfigError(
+                f"the object store refused the conditional put of {self.bucket_url}/{key}: {exc} "
+                "(check the credentials in the storage options or the environment)"
+            ) from exc
         except BaseException as exc:
             if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit)):
                 raise
-            raise StoreUnavailableError(f"conditional put of {self.bucket_url}/{key} failed: "
-                                        f"{type(exc).__name__}: {exc}") from exc
+            raise StoreUnavailableError(
+                f"conditional put of {self.bucket_url}/{key} failed: {type(exc).__name__}: {exc}"
+            ) from exc

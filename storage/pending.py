@@ -8,6 +8,7 @@ heartbeat's expiry counts as abandoned. The next upsert rolls abandoned attempts
 `dbidx rollback --all-pending` skips live ones unless `--force`. Everything here is read back from storage: a claim
 or heartbeat file that is not what dbidx writes is shown as unknown, never trusted.
 """
+
 from __future__ import annotations
 
 import json
@@ -54,10 +55,14 @@ class PendingAttempt:
         if self.staged:
             return "its record is staged: `dbidx sync URI` publishes it if its Delta version is on storage"
         if self.abandoned:
-            return (f"its writer is gone: the next upsert rolls it back, or `dbidx rollback URI {self.instant}` "
-                    "(or `--all-pending`) now")
-        return (f"its writer started moments ago and has no heartbeat yet; if it is gone, `dbidx rollback URI "
-                f"{self.instant}`")
+            return (
+                f"its writer is gone: the next upsert rolls it back, or `dbidx rollback URI {self.instant}` "
+                "(or `--all-pending`) now"
+            )
+        return (
+            f"its writer started moments ago and has no heartbeat yet; if it is gone, `dbidx rollback URI "
+            f"{self.instant}`"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form, with the advice."""
@@ -76,19 +81,33 @@ def pending_attempts(io: FileIO, timeline: Any, with_files: bool = True) -> list
         pid = claim.get("pid")
         pid = pid if isinstance(pid, int) and not isinstance(pid, bool) else None
         host = claim.get("host") if isinstance(claim.get("host"), str) else None
-        files = sorted(set(_listed(lambda: timeline.planned_files(instant)))
-                       | set(_listed(lambda: markers.announced_files(io, instant)))) if with_files else []
+        files = (
+            sorted(
+                set(_listed(lambda: timeline.planned_files(instant)))
+                | set(_listed(lambda: markers.announced_files(io, instant)))
+            )
+            if with_files
+            else []
+        )
         tags = claim.get("tags") if isinstance(claim.get("tags"), dict) else {}
         age = None if started is None else round(max(0.0, (now_ms - started) / 1000), 1)
         beat = read_heartbeat(io, instant, now_ms)
-        out.append(PendingAttempt(
-            instant=instant, action=claim.get("action") if isinstance(claim.get("action"), str) else None,
-            host=host, pid=pid, started_at_ms=started, age_seconds=age,
-            alive=_alive(host, pid, beat, age), staged=io.exists(layout.staged_file(instant)),
-            files=[f for f in files if io.exists(f)],
-            tags={k: v for k, v in tags.items() if isinstance(k, str) and isinstance(v, str)},
-            heartbeat_age_seconds=None if beat is None else beat.age_seconds,
-            heartbeat_expires_in_seconds=None if beat is None else beat.expires_in_seconds))
+        out.append(
+            PendingAttempt(
+                instant=instant,
+                action=claim.get("action") if isinstance(claim.get("action"), str) else None,
+                host=host,
+                pid=pid,
+                started_at_ms=started,
+                age_seconds=age,
+                alive=_alive(host, pid, beat, age),
+                staged=io.exists(layout.staged_file(instant)),
+                files=[f for f in files if io.exists(f)],
+                tags={k: v for k, v in tags.items() if isinstance(k, str) and isinstance(v, str)},
+                heartbeat_age_seconds=None if beat is None else beat.age_seconds,
+                heartbeat_expires_in_seconds=None if beat is None else beat.expires_in_seconds,
+            )
+        )
     return out
 
 
@@ -120,9 +139,12 @@ def roll_back_abandoned(timeline: Any, attempts: list[PendingAttempt]) -> Abando
             report.settled.append(instant)  # its Delta version was on storage (it committed), or it is gone
             continue
         except (DbidxError, OSError) as exc:
-            warnings.warn(f"abandoned instant {instant} could not be rolled back ({type(exc).__name__}: {exc}); "
-                          "it is tried again by the next writer, or run `dbidx rollback URI --all-pending`",
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"abandoned instant {instant} could not be rolled back ({type(exc).__name__}: {exc}); "
+                "it is tried again by the next writer, or run `dbidx rollback URI --all-pending`",
+                RuntimeWarning,
+                stacklevel=2,
+            )
             report.failed.append(instant)
             continue
         (report.rolled_back if record.rolled_back == instant else report.settled).append(instant)

@@ -1,5 +1,6 @@
 """Table properties: what is fixed at a table's creation (`.dbidx/table.json`, docs/FORMAT.md section 3), parsed
 strictly when read back."""
+
 from __future__ import annotations
 
 import json
@@ -44,8 +45,17 @@ def properties_json(props: TableProperties) -> bytes:
 
 def parse_properties(raw: bytes, where: str) -> TableProperties:
     """Parse table.json strictly: every field with its type (FORMAT.md section 3), else a CorruptFileError."""
-    types = {"table_id": str, "num_shards": int, "index_mode": str, "key_hash": str, "row_group_size": int,
-             "format_version": int, "created_at_ms": int, "checkpoint_interval": int, "upgraded_at_seq": int}
+    types = {
+        "table_id": str,
+        "num_shards": int,
+        "index_mode": str,
+        "key_hash": str,
+        "row_group_size": int,
+        "format_version": int,
+        "created_at_ms": int,
+        "checkpoint_interval": int,
+        "upgraded_at_seq": int,
+    }
     try:
         data = json.loads(raw)
         if not isinstance(data, dict):
@@ -55,9 +65,14 @@ def parse_properties(raw: bytes, where: str) -> TableProperties:
             if kind is None or not isinstance(value, kind) or isinstance(value, bool):
                 raise ValueError(f"field {name!r} = {value!r} is unknown or not a {getattr(kind, '__name__', '?')}")
         props = TableProperties(**data)
-        if not re.fullmatch(r"[0-9a-f]{32}", props.table_id) or not 1 <= props.num_shards <= 65536 \
-                or props.index_mode not in (INDEX_PARTITIONED, INDEX_GLOBAL) or props.row_group_size < 64 \
-                or props.checkpoint_interval < 0 or props.upgraded_at_seq < 0:
+        if (
+            not re.fullmatch(r"[0-9a-f]{32}", props.table_id)
+            or not 1 <= props.num_shards <= 65536
+            or props.index_mode not in (INDEX_PARTITIONED, INDEX_GLOBAL)
+            or props.row_group_size < 64
+            or props.checkpoint_interval < 0
+            or props.upgraded_at_seq < 0
+        ):
             raise ValueError(f"values out of range: {data}")
     except (ValueError, TypeError) as exc:
         raise CorruptFileError(f"table properties {where} are invalid: {exc}") from exc

@@ -5,6 +5,7 @@ types FORMAT.md section 7 gives, and any difference (a missing field, a string w
 field, a path that leaves the table) is a CorruptFileError naming the file, never a TypeError later on or, worse, a
 silently different table.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,17 @@ ACTION_ABSORB = "absorb"
 # A change of the Delta table properties (metaData.configuration: log and file retention, checkpoint interval):
 # table/delta_properties.py. Its Delta version is commitInfo + metaData; it adds no file.
 ACTION_PROPERTIES = "properties"
-ACTIONS = (ACTION_COMMIT, ACTION_COMPACTION, ACTION_CLEAN, ACTION_ROLLBACK, ACTION_BUILD_INDEX, ACTION_DATA_COMPACTION,
-           ACTION_UPGRADE, ACTION_ABSORB, ACTION_PROPERTIES)
+ACTIONS = (
+    ACTION_COMMIT,
+    ACTION_COMPACTION,
+    ACTION_CLEAN,
+    ACTION_ROLLBACK,
+    ACTION_BUILD_INDEX,
+    ACTION_DATA_COMPACTION,
+    ACTION_UPGRADE,
+    ACTION_ABSORB,
+    ACTION_PROPERTIES,
+)
 # Completions whose index files add live entries (inserts, tombstones, re-pointed keys): what a cache catches up
 # from and what an upsert's conflict check reads.
 ENTRY_ACTIONS = (ACTION_COMMIT, ACTION_BUILD_INDEX, ACTION_ABSORB)
@@ -43,8 +53,10 @@ _FORMAT4_RECORD_FIELDS = {"dv_files", "deletion_vectors"}
 DATA_ACTIONS = (ACTION_COMMIT, ACTION_BUILD_INDEX)  # completions that add data files (upserts; migrated files)
 FILE_KINDS = ("delta", "base", "merged")
 _CHECKSUM_RE = re.compile(r"^xxh64:[0-9a-f]{16}$")
-_DV_NAME_RE = re.compile(r"^(\.dbidx/dv/)?deletion_vector_[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-"
-                         r"[0-9a-f]{4}-[0-9a-f]{12}\.bin$")
+_DV_NAME_RE = re.compile(
+    r"^(\.dbidx/dv/)?deletion_vector_[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-"
+    r"[0-9a-f]{4}-[0-9a-f]{12}\.bin$"
+)
 
 
 class _Bad(ValueError):
@@ -116,16 +128,25 @@ class FileRecord:
         d = _object(data, name, {f.name for f in fields(cls)})
         if d["kind"] not in FILE_KINDS:
             raise _Bad(f"{name}.kind must be one of {FILE_KINDS}, got {d['kind']!r}")
-        record = cls(path=_path(d["path"], f"{name}.path"), partition=_str(d["partition"], f"{name}.partition", True),
-                     shard=_int(d["shard"], f"{name}.shard"), kind=d["kind"], rows=_int(d["rows"], f"{name}.rows"),
-                     inserts=_int(d["inserts"], f"{name}.inserts"), tombstones=_int(d["tombstones"],
-                                                                                    f"{name}.tombstones"),
-                     min_key=_str(d["min_key"], f"{name}.min_key", True),
-                     max_key=_str(d["max_key"], f"{name}.max_key", True), size=_int(d["size"], f"{name}.size"),
-                     checksum=_checksum(d["checksum"], f"{name}.checksum"))
-        if record.inserts + record.tombstones != record.rows or (record.rows > 0) != (record.min_key is not None) \
-                or (record.min_key is None) != (record.max_key is None) \
-                or (record.min_key is not None and record.min_key > record.max_key):
+        record = cls(
+            path=_path(d["path"], f"{name}.path"),
+            partition=_str(d["partition"], f"{name}.partition", True),
+            shard=_int(d["shard"], f"{name}.shard"),
+            kind=d["kind"],
+            rows=_int(d["rows"], f"{name}.rows"),
+            inserts=_int(d["inserts"], f"{name}.inserts"),
+            tombstones=_int(d["tombstones"], f"{name}.tombstones"),
+            min_key=_str(d["min_key"], f"{name}.min_key", True),
+            max_key=_str(d["max_key"], f"{name}.max_key", True),
+            size=_int(d["size"], f"{name}.size"),
+            checksum=_checksum(d["checksum"], f"{name}.checksum"),
+        )
+        if (
+            record.inserts + record.tombstones != record.rows
+            or (record.rows > 0) != (record.min_key is not None)
+            or (record.min_key is None) != (record.max_key is None)
+            or (record.min_key is not None and record.min_key > record.max_key)
+        ):
             raise _Bad(f"{name}: rows, inserts, tombstones and key range do not agree")
         return record
 
@@ -152,22 +173,33 @@ class DataFileRecord:
     def parse(cls, data: Any, name: str, legacy: bool = False) -> "DataFileRecord":
         """Rebuild a record from its JSON form, checking every field (`legacy`: a format-3 record, which has no key
         range or delete count)."""
-        d = _object(data, name, {f.name for f in fields(cls)},
-                    optional={"delta_path"} | (_FORMAT4_DATA_FILE_FIELDS if legacy else set()))
+        d = _object(
+            data,
+            name,
+            {f.name for f in fields(cls)},
+            optional={"delta_path"} | (_FORMAT4_DATA_FILE_FIELDS if legacy else set()),
+        )
         if legacy:
             d = {"min_key": None, "max_key": None, "deletes": 0} | d
-        record = cls(path=_path(d["path"], f"{name}.path"), partition=_str(d["partition"], f"{name}.partition"),
-                     file_group=_str(d["file_group"], f"{name}.file_group"), rows=_int(d["rows"], f"{name}.rows"),
-                     size=_int(d["size"], f"{name}.size"), checksum=_checksum(d["checksum"], f"{name}.checksum"),
-                     min_key=_str(d["min_key"], f"{name}.min_key", True),
-                     max_key=_str(d["max_key"], f"{name}.max_key", True), deletes=_int(d["deletes"], f"{name}.deletes"),
-                     delta_path=_str(d.get("delta_path"), f"{name}.delta_path", True))
+        record = cls(
+            path=_path(d["path"], f"{name}.path"),
+            partition=_str(d["partition"], f"{name}.partition"),
+            file_group=_str(d["file_group"], f"{name}.file_group"),
+            rows=_int(d["rows"], f"{name}.rows"),
+            size=_int(d["size"], f"{name}.size"),
+            checksum=_checksum(d["checksum"], f"{name}.checksum"),
+            min_key=_str(d["min_key"], f"{name}.min_key", True),
+            max_key=_str(d["max_key"], f"{name}.max_key", True),
+            deletes=_int(d["deletes"], f"{name}.deletes"),
+            delta_path=_str(d.get("delta_path"), f"{name}.delta_path", True),
+        )
         if record.delta_path is not None and unquote(record.delta_path) != record.path:
             raise _Bad(f"{name}.delta_path {record.delta_path!r} does not name {record.path!r}")
         if record.deletes > record.rows:
             raise _Bad(f"{name}: more delete rows ({record.deletes}) than rows ({record.rows})")
-        if (record.min_key is None) != (record.max_key is None) or \
-                (record.min_key is not None and record.min_key > record.max_key):
+        if (record.min_key is None) != (record.max_key is None) or (
+            record.min_key is not None and record.min_key > record.max_key
+        ):
             raise _Bad(f"{name}: min_key and max_key do not form a key range")
         return record
 
@@ -188,10 +220,13 @@ class DvFileRecord:
         d = _object(data, name, {f.name for f in fields(cls)})
         path = _path(d["path"], f"{name}.path")
         if not _DV_NAME_RE.match(path):
-            raise _Bad(f"{name}.path must be a deletion_vector_<uuid>.bin file under .dbidx/dv/ or at the table "
-                       f"root, got {path!r}")
-        return cls(path=path, size=_int(d["size"], f"{name}.size"), checksum=_checksum(d["checksum"],
-                                                                                      f"{name}.checksum"))
+            raise _Bad(
+                f"{name}.path must be a deletion_vector_<uuid>.bin file under .dbidx/dv/ or at the table "
+                f"root, got {path!r}"
+            )
+        return cls(
+            path=path, size=_int(d["size"], f"{name}.size"), checksum=_checksum(d["checksum"], f"{name}.checksum")
+        )
 
 
 @dataclass(frozen=True)
@@ -212,9 +247,13 @@ class DeletionVectorRecord:
     def parse(cls, data: Any, name: str) -> "DeletionVectorRecord":
         """Rebuild a record from its JSON form, checking every field."""
         d = _object(data, name, {f.name for f in fields(cls)}, optional={"delta"})
-        record = cls(path=_path(d["path"], f"{name}.path"), dv_file=_path(d["dv_file"], f"{name}.dv_file"),
-                     offset=_int(d["offset"], f"{name}.offset", 1), size=_int(d["size"], f"{name}.size", 1),
-                     cardinality=_int(d["cardinality"], f"{name}.cardinality", 1))
+        record = cls(
+            path=_path(d["path"], f"{name}.path"),
+            dv_file=_path(d["dv_file"], f"{name}.dv_file"),
+            offset=_int(d["offset"], f"{name}.offset", 1),
+            size=_int(d["size"], f"{name}.size", 1),
+            cardinality=_int(d["cardinality"], f"{name}.cardinality", 1),
+        )
         if d.get("delta") is not None:
             record = replace(record, delta=parse_dv_descriptor(d["delta"], f"{name}.delta", record.cardinality))
         return record
@@ -222,8 +261,9 @@ class DeletionVectorRecord:
 
 def parse_dv_descriptor(value: Any, name: str, cardinality: int) -> dict[str, Any]:
     """A Delta `deletionVector` descriptor read back (inline or relative-file form; never an absolute path)."""
-    d = _object(value, name, {"storageType", "pathOrInlineDv", "offset", "sizeInBytes", "cardinality"},
-                optional={"offset"})
+    d = _object(
+        value, name, {"storageType", "pathOrInlineDv", "offset", "sizeInBytes", "cardinality"}, optional={"offset"}
+    )
     if d["storageType"] not in ("u", "i"):
         raise _Bad(f"{name}.storageType must be 'u' or 'i', got {d['storageType']!r}")
     _str(d["pathOrInlineDv"], f"{name}.pathOrInlineDv")
@@ -261,8 +301,8 @@ class PartitionChange:
         d = _object(data, name, {"live", "fills"}, optional={"live", "fills"})
         fills = _object(d.get("fills", {}), f"{name}.fills", set(d.get("fills", {}) or {}))
         for fg, n in fills.items():
-            _int(n, f"{name}.fills[{fg!r}]", minimum=-(2 ** 62))
-        return cls(live=_int(d.get("live", 0), f"{name}.live", minimum=-(2 ** 62)), fills=dict(fills))
+            _int(n, f"{name}.fills[{fg!r}]", minimum=-(2**62))
+        return cls(live=_int(d.get("live", 0), f"{name}.live", minimum=-(2**62)), fills=dict(fills))
 
 
 @dataclass(frozen=True)
@@ -305,8 +345,12 @@ class CompletedInstant:
             stored = d.pop("checksum")
             if stored != _record_checksum(d):
                 raise _Bad(f"its checksum {stored!r} does not match its content (the record is damaged)")
-            d = _object(d, "record", {f.name for f in fields(cls)},
-                        optional={"rolled_back", "extra"} | (_FORMAT4_RECORD_FIELDS if legacy else set()))
+            d = _object(
+                d,
+                "record",
+                {f.name for f in fields(cls)},
+                optional={"rolled_back", "extra"} | (_FORMAT4_RECORD_FIELDS if legacy else set()),
+            )
             if legacy:
                 d = {"dv_files": [], "deletion_vectors": []} | d
             if d["action"] not in ACTIONS:
@@ -324,19 +368,24 @@ class CompletedInstant:
                 if f.kind not in kinds:
                     raise _Bad(f"files[{i}].kind must be one of {kinds} in a {d['action']} record, got {f.kind!r}")
             return cls(
-                seq=_int(d["seq"], "seq", minimum=1), instant=_instant(d["instant"], "instant"), action=d["action"],
+                seq=_int(d["seq"], "seq", minimum=1),
+                instant=_instant(d["instant"], "instant"),
+                action=d["action"],
                 completed_at_ms=_int(d["completed_at_ms"], "completed_at_ms"),
-                start_seq=_int(d["start_seq"], "start_seq"), table_id=_str(d["table_id"], "table_id"),
+                start_seq=_int(d["start_seq"], "start_seq"),
+                table_id=_str(d["table_id"], "table_id"),
                 files=files,
-                data_files=_list(d["data_files"], "data_files",
-                                 lambda v, n: DataFileRecord.parse(v, n, legacy)),
-                replaced=_list(d["replaced"], "replaced", _path), deleted=_list(d["deleted"], "deleted", _path),
+                data_files=_list(d["data_files"], "data_files", lambda v, n: DataFileRecord.parse(v, n, legacy)),
+                replaced=_list(d["replaced"], "replaced", _path),
+                deleted=_list(d["deleted"], "deleted", _path),
                 dv_files=_list(d["dv_files"], "dv_files", DvFileRecord.parse),
                 deletion_vectors=_list(d["deletion_vectors"], "deletion_vectors", DeletionVectorRecord.parse),
                 rolled_back=None if rolled_back is None else _instant(rolled_back, "rolled_back"),
-                partitions={_str(p, "partition"): PartitionChange.parse(c, f"partitions[{p!r}]")
-                            for p, c in partitions.items()},
-                extra=extra)
+                partitions={
+                    _str(p, "partition"): PartitionChange.parse(c, f"partitions[{p!r}]") for p, c in partitions.items()
+                },
+                extra=extra,
+            )
         except (_Bad, ValueError, TypeError, RecursionError, UnicodeError) as exc:
             raise CorruptFileError(f"completion record {where} is not valid: {exc}") from exc
 

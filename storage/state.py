@@ -5,6 +5,7 @@ Why a protocol: `table.facade.Table` is the user's entry point and offers those 
 argument. Typed against `Table` itself, each would import the module that imports it (a circle); typed against this
 protocol, they import only this floor, and `Table`, the one implementation, sits above them all.
 """
+
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
@@ -52,8 +53,13 @@ class TableState(Protocol):
 
     def read_index_file(self, record: FileRecord, read: Any = None) -> Any: ...
 
-    def snapshot(self, partition: str | None, shard: int | None = None,
-                 as_of: int | str | None = None) -> pa.Table: ...
+    def snapshot(self, partition: str | None, shard: int | None = None, as_of: int | str | None = None) -> pa.Table: ...
 
-    def lookup(self, keys: Sequence[str] | pa.Array, partition: str | None = None, mode: str = "auto",
-               seek_threshold: float = ..., plan: dict[str, int] | None = None) -> pa.Table: ...
+    def lookup(
+        self,
+        keys: Sequence[str] | pa.Array,
+        partition: str | None = None,
+        mode: str = "auto",
+        seek_threshold: float = ...,
+        plan: dict[str, int] | None = None,
+    ) -> pa.Table: ...

@@ -10,6 +10,7 @@ happens: before each publish attempt the writer checks every completion it has n
 This module holds the Timeline and its reads; its writes (claiming, publishing, rolling back) are the
 `TimelineWrites` mixin of storage/timeline_writes.py.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,6 +27,7 @@ from dbidx.storage.records import (
     ACTION_ROLLBACK,
     CompletedInstant,
 )
+
 # StartedInstant, what a writer holds, is re-exported: callers import it with the Timeline (storage/instant_life.py).
 from dbidx.storage.timeline_writes import StartedInstant, TimelineWrites  # noqa: F401
 
@@ -100,8 +102,10 @@ class Timeline(TimelineWrites):
                 time.sleep(0.01)
             if floor is None:
                 if listed:
-                    raise CorruptFileError(f"latest-seq pointer {self.io.path(layout.LATEST_DIR)}/<seq> is missing "
-                                           "while the completion log has records: the table's metadata was damaged")
+                    raise CorruptFileError(
+                        f"latest-seq pointer {self.io.path(layout.LATEST_DIR)}/<seq> is missing "
+                        "while the completion log has records: the table's metadata was damaged"
+                    )
                 floor = 0  # a table that never completed anything (or one whose creation was cut short)
             # 2. The first refresh starts from the newest checkpoint (records before it are read only on demand).
             if not self._started:
@@ -152,10 +156,16 @@ class Timeline(TimelineWrites):
             if not seqs:
                 return
             cp = checkpoint.read_checkpoint(self.io, seqs[-1], self.table_id)
-        if cp.seq not in listed and not self._archived(cp.seq) and cp.seq > max(listed, default=0) \
-                and cp.seq > self._floor_seq():
-            raise CorruptFileError(f"{cp.where} is for seq {cp.seq}, beyond the end of the completion log; remove "
-                                   "it (the table then opens from an older checkpoint or from the log)")
+        if (
+            cp.seq not in listed
+            and not self._archived(cp.seq)
+            and cp.seq > max(listed, default=0)
+            and cp.seq > self._floor_seq()
+        ):
+            raise CorruptFileError(
+                f"{cp.where} is for seq {cp.seq}, beyond the end of the completion log; remove "
+                "it (the table then opens from an older checkpoint or from the log)"
+            )
         self.checkpoint = cp
         self.base_seq = cp.seq
         self._base_max_instant = cp.max_instant
@@ -208,8 +218,10 @@ class Timeline(TimelineWrites):
         if floor is not None and floor.seq > self.latest_seq and self._started:
             self.refresh()
             if floor.seq > self.latest_seq:
-                raise CorruptFileError(f"history floor {floor.where} expires records up to seq {floor.seq}, beyond the "
-                                       f"end of the completion log (seq {self.latest_seq}): it is not this log's")
+                raise CorruptFileError(
+                    f"history floor {floor.where} expires records up to seq {floor.seq}, beyond the "
+                    f"end of the completion log (seq {self.latest_seq}): it is not this log's"
+                )
         self._floor = floor
         return floor
 
@@ -225,8 +237,10 @@ class Timeline(TimelineWrites):
         if floor is None or floor.seq < known:
             return False
         if floor.seq > known:
-            raise floor.refusal(f"this process, which last read completion {known} of {self.io.root}, "
-                                "to catch up (open the table again: it then starts from the newest checkpoint)")
+            raise floor.refusal(
+                f"this process, which last read completion {known} of {self.io.root}, "
+                "to catch up (open the table again: it then starts from the newest checkpoint)"
+            )
         return True
 
     def kept(self) -> list[CompletedInstant]:
@@ -279,9 +293,9 @@ class Timeline(TimelineWrites):
             first = self._history_first
             if after_seq < first:
                 raise self._refusal(f"reading completions {after_seq + 1}..{end} of {self.io.root}")
-            out += history[after_seq - first:min(end, base) - first]
+            out += history[after_seq - first : min(end, base) - first]
         if end > base:
-            out += self._records[max(after_seq - base, 0):end - base]
+            out += self._records[max(after_seq - base, 0) : end - base]
         return out
 
     @property
@@ -316,8 +330,10 @@ class Timeline(TimelineWrites):
         self.refresh()
         record = self.record_of(instant)
         if record is None and self._expired_instant(instant):
-            raise self._refusal(f"the seq of instant {instant} (not among the kept completions, and no newer than "
-                                "the newest expired one)")
+            raise self._refusal(
+                f"the seq of instant {instant} (not among the kept completions, and no newer than "
+                "the newest expired one)"
+            )
         if record is None or record.action == ACTION_ROLLBACK:
             raise InstantStateError(f"instant {instant} is not a completed instant of {self.io.root}")
         return record.seq

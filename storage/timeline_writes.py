@@ -4,6 +4,7 @@ instant back, and the housekeeping after a publish. A mixin of `storage.timeline
 timeline's reads (refresh, history, lookups) stand alone; `StartedInstant`, what a writer holds, lives here with
 the methods that make and settle it.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,7 +17,11 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
 from dbidx.errors import (
-    CorruptFileError, ForeignCommitAfterPublishError, ForeignCommitError, InstantStateError, StoreUnavailableError,
+    CorruptFileError,
+    ForeignCommitAfterPublishError,
+    ForeignCommitError,
+    InstantStateError,
+    StoreUnavailableError,
 )
 from dbidx.storage import instant_range, layout, leftovers, markers, writer_presence
 from dbidx.storage.heartbeat import Heartbeat
@@ -42,8 +47,9 @@ class TimelineWrites:
     heartbeats of the instants this process started, and delete_claim_files."""
 
     # ---- writing -----------------------------------------------------------------------------------------
-    def start(self, action: str, ignore: Iterable[str] = (), hooks: bool = True,
-              tags: Mapping[str, str] | None = None) -> StartedInstant:
+    def start(
+        self, action: str, ignore: Iterable[str] = (), hooks: bool = True, tags: Mapping[str, str] | None = None
+    ) -> StartedInstant:
         """Claim a new instant id, unique among all writers, and record it as requested, with a heartbeat this
         process renews until the instant settles (or the returned StartedInstant is dropped unsettled).
 
@@ -64,8 +70,13 @@ class TimelineWrites:
             if layout.instant_out_of_range(candidate):  # only a typo's or a crafted id is that far ahead
                 raise instant_range.allocation_error(self.io, self)
             # 1. Exclusive create of the requested marker: two writers in the same millisecond get different ids.
-            claim = {"action": action, "start_seq": self.latest_seq, "host": socket.gethostname(),
-                     "pid": os.getpid(), "started_at_ms": int(time.time() * 1000)} | ({"tags": tags} if tags else {})
+            claim = {
+                "action": action,
+                "start_seq": self.latest_seq,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "started_at_ms": int(time.time() * 1000),
+            } | ({"tags": tags} if tags else {})
             marker = json.dumps(claim).encode()
             instant = layout.format_instant(candidate)
             if self.io.create_exclusive(layout.requested_file(instant), marker):
@@ -77,8 +88,9 @@ class TimelineWrites:
                         writer_presence.announce(self.io, instant)
                     if self.io.exclusive_create == EXCLUSIVE_NONE:
                         writer_presence.refuse_second(self.io, instant, set(ignore), self.record_of)
-                    return self._with_heartbeat(StartedInstant(instant=instant, action=action,
-                                                               start_seq=claim["start_seq"]), claim)
+                    return self._with_heartbeat(
+                        StartedInstant(instant=instant, action=action, start_seq=claim["start_seq"]), claim
+                    )
                 self.io.delete(layout.requested_file(instant))
             candidate = max(candidate + 1, self._max_known_instant() + 1)
 
@@ -87,8 +99,12 @@ class TimelineWrites:
         the instant settles, or, without deleting it, when the caller drops `started` unsettled (it is abandoned
         then: the expired heartbeat lets the next writer roll it back)."""
         try:
-            beat = Heartbeat(self.io, started.instant, self.heartbeat_interval_s,
-                             {k: claim[k] for k in ("host", "pid", "tags") if k in claim})
+            beat = Heartbeat(
+                self.io,
+                started.instant,
+                self.heartbeat_interval_s,
+                {k: claim[k] for k in ("host", "pid", "tags") if k in claim},
+            )
         except BaseException:
             self.io.delete(layout.requested_file(started.instant))
             raise
@@ -161,9 +177,13 @@ class TimelineWrites:
                     raise
                 # The Delta version is on storage: the instant committed, whatever happens to its record. Never
                 # roll it back: its staged copy is there, and the next reader or writer publishes it.
-                warnings.warn(f"instant {started.instant} committed (Delta version of seq {record.seq} written), but "
-                              f"its completion record could not be written ({exc}); the next reader or writer of "
-                              "the table publishes it from the staged copy", RuntimeWarning, stacklevel=2)
+                warnings.warn(
+                    f"instant {started.instant} committed (Delta version of seq {record.seq} written), but "
+                    f"its completion record could not be written ({exc}); the next reader or writer of "
+                    "the table publishes it from the staged copy",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
                 return record
             if created:
                 self._after_publish(record, started.instant, keep_claim)
@@ -203,14 +223,14 @@ class TimelineWrites:
         self._advance_latest(record.seq)
         return mine
 
-    def _published_by_other(self, record: CompletedInstant, instant: str,
-                            keep_claim: bool = False) -> CompletedInstant:
+    def _published_by_other(self, record: CompletedInstant, instant: str, keep_claim: bool = False) -> CompletedInstant:
         self.refresh()
         mine = self._by_instant.get(instant)
         if mine is None or mine.seq != record.seq or mine.action != record.action:
             raise CorruptFileError(
                 f"completion {self.io.path(layout.completed_file(record.seq))} is not instant {instant}'s record, "
-                "although that instant's Delta version is on storage: the timeline and the Delta log disagree")
+                "although that instant's Delta version is on storage: the timeline and the Delta log disagree"
+            )
         self._after_publish(mine, instant, keep_claim)
         return mine
 
@@ -223,17 +243,22 @@ class TimelineWrites:
         if existing is not None:
             if existing.action == ACTION_ROLLBACK:
                 return existing
-            raise InstantStateError(f"instant {instant} completed at seq {existing.seq}; a completed instant "
-                                    "cannot be rolled back")
+            raise InstantStateError(
+                f"instant {instant} completed at seq {existing.seq}; a completed instant cannot be rolled back"
+            )
         if self._expired_instant(instant):
             # It may have completed in the expired history: rolling it back would delete a committed instant's files.
-            raise self._refusal(f"rolling back instant {instant} (its files are kept; remove its timeline files "
-                                "by hand once you know it is not running)")
+            raise self._refusal(
+                f"rolling back instant {instant} (its files are kept; remove its timeline files "
+                "by hand once you know it is not running)"
+            )
         if not (self.io.exists(layout.requested_file(instant)) or self.io.exists(layout.inflight_file(instant))):
             # A typo or another table's id: a record naming it would claim an instant this table never started.
-            raise InstantStateError(f"instant {instant} was never started on {self.io.path('')} (it has no requested "
-                                    "or inflight file) and did not complete: there is nothing to roll back; "
-                                    "`dbidx commits URI` lists the table's instants")
+            raise InstantStateError(
+                f"instant {instant} was never started on {self.io.path('')} (it has no requested "
+                "or inflight file) and did not complete: there is nothing to roll back; "
+                "`dbidx commits URI` lists the table's instants"
+            )
         files = sorted(set(self.planned_files(instant)) | set(action_files))
         me = self.start(ACTION_ROLLBACK, ignore={instant, *ignore})
         # Claiming ran the table's catch-up, which publishes a record whose Delta version is on storage (its writer
@@ -241,9 +266,11 @@ class TimelineWrites:
         done = self.record_of(instant)
         if done is not None and done.action != ACTION_ROLLBACK:
             self.delete_claim_files(me.instant)
-            raise InstantStateError(f"instant {instant} completed at seq {done.seq} (its Delta version was on "
-                                    "storage: it committed before its writer died); a completed instant cannot be "
-                                    "rolled back")
+            raise InstantStateError(
+                f"instant {instant} completed at seq {done.seq} (its Delta version was on "
+                "storage: it committed before its writer died); a completed instant cannot be "
+                "rolled back"
+            )
 
         def check(news: list[CompletedInstant]) -> None:
             for rec in news:
@@ -251,10 +278,16 @@ class TimelineWrites:
                     raise InstantStateError(f"instant {instant} completed at seq {rec.seq} before the rollback")
 
         def build(seq: int) -> CompletedInstant:
-            return CompletedInstant(seq=seq, instant=me.instant, action=ACTION_ROLLBACK, start_seq=me.start_seq,
-                                    table_id=self.table_id,
-                                    completed_at_ms=int(time.time() * 1000), rolled_back=instant,
-                                    deleted=tuple(files))
+            return CompletedInstant(
+                seq=seq,
+                instant=me.instant,
+                action=ACTION_ROLLBACK,
+                start_seq=me.start_seq,
+                table_id=self.table_id,
+                completed_at_ms=int(time.time() * 1000),
+                rolled_back=instant,
+                deleted=tuple(files),
+            )
 
         record = self.publish(me, build, check)
         self._by_instant.setdefault(instant, record)
@@ -286,11 +319,16 @@ class TimelineWrites:
             except ForeignCommitError as exc:
                 foreign = exc
             except Exception as exc:  # noqa: BLE001 - the instant is committed; nothing here may say otherwise
-                warnings.warn(f"instant {instant} completed at seq {record.seq}, but a housekeeping step failed: "
-                              f"{exc}", RuntimeWarning, stacklevel=3)
+                warnings.warn(
+                    f"instant {instant} completed at seq {record.seq}, but a housekeeping step failed: {exc}",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
         if foreign is not None:
-            raise ForeignCommitAfterPublishError(f"instant {instant} completed at seq {record.seq} in dbidx's "
-                                                 f"completion log, but {foreign}", published=record) from foreign
+            raise ForeignCommitAfterPublishError(
+                f"instant {instant} completed at seq {record.seq} in dbidx's completion log, but {foreign}",
+                published=record,
+            ) from foreign
 
     def delete_claim_files(self, instant: str) -> None:
         """A settled instant's claim on the timeline: its requested and inflight files (and, where writers notice
@@ -313,6 +351,7 @@ def _checked_tags(tags: Mapping[str, str] | None) -> dict[str, str]:
     out = dict(tags or {})
     for name, value in out.items():
         if not (isinstance(name, str) and isinstance(value, str) and 0 < len(name) <= 64 and len(value) <= 256):
-            raise InstantStateError(f"writer tag {name!r}={value!r} is not a name of 1-64 characters with a string "
-                                    "value of at most 256")
+            raise InstantStateError(
+                f"writer tag {name!r}={value!r} is not a name of 1-64 characters with a string value of at most 256"
+            )
     return out

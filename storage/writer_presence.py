@@ -5,6 +5,7 @@ Each writer leaves a uniquely named file under `.dbidx/timeline/writers/` for it
 of two writers that overlap, at least one sees the other whatever the timing, and it refuses loudly instead of
 racing to publish the same completion.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,9 @@ from dbidx.storage.fileio import FileIO
 def announce(io: FileIO, instant: str) -> str:
     """Leave a uniquely named presence file for an active writer; returns its name."""
     own = f"{instant}-{uuid.uuid4().hex}"
-    io.write_atomic(f"{layout.WRITERS_DIR}/{own}", json.dumps({"host": socket.gethostname(), "pid": os.getpid()}
-                                                              ).encode())
+    io.write_atomic(
+        f"{layout.WRITERS_DIR}/{own}", json.dumps({"host": socket.gethostname(), "pid": os.getpid()}).encode()
+    )
     return own
 
 
@@ -30,8 +32,11 @@ def refuse_second(io: FileIO, instant: str, ignore: set[str], record_of: Callabl
     """Announce this writer, then refuse (UnsafeConcurrencyError, withdrawing the claim) if another unsettled
     writer is present; `ignore`: instants a rollback ends, `record_of`: the settled record of an instant or None."""
     own = announce(io, instant)
-    others = [n for n in io.list_names(layout.WRITERS_DIR) if n != own and not n.startswith(".")
-              and n.split("-")[0] not in ignore and record_of(n.split("-")[0]) is None]
+    others = [
+        n
+        for n in io.list_names(layout.WRITERS_DIR)
+        if n != own and not n.startswith(".") and n.split("-")[0] not in ignore and record_of(n.split("-")[0]) is None
+    ]
     if others:
         io.delete(f"{layout.WRITERS_DIR}/{own}")
         io.delete(layout.requested_file(instant))
@@ -41,7 +46,8 @@ def refuse_second(io: FileIO, instant: str, ignore: set[str], record_of: Callabl
             "could both publish the same completion and one commit would be lost. Give every writer the same "
             "commit_lock (e.g. dbidx.storage.commit_lock.FileCommitLock on a shared path), or, if that writer died "
             f"(its marker {layout.WRITERS_DIR}/{others[0]} is stale), roll its instant back: `dbidx rollback {io.root} "
-            f"{others[0].split('-')[0]}`, or `dbidx rollback {io.root} --all-pending` when no writer runs.")
+            f"{others[0].split('-')[0]}`, or `dbidx rollback {io.root} --all-pending` when no writer runs."
+        )
 
 
 def forget(io: FileIO, instant: str) -> None:

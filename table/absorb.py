@@ -21,6 +21,7 @@ key meanwhile conflicts (index/conflicts.py), since its rows were written agains
 This module holds the run, its files and its record; the index entries of the keys that moved are
 table/absorb_entries.py's, the checks of what a version may change table/absorb_checks.py's.
 """
+
 from __future__ import annotations
 
 import time
@@ -34,7 +35,12 @@ from pyroaring import BitMap
 
 from dbidx.arrays import one_chunk
 from dbidx.data.delta_actions import (
-    FileAction, VersionActions, expired_version, from_checkpoint, read_descriptor, read_version,
+    FileAction,
+    VersionActions,
+    expired_version,
+    from_checkpoint,
+    read_descriptor,
+    read_version,
 )
 from dbidx.data.delta_derive import delta_path, view_partition_columns
 from dbidx.data.delta_log import last_checkpoint_version, version_file
@@ -54,8 +60,7 @@ from dbidx.storage.timeline_writes import StartedInstant
 ABSORBED_EXTRA = "absorbed"  # the record's extra: {"version", "operation", "engine"} of the version it absorbs
 
 
-def absorb_run(table: TableState, run: list[VersionActions], seq: int, published: int = 0
-               ) -> list[CompletedInstant]:
+def absorb_run(table: TableState, run: list[VersionActions], seq: int, published: int = 0) -> list[CompletedInstant]:
     """Absorb the consecutive Delta versions `run` (none of them dbidx's): one record per version, where all but the
     last change nothing (they say which run they belong to) and the last carries the run's net effect on the files
     and the index. Why net: a file another engine added and removed again inside the run (an append, then an
@@ -85,10 +90,15 @@ def absorb_run(table: TableState, run: list[VersionActions], seq: int, published
         record = _build(table, view, where, net_seq, claims[-1], key, columns, removed, added, extra, written)
         # 3. The pass-through records of the run's earlier versions, then the net record.
         for i, (actions, claim) in enumerate(zip(run[published:-1], claims)):
-            passing = CompletedInstant(seq=seq + i, instant=claim.instant, action=ACTION_ABSORB,
-                                       completed_at_ms=int(time.time() * 1000), start_seq=seq + i - 1,
-                                       table_id=table.props.table_id,
-                                       extra={ABSORBED_EXTRA: _about(actions, bounds)})
+            passing = CompletedInstant(
+                seq=seq + i,
+                instant=claim.instant,
+                action=ACTION_ABSORB,
+                completed_at_ms=int(time.time() * 1000),
+                start_seq=seq + i - 1,
+                table_id=table.props.table_id,
+                extra={ABSORBED_EXTRA: _about(actions, bounds)},
+            )
             if not table.timeline.publish_exact(claim, passing):
                 break
             done.append(passing)
@@ -105,7 +115,7 @@ def absorb_run(table: TableState, run: list[VersionActions], seq: int, published
     finally:
         # 4. Whatever did not publish goes: its index and DV files, markers and claims (no record to roll back).
         if len(done) < len(claims):
-            _discard(table, [c.instant for c in claims[len(done):]], written)
+            _discard(table, [c.instant for c in claims[len(done) :]], written)
     return done
 
 
@@ -136,12 +146,17 @@ def reread_run(table: TableState, first: int, last: int) -> list[VersionActions]
     if first > floor:
         return [read_version(io, v) for v in range(first, last + 1)]
     if floor > last:
-        raise CorruptFileError(f"Delta versions {first}-{last} of {io.path('_delta_log')} were being absorbed when a "
-                               f"log cleanup expired them (a checkpoint at version {floor} is past them): the run "
-                               "cannot be finished. Re-adopt the table: `dbidx build-index URI --key COLUMN "
-                               "--readopt`")
-    return ([expired_version(v) for v in range(first, floor)] + [from_checkpoint(io, floor, _known(table))]
-            + [read_version(io, v) for v in range(floor + 1, last + 1)])
+        raise CorruptFileError(
+            f"Delta versions {first}-{last} of {io.path('_delta_log')} were being absorbed when a "
+            f"log cleanup expired them (a checkpoint at version {floor} is past them): the run "
+            "cannot be finished. Re-adopt the table: `dbidx build-index URI --key COLUMN "
+            "--readopt`"
+        )
+    return (
+        [expired_version(v) for v in range(first, floor)]
+        + [from_checkpoint(io, floor, _known(table))]
+        + [read_version(io, v) for v in range(floor + 1, last + 1)]
+    )
 
 
 def _known(table: TableState) -> dict[str, int]:
@@ -167,8 +182,12 @@ def run_in_progress(record: CompletedInstant | None) -> tuple[int, int] | None:
 
 
 def _about(actions: VersionActions, bounds: list[int]) -> dict[str, Any]:
-    return {"version": actions.version, "operation": str(actions.commit_info.get("operation", "")),
-            "engine": str(actions.commit_info.get("engineInfo", "")), "run": list(bounds)}
+    return {
+        "version": actions.version,
+        "operation": str(actions.commit_info.get("operation", "")),
+        "engine": str(actions.commit_info.get("engineInfo", "")),
+        "run": list(bounds),
+    }
 
 
 def _where(run: list[VersionActions]) -> str:
@@ -188,15 +207,18 @@ def _net(view: DataView, run: list[VersionActions], where: str) -> tuple[set[str
     for actions in run:
         for a in actions.removes:
             if a.path not in present:
-                raise CorruptFileError(f"Delta version {actions.version} ({actions.writer}) removes {a.raw_path!r}, "
-                                       "which is not a live file at that version: the index and the log disagree")
+                raise CorruptFileError(
+                    f"Delta version {actions.version} ({actions.writer}) removes {a.raw_path!r}, "
+                    "which is not a live file at that version: the index and the log disagree"
+                )
             if present[a.path] is None and a.raw_path != spelled[a.path] and not actions.synthetic:
                 # Delta readers match a remove to its add by the path string: this one misses, they keep the file.
                 raise DeltaFeatureError(
                     f"Delta version {actions.version} ({actions.writer}) removes {a.raw_path!r}, but the file was "
                     f"added as {spelled[a.path]!r}: Delta readers keep it live while the remove says it is gone, so "
                     "dbidx cannot describe what they read. Restore the version before with that engine and rewrite "
-                    "the file's rows with dbidx (or re-adopt the table once its log is consistent)")
+                    "the file's rows with dbidx (or re-adopt the table once its log is consistent)"
+                )
             present.pop(a.path)
         adds: set[str] = set()
         for a in actions.adds:
@@ -221,17 +243,29 @@ def _discard(table: TableState, instants: list[str], written: list[str]) -> None
         table.timeline.stop_heartbeat(instant)
 
 
-def _build(table: TableState, view: DataView, where: str, seq: int, started: StartedInstant, key: str | None,
-           columns: list[str], removed: set[str], added: dict[str, FileAction],
-           extra: dict[str, Any], written: list[str]) -> CompletedInstant:
+def _build(
+    table: TableState,
+    view: DataView,
+    where: str,
+    seq: int,
+    started: StartedInstant,
+    key: str | None,
+    columns: list[str],
+    removed: set[str],
+    added: dict[str, FileAction],
+    extra: dict[str, Any],
+    written: list[str],
+) -> CompletedInstant:
     """The absorb record: data files in and out, vectors, and the index entries of every key that moved."""
     instant = started.instant
     gone = sorted(removed - set(added))
     fresh = sorted(set(added) - removed)
     changed = sorted(removed & set(added))
     if (gone or fresh or changed) and key is None:
-        raise DeltaFeatureError(f"{where} changes data files, but the table has no recorded key column yet; "
-                                "write it with dbidx first (build-index or an upsert)")
+        raise DeltaFeatureError(
+            f"{where} changes data files, but the table has no recorded key column yet; "
+            "write it with dbidx first (build-index or an upsert)"
+        )
     left, came = _Rows(), _Rows()
     vectors: dict[str, BitMap] = {}
     descriptors: dict[str, dict[str, Any]] = {}
@@ -253,11 +287,16 @@ def _build(table: TableState, view: DataView, where: str, seq: int, started: Sta
     for path in changed:
         record = live_files[path]
         old = _vector(table, view, path, record.rows)
-        new = BitMap() if added[path].dv is None else read_descriptor(
-            table.io, added[path].dv, record.rows, f"{where}, file {path!r}")
+        new = (
+            BitMap()
+            if added[path].dv is None
+            else read_descriptor(table.io, added[path].dv, record.rows, f"{where}, file {path!r}")
+        )
         if not old.issubset(new):
-            raise DeltaFeatureError(f"{where} brings back deleted rows of {path!r} (its new deletion vector lacks "
-                                    "rows the old one had): dbidx cannot tell which version of those records is live")
+            raise DeltaFeatureError(
+                f"{where} brings back deleted rows of {path!r} (its new deletion vector lacks "
+                "rows the old one had): dbidx cannot tell which version of those records is live"
+            )
         keys = read_key_column(table.io, record, key or "")
         positions = np.asarray((new - old).to_array(), dtype=np.int64)
         left.add(keys.take(pa.array(positions)), record.partition, record.file_group, path)
@@ -285,14 +324,23 @@ def _build(table: TableState, view: DataView, where: str, seq: int, started: Sta
     files = buffer.write(table.io, groups)
     dv_files, dv_records = write_vectors(table.io, instant, vectors)
     return CompletedInstant(
-        seq=seq, instant=instant, action=ACTION_ABSORB, completed_at_ms=int(time.time() * 1000), start_seq=seq - 1,
-        table_id=table.props.table_id, files=tuple(files), data_files=tuple(data_files), replaced=tuple(gone),
-        dv_files=dv_files, deletion_vectors=tuple(replace(v, delta=descriptors[v.path]) for v in dv_records),
-        partitions=buffer.changes(), extra=extra)
+        seq=seq,
+        instant=instant,
+        action=ACTION_ABSORB,
+        completed_at_ms=int(time.time() * 1000),
+        start_seq=seq - 1,
+        table_id=table.props.table_id,
+        files=tuple(files),
+        data_files=tuple(data_files),
+        replaced=tuple(gone),
+        dv_files=dv_files,
+        deletion_vectors=tuple(replace(v, delta=descriptors[v.path]) for v in dv_records),
+        partitions=buffer.changes(),
+        extra=extra,
+    )
 
 
-def _keys_only_in(table: TableState, view: DataView, partition: str, group: str, paths: set[str],
-                  key: str) -> pa.Array:
+def _keys_only_in(table: TableState, view: DataView, partition: str, group: str, paths: set[str], key: str) -> pa.Array:
     """The live keys of a file group's files `paths` without reading them (a VACUUM deleted them): the group's keys
     in the index, minus the live keys of its other files."""
     scope = None if table.global_index else partition
@@ -328,8 +376,9 @@ def _key_column(view: DataView) -> str | None:
     return key if isinstance(key, str) else None
 
 
-def _read_new_file(table: TableState, path: str, partition: str, action: FileAction, key: str,
-                   where: str) -> tuple[DataFileRecord, pa.Array]:
+def _read_new_file(
+    table: TableState, path: str, partition: str, action: FileAction, key: str, where: str
+) -> tuple[DataFileRecord, pa.Array]:
     """A file another engine added, read as build-index reads a migrated file (data/source_files.py: its bytes
     checksummed, its key column checked), its size checked against the `add`."""
     try:
@@ -337,7 +386,8 @@ def _read_new_file(table: TableState, path: str, partition: str, action: FileAct
     except DbidxError as exc:
         raise type(exc)(f"{where} adds {path!r}: {exc}") from exc
     if source.record.size != action.size:
-        raise CorruptFileError(f"{where} adds {table.io.path(path)} of {action.size} bytes; the file has "
-                               f"{source.record.size}")
+        raise CorruptFileError(
+            f"{where} adds {table.io.path(path)} of {action.size} bytes; the file has {source.record.size}"
+        )
     spelled = None if action.raw_path == delta_path(path) else action.raw_path
     return replace(source.record, delta_path=spelled), source.keys

@@ -3,6 +3,7 @@ change dbidx can keep (checked before the absorb claims anything; new columns ar
 schema), and the partition values of the files it adds, which must name a dbidx partition. Kept apart from the
 absorb's run, files and record, which work on what passed these checks.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -15,32 +16,41 @@ from dbidx.storage import layout
 from dbidx.storage.data_view import DELTA_CONFIGURATION_EXTRA, DataView, check_configuration
 
 
-def _check_metadata(view: DataView, actions: VersionActions, columns: list[str], key: str | None,
-                    extra: dict[str, Any], where: str) -> None:
+def _check_metadata(
+    view: DataView, actions: VersionActions, columns: list[str], key: str | None, extra: dict[str, Any], where: str
+) -> None:
     """A protocol or metaData change dbidx can keep (the same partition columns, the key column with its type, no
     column mapping, no feature dbidx cannot write); new columns are recorded as the table's data schema."""
     from dbidx.data.delta_adopt import READER_FEATURES, WRITER_FEATURES
 
     if actions.protocol is not None:
         p = actions.protocol
-        unknown = sorted((set(p.get("readerFeatures") or []) - READER_FEATURES)
-                         | (set(p.get("writerFeatures") or []) - WRITER_FEATURES))
+        unknown = sorted(
+            (set(p.get("readerFeatures") or []) - READER_FEATURES)
+            | (set(p.get("writerFeatures") or []) - WRITER_FEATURES)
+        )
         if p.get("minReaderVersion", 1) > 3 or p.get("minWriterVersion", 1) not in (1, 2, 7) or unknown:
-            raise DeltaFeatureError(f"{where} changes the protocol to {p} (features {unknown}), which dbidx cannot "
-                                    "keep when it writes; re-adopt once the table is in a form dbidx can write")
+            raise DeltaFeatureError(
+                f"{where} changes the protocol to {p} (features {unknown}), which dbidx cannot "
+                "keep when it writes; re-adopt once the table is in a form dbidx can write"
+            )
     meta = actions.metadata
     if meta is None:
         return
     if list(meta.get("partitionColumns") or []) != columns:
-        raise DeltaFeatureError(f"{where} changes the partition columns from {columns} to "
-                                f"{meta.get('partitionColumns')}: every key's partition would change. Re-adopt the "
-                                "table as it is now: `dbidx build-index URI --key COLUMN --readopt`")
+        raise DeltaFeatureError(
+            f"{where} changes the partition columns from {columns} to "
+            f"{meta.get('partitionColumns')}: every key's partition would change. Re-adopt the "
+            "table as it is now: `dbidx build-index URI --key COLUMN --readopt`"
+        )
     configuration = meta.get("configuration") or {}
     if str(configuration.get("delta.columnMapping.mode", "none")) != "none":
         raise DeltaFeatureError(f"{where} turns on column mapping, which dbidx cannot write")
     if str(configuration.get("delta.enableDeletionVectors", "true")).lower() != "true":
-        raise DeltaFeatureError(f"{where} turns deletion vectors off (delta.enableDeletionVectors), which every "
-                                "dbidx upsert writes: set it back to true before dbidx writes again")
+        raise DeltaFeatureError(
+            f"{where} turns deletion vectors off (delta.enableDeletionVectors), which every "
+            "dbidx upsert writes: set it back to true before dbidx writes again"
+        )
     # 1. The table properties: recorded when they change (the run's newest wins), so that dbidx's own later
     #    metaData (a schema change, a properties change) carries them on instead of the ones it started with.
     configuration = check_configuration(configuration, where)
@@ -57,8 +67,10 @@ def _check_metadata(view: DataView, actions: VersionActions, columns: list[str],
     old = decode_schema(extra["schema"], where) if "schema" in extra else recorded_schema(view.schema)
     names = set(old.names) if old is not None else set()
     if old is not None and not set(n for n in names if n not in columns).issubset(schema.names):
-        raise DeltaFeatureError(f"{where} drops column(s) {sorted(names - set(schema.names))}: dbidx's files and "
-                                "schema keep every column; re-adopt the table to take the new schema")
+        raise DeltaFeatureError(
+            f"{where} drops column(s) {sorted(names - set(schema.names))}: dbidx's files and "
+            "schema keep every column; re-adopt the table to take the new schema"
+        )
     new_fields = [f.with_nullable(True) for f in schema if f.name not in names]
     if new_fields:
         base = list(old) if old is not None else []
@@ -81,17 +93,23 @@ def _partition_of(action: FileAction, columns: list[str], where: str) -> str:
     """A new file's dbidx partition from its partitionValues (`col=value`, one segment per column)."""
     extra = sorted(set(action.values) - set(columns))
     if extra:
-        raise DeltaFeatureError(f"{where} adds {action.raw_path!r} with partition values for {extra}, which are not "
-                                f"the table's partition columns {columns}: the table's partitioning changed")
+        raise DeltaFeatureError(
+            f"{where} adds {action.raw_path!r} with partition values for {extra}, which are not "
+            f"the table's partition columns {columns}: the table's partitioning changed"
+        )
     segments = []
     for column in columns:
         value = action.values.get(column)
         if value is None or value == "":
-            raise DeltaFeatureError(f"{where} adds {action.raw_path!r} with a null or empty value of partition "
-                                    f"column {column!r}; dbidx names partitions by their values")
+            raise DeltaFeatureError(
+                f"{where} adds {action.raw_path!r} with a null or empty value of partition "
+                f"column {column!r}; dbidx names partitions by their values"
+            )
         if len(columns) > 1 and "/" in value:
-            raise DeltaFeatureError(f"{where} adds {action.raw_path!r} with partition value {value!r}, whose '/' "
-                                    "would split a partition path")
+            raise DeltaFeatureError(
+                f"{where} adds {action.raw_path!r} with partition value {value!r}, whose '/' "
+                "would split a partition path"
+            )
         segments.append(f"{column}={value}")
     try:
         return layout.validate_partition("/".join(segments))

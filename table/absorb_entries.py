@@ -3,6 +3,7 @@ versions, and the index entries they make (keys re-pointed to their new file gro
 the checks that no key becomes live twice. Apart from the run, its files and its record (table/absorb.py), which
 feed these rows in and write what they buffer.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -30,27 +31,44 @@ class _Rows:
 
     def add(self, keys: pa.Array, partition: str, group: str, file: str) -> None:
         n = len(keys)
-        self._parts.append(pa.table({"key": keys, "partition": pa.repeat(pa.scalar(partition, pa.string()), n),
-                                     "group": pa.repeat(pa.scalar(group, pa.string()), n),
-                                     "file": pa.array(np.full(n, len(self._files), dtype=np.int64))}))
+        self._parts.append(
+            pa.table(
+                {
+                    "key": keys,
+                    "partition": pa.repeat(pa.scalar(partition, pa.string()), n),
+                    "group": pa.repeat(pa.scalar(group, pa.string()), n),
+                    "file": pa.array(np.full(n, len(self._files), dtype=np.int64)),
+                }
+            )
+        )
         self._files.append(file)
 
     def table(self) -> pa.Table:
         if not self._parts:
-            return pa.table({"key": pa.array([], pa.string()), "partition": pa.array([], pa.string()),
-                             "group": pa.array([], pa.string()), "file": pa.array([], pa.int64())})
+            return pa.table(
+                {
+                    "key": pa.array([], pa.string()),
+                    "partition": pa.array([], pa.string()),
+                    "group": pa.array([], pa.string()),
+                    "file": pa.array([], pa.int64()),
+                }
+            )
         return pa.concat_tables(self._parts)
 
     def file_name(self, i: int) -> str:
         return self._files[i]
 
 
-def _entries(table: TableState, buffer: EntryBuffer, left: pa.Table, came: pa.Table, came_rows: _Rows,
-             where: str) -> None:
+def _entries(
+    table: TableState, buffer: EntryBuffer, left: pa.Table, came: pa.Table, came_rows: _Rows, where: str
+) -> None:
     """Re-point the keys that left and came, tombstone those that only left, insert those that only came (after
     checking that none of them is live elsewhere)."""
-    scopes = [None] if table.global_index else sorted(set(left.column("partition").to_pylist())
-                                                      | set(came.column("partition").to_pylist()))
+    scopes = (
+        [None]
+        if table.global_index
+        else sorted(set(left.column("partition").to_pylist()) | set(came.column("partition").to_pylist()))
+    )
     for scope in scopes:
         old = left if scope is None else left.filter(pc.equal(left.column("partition"), scope))
         new = came if scope is None else came.filter(pc.equal(came.column("partition"), scope))
@@ -94,8 +112,14 @@ def _reject_live(table: TableState, insert: pa.Table, came_rows: _Rows, where: s
         return
     found = table.lookup(one_chunk(insert.column("key")), scope)
     if found.num_rows:
-        _duplicate(where, scope, found.column(rli_files.KEY), insert, came_rows,
-                   "they are live already in files it did not touch")
+        _duplicate(
+            where,
+            scope,
+            found.column(rli_files.KEY),
+            insert,
+            came_rows,
+            "they are live already in files it did not touch",
+        )
 
 
 def _duplicate(where: str, scope: str | None, keys: Any, rows: pa.Table, came_rows: _Rows, why: str) -> None:
@@ -108,4 +132,5 @@ def _duplicate(where: str, scope: str | None, keys: Any, rows: pa.Table, came_ro
         f"{', '.join(repr(k) for k in sample.to_pylist())}, in {', '.join(files)}. dbidx keeps one location per key "
         "and absorbed nothing of it. Remedy: remove the repeated rows with the engine that wrote them (or restore "
         "the version before), then re-adopt the table as it then is: `dbidx build-index URI --key COLUMN --readopt` "
-        "(docs/FORMAT.md section 12c)")
+        "(docs/FORMAT.md section 12c)"
+    )

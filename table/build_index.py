@@ -7,6 +7,7 @@ the `build_index` instant lists each with its size and checksum, and records the
 plus hive partition columns, which read as strings) and the key column, so `read_table` returns their rows and
 later upserts update and delete them. One instant: a failed build leaves nothing behind.
 """
+
 from __future__ import annotations
 
 import re
@@ -24,10 +25,16 @@ from dbidx.data.delta_adopt import is_foreign_delta_table, read_snapshot
 from dbidx.data.delta_log import delta_path, initial_version, version_file
 from dbidx.data.schema import check_distinct_names, encode_schema
 from dbidx.data.source_files import PARQUET_SUFFIX, SourceFile, file_group_of, read_source  # noqa: F401
+
 # (file_group_of is imported from here too: its home before data/source_files.py)
 from dbidx.data.superseded import write_vectors
 from dbidx.errors import (
-    ConflictError, CorruptFileError, DuplicateKeyError, ForeignCommitError, InvalidInputError, SchemaError,
+    ConflictError,
+    CorruptFileError,
+    DuplicateKeyError,
+    ForeignCommitError,
+    InvalidInputError,
+    SchemaError,
 )
 from dbidx.table.facade import Table
 from dbidx.table.writer import CommitWriter
@@ -35,6 +42,7 @@ from dbidx.progress import Progress, Steps
 from dbidx.storage import layout
 from dbidx.storage.data_view import DELTA_ADOPTED_EXTRA, LAYOUT_EXTRA, SCHEMA_EXTRA
 from dbidx.storage.records import ACTION_BUILD_INDEX, CompletedInstant, DataFileRecord
+
 
 @dataclass(frozen=True)
 class BuildIndexResult:
@@ -81,14 +89,18 @@ def _check_source(schema: pa.Schema, partition: str, where: str) -> None:
     """What would make a migrated file's rows read wrong: dbidx's own column names, percent-escaped directories."""
     own = [n for n in schema.names if n.startswith("_dbidx_")]
     if own:
-        raise SchemaError(f"data file {where} has column(s) {own} in dbidx's own `_dbidx_` namespace; data files "
-                          "use such names for the writing instant and the delete flag (is this a directory dbidx "
-                          "wrote? build-index only migrates other data); rename them first")
+        raise SchemaError(
+            f"data file {where} has column(s) {own} in dbidx's own `_dbidx_` namespace; data files "
+            "use such names for the writing instant and the delete flag (is this a directory dbidx "
+            "wrote? build-index only migrates other data); rename them first"
+        )
     if _ESCAPED.search(partition):
-        raise InvalidInputError(f"data file {where} is under {partition!r}, a percent-escaped directory name (as "
-                                "Spark and pyarrow write values with special characters): upserts name partitions by "
-                                "their raw values, so the same record would live in two partitions; rewrite the data "
-                                "set with values that need no escaping")
+        raise InvalidInputError(
+            f"data file {where} is under {partition!r}, a percent-escaped directory name (as "
+            "Spark and pyarrow write values with special characters): upserts name partitions by "
+            "their raw values, so the same record would live in two partitions; rewrite the data "
+            "set with values that need no escaping"
+        )
 
 
 def _with_partition_columns(schema: pa.Schema, partition: str) -> pa.Schema:
@@ -103,8 +115,10 @@ def _unify(schema: pa.Schema | None, incoming: pa.Schema, where: str) -> pa.Sche
         return incoming
     for field_ in incoming:
         if field_.name in schema.names and schema.field(field_.name).type != field_.type:
-            raise SchemaError(f"data file {where}: column {field_.name!r} is {field_.type}, while earlier files "
-                              f"have {schema.field(field_.name).type}; the table needs one type per column")
+            raise SchemaError(
+                f"data file {where}: column {field_.name!r} is {field_.type}, while earlier files "
+                f"have {schema.field(field_.name).type}; the table needs one type per column"
+            )
     return pa.schema(list(schema) + [f for f in incoming if f.name not in schema.names])
 
 
@@ -127,9 +141,11 @@ def _check_column_names(table: Table, by_partition: dict[str, list[str]]) -> Non
             for name in columns.names:
                 other, first = seen.setdefault(name.lower(), (name, where))
                 if other != name:
-                    raise SchemaError(f"data file {where} has column {name!r} and data file {first} has {other!r}: "
-                                      "names that differ only in case, which Delta readers resolve as one column; "
-                                      "rename one of them")
+                    raise SchemaError(
+                        f"data file {where} has column {name!r} and data file {first} has {other!r}: "
+                        "names that differ only in case, which Delta readers resolve as one column; "
+                        "rename one of them"
+                    )
 
 
 def _reject_duplicates(keys: pa.Array, file_ids: np.ndarray, files: list[str], scope: str) -> None:
@@ -158,9 +174,11 @@ def build_index(
     table there is adopted instead (its current files, deletion vectors honoured: `adopt_delta_table`)."""
     view = table.data_view()
     if view.writes:
-        raise InvalidInputError(f"table {table.uri} already has {view.writes} committed instant(s), the last "
-                                f"{view.last_write}: it has an index, and build-index only initialises an index that "
-                                f"has no commit or build_index yet. {_remedies(table, key_column)}")
+        raise InvalidInputError(
+            f"table {table.uri} already has {view.writes} committed instant(s), the last "
+            f"{view.last_write}: it has an index, and build-index only initialises an index that "
+            f"has no commit or build_index yet. {_remedies(table, key_column)}"
+        )
     if is_foreign_delta_table(table.io, initial_version(table.props.table_id, table.props.created_at_ms or 0)):
         return adopt_delta_table(table, key_column, partition_columns, progress)
     by_partition = list_data_files(table)
@@ -199,8 +217,9 @@ def build_index(
                 all_keys += part_keys
                 all_ids += part_ids
             else:
-                _reject_duplicates(pa.concat_arrays(part_keys), np.concatenate(part_ids), files,
-                                   f"partition {partition!r}")
+                _reject_duplicates(
+                    pa.concat_arrays(part_keys), np.concatenate(part_ids), files, f"partition {partition!r}"
+                )
         if table.global_index:
             _reject_duplicates(pa.concat_arrays(all_keys), np.concatenate(all_ids), files, "the table")
         # 3. The files are the table's first data (read_table returns them; upserts update their records), with
@@ -215,8 +234,9 @@ def build_index(
     return BuildIndexResult(writer.instant, total, len(by_partition), keys_total, record)
 
 
-def adopt_delta_table(table: Table, key_column: str, partition_columns: Sequence[str] | None = None,
-                      progress: Progress | None = None) -> BuildIndexResult:
+def adopt_delta_table(
+    table: Table, key_column: str, partition_columns: Sequence[str] | None = None, progress: Progress | None = None
+) -> BuildIndexResult:
     """Index the current files of the Delta table at the table root (rows its deletion vectors delete are not
     indexed, and the vectors become the files' vectors in dbidx), as one `build_index` instant whose Delta version
     is the next one of the adopted log: it adds deletionVectors to the protocol and nothing else. From then on
@@ -224,11 +244,15 @@ def adopt_delta_table(table: Table, key_column: str, partition_columns: Sequence
     # 1. The snapshot, checked (protocol, paths, vectors against delta-rs), and the caller's layout against it.
     snapshot = read_snapshot(table.io)
     if partition_columns and list(partition_columns) != snapshot.partition_columns:
-        raise InvalidInputError(f"--partition-col {list(partition_columns)} differs from the Delta table's partition "
-                                f"columns {snapshot.partition_columns}")
+        raise InvalidInputError(
+            f"--partition-col {list(partition_columns)} differs from the Delta table's partition "
+            f"columns {snapshot.partition_columns}"
+        )
     if key_column not in snapshot.schema.names or key_column in snapshot.partition_columns:
-        raise InvalidInputError(f"the Delta table at {table.uri} has no data column {key_column!r} to use as the "
-                                f"record key (columns: {snapshot.schema.names})")
+        raise InvalidInputError(
+            f"the Delta table at {table.uri} has no data column {key_column!r} to use as the "
+            f"record key (columns: {snapshot.schema.names})"
+        )
     if not snapshot.files:
         raise InvalidInputError(f"the Delta table at {table.uri} has no data files at version {snapshot.version}")
     records, vectors, descriptors = [], {}, {}
@@ -236,6 +260,7 @@ def adopt_delta_table(table: Table, key_column: str, partition_columns: Sequence
     files: list[str] = []
     steps = Steps(progress, len(snapshot.files))
     table.adopting_delta = True  # no Delta version is written before this instant publishes its own
+
     # At publish, whether or not other completions landed meanwhile (a commit check runs only then): another
     # engine's commit after the snapshot refuses the adoption, nothing published.
     def no_newer(record: CompletedInstant) -> None:
@@ -249,20 +274,25 @@ def adopt_delta_table(table: Table, key_column: str, partition_columns: Sequence
                 # 2. Each file's keys (its bytes checksummed, as every data file), minus its deleted rows.
                 source = _read_source(table, f.path, f.partition, key_column)
                 if source.record.size != f.size:
-                    raise CorruptFileError(f"data file {table.io.path(f.path)} has {source.record.size} bytes, its "
-                                           f"Delta `add` says {f.size}")
+                    raise CorruptFileError(
+                        f"data file {table.io.path(f.path)} has {source.record.size} bytes, its "
+                        f"Delta `add` says {f.size}"
+                    )
                 keys = source.keys
                 if f.deleted is not None and len(f.deleted):
                     if f.deleted.max() >= len(keys):
-                        raise CorruptFileError(f"the deletion vector of {table.io.path(f.path)} deletes row "
-                                               f"{f.deleted.max()}, but the file has {len(keys)} rows")
+                        raise CorruptFileError(
+                            f"the deletion vector of {table.io.path(f.path)} deletes row "
+                            f"{f.deleted.max()}, but the file has {len(keys)} rows"
+                        )
                     keep = np.ones(len(keys), dtype=bool)
                     keep[np.asarray(f.deleted.to_array(), dtype=np.int64)] = False
                     keys = keys.filter(pa.array(keep))
                     vectors[f.path], descriptors[f.path] = f.deleted, f.dv
                 writer.insert(f.partition, keys, source.record.file_group)
-                records.append(replace(source.record, delta_path=None if f.raw_path == delta_path(f.path)
-                                       else f.raw_path))
+                records.append(
+                    replace(source.record, delta_path=None if f.raw_path == delta_path(f.path) else f.raw_path)
+                )
                 files.append(table.io.path(f.path))
                 scope = "" if table.global_index else f.partition
                 keys_by_scope.setdefault(scope, ([], []))[0].append(keys)
@@ -270,8 +300,12 @@ def adopt_delta_table(table: Table, key_column: str, partition_columns: Sequence
                 steps.step(f"{f.partition or '(root)'} {f.path.rsplit('/', 1)[-1]}", len(keys))
             # 3. One live row per key (per partition, or table-wide in global mode).
             for scope, (part_keys, part_ids) in sorted(keys_by_scope.items()):
-                _reject_duplicates(pa.concat_arrays(part_keys), np.concatenate(part_ids), files,
-                                   "the table" if table.global_index else f"partition {scope!r}")
+                _reject_duplicates(
+                    pa.concat_arrays(part_keys),
+                    np.concatenate(part_ids),
+                    files,
+                    "the table" if table.global_index else f"partition {scope!r}",
+                )
             # 4. The files, their vectors (copied into a DV file of dbidx's, each remembering the descriptor the
             #    Delta log has for it), the schema, layout and the adopted table's identity.
             writer.add_written([], records, {}, [])
@@ -280,22 +314,32 @@ def adopt_delta_table(table: Table, key_column: str, partition_columns: Sequence
             writer.extra["source_files"] = len(records)
             writer.extra[LAYOUT_EXTRA] = {"key": key_column, "partition_columns": snapshot.partition_columns}
             writer.extra[SCHEMA_EXTRA] = encode_schema(pa.schema([f.with_nullable(True) for f in snapshot.schema]))
-            writer.extra[DELTA_ADOPTED_EXTRA] = {"version": snapshot.version, "metaData": snapshot.metadata,
-                                                 "protocol": snapshot.protocol}
+            writer.extra[DELTA_ADOPTED_EXTRA] = {
+                "version": snapshot.version,
+                "metaData": snapshot.metadata,
+                "protocol": snapshot.protocol,
+            }
     finally:
         table.adopting_delta = False
         table.timeline.before_publish.remove(no_newer)
     record = writer.record
     assert record is not None
-    return BuildIndexResult(writer.instant, len(records), len({f.partition for f in records}),
-                            sum(len(k) for ks, _i in keys_by_scope.values() for k in ks), record)
+    return BuildIndexResult(
+        writer.instant,
+        len(records),
+        len({f.partition for f in records}),
+        sum(len(k) for ks, _i in keys_by_scope.values() for k in ks),
+        record,
+    )
 
 
 def _remedies(table: Table, key_column: str) -> str:
     """What to run on a table that has an index already, instead of building one."""
-    return (f"To bring that index up to the commits other engines made to its Delta table, run `dbidx sync "
-            f"{table.uri}`; to rebuild the index from the Delta table as it is now (the old index folder is moved "
-            f"aside), run `dbidx build-index {table.uri} --key {key_column} --readopt`")
+    return (
+        f"To bring that index up to the commits other engines made to its Delta table, run `dbidx sync "
+        f"{table.uri}`; to rebuild the index from the Delta table as it is now (the old index folder is moved "
+        f"aside), run `dbidx build-index {table.uri} --key {key_column} --readopt`"
+    )
 
 
 def _indexed_meanwhile(table: Table, key_column: str, instant: str) -> ConflictError | None:
@@ -304,10 +348,12 @@ def _indexed_meanwhile(table: Table, key_column: str, instant: str) -> ConflictE
     view = table.data_view()
     if not view.writes:
         return None
-    return ConflictError(f"build-index instant {instant} of {table.uri} lost the race for the table's first index: "
-                         f"{view.writes} other instant(s) committed while it ran (the last {view.last_write}), and "
-                         "build-index only initialises an index that has no commit or build_index yet. Nothing of "
-                         f"this build was published. {_remedies(table, key_column)}")
+    return ConflictError(
+        f"build-index instant {instant} of {table.uri} lost the race for the table's first index: "
+        f"{view.writes} other instant(s) committed while it ran (the last {view.last_write}), and "
+        "build-index only initialises an index that has no commit or build_index yet. Nothing of "
+        f"this build was published. {_remedies(table, key_column)}"
+    )
 
 
 @contextmanager
@@ -366,5 +412,7 @@ def _no_newer_version(table: Table, version: int, instant: str, key_column: str)
     if refusal is not None:
         raise refusal
     # 3. Another engine's commit: the snapshot is out of date.
-    raise ForeignCommitError(f"another engine committed Delta version {version + 1} to {table.uri} while it was "
-                             "being adopted; nothing was published: run build-index again")
+    raise ForeignCommitError(
+        f"another engine committed Delta version {version + 1} to {table.uri} while it was "
+        "being adopted; nothing was published: run build-index again"
+    )

@@ -13,6 +13,7 @@ Only the `delta.*` keys below can be set through dbidx: another `delta.*` key ch
 only, column mapping, ...), which dbidx would have to honour first. Keys outside `delta.` are free-form user
 properties (owner, comment) and are carried as given.
 """
+
 from __future__ import annotations
 
 import re
@@ -35,17 +36,28 @@ class PropertiesTable(TableState, Protocol):
 
     def data_view(self) -> DataView: ...
 
+
 LOG_RETENTION = "delta.logRetentionDuration"
 DELETED_FILE_RETENTION = "delta.deletedFileRetentionDuration"
 CHECKPOINT_INTERVAL = "delta.checkpointInterval"
 EXPIRED_LOG_CLEANUP = "delta.enableExpiredLogCleanup"
 DELETION_VECTORS = "delta.enableDeletionVectors"
 # Delta's defaults (PROTOCOL.md and Delta Spark's DeltaConfigs): what a table without the key gets.
-DEFAULTS = {LOG_RETENTION: "interval 30 days", DELETED_FILE_RETENTION: "interval 1 weeks", CHECKPOINT_INTERVAL: "10",
-            EXPIRED_LOG_CLEANUP: "true"}
+DEFAULTS = {
+    LOG_RETENTION: "interval 30 days",
+    DELETED_FILE_RETENTION: "interval 1 weeks",
+    CHECKPOINT_INTERVAL: "10",
+    EXPIRED_LOG_CLEANUP: "true",
+}
 SETTABLE = tuple(DEFAULTS)
-_UNIT_MS = {"week": 7 * 86_400_000, "day": 86_400_000, "hour": 3_600_000, "minute": 60_000, "second": 1000,
-            "millisecond": 1}
+_UNIT_MS = {
+    "week": 7 * 86_400_000,
+    "day": 86_400_000,
+    "hour": 3_600_000,
+    "minute": 60_000,
+    "second": 1000,
+    "millisecond": 1,
+}
 _INTERVAL = re.compile(r"^\s*interval\s+(\d+)\s+([a-z]+?)s?\s*$", re.IGNORECASE)
 
 
@@ -64,8 +76,10 @@ def parse_interval(text: str, key: str) -> int:
     m = _INTERVAL.match(text) if isinstance(text, str) else None
     unit = m.group(2).lower() if m else ""
     if m is None or unit not in _UNIT_MS:
-        raise ConfigError(f"{key} must be a Delta interval such as 'interval 7 days' (units: weeks, days, hours, "
-                          f"minutes, seconds, milliseconds), got {text!r}")
+        raise ConfigError(
+            f"{key} must be a Delta interval such as 'interval 7 days' (units: weeks, days, hours, "
+            f"minutes, seconds, milliseconds), got {text!r}"
+        )
     return int(m.group(1)) * _UNIT_MS[unit]
 
 
@@ -86,9 +100,11 @@ def check_property(key: str, value: Any) -> str:
     if not isinstance(key, str) or not key.strip():
         raise ConfigError(f"a table property name must be a non-empty string, got {key!r}")
     if key.startswith("delta.") and key not in SETTABLE:
-        raise ConfigError(f"{key} cannot be set through dbidx (it can set {', '.join(SETTABLE)} and properties "
-                          "outside delta.*): another delta.* property changes what writers must do, which dbidx "
-                          "does not do yet")
+        raise ConfigError(
+            f"{key} cannot be set through dbidx (it can set {', '.join(SETTABLE)} and properties "
+            "outside delta.*): another delta.* property changes what writers must do, which dbidx "
+            "does not do yet"
+        )
     if not isinstance(value, str):
         raise ConfigError(f"{key}: a table property value is a string, got {value!r}")
     if key in (LOG_RETENTION, DELETED_FILE_RETENTION):
@@ -104,13 +120,16 @@ def check_property(key: str, value: Any) -> str:
 def retention_of(configuration: Mapping[str, str]) -> DeltaRetention:
     """The retention properties in force (Delta's defaults for absent keys); a value dbidx cannot parse, set by
     another engine, is a ConfigError naming it."""
+
     def get(key: str) -> str:
         return configuration.get(key, DEFAULTS[key])
 
-    return DeltaRetention(parse_interval(get(LOG_RETENTION), LOG_RETENTION),
-                          parse_interval(get(DELETED_FILE_RETENTION), DELETED_FILE_RETENTION),
-                          _parse_positive(get(CHECKPOINT_INTERVAL), CHECKPOINT_INTERVAL),
-                          _parse_bool(get(EXPIRED_LOG_CLEANUP), EXPIRED_LOG_CLEANUP))
+    return DeltaRetention(
+        parse_interval(get(LOG_RETENTION), LOG_RETENTION),
+        parse_interval(get(DELETED_FILE_RETENTION), DELETED_FILE_RETENTION),
+        _parse_positive(get(CHECKPOINT_INTERVAL), CHECKPOINT_INTERVAL),
+        _parse_bool(get(EXPIRED_LOG_CLEANUP), EXPIRED_LOG_CLEANUP),
+    )
 
 
 def set_delta_properties(table: PropertiesTable, changes: Mapping[str, str | None]) -> CompletedInstant | None:
@@ -138,13 +157,21 @@ def set_delta_properties(table: PropertiesTable, changes: Mapping[str, str | Non
         # A change built on a configuration that is no longer the latest would undo the other one.
         for rec in news:
             if rec.action in (ACTION_PROPERTIES, ACTION_ABSORB) and DELTA_CONFIGURATION_EXTRA in rec.extra:
-                raise ConflictError(f"the table properties of {table.uri} changed meanwhile (completion {rec.seq}, "
-                                    f"{rec.instant}); nothing was changed: set them again")
+                raise ConflictError(
+                    f"the table properties of {table.uri} changed meanwhile (completion {rec.seq}, "
+                    f"{rec.instant}); nothing was changed: set them again"
+                )
 
     def build(seq: int) -> CompletedInstant:
-        return CompletedInstant(seq=seq, instant=writer.instant, action=ACTION_PROPERTIES,
-                                table_id=table.props.table_id, completed_at_ms=int(time.time() * 1000),
-                                start_seq=writer.start_seq, extra={DELTA_CONFIGURATION_EXTRA: after})
+        return CompletedInstant(
+            seq=seq,
+            instant=writer.instant,
+            action=ACTION_PROPERTIES,
+            table_id=table.props.table_id,
+            completed_at_ms=int(time.time() * 1000),
+            start_seq=writer.start_seq,
+            extra={DELTA_CONFIGURATION_EXTRA: after},
+        )
 
     # 3. One instant: published, or rolled back (storage/instant_life.py).
     with InstantLife(table.timeline, ACTION_PROPERTIES) as writer:

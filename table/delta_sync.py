@@ -1,8 +1,8 @@
 """The Table's side of the Delta log: every completion's commit point (its record staged, then its Delta
 version put), the sync after each publish and before each claim, and the absorption of other engines' versions
 (docs/FORMAT.md section 12). A mixin of `table.facade.Table`, kept apart so the facade stays small."""
-from __future__ import annotations
 
+from __future__ import annotations
 
 
 from dbidx.data.delta_actions import VersionActions, read_version
@@ -24,7 +24,6 @@ from dbidx.storage.data_view import DELTA_ADOPTED_EXTRA, check_adopted
 from dbidx.storage.records import ACTION_BUILD_INDEX, ACTION_CLEAN, CompletedInstant
 
 
-
 class DeltaLogSync:
     """Table methods that keep the index and the Delta log one: commit point, sync, absorb, checkpoints."""
 
@@ -38,8 +37,10 @@ class DeltaLogSync:
             # Delta checkpoint (the log cleanup service's, another engine's) is fewer than delta.checkpointInterval
             # versions old: a second one so close adds bytes to the log and saves readers nothing.
             newest = checkpoint_pointer(self.io)
-            if self._data.schema is not None and (newest < 0 or self.delta_version() - newest
-                                                  >= retention_of(self._data.configuration()).checkpoint_interval):
+            if self._data.schema is not None and (
+                newest < 0
+                or self.delta_version() - newest >= retention_of(self._data.configuration()).checkpoint_interval
+            ):
                 write_delta_checkpoint(self.io)
 
     def sync_delta_log(self) -> int:
@@ -53,14 +54,22 @@ class DeltaLogSync:
             if self.adopting_delta and self._data.delta_adopted is None:
                 return 0
             self.absorb_delta_log()
-            return self._delta.sync(self.io, self.timeline.latest_seq, self.timeline.completed, self._refreshed_seq,
-                                    self._data.delta_offset, self._data.delta_first_seq, self.timeline.in_memory)
+            return self._delta.sync(
+                self.io,
+                self.timeline.latest_seq,
+                self.timeline.completed,
+                self._refreshed_seq,
+                self._data.delta_offset,
+                self._data.delta_first_seq,
+                self.timeline.in_memory,
+            )
 
     def _delta_writer(self) -> DeltaLogWriter:
         if self._delta is None:
             # Versions of completions this view folded already are derived again only if they are missing.
-            self._delta = DeltaLogWriter(TableShape(self.props.table_id, self.props.created_at_ms or 0,
-                                                    self.props.upgraded_at_seq), self.io)
+            self._delta = DeltaLogWriter(
+                TableShape(self.props.table_id, self.props.created_at_ms or 0, self.props.upgraded_at_seq), self.io
+            )
         return self._delta
 
     def absorb_delta_log(self) -> list[CompletedInstant]:
@@ -81,16 +90,19 @@ class DeltaLogSync:
                 while True:
                     seq = self.timeline.latest_seq + 1
                     version = seq + self._data.delta_offset
-                    if seq < self._data.delta_first_seq or not (version <= floor
-                                                                or self.io.exists(version_file(version))):
+                    if seq < self._data.delta_first_seq or not (
+                        version <= floor or self.io.exists(version_file(version))
+                    ):
                         return out
                     published = self._next_version_record(version, seq)
                     out += published
                     self.refresh(force=True)
                     stalled = 0 if published or self.timeline.latest_seq >= seq else stalled + 1
                     if stalled >= 3:  # never a silent spin: something keeps the version from getting its record
-                        raise CorruptFileError(f"Delta version {version} of {self.uri} gets no completion record "
-                                               f"(seq {seq}) after {stalled} attempts; `dbidx verify URI` says why")
+                        raise CorruptFileError(
+                            f"Delta version {version} of {self.uri} gets no completion record "
+                            f"(seq {seq}) after {stalled} attempts; `dbidx verify URI` says why"
+                        )
             finally:
                 self._absorbing.on = False
 
@@ -123,8 +135,11 @@ class DeltaLogSync:
         return absorb_run(self, collect_run(self, version, self._has_staged), seq)
 
     def _has_staged(self, actions: VersionActions) -> bool:
-        return actions.dbidx_instant is not None and layout.is_instant(actions.dbidx_instant) \
+        return (
+            actions.dbidx_instant is not None
+            and layout.is_instant(actions.dbidx_instant)
             and self.io.exists(layout.staged_file(actions.dbidx_instant))
+        )
 
     def _staged_of(self, actions: VersionActions, seq: int) -> list[CompletedInstant] | None:
         """A version a dbidx writer put: its staged record published ([] if someone else did), None if it is not

@@ -6,6 +6,7 @@ index reads (snapshot, incremental, lookup) are the `IndexReads` mixin (`index_r
 the `DeltaLogSync` mixin (`delta_sync.py`), its maintenance entry points (rollback, compactions, clean, properties,
 vacuum, services, sweep) the `TableMaintenance` mixin (`maintenance.py`).
 """
+
 from __future__ import annotations
 
 import os
@@ -118,9 +119,12 @@ class Table(IndexReads, DeltaLogSync, TableMaintenance):
         io = FileIO.from_uri(uri, fs, storage_options, commit_lock)
         io.check_not_a_file()
         props = TableProperties(
-            table_id=uuid.uuid4().hex, num_shards=num_shards,
-            index_mode=INDEX_GLOBAL if global_index else INDEX_PARTITIONED, key_hash=HASH_NAME,
-            row_group_size=row_group_size, created_at_ms=int(time.time() * 1000),
+            table_id=uuid.uuid4().hex,
+            num_shards=num_shards,
+            index_mode=INDEX_GLOBAL if global_index else INDEX_PARTITIONED,
+            key_hash=HASH_NAME,
+            row_group_size=row_group_size,
+            created_at_ms=int(time.time() * 1000),
             checkpoint_interval=checkpoint_interval,
         )
         if not io.create_exclusive(layout.PROPERTIES_FILE, properties_json(props)):
@@ -132,8 +136,13 @@ class Table(IndexReads, DeltaLogSync, TableMaintenance):
         return cls(io, props)
 
     @classmethod
-    def open(cls, uri: str, fs: pafs.FileSystem | None = None, storage_options: Mapping[str, Any] | None = None,
-             commit_lock: CommitLock | None = None) -> "Table":
+    def open(
+        cls,
+        uri: str,
+        fs: pafs.FileSystem | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        commit_lock: CommitLock | None = None,
+    ) -> "Table":
         """Open an existing table; a missing or unreadable table is a clear error naming the path (storage_options
         and commit_lock as in `create`)."""
         io = FileIO.from_uri(uri, fs, storage_options, commit_lock)
@@ -147,9 +156,11 @@ class Table(IndexReads, DeltaLogSync, TableMaintenance):
         raw = io.read_bytes(layout.PROPERTIES_FILE)
         props = parse_properties(raw, io.path(layout.PROPERTIES_FILE))
         if props.format_version == 3 and props.key_hash == HASH_NAME:
-            raise FormatUpgradeError(f"the table at {io.root} is in format 3 (data merged by key); this dbidx reads "
-                                     f"format {FORMAT_VERSION} (a Delta Lake table): upgrade it in place with "
-                                     "`dbidx upgrade URI` (stop its writers first)")
+            raise FormatUpgradeError(
+                f"the table at {io.root} is in format 3 (data merged by key); this dbidx reads "
+                f"format {FORMAT_VERSION} (a Delta Lake table): upgrade it in place with "
+                "`dbidx upgrade URI` (stop its writers first)"
+            )
         if props.format_version != FORMAT_VERSION or props.key_hash != HASH_NAME:
             raise CorruptFileError(
                 f"table at {io.root} uses format {props.format_version} / hash {props.key_hash}; this dbidx reads "
@@ -165,8 +176,12 @@ class Table(IndexReads, DeltaLogSync, TableMaintenance):
         try:
             return cls.create(uri, **create_args)
         except TableExistsError:
-            return cls.open(uri, fs=create_args.get("fs"), storage_options=create_args.get("storage_options"),
-                            commit_lock=create_args.get("commit_lock"))
+            return cls.open(
+                uri,
+                fs=create_args.get("fs"),
+                storage_options=create_args.get("storage_options"),
+                commit_lock=create_args.get("commit_lock"),
+            )
 
     def __getstate__(self) -> dict[str, Any]:
         return {"io": self.io, "props": self.props}
@@ -281,8 +296,9 @@ class Table(IndexReads, DeltaLogSync, TableMaintenance):
         """Index and data views rebuilt from a checkpoint, checked like records are."""
         view, data = IndexView.from_dict(cp.index, cp.where), DataView.from_dict(cp.data, cp.where)
         if view.applied_seq != cp.seq or data.applied_seq != cp.seq:
-            raise CorruptFileError(f"{cp.where} holds views at seqs {view.applied_seq} / {data.applied_seq}, not at "
-                                   f"its own seq {cp.seq}")
+            raise CorruptFileError(
+                f"{cp.where} holds views at seqs {view.applied_seq} / {data.applied_seq}, not at its own seq {cp.seq}"
+            )
         self._check_files(view.all_files(), cp.where)
         return view, data
 
@@ -309,7 +325,8 @@ class Table(IndexReads, DeltaLogSync, TableMaintenance):
                 raise CorruptFileError(
                     f"{where} lists {f.path} for shard "
                     f"{f.shard} / partition {f.partition!r}, impossible in this {self.props.index_mode} table of "
-                    f"{self.num_shards} shards")
+                    f"{self.num_shards} shards"
+                )
 
     def latest(self) -> CompletedInstant | None:
         """The newest completion record (None for an empty table)."""
@@ -355,8 +372,10 @@ class Table(IndexReads, DeltaLogSync, TableMaintenance):
             return read() if read is not None else rli_files.read_rli_file(self.io, record)
         except CorruptFileError as exc:
             if not self.io.exists(record.path) and self._cleaned_now(record.path):
-                raise HistoryCompactedError(f"index file {record.path} was removed by a clean while it was being "
-                                            "read; read a newer snapshot (caches reload the partition)") from exc
+                raise HistoryCompactedError(
+                    f"index file {record.path} was removed by a clean while it was being "
+                    "read; read a newer snapshot (caches reload the partition)"
+                ) from exc
             raise
 
     def _cleaned_now(self, path: str) -> bool:

@@ -1,5 +1,6 @@
 """The Table's reads of its record-level index: snapshots, incremental changes (what a cache catches up
 from), their plan, and point lookups. A mixin of `table.facade.Table`, kept apart so the facade stays small."""
+
 from __future__ import annotations
 
 from typing import Iterable, Sequence
@@ -15,7 +16,6 @@ from dbidx.index import rli_files
 from dbidx.index.point_lookup import lookup
 from dbidx.storage import layout
 from dbidx.storage.records import FileRecord
-
 
 
 class IndexReads:
@@ -60,9 +60,13 @@ class IndexReads:
         wanted = None if partitions is None else {layout.validate_partition(p) for p in partitions}
         return self.read_incremental(self.incremental_files(start_exclusive, end_inclusive, wanted, shard), wanted)
 
-    def incremental_files(self, start_exclusive: int | str | None, end_inclusive: int | str | None = None,
-                          partitions: Iterable[str] | None = None,
-                          shard: int | None = None) -> list[tuple[int, FileRecord]]:
+    def incremental_files(
+        self,
+        start_exclusive: int | str | None,
+        end_inclusive: int | str | None = None,
+        partitions: Iterable[str] | None = None,
+        shard: int | None = None,
+    ) -> list[tuple[int, FileRecord]]:
         """The (seq, record) of each delta file `incremental` reads, in commit order (a global file holds every
         partition: it is listed whatever `partitions` says)."""
         wanted = None if partitions is None else set(partitions)
@@ -74,12 +78,15 @@ class IndexReads:
             start = self.seq_at(start_exclusive) if start_exclusive is not None else 0
             end = self.seq_at(end_inclusive)
             between = self._view.delta_files_between(start, end)
-        return [(seq, record) for seq, record in between
-                if record.shard in shards
-                and (wanted is None or record.partition is None or record.partition in wanted)]
+        return [
+            (seq, record)
+            for seq, record in between
+            if record.shard in shards and (wanted is None or record.partition is None or record.partition in wanted)
+        ]
 
-    def read_incremental(self, files: list[tuple[int, FileRecord]],
-                         partitions: Iterable[str] | None = None) -> pa.Table:
+    def read_incremental(
+        self, files: list[tuple[int, FileRecord]], partitions: Iterable[str] | None = None
+    ) -> pa.Table:
         """Read listed delta files (verified) into one table with `partition` and `seq`, a global file's rows cut to
         `partitions`. Needs no refresh: a reader thread can run it beside its caller (cache catch-up does)."""
         wanted = None if partitions is None else sorted(set(partitions))
@@ -87,8 +94,9 @@ class IndexReads:
         for seq, record in files:
             table = self.read_index_file(record)
             if record.partition is not None:
-                table = table.add_column(1, rli_files.PARTITION, pa.repeat(pa.scalar(record.partition, pa.string()),
-                                                                          table.num_rows))
+                table = table.add_column(
+                    1, rli_files.PARTITION, pa.repeat(pa.scalar(record.partition, pa.string()), table.num_rows)
+                )
             elif wanted is not None:
                 table = table.filter(pc.is_in(table.column(rli_files.PARTITION), pa.array(wanted, pa.string())))
             pieces.append(table.append_column("seq", pa.array(np.full(table.num_rows, seq, dtype=np.int64))))
@@ -109,8 +117,10 @@ class IndexReads:
             for _seq, record in self._view.delta_files_between(start_exclusive, end_inclusive, strict=False):
                 if record.shard in shards:
                     rows, cleaned = plan.get(record.partition, (0, False))
-                    plan[record.partition] = (rows + record.rows,
-                                              cleaned or stale or self._view.is_cleaned(record.path))
+                    plan[record.partition] = (
+                        rows + record.rows,
+                        cleaned or stale or self._view.is_cleaned(record.path),
+                    )
         return plan
 
     def history_before(self, seq: int) -> bool:

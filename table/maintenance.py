@@ -1,6 +1,7 @@
 """The Table's maintenance entry points: unfinished instants (list, roll back), both compactions and the clean, the
 Delta table properties, vacuum, the table services and the sweep of what dead writers left. A mixin of
 `table.facade.Table`, kept apart so the facade stays small; the work itself is in the modules each method names."""
+
 from __future__ import annotations
 
 import warnings
@@ -44,31 +45,48 @@ class TableMaintenance:
         as active writers on a filesystem without an exclusive create."""
         return self.timeline.rollback(instant, ignore=also_dead)
 
-    def compact(self, partitions: Iterable[str] | None = None, min_files: int = 2,
-                progress: Progress | None = None, runner: WorkRunner | None = None,
-                base_share: float | None = None) -> CompactionResult:
+    def compact(
+        self,
+        partitions: Iterable[str] | None = None,
+        min_files: int = 2,
+        progress: Progress | None = None,
+        runner: WorkRunner | None = None,
+        base_share: float | None = None,
+    ) -> CompactionResult:
         """Merge each (partition, shard) with at least `min_files` index files into one base without tombstones,
         as one compaction instant; concurrent commits are not in conflict with it (see index.compaction). `runner`:
         where the merges run (dbidx.runner; default here; `spark_integration.service_jobs` as a Spark job).
         base_share: size-tiered, the base is rewritten only once the files after it hold this share of its entries,
         before that a group's newest files are merged into one merged file (None: always into a new base)."""
-        result = compact(self, partitions, min_files=min_files, progress=progress, runner=runner,
-                         base_share=base_share)
+        result = compact(self, partitions, min_files=min_files, progress=progress, runner=runner, base_share=base_share)
         self._sweep_after("index compaction")
         return result
 
-    def compact_data(self, partitions: Iterable[str] | None = None, min_files: int = 2,
-                     deleted_share: float | None = 0.2, target_file_bytes: int | None = 64 << 20,
-                     progress: Progress | None = None, runner: WorkRunner | None = None,
-                     base_share: float | None = None) -> DataCompactionResult:
+    def compact_data(
+        self,
+        partitions: Iterable[str] | None = None,
+        min_files: int = 2,
+        deleted_share: float | None = 0.2,
+        target_file_bytes: int | None = 64 << 20,
+        progress: Progress | None = None,
+        runner: WorkRunner | None = None,
+        base_share: float | None = None,
+    ) -> DataCompactionResult:
         """Rewrite, per file group, its small data files (under `target_file_bytes`) when there are at least
         `min_files` of them, and every file with at least `deleted_share` of its rows deleted, into one base of their
         live rows, as one data compaction instant that concurrent upserts do not conflict with (see
         data.compaction). `runner`: where the rewrites run (as for `compact`). base_share: a group's largest small
         file stays while the rest hold less than this share of its bytes (None: one file per group results)."""
-        result = compact_data(self, partitions, min_files=min_files, deleted_share=deleted_share,
-                              target_file_bytes=target_file_bytes, progress=progress, runner=runner,
-                              base_share=base_share)
+        result = compact_data(
+            self,
+            partitions,
+            min_files=min_files,
+            deleted_share=deleted_share,
+            target_file_bytes=target_file_bytes,
+            progress=progress,
+            runner=runner,
+            base_share=base_share,
+        )
         self._sweep_after("data compaction")
         return result
 
@@ -106,8 +124,13 @@ class TableMaintenance:
         checked before anything is written (ConfigError); returns the settings now in force."""
         return write_settings(self.io, changes)
 
-    def maintain(self, budget_seconds: float | None = None, budget_files: int | None = None,
-                 progress: Progress | None = None, runner: WorkRunner | None = None) -> ServicesReport:
+    def maintain(
+        self,
+        budget_seconds: float | None = None,
+        budget_files: int | None = None,
+        progress: Progress | None = None,
+        runner: WorkRunner | None = None,
+    ) -> ServicesReport:
         """Run the table services the table needs now (data compaction, index compaction, clean, log cleanup,
         vacuum), within the budget (the settings' unless given); what the budget leaves is in the report, for the
         next run. `runner`: where the compactions' pieces run (`spark_integration.maintain` passes Spark's)."""
@@ -131,5 +154,6 @@ class TableMaintenance:
         try:
             self.sweep_leftovers()
         except Exception as exc:  # noqa: BLE001 - the maintenance instant completed; the sweep runs again next time
-            warnings.warn(f"{what} of {self.uri} completed, but sweeping leftovers failed: {exc}", RuntimeWarning,
-                          stacklevel=3)
+            warnings.warn(
+                f"{what} of {self.uri} completed, but sweeping leftovers failed: {exc}", RuntimeWarning, stacklevel=3
+            )

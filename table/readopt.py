@@ -9,6 +9,7 @@ file, the Delta log and its history (Delta readers' time travel), the shard coun
 dbidx's own time travel before the re-adoption, and every executor cache of the old index (they are keyed by the
 table id, which is new: the reaper deletes them).
 """
+
 from __future__ import annotations
 
 import os
@@ -34,9 +35,15 @@ class ReadoptResult:
     moved_to: str
 
 
-def readopt(uri: str, key_column: str, partition_columns: Sequence[str] | None = None,
-            num_shards: int | None = None, global_index: bool | None = None,
-            storage_options: Mapping[str, Any] | None = None, progress: Progress | None = None) -> ReadoptResult:
+def readopt(
+    uri: str,
+    key_column: str,
+    partition_columns: Sequence[str] | None = None,
+    num_shards: int | None = None,
+    global_index: bool | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    progress: Progress | None = None,
+) -> ReadoptResult:
     """Rebuild the index of the dbidx table at `uri` from its Delta table as it is now (shards and index mode of
     the old index unless given). Stop the table's dbidx writers first: a pending instant refuses. On any failure
     the old index is put back and nothing else has changed."""
@@ -48,8 +55,10 @@ def readopt(uri: str, key_column: str, partition_columns: Sequence[str] | None =
         raise InvalidInputError(f"{old.uri} has no Delta log to re-adopt")
     pending = old.timeline.pending()
     if pending:
-        raise InvalidInputError(f"{old.uri} has pending instant(s) {pending[:5]}: stop the table's dbidx writers "
-                                "(or roll back the dead ones: `dbidx rollback URI --all-pending`) before re-adopting")
+        raise InvalidInputError(
+            f"{old.uri} has pending instant(s) {pending[:5]}: stop the table's dbidx writers "
+            "(or roll back the dead ones: `dbidx rollback URI --all-pending`) before re-adopting"
+        )
     shards = old.num_shards if num_shards is None else num_shards
     global_mode = old.global_index if global_index is None else global_index
     # 2. Move it aside (one rename: the table has no index for that instant, and no dbidx writer may run).

@@ -8,6 +8,7 @@ a table healthy). It is read back as untrusted input: an unknown key, a value of
 CorruptFileError naming the key and the file. A value set from Python or the CLI is checked the same way before
 anything is written (ConfigError).
 """
+
 from __future__ import annotations
 
 import json
@@ -63,10 +64,17 @@ class ServiceSettings:
 
 
 _RANGES: dict[str, tuple[float, float]] = {
-    "data_min_small_files": (2, 1 << 20), "data_small_file_mb": (1, 1 << 20), "index_min_files": (2, 1 << 20),
-    "clean_retain_completions": (0, 1 << 30), "clean_interval": (1, 1 << 30), "budget_files": (1, 1 << 30),
-    "budget_seconds": (0.001, 86400.0), "vacuum_interval_hours": (0.001, 8760.0), "spark_jobs_min_mb": (0, 1 << 30),
-    "data_base_share": (0.0, 1e6), "index_base_share": (0.0, 1e6),
+    "data_min_small_files": (2, 1 << 20),
+    "data_small_file_mb": (1, 1 << 20),
+    "index_min_files": (2, 1 << 20),
+    "clean_retain_completions": (0, 1 << 30),
+    "clean_interval": (1, 1 << 30),
+    "budget_files": (1, 1 << 30),
+    "budget_seconds": (0.001, 86400.0),
+    "vacuum_interval_hours": (0.001, 8760.0),
+    "spark_jobs_min_mb": (0, 1 << 30),
+    "data_base_share": (0.0, 1e6),
+    "index_base_share": (0.0, 1e6),
 }
 KEYS: tuple[str, ...] = tuple(f.name for f in fields(ServiceSettings))
 
@@ -122,8 +130,10 @@ def parse_text(key: str, text: str) -> Any:
             return word in _TRUE
         return kind(word)
     except ValueError as exc:
-        raise ConfigError(f"table service setting {key}={text!r} is not a {kind.__name__} "
-                          f"({'true/false' if kind is bool else 'a number'}, or 'default')") from exc
+        raise ConfigError(
+            f"table service setting {key}={text!r} is not a {kind.__name__} "
+            f"({'true/false' if kind is bool else 'a number'}, or 'default')"
+        ) from exc
 
 
 def parse_settings(raw: bytes, where: str) -> ServiceSettings:
@@ -134,11 +144,14 @@ def parse_settings(raw: bytes, where: str) -> ServiceSettings:
     except (ValueError, UnicodeDecodeError) as exc:
         raise CorruptFileError(f"table service settings {where} are not valid JSON: {exc}") from exc
     if not isinstance(data, dict) or set(data) != {"format", "settings"} or not isinstance(data["settings"], dict):
-        raise CorruptFileError(f"table service settings {where} must be an object with exactly 'format' and "
-                               f"'settings' (an object), got {str(data)[:200]}")
+        raise CorruptFileError(
+            f"table service settings {where} must be an object with exactly 'format' and "
+            f"'settings' (an object), got {str(data)[:200]}"
+        )
     if data["format"] != SERVICES_FORMAT or isinstance(data["format"], bool):
-        raise CorruptFileError(f"table service settings {where} have format {data['format']!r}; this dbidx reads "
-                               f"format {SERVICES_FORMAT}")
+        raise CorruptFileError(
+            f"table service settings {where} have format {data['format']!r}; this dbidx reads format {SERVICES_FORMAT}"
+        )
     values: dict[str, Any] = {}
     for key, value in data["settings"].items():
         if key not in KEYS:

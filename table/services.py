@@ -14,6 +14,7 @@ and `dbidx maintain --loop`): the service yields, the report says so, and the ne
 vacuum publish nothing: they write a Delta checkpoint (delta-rs) and delete files no version needs any more, by the
 retention the table's Delta properties give (table/delta_properties.py), so every engine sharing the table agrees.
 """
+
 from __future__ import annotations
 
 import json
@@ -51,14 +52,25 @@ _WAITS_ON: "weakref.WeakKeyDictionary[Any, tuple[str, ...]]" = weakref.WeakKeyDi
 class MaintainedTable(TableState, Protocol):
     """A table whose services can run (implemented by `Table`)."""
 
-    def compact(self, partitions: Iterable[str] | None = None, min_files: int = 2,
-                progress: Progress | None = None, runner: WorkRunner | None = None,
-                base_share: float | None = None) -> CompactionResult: ...
+    def compact(
+        self,
+        partitions: Iterable[str] | None = None,
+        min_files: int = 2,
+        progress: Progress | None = None,
+        runner: WorkRunner | None = None,
+        base_share: float | None = None,
+    ) -> CompactionResult: ...
 
-    def compact_data(self, partitions: Iterable[str] | None = None, min_files: int = 2,
-                     deleted_share: float | None = 0.2, target_file_bytes: int | None = 64 << 20,
-                     progress: Progress | None = None, runner: WorkRunner | None = None,
-                     base_share: float | None = None) -> DataCompactionResult: ...
+    def compact_data(
+        self,
+        partitions: Iterable[str] | None = None,
+        min_files: int = 2,
+        deleted_share: float | None = 0.2,
+        target_file_bytes: int | None = 64 << 20,
+        progress: Progress | None = None,
+        runner: WorkRunner | None = None,
+        base_share: float | None = None,
+    ) -> DataCompactionResult: ...
 
     def clean(self, retain_completions: int = 10, delete_migrated: bool = False) -> CompletedInstant | None: ...
 
@@ -89,8 +101,13 @@ class ServicesReport:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form (`dbidx maintain --json`, an upsert summary's `services`)."""
-        return {"ran": [vars(r) for r in self.ran], "yielded": list(self.yielded), "left": list(self.left),
-                "disabled": list(self.disabled), "seconds": round(self.seconds, 4)}
+        return {
+            "ran": [vars(r) for r in self.ran],
+            "yielded": list(self.yielded),
+            "left": list(self.left),
+            "disabled": list(self.disabled),
+            "seconds": round(self.seconds, 4),
+        }
 
 
 @dataclass(frozen=True)
@@ -116,8 +133,12 @@ def data_needs(table: TableState, settings: ServiceSettings) -> DataNeeds:
         rec = live.record
         ref = view.vector_of(rec.path)
         small = rec.size < small_bytes
-        heavy = not small and ref is not None and rec.rows > 0 \
+        heavy = (
+            not small
+            and ref is not None
+            and rec.rows > 0
             and ref.vector.cardinality / rec.rows >= settings.data_deleted_share
+        )
         groups.setdefault((rec.partition, rec.file_group), []).append((small, heavy))
     files: dict[str, int] = {}
     for (partition, _), flags in groups.items():
@@ -155,9 +176,14 @@ def clean_due(table: TableState, settings: ServiceSettings) -> str | None:
     return None
 
 
-def run_services(table: MaintainedTable, settings: ServiceSettings, budget_seconds: float | None = None,
-                 budget_files: int | None = None, progress: Progress | None = None,
-                 runner: WorkRunner | None = None) -> ServicesReport:
+def run_services(
+    table: MaintainedTable,
+    settings: ServiceSettings,
+    budget_seconds: float | None = None,
+    budget_files: int | None = None,
+    progress: Progress | None = None,
+    runner: WorkRunner | None = None,
+) -> ServicesReport:
     """Run what the table needs now, within the budget (the settings' unless given): data compaction of the worst
     partitions, then index compaction, then clean. A ConflictError makes that service yield (reported; the next
     run tries again); any other error propagates (the caller decides: the writer turns it into a warning).
@@ -183,19 +209,26 @@ def run_services(table: MaintainedTable, settings: ServiceSettings, budget_secon
                     break
                 batch.append(partition)
                 files_left -= needs.files[partition]
-            todo = todo[len(batch):]
+            todo = todo[len(batch) :]
             if not _step(report, "data_compaction", lambda: _compact_data(table, settings, batch, progress, runner)):
                 todo = []  # yielded: the rest waits for the next run
         if todo:
             reason = "budget_files" if files_left <= 0 else "budget_seconds"
-            report.left.append({"service": "data_compaction", "reason": reason, "partitions": len(todo),
-                                "files": sum(needs.files[p] for p in todo)})
+            report.left.append(
+                {
+                    "service": "data_compaction",
+                    "reason": reason,
+                    "partitions": len(todo),
+                    "files": sum(needs.files[p] for p in todo),
+                }
+            )
     # 2. Index compaction of the groups with too many files.
     if settings.index_compaction:
         groups = index_needs(table, settings)
         if groups and out_of_time():
-            report.left.append({"service": "index_compaction", "reason": "budget_seconds",
-                                "groups": sum(groups.values())})
+            report.left.append(
+                {"service": "index_compaction", "reason": "budget_seconds", "groups": sum(groups.values())}
+            )
         elif groups:
             wanted = None if None in groups else sorted(p for p in groups if p is not None)
             _step(report, "index_compaction", lambda: _compact_index(table, settings, wanted, progress, runner))
@@ -234,26 +267,56 @@ def _step(report: ServicesReport, service: str, run: Any) -> bool:
     return True
 
 
-def _compact_data(table: MaintainedTable, settings: ServiceSettings, partitions: list[str],
-                  progress: Progress | None, runner: WorkRunner) -> tuple[str | None, dict[str, Any]]:
-    result = table.compact_data(partitions, min_files=settings.data_min_small_files,
-                                deleted_share=settings.data_deleted_share,
-                                target_file_bytes=settings.data_small_file_mb << 20, progress=progress, runner=runner,
-                                base_share=settings.data_base_share or None)
+def _compact_data(
+    table: MaintainedTable,
+    settings: ServiceSettings,
+    partitions: list[str],
+    progress: Progress | None,
+    runner: WorkRunner,
+) -> tuple[str | None, dict[str, Any]]:
+    result = table.compact_data(
+        partitions,
+        min_files=settings.data_min_small_files,
+        deleted_share=settings.data_deleted_share,
+        target_file_bytes=settings.data_small_file_mb << 20,
+        progress=progress,
+        runner=runner,
+        base_share=settings.data_base_share or None,
+    )
     # runner.where is read after the run: a runner.BySize says there where this run went.
-    details = {"ran_on": runner.where, "partitions": partitions, "file_groups": result.file_groups,
-               "files_replaced": result.files_replaced,
-               "rows_written": result.rows_written, "bytes_before": result.bytes_before,
-               "bytes_after": result.bytes_after}
+    details = {
+        "ran_on": runner.where,
+        "partitions": partitions,
+        "file_groups": result.file_groups,
+        "files_replaced": result.files_replaced,
+        "rows_written": result.rows_written,
+        "bytes_before": result.bytes_before,
+        "bytes_after": result.bytes_after,
+    }
     return (result.record.instant if result.record else None), details
 
 
-def _compact_index(table: MaintainedTable, settings: ServiceSettings, partitions: list[str] | None,
-                   progress: Progress | None, runner: WorkRunner) -> tuple[str | None, dict[str, Any]]:
-    result = table.compact(partitions, min_files=settings.index_min_files, progress=progress, runner=runner,
-                           base_share=settings.index_base_share or None)
-    details = {"ran_on": runner.where, "groups": result.groups, "bases": result.bases,
-               "files_replaced": result.files_replaced, "entries_written": result.entries_written}
+def _compact_index(
+    table: MaintainedTable,
+    settings: ServiceSettings,
+    partitions: list[str] | None,
+    progress: Progress | None,
+    runner: WorkRunner,
+) -> tuple[str | None, dict[str, Any]]:
+    result = table.compact(
+        partitions,
+        min_files=settings.index_min_files,
+        progress=progress,
+        runner=runner,
+        base_share=settings.index_base_share or None,
+    )
+    details = {
+        "ran_on": runner.where,
+        "groups": result.groups,
+        "bases": result.bases,
+        "files_replaced": result.files_replaced,
+        "entries_written": result.entries_written,
+    }
     return (result.record.instant if result.record else None), details
 
 
@@ -269,15 +332,25 @@ def _log_cleanup(table: MaintainedTable, retention: DeltaRetention) -> tuple[str
     engine's), else a table whose checkpoints others write would keep its log for ever. {} when nothing was done."""
     details: dict[str, Any] = {}
     pointer = checkpoint_pointer(table.io)
-    if table.delta_version() - max(pointer, 0) >= retention.checkpoint_interval \
-            and table.data_view().schema is not None:
+    if (
+        table.delta_version() - max(pointer, 0) >= retention.checkpoint_interval
+        and table.data_view().schema is not None
+    ):
         written = write_delta_checkpoint(table.io)
         if written is not None:  # None: a table on an injected filesystem, which delta-rs cannot reach
-            details = {"checkpoint": written.version, "tombstones_dropped": written.tombstones_dropped,
-                       "vectors_stripped": written.vectors_stripped, "checkpoint_bytes": written.bytes_after}
+            details = {
+                "checkpoint": written.version,
+                "tombstones_dropped": written.tombstones_dropped,
+                "vectors_stripped": written.vectors_stripped,
+                "checkpoint_bytes": written.bytes_after,
+            }
             pointer = written.version
-    if retention.expired_log_cleanup and pointer >= 0 and _EXPIRED_AT.get(table) != pointer \
-            and not still_young(table.io, _WAITS_ON.get(table, ()), retention.log_retention_ms):
+    if (
+        retention.expired_log_cleanup
+        and pointer >= 0
+        and _EXPIRED_AT.get(table) != pointer
+        and not still_young(table.io, _WAITS_ON.get(table, ()), retention.log_retention_ms)
+    ):
         expiry = expire_log(table.io, retention.log_retention_ms)
         _WAITS_ON[table] = expiry.waits_on
         # dbidx's own history goes by the same retention (storage/archive_retention.py): time travel reaches as far
@@ -300,12 +373,18 @@ def vacuum_wait(io: FileIO, settings: ServiceSettings, now_ms: int | None = None
     try:
         data = json.loads(raw)
         last = data["last_run_ms"]
-        if set(data) != {"format", "last_run_ms", "files_deleted"} or data["format"] != 1 \
-                or isinstance(last, bool) or not isinstance(last, int) or last < 0:
+        if (
+            set(data) != {"format", "last_run_ms", "files_deleted"}
+            or data["format"] != 1
+            or isinstance(last, bool)
+            or not isinstance(last, int)
+            or last < 0
+        ):
             raise ValueError(str(data)[:200])
     except (ValueError, KeyError, TypeError) as exc:
-        raise CorruptFileError(f"{io.path(VACUUM_STATE_FILE)} is not a vacuum record ({exc}); delete it to let "
-                               "the next run vacuum") from exc
+        raise CorruptFileError(
+            f"{io.path(VACUUM_STATE_FILE)} is not a vacuum record ({exc}); delete it to let the next run vacuum"
+        ) from exc
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     if now_ms - last < settings.vacuum_interval_hours * 3_600_000:
         return f"a vacuum ran within the last {settings.vacuum_interval_hours:g} hours"
@@ -317,8 +396,12 @@ def _vacuum(table: MaintainedTable, retention: DeltaRetention) -> tuple[str | No
     writing is unreferenced until its commit), and remember when (vacuum_wait)."""
     hours = max(1, math.ceil(retention.deleted_file_retention_ms / 3_600_000))
     result = table.vacuum(retention_hours=hours)
-    table.io.write_atomic(VACUUM_STATE_FILE, json.dumps(
-        {"format": 1, "last_run_ms": int(time.time() * 1000), "files_deleted": len(result.deleted)}).encode())
+    table.io.write_atomic(
+        VACUUM_STATE_FILE,
+        json.dumps(
+            {"format": 1, "last_run_ms": int(time.time() * 1000), "files_deleted": len(result.deleted)}
+        ).encode(),
+    )
     if not result.deleted:
         return None, {}  # nothing to delete: not reported as a run
     return None, {"retention_hours": hours, "files_deleted": len(result.deleted), "bytes": result.bytes}

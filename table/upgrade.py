@@ -13,6 +13,7 @@ replaces); after it, every format-4 open first publishes the staged record (fini
 always reads the whole table. A format-3 writer that commits while the upgrade runs is caught at step 4: table.json
 goes back to format 3, nothing is published, and the upgrade fails (stop the writers and run it again).
 """
+
 from __future__ import annotations
 
 import json
@@ -41,7 +42,7 @@ from dbidx.storage.records import ACTION_UPGRADE, CompletedInstant
 from dbidx.storage.timeline import Timeline
 
 UPGRADE_LOCK = f"{layout.META_DIR}/upgrade.lock"
-_ALL_LEGACY = 10 ** 18  # while the table is still format 3, every record is a format-3 record
+_ALL_LEGACY = 10**18  # while the table is still format 3, every record is a format-3 record
 
 
 @dataclass
@@ -60,8 +61,13 @@ class UpgradeReport:
     seconds: float = 0.0
 
 
-def upgrade_table(uri: str, fs: Any = None, storage_options: Mapping[str, Any] | None = None,
-                  rollback_pending: bool = False, progress: Progress | None = None) -> UpgradeReport:
+def upgrade_table(
+    uri: str,
+    fs: Any = None,
+    storage_options: Mapping[str, Any] | None = None,
+    rollback_pending: bool = False,
+    progress: Progress | None = None,
+) -> UpgradeReport:
     """Upgrade the format-3 table at `uri` to format 4 in place (see the module docstring for the steps and their
     crash safety). Pending instants (a running or crashed format-3 writer) refuse the upgrade unless
     `rollback_pending`: they are then rolled back once the table is format 4. Running it on a format-4 table only
@@ -71,16 +77,23 @@ def upgrade_table(uri: str, fs: Any = None, storage_options: Mapping[str, Any] |
     io = FileIO.from_uri(uri, fs, storage_options)
     io.check_not_a_file()
     if not io.exists(layout.PROPERTIES_FILE):
-        raise TableNotFoundError(f"no dbidx table at {io.root} ({layout.PROPERTIES_FILE} not found): nothing to "
-                                 "upgrade")
+        raise TableNotFoundError(
+            f"no dbidx table at {io.root} ({layout.PROPERTIES_FILE} not found): nothing to upgrade"
+        )
     with _UpgradeLock(io):
         report = _upgrade_locked(io, uri, fs, storage_options, rollback_pending, progress)
     report.seconds = time.perf_counter() - started_at
     return report
 
 
-def _upgrade_locked(io: FileIO, uri: str, fs: Any, storage_options: Mapping[str, Any] | None,
-                    rollback_pending: bool, progress: Progress | None = None) -> UpgradeReport:
+def _upgrade_locked(
+    io: FileIO,
+    uri: str,
+    fs: Any,
+    storage_options: Mapping[str, Any] | None,
+    rollback_pending: bool,
+    progress: Progress | None = None,
+) -> UpgradeReport:
     """upgrade_table's steps, run while this process holds the upgrade lock."""
     original = io.read_bytes(layout.PROPERTIES_FILE)
     props = parse_properties(original, io.path(layout.PROPERTIES_FILE))
@@ -98,8 +111,10 @@ def _upgrade_locked(io: FileIO, uri: str, fs: Any, storage_options: Mapping[str,
                 report.rolled_back = _roll_back(table, table.timeline.pending())
         return report
     if props.format_version != UPGRADE_FROM or props.key_hash != HASH_NAME:
-        raise FormatUpgradeError(f"the table at {io.root} is in format {props.format_version} / hash "
-                                 f"{props.key_hash}; `dbidx upgrade` converts format {UPGRADE_FROM} tables only")
+        raise FormatUpgradeError(
+            f"the table at {io.root} is in format {props.format_version} / hash "
+            f"{props.key_hash}; `dbidx upgrade` converts format {UPGRADE_FROM} tables only"
+        )
     # 1. The format-3 log as it stands (its checkpoints hold format-3 views: replay the records instead).
     timeline = Timeline(io, props.table_id)
     timeline.legacy_upto = timeline.first_checkpoint = _ALL_LEGACY
@@ -110,7 +125,8 @@ def _upgrade_locked(io: FileIO, uri: str, fs: Any, storage_options: Mapping[str,
         raise FormatUpgradeError(
             f"the table at {io.root} has pending instants {pending} (a format-3 writer is running, or crashed): stop "
             "its writers; if they are gone, run `dbidx upgrade URI --rollback-pending` (they are rolled back after "
-            "the upgrade); nothing was changed")
+            "the upgrade); nothing was changed"
+        )
     view = DataView()
     view.apply(timeline.completed())
     last = timeline.latest_seq
@@ -118,14 +134,23 @@ def _upgrade_locked(io: FileIO, uri: str, fs: Any, storage_options: Mapping[str,
     started = timeline.start(ACTION_UPGRADE, ignore=pending)
     vectors = table_vectors(io, view, progress)
     dv_files, deletion_vectors = write_vectors(io, started.instant, vectors)
-    record = CompletedInstant(seq=last + 1, instant=started.instant, action=ACTION_UPGRADE,
-                              completed_at_ms=int(time.time() * 1000), start_seq=last, table_id=props.table_id,
-                              dv_files=dv_files, deletion_vectors=deletion_vectors,
-                              extra={"upgraded_from": UPGRADE_FROM})
+    record = CompletedInstant(
+        seq=last + 1,
+        instant=started.instant,
+        action=ACTION_UPGRADE,
+        completed_at_ms=int(time.time() * 1000),
+        start_seq=last,
+        table_id=props.table_id,
+        dv_files=dv_files,
+        deletion_vectors=deletion_vectors,
+        extra={"upgraded_from": UPGRADE_FROM},
+    )
     # 3. Staged record, then the switch: table.json in format 4, naming the record's seq.
     io.write_atomic(STAGED_RECORD, record.to_json())
-    io.write_atomic(layout.PROPERTIES_FILE, properties_json(replace(props, format_version=FORMAT_VERSION,
-                                                                    upgraded_at_seq=record.seq)))
+    io.write_atomic(
+        layout.PROPERTIES_FILE,
+        properties_json(replace(props, format_version=FORMAT_VERSION, upgraded_at_seq=record.seq)),
+    )
     # 4. Publish; a format-3 commit that slipped in first takes the switch back.
     try:
         publish(timeline, started, record)
@@ -133,8 +158,9 @@ def _upgrade_locked(io: FileIO, uri: str, fs: Any, storage_options: Mapping[str,
         revert(io, original, record)
         raise
     io.delete(STAGED_RECORD)
-    report = UpgradeReport(io.root, "upgraded", record.seq, len(view.live()), len(vectors),
-                           sum(len(v) for v in vectors.values()))
+    report = UpgradeReport(
+        io.root, "upgraded", record.seq, len(view.live()), len(vectors), sum(len(v) for v in vectors.values())
+    )
     table = Table.open(uri, fs, storage_options)
     _settle(table, report)
     report.rolled_back = _roll_back(table, pending)
@@ -155,8 +181,9 @@ class _UpgradeLock:
 
     def __init__(self, io: FileIO) -> None:
         self.io = io
-        self.body = json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
-                                "started_at_ms": int(time.time() * 1000)}).encode()
+        self.body = json.dumps(
+            {"host": socket.gethostname(), "pid": os.getpid(), "started_at_ms": int(time.time() * 1000)}
+        ).encode()
 
     def __enter__(self) -> "_UpgradeLock":
         for _ in range(2):
@@ -167,7 +194,8 @@ class _UpgradeLock:
             self.io.delete(UPGRADE_LOCK)
         raise FormatUpgradeError(
             f"another `dbidx upgrade` of {self.io.root} is running ({self.io.path(UPGRADE_LOCK)} exists); if it is "
-            "not (it ran on another host and died), delete that file and run the upgrade again")
+            "not (it ran on another host and died), delete that file and run the upgrade again"
+        )
 
     def _stale(self) -> bool:
         try:
@@ -192,8 +220,10 @@ def table_vectors(io: FileIO, view: DataView, progress: Progress | None = None) 
     if not view.live():
         return {}
     if not isinstance(layout_value, dict) or not isinstance(layout_value.get("key"), str):
-        raise CorruptFileError(f"the completion log of {io.root} records no key column (its {LAYOUT_EXTRA!r} "
-                               "extra): the rows of its data files cannot be merged")
+        raise CorruptFileError(
+            f"the completion log of {io.root} records no key column (its {LAYOUT_EXTRA!r} "
+            "extra): the rows of its data files cannot be merged"
+        )
     key = layout_value["key"]
     groups: dict[tuple[str, str], list[LiveDataFile]] = {}
     for live in view.live():
@@ -214,7 +244,7 @@ def table_vectors(io: FileIO, view: DataView, progress: Progress | None = None) 
         # 3. Split back into each file's rows.
         start = 0
         for entry, (file_keys, _d) in zip(entries, columns):
-            hidden = np.flatnonzero(~keep[start:start + len(file_keys)])
+            hidden = np.flatnonzero(~keep[start : start + len(file_keys)])
             start += len(file_keys)
             if len(hidden):
                 vectors[entry.record.path] = BitMap(hidden.astype(np.uint32))
@@ -245,4 +275,3 @@ def _settle(table: Any, report: UpgradeReport) -> None:
     if report.delta_versions or not [s for s in checkpoint_seqs(table.io) if s >= table.props.upgraded_at_seq]:
         table.checkpoint()
     report.live_rows = table.data_view().live_rows()
-

@@ -10,6 +10,7 @@ names files under hidden directories inside partitions, files long gone, and in 
 names, a live file's deletion-vector file included). So delta-rs only lists (a dry run: it never deletes and never
 commits), and dbidx deletes only what it finds on storage, old enough, and named by nothing it knows of.
 """
+
 from __future__ import annotations
 
 import json
@@ -60,8 +61,7 @@ class VacuumIncompleteError(StoreUnavailableError):
         self.report = report
 
 
-def vacuum(table: VacuumedTable, retention_hours: int = DEFAULT_RETENTION_HOURS,
-           dry_run: bool = False) -> VacuumReport:
+def vacuum(table: VacuumedTable, retention_hours: int = DEFAULT_RETENTION_HOURS, dry_run: bool = False) -> VacuumReport:
     """Delete the files Delta's VACUUM would (unreferenced for over `retention_hours`, orphans of crashed writers
     included) that dbidx does not need, oldest first; `dry_run` lists them and deletes nothing.
 
@@ -72,17 +72,21 @@ def vacuum(table: VacuumedTable, retention_hours: int = DEFAULT_RETENTION_HOURS,
     # 1. The retention: a whole number of hours, at least one (0 would take a file from under a writer about to
     #    commit it).
     if isinstance(retention_hours, bool) or not isinstance(retention_hours, int) or retention_hours < 1:
-        raise ConfigError(f"retention_hours must be a whole number of hours >= 1, got {retention_hours!r}: a data "
-                          "file another engine is still writing is unreferenced until its commit, so vacuum only "
-                          f"takes files unreferenced for longer than that (Delta's default: {DEFAULT_RETENTION_HOURS} "
-                          "hours, 7 days)")
+        raise ConfigError(
+            f"retention_hours must be a whole number of hours >= 1, got {retention_hours!r}: a data "
+            "file another engine is still writing is unreferenced until its commit, so vacuum only "
+            f"takes files unreferenced for longer than that (Delta's default: {DEFAULT_RETENTION_HOURS} "
+            "hours, 7 days)"
+        )
     report = VacuumReport(retention_hours, dry_run)
     io = table.io
     # 2. delta-rs must reach the table: a local path, or a URI with its storage options.
     if not io.is_local and "://" not in io.uri:
-        raise InvalidInputError(f"vacuum of {io.root} needs delta-rs to read its Delta log, and delta-rs cannot reach "
-                                "a table opened on an injected pyarrow filesystem: open it by its URI (a local path, "
-                                "or s3://... with storage_options)")
+        raise InvalidInputError(
+            f"vacuum of {io.root} needs delta-rs to read its Delta log, and delta-rs cannot reach "
+            "a table opened on an injected pyarrow filesystem: open it by its URI (a local path, "
+            "or s3://... with storage_options)"
+        )
     # 3. dbidx up to the log first (other engines' versions absorbed), so its view names what the log names.
     table.sync_delta_log()
     if table.data_view().schema is None:
@@ -94,12 +98,12 @@ def vacuum(table: VacuumedTable, retention_hours: int = DEFAULT_RETENTION_HOURS,
     where = io.path(DELTA_LOG_DIR)
     try:
         delta = DeltaTable(io.path("") if io.is_local else io.uri, storage_options=io.storage_options or None)
-        named = delta.vacuum(retention_hours=retention_hours, dry_run=True, enforce_retention_duration=False,
-                             full=True)
+        named = delta.vacuum(retention_hours=retention_hours, dry_run=True, enforce_retention_duration=False, full=True)
         partition_columns = list(delta.metadata().partition_columns)
     except Exception as exc:
-        raise InvalidInputError(f"delta-rs cannot list what VACUUM may delete from {where}: {exc}; nothing was "
-                                "deleted") from exc
+        raise InvalidInputError(
+            f"delta-rs cannot list what VACUUM may delete from {where}: {exc}; nothing was deleted"
+        ) from exc
     # 5. What is really there (one listing), and delta-rs's names as table-relative paths on storage.
     now_ms = int(time.time() * 1000)
     present = {e.path: e for e in io.list_entries("", recursive=True)}
@@ -134,7 +138,9 @@ def vacuum(table: VacuumedTable, retention_hours: int = DEFAULT_RETENTION_HOURS,
                 raise VacuumIncompleteError(
                     f"vacuum of {table.uri} stopped at {entry.path}: {exc}. It deleted {len(report.deleted)} files "
                     f"({report.bytes:,} bytes) before that (the error's report lists them); the other "
-                    f"{len(doomed) - done} stay until the next vacuum, which takes them", report) from exc
+                    f"{len(doomed) - done} stay until the next vacuum, which takes them",
+                    report,
+                ) from exc
             if not gone:
                 continue  # deleted meanwhile by someone else (another vacuum)
         report.deleted.append(entry.path)
@@ -152,7 +158,7 @@ def _on_storage(io: Any, named: list[str], present: dict[str, FileEntry]) -> set
     out = set()
     for raw in named:
         for form in (str(raw), unquote(str(raw))):
-            rel = next((form[len(p):] for p in prefixes if form.startswith(p)), form)
+            rel = next((form[len(p) :] for p in prefixes if form.startswith(p)), form)
             if rel in present:
                 out.add(rel)
                 break
@@ -182,8 +188,16 @@ def _live_dv_files(data: Any, where: str) -> set[str]:
     return out
 
 
-def _reason(path: str, entry: FileEntry, partition_columns: list[str], referenced: set[str], live_dvs: set[str],
-            announced: dict[str, str], cutoff_ms: int, now_ms: int) -> str | None:
+def _reason(
+    path: str,
+    entry: FileEntry,
+    partition_columns: list[str],
+    referenced: set[str],
+    live_dvs: set[str],
+    announced: dict[str, str],
+    cutoff_ms: int,
+    now_ms: int,
+) -> str | None:
     """Why dbidx keeps a file delta-rs named (None: it may go)."""
     first = path.split("/", 1)[0]
     if first == DELTA_LOG_DIR:
@@ -211,8 +225,9 @@ def _hidden(path: str, partition_columns: list[str]) -> bool:
     only the first), a partition directory `<column>=<value>` of a partition column excepted."""
     parts = path.split("/")
     for i, part in enumerate(parts):
-        if part.startswith(("_", ".")) and not (i < len(parts) - 1
-                                                and any(part.startswith(c + "=") for c in partition_columns)):
+        if part.startswith(("_", ".")) and not (
+            i < len(parts) - 1 and any(part.startswith(c + "=") for c in partition_columns)
+        ):
             return True
     return False
 
@@ -233,13 +248,17 @@ def _recent_version_dvs(io: Any, present: dict[str, FileEntry], cutoff_ms: int) 
         try:
             actions = [json.loads(line) for line in io.read_bytes(path).decode("utf-8").splitlines() if line.strip()]
         except (ValueError, UnicodeDecodeError) as exc:
-            raise CorruptFileError(f"Delta version {where} is not JSON lines ({exc}): vacuum cannot tell which "
-                                   "deletion-vector files it needs; nothing was deleted") from exc
+            raise CorruptFileError(
+                f"Delta version {where} is not JSON lines ({exc}): vacuum cannot tell which "
+                "deletion-vector files it needs; nothing was deleted"
+            ) from exc
         for action in actions:
             for kind in ("add", "remove"):
                 body = action.get(kind) if isinstance(action, dict) else None
                 descriptor = body.get("deletionVector") if isinstance(body, dict) else None
                 if isinstance(descriptor, dict) and descriptor.get("storageType") == "u":
-                    out[dv_file_path(descriptor, where)] = (f"Delta version {int(name[:-5])}, committed within the "
-                                                            "retention, names this deletion-vector file (time travel)")
+                    out[dv_file_path(descriptor, where)] = (
+                        f"Delta version {int(name[:-5])}, committed within the "
+                        "retention, names this deletion-vector file (time travel)"
+                    )
     return out

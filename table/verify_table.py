@@ -7,6 +7,7 @@ itself is parsed on the way (a damaged or missing completion record raises Corru
 checkpoint is compared with a replay of every record up to it (archived ones included), or, once archive retention
 expired the oldest records, with a replay from the retention floor's saved state (storage/archive_retention.py).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -49,9 +50,16 @@ class TableCheck:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form."""
-        out = {"seq": self.seq, "index_files": self.index_files, "data_files": self.data_files,
-               "deletion_vectors": self.deletion_vectors, "checkpoint_seq": self.checkpoint_seq,
-               "bytes_checked": self.bytes_checked, "damaged": self.damaged, "ok": self.ok}
+        out = {
+            "seq": self.seq,
+            "index_files": self.index_files,
+            "data_files": self.data_files,
+            "deletion_vectors": self.deletion_vectors,
+            "checkpoint_seq": self.checkpoint_seq,
+            "bytes_checked": self.bytes_checked,
+            "damaged": self.damaged,
+            "ok": self.ok,
+        }
         if self.history_floor:  # only a table whose history retention expired (docs/CLI.md lists the others)
             out |= {"history_floor": self.history_floor, "not_checked": self.not_checked}
         return out
@@ -96,8 +104,11 @@ def verify_table(table: Table, progress: Progress | None = None) -> TableCheck:
     try:
         found = instant_range.sources(table.io, table.timeline)
     except CorruptFileError as exc:  # the kept history does not read back (a damaged floor, a gap above it)
-        found = [] if any(str(exc) == d["problem"] for d in check.damaged) else \
-            [{"path": table.io.path(layout.TIMELINE_DIR), "problem": str(exc)}]
+        found = (
+            []
+            if any(str(exc) == d["problem"] for d in check.damaged)
+            else [{"path": table.io.path(layout.TIMELINE_DIR), "problem": str(exc)}]
+        )
     check.damaged += [{"path": s["path"], "problem": s["problem"]} for s in found]
     return check
 
@@ -123,9 +134,14 @@ def _check_vectors(table: Table, check: TableCheck) -> None:
     listed, floor = stored_versions(table.io)
     missing = sorted(v for v in wanted - listed if v > floor)
     if missing:
-        check.damaged.append({"path": table.io.path(DELTA_LOG_DIR), "problem": f"Delta version(s) {missing[:10]} "
-                              "are missing (a crash between a commit and its Delta version); `dbidx repair URI` "
-                              "writes them"})
+        check.damaged.append(
+            {
+                "path": table.io.path(DELTA_LOG_DIR),
+                "problem": f"Delta version(s) {missing[:10]} "
+                "are missing (a crash between a commit and its Delta version); `dbidx repair URI` "
+                "writes them",
+            }
+        )
 
 
 def _compare_with_delta(table: Table, check: TableCheck) -> None:
@@ -138,11 +154,14 @@ def _compare_with_delta(table: Table, check: TableCheck) -> None:
         return  # nothing written yet, or damage already reported (a missing version makes delta-rs disagree too)
     where = table.io.path(DELTA_LOG_DIR)
     try:
-        snapshot = DeltaTable(table.io.path("") if table.io.is_local else table.io.uri,
-                              storage_options=table.io.storage_options or None)
+        snapshot = DeltaTable(
+            table.io.path("") if table.io.is_local else table.io.uri, storage_options=table.io.storage_options or None
+        )
         adds = pa.table(snapshot.get_add_actions(flatten=True))
-        theirs = {table_relative(table.io, str(p), where): int(s)
-                  for p, s in zip(adds.column("path").to_pylist(), adds.column("size_bytes").to_pylist())}
+        theirs = {
+            table_relative(table.io, str(p), where): int(s)
+            for p, s in zip(adds.column("path").to_pylist(), adds.column("size_bytes").to_pylist())
+        }
     except DbidxError as exc:
         check.damaged.append({"path": where, "problem": f"the Delta log lists a file dbidx cannot index: {exc}"})
         return
@@ -150,17 +169,26 @@ def _compare_with_delta(table: Table, check: TableCheck) -> None:
         check.damaged.append({"path": where, "problem": f"delta-rs cannot read the Delta log: {exc}"})
         return
     if snapshot.version() != table.delta_version():
-        check.damaged.append({"path": where, "problem": f"the Delta log is at version {snapshot.version()}, the "
-                              f"index at {table.delta_version()} (a writer committed meanwhile? verify again)"})
+        check.damaged.append(
+            {
+                "path": where,
+                "problem": f"the Delta log is at version {snapshot.version()}, the "
+                f"index at {table.delta_version()} (a writer committed meanwhile? verify again)",
+            }
+        )
         return
     ours = {f.record.path: f.record.size for f in view.live()}
     for path in sorted(set(theirs) ^ set(ours))[:10]:
-        side = "the Delta log lists it, the index does not" if path in theirs else \
-            "the index lists it, the Delta log does not"
+        side = (
+            "the Delta log lists it, the index does not"
+            if path in theirs
+            else "the index lists it, the Delta log does not"
+        )
         check.damaged.append({"path": path, "problem": f"{side}: Delta readers and dbidx read different tables"})
     for path in sorted(p for p in set(theirs) & set(ours) if theirs[p] != ours[p])[:10]:
-        check.damaged.append({"path": path, "problem": f"the Delta log says {theirs[path]} bytes, the index "
-                              f"{ours[path]}"})
+        check.damaged.append(
+            {"path": path, "problem": f"the Delta log says {theirs[path]} bytes, the index {ours[path]}"}
+        )
 
 
 def _compare_checkpoint(table: Table, check: TableCheck) -> None:
@@ -179,12 +207,19 @@ def _compare_checkpoint(table: Table, check: TableCheck) -> None:
     if floor is not None:
         start = floor.seq + 1
         check.history_floor = floor.seq
-        check.not_checked.append(f"completions 1..{floor.seq} were expired by archive retention "
-                                 f"({floor.where}): the state the floor saved at seq {floor.seq} is the replay's "
-                                 "start and is checked only for its checksum and form, not against those records")
+        check.not_checked.append(
+            f"completions 1..{floor.seq} were expired by archive retention "
+            f"({floor.where}): the state the floor saved at seq {floor.seq} is the replay's "
+            "start and is checked only for its checksum and form, not against those records"
+        )
         if not seqs or seqs[-1] < floor.seq:
-            check.damaged.append({"path": floor.where, "problem": "no checkpoint at or above the history floor "
-                                  f"(seq {floor.seq}): the table cannot be opened without the expired records"})
+            check.damaged.append(
+                {
+                    "path": floor.where,
+                    "problem": "no checkpoint at or above the history floor "
+                    f"(seq {floor.seq}): the table cannot be opened without the expired records",
+                }
+            )
             return
     if not seqs:
         return
@@ -192,13 +227,21 @@ def _compare_checkpoint(table: Table, check: TableCheck) -> None:
         cp = read_checkpoint(table.io, seqs[-1], table.props.table_id)
         index, data = views_at(table.timeline, cp.seq)
     except CorruptFileError as exc:
-        where = floor.where if floor is not None and str(floor.where) in str(exc) else \
-            table.io.path(layout.checkpoint_file(seqs[-1]))
+        where = (
+            floor.where
+            if floor is not None and str(floor.where) in str(exc)
+            else table.io.path(layout.checkpoint_file(seqs[-1]))
+        )
         check.damaged.append({"path": where, "problem": str(exc)})
         return
     check.checkpoint_seq = cp.seq
     for name, replayed, stored in (("index", index.to_dict(), cp.index), ("data", data.to_dict(), cp.data)):
         if replayed != stored:
-            check.damaged.append({"path": cp.where, "problem": f"its {name} view differs from a replay of "
-                                  f"completions {start}..{cp.seq}; remove the checkpoint (the table then opens from "
-                                  "an older one or from the log)"})
+            check.damaged.append(
+                {
+                    "path": cp.where,
+                    "problem": f"its {name} view differs from a replay of "
+                    f"completions {start}..{cp.seq}; remove the checkpoint (the table then opens from "
+                    "an older one or from the log)",
+                }
+            )

@@ -9,6 +9,7 @@ Steps of `commit()`: write the buffered groups -> check every commit that comple
 a key this instant touched (index/conflicts.py) -> publish the completion record. Any failure rolls the instant back,
 so nothing half-written is ever visible.
 """
+
 from __future__ import annotations
 
 import time
@@ -30,7 +31,13 @@ from dbidx.storage.data_view import LAYOUT_EXTRA, DataView
 from dbidx.storage.fileio import FileIO
 from dbidx.storage.keys import normalize_keys
 from dbidx.storage.records import (
-    ACTION_ABSORB, ACTION_COMMIT, CompletedInstant, DataFileRecord, DeletionVectorRecord, DvFileRecord, FileRecord,
+    ACTION_ABSORB,
+    ACTION_COMMIT,
+    CompletedInstant,
+    DataFileRecord,
+    DeletionVectorRecord,
+    DvFileRecord,
+    FileRecord,
     PartitionChange,
 )
 from dbidx.storage.instant_life import InstantLife
@@ -71,8 +78,15 @@ class EntryBuffer:
         """New keys of a partition with their file group."""
         self.add(partition, keys, file_groups, deleted=False, live=+1)
 
-    def add(self, partition: str, keys: Keys, file_groups: Keys | str, deleted: bool, live: int,
-            shards: np.ndarray | None = None) -> None:
+    def add(
+        self,
+        partition: str,
+        keys: Keys,
+        file_groups: Keys | str,
+        deleted: bool,
+        live: int,
+        shards: np.ndarray | None = None,
+    ) -> None:
         """Entries (inserts or tombstones) of one partition; `live` is +1 / -1 per entry for the stats. `shards`:
         each key's shard when the caller computed it already (a task's keys are hashed once, not once per group)."""
         layout.validate_partition(partition)
@@ -110,22 +124,32 @@ class EntryBuffer:
 
     def changes(self) -> dict[str, PartitionChange]:
         """Per-partition live and fill deltas of the buffered entries."""
-        return {p: PartitionChange(live=self._live[p], fills={fg: n for fg, n in sorted(fills.items()) if n})
-                for p, fills in sorted(self._changes.items())}
+        return {
+            p: PartitionChange(live=self._live[p], fills={fg: n for fg, n in sorted(fills.items()) if n})
+            for p, fills in sorted(self._changes.items())
+        }
 
     def sorted_groups(self) -> dict[GroupKey, pa.Table]:
         """One key-sorted table per group; a key may appear only once per instant and group."""
         return dict(self._each_sorted(release=False))
 
-    def write_each(self, io: FileIO, attempt: int | None = None, announce: bool = False,
-                   on_written: Callable[[FileRecord, pa.Table], None] | None = None) -> list[FileRecord]:
+    def write_each(
+        self,
+        io: FileIO,
+        attempt: int | None = None,
+        announce: bool = False,
+        on_written: Callable[[FileRecord, pa.Table], None] | None = None,
+    ) -> list[FileRecord]:
         """Sort, check and write one group at a time, letting go of its buffered entries before the next: what an
         upsert task does, so a bulk task holds one sorted group beside its buffer, not a second copy of it all.
         on_written(record, sorted entries) runs after each file is written, before its entries are let go.
         announce: every group's file is announced first, by one list marker (a task's files; storage/markers.py)."""
         if announce:
-            markers.announce_all(io, self.instant, [layout.delta_file(partition, shard, self.instant, attempt)
-                                                    for partition, shard in self._groups])
+            markers.announce_all(
+                io,
+                self.instant,
+                [layout.delta_file(partition, shard, self.instant, attempt) for partition, shard in self._groups],
+            )
         files = []
         for group, entries in self._each_sorted(release=True):
             written = self.write(io, {group: entries}, attempt=attempt)
@@ -149,8 +173,9 @@ class EntryBuffer:
         files = []
         for (partition, shard), entries in groups.items():
             rel = layout.delta_file(partition, shard, self.instant, attempt)
-            files.append(rli_files.write_rli_file(io, rel, entries, self.table.props.row_group_size, partition,
-                                                  shard, "delta"))
+            files.append(
+                rli_files.write_rli_file(io, rel, entries, self.table.props.row_group_size, partition, shard, "delta")
+            )
         return files
 
 
@@ -210,8 +235,14 @@ class CommitWriter(InstantLife):
         self.buffer.add(partition, array, file_groups, deleted=True, live=-1)
         return len(array)
 
-    def move(self, keys: Keys, from_partition: str, from_file_groups: Keys | str, to_partition: str,
-             to_file_groups: Keys | str) -> None:
+    def move(
+        self,
+        keys: Keys,
+        from_partition: str,
+        from_file_groups: Keys | str,
+        to_partition: str,
+        to_file_groups: Keys | str,
+    ) -> None:
         """Move existing keys to another partition (global mode: one new entry; partitioned: tombstone + insert).
         As for `insert` and `delete`: the keys live at `from_file_groups` and are not live in `to_partition`."""
         self._check_open()
@@ -224,8 +255,13 @@ class CommitWriter(InstantLife):
         self.buffer.count(layout.validate_partition(from_partition), old, -1)
         self.buffer.add(to_partition, array, to_file_groups, deleted=False, live=+1)
 
-    def add_written(self, files: Iterable[FileRecord], data_files: Iterable[DataFileRecord],
-                    changes: dict[str, PartitionChange], touched: Iterable[TouchedKeys]) -> None:
+    def add_written(
+        self,
+        files: Iterable[FileRecord],
+        data_files: Iterable[DataFileRecord],
+        changes: dict[str, PartitionChange],
+        touched: Iterable[TouchedKeys],
+    ) -> None:
         """Register index and data files other processes wrote for this instant (an upsert's tasks), with the
         partition stats they change and the keys they touched; all are published with the instant."""
         self._check_open()
@@ -235,8 +271,10 @@ class CommitWriter(InstantLife):
         for t in touched:
             group = (t.partition, t.shard)
             if group in self._touched:
-                raise CommitError(f"instant {self.instant}: two task results touched index group {group}; each "
-                                  "group must be written by exactly one task")
+                raise CommitError(
+                    f"instant {self.instant}: two task results touched index group {group}; each "
+                    "group must be written by exactly one task"
+                )
             self._touched[group] = t
 
     def add_superseded(self, basis_seq: int, fresh: dict[str, BitMap]) -> None:
@@ -274,16 +312,28 @@ class CommitWriter(InstantLife):
         files = self.buffer.write(io, groups) + self._written
         changes = merge_changes(self.buffer.changes(), self._written_changes)
         touched = dict(self._touched)
-        touched.update(touched_in_memory({g: one_chunk(t.column(rli_files.KEY)) for g, t in groups.items()},
-                                         self.started.start_seq))
+        touched.update(
+            touched_in_memory(
+                {g: one_chunk(t.column(rli_files.KEY)) for g, t in groups.items()}, self.started.start_seq
+            )
+        )
 
         def build(seq: int) -> CompletedInstant:
             dv_files, vectors = self._deletion_vectors()
-            return CompletedInstant(seq=seq, instant=self.instant, action=self.started.action,
-                                    completed_at_ms=int(time.time() * 1000), start_seq=self.started.start_seq,
-                                    table_id=table.props.table_id, files=tuple(files),
-                                    data_files=tuple(self._data_files), dv_files=dv_files,
-                                    deletion_vectors=vectors, partitions=changes, extra=dict(self.extra))
+            return CompletedInstant(
+                seq=seq,
+                instant=self.instant,
+                action=self.started.action,
+                completed_at_ms=int(time.time() * 1000),
+                start_seq=self.started.start_seq,
+                table_id=table.props.table_id,
+                files=tuple(files),
+                data_files=tuple(self._data_files),
+                dv_files=dv_files,
+                deletion_vectors=vectors,
+                partitions=changes,
+                extra=dict(self.extra),
+            )
 
         # 2. Conflict check against everything completed meanwhile, then the atomic publish.
         def check(news: list[CompletedInstant]) -> None:
@@ -327,12 +377,15 @@ class CommitWriter(InstantLife):
             if changed & groups or (None in changed):
                 return None
         # Only rows of this commit's files or of live files in its groups: anything else in a task result is wrong.
-        allowed = {f.path for f in self._data_files} | {f.record.path for f in view.live()
-                                                        if (f.record.partition, f.record.file_group) in groups}
+        allowed = {f.path for f in self._data_files} | {
+            f.record.path for f in view.live() if (f.record.partition, f.record.file_group) in groups
+        }
         stray = sorted({p for _seq, fresh in self._fresh for p in fresh} - allowed)
         if stray:
-            raise CommitError(f"instant {self.instant}: a task reported superseded rows of {stray[0]!r}, which is "
-                              "neither a file of this commit nor a live file of its file groups; nothing published")
+            raise CommitError(
+                f"instant {self.instant}: a task reported superseded rows of {stray[0]!r}, which is "
+                "neither a file of this commit nor a live file of its file groups; nothing published"
+            )
         united: dict[str, BitMap] = {}
         for _seq, fresh in self._fresh:
             for path, positions in fresh.items():
@@ -358,8 +411,10 @@ def _reject_repeated_groups(groups: list[GroupKey], instant: str) -> None:
     seen: set[GroupKey] = set()
     for partition, shard in groups:
         if (partition, shard) in seen:
-            raise CommitError(f"instant {instant} has two index files for partition {partition!r}, shard "
-                              f"{shard}: every group is written by exactly one task")
+            raise CommitError(
+                f"instant {instant} has two index files for partition {partition!r}, shard "
+                f"{shard}: every group is written by exactly one task"
+            )
         seen.add((partition, shard))
 
 
@@ -378,5 +433,7 @@ def _reject_repeated_keys(entries: pa.Table, partition: str | None, shard: int, 
         key = keys[pc.index(same, True).as_py()].as_py()
         raise DuplicateKeyError(f"key {key!r} appears more than once in instant {instant} for {where}")
     first = pc.index(ascending, False).as_py()
-    raise CommitError(f"instant {instant}: the index entries for {where}, shard {shard}, are not in key order "
-                      f"({keys[first].as_py()!r} before {keys[first + 1].as_py()!r}); nothing was written")
+    raise CommitError(
+        f"instant {instant}: the index entries for {where}, shard {shard}, are not in key order "
+        f"({keys[first].as_py()!r} before {keys[first + 1].as_py()!r}); nothing was written"
+    )

@@ -13,6 +13,7 @@ JVM (a later SparkContext's spark.local.dir is not read, and the first's path is
 SPARK_LOCAL_DIRS points every script's Spark scratch at one dir of the runner's, removed at the end; a script that
 fails without stopping its SparkContext has it stopped before the next script runs.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -72,8 +73,12 @@ def main() -> None:
     try:
         for step in plan:
             out = Path(step["out"])
-            with open(f"{out}.stdout", "w") as stdout, open(f"{out}.stderr", "w") as stderr, \
-                    contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            with (
+                open(f"{out}.stdout", "w") as stdout,
+                open(f"{out}.stderr", "w") as stderr,
+                contextlib.redirect_stdout(stdout),
+                contextlib.redirect_stderr(stderr),
+            ):
                 status = run(step["script"], step["args"], step["cwd"])
             Path(f"{out}.rc").write_text(str(status))
             print(f"{step['name']}: exit {status}", flush=True)

@@ -1,4 +1,5 @@
 """Helpers shared by the cache tests: a table with known content and a cache on a temp dir."""
+
 from __future__ import annotations
 
 import uuid
@@ -13,8 +14,7 @@ DAY1, DAY2, DAY3 = "dt=2025-01-01", "dt=2025-01-02", "dt=2025-01-03"
 
 def make_table(root: Path, num_shards: int = 2, keys_per_day: int = 300, global_index: bool = False) -> Table:
     """A table with three daily partitions, each key in file group fg-<day>-<i % 3>."""
-    table = Table.create(str(root / "table"), num_shards=num_shards, row_group_size=128,
-                         global_index=global_index)
+    table = Table.create(str(root / "table"), num_shards=num_shards, row_group_size=128, global_index=global_index)
     for day, partition in enumerate((DAY1, DAY2, DAY3), start=1):
         keys = [f"k{day}-{i:05d}" for i in range(keys_per_day)]
         with table.new_commit() as w:

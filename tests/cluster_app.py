@@ -7,6 +7,7 @@ batch's CommitSummary (per-shard metrics included), where each shard's task atte
 
 The cache base path is deliberately not set: caches must land where dbidx puts them by default on an executor.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,9 +25,14 @@ JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"  # as cluster_harness.J
 SLOW_S = 90.0  # how long the first attempt of the --speculate task stalls: a speculative copy wins long before
 # Speculation for --speculate: a task is copied once it runs 1.5 times the median of its stage's finished tasks (and
 # at least 2 s, so the ordinary sub-second tasks of these batches are left alone), by elapsed time only.
-SPECULATION = {"spark.speculation": "true", "spark.speculation.interval": "100ms", "spark.speculation.quantile": "0.5",
-               "spark.speculation.multiplier": "1.5", "spark.speculation.minTaskRuntime": "2s",
-               "spark.speculation.efficiency.enabled": "false"}
+SPECULATION = {
+    "spark.speculation": "true",
+    "spark.speculation.interval": "100ms",
+    "spark.speculation.quantile": "0.5",
+    "spark.speculation.multiplier": "1.5",
+    "spark.speculation.minTaskRuntime": "2s",
+    "spark.speculation.efficiency.enabled": "false",
+}
 
 
 def executor_pid(start: int) -> int | None:
@@ -44,8 +50,9 @@ def executor_pid(start: int) -> int | None:
     return None
 
 
-def make_hook(batch: int, probe_dir: str, kill_at: tuple[int, int] | None,
-              slow_at: tuple[int, int] | None = None) -> Callable[[int, int], None]:
+def make_hook(
+    batch: int, probe_dir: str, kill_at: tuple[int, int] | None, slow_at: tuple[int, int] | None = None
+) -> Callable[[int, int], None]:
     """on_task_written hook: record where each task attempt ran; SIGKILL the executor once at (batch, shard)
     `kill_at`; stall the first attempt at `slow_at` (a straggler: Spark speculates a copy of it on the other
     worker, the copy wins and Spark kills the straggler).
@@ -53,13 +60,21 @@ def make_hook(batch: int, probe_dir: str, kill_at: tuple[int, int] | None,
     The kill happens after the attempt wrote its data and index files and before it reports back, on the first
     attempt only; an exclusive create of a marker file makes it happen at most once whatever Spark retries.
     """
+
     def hook(shard: int, attempt: int) -> None:
         # 1. Where this attempt ran: the worker is the one whose local dir holds this process's SPARK_LOCAL_DIRS.
         import dbidx
 
-        record = {"batch": batch, "shard": shard, "attempt": attempt, "pid": os.getpid(),
-                  "local_dirs": os.environ.get("SPARK_LOCAL_DIRS", ""), "cwd": os.getcwd(),
-                  "python": sys.executable, "dbidx": dbidx.__file__}
+        record = {
+            "batch": batch,
+            "shard": shard,
+            "attempt": attempt,
+            "pid": os.getpid(),
+            "local_dirs": os.environ.get("SPARK_LOCAL_DIRS", ""),
+            "cwd": os.getcwd(),
+            "python": sys.executable,
+            "dbidx": dbidx.__file__,
+        }
         name = f"b{batch}-s{shard}-a{attempt}-p{os.getpid()}.json"
         Path(probe_dir, name).write_text(json.dumps(record))
         if slow_at == (batch, shard) and attempt == 0:
@@ -93,8 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--create", type=int, default=0, help="create the table with this many shards")
     parser.add_argument("--kill", default="", help="BATCH:SHARD: SIGKILL the executor running that task once")
     parser.add_argument("--archive", default="", help="spark.archives value (a packed env), if any")
-    parser.add_argument("--speculate", default="", help="BATCH:SHARD: turn speculation on and stall the first "
-                        "attempt of that task until a speculative copy of it has won")
+    parser.add_argument(
+        "--speculate",
+        default="",
+        help="BATCH:SHARD: turn speculation on and stall the first "
+        "attempt of that task until a speculative copy of it has won",
+    )
     args = parser.parse_args(argv)
 
     from pyspark.sql import SparkSession
@@ -103,20 +122,28 @@ def main(argv: list[str] | None = None) -> int:
     from dbidx.spark_integration.api import upsert
     from dbidx.spark_integration.reads import read_table
 
-    builder = (SparkSession.builder.master(args.master).appName(Path(args.out).stem)
-               .config("spark.executor.cores", "1").config("spark.cores.max", "2")
-               .config("spark.executor.memory", "512m").config("spark.driver.memory", "512m")
-               .config("spark.task.maxFailures", "4").config("spark.ui.enabled", "false")
-               # Both executors before the first job (else one may run every task of it), and no locality wait:
-               # tasks go to whichever executor is free.
-               .config("spark.scheduler.minRegisteredResourcesRatio", "1.0")
-               .config("spark.scheduler.maxRegisteredResourcesWaitingTime", "30s")
-               .config("spark.locality.wait", "0s")
-               .config("spark.driver.extraJavaOptions", JVM_OPTIONS)
-               .config("spark.executor.extraJavaOptions", JVM_OPTIONS)
-               .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
-               .config("spark.sql.shuffle.partitions", "4").config("spark.sql.session.timeZone", "UTC")
-               .config("spark.local.dir", args.local_dir))
+    builder = (
+        SparkSession.builder.master(args.master)
+        .appName(Path(args.out).stem)
+        .config("spark.executor.cores", "1")
+        .config("spark.cores.max", "2")
+        .config("spark.executor.memory", "512m")
+        .config("spark.driver.memory", "512m")
+        .config("spark.task.maxFailures", "4")
+        .config("spark.ui.enabled", "false")
+        # Both executors before the first job (else one may run every task of it), and no locality wait:
+        # tasks go to whichever executor is free.
+        .config("spark.scheduler.minRegisteredResourcesRatio", "1.0")
+        .config("spark.scheduler.maxRegisteredResourcesWaitingTime", "30s")
+        .config("spark.locality.wait", "0s")
+        .config("spark.driver.extraJavaOptions", JVM_OPTIONS)
+        .config("spark.executor.extraJavaOptions", JVM_OPTIONS)
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.local.dir", args.local_dir)
+    )
     if args.archive:
         builder = builder.config("spark.archives", args.archive)
     if args.speculate:
@@ -132,12 +159,17 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     for n, rows in enumerate(batches):
         df = spark.createDataFrame([tuple(r) for r in rows], SCHEMA)
-        summary = upsert(df, table, key="id", partition="dt",
-                         on_task_written=make_hook(n, args.probe_dir, kill_at, slow_at))  # type: ignore[arg-type]
+        summary = upsert(
+            df, table, key="id", partition="dt", on_task_written=make_hook(n, args.probe_dir, kill_at, slow_at)
+        )  # type: ignore[arg-type]
         summaries.append(summary.to_dict())
     final = [[r.id, r.dt, r.v] for r in read_table(spark, table).select("id", "dt", "v").collect()]
-    result = {"summaries": summaries, "rows": final, "seconds": round(time.perf_counter() - started, 2),
-              "app_id": spark.sparkContext.applicationId}
+    result = {
+        "summaries": summaries,
+        "rows": final,
+        "seconds": round(time.perf_counter() - started, 2),
+        "app_id": spark.sparkContext.applicationId,
+    }
     Path(args.out).write_text(json.dumps(result))
     spark.stop()
     return 0

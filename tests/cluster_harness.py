@@ -5,6 +5,7 @@ JVM and one set of local dirs, so nothing shows what happens when a shard's task
 when an executor JVM dies mid-job, or where caches land inside a worker's Spark-managed directories. Each worker
 here has its own SPARK_LOCAL_DIRS and SPARK_WORKER_DIR, like two machines would.
 """
+
 from __future__ import annotations
 
 import json
@@ -78,8 +79,13 @@ class StandaloneCluster:
         conf_dir = self.root / "conf"
         conf_dir.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
-        env.update(SPARK_HOME=str(SPARK_HOME), SPARK_CONF_DIR=str(conf_dir), PYSPARK_PYTHON=sys.executable,
-                   SPARK_NO_DAEMONIZE="1", SPARK_DAEMON_JAVA_OPTS=JVM_OPTIONS)
+        env.update(
+            SPARK_HOME=str(SPARK_HOME),
+            SPARK_CONF_DIR=str(conf_dir),
+            PYSPARK_PYTHON=sys.executable,
+            SPARK_NO_DAEMONIZE="1",
+            SPARK_DAEMON_JAVA_OPTS=JVM_OPTIONS,
+        )
         env.pop("PYSPARK_DRIVER_PYTHON", None)
         # Nothing of the caller's own set-up may decide where caches land: the point is dbidx's default location.
         for name in [n for n in env if n.startswith("DBIDX_CACHE_") or n == "SPARK_LOCAL_DIRS"]:
@@ -91,8 +97,14 @@ class StandaloneCluster:
         """Start spark-class in its own process group (so stop() also reaches the executors it forks)."""
         log = open(self.root / f"{name}.log", "wb")
         try:
-            return subprocess.Popen([str(SPARK_HOME / "bin" / "spark-class"), *args], env=env, stdout=log,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            return subprocess.Popen(
+                [str(SPARK_HOME / "bin" / "spark-class"), *args],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         finally:
             log.close()
 
@@ -102,22 +114,51 @@ class StandaloneCluster:
         self.master_port, self.master_webui_port = free_port(), free_port()
         try:
             # 1. The master.
-            self.master = self._spawn("master", [
-                "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(self.master_port),
-                "--webui-port", str(self.master_webui_port)], self.env())
+            self.master = self._spawn(
+                "master",
+                [
+                    "org.apache.spark.deploy.master.Master",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.master_port),
+                    "--webui-port",
+                    str(self.master_webui_port),
+                ],
+                self.env(),
+            )
             # 2. The workers, each with its own local and work dirs (its own "disk").
             for i in range(self.num_workers):
                 # 127.0.0.1, 127.0.0.2, ...: one loopback address per worker, so Spark sees different hosts (a
                 # speculative copy of a task only runs on a host where no attempt of it runs).
-                node = WorkerNode(f"worker{i}", f"127.0.0.{i + 1}", self.root / f"worker{i}" / "local",
-                                  self.root / f"worker{i}" / "work", free_port())
+                node = WorkerNode(
+                    f"worker{i}",
+                    f"127.0.0.{i + 1}",
+                    self.root / f"worker{i}" / "local",
+                    self.root / f"worker{i}" / "work",
+                    free_port(),
+                )
                 node.local_dir.mkdir(parents=True)
                 node.work_dir.mkdir(parents=True)
                 env = self.env(SPARK_LOCAL_DIRS=str(node.local_dir), SPARK_WORKER_DIR=str(node.work_dir))
-                node.process = self._spawn(node.name, [
-                    "org.apache.spark.deploy.worker.Worker", self.url, "--host", node.host, "--cores", "1",
-                    "--memory", self.worker_memory, "--webui-port", str(node.webui_port),
-                    "--work-dir", str(node.work_dir)], env)
+                node.process = self._spawn(
+                    node.name,
+                    [
+                        "org.apache.spark.deploy.worker.Worker",
+                        self.url,
+                        "--host",
+                        node.host,
+                        "--cores",
+                        "1",
+                        "--memory",
+                        self.worker_memory,
+                        "--webui-port",
+                        str(node.webui_port),
+                        "--work-dir",
+                        str(node.work_dir),
+                    ],
+                    env,
+                )
                 self.workers.append(node)
             # 3. Wait for the master to report every worker alive.
             self.wait_for_workers(self.num_workers)
@@ -192,8 +233,9 @@ def _signal_group(proc: subprocess.Popen, sig: signal.Signals) -> None:
         pass
 
 
-def run_driver(script: Path, args: list[str], env: dict[str, str], timeout_s: float,
-               submit: list[str] | None = None) -> subprocess.CompletedProcess:
+def run_driver(
+    script: Path, args: list[str], env: dict[str, str], timeout_s: float, submit: list[str] | None = None
+) -> subprocess.CompletedProcess:
     """Run a driver application in its own process (a JVM hosts one SparkContext, and the test session has one).
 
     submit: arguments for spark-submit (then the script runs through it, as a user would), else plain python.
@@ -202,8 +244,9 @@ def run_driver(script: Path, args: list[str], env: dict[str, str], timeout_s: fl
         command = [sys.executable, str(script), *args]
     else:
         command = [str(SPARK_HOME / "bin" / "spark-submit"), *submit, str(script), *args]
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         out, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:

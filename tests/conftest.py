@@ -1,4 +1,5 @@
 """Shared fixtures: one local SparkSession for the whole test session (it costs ~6 s to start)."""
+
 from __future__ import annotations
 
 import os
@@ -104,8 +105,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     lost = [item.nodeid for item in session.items if item.get_closest_marker("xdist_group") and "@" not in item.nodeid]
     if lost:
-        message = (f"pytest-xdist did not group {len(lost)} tests (e.g. {lost[0]}): with pytest "
-                   f"{pytest.__version__}, --dist loadgroup does not work (pytest-xdist#1386); "
-                   "pip install -e '.[dev]' installs a pytest that works")
+        message = (
+            f"pytest-xdist did not group {len(lost)} tests (e.g. {lost[0]}): with pytest "
+            f"{pytest.__version__}, --dist loadgroup does not work (pytest-xdist#1386); "
+            "pip install -e '.[dev]' installs a pytest that works"
+        )
         print(message, file=sys.__stderr__)  # a worker's exception reaches the terminal only as INTERNALERROR
         raise pytest.UsageError(message)

@@ -1,6 +1,7 @@
 """The Delta readers a user's other engines use, for the open-table tests: deltalake's QueryBuilder (DataFusion),
 polars and DuckDB with its delta extension (the bundled file of the `duckdb-ext-delta` package: nothing is
 downloaded). Each returns the table's rows as a set of tuples of the given columns."""
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -51,8 +52,11 @@ def assert_readers_agree(table: Table, columns: Sequence[str], expected: set[tup
     """Every reader returns the same rows, without a repeated key (the first column), and `expected` if given."""
     path = table.io.path("")
     ours = via_dbidx(table, columns)
-    for name, rows in (("deltalake", via_deltalake(path, columns)), ("polars", via_polars(path, columns)),
-                       ("duckdb", via_duckdb(path, columns))):
+    for name, rows in (
+        ("deltalake", via_deltalake(path, columns)),
+        ("polars", via_polars(path, columns)),
+        ("duckdb", via_duckdb(path, columns)),
+    ):
         assert sorted(rows, key=repr) == sorted(ours, key=repr), f"{name} reads other rows than dbidx"
     if expected is not None:
         assert set(ours) == expected

@@ -1,4 +1,5 @@
 """A local S3-protocol server for the tests (moto's, from the `dev` extra), and the options to reach it."""
+
 from __future__ import annotations
 
 import socket
@@ -22,12 +23,23 @@ def s3_server() -> Iterator[dict[str, str]]:
         server.start()
     except Exception as exc:  # noqa: BLE001 - any failure to start is a skip with its reason
         pytest.skip(f"the local S3 server (moto) could not start: {exc}")
-    options = {"endpoint": f"http://127.0.0.1:{port}", "region": "us-east-1", "access_key_id": "testing",
-               "secret_access_key": "testing", "allow_http": "true"}
+    options = {
+        "endpoint": f"http://127.0.0.1:{port}",
+        "region": "us-east-1",
+        "access_key_id": "testing",
+        "secret_access_key": "testing",
+        "allow_http": "true",
+    }
     import pyarrow.fs as pafs
 
-    fs = pafs.S3FileSystem(access_key="testing", secret_key="testing", endpoint_override=f"127.0.0.1:{port}",
-                           scheme="http", region="us-east-1", allow_bucket_creation=True)
+    fs = pafs.S3FileSystem(
+        access_key="testing",
+        secret_key="testing",
+        endpoint_override=f"127.0.0.1:{port}",
+        scheme="http",
+        region="us-east-1",
+        allow_bucket_creation=True,
+    )
     fs.create_dir("dbidx-test")
     try:
         yield options

@@ -1,4 +1,5 @@
 """An independent in-memory oracle of upsert semantics and a random change-stream generator for the Spark tests."""
+
 from __future__ import annotations
 
 import random
@@ -41,8 +42,9 @@ class Oracle:
         latest: dict[tuple[str, ...], tuple[str, str, int, bool]] = {}
         for row in batch:
             latest[self.ident(row[0], row[1])] = row
-        counts = dict(inserts=0, updates=0, deletes=0, deletes_missing=0, moves=0,
-                      duplicates_dropped=len(batch) - len(latest))
+        counts = dict(
+            inserts=0, updates=0, deletes=0, deletes_missing=0, moves=0, duplicates_dropped=len(batch) - len(latest)
+        )
         for ident, (_key, day, _value, delete) in latest.items():
             current = self.rows.get(ident)
             if delete:
@@ -97,8 +99,11 @@ def index_state(table: Table) -> dict[tuple[str, ...], str]:
     out: dict[tuple[str, ...], str] = {}
     if table.global_index:
         snap = table.snapshot(None)
-        for key, part, fg in zip(snap.column(rli_files.KEY).to_pylist(), snap.column(rli_files.PARTITION).to_pylist(),
-                                 snap.column(rli_files.FILE_GROUP).to_pylist()):
+        for key, part, fg in zip(
+            snap.column(rli_files.KEY).to_pylist(),
+            snap.column(rli_files.PARTITION).to_pylist(),
+            snap.column(rli_files.FILE_GROUP).to_pylist(),
+        ):
             out[(key,)] = f"{part}|{fg}"
         return out
     for stats in table.partitions():
@@ -125,5 +130,3 @@ def as_expected_index(oracle: Oracle) -> set[tuple[str, ...]]:
     if oracle.global_mode:
         return set(oracle.rows)
     return {(hive(ident[0]), ident[1]) for ident in oracle.rows}
-
-

@@ -1,4 +1,5 @@
 """dbidx/arrays.py: Arrow helpers."""
+
 from __future__ import annotations
 
 import itertools

@@ -1,4 +1,5 @@
 """The benchmark scripts run at smoke size inside the test suite, so they never rot."""
+
 from __future__ import annotations
 
 import json
@@ -33,8 +34,14 @@ def test_every_benchmark_script_is_smoke_tested():
 @pytest.mark.parametrize("script", sorted(SMOKE))
 def test_benchmark_runs_at_smoke_size(script, tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    result = subprocess.run([sys.executable, str(BENCHMARKS / script), "--smoke"], capture_output=True, text=True,
-                            cwd=tmp_path, env=env, timeout=120)
+    result = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), "--smoke"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert SMOKE[script] in result.stdout
     assert list(tmp_path.iterdir()) == []  # the script cleans up its work dir
@@ -42,19 +49,30 @@ def test_benchmark_runs_at_smoke_size(script, tmp_path):
 
 SPARK_SMOKE = {  # Spark benchmarks -> lines their output must hold
     "spark_bench.py": ["| index keys | dbidx s/batch | Spark join s/batch |", "| 20,000 |"],
-    "commit_bench.py": ["| step | seconds | new keys/s | inserts |",
-                        ": complete."],  # the final table is checked by the script
+    "commit_bench.py": [
+        "| step | seconds | new keys/s | inserts |",
+        ": complete.",
+    ],  # the final table is checked by the script
     # Peers not installed show as skipped; a wrong read-back anywhere makes the script fail.
     "peer_bench.py": ["| system | status | load s | median s/batch (excl. batch 1) |", "| dbidx | ok |"],
     # Two tiny sizes: the per-size table, the disk/RAM table and the verdict comparing them.
-    "scale_bench.py": ["| index keys | index B/entry | build s | cache B/entry |", "| 60,000 |",
-                       "Warm s/batch (2,000 rows) at 60,000 keys is"],
+    "scale_bench.py": [
+        "| index keys | index B/entry | build s | cache B/entry |",
+        "| 60,000 |",
+        "Warm s/batch (2,000 rows) at 60,000 keys is",
+    ],
     # Every figure beside its anchor, then the read-back check (a mismatch also fails the script).
-    "speed_bench.py": ["| figure | dbidx | anchor | ratio | goal | met |", "| steady batch (median of batch 2) |",
-                       ": check ok."],
+    "speed_bench.py": [
+        "| figure | dbidx | anchor | ratio | goal | met |",
+        "| steady batch (median of batch 2) |",
+        ": check ok.",
+    ],
     # The same compactions in the driver and as Spark jobs; both copies must read back the same rows.
-    "service_jobs_bench.py": ["| service | pieces | input MiB | driver s | Spark job s |", "| data compaction |",
-                              ": check ok."],
+    "service_jobs_bench.py": [
+        "| service | pieces | input MiB | driver s | Spark job s |",
+        "| data compaction |",
+        ": check ok.",
+    ],
 }
 
 
@@ -77,13 +95,24 @@ def shared_spark_smokes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, d
     plan = []
     for number, (name, script, args) in enumerate(steps):
         (base / f"cwd-{number}").mkdir()
-        plan.append({"name": name, "script": str(BENCHMARKS / script), "args": args, "cwd": str(base / f"cwd-{number}"),
-                     "out": str(base / f"out-{number}")})
+        plan.append(
+            {
+                "name": name,
+                "script": str(BENCHMARKS / script),
+                "args": args,
+                "cwd": str(base / f"cwd-{number}"),
+                "out": str(base / f"out-{number}"),
+            }
+        )
     (base / "plan.json").write_text(json.dumps(plan))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    runner = subprocess.run([sys.executable, str(Path(__file__).parent / "bench_smoke_runner.py"),
-                             str(base / "plan.json")],
-                            capture_output=True, text=True, env=env, timeout=300 * len(plan))
+    runner = subprocess.run(
+        [sys.executable, str(Path(__file__).parent / "bench_smoke_runner.py"), str(base / "plan.json")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300 * len(plan),
+    )
     results = {}
     for step in plan:
         out = Path(step["out"])
@@ -93,7 +122,8 @@ def shared_spark_smokes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, d
             "stdout": out.with_name(out.name + ".stdout").read_text() if rc.exists() else "",
             "stderr": (out.with_name(out.name + ".stderr").read_text() if rc.exists() else "")
             + f"\n--- the runner (exit {runner.returncode}):\n{runner.stdout[-1500:]}\n{runner.stderr[-3000:]}",
-            "cwd": Path(step["cwd"])}
+            "cwd": Path(step["cwd"]),
+        }
     return results
 
 
@@ -112,8 +142,14 @@ def test_spark_benchmark_runs_at_smoke_size(shared_spark_smokes, script):
 @pytest.mark.slow
 def test_peer_benchmark_runs_at_smoke_size(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    result = subprocess.run([sys.executable, str(BENCHMARKS / "peer_bench.py"), "--smoke"], capture_output=True,
-                            text=True, cwd=tmp_path, env=env, timeout=300)
+    result = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "peer_bench.py"), "--smoke"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     for line in SPARK_SMOKE["peer_bench.py"]:
         assert line in result.stdout
@@ -129,10 +165,16 @@ def test_soak_benchmark_runs_at_smoke_size(shared_spark_smokes, services):
     result = shared_spark_smokes[f"soak_bench.py[{services}]"]
     assert result["rc"] == 0, result["stderr"][-4500:]
     out = result["stdout"]
-    for line in ("| figure | value | goal | met |", "| live data files: most in batches 9-12 vs most in batches 5-8 |",
-                 "| upsert + service s: batches 9-12 vs batches 5-8 |", ": check ok.",
-                 "| batch | rows | dbidx s | polars s | delta-rs s | anchor s |", f"services {services}",
-                 "| service | batches | sum s | runs | mean s | max s | share |", "| all services | 9-12 |"):
+    for line in (
+        "| figure | value | goal | met |",
+        "| live data files: most in batches 9-12 vs most in batches 5-8 |",
+        "| upsert + service s: batches 9-12 vs batches 5-8 |",
+        ": check ok.",
+        "| batch | rows | dbidx s | polars s | delta-rs s | anchor s |",
+        f"services {services}",
+        "| service | batches | sum s | runs | mean s | max s | share |",
+        "| all services | 9-12 |",
+    ):
         assert line in out, line
     time_goal = next(row for row in out.splitlines() if row.startswith("| upsert + service s: batches 9-12"))
     assert "(services " in time_goal  # the services' share of the time goal's two windows
@@ -147,13 +189,23 @@ def test_service_growth_runs_at_smoke_size(tmp_path):
     (every service's trigger measured: the wrapped functions still exist in dbidx.table.services) and the profile's
     growth tables."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    result = subprocess.run([sys.executable, str(BENCHMARKS / "service_growth.py"), "--smoke", "--profile"],
-                            capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    result = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "service_growth.py"), "--smoke", "--profile"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout
-    for line in ("| batches | upsert wall s | upsert CPU s | services wall s | services CPU s |",
-                 "| service:part | batches | wall s | CPU s | calls |", "| data_compaction:trigger | 17-24 |",
-                 "| vacuum:trigger | 17-24 |", "| function (tottime: CPU s (calls) per window) |"):
+    for line in (
+        "| batches | upsert wall s | upsert CPU s | services wall s | services CPU s |",
+        "| service:part | batches | wall s | CPU s | calls |",
+        "| data_compaction:trigger | 17-24 |",
+        "| vacuum:trigger | 17-24 |",
+        "| function (tottime: CPU s (calls) per window) |",
+    ):
         assert line in out, line
     assert "Not measured" not in out
     assert list(tmp_path.iterdir()) == []
@@ -161,8 +213,9 @@ def test_service_growth_runs_at_smoke_size(tmp_path):
 
 def test_projection_is_computed_from_the_committed_results():
     """PROJECTION.md and the README's figures come from benchmarks/results/*.json, never from typing."""
-    result = subprocess.run([sys.executable, str(BENCHMARKS / "projection.py"), "--print-only"], capture_output=True,
-                            text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "projection.py"), "--print-only"], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "| quantity | value | from |" in result.stdout
     readme = (BENCHMARKS.parent / "README.md").read_text()

@@ -1,4 +1,5 @@
 """The one counters type: summing by field name, gauges left alone, the strict wire form."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -34,8 +35,14 @@ def test_a_shard_takes_the_cache_and_tagging_counters_by_name_and_the_summary_su
     cache.add(partition="dt=1", hits=5, misses=2, lookups=7, catchup_entries=3, sync_seconds=0.25)
     shard = ShardMetrics(shard=1, tagged_seq=9)
     shard.add(cache, TagCounts(rows=7, inserts=2, updates=5))
-    assert (shard.hits, shard.misses, shard.catchup_entries, shard.sync_seconds, shard.rows, shard.inserts) == \
-        (5, 2, 3, 0.25, 7, 2)
+    assert (shard.hits, shard.misses, shard.catchup_entries, shard.sync_seconds, shard.rows, shard.inserts) == (
+        5,
+        2,
+        3,
+        0.25,
+        7,
+        2,
+    )
     assert (shard.shard, shard.tagged_seq) == (1, 9)
     assert cache.to_dict()["per_partition"]["dt=1"]["hits"] == 5
     summary = CommitSummary(instant="x").add(*(TaskCounts.from_dict(shard.to_dict()) for _ in range(2)))

@@ -1,5 +1,6 @@
 """Crafted metadata never reaches outside the table, bad keys and partitions get typed errors, and a copied table
 never shares caches with its original."""
+
 from __future__ import annotations
 
 import json
@@ -15,7 +16,12 @@ from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.cli import main
 from dbidx.config import CacheConfig
 from dbidx.errors import (
-    ConflictError, CorruptFileError, FormatUpgradeError, HookError, InvalidKeyError, InvalidPartitionError,
+    ConflictError,
+    CorruptFileError,
+    FormatUpgradeError,
+    HookError,
+    InvalidKeyError,
+    InvalidPartitionError,
 )
 from dbidx.index import compaction
 from dbidx.table.facade import Table
@@ -53,10 +59,16 @@ def test_a_crafted_rollback_plan_leaves_files_outside_the_table_intact(table: Ta
     assert table.io.exists(layout.PROPERTIES_FILE)
 
 
-@pytest.mark.parametrize("crafted", ["..%2Fvictim2.txt", "%2E%2E%2Fvictim2.txt", quote(".dbidx/table.json", safe=""),
-                                     quote("dt=x/../../victim2.txt", safe="")])
-def test_a_crafted_marker_is_refused_by_the_sweep_every_upsert_runs(table: Table, tmp_path: Path,
-                                                                     crafted: str) -> None:
+@pytest.mark.parametrize(
+    "crafted",
+    [
+        "..%2Fvictim2.txt",
+        "%2E%2E%2Fvictim2.txt",
+        quote(".dbidx/table.json", safe=""),
+        quote("dt=x/../../victim2.txt", safe=""),
+    ],
+)
+def test_a_crafted_marker_is_refused_by_the_sweep_every_upsert_runs(table: Table, tmp_path: Path, crafted: str) -> None:
     target = victim(tmp_path, "victim2.txt")
     config = CacheConfig(base_path=str(tmp_path / "cache"))
     upsert_arrow(pa.table({"id": ["a"], "dt": ["2025-03-01"]}), table, key="id", partition="dt", cache_config=config)
@@ -87,10 +99,16 @@ def test_keys_are_lists_of_strings_everywhere(table: Table, tmp_path: Path) -> N
         writer.insert(DAY, "ord-1", "fg")
     with pytest.raises(InvalidKeyError, match="pass a list"):
         writer.delete(DAY, "ord-1")
-    for bad, message in [([1, 2], "position 0 is of type int"), (["a", b"b"], "position 1 is of type bytes"),
-                         (["a", "\ud800"], "position 1 .* not valid UTF-8"), ([float("nan")], "position 0 is NaN"),
-                         (["a", None], "position 1 is None"), (["a", ""], "position 1 is empty"),
-                         (pa.array([1, 2]), "type int64"), (pa.array([b"a"]), "type binary")]:
+    for bad, message in [
+        ([1, 2], "position 0 is of type int"),
+        (["a", b"b"], "position 1 is of type bytes"),
+        (["a", "\ud800"], "position 1 .* not valid UTF-8"),
+        ([float("nan")], "position 0 is NaN"),
+        (["a", None], "position 1 is None"),
+        (["a", ""], "position 1 is empty"),
+        (pa.array([1, 2]), "type int64"),
+        (pa.array([b"a"]), "type binary"),
+    ]:
         with pytest.raises(InvalidKeyError, match=message):
             writer.insert(DAY, bad, "fg")
         with pytest.raises(InvalidKeyError, match=message):
@@ -115,8 +133,7 @@ def test_partition_values_with_control_characters_or_a_metadata_segment_are_refu
             writer.insert(bad, ["k"], "fg")
 
 
-def test_key_and_partition_are_required_keywords_of_upsert_arrow_and_tag_options(table: Table,
-                                                                                 tmp_path: Path) -> None:
+def test_key_and_partition_are_required_keywords_of_upsert_arrow_and_tag_options(table: Table, tmp_path: Path) -> None:
     """No guessed defaults ("id", "dt"): naming the key and partition columns is part of every call."""
     from dbidx.spark_integration.tagger import TagOptions
 
@@ -147,18 +164,31 @@ def test_a_hook_error_marker_carries_any_message_and_rebuilds_only_exception_typ
     for named in ("os:system", "builtins:SystemExit", "builtins:int", "no_such_module_xyz:Error"):
         crafted = RuntimeError(f'Traceback ... dbidx-hook-error[{named}] shard=0 attempt=0 "what it said"\n ...')
         error = hook_error(crafted)
-        assert type(error) is HookError and str(error).startswith(f"on_task_written raised {named.replace(':', '.')}: "
-                                                                  "what it said (that type cannot be"), error
+        assert type(error) is HookError and str(error).startswith(
+            f"on_task_written raised {named.replace(':', '.')}: what it said (that type cannot be"
+        ), error
     assert hook_error(RuntimeError("a task failed without a marker")) is None
 
 
 def test_a_non_partitioned_table_writes_its_data_at_the_root(tmp_path: Path) -> None:
     table = Table.create(str(tmp_path / "t"), num_shards=2)
     config = CacheConfig(base_path=str(tmp_path / "cache"))
-    first = upsert_arrow(pa.table({"id": ["a", "b"], "p": ["", ""]}), table, key="id", partition="p", hive_style=False,
-                         cache_config=config)
-    again = upsert_arrow(pa.table({"id": ["a", "c"], "p": ["", ""]}), table, key="id", partition="p", hive_style=False,
-                         cache_config=config)
+    first = upsert_arrow(
+        pa.table({"id": ["a", "b"], "p": ["", ""]}),
+        table,
+        key="id",
+        partition="p",
+        hive_style=False,
+        cache_config=config,
+    )
+    again = upsert_arrow(
+        pa.table({"id": ["a", "c"], "p": ["", ""]}),
+        table,
+        key="id",
+        partition="p",
+        hive_style=False,
+        cache_config=config,
+    )
     assert (first.inserts, again.updates, again.inserts) == (2, 1, 1)
     assert all("/" not in f.path for rec in table.timeline.completed() for f in rec.data_files)
     assert sorted(table.snapshot("").column("key").to_pylist()) == ["a", "b", "c"]
@@ -173,10 +203,16 @@ def test_a_copied_table_never_shares_caches_with_its_original(tmp_path: Path) ->
     shutil.copytree(original.uri, tmp_path / "copy")
     copy = Table.open(str(tmp_path / "copy"))
     assert copy.props.table_id == original.props.table_id
-    upsert_arrow(pa.table({"id": ["only-in-copy"], "dt": ["2025-03-01"]}), copy, key="id", partition="dt",
-                 cache_config=config)
-    summary = upsert_arrow(pa.table({"id": ["only-in-copy", "a"], "dt": ["2025-03-01"] * 2}), original,
-                           key="id", partition="dt", cache_config=config)
+    upsert_arrow(
+        pa.table({"id": ["only-in-copy"], "dt": ["2025-03-01"]}), copy, key="id", partition="dt", cache_config=config
+    )
+    summary = upsert_arrow(
+        pa.table({"id": ["only-in-copy", "a"], "dt": ["2025-03-01"] * 2}),
+        original,
+        key="id",
+        partition="dt",
+        cache_config=config,
+    )
     assert (summary.inserts, summary.updates) == (1, 1)  # the copy's key is new to the original
     assert RecordIndexCache.for_table(copy, 0, config).path != RecordIndexCache.for_table(original, 0, config).path
     result = CliRunner().invoke(main, ["cache", "verify", original.uri, "--cache-dir", str(tmp_path / "cache")])
@@ -202,13 +238,24 @@ def test_the_delete_column_is_checked_before_anything_starts(table: Table, tmp_p
     with pytest.raises(InvalidInputError, match="no delete column 'is_delted'"):
         upsert_arrow(data, table, key="id", partition="dt", delete_column="is_delted", cache_config=config)
     with pytest.raises(InvalidInputError, match="must be boolean"):
-        upsert_arrow(pa.table({"id": ["a"], "dt": ["2025-03-01"], "_dbidx_delete": ["yes"]}), table,
-                     key="id", partition="dt", cache_config=config)
+        upsert_arrow(
+            pa.table({"id": ["a"], "dt": ["2025-03-01"], "_dbidx_delete": ["yes"]}),
+            table,
+            key="id",
+            partition="dt",
+            cache_config=config,
+        )
     assert table.timeline.completed() == [] and table.timeline.pending() == []
     # A delete whose partition does not hold the key deletes nothing, and says so.
     upsert_arrow(data, table, key="id", partition="dt", delete_column=None, cache_config=config)
-    summary = upsert_arrow(pa.table({"id": ["a"], "dt": ["2025-03-02"], "is_deleted": [True]}), table,
-                           key="id", partition="dt", delete_column="is_deleted", cache_config=config)
+    summary = upsert_arrow(
+        pa.table({"id": ["a"], "dt": ["2025-03-02"], "is_deleted": [True]}),
+        table,
+        key="id",
+        partition="dt",
+        delete_column="is_deleted",
+        cache_config=config,
+    )
     assert (summary.deletes, summary.deletes_missing) == (0, 1)
     assert table.snapshot(DAY).column("key").to_pylist() == ["a"]
 
@@ -221,8 +268,13 @@ def test_caches_are_private_whatever_the_umask(table: Table, tmp_path: Path) -> 
         base = tmp_path / "deep" / "base"
         config = CacheConfig(base_path=str(base))
         for _ in range(2):  # the table's first write takes the bulk path (no cache); the second opens the caches
-            upsert_arrow(pa.table({"id": ["a", "b"], "dt": ["2025-03-01"] * 2}), table, key="id", partition="dt",
-                         cache_config=config)
+            upsert_arrow(
+                pa.table({"id": ["a", "b"], "dt": ["2025-03-01"] * 2}),
+                table,
+                key="id",
+                partition="dt",
+                cache_config=config,
+            )
     finally:
         os.umask(old)
     for path in [tmp_path / "deep", base, *base.rglob("*")]:
@@ -231,8 +283,9 @@ def test_caches_are_private_whatever_the_umask(table: Table, tmp_path: Path) -> 
         assert mode == expected, (path, oct(mode))
 
 
-def test_a_failing_close_is_a_cache_error_and_releases_the_lock(table: Table, tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failing_close_is_a_cache_error_and_releases_the_lock(
+    table: Table, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from dbidx.cache.store import Store
     from dbidx.errors import CacheError
 
@@ -274,8 +327,13 @@ def test_a_table_of_the_previous_format_is_refused_by_name(table: Table) -> None
 
 def test_deep_partitions_get_hashed_marker_names(table: Table, tmp_path: Path) -> None:
     day = "x" * 180
-    summary = upsert_arrow(pa.table({"id": ["a", "b"], "dt": [day, day]}), table, key="id", partition="dt",
-                           cache_config=CacheConfig(base_path=str(tmp_path / "cache")))
+    summary = upsert_arrow(
+        pa.table({"id": ["a", "b"], "dt": [day, day]}),
+        table,
+        key="id",
+        partition="dt",
+        cache_config=CacheConfig(base_path=str(tmp_path / "cache")),
+    )
     assert summary.inserts == 2 and table.io.list_dirs(markers.MARKERS_DIR) == []
     assert markers.marker_name(f"dt={day}/{'0' * 8}-fg_{'1' * 17}_0.parquet").startswith("h-")
 
@@ -285,8 +343,9 @@ def test_verbose_is_accepted_anywhere(tmp_path: Path) -> None:
     assert result.exit_code == 3, result.output
 
 
-def test_files_vanishing_under_the_permission_pass_do_not_fail_an_open(table: Table, tmp_path: Path,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_files_vanishing_under_the_permission_pass_do_not_fail_an_open(
+    table: Table, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """RocksDB compacts in the background: an SST listed a moment ago may be gone when it is chmod-ed (found by
     benchmarks/commit_bench.py at 10 M keys)."""
     config = CacheConfig(base_path=str(tmp_path / "cache"))

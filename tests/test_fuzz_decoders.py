@@ -1,6 +1,7 @@
 """Fuzzing every decoder of bytes and text that come from storage or users: whatever the input, the only exceptions
 are DbidxError subclasses (a clear, typed error), never a raw KeyError, UnicodeError, ArrowInvalid or a crash.
 10 000 examples each; marked slow (the fast tier skips them)."""
+
 from __future__ import annotations
 
 import json
@@ -27,11 +28,18 @@ pytestmark = pytest.mark.slow
 # derandomize: the same examples in every run, so CI on a fresh clone sees what the last local run saw. 3,000 per
 # decoder in `make test` (the suite stays under 10 minutes on 2 cores); `make fuzz` runs 20,000.
 EXAMPLES = int(os.environ.get("DBIDX_FUZZ_EXAMPLES", "3000"))
-MANY = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
-                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner,
-                                                                                max_size=4), max_leaves=12)
+MANY = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    max_leaves=12,
+)
 
 
 @MANY
@@ -75,8 +83,7 @@ def test_partition_patterns(pattern: str) -> None:
         assert found is not None and found.day == moment.date(), (pattern, moment.strftime(pattern), found)
 
 
-KEYISH = st.one_of(st.text(max_size=8), st.binary(max_size=8), st.integers(), st.floats(), st.none(),
-                   st.booleans())
+KEYISH = st.one_of(st.text(max_size=8), st.binary(max_size=8), st.integers(), st.floats(), st.none(), st.booleans())
 
 
 @MANY
@@ -91,8 +98,9 @@ def test_the_key_normalizer(keys) -> None:
 
 
 def _valid_record() -> dict:
-    record = CompletedInstant(seq=1, instant="20250101000000000", action="commit", completed_at_ms=1, start_seq=0,
-                              table_id="a" * 32)
+    record = CompletedInstant(
+        seq=1, instant="20250101000000000", action="commit", completed_at_ms=1, start_seq=0, table_id="a" * 32
+    )
     return json.loads(record.to_json())
 
 
@@ -128,8 +136,13 @@ def scratch(tmp_path_factory: pytest.TempPathFactory) -> FileIO:
 
 
 @MANY
-@given(st.one_of(st.binary(max_size=200), JSON.map(lambda v: json.dumps(v).encode()),
-                 st.lists(st.text(max_size=30), max_size=4).map(lambda f: json.dumps({"files": f}).encode())))
+@given(
+    st.one_of(
+        st.binary(max_size=200),
+        JSON.map(lambda v: json.dumps(v).encode()),
+        st.lists(st.text(max_size=30), max_size=4).map(lambda f: json.dumps({"files": f}).encode()),
+    )
+)
 def test_rollback_plans(scratch: FileIO, raw: bytes) -> None:
     instant = "20250101000000000"
     scratch.write_atomic(layout.inflight_file(instant), raw)
@@ -141,9 +154,17 @@ def test_rollback_plans(scratch: FileIO, raw: bytes) -> None:
 
 
 def _rli_bytes() -> bytes:
-    entries = rli_files.sort_entries(pa.table({"key": [f"k{i:04d}" for i in range(300)],
-                                               "file_group": ["fg"] * 300, "instant": ["20250101000000000"] * 300,
-                                               "deleted": [False] * 300}, schema=rli_files.PARTITIONED_SCHEMA))
+    entries = rli_files.sort_entries(
+        pa.table(
+            {
+                "key": [f"k{i:04d}" for i in range(300)],
+                "file_group": ["fg"] * 300,
+                "instant": ["20250101000000000"] * 300,
+                "deleted": [False] * 300,
+            },
+            schema=rli_files.PARTITIONED_SCHEMA,
+        )
+    )
     sink = pa.BufferOutputStream()
     import pyarrow.parquet as pq
 
@@ -155,8 +176,9 @@ RLI = _rli_bytes()
 
 
 @MANY
-@given(st.lists(st.tuples(st.integers(0, len(RLI) - 1), st.integers(1, 255)), min_size=1, max_size=4),
-       st.integers(0, 40))
+@given(
+    st.lists(st.tuples(st.integers(0, len(RLI) - 1), st.integers(1, 255)), min_size=1, max_size=4), st.integers(0, 40)
+)
 def test_the_rli_reader_on_damaged_bytes(scratch: FileIO, flips, cut: int) -> None:
     """Damaged bytes (flips anywhere, a truncation) under the record written for the intact file: every read path
     raises CorruptFileError naming the file, and no byte of the damaged file reaches the Parquet decoder.
@@ -168,24 +190,46 @@ def test_the_rli_reader_on_damaged_bytes(scratch: FileIO, flips, cut: int) -> No
     raw = bytearray(RLI)
     for offset, mask in flips:
         raw[offset] ^= mask
-    data = bytes(raw[:len(raw) - cut])
+    data = bytes(raw[: len(raw) - cut])
     if data == RLI:
         return
     rel = "rli/fuzz.parquet"
     scratch.write_atomic(rel, data)
-    record = rli_files.FileRecord(path=rel, partition="p", shard=0, kind="delta", rows=300, inserts=300,
-                                  tombstones=0, min_key="k0000", max_key="k0299", size=len(RLI),
-                                  checksum=file_checksum(RLI))
-    for read in (lambda: rli_files.read_rli_file(scratch, record),
-                 lambda: rli_files.read_matching(scratch, record, ["k0010"], pa.array(["k0010"]), "seek", 0.25)):
+    record = rli_files.FileRecord(
+        path=rel,
+        partition="p",
+        shard=0,
+        kind="delta",
+        rows=300,
+        inserts=300,
+        tombstones=0,
+        min_key="k0000",
+        max_key="k0299",
+        size=len(RLI),
+        checksum=file_checksum(RLI),
+    )
+    for read in (
+        lambda: rli_files.read_rli_file(scratch, record),
+        lambda: rli_files.read_matching(scratch, record, ["k0010"], pa.array(["k0010"]), "seek", 0.25),
+    ):
         with pytest.raises(DbidxError, match="fuzz.parquet"):
             read()
 
 
 def test_the_fuzzed_reader_still_reads_the_undamaged_file(scratch: FileIO) -> None:
     scratch.write_atomic("rli/ok.parquet", RLI)
-    record = rli_files.FileRecord(path="rli/ok.parquet", partition="p", shard=0, kind="delta", rows=300,
-                                  inserts=300, tombstones=0, min_key="k0000", max_key="k0299", size=len(RLI),
-                                  checksum=file_checksum(RLI))
+    record = rli_files.FileRecord(
+        path="rli/ok.parquet",
+        partition="p",
+        shard=0,
+        kind="delta",
+        rows=300,
+        inserts=300,
+        tombstones=0,
+        min_key="k0000",
+        max_key="k0299",
+        size=len(RLI),
+        checksum=file_checksum(RLI),
+    )
     assert rli_files.read_rli_file(scratch, record).num_rows == 300
     assert Path(scratch.path("rli/ok.parquet")).stat().st_size == len(RLI)

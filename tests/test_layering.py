@@ -4,6 +4,7 @@ type-checking imports included: they hide a circle, they do not break it), and o
 Read from the sources with `ast`, so a violation fails here with the import that breaks the rule, not later as an
 import-order accident. docs/DESIGN.md section 7 describes the floors.
 """
+
 from __future__ import annotations
 
 import ast
@@ -14,11 +15,30 @@ ROOT = Path(__file__).resolve().parents[1]
 # floor without being one package (the base modules, the CLI's) may import each other; the circle check covers them.
 FLOORS = {
     # The package itself is the front door (`from dbidx import Table, upsert, ...`): it sits above every floor.
-    "dbidx": 10, "dbidx.version": 0, "dbidx.errors": 0, "dbidx.config": 0, "dbidx.counters": 0, "dbidx.progress": 0,
-    "dbidx.charts": 0, "dbidx.arrays": 0, "dbidx.runner": 0, "dbidx.plain": 0, "dbidx.moved": 0,
-    "dbidx.storage": 1, "dbidx.data": 2, "dbidx.index": 3, "dbidx.table": 4, "dbidx.buckets": 5, "dbidx.cache": 6,
-    "dbidx.bootstrap": 7, "dbidx.spark_integration": 8,
-    "dbidx.cli": 9, "dbidx.cli_cache": 9, "dbidx.cli_services": 9, "dbidx.cli_output": 9, "dbidx.cli_table": 9,
+    "dbidx": 10,
+    "dbidx.version": 0,
+    "dbidx.errors": 0,
+    "dbidx.config": 0,
+    "dbidx.counters": 0,
+    "dbidx.progress": 0,
+    "dbidx.charts": 0,
+    "dbidx.arrays": 0,
+    "dbidx.runner": 0,
+    "dbidx.plain": 0,
+    "dbidx.moved": 0,
+    "dbidx.storage": 1,
+    "dbidx.data": 2,
+    "dbidx.index": 3,
+    "dbidx.table": 4,
+    "dbidx.buckets": 5,
+    "dbidx.cache": 6,
+    "dbidx.bootstrap": 7,
+    "dbidx.spark_integration": 8,
+    "dbidx.cli": 9,
+    "dbidx.cli_cache": 9,
+    "dbidx.cli_services": 9,
+    "dbidx.cli_output": 9,
+    "dbidx.cli_table": 9,
     "dbidx.demo": 9,
 }
 NOT_PACKAGED = {"tests", "benchmarks", "tools", "docs", ".venv", "build", "dist", ".git"}
@@ -46,7 +66,7 @@ def imports_of(name: str, path: Path, known: dict[str, Path]) -> set[str]:
             base = node.module or ""
             if node.level:
                 parts = package.split(".")
-                base = ".".join(parts[:len(parts) - node.level + 1] + ([node.module] if node.module else []))
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
             for alias in node.names:
                 out.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base)
     return {m for m in out if m in known and m != name}
@@ -81,7 +101,7 @@ def test_no_module_imports_itself_back() -> None:
         state[node] = 1
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                circles.append(" -> ".join(path[path.index(nxt):] + [nxt]))
+                circles.append(" -> ".join(path[path.index(nxt) :] + [nxt]))
             elif nxt not in state:
                 visit(nxt, path + [nxt])
         state[node] = 2
@@ -98,8 +118,13 @@ def test_only_the_spark_glue_imports_pyspark() -> None:
         if name.startswith("dbidx.spark_integration"):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             found += [f"{name}: {n}" for n in names if n.split(".")[0] == "pyspark"]
     assert not found, "\n".join(found)
 
@@ -107,7 +132,12 @@ def test_only_the_spark_glue_imports_pyspark() -> None:
 def test_the_rules_see_the_package() -> None:
     """The checks above read real modules with real imports (so an empty walk cannot pass them)."""
     known = modules()
-    assert {"dbidx.storage.timeline", "dbidx.data.reads", "dbidx.table.facade", "dbidx.cache.record_cache",
-            "dbidx.spark_integration.api", "dbidx.cli"} <= set(known)
+    assert {
+        "dbidx.storage.timeline",
+        "dbidx.data.reads",
+        "dbidx.table.facade",
+        "dbidx.cache.record_cache",
+        "dbidx.spark_integration.api",
+        "dbidx.cli",
+    } <= set(known)
     assert "dbidx.storage.timeline" in imports_of("dbidx.table.facade", known["dbidx.table.facade"], known)
-

@@ -1,5 +1,6 @@
 """A typo, an odd value, a stale file or a hostile neighbour never bricks a table: each is refused with a typed
 error or swept, and the table stays usable."""
+
 from __future__ import annotations
 
 import json
@@ -14,7 +15,12 @@ from dbidx.cli import main
 from dbidx.config import CacheConfig
 from dbidx.data.reads import read_arrow
 from dbidx.errors import (
-    ConfigError, CorruptFileError, InstantStateError, InvalidInputError, InvalidKeyError, InvalidPartitionError,
+    ConfigError,
+    CorruptFileError,
+    InstantStateError,
+    InvalidInputError,
+    InvalidKeyError,
+    InvalidPartitionError,
 )
 from dbidx.table.facade import Table
 from dbidx.table.verify_table import verify_table
@@ -149,9 +155,12 @@ def test_cli_numbers_out_of_range_and_an_empty_rollback(tmp_path: Path) -> None:
     table = Table.create(str(tmp_path / "t"), num_shards=1)
     upsert_arrow(rows(["a"]), table, key="id", partition="dt", cache_config=CacheConfig(base_path=str(tmp_path / "c")))
     runner = CliRunner()
-    for args in (["compact", table.uri, "--retain", "-1"], ["commits", table.uri, "--last", "-5"],
-                 ["cache", "reap", "--ttl-hours", "-1", "--cache-dir", str(tmp_path / "c")],
-                 ["init", str(tmp_path / "u"), "--num-shards", "0"]):
+    for args in (
+        ["compact", table.uri, "--retain", "-1"],
+        ["commits", table.uri, "--last", "-5"],
+        ["cache", "reap", "--ttl-hours", "-1", "--cache-dir", str(tmp_path / "c")],
+        ["init", str(tmp_path / "u"), "--num-shards", "0"],
+    ):
         result = runner.invoke(main, args)
         assert result.exit_code == 2 and "Invalid value" in result.output, (args, result.output)
     assert Table.open(table.uri).latest().seq == 1 and not (tmp_path / "u").exists()

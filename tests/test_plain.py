@@ -1,4 +1,5 @@
 """dbidx.plain.plain: the same result as dataclasses.asdict, for the records commits carry and for odd values."""
+
 from __future__ import annotations
 
 from collections import namedtuple
@@ -39,8 +40,9 @@ def test_plain_equals_asdict_with_the_same_container_types() -> None:
 
 
 def test_plain_equals_asdict_on_commit_records() -> None:
-    data = DataFileRecord(path="dt=1/fg-0001-0-x.parquet", partition="dt=1", file_group="fg-0001-0", size=10,
-                          checksum="abc", rows=3)
+    data = DataFileRecord(
+        path="dt=1/fg-0001-0-x.parquet", partition="dt=1", file_group="fg-0001-0", size=10, checksum="abc", rows=3
+    )
     vector = DeletionVectorRecord(path=data.path, dv_file=".dbidx/dv/x.bin", offset=1, size=20, cardinality=2)
     dv_file = DvFileRecord(path=".dbidx/dv/x.bin", size=40, checksum="def")
     state = PartitionState(partition="dt=1", cf="p-1", fills={"dt=1\x00fg-0001-0": 3})

@@ -12,6 +12,7 @@ Usage: `python tools/pack_env.py --out dist/dbidx-env.tar.gz [--extra object-sto
 (or `make pack-env`). The archive's `bin/python` links to the interpreter the venv was made from, so every node
 needs that same Python at the same path (docs/DEPLOY.md).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,19 @@ from typing import Sequence
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SUPPLIED_BY_SPARK = {"pyspark"}
 # Not part of the package: virtualenvs, build output, caches, VCS data.
-NOT_SOURCES = (".git", ".venv", "venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis",
-               "demo-output", "*.tar.gz")
+NOT_SOURCES = (
+    ".git",
+    ".venv",
+    "venv",
+    "build",
+    "dist",
+    "*.egg-info",
+    "__pycache__",
+    ".pytest_cache",
+    ".hypothesis",
+    "demo-output",
+    "*.tar.gz",
+)
 _NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 
 
@@ -77,8 +89,9 @@ def _run(command: list[str]) -> None:
         raise RuntimeError(f"{' '.join(command)} failed with exit code {done.returncode}:\n{done.stdout[-3000:]}")
 
 
-def pack_env(out_path: str | Path, python: str = sys.executable, extras: Sequence[str] = (),
-             repo: str | Path = REPO_ROOT) -> PackResult:
+def pack_env(
+    out_path: str | Path, python: str = sys.executable, extras: Sequence[str] = (), repo: str | Path = REPO_ROOT
+) -> PackResult:
     """Create a fresh venv with a non-editable dbidx and its runtime deps (no pyspark) and pack it to out_path.
 
     python: the interpreter the venv is made from (executors run it, so use the Python the nodes have).
@@ -86,8 +99,7 @@ def pack_env(out_path: str | Path, python: str = sys.executable, extras: Sequenc
     try:
         import venv_pack
     except ImportError as exc:
-        raise RuntimeError("packing needs venv-pack: pip install 'venv-pack>=0.2,<0.3' (in dbidx's dev extra)") \
-            from exc
+        raise RuntimeError("packing needs venv-pack: pip install 'venv-pack>=0.2,<0.3' (in dbidx's dev extra)") from exc
     started = time.perf_counter()
     out = Path(out_path).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -108,11 +120,15 @@ def pack_env(out_path: str | Path, python: str = sys.executable, extras: Sequenc
         #    deps: an editable install would point back into the repository, which executors do not have, and a build
         #    in the repository would reuse its setuptools `build/` directory, stale files included.
         source = copy_sources(repo, Path(tmp) / "src")
-        step("dbidx", [env_python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
-                       str(source)])
+        step(
+            "dbidx",
+            [env_python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps", str(source)],
+        )
         # 3. Its runtime dependencies except pyspark, which the cluster's Spark supplies.
-        step("dependencies", [env_python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                              *requirements])
+        step(
+            "dependencies",
+            [env_python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *requirements],
+        )
         # 4. The check that matters on an executor: everything imports with the env's own interpreter.
         step("import check", [env_python, "-c", "import dbidx.spark_integration.task, rocksdict, pyarrow, pandas"])
         # 5. Pack: venv-pack rewrites the activation scripts and shebangs to be relative to where it is unpacked.
@@ -128,8 +144,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Pack a venv with dbidx (without pyspark) for spark.archives.")
     parser.add_argument("--out", default="dist/dbidx-env.tar.gz", help="archive to write [dist/dbidx-env.tar.gz]")
     parser.add_argument("--python", default=sys.executable, help="interpreter to build the venv from [this one]")
-    parser.add_argument("--extra", action="append", default=[], help="an extra of dbidx to include, e.g. "
-                        "object-store (repeatable)")
+    parser.add_argument(
+        "--extra", action="append", default=[], help="an extra of dbidx to include, e.g. object-store (repeatable)"
+    )
     args = parser.parse_args(argv)
     result = pack_env(args.out, python=args.python, extras=args.extra)
     print(json.dumps(asdict(result), indent=2))

@@ -12,6 +12,7 @@ completed upsert, so runs of the same command keep updating the same keys. --pau
 task sleep after it wrote its files and before it reports: a window to try what DEPLOY.md says about a driver that
 dies mid-upsert.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=2, help="batches to run [2]")
     parser.add_argument("--rows", type=int, default=20_000, help="rows per batch [20000]")
     parser.add_argument("--days", type=int, default=6, help="dt partitions the keys spread over [6]")
-    parser.add_argument("--pause-in-tasks", type=float, default=0.0, metavar="SECONDS",
-                        help="sleep in every task after it wrote its files, before it reports [0]")
+    parser.add_argument(
+        "--pause-in-tasks",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="sleep in every task after it wrote its files, before it reports [0]",
+    )
     args = parser.parse_args(argv)
 
     from pyspark.sql import SparkSession
@@ -52,18 +58,30 @@ def main(argv: list[str] | None = None) -> int:
         seq = done_before + n
         rng = random.Random(seq)
         keyspace = args.rows * 5  # later batches update keys earlier ones inserted
-        rows = [(f"k{rng.randrange(keyspace):08d}", f"2025-01-{1 + rng.randrange(args.days):02d}", seq,
-                 rng.random() < 0.02) for _ in range(args.rows)]
+        rows = [
+            (f"k{rng.randrange(keyspace):08d}", f"2025-01-{1 + rng.randrange(args.days):02d}", seq, rng.random() < 0.02)
+            for _ in range(args.rows)
+        ]
         df = spark.createDataFrame(rows, "id string, dt string, v long, _dbidx_delete boolean")
         started = time.perf_counter()
         summary = upsert(df, table, key="id", partition="dt", on_task_written=hook if pause else None)
-        print(json.dumps({
-            "app": spark.sparkContext.applicationId, "batch": n, "instant": summary.instant,
-            "seconds": round(time.perf_counter() - started, 2), "inserts": summary.inserts,
-            "updates": summary.updates, "deletes": summary.deletes,
-            "on_demand_loads": [s.get("on_demand_loads") for s in summary.per_shard],
-            "executors_lost": (summary.spark or {}).get("executors_lost"),  # what Spark did (job_report.py)
-            "abandoned": summary.abandoned}), flush=True)  # other writers' unfinished attempts found, rolled back
+        print(
+            json.dumps(
+                {
+                    "app": spark.sparkContext.applicationId,
+                    "batch": n,
+                    "instant": summary.instant,
+                    "seconds": round(time.perf_counter() - started, 2),
+                    "inserts": summary.inserts,
+                    "updates": summary.updates,
+                    "deletes": summary.deletes,
+                    "on_demand_loads": [s.get("on_demand_loads") for s in summary.per_shard],
+                    "executors_lost": (summary.spark or {}).get("executors_lost"),  # what Spark did (job_report.py)
+                    "abandoned": summary.abandoned,
+                }
+            ),
+            flush=True,
+        )  # other writers' unfinished attempts found, rolled back
     spark.stop()
     return 0
 

@@ -1,4 +1,5 @@
 """Time-bounded, global and on-demand loading against a real index and real RocksDB caches."""
+
 from __future__ import annotations
 
 import os
@@ -31,8 +32,9 @@ def make_daily_table(root: Path, keys_per_day: int = 400, num_shards: int = 3, g
     table = Table.create(str(root / "table"), num_shards=num_shards, row_group_size=128, global_index=global_index)
     for partition in DAYS + ["region=eu"]:
         with table.new_commit() as w:
-            w.insert(partition, random_uuids(keys_per_day), [f"{i % 4:08d}-{partition[-2:]}" for i in
-                                                             range(keys_per_day)])
+            w.insert(
+                partition, random_uuids(keys_per_day), [f"{i % 4:08d}-{partition[-2:]}" for i in range(keys_per_day)]
+            )
     return table
 
 
@@ -42,8 +44,10 @@ def shard_truth(table: Table, partition: str | None, shard: int) -> dict[str, st
     keys = snap.column("key").to_pylist()
     mine = table.shard_of(keys) == shard
     if table.global_index:
-        locs = [global_location(p, fg) for p, fg in zip(snap.column("partition").to_pylist(),
-                                                         snap.column("file_group").to_pylist())]
+        locs = [
+            global_location(p, fg)
+            for p, fg in zip(snap.column("partition").to_pylist(), snap.column("file_group").to_pylist())
+        ]
     else:
         locs = snap.column("file_group").to_pylist()
     return {k: loc for k, loc, m in zip(keys, locs, mine) if m}
@@ -76,8 +80,11 @@ def test_bootstrap_loads_the_window_and_each_shard_exactly_its_keys(table, tmp_p
 def test_a_single_shard_bootstrap_touches_no_other_shard(table, tmp_path):
     base = tmp_path / "caches"
     bootstrap(table, days=2, shards=[1], now=NOW, base_path=base)
-    assert [p.name for p in (base / table_cache_dir_name(table)).iterdir() if p.name.startswith("shard-") and
-            p.is_dir() and not p.name.endswith(".tmp")] == ["shard-00001-of-00003"]
+    assert [
+        p.name
+        for p in (base / table_cache_dir_name(table)).iterdir()
+        if p.name.startswith("shard-") and p.is_dir() and not p.name.endswith(".tmp")
+    ] == ["shard-00001-of-00003"]
 
 
 def test_warm_restart_loads_nothing_and_only_catches_up(table, tmp_path):
@@ -113,13 +120,20 @@ def test_every_parallelism_gives_the_same_content(table, tmp_path, parallelism):
         with open_cache(table, shard, base) as cache:
             assert verify(cache, table).ok
             assert sum(s.entries for s in cache.partitions().values()) == len(
-                [k for p in DAYS[-4:] + ["region=eu"] for k in shard_truth(table, p, shard)])
+                [k for p in DAYS[-4:] + ["region=eu"] for k in shard_truth(table, p, shard)]
+            )
 
 
 def test_progress_reports_every_slice_and_ends_at_the_total(table, tmp_path):
     events: list[tuple[int, int, str]] = []
-    result = bootstrap(table, days=2, now=NOW, base_path=tmp_path / "c", parallelism="threads",
-                       progress=lambda done, total, step, rows: events.append((done, total, step)))
+    result = bootstrap(
+        table,
+        days=2,
+        now=NOW,
+        base_path=tmp_path / "c",
+        parallelism="threads",
+        progress=lambda done, total, step, rows: events.append((done, total, step)),
+    )
     assert len(events) == result.partitions_loaded
     assert events[-1][0] == result.entries and all(e[0] <= e[1] for e in events)
     assert [e[0] for e in events] == sorted(e[0] for e in events)
@@ -151,6 +165,7 @@ def test_bad_shards_and_foreign_cache_dirs_are_refused(table, tmp_path):
 
 
 # ---- on-demand ---------------------------------------------------------------------------------------------
+
 
 def test_cold_partitions_of_a_batch_load_concurrently(table, tmp_path):
     cold = DAYS[:5]
@@ -234,8 +249,9 @@ def test_a_bootstrap_killed_midway_leaves_no_partial_partition_and_the_next_one_
     script = tmp_path / "boot.py"
     script.write_text(_KILL_SCRIPT)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    proc = subprocess.Popen([sys.executable, str(script), table.uri, str(base)], stdout=subprocess.PIPE, text=True,
-                            env=env)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), table.uri, str(base)], stdout=subprocess.PIPE, text=True, env=env
+    )
     seen = 0
     for line in proc.stdout:  # type: ignore[union-attr]
         if line.startswith("LOADED"):

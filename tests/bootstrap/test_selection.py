@@ -1,4 +1,5 @@
 """Which partitions a time-bounded bootstrap picks: dates in every path form, non-date and mixed paths."""
+
 from __future__ import annotations
 
 from datetime import datetime, timezone
@@ -14,34 +15,49 @@ DAY = datetime(2025, 1, 15, tzinfo=timezone.utc)
 HOUR7 = datetime(2025, 1, 15, 7, tzinfo=timezone.utc)
 
 
-@pytest.mark.parametrize("path, start, granularity", [
-    ("dt=2025-01-15", DAY, "day"),
-    ("date=20250115", DAY, "day"),
-    ("2025/01/15", DAY, "day"),
-    ("year=2025/month=01/day=15", DAY, "day"),
-    ("year=2025/month=1/day=15/hour=7", HOUR7, "hour"),
-    ("dt=2025-01-15/hr=07", HOUR7, "hour"),
-    ("dt=2025-01-15/hour=07", HOUR7, "hour"),
-    ("dt=2025-01-15-07", HOUR7, "hour"),
-    ("ds=2025-01-15T07", HOUR7, "hour"),
-    ("2025011507", HOUR7, "hour"),
-    ("date=20250115/hh=07", HOUR7, "hour"),
-    ("2025/01/15/07", HOUR7, "hour"),
-    ("region=eu/dt=2025-01-15", DAY, "day"),
-    ("region=eu/dt=2025-01-15/hr=07/type=click", HOUR7, "hour"),
-    ("tenant=42/2025/01/15", DAY, "day"),
-    ("2025-01-15", DAY, "day"),
-])
+@pytest.mark.parametrize(
+    "path, start, granularity",
+    [
+        ("dt=2025-01-15", DAY, "day"),
+        ("date=20250115", DAY, "day"),
+        ("2025/01/15", DAY, "day"),
+        ("year=2025/month=01/day=15", DAY, "day"),
+        ("year=2025/month=1/day=15/hour=7", HOUR7, "hour"),
+        ("dt=2025-01-15/hr=07", HOUR7, "hour"),
+        ("dt=2025-01-15/hour=07", HOUR7, "hour"),
+        ("dt=2025-01-15-07", HOUR7, "hour"),
+        ("ds=2025-01-15T07", HOUR7, "hour"),
+        ("2025011507", HOUR7, "hour"),
+        ("date=20250115/hh=07", HOUR7, "hour"),
+        ("2025/01/15/07", HOUR7, "hour"),
+        ("region=eu/dt=2025-01-15", DAY, "day"),
+        ("region=eu/dt=2025-01-15/hr=07/type=click", HOUR7, "hour"),
+        ("tenant=42/2025/01/15", DAY, "day"),
+        ("2025-01-15", DAY, "day"),
+    ],
+)
 def test_dates_are_recognised_in_every_path_form(path, start, granularity):
     found = partition_time(path)
     assert found is not None, path
     assert (found.start, found.granularity) == (start, granularity)
 
 
-@pytest.mark.parametrize("path", [
-    "region=eu", "", "id=12345678", "dt=2025-02-30", "dt=2025-13-01", "2025/13/45", "dt=2025-01-15x",
-    "year=2025", "v=1.2.3", "dt=1850-01-01", "dt=2025-01-15/hr=25",
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "region=eu",
+        "",
+        "id=12345678",
+        "dt=2025-02-30",
+        "dt=2025-13-01",
+        "2025/13/45",
+        "dt=2025-01-15x",
+        "year=2025",
+        "v=1.2.3",
+        "dt=1850-01-01",
+        "dt=2025-01-15/hr=25",
+    ],
+)
 def test_paths_without_a_real_date_are_not_dated(path):
     found = partition_time(path)
     # an invalid hour falls back to no date at all rather than a wrong hour
@@ -52,12 +68,15 @@ def test_the_leftmost_date_wins_in_nested_paths():
     assert partition_time("dt=2025-01-15/backfill=2024-12-31").day.isoformat() == "2025-01-15"
 
 
-@pytest.mark.parametrize("pattern, path, expected", [
-    ("ds=%Y.%m.%d", "region=eu/ds=2025.01.15", DAY),
-    ("p_%Y_%j", "p_2025_015", DAY),
-    ("%Y%m%d-%H", "x/20250115-07", HOUR7),
-    ("re:day_(?P<year>\\d{4})(?P<month>\\d\\d)(?P<day>\\d\\d)", "a=1/day_20250115", DAY),
-])
+@pytest.mark.parametrize(
+    "pattern, path, expected",
+    [
+        ("ds=%Y.%m.%d", "region=eu/ds=2025.01.15", DAY),
+        ("p_%Y_%j", "p_2025_015", DAY),
+        ("%Y%m%d-%H", "x/20250115-07", HOUR7),
+        ("re:day_(?P<year>\\d{4})(?P<month>\\d\\d)(?P<day>\\d\\d)", "a=1/day_20250115", DAY),
+    ],
+)
 def test_user_patterns_strftime_and_regex(pattern, path, expected):
     assert partition_time(path, pattern).start == expected
 
@@ -80,16 +99,17 @@ def _stats(partition: str, last_commit: str = "2025-01-01T00:00:00+00:00", live:
 def test_last_x_days_counts_today_and_takes_dated_paths_by_date_and_others_by_last_commit():
     stats = [_stats(f"dt=2025-01-{d:02d}") for d in range(1, 24)]
     stats += [
-        _stats("region=eu", last_commit="2025-01-20T10:00:00+00:00"),    # written 2 days ago: in
-        _stats("region=us", last_commit="2025-01-10T10:00:00+00:00"),    # last written 12 days ago: out
-        _stats("region=eu/dt=2025-01-21/hr=03"),                         # dated by path, not by commit time
+        _stats("region=eu", last_commit="2025-01-20T10:00:00+00:00"),  # written 2 days ago: in
+        _stats("region=us", last_commit="2025-01-10T10:00:00+00:00"),  # last written 12 days ago: out
+        _stats("region=eu/dt=2025-01-21/hr=03"),  # dated by path, not by commit time
         _stats("region=eu/dt=2025-01-02", last_commit="2025-01-22T00:00:00+00:00"),  # old date, fresh commit: out
     ]
     selection = select_partitions(stats, days=7, now="2025-01-22")
     chosen = {s.partition: s.reason for s in selection.selected}
     assert chosen == {
         **{f"dt=2025-01-{d:02d}": BY_PATH for d in range(16, 24)},  # 16..22 plus the future-dated 23rd
-        "region=eu": BY_COMMIT, "region=eu/dt=2025-01-21/hr=03": BY_PATH,
+        "region=eu": BY_COMMIT,
+        "region=eu/dt=2025-01-21/hr=03": BY_PATH,
     }
     assert selection.first_day.isoformat() == "2025-01-16"
     assert selection.oldest == "dt=2025-01-16"

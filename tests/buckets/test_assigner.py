@@ -1,4 +1,5 @@
 """Bucket assignment without Spark: dynamic and simple hash buckets (docs/DESIGN.md section 4)."""
+
 from __future__ import annotations
 
 import pyarrow as pa
@@ -36,18 +37,26 @@ def test_dynamic_first_bucket_is_the_shard_then_fills_before_opening() -> None:
 
 
 def test_dynamic_reuses_non_full_buckets_from_the_index_and_ignores_foreign_ones() -> None:
-    fills = {file_group_id("t", "p", 1): 5, file_group_id("t", "p", 3): 2, file_group_id("t", "p", 2): 0,
-             "migrated-file": 100}
+    fills = {
+        file_group_id("t", "p", 1): 5,
+        file_group_id("t", "p", 3): 2,
+        file_group_id("t", "p", 2): 0,
+        "migrated-file": 100,
+    }
     assigner = DynamicBucketAssigner("t", num_shards=2, shard=1, capacity=5)
     # Bucket 1 is full, bucket 3 (owned by shard 1) has room for 3; bucket 2 belongs to shard 0.
     assert [bucket_of(f) for f in assigner.assign("p", keys(5), fills).to_pylist()] == [3, 3, 3, 5, 5]
 
 
 @settings(max_examples=60, deadline=None)
-@given(num_shards=st.integers(1, 6), capacity=st.integers(1, 20),
-       batches=st.lists(st.integers(0, 40), min_size=1, max_size=6))
-def test_dynamic_never_exceeds_capacity_and_shards_never_collide(num_shards: int, capacity: int,
-                                                                 batches: list[int]) -> None:
+@given(
+    num_shards=st.integers(1, 6),
+    capacity=st.integers(1, 20),
+    batches=st.lists(st.integers(0, 40), min_size=1, max_size=6),
+)
+def test_dynamic_never_exceeds_capacity_and_shards_never_collide(
+    num_shards: int, capacity: int, batches: list[int]
+) -> None:
     per_bucket: dict[int, int] = {}
     owner: dict[int, int] = {}
     for shard in range(num_shards):

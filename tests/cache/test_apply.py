@@ -1,4 +1,5 @@
 """Catch-up's batch apply against a one-entry-at-a-time reference: same final map, counters and idempotence."""
+
 from __future__ import annotations
 
 import tempfile
@@ -20,8 +21,11 @@ from dbidx.table.facade import Table
 from tests.cache_helpers import DAY1, make_table, open_cache
 
 # A small key space (so batches repeat keys and hit loaded ones) over every key class the codec knows.
-KEYS = [f"k{i}" for i in range(12)] + [f"{i:020d}" for i in range(6)] + \
-       [f"00000000-0000-4000-8000-{i:012x}" for i in range(6)]
+KEYS = (
+    [f"k{i}" for i in range(12)]
+    + [f"{i:020d}" for i in range(6)]
+    + [f"00000000-0000-4000-8000-{i:012x}" for i in range(6)]
+)
 LOCATIONS = ["fg-a", "fg-b", "fg-c", "fg-new"]
 
 entry = st.tuples(st.sampled_from(KEYS), st.one_of(st.none(), st.sampled_from(LOCATIONS)), st.booleans())
@@ -43,8 +47,10 @@ def table(tmp_path_factory) -> Table:
     return make_table(tmp_path_factory.mktemp("apply"), num_shards=1, keys_per_day=10)
 
 
-@given(initial=st.dictionaries(st.sampled_from(KEYS), st.sampled_from(LOCATIONS[:3]), max_size=15),
-       entries=st.lists(entry, max_size=40))
+@given(
+    initial=st.dictionaries(st.sampled_from(KEYS), st.sampled_from(LOCATIONS[:3]), max_size=15),
+    entries=st.lists(entry, max_size=40),
+)
 @settings(max_examples=60, deadline=None)
 def test_apply_matches_one_entry_at_a_time(table, initial, entries):
     with tempfile.TemporaryDirectory() as base, open_cache(table, 0, Path(base)) as cache:
@@ -69,8 +75,9 @@ def test_apply_matches_one_entry_at_a_time(table, initial, entries):
 
 def test_last_per_key_keeps_the_last_effective_entry_sorted():
     keys = encode_keys_binary(pa.array(["b", "a", "b", "c", "a"]))
-    unique, locations, deleted = last_per_key(keys, ["fg-1", "fg-2", "fg-3", None, None], [False, False, False,
-                                                                                            False, True])
+    unique, locations, deleted = last_per_key(
+        keys, ["fg-1", "fg-2", "fg-3", None, None], [False, False, False, False, True]
+    )
     # "c" only has a no-op entry (no location, not a delete): it is dropped; "a" ends deleted; "b" at fg-3.
     assert unique == sorted(encode_keys_binary(pa.array(["a", "b"])).to_pylist())
     assert dict(zip(unique, zip(locations, deleted.tolist()))) == {
@@ -81,8 +88,13 @@ def test_last_per_key_keeps_the_last_effective_entry_sorted():
 
 def test_plan_moves_counters_by_the_net_change():
     decode = {b"1": "fg-a", b"2": "fg-b"}.__getitem__
-    plan = plan_changes([b"k1", b"k2", b"k3", b"k4"], ["fg-b", None, "fg-b", "fg-c"],
-                        np.array([False, True, False, True]), [b"1", b"2", b"2", None], decode)
+    plan = plan_changes(
+        [b"k1", b"k2", b"k3", b"k4"],
+        ["fg-b", None, "fg-b", "fg-c"],
+        np.array([False, True, False, True]),
+        [b"1", b"2", b"2", None],
+        decode,
+    )
     # k1 moves a -> b, k2 is deleted, k3 is already at b, k4's delete finds nothing.
     assert plan.put_keys == [b"k1"] and plan.put_locations == ["fg-b"] and plan.delete_keys == [b"k2"]
     assert plan.entries_delta == -1
@@ -90,8 +102,15 @@ def test_plan_moves_counters_by_the_net_change():
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["a", "b", "c", "dd", "é", "a\x00"]), st.sampled_from(["fg-1", "fg-2", None]),
-                          st.booleans()), max_size=30), st.integers(1, 80))
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["a", "b", "c", "dd", "é", "a\x00"]), st.sampled_from(["fg-1", "fg-2", None]), st.booleans()
+        ),
+        max_size=30,
+    ),
+    st.integers(1, 80),
+)
 def test_last_per_key_equals_a_plain_replay(entries: list, spread: int) -> None:
     """Against a dict replay of the entries in order (no-op entries skipped), with enough distinct keys to take the
     fast sort (the key set is widened by `spread` copies with suffixes)."""
@@ -124,22 +143,27 @@ def committed_walk(initial: dict[str, str], steps: list[tuple[str, str]]) -> lis
     return entries
 
 
-@pytest.mark.parametrize("sst_from", [10 ** 9, 1], ids=["write-batch", "sst"])
-@given(initial=st.dictionaries(st.sampled_from(KEYS), st.sampled_from(LOCATIONS[:3]), max_size=15),
-       steps=st.lists(step, max_size=40))
+@pytest.mark.parametrize("sst_from", [10**9, 1], ids=["write-batch", "sst"])
+@given(
+    initial=st.dictionaries(st.sampled_from(KEYS), st.sampled_from(LOCATIONS[:3]), max_size=15),
+    steps=st.lists(step, max_size=40),
+)
 @settings(max_examples=60, deadline=None)
 def test_apply_exact_matches_one_entry_at_a_time(table, sst_from, initial, steps):
     """Without reading the family, the same final map and the same counters as the reference, whether the changes
     go through a write batch or (large ones) one ingested SST holding each key's last change."""
     entries = committed_walk(initial, steps)
-    with tempfile.TemporaryDirectory() as base, open_cache(table, 0, Path(base)) as cache, \
-            _sst_from(sst_from):
+    with tempfile.TemporaryDirectory() as base, open_cache(table, 0, Path(base)) as cache, _sst_from(sst_from):
         cache.load_partition(DAY1, list(initial), list(initial.values()), synced_seq=1)
         expected = sequential(initial, entries)
 
-        changed = cache.apply_exact(DAY1, pa.array([k for k, _, _ in entries], pa.string()),
-                                    pa.array([loc for _, loc, _ in entries], pa.string()),
-                                    np.array([gone for _, _, gone in entries], dtype=bool), synced_seq=2)
+        changed = cache.apply_exact(
+            DAY1,
+            pa.array([k for k, _, _ in entries], pa.string()),
+            pa.array([loc for _, loc, _ in entries], pa.string()),
+            np.array([gone for _, _, gone in entries], dtype=bool),
+            synced_seq=2,
+        )
 
         assert dict(cache.items(DAY1)) == expected
         assert cache.partitions()[DAY1].entries == len(expected)
@@ -164,8 +188,13 @@ def test_apply_exact_by_sst_keeps_new_locations_after_a_reopen(table, tmp_path):
     keys = [f"n{i:06d}" for i in range(20_000)]
     with open_cache(table, 0, tmp_path) as cache:
         cache.load_partition(DAY1, ["k0", "k1"], ["fg-a", "fg-a"], synced_seq=1)
-        cache.apply_exact(DAY1, pa.array(keys + ["k0"]), pa.array(["fg-new"] * len(keys) + ["fg-a"]),
-                          np.array([False] * len(keys) + [True]), synced_seq=2)
+        cache.apply_exact(
+            DAY1,
+            pa.array(keys + ["k0"]),
+            pa.array(["fg-new"] * len(keys) + ["fg-a"]),
+            np.array([False] * len(keys) + [True]),
+            synced_seq=2,
+        )
         assert not any(cache.scratch_dir.iterdir())  # the scratch SST was moved into the family
     with open_cache(table, 0, tmp_path) as reopened:
         assert not reopened.recovered
@@ -179,8 +208,9 @@ def test_apply_exact_reads_first_when_an_entry_names_no_location(table, tmp_path
     with open_cache(table, 0, tmp_path) as cache:
         cache.load_partition(DAY1, ["k0", "k1"], ["fg-a", "fg-a"], synced_seq=1)
         # "k0" inserted again at fg-b (its location moves: only a read sees the old one), "k1" a no-op entry.
-        cache.apply_exact(DAY1, pa.array(["k0", "k1"]), pa.array(["fg-b", None], pa.string()),
-                          np.array([False, False]), synced_seq=2)
+        cache.apply_exact(
+            DAY1, pa.array(["k0", "k1"]), pa.array(["fg-b", None], pa.string()), np.array([False, False]), synced_seq=2
+        )
         assert dict(cache.items(DAY1)) == {"k0": "fg-b", "k1": "fg-a"}
         assert cache.fills(DAY1) == {"fg-a": 1, "fg-b": 1} and cache.partitions()[DAY1].entries == 2
 

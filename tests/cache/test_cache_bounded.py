@@ -2,6 +2,7 @@
 of their entries however often catch-up re-points the same keys, and its key files (data/key_files.py) to those of
 the table's live data files however often a data compaction replaces them (cache/key_file_sweep.py). Real rocksdict,
 real key files, real data compactions; sizes are compared, never times."""
+
 from __future__ import annotations
 
 import os
@@ -51,7 +52,7 @@ def test_many_catchups_of_the_same_keys_leave_about_one_copy_on_disk(tmp_path: P
     others_start = directory_bytes(shard) - sst_bytes(shard)
     for r in range(1, 31):
         start = (r * moved) % n
-        again = (keys + keys)[start:start + moved]
+        again = (keys + keys)[start : start + moved]
         with table.new_commit() as w:
             w.delete(DAY, again)
         with table.new_commit() as w:
@@ -71,9 +72,15 @@ def test_many_catchups_of_the_same_keys_leave_about_one_copy_on_disk(tmp_path: P
 # ---------------------------------------------------------------------------------------------------------------
 # Key files of data files the table no longer has.
 
+
 def batch(ids: range, version: int) -> pa.Table:
-    return pa.table({"id": pa.array([f"k{i:06d}" for i in ids]), "dt": pa.array([f"d{i % 3}" for i in ids]),
-                     "v": pa.array([version] * len(ids), pa.int64())})
+    return pa.table(
+        {
+            "id": pa.array([f"k{i:06d}" for i in ids]),
+            "dt": pa.array([f"d{i % 3}" for i in ids]),
+            "v": pa.array([version] * len(ids), pa.int64()),
+        }
+    )
 
 
 def key_dir(base: Path) -> Path:
@@ -91,8 +98,9 @@ def on_disk(root: Path) -> tuple[set[str], int]:
     return {os.path.basename(p) for _m, _s, p in files}, sum(size for _m, size, _p in files)
 
 
-def test_data_compactions_leave_key_files_of_the_live_files_only(tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_data_compactions_leave_key_files_of_the_live_files_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """40 batches of updates, a data compaction after every 4th: the key-file directory holds exactly the key files
     of the table's live data files after each batch (each one's task sweeps what the compaction before it replaced),
     so its bytes at batch 40 stay near those at batch 8, where they grew with every replaced file before. Tasks
@@ -106,8 +114,9 @@ def test_data_compactions_leave_key_files_of_the_live_files_only(tmp_path: Path,
     for number in range(1, 41):
         start = (number * 700) % 6000
         written |= set(range(start, start + 1500))
-        summary = upsert_arrow(batch(range(start, start + 1500), number), table, key="id", partition="dt",
-                               cache_config=config)
+        summary = upsert_arrow(
+            batch(range(start, start + 1500), number), table, key="id", partition="dt", cache_config=config
+        )
         wait_for_saves()
         names, size = on_disk(key_dir(tmp_path / "cache"))
         # The files of this batch's own instant are live by now, and nothing else is kept.

@@ -1,4 +1,5 @@
 """Catch-up from the index: completed and rolled-back instants, other writers, compaction, cleaning, global mode."""
+
 from __future__ import annotations
 
 import pytest
@@ -33,8 +34,7 @@ def loaded(table: Table, shard: int, base, partitions=(DAY1, DAY2, DAY3), **conf
     return cache
 
 
-def test_a_completed_instants_entries_reach_the_cache_at_the_next_sync_and_a_rolled_back_ones_never(table,
-                                                                                                     tmp_path):
+def test_a_completed_instants_entries_reach_the_cache_at_the_next_sync_and_a_rolled_back_ones_never(table, tmp_path):
     with loaded(table, 0, tmp_path / "c") as cache:
         new = shard_keys(table, [f"c-{i}" for i in range(50)], 0)
         gone = shard_keys(table, [f"k1-{i:05d}" for i in range(20)], 0)
@@ -52,8 +52,9 @@ def test_a_completed_instants_entries_reach_the_cache_at_the_next_sync_and_a_rol
         failed.insert(DAY2, shard_keys(table, [f"zz-{i}" for i in range(20)], 0), "fg-z")
         table.rollback(failed.instant)
         sync(cache, table)
-        assert cache.lookup(DAY2, shard_keys(table, [f"zz-{i}" for i in range(20)], 0)) == \
-            [None] * len(shard_keys(table, [f"zz-{i}" for i in range(20)], 0))
+        assert cache.lookup(DAY2, shard_keys(table, [f"zz-{i}" for i in range(20)], 0)) == [None] * len(
+            shard_keys(table, [f"zz-{i}" for i in range(20)], 0)
+        )
         assert verify(cache, table).ok
 
 
@@ -184,4 +185,4 @@ def test_a_change_large_next_to_what_the_cache_holds_reloads(tmp_path):
             assert dict(cache.items(p)) == truth(table, p, 0)
         assert verify(cache, table).ok
     assert catchup.prefers_reload(10, 0, bound=5)  # over the absolute bound, whatever the cache holds
-    assert not catchup.prefers_reload(catchup.RELOAD_MIN_ENTRIES, 0, bound=10 ** 9)
+    assert not catchup.prefers_reload(catchup.RELOAD_MIN_ENTRIES, 0, bound=10**9)

@@ -1,4 +1,5 @@
 """Crash safety (a real subprocess killed with SIGKILL mid-write and mid-load) and the TTL / disk-budget reaper."""
+
 from __future__ import annotations
 
 import os
@@ -59,8 +60,13 @@ CHILD = textwrap.dedent("""
 def run_and_kill(table: Table, base: Path, mode: str, iterations: int) -> None:
     """Start the child, let it do `iterations` rounds, then SIGKILL it (no chance to flush or close)."""
     env = {**os.environ, "PYTHONPATH": REPO_PARENT}
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, table.uri, str(base), mode], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, table.uri, str(base), mode],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         for _ in range(iterations):
             line = proc.stdout.readline()
@@ -176,6 +182,7 @@ def test_lookups_loads_and_the_reaper_share_one_cache_across_threads(warm):
             except BaseException as exc:  # noqa: BLE001 - the test reports any failure
                 errors.append(exc)
                 stop.set()
+
         return threading.Thread(target=run)
 
     def tagger():
@@ -248,15 +255,21 @@ def test_only_rocksdb_corruption_is_damage_not_a_path_that_says_so() -> None:
     from dbidx.errors import CacheCorruptError, CacheError
 
     damage = read_failure(Exception("Corruption: block checksum mismatch in /x/000011.sst"), "reading")
-    io_error = read_failure(Exception("IO error: While open a file: /data/Corruption-drills/0001.sst: Too many "
-                                      "open files"), "reading")
+    io_error = read_failure(
+        Exception("IO error: While open a file: /data/Corruption-drills/0001.sst: Too many open files"), "reading"
+    )
     assert isinstance(damage, CacheCorruptError)
     assert type(io_error) is CacheError and "Too many open files" in str(io_error)
     # One of the directory's own files gone (CURRENT naming a deleted MANIFEST, a listed SST deleted) is damage;
     # any other missing path is not.
     for own in ("MANIFEST-000005", "000011.sst"):
-        gone = read_failure(Exception(f"IO error: No such file or directory: While opening a file for sequentially "
-                                      f"reading: /c/shard-00000-of-00001/{own}: No such file or directory"), "open")
+        gone = read_failure(
+            Exception(
+                f"IO error: No such file or directory: While opening a file for sequentially "
+                f"reading: /c/shard-00000-of-00001/{own}: No such file or directory"
+            ),
+            "open",
+        )
         assert isinstance(gone, CacheCorruptError), own
     other = read_failure(Exception("IO error: No such file or directory: While mkdir: /c/x/LOCK"), "open")
     assert type(other) is CacheError

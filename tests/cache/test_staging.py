@@ -1,5 +1,6 @@
 """Staged loads (cache/staging.py): a bulk load's tasks stage their entries beside the shard caches, and the next
 catch-up installs exactly the partitions the completion confirms; everything else is discarded unread."""
+
 from __future__ import annotations
 
 import json
@@ -55,14 +56,16 @@ def assert_cache_is_the_index(table: Table, config: CacheConfig) -> None:
         with RecordIndexCache.for_table(table, shard, config) as cache:
             sync(cache, table)  # the batch's own commit reaches the cache at the next catch-up
             for partition in cache.partitions():
-                keys, locations = snapshot_entries(table, shard, partition, table.timeline.latest_seq,
-                                                   cache.global_mode)
+                keys, locations = snapshot_entries(
+                    table, shard, partition, table.timeline.latest_seq, cache.global_mode
+                )
                 assert dict(cache.items(partition)) == dict(zip(keys.to_pylist(), locations.to_pylist()))
 
 
 @pytest.mark.parametrize("global_index", [False, True], ids=["partitioned", "global"])
 def test_the_first_batch_after_a_bulk_load_installs_the_staged_partitions_and_loads_nothing(
-        tmp_path: Path, global_index: bool) -> None:
+    tmp_path: Path, global_index: bool
+) -> None:
     table, config, first = load(tmp_path, global_index)
     assert len(staged_dirs(table, config)) == 2  # one per shard task
     second = rows(100, "d1", 2) + rows(50, "d3", 2, start=5000) + [("k01000", "d2", 0, True)]
@@ -165,13 +168,15 @@ def test_a_pending_instants_staging_is_kept_until_it_settles(tmp_path: Path) -> 
         view = table.refresh()
         assert staging.promote(cache, table, view, view.applied_seq).installed == [] and staged.is_dir()
         # An instant that never settles is abandoned after a day.
-        result = staging.promote(cache, table, view, view.applied_seq,
-                                 now_s=staged.stat().st_mtime + staging.ABANDONED_S + 1)
+        result = staging.promote(
+            cache, table, view, view.applied_seq, now_s=staged.stat().st_mtime + staging.ABANDONED_S + 1
+        )
         assert result.discarded == [staged.name] and not staged.exists()
 
 
-def test_a_staging_whose_history_was_compacted_and_cleaned_is_discarded_and_sync_goes_on(tmp_path: Path,
-                                                                                         caplog) -> None:
+def test_a_staging_whose_history_was_compacted_and_cleaned_is_discarded_and_sync_goes_on(
+    tmp_path: Path, caplog
+) -> None:
     """The load's delta compacted into a base and cleaned before the shard's cache was next opened on this node:
     the staged entries can no longer be checked against the index, so they go (with a warning), and catch-up
     carries on; the partitions load from the index."""
@@ -210,9 +215,13 @@ def test_a_task_pinned_at_an_older_view_does_not_take_a_cache_ahead_of_it_for_a_
     other = Table.open(table.uri)
     with table.pinned():
         seen = table.refresh().applied_seq
-        keys = [k for k, s in zip(["late-1", "late-2", "late-3", "late-4"], other.shard_of(["late-1", "late-2",
-                                                                                          "late-3", "late-4"]))
-                if s == 0]
+        keys = [
+            k
+            for k, s in zip(
+                ["late-1", "late-2", "late-3", "late-4"], other.shard_of(["late-1", "late-2", "late-3", "late-4"])
+            )
+            if s == 0
+        ]
         with other.new_commit() as writer:  # another process's commit, and its catch-up of this shard's cache
             writer.insert("dt=d1", keys, "fg-late")
         with RecordIndexCache.for_table(other, 0, config) as cache:
@@ -237,8 +246,7 @@ def test_the_reaper_removes_staging_nobody_opened_for_a_day(tmp_path: Path) -> N
     assert staged_dirs(table, config) == found[1:]  # the fresh one stays: a task of its shard may come
 
 
-def test_the_reaper_goes_on_when_another_process_removes_what_it_was_about_to_list(tmp_path: Path,
-                                                                                  monkeypatch) -> None:
+def test_the_reaper_goes_on_when_another_process_removes_what_it_was_about_to_list(tmp_path: Path, monkeypatch) -> None:
     """A task installing its staged load deletes its `.staged` directory, and another reaper an emptied table
     directory, while this sweep holds their names: the sweep skips what is gone (it ran in a task's close and
     failed the batch over it) and still removes what is due."""
@@ -265,6 +273,9 @@ def test_the_reaper_goes_on_when_another_process_removes_what_it_was_about_to_li
     assert staged_dirs(table, config) == [] and not roots[0].exists()
     # A table directory another reaper removed after the base was listed: nothing to list, no error.
     real_sweep_staged = reaper.sweep_staged
-    monkeypatch.setattr(reaper, "sweep_staged", lambda table_dir, now_s: (shutil.rmtree(table_dir),
-                                                                          real_sweep_staged(table_dir, now_s))[1])
+    monkeypatch.setattr(
+        reaper,
+        "sweep_staged",
+        lambda table_dir, now_s: (shutil.rmtree(table_dir), real_sweep_staged(table_dir, now_s))[1],
+    )
     assert reaper.sweep_abandoned(tmp_path / "cache", config.partition_ttl_hours) == []

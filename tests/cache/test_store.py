@@ -1,4 +1,5 @@
 """The RocksDB cache on real rocksdict directories: layout, key codec, visibility of loads, identity, base path."""
+
 from __future__ import annotations
 
 import os
@@ -14,14 +15,26 @@ from dbidx.cache.base_dir import default_base_path, prepare_dir
 from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.cache.registry import CacheIdentity
 from dbidx.config import CacheConfig
-from dbidx.errors import (CacheBusyError, CacheError, CacheMismatchError, ConfigError, InvalidInputError,
-                          PartitionNotReadyError)
+from dbidx.errors import (
+    CacheBusyError,
+    CacheError,
+    CacheMismatchError,
+    ConfigError,
+    InvalidInputError,
+    PartitionNotReadyError,
+)
 
 from tests.cache_helpers import DAY1, DAY2, DAY3, make_table, open_cache, truth
 
 WEIRD_PARTITIONS = [
-    "dt=2025-01-01", "region=eu/dt=2025-01-01", "city=São Paulo", "名前=東京/日付=2025", "a b=c d",
-    "x=" + "long" * 60 + "/y=" + "long" * 60, "k=v%2Fencoded", "emoji=😀",
+    "dt=2025-01-01",
+    "region=eu/dt=2025-01-01",
+    "city=São Paulo",
+    "名前=東京/日付=2025",
+    "a b=c d",
+    "x=" + "long" * 60 + "/y=" + "long" * 60,
+    "k=v%2Fencoded",
+    "emoji=😀",
 ]
 
 
@@ -29,11 +42,19 @@ def ident(shard: int = 0) -> CacheIdentity:
     return CacheIdentity("t" * 32, 4, shard, "partitioned")
 
 
-@given(st.lists(st.one_of(
-    st.uuids().map(str), st.uuids().map(lambda u: str(u).upper()),
-    st.integers(0, 10**20 - 1).map(lambda i: str(i).zfill(20)), st.integers(0, 10**12).map(str),
-    st.text(min_size=1, max_size=40).filter(lambda s: "\x00" not in s),
-), min_size=1, max_size=60))
+@given(
+    st.lists(
+        st.one_of(
+            st.uuids().map(str),
+            st.uuids().map(lambda u: str(u).upper()),
+            st.integers(0, 10**20 - 1).map(lambda i: str(i).zfill(20)),
+            st.integers(0, 10**12).map(str),
+            st.text(min_size=1, max_size=40).filter(lambda s: "\x00" not in s),
+        ),
+        min_size=1,
+        max_size=60,
+    )
+)
 @settings(max_examples=150, deadline=None)
 def test_key_codec_round_trips_and_is_injective(keys):
     encoded = codec.encode_keys(keys)
@@ -41,9 +62,16 @@ def test_key_codec_round_trips_and_is_injective(keys):
     assert len(set(encoded)) == len(set(keys))
 
 
-@given(st.integers(0, 47).flatmap(lambda width: st.lists(
-    st.text(alphabet="0123456789abcdef-_", min_size=width, max_size=width).map(lambda k: "X" + k),
-    min_size=1, max_size=50)), st.integers(0, 3))
+@given(
+    st.integers(0, 47).flatmap(
+        lambda width: st.lists(
+            st.text(alphabet="0123456789abcdef-_", min_size=width, max_size=width).map(lambda k: "X" + k),
+            min_size=1,
+            max_size=50,
+        )
+    ),
+    st.integers(0, 3),
+)
 @settings(max_examples=100, deadline=None)
 def test_fixed_width_raw_keys_encode_like_any_other_raw_key(keys, skip):
     """Every key raw and of one length (32-hex ids: the rows-at-once path) encodes as the raw class does - the tag
@@ -57,7 +85,8 @@ def test_fixed_width_raw_keys_encode_like_any_other_raw_key(keys, skip):
 UUID_LIKE = st.one_of(
     st.uuids().map(str),
     st.tuples(st.uuids().map(str), st.integers(0, 35), st.sampled_from("-AFgz0f\u00e9")).map(
-        lambda t: (t[0][:t[1]] + t[2] + t[0][t[1] + 1:])[:36]),  # one byte changed: a dash moved, upper case, ...
+        lambda t: (t[0][: t[1]] + t[2] + t[0][t[1] + 1 :])[:36]
+    ),  # one byte changed: a dash moved, upper case, ...
 )
 
 
@@ -78,8 +107,13 @@ def test_key_codec_sizes():
     assert len(codec.encode_keys([u])[0]) == 17
     assert len(codec.encode_keys(["00000000000000001234"])[0]) == 11
     assert codec.encode_keys(["abc"])[0] == b"\x00abc"
-    assert [codec.decode_index(codec.encode_index(i)) for i in (0, 127, 128, 16383, 70000)] == [0, 127, 128, 16383,
-                                                                                                   70000]
+    assert [codec.decode_index(codec.encode_index(i)) for i in (0, 127, 128, 16383, 70000)] == [
+        0,
+        127,
+        128,
+        16383,
+        70000,
+    ]
     assert len(codec.encode_index(127)) == 1 and len(codec.encode_index(128)) == 2
 
 
@@ -149,10 +183,14 @@ def test_duplicate_keys_in_a_load_are_rejected_and_leave_nothing(tmp_path):
         assert not list(cache.scratch_dir.iterdir())
 
 
-@pytest.mark.parametrize("keys", [
-    ["a", "b", "b", "c"],  # sorted, with a repeat: not strictly ascending, so the full path finds the repeat
-    ["00000000-0000-4000-8000-000000000001", "00000000-0000-4000-8000-000000000001"],
-], ids=["raw", "uuid"])
+@pytest.mark.parametrize(
+    "keys",
+    [
+        ["a", "b", "b", "c"],  # sorted, with a repeat: not strictly ascending, so the full path finds the repeat
+        ["00000000-0000-4000-8000-000000000001", "00000000-0000-4000-8000-000000000001"],
+    ],
+    ids=["raw", "uuid"],
+)
 def test_sorted_input_with_a_repeat_is_still_rejected(tmp_path, keys):
     with RecordIndexCache(tmp_path / "c", ident()) as cache:
         with pytest.raises(InvalidInputError, match="appears twice"):
@@ -165,8 +203,11 @@ def test_keys_in_ascending_order_load_as_shuffled_ones_do(tmp_path):
     import random
     import uuid as uuid_module
 
-    keys = sorted([str(uuid_module.UUID(int=random.getrandbits(128), version=4)) for _ in range(500)]
-                  + [f"k{i:04d}" for i in range(300)] + [str(i) for i in range(200)])
+    keys = sorted(
+        [str(uuid_module.UUID(int=random.getrandbits(128), version=4)) for _ in range(500)]
+        + [f"k{i:04d}" for i in range(300)]
+        + [str(i) for i in range(200)]
+    )
     locations = [f"fg-{i % 7}" for i in range(len(keys))]
     shuffled = list(zip(keys, locations))
     random.shuffle(shuffled)
@@ -199,8 +240,10 @@ def test_a_second_opener_waits_then_gets_a_clear_error(tmp_path):
 
 
 def test_base_path_defaults_and_directory_errors(tmp_path, monkeypatch):
-    assert default_base_path(environ={"SPARK_LOCAL_DIRS": "/disk1,/disk2", "HOME": "/h"}) == \
-        default_base_path(environ={"SPARK_LOCAL_DIRS": "/disk1"}).parent / "dbidx-cache"
+    assert (
+        default_base_path(environ={"SPARK_LOCAL_DIRS": "/disk1,/disk2", "HOME": "/h"})
+        == default_base_path(environ={"SPARK_LOCAL_DIRS": "/disk1"}).parent / "dbidx-cache"
+    )
     assert str(default_base_path("/spark/local", environ={"HOME": "/h"})) == "/spark/local/dbidx-cache"
     assert str(default_base_path(environ={"HOME": "/home/u"})) == "/home/u/.cache/dbidx"
     assert str(default_base_path(environ={"XDG_CACHE_HOME": "/x", "HOME": "/h"})) == "/x/dbidx"
@@ -209,16 +252,19 @@ def test_base_path_defaults_and_directory_errors(tmp_path, monkeypatch):
     uid = "0b5e8f0e-3c1d-4c56-9d7a-2f1e0c9b8a71"
     worker = f"/disk1/spark-{uid}/executor-{uid}/blockmgr-{uid}"
     assert str(default_base_path(environ={"SPARK_LOCAL_DIRS": f"{worker},/disk2/x"})) == "/disk1/dbidx-cache"
-    assert str(default_base_path(environ={"SPARK_LOCAL_DIRS": f"/l/spark-{uid}/blockmgr-{uid}"})) == \
-        "/l/dbidx-cache"
-    assert str(default_base_path(environ={"SPARK_LOCAL_DIRS": "/data/spark-local/blockmgr-x"})) == \
-        "/data/spark-local/blockmgr-x/dbidx-cache"  # not Spark's naming: left alone
+    assert str(default_base_path(environ={"SPARK_LOCAL_DIRS": f"/l/spark-{uid}/blockmgr-{uid}"})) == "/l/dbidx-cache"
+    assert (
+        str(default_base_path(environ={"SPARK_LOCAL_DIRS": "/data/spark-local/blockmgr-x"}))
+        == "/data/spark-local/blockmgr-x/dbidx-cache"
+    )  # not Spark's naming: left alone
     # Kubernetes mounts the pod's volume at /var/data/spark-<uuid> itself: the climb stops at the mount point.
     k8s_mount = f"/var/data/spark-{uid}"
     real_ismount = os.path.ismount
     monkeypatch.setattr(os.path, "ismount", lambda p: str(p) == k8s_mount or real_ismount(p))
-    assert str(default_base_path(environ={"SPARK_LOCAL_DIRS": f"{k8s_mount}/blockmgr-{uid}"})) == \
-        f"{k8s_mount}/dbidx-cache"
+    assert (
+        str(default_base_path(environ={"SPARK_LOCAL_DIRS": f"{k8s_mount}/blockmgr-{uid}"}))
+        == f"{k8s_mount}/dbidx-cache"
+    )
     monkeypatch.undo()
     # The executor's own environment can name it (the driver's config, if it has base.path, still wins).
     assert str(default_base_path(environ={"DBIDX_CACHE_BASE_PATH": "/ssd/c", "SPARK_LOCAL_DIRS": worker})) == "/ssd/c"
@@ -236,12 +282,18 @@ def test_base_path_defaults_and_directory_errors(tmp_path, monkeypatch):
 def test_config_from_dict_env_and_spark_conf():
     conf = CacheConfig.from_sources(
         {"hoodie.index.cache.rocksdb.block.cache.mb": "128"},
-        spark_conf={"hoodie.index.cache.rocksdb.partition.ttl.hours": "12",
-                    "hoodie.index.cache.rocksdb.block.cache.mb": "1"},
+        spark_conf={
+            "hoodie.index.cache.rocksdb.partition.ttl.hours": "12",
+            "hoodie.index.cache.rocksdb.block.cache.mb": "1",
+        },
         environ={"DBIDX_CACHE_MAX_DISK_MB": "500", "DBIDX_CACHE_COMPRESSION": "LZ4"},
     )
-    assert (conf.block_cache_mb, conf.partition_ttl_hours, conf.max_disk_mb,
-            conf.compression) == (128, 12.0, 500, "lz4")
+    assert (conf.block_cache_mb, conf.partition_ttl_hours, conf.max_disk_mb, conf.compression) == (
+        128,
+        12.0,
+        500,
+        "lz4",
+    )
     with pytest.raises(ConfigError, match=r"unknown cache config key .*full name .*short dotted .*field name"):
         CacheConfig.from_sources({"hoodie.index.cache.rocksdb.nope": 1}, environ={})
 
@@ -257,10 +309,17 @@ def test_config_keys_in_every_documented_form():
         CacheConfig.from_sources({"base.path": "/a", "base_path": "/b"}, environ={})
     # `enabled` is RFC-107's switch, not a setting: true is accepted and changes nothing (Hudi-style blocks), false
     # is refused rather than ignored, from every source.
-    assert CacheConfig.from_sources({"enabled": "true", "hoodie.index.cache.rocksdb.enabled": True},
-                                    environ={"DBIDX_CACHE_ENABLED": "1"}) == CacheConfig()
-    for source in ({"mapping": {"enabled": False}}, {"environ": {"DBIDX_CACHE_ENABLED": "no"}},
-                   {"spark_conf": {"hoodie.index.cache.rocksdb.enabled": "false"}}):
+    assert (
+        CacheConfig.from_sources(
+            {"enabled": "true", "hoodie.index.cache.rocksdb.enabled": True}, environ={"DBIDX_CACHE_ENABLED": "1"}
+        )
+        == CacheConfig()
+    )
+    for source in (
+        {"mapping": {"enabled": False}},
+        {"environ": {"DBIDX_CACHE_ENABLED": "no"}},
+        {"spark_conf": {"hoodie.index.cache.rocksdb.enabled": "false"}},
+    ):
         with pytest.raises(ConfigError, match="no cache-less tagging path"):
             CacheConfig.from_sources(**({"environ": {}} | source))
     # The same precedence as every setting (mapping > Spark conf > environment): the mapping's true stands.
@@ -344,10 +403,23 @@ def test_on_demand_loads_at_once_follow_load_threads(tmp_path):
 
 def test_config_values_are_read_by_their_declared_types():
     """Coercion follows the dataclass's annotations: ints, floats, bools, optional strings and enumerations."""
-    conf = CacheConfig.from_sources({"compression": " LZ4 ", "compaction.style": "Universal", "stage.loads": "no",
-                                     "partition.ttl.hours": "1.5", "base.path": ""}, environ={})
-    assert (conf.compression, conf.compaction_style, conf.stage_loads, conf.partition_ttl_hours, conf.base_path) == \
-        ("lz4", "universal", False, 1.5, None)
+    conf = CacheConfig.from_sources(
+        {
+            "compression": " LZ4 ",
+            "compaction.style": "Universal",
+            "stage.loads": "no",
+            "partition.ttl.hours": "1.5",
+            "base.path": "",
+        },
+        environ={},
+    )
+    assert (conf.compression, conf.compaction_style, conf.stage_loads, conf.partition_ttl_hours, conf.base_path) == (
+        "lz4",
+        "universal",
+        False,
+        1.5,
+        None,
+    )
     with pytest.raises(ConfigError, match=r"key compression: cannot read 'brotli' as one of zstd, lz4, snappy, none"):
         CacheConfig.from_sources({"compression": "brotli"}, environ={})
     with pytest.raises(ConfigError, match=r"DBIDX_CACHE_LOAD_THREADS: cannot read 'two' as int for load_threads"):
@@ -372,8 +444,9 @@ def test_damaged_registry_bytes_are_a_cache_error_naming_the_cache(tmp_path, key
         RecordIndexCache(tmp_path / "c", ident()).open()
 
 
-@pytest.mark.parametrize("field, value", [("entries", "12"), ("fills", {"fg-1": -3}), ("state", "half"),
-                                          ("cf", ""), ("synced_seq", 1.5)])
+@pytest.mark.parametrize(
+    "field, value", [("entries", "12"), ("fills", {"fg-1": -3}), ("state", "half"), ("cf", ""), ("synced_seq", 1.5)]
+)
 def test_a_well_formed_registry_entry_with_wrong_values_is_refused(tmp_path, field, value):
     """Parsing is not enough: a partition state whose fields have the wrong type or range (crafted, or written by
     another tool) is refused like garbage, not used for counters, seqs or a family name."""
@@ -417,7 +490,7 @@ def test_lookup_order_follows_the_bytes_after_a_long_shared_prefix():
 
     rng = random.Random(0)
     for template, width in (("tenant-0042/orders/{:09d}", 9), ("{}".rjust(41, "x"), 6)):
-        keys = [template.format(rng.randrange(10 ** width)) for _ in range(20_000)]
+        keys = [template.format(rng.randrange(10**width)) for _ in range(20_000)]
         encoded = codec.encode_keys_binary(pa.array(keys))
         order = codec.lookup_order(encoded)
         assert sorted(order.tolist()) == list(range(len(keys)))
@@ -472,8 +545,11 @@ def test_a_damaged_location_dictionary_is_a_typed_error_naming_the_family(tmp_pa
         store.cf(cf)[LOCATIONS_KEY] = b"\x92\x01\x02"  # a list, but of numbers
     finally:
         store.close()
-    with pytest.raises(CacheCorruptError, match=rf"cache {tmp_path / 'c'}: the location dictionary of column family "
-                                                rf"'{cf}' is damaged .*delete the cache directory"):
+    with pytest.raises(
+        CacheCorruptError,
+        match=rf"cache {tmp_path / 'c'}: the location dictionary of column family "
+        rf"'{cf}' is damaged .*delete the cache directory",
+    ):
         RecordIndexCache(tmp_path / "c", ident()).open()
 
 

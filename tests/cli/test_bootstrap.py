@@ -1,5 +1,6 @@
 """`dbidx bootstrap` (the spelling the mission names) and `dbidx cache bootstrap`, the same command, through click's
 CliRunner, checked back through the library; and its error exits."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,21 @@ def invoke(args: list[str]):
 def test_bootstrap_json_reports_what_it_loaded(tmp_path):
     table = make_daily_table(tmp_path, keys_per_day=100, num_shards=2)
     base = tmp_path / "caches"
-    result = invoke(["cache", "bootstrap", table.uri, "--days", "2", "--now", "2025-01-10", "--all-shards",
-                     "--cache-dir", str(base), "--json"])
+    result = invoke(
+        [
+            "cache",
+            "bootstrap",
+            table.uri,
+            "--days",
+            "2",
+            "--now",
+            "2025-01-10",
+            "--all-shards",
+            "--cache-dir",
+            str(base),
+            "--json",
+        ]
+    )
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["partitions_loaded"] == 3 * 2 and report["entries"] == 300
@@ -37,8 +51,25 @@ def test_bootstrap_json_reports_what_it_loaded(tmp_path):
 def test_bootstrap_text_output_and_one_shard(tmp_path):
     table = make_daily_table(tmp_path, keys_per_day=100, num_shards=2)
     base = tmp_path / "caches"
-    result = invoke(["cache", "bootstrap", table.uri, "--days", "1", "--now", "2025-01-10", "--shard", "1",
-                     "--num-shards", "2", "--cache-dir", str(base), "--partition-pattern", "dt=%Y-%m-%d"])
+    result = invoke(
+        [
+            "cache",
+            "bootstrap",
+            table.uri,
+            "--days",
+            "1",
+            "--now",
+            "2025-01-10",
+            "--shard",
+            "1",
+            "--num-shards",
+            "2",
+            "--cache-dir",
+            str(base),
+            "--partition-pattern",
+            "dt=%Y-%m-%d",
+        ]
+    )
     assert result.exit_code == 0, result.output
     assert "bootstrapped 1 shard(s)" in result.output and "entries/s" in result.output
     with open_cache(table, 1, base) as cache:
@@ -52,21 +83,22 @@ def test_bootstrap_error_exits(tmp_path):
     assert missing.exit_code == 3 and "no dbidx table" in missing.output
     out_of_range = invoke(["cache", "bootstrap", table.uri, "--shard", "2", "--cache-dir", str(base)])
     assert out_of_range.exit_code == 2 and "out of range 0..1" in out_of_range.output
-    wrong_count = invoke(["cache", "bootstrap", table.uri, "--shard", "0", "--num-shards", "4",
-                          "--cache-dir", str(base)])
+    wrong_count = invoke(
+        ["cache", "bootstrap", table.uri, "--shard", "0", "--num-shards", "4", "--cache-dir", str(base)]
+    )
     assert wrong_count.exit_code == 2 and "has 2 shards" in wrong_count.output
     both = invoke(["cache", "bootstrap", table.uri, "--shard", "0", "--all-shards", "--cache-dir", str(base)])
     assert both.exit_code == 2
     bad_now = invoke(["cache", "bootstrap", table.uri, "--now", "someday", "--cache-dir", str(base)])
     assert bad_now.exit_code == 2 and "--now" in bad_now.output
-    bad_pattern = invoke(["cache", "bootstrap", table.uri, "--partition-pattern", "dt=%Y", "--cache-dir",
-                          str(base)])
+    bad_pattern = invoke(["cache", "bootstrap", table.uri, "--partition-pattern", "dt=%Y", "--cache-dir", str(base)])
     assert bad_pattern.exit_code == 2 and "partition pattern" in bad_pattern.output
     # a cache dir that belongs to another table
     assert invoke(["cache", "bootstrap", table.uri, "--days", "1", "--cache-dir", str(base)]).exit_code == 0
     other = make_daily_table(tmp_path / "other", keys_per_day=20, num_shards=2)
-    foreign = invoke(["cache", "bootstrap", other.uri, "--cache-dir", str(base / table_cache_dir_name(table)),
-                      "--json"])
+    foreign = invoke(
+        ["cache", "bootstrap", other.uri, "--cache-dir", str(base / table_cache_dir_name(table)), "--json"]
+    )
     assert foreign.exit_code == 6, foreign.output
     assert json.loads(foreign.stdout)["error"] == "CacheMismatchError"
 
@@ -84,8 +116,9 @@ def test_top_level_bootstrap_as_the_mission_spells_it(tmp_path):
             assert sorted(cache.partitions()) == window
             assert verify(cache, table).ok
     # `dbidx cache bootstrap` still works, over the same caches: everything is already ready
-    again = invoke(["cache", "bootstrap", table.uri, "--days", "7", "--now", "2025-01-10", "--cache-dir", str(base),
-                    "--json"])
+    again = invoke(
+        ["cache", "bootstrap", table.uri, "--days", "7", "--now", "2025-01-10", "--cache-dir", str(base), "--json"]
+    )
     assert again.exit_code == 0, again.output
     report = json.loads(again.stdout)
     assert report["partitions_loaded"] == 0 and report["days"] == 7

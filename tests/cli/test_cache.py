@@ -1,4 +1,5 @@
 """The `dbidx cache` commands (stats, sync, verify, reap), checked back through the library."""
+
 from __future__ import annotations
 
 import json
@@ -138,8 +139,10 @@ def test_reap_removes_key_files_unused_for_the_ttl(setup):
     _table, base = setup
     table_dir = find_cache_dirs(base)[0].parent
     store = KeyFiles(table_dir / KEY_FILES_DIR, 1 << 30)
-    records = [DataFileRecord(path=f"d/{n}.parquet", partition="d", file_group="0", rows=3, size=1,
-                              checksum=f"xxh64:{n:016x}") for n in range(2)]
+    records = [
+        DataFileRecord(path=f"d/{n}.parquet", partition="d", file_group="0", rows=3, size=1, checksum=f"xxh64:{n:016x}")
+        for n in range(2)
+    ]
     for rec in records:
         store.save(rec, FileKeys.of(pa.array(["a", "b", "c"])))
     os.utime(store.path_of(records[0]), (time.time() - 7200,) * 2)

@@ -1,4 +1,5 @@
 """The CLI through click's CliRunner: exit codes, text and --json output, state checked through the library."""
+
 from __future__ import annotations
 
 import json
@@ -34,24 +35,37 @@ def dataset(tmp_path) -> Path:
 def test_help_and_version(runner):
     result = runner.invoke(main, ["--help"])
     assert result.exit_code == 0, result.output
-    for command in ("build-index", "lookup", "stats", "commits", "compact", "demo", "init", "rollback", "cache",
-                    "verify", "upgrade"):
+    for command in (
+        "build-index",
+        "lookup",
+        "stats",
+        "commits",
+        "compact",
+        "demo",
+        "init",
+        "rollback",
+        "cache",
+        "verify",
+        "upgrade",
+    ):
         assert command in result.output
     result = runner.invoke(main, ["--version"])
     assert result.exit_code == 0 and __version__ in result.output
 
 
 def test_build_index_lookup_stats_compact(runner, dataset):
-    result = runner.invoke(main, ["build-index", str(dataset), "--key", "id", "--partition-col", "dt",
-                                  "--num-shards", "3", "--json"])
+    result = runner.invoke(
+        main, ["build-index", str(dataset), "--key", "id", "--partition-col", "dt", "--num-shards", "3", "--json"]
+    )
     assert result.exit_code == 0, result.output
     built = json.loads(result.output)
     assert built["keys"] == 400 and built["partitions"] == 2
     table = Table.open(str(dataset))
     assert table.num_shards == 3 and table.snapshot("dt=2025-01-01").num_rows == 200
 
-    result = runner.invoke(main, ["lookup", str(dataset), "2025-01-01-7", "brand-new", "--partition",
-                                  "dt=2025-01-01", "--json"])
+    result = runner.invoke(
+        main, ["lookup", str(dataset), "2025-01-01-7", "brand-new", "--partition", "dt=2025-01-01", "--json"]
+    )
     assert result.exit_code == 0, result.output
     found = json.loads(result.output)
     assert [r["key"] for r in found["found"]] == ["2025-01-01-7"] and found["missing"] == ["brand-new"]
@@ -63,8 +77,10 @@ def test_build_index_lookup_stats_compact(runner, dataset):
     result = runner.invoke(main, ["stats", str(dataset), "--json"])
     assert result.exit_code == 0, result.output
     stats = json.loads(result.output)
-    assert stats["live_keys"] == 400 and {p["partition"] for p in stats["partitions"]} == {"dt=2025-01-01",
-                                                                                           "dt=2025-01-02"}
+    assert stats["live_keys"] == 400 and {p["partition"] for p in stats["partitions"]} == {
+        "dt=2025-01-01",
+        "dt=2025-01-02",
+    }
     result = runner.invoke(main, ["stats", str(dataset)])
     assert result.exit_code == 0 and "400 live keys" in result.output
 
@@ -116,8 +132,26 @@ def test_demo_runs(tmp_path):
     """The README's main command, in its own process (it starts and restarts its own Spark application)."""
     workdir = tmp_path / "demo"
     # The smallest sizes the demo allows (small tables get fewer deletes and late updates than asked).
-    result = subprocess.run([sys.executable, "-m", "dbidx.cli", "demo", "--dir", str(workdir), "--keys", "100",
-                             "--days", "2", "--batches", "2", "--json"], capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dbidx.cli",
+            "demo",
+            "--dir",
+            str(workdir),
+            "--keys",
+            "100",
+            "--days",
+            "2",
+            "--batches",
+            "2",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout)
     # The narrative (on stderr with --json) starts before Spark does and explains itself; Spark's log stays at
@@ -149,12 +183,10 @@ def test_demo_runs(tmp_path):
     table = Table.open(str(workdir / "table"))
     behind = runner.invoke(main, ["cache", "verify", table.uri, "--cache-dir", str(workdir / "_cache")])
     assert behind.exit_code != 0 and "dbidx cache sync" in behind.output
-    synced = runner.invoke(main, ["cache", "sync", table.uri, "--cache-dir", str(workdir / "_cache"),
-                                  "--json"])
+    synced = runner.invoke(main, ["cache", "sync", table.uri, "--cache-dir", str(workdir / "_cache"), "--json"])
     assert synced.exit_code == 0, synced.output
     assert all(c["reloaded_partitions"] for c in json.loads(synced.output)["caches"])
-    verified = runner.invoke(main, ["--json", "cache", "verify", table.uri, "--cache-dir",
-                                    str(workdir / "_cache")])
+    verified = runner.invoke(main, ["--json", "cache", "verify", table.uri, "--cache-dir", str(workdir / "_cache")])
     assert verified.exit_code == 0, verified.output
     assert len(json.loads(verified.output)["caches"]) == table.num_shards
 
@@ -163,8 +195,9 @@ def test_demo_refuses_a_directory_it_did_not_create(tmp_path):
     notes = tmp_path / "mine" / "notes.txt"
     notes.parent.mkdir()
     notes.write_text("keep me")
-    result = CliRunner().invoke(main, ["demo", "--dir", str(notes.parent), "--keys", "100", "--days", "2",
-                                       "--batches", "2", "--json"])
+    result = CliRunner().invoke(
+        main, ["demo", "--dir", str(notes.parent), "--keys", "100", "--days", "2", "--batches", "2", "--json"]
+    )
     assert result.exit_code == 2, result.output
     assert "not created by `dbidx demo`" in json.loads(result.stdout)["message"]
     assert notes.read_text() == "keep me"
@@ -181,13 +214,20 @@ def test_repair_writes_a_missing_delta_version(runner, dataset):
     result = runner.invoke(main, ["repair", str(dataset), "--json"])
     assert result.exit_code == 0, result.output
     nothing = {"settled_files": 0, "timeline_files": 0, "temp_files": 0, "cleaned_files": 0, "rolled_back": 0}
-    assert json.loads(result.output) == {"versions_written": 1, "versions_absorbed": 0, "version": 1,
-                                         "leftovers_deleted": 0, "swept": nothing, "rolled_back": [],
-                                         "out_of_range_removed": []}
+    assert json.loads(result.output) == {
+        "versions_written": 1,
+        "versions_absorbed": 0,
+        "version": 1,
+        "leftovers_deleted": 0,
+        "swept": nothing,
+        "rolled_back": [],
+        "out_of_range_removed": [],
+    }
     assert version.read_bytes() == written
     result = runner.invoke(main, ["repair", str(dataset)])
     assert result.exit_code == 0 and "wrote 0 missing Delta version(s)" in result.output
     from deltalake import DeltaTable, QueryBuilder
+
     rows = QueryBuilder().register("t", DeltaTable(str(dataset))).execute("select count(*) as n from t").read_all()
     assert pa.table(rows).column("n").to_pylist() == [400]
     assert Table.open(str(dataset)).latest().seq == 1

@@ -1,5 +1,6 @@
 """Every CLI command, given bad arguments, answers with one line (or one JSON object with --json) and the
 documented exit code, never a traceback."""
+
 from __future__ import annotations
 
 import json
@@ -78,8 +79,9 @@ def test_usage_errors_and_unknown_commands(tmp_path: Path) -> None:
     assert code == 2 and "No such command" in output
 
 
-def test_a_bug_says_please_report_and_shows_its_traceback_only_with_verbose(tmp_path: Path,
-                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_bug_says_please_report_and_shows_its_traceback_only_with_verbose(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     table = Table.create(str(tmp_path / "t"))
 
     def broken(*_args, **_kwargs):

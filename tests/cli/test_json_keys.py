@@ -1,5 +1,6 @@
 """docs/CLI.md lists each command's top-level `--json` keys: every command prints exactly those (state made through
 the library first, so each command has something to report)."""
+
 from __future__ import annotations
 
 import json
@@ -40,8 +41,13 @@ def tables(tmp_path_factory) -> dict[str, str]:
     config = CacheConfig(base_path=str(root / "c"))
     for v in range(2):
         keys = [f"k{i}" for i in range(30)] + [f"n{v}"]
-        upsert_arrow(pa.table({"id": keys, "dt": ["2025-01-09"] * len(keys), "v": [v] * len(keys)}), table,
-                     key="id", partition="dt", cache_config=config)
+        upsert_arrow(
+            pa.table({"id": keys, "dt": ["2025-01-09"] * len(keys), "v": [v] * len(keys)}),
+            table,
+            key="id",
+            partition="dt",
+            cache_config=config,
+        )
     (root / "d" / "dt=2025-01-01").mkdir(parents=True)
     pq.write_table(pa.table({"id": ["a", "b"]}), root / "d" / "dt=2025-01-01" / "p.parquet")
     return {"t": table.uri, "d": str(root / "d"), "i": str(root / "i"), "c": str(root / "c")}

@@ -2,6 +2,7 @@
 progress on stderr for long work (never in --json stdout), one way to name a table (URI first), one default
 cache directory shown by `dbidx cache info`, lookups in a partition the table lacks, and errors
 that name their remedy."""
+
 from __future__ import annotations
 
 import json
@@ -57,6 +58,7 @@ def batch(keys: list[str], day: str, v: int) -> pa.Table:
 
 # 1. Progress -------------------------------------------------------------------------------------------------------
 
+
 def test_build_index_shows_progress_on_stderr_with_rows_per_second_and_none_with_json(dataset: Path) -> None:
     result = invoke(["build-index", str(dataset), "--key", "id", "--num-shards", "2"])
     assert result.exit_code == 0, result.output
@@ -79,9 +81,14 @@ def test_the_library_reports_each_step_with_rows(dataset: Path, tmp_path: Path) 
 
     events.clear()
     other = Table.create(str(tmp_path / "t"), num_shards=3)
-    summary = upsert_arrow(batch([f"k{i}" for i in range(50)], "2025-01-01", 1), other, key="id", partition="dt",
-                           cache_config=CacheConfig(base_path=str(tmp_path / "c")),
-                           progress=lambda *e: events.append(e))
+    summary = upsert_arrow(
+        batch([f"k{i}" for i in range(50)], "2025-01-01", 1),
+        other,
+        key="id",
+        partition="dt",
+        cache_config=CacheConfig(base_path=str(tmp_path / "c")),
+        progress=lambda *e: events.append(e),
+    )
     assert [e[:2] for e in events] == [(1, 3), (2, 3), (3, 3)] and events[-1][3] == summary.input_rows == 50
 
 
@@ -109,8 +116,9 @@ def test_upgrade_and_bootstrap_show_progress(tmp_path: Path) -> None:
     assert Table.open(root).data_view().live_rows() == len(expected)
 
     table = make_daily_table(tmp_path / "b", keys_per_day=50, num_shards=2)
-    result = invoke(["cache", "bootstrap", table.uri, "--days", "2", "--now", "2025-01-10",
-                     "--cache-dir", str(tmp_path / "caches")])
+    result = invoke(
+        ["cache", "bootstrap", table.uri, "--days", "2", "--now", "2025-01-10", "--cache-dir", str(tmp_path / "caches")]
+    )
     assert result.exit_code == 0, result.output
     assert "bootstrap: " in result.stderr and "entries" not in result.stderr.split("\n")[0][:10]
     assert len(find_cache_dirs(tmp_path / "caches")) == 2
@@ -126,6 +134,7 @@ def test_upgrade_library_progress_ends_at_its_total(tmp_path: Path) -> None:
 
 # 2. One way to name a table ----------------------------------------------------------------------------------------
 
+
 def test_every_table_command_takes_the_uri_first_and_only_there(dataset: Path, tmp_path: Path) -> None:
     table = built(dataset)
     uri = table.uri
@@ -133,8 +142,11 @@ def test_every_table_command_takes_the_uri_first_and_only_there(dataset: Path, t
     assert result.exit_code == 0, result.output
     assert [r["key"] for r in json.loads(result.stdout)["found"]] == ["2025-01-01-0-7"]
     # No other spelling: a --table option is unknown, a missing URI a usage error (exit 2) naming it.
-    for args in (["verify", uri, "--table", str(tmp_path / "other")], ["lookup", "--table", uri, "k"],
-                 ["cache", "sync", uri, "--table", str(tmp_path / "other")]):
+    for args in (
+        ["verify", uri, "--table", str(tmp_path / "other")],
+        ["lookup", "--table", uri, "k"],
+        ["cache", "sync", uri, "--table", str(tmp_path / "other")],
+    ):
         result = invoke(args)
         assert result.exit_code == 2 and "No such option '--table'" in result.output, (args, result.output)
     result = invoke(["verify"])
@@ -142,6 +154,7 @@ def test_every_table_command_takes_the_uri_first_and_only_there(dataset: Path, t
 
 
 # 3. One default cache directory -------------------------------------------------------------------------------------
+
 
 def test_local_spark_and_the_cli_share_one_default_cache_dir(tmp_path: Path) -> None:
     uid = str(uuid.uuid4())
@@ -153,8 +166,12 @@ def test_local_spark_and_the_cli_share_one_default_cache_dir(tmp_path: Path) -> 
 
 
 def test_cache_info_shows_the_default_and_the_cache_commands_use_it(tmp_path: Path) -> None:
-    env = {"HOME": str(tmp_path / "home"), "XDG_CACHE_HOME": None, "SPARK_LOCAL_DIRS": None,
-           "DBIDX_CACHE_BASE_PATH": None}
+    env = {
+        "HOME": str(tmp_path / "home"),
+        "XDG_CACHE_HOME": None,
+        "SPARK_LOCAL_DIRS": None,
+        "DBIDX_CACHE_BASE_PATH": None,
+    }
     result = invoke(["cache", "info", "--json"], env)
     assert result.exit_code == 0, result.output
     info = json.loads(result.stdout)
@@ -184,6 +201,7 @@ def test_cache_info_shows_the_default_and_the_cache_commands_use_it(tmp_path: Pa
 
 # 4. A partition the table does not have ----------------------------------------------------------------------------
 
+
 def test_lookup_in_a_missing_partition_says_so_and_lists_the_nearest(dataset: Path) -> None:
     table = built(dataset)
     result = invoke(["lookup", table.uri, "2025-01-04-0-1", "--partition", "dt=2025-01-04"])
@@ -200,6 +218,7 @@ def test_lookup_in_a_missing_partition_says_so_and_lists_the_nearest(dataset: Pa
 
 
 # 5./6. Errors that name their remedy --------------------------------------------------------------------------------
+
 
 def test_a_stale_marker_names_the_rollback_command(tmp_path: Path) -> None:
     table = Table.create(str(tmp_path / "t"), num_shards=2)
@@ -238,11 +257,14 @@ def test_a_missing_table_says_what_to_do(tmp_path: Path) -> None:
 
 # 7. The demo's chart ------------------------------------------------------------------------------------------------
 
+
 def test_the_demo_chart_is_a_png_of_time_and_hit_rate_per_batch(tmp_path: Path) -> None:
     from dbidx.charts import demo_chart
 
-    batches = [{"batch": 0, "via": "batch", "seconds": 4.0, "hit_rate": 0.0},
-               {"batch": 1, "via": "streaming", "seconds": 2.5, "hit_rate": 0.8},
-               {"batch": 2, "via": "batch", "seconds": 1.9, "hit_rate": 0.95}]
+    batches = [
+        {"batch": 0, "via": "batch", "seconds": 4.0, "hit_rate": 0.0},
+        {"batch": 1, "via": "streaming", "seconds": 2.5, "hit_rate": 0.8},
+        {"batch": 2, "via": "batch", "seconds": 1.9, "hit_rate": 0.95},
+    ]
     path = demo_chart(batches, tmp_path / "out" / "demo.png", "3 batches, a test")
     assert path is not None and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5_000

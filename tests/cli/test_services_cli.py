@@ -1,5 +1,6 @@
 """`dbidx config`, `dbidx maintain` and the services line of `dbidx stats` (CliRunner), and the Table methods over
 the table services (`service_settings`, `configure_services`, `maintain`)."""
+
 from __future__ import annotations
 
 import json
@@ -62,8 +63,17 @@ def test_cli_config_sets_delta_table_properties(tmp_path: Path) -> None:
     w = Writer(tmp_path, "t", seed=6, after_commit=False)
     w.upsert()
     uri, runner = w.table.uri, CliRunner()
-    result = runner.invoke(main, ["config", uri, "delta.logRetentionDuration=interval 2 days", "team.owner=ingest",
-                                  "clean_interval=4", "--json"])
+    result = runner.invoke(
+        main,
+        [
+            "config",
+            uri,
+            "delta.logRetentionDuration=interval 2 days",
+            "team.owner=ingest",
+            "clean_interval=4",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     payload = json.loads(result.output)
     assert payload["changed"] == ["clean_interval", "delta.logRetentionDuration", "team.owner"]

@@ -1,5 +1,6 @@
 """`dbidx vacuum URI [--retention-hours N] [--dry-run] [--json]` (CliRunner): the library's vacuum, its report as text
 or one JSON object, bad retentions as exit 2; the state checked through the library."""
+
 from __future__ import annotations
 
 import json

@@ -2,6 +2,7 @@
 tombstoned and inserted in partitioned and global mode, with `dbidx stats` (live keys and file-group fills) equal to
 what the Delta readers count; warm shard caches after a foreign rewrite; two absorbers of one run at once. The
 xfail(strict) tests each prove one bug found in the review (their reason names the cause)."""
+
 from __future__ import annotations
 
 import json
@@ -111,6 +112,7 @@ class Writer:
 
 # ---- other engines' operations (each updates the expected rows) -------------------------------------------------
 
+
 def _move_by_partition_update(w: Writer) -> None:
     """delta-rs updates the partition column: k1 leaves d2 for d3 (a new file in d3, d2's file rewritten)."""
     DeltaTable(w.path).update(predicate="id = 'k1'", updates={"dt": "'d3'"})
@@ -132,9 +134,14 @@ def _replace_where(w: Writer) -> None:
 
 def _merge_not_matched_by_source_delete(w: Writer) -> None:
     source = arrow([("k0", "d1", 1000), ("k5", "d3", 1005), ("m9", "d2", 1009)])
-    (DeltaTable(w.path).merge(source, predicate="t.id = s.id and t.dt = s.dt", source_alias="s", target_alias="t")
-     .when_matched_update_all().when_not_matched_insert_all().when_not_matched_by_source_delete("t.dt = 'd3'")
-     .execute())
+    (
+        DeltaTable(w.path)
+        .merge(source, predicate="t.id = s.id and t.dt = s.dt", source_alias="s", target_alias="t")
+        .when_matched_update_all()
+        .when_not_matched_insert_all()
+        .when_not_matched_by_source_delete("t.dt = 'd3'")
+        .execute()
+    )
     kept = {r for r in w.expected() if r[1] != "d3" or r[0] == "k5"}
     new = set(zip(*(source.column(c).to_pylist() for c in COLUMNS)))
     w.reset({r for r in kept if (r[0], r[1]) not in {(k, d) for k, d, _v in new}} | new)
@@ -163,17 +170,21 @@ def _restore_after_optimize(w: Writer) -> None:
 
 
 OPERATIONS: dict[str, Callable[[Writer], None]] = {
-    "move-by-partition-update": _move_by_partition_update, "overwrite-across-partitions": _overwrite_across_partitions,
-    "replace-where": _replace_where, "merge-not-matched-by-source-delete": _merge_not_matched_by_source_delete,
+    "move-by-partition-update": _move_by_partition_update,
+    "overwrite-across-partitions": _overwrite_across_partitions,
+    "replace-where": _replace_where,
+    "merge-not-matched-by-source-delete": _merge_not_matched_by_source_delete,
     "restore-after-partition-delete": _restore_after_partition_delete,
-    "delete-and-restore-in-one-run": _delete_and_restore_in_one_run, "restore-after-optimize": _restore_after_optimize,
+    "delete-and-restore-in-one-run": _delete_and_restore_in_one_run,
+    "restore-after-optimize": _restore_after_optimize,
 }
 
 
 @pytest.mark.parametrize("global_index", [False, True], ids=["partitioned", "global"])
 @pytest.mark.parametrize("name", sorted(OPERATIONS))
-def test_absorbed_operation_keeps_stats_fills_and_entries_equal_to_the_readers(tmp_path: Path, name: str,
-                                                                              global_index: bool) -> None:
+def test_absorbed_operation_keeps_stats_fills_and_entries_equal_to_the_readers(
+    tmp_path: Path, name: str, global_index: bool
+) -> None:
     w = Writer(tmp_path, global_index=global_index)
     OPERATIONS[name](w)
     w.check()
@@ -203,6 +214,7 @@ def test_a_restore_to_before_a_dbidx_update_is_refused_by_name_and_nothing_is_ab
 
 # ---- caches -----------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("global_index", [False, True], ids=["partitioned", "global"])
 def test_warm_caches_of_three_shards_tag_keys_other_engines_re_pointed(tmp_path: Path, global_index: bool) -> None:
     """Caches bootstrapped and caught up before an OPTIMIZE (and a VACUUM of the files it removed, so those are
@@ -226,8 +238,10 @@ def test_warm_caches_of_three_shards_tag_keys_other_engines_re_pointed(tmp_path:
 
 # ---- two absorbers of one run -----------------------------------------------------------------------------------
 
-def test_two_tables_absorbing_the_same_run_at_once_publish_it_once(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+
+def test_two_tables_absorbing_the_same_run_at_once_publish_it_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Both build the run's records (a barrier holds each right after building), then race to publish: the run is
     published once, the loser leaves no claim or index file behind, and the table reads right. (A run without
     inserted keys: with them the loser can fail, see the xfail test of _reject_live below.)"""
@@ -277,14 +291,20 @@ def test_two_tables_absorbing_the_same_run_at_once_publish_it_once(tmp_path: Pat
     assert not [p.name for p in timeline.glob("*.inflight")]
     # Every index or DV file on storage belongs to a published instant (the loser's went with its claims).
     published_ids = {r.instant for r in table.timeline.completed()}
-    stray = [str(p) for p in Path(w.path, ".dbidx").rglob("*.*") if p.is_file()
-             and (ids := set(re.findall(r"(?<!\d)\d{17}(?!\d)", p.name))) and not ids & published_ids
-             and "timeline" not in p.parts]
+    stray = [
+        str(p)
+        for p in Path(w.path, ".dbidx").rglob("*.*")
+        if p.is_file()
+        and (ids := set(re.findall(r"(?<!\d)\d{17}(?!\d)", p.name)))
+        and not ids & published_ids
+        and "timeline" not in p.parts
+    ]
     assert not stray, stray
     w.check()
 
 
 # ---- bugs -------------------------------------------------------------------------------------------------------
+
 
 class Died(BaseException):
     """Like the end of the process: nothing catches it."""
@@ -349,8 +369,13 @@ def test_a_partition_value_with_a_colon_after_a_delta_rs_update(tmp_path: Path) 
     path = table.io.path("")
     config = CacheConfig(base_path=str(tmp_path / "cache"))
     day = "2024-01-01 10:00:00"
-    upsert_arrow(arrow([("k1", day, 1), ("k2", day, 2), ("k3", day, 3)]), Table.open(path), key="id",
-                 partition="dt", cache_config=config)
+    upsert_arrow(
+        arrow([("k1", day, 1), ("k2", day, 2), ("k3", day, 3)]),
+        Table.open(path),
+        key="id",
+        partition="dt",
+        cache_config=config,
+    )
     DeltaTable(path).update(predicate="id = 'k1'", updates={"v": "100"})
     ours = sorted(via_dbidx(Table.open(path), COLUMNS))
     assert ours == [("k1", day, 100), ("k2", day, 2), ("k3", day, 3)]
@@ -358,9 +383,9 @@ def test_a_partition_value_with_a_colon_after_a_delta_rs_update(tmp_path: Path) 
     assert sorted(via_duckdb(path, COLUMNS)) == ours
 
 
-def test_an_absorber_that_loses_the_race_for_an_append_does_not_report_duplicates(tmp_path: Path,
-                                                                                  monkeypatch: pytest.MonkeyPatch
-                                                                                  ) -> None:
+def test_an_absorber_that_loses_the_race_for_an_append_does_not_report_duplicates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from dbidx.table import absorb_entries
 
     w = Writer(tmp_path)

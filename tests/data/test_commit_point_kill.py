@@ -9,6 +9,7 @@ right after one of those writes; the parent then reads the table with dbidx, del
 it against a model that counts the killed batch in exactly when its Delta version is on storage, verifies it, and
 writes over the files the killed writer touched.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -122,27 +123,38 @@ POINTS = {
     "before-staging": Point("write_atomic", STAGED, "before", committed=False),
     "after-staging-before-delta-put": Point("write_atomic", STAGED, "after", committed=False),
     "after-delta-put-before-record": Point("create_exclusive", DELTA, "after", first="read"),
-    "after-delta-put-then-another-engine-appends": Point("create_exclusive", DELTA, "after",
-                                                         foreign_after=("append",)),
+    "after-delta-put-then-another-engine-appends": Point("create_exclusive", DELTA, "after", foreign_after=("append",)),
     "after-record-before-housekeeping": Point("create_exclusive", COMPLETED, "after"),
     "after-latest-pointer": Point("create_exclusive", LATEST, "after", first="read"),
-    "absorb-after-index-files-before-publish": Point("create_exclusive", COMPLETED, "before", action="absorb",
-                                                     foreign=("append", "dv-delete")),
-    "absorb-after-first-run-record-before-net": Point("create_exclusive", COMPLETED, "before", action="absorb",
-                                                      nth=2, foreign=("append", "optimize")),
-    "absorb-after-net-record-before-housekeeping": Point("create_exclusive", COMPLETED, "after", action="absorb",
-                                                         foreign=("append",), first="read"),
+    "absorb-after-index-files-before-publish": Point(
+        "create_exclusive", COMPLETED, "before", action="absorb", foreign=("append", "dv-delete")
+    ),
+    "absorb-after-first-run-record-before-net": Point(
+        "create_exclusive", COMPLETED, "before", action="absorb", nth=2, foreign=("append", "optimize")
+    ),
+    "absorb-after-net-record-before-housekeeping": Point(
+        "create_exclusive", COMPLETED, "after", action="absorb", foreign=("append",), first="read"
+    ),
 }
 
 
 STAGED_BEFORE_PUT = {"after-staging-before-delta-put"}  # a staged record, no Delta version
-PENDING = STAGED_BEFORE_PUT | {"before-staging", "absorb-after-index-files-before-publish",
-                               "absorb-after-first-run-record-before-net"}  # the killed instant never settles
+PENDING = STAGED_BEFORE_PUT | {
+    "before-staging",
+    "absorb-after-index-files-before-publish",
+    "absorb-after-first-run-record-before-net",
+}  # the killed instant never settles
 
 
 def arrow(rows: list[tuple[str, str, int, bool]]) -> pa.Table:
-    return pa.table({"id": [r[0] for r in rows], "dt": [r[1] for r in rows],
-                     "v": pa.array([r[2] for r in rows], pa.int64()), "_dbidx_delete": [r[3] for r in rows]})
+    return pa.table(
+        {
+            "id": [r[0] for r in rows],
+            "dt": [r[1] for r in rows],
+            "v": pa.array([r[2] for r in rows], pa.int64()),
+            "_dbidx_delete": [r[3] for r in rows],
+        }
+    )
 
 
 def apply(model: Model, rows: list[tuple[str, str, int, bool]]) -> None:
@@ -164,8 +176,9 @@ class Scene:
     model: Model = field(default_factory=dict)
 
     def upsert(self, rows: list[tuple[str, str, int, bool]]) -> None:
-        upsert_arrow(arrow(rows), Table.open(self.path), key="id", partition="dt",
-                     cache_config=CacheConfig(base_path=self.cache))
+        upsert_arrow(
+            arrow(rows), Table.open(self.path), key="id", partition="dt", cache_config=CacheConfig(base_path=self.cache)
+        )
         apply(self.model, rows)
 
     def staged(self) -> list[str]:
@@ -252,28 +265,50 @@ def start_child(scene: Scene, point: Point) -> Child:
     before = scene.versions()
     batch = BATCH if point.action == "upsert" else []
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, scene.path, scene.cache, point.method, point.pattern,
-                             point.when, str(point.nth), point.action, json.dumps(batch)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            CHILD,
+            scene.path,
+            scene.cache,
+            point.method,
+            point.pattern,
+            point.when,
+            str(point.nth),
+            point.action,
+            json.dumps(batch),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     return Child(scene, point, before, scene.dv_files(), proc)
 
 
 # Children of the tests of one kill point each (by test name): the point, and the child's key in `children`.
 SWEPT = "swept"  # killed after staging: what a later write sweeps
 ROLLBACK = "rollback"  # killed after its Delta put: `dbidx rollback` of its instant
-SINGLE = {"test_a_staged_record_of_a_writer_killed_before_its_put_is_swept_by_a_later_write": SWEPT,
-          "test_dbidx_rollback_of_a_writer_killed_after_its_delta_put_is_refused": ROLLBACK}
+SINGLE = {
+    "test_a_staged_record_of_a_writer_killed_before_its_put_is_swept_by_a_later_write": SWEPT,
+    "test_dbidx_rollback_of_a_writer_killed_after_its_delta_put_is_refused": ROLLBACK,
+}
 SINGLE_POINTS = {SWEPT: "after-staging-before-delta-put", ROLLBACK: "after-delta-put-before-record"}
 
 
 @pytest.fixture(scope="module")
-def children(template: Scene, tmp_path_factory: pytest.TempPathFactory,
-             request: pytest.FixtureRequest) -> Iterator[dict[str, Child]]:
+def children(
+    template: Scene, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[dict[str, Child]]:
     """The children of the selected tests, all at once (each on its own copy of the table: they are independent),
     so the module takes the time of a few."""
     here = Path(__file__).resolve()
-    selected = {item.callspec.params["name"] if hasattr(item, "callspec") else SINGLE.get(item.name)
-                for item in request.session.items if Path(str(item.path)).resolve() == here}
+    selected = {
+        item.callspec.params["name"] if hasattr(item, "callspec") else SINGLE.get(item.name)
+        for item in request.session.items
+        if Path(str(item.path)).resolve() == here
+    }
     runs: dict[str, Child] = {}
     try:
         for name in [n for n in [*POINTS, *SINGLE_POINTS] if n in selected]:
@@ -297,8 +332,15 @@ def version_instant(scene: Scene, version: int) -> str | None:
 
 
 # The killed batch: updates keys in every day's files, inserts two, deletes one.
-BATCH = [("k0", "d1", 900, False), ("k4", "d2", 904, False), ("k8", "d3", 908, False), ("k5", "d3", 905, False),
-         ("n1", "d1", 1, False), ("n2", "d2", 2, False), ("k7", "d2", 0, True)]
+BATCH = [
+    ("k0", "d1", 900, False),
+    ("k4", "d2", 904, False),
+    ("k8", "d3", 908, False),
+    ("k5", "d3", 905, False),
+    ("n1", "d1", 1, False),
+    ("n2", "d2", 2, False),
+    ("k7", "d2", 0, True),
+]
 
 
 def later_write(scene: Scene, value: int) -> None:
@@ -369,8 +411,9 @@ def kill_and_recover(child: Child, name: str) -> tuple[Scene, list[str]]:
 
 
 @pytest.mark.parametrize("name", list(POINTS))
-def test_a_writer_killed_on_the_commit_path_loses_nothing_and_publishes_nothing_half(children: dict[str, Child],
-                                                                                     name: str) -> None:
+def test_a_writer_killed_on_the_commit_path_loses_nothing_and_publishes_nothing_half(
+    children: dict[str, Child], name: str
+) -> None:
     scene, instants = kill_and_recover(children[name], name)
     if POINTS[name].first == "read":
         later_write(scene, 2000)
@@ -378,15 +421,21 @@ def test_a_writer_killed_on_the_commit_path_loses_nothing_and_publishes_nothing_
     # Nothing published half: an instant the kill stopped before its commit point has no record of its own. Its writer
     # is gone (its pid on this host), so the later upsert rolled it back before it started, files and all; every
     # other instant settled.
-    dead = [i for i in instants if table.timeline.record_of(i) is None
-            or table.timeline.record_of(i).action == ACTION_ROLLBACK]
+    dead = [
+        i
+        for i in instants
+        if table.timeline.record_of(i) is None or table.timeline.record_of(i).action == ACTION_ROLLBACK
+    ]
     assert dead == ([] if name not in PENDING else instants[1:] if name.startswith("absorb-after-first") else instants)
     assert all(table.timeline.record_of(i).action == ACTION_ROLLBACK for i in dead)
     assert table.timeline.pending() == []
     assert scene.staged() == [], f"staged records remain after later writes: {scene.staged()}"
     assert not list(Path(scene.path).rglob("heartbeats/*")), "a settled instant left its heartbeat"
-    dead_dv_files = scene.dv_files() - children[name].dv_files - {
-        Path(f.path).name for r in table.timeline.completed() for f in r.dv_files}
+    dead_dv_files = (
+        scene.dv_files()
+        - children[name].dv_files
+        - {Path(f.path).name for r in table.timeline.completed() for f in r.dv_files}
+    )
     assert not dead_dv_files, "a rolled back instant left its DV file"
     for instant in dead:
         assert table.rollback(instant).rolled_back == instant  # settled already: its rollback record
@@ -396,7 +445,8 @@ def test_a_writer_killed_on_the_commit_path_loses_nothing_and_publishes_nothing_
 
 
 def test_a_staged_record_of_a_writer_killed_before_its_put_is_swept_by_a_later_write(
-        children: dict[str, Child]) -> None:
+    children: dict[str, Child],
+) -> None:
     scene, _ = kill_and_recover(children[SWEPT], "after-staging-before-delta-put")  # a later write ran
     assert scene.staged() == []
 
@@ -417,8 +467,9 @@ def test_dbidx_rollback_of_a_writer_killed_after_its_delta_put_is_refused(childr
     assert result.exit_code != 0 and "completed" in result.output, result.output
 
 
-def test_a_failed_record_create_after_the_delta_put_keeps_the_committed_batch(template: Scene, tmp_path: Path,
-                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_record_create_after_the_delta_put_keeps_the_committed_batch(
+    template: Scene, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from dbidx.storage.fileio import FileIO
 
     scene = copy_scene(template, tmp_path)
@@ -434,8 +485,13 @@ def test_a_failed_record_create_after_the_delta_put_keeps_the_committed_batch(te
     monkeypatch.setattr(FileIO, "create_exclusive", full_disk_once)
     before = scene.versions()
     with contextlib.suppress(OSError):  # whether the upsert then reports its commit is not what this test asks
-        upsert_arrow(arrow(BATCH), Table.open(scene.path), key="id", partition="dt",
-                     cache_config=CacheConfig(base_path=scene.cache))
+        upsert_arrow(
+            arrow(BATCH),
+            Table.open(scene.path),
+            key="id",
+            partition="dt",
+            cache_config=CacheConfig(base_path=scene.cache),
+        )
     monkeypatch.undo()
     assert failed and max(before) + 1 in scene.versions()  # the record failed after the Delta put: committed
     apply(scene.model, BATCH)

@@ -1,4 +1,5 @@
 """Data compaction per file group under the random change stream of the oracle tests, with a concurrent upsert."""
+
 from __future__ import annotations
 
 import random
@@ -21,8 +22,9 @@ from tests.spark_helpers import Oracle, random_batch
 
 def as_arrow(batch: list[tuple]) -> pa.Table:
     ids, days, values, deletes = zip(*batch)
-    return pa.table({"id": list(ids), "dt": list(days), "v": pa.array(values, pa.int64()),
-                     "_dbidx_delete": list(deletes)})
+    return pa.table(
+        {"id": list(ids), "dt": list(days), "v": pa.array(values, pa.int64()), "_dbidx_delete": list(deletes)}
+    )
 
 
 def current(table: Table) -> set[tuple]:
@@ -32,21 +34,26 @@ def current(table: Table) -> set[tuple]:
 
 
 def data_files_on_disk(table: Table) -> set[str]:
-    return {rel for rel, _ in table.io.list_files_recursive("") if rel.endswith(".parquet")
-            and not rel.startswith(".dbidx/")}
+    return {
+        rel
+        for rel, _ in table.io.list_files_recursive("")
+        if rel.endswith(".parquet") and not rel.startswith(".dbidx/")
+    }
 
 
 @pytest.mark.parametrize("global_index", [False, True], ids=["partitioned", "global"])
-def test_compaction_keeps_every_row_and_a_concurrent_upsert_lands(tmp_path: Path, monkeypatch,
-                                                                  global_index: bool) -> None:
+def test_compaction_keeps_every_row_and_a_concurrent_upsert_lands(
+    tmp_path: Path, monkeypatch, global_index: bool
+) -> None:
     rng = random.Random(20261123 + global_index)
     table = Table.create(str(tmp_path / "t"), num_shards=3, global_index=global_index)
     config = CacheConfig(base_path=str(tmp_path / "cache"))
     oracle, serial = Oracle(global_index), [0]
 
     def upsert(batch: list[tuple]) -> None:
-        upsert_arrow(as_arrow(batch), table, key="id", partition="dt", buckets=BucketSpec(capacity=7),
-                     cache_config=config)
+        upsert_arrow(
+            as_arrow(batch), table, key="id", partition="dt", buckets=BucketSpec(capacity=7), cache_config=config
+        )
         oracle.apply(batch)
 
     for _ in range(12):
@@ -79,8 +86,9 @@ def test_compaction_keeps_every_row_and_a_concurrent_upsert_lands(tmp_path: Path
     assert current(table) == oracle.expected_rows()
     assert all(len(u.files) == 1 for u in reads.plan_read(table).units)
     # 4. Clean deletes replaced files once they are old enough, and the table still verifies and reads the same.
-    on_disk = data_files_on_disk(table) | {p.relative_to(tmp_path / "t").as_posix()
-                                           for p in tmp_path.joinpath("t").glob("**/deletion_vector_*.bin")}
+    on_disk = data_files_on_disk(table) | {
+        p.relative_to(tmp_path / "t").as_posix() for p in tmp_path.joinpath("t").glob("**/deletion_vector_*.bin")
+    }
     cleaned = table.clean(retain_completions=0)
     assert cleaned is not None and set(cleaned.deleted) <= on_disk  # data files and DV files no vector points into
     assert data_files_on_disk(table) == {f.path for u in reads.plan_read(table).units for f in u.files}
@@ -112,8 +120,13 @@ def test_cli_compact_data(tmp_path: Path) -> None:
     table = Table.create(str(tmp_path / "t"), num_shards=2)
     config = CacheConfig(base_path=str(tmp_path / "cache"))
     for v in range(3):
-        upsert_arrow(as_arrow([(f"k{i}", "d", v, False) for i in range(20)] + [("gone", "d", v, v == 2)]), table,
-                     key="id", partition="dt", cache_config=config)
+        upsert_arrow(
+            as_arrow([(f"k{i}", "d", v, False) for i in range(20)] + [("gone", "d", v, v == 2)]),
+            table,
+            key="id",
+            partition="dt",
+            cache_config=config,
+        )
     before = current(table)
     result = CliRunner().invoke(main, ["compact", table.uri, "--data", "--retain", "0", "--json"])
     assert result.exit_code == 0, result.output
@@ -176,10 +189,12 @@ def test_a_file_is_rewritten_once_enough_of_its_rows_are_deleted(tmp_path: Path)
 
     table = Table.create(str(tmp_path / "t"), num_shards=1)
     config = CacheConfig(base_path=str(tmp_path / "cache"))
-    upsert_arrow(as_arrow([(f"k{i}", "d", 0, False) for i in range(10)]), table, key="id", partition="dt",
-                 cache_config=config)
-    upsert_arrow(as_arrow([(f"k{i}", "d", 1, False) for i in range(5)]), table, key="id", partition="dt",
-                 cache_config=config)
+    upsert_arrow(
+        as_arrow([(f"k{i}", "d", 0, False) for i in range(10)]), table, key="id", partition="dt", cache_config=config
+    )
+    upsert_arrow(
+        as_arrow([(f"k{i}", "d", 1, False) for i in range(5)]), table, key="id", partition="dt", cache_config=config
+    )
     before = current(table)
     assert table.compact_data(min_files=100, deleted_share=None).record is None
     assert table.compact_data(min_files=100, deleted_share=0.6).record is None
@@ -190,7 +205,7 @@ def test_a_file_is_rewritten_once_enough_of_its_rows_are_deleted(tmp_path: Path)
     result = table.compact_data(min_files=100, deleted_share=0.5)
     assert result.record is not None and result.files_replaced == 1 and result.rows_written == 5
     assert current(table) == before
-    unit, = reads.plan_read(table).units
+    (unit,) = reads.plan_read(table).units
     assert len(unit.files) == 2 and unit.vectors == (None, None)
 
 
@@ -199,8 +214,9 @@ def test_files_at_the_target_size_are_left_alone(tmp_path: Path) -> None:
     rewritten again because small files joined it; None makes every file small."""
     table = Table.create(str(tmp_path / "t"), num_shards=1)
     config = CacheConfig(base_path=str(tmp_path / "cache"))
-    upsert_arrow(as_arrow([(f"k{i}", "d", i, False) for i in range(2000)]), table, key="id", partition="dt",
-                 cache_config=config)
+    upsert_arrow(
+        as_arrow([(f"k{i}", "d", i, False) for i in range(2000)]), table, key="id", partition="dt", cache_config=config
+    )
     for n in range(2):
         upsert_arrow(as_arrow([(f"n{n}", "d", 0, False)]), table, key="id", partition="dt", cache_config=config)
     before = current(table)

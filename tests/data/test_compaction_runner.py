@@ -1,6 +1,7 @@
 """Both compactions through a WorkRunner (dbidx/runner.py), the seam that lets a Spark writer run them as Spark jobs:
 a piece run twice (a retried or speculative task's second try) publishes the kept try's files and deletes the
 other's; a result that does not fit its piece is refused before anything is published; the rows never change."""
+
 from __future__ import annotations
 
 import random
@@ -60,8 +61,9 @@ def loaded_table(tmp_path: Path, seed: int) -> tuple[Table, Oracle]:
     oracle, serial = Oracle(False), [0]
     for _ in range(8):
         batch = random_batch(rng, oracle, serial)
-        upsert_arrow(as_arrow(batch), table, key="id", partition="dt", buckets=BucketSpec(capacity=7),
-                     cache_config=config)
+        upsert_arrow(
+            as_arrow(batch), table, key="id", partition="dt", buckets=BucketSpec(capacity=7), cache_config=config
+        )
         oracle.apply(batch)
     return table, oracle
 
@@ -143,8 +145,14 @@ def test_spark_jobs_off_keeps_the_pieces_in_the_driver(tmp_path: Path, services_
         write_settings(table.io, {"after_commit": False})
         for _ in range(2):
             batch = random_batch(rng, oracle, serial)
-            upsert_arrow(as_arrow(batch), table, key="id", partition="dt", buckets=BucketSpec(capacity=7),
-                         cache_config=CacheConfig(base_path=str(tmp_path / "cache")))
+            upsert_arrow(
+                as_arrow(batch),
+                table,
+                key="id",
+                partition="dt",
+                buckets=BucketSpec(capacity=7),
+                cache_config=CacheConfig(base_path=str(tmp_path / "cache")),
+            )
             oracle.apply(batch)
         write_settings(table.io, {"after_commit": True})
 
@@ -175,25 +183,33 @@ def _unit(sizes: list[int], deleted: dict[int, int] | None = None) -> Any:
     from dbidx.storage.data_view import DvRef
     from dbidx.storage.records import DataFileRecord, DeletionVectorRecord, DvFileRecord
 
-    files = tuple(DataFileRecord(f"dt=x/g_{i:017d}_0.parquet", "dt=x", "g", 100, size, "xxh64:" + "0" * 16)
-                  for i, size in enumerate(sizes))
+    files = tuple(
+        DataFileRecord(f"dt=x/g_{i:017d}_0.parquet", "dt=x", "g", 100, size, "xxh64:" + "0" * 16)
+        for i, size in enumerate(sizes)
+    )
     vectors = tuple(
         DvRef(DeletionVectorRecord(f.path, "d.bin", 0, 0, (deleted or {})[i]), DvFileRecord("d.bin", 0, "x"))
-        if i in (deleted or {}) else None
-        for i, f in enumerate(files))
-    return ReadUnit("dt=x", "g", files, tuple(range(len(files))), tuple(f"{i:017d}" for i in range(len(files))),
-                    vectors)
+        if i in (deleted or {})
+        else None
+        for i, f in enumerate(files)
+    )
+    return ReadUnit(
+        "dt=x", "g", files, tuple(range(len(files))), tuple(f"{i:017d}" for i in range(len(files))), vectors
+    )
 
 
-@pytest.mark.parametrize("sizes, deleted, share, kept", [
-    ([1000] + [10] * 9, {}, 0.25, [1, 2, 3, 4, 5, 6, 7, 8, 9]),  # the rest is 9% of the base: the base stays
-    ([1000] + [10] * 9, {}, None, list(range(10))),  # no share: everything, one file results
-    ([1000] + [30] * 9, {}, 0.25, list(range(10))),  # the rest is 27%: the base is rewritten with it
-    ([1000, 10], {}, 0.25, [0, 1]),  # one small file alone is not worth a rewrite: both
-    ([1000, 10], {1: 50}, 0.25, [1]),  # ... unless it is rewritten for its deletes
-    ([1000] + [10] * 9, {0: 30}, 0.25, list(range(10))),  # a base with 30% deleted is rewritten anyway
-    ([10] * 5 + [1000], {}, 0.25, [0, 1, 2, 3, 4]),  # the largest stays wherever it stands in the group
-])
+@pytest.mark.parametrize(
+    "sizes, deleted, share, kept",
+    [
+        ([1000] + [10] * 9, {}, 0.25, [1, 2, 3, 4, 5, 6, 7, 8, 9]),  # the rest is 9% of the base: the base stays
+        ([1000] + [10] * 9, {}, None, list(range(10))),  # no share: everything, one file results
+        ([1000] + [30] * 9, {}, 0.25, list(range(10))),  # the rest is 27%: the base is rewritten with it
+        ([1000, 10], {}, 0.25, [0, 1]),  # one small file alone is not worth a rewrite: both
+        ([1000, 10], {1: 50}, 0.25, [1]),  # ... unless it is rewritten for its deletes
+        ([1000] + [10] * 9, {0: 30}, 0.25, list(range(10))),  # a base with 30% deleted is rewritten anyway
+        ([10] * 5 + [1000], {}, 0.25, [0, 1, 2, 3, 4]),  # the largest stays wherever it stands in the group
+    ],
+)
 def test_a_large_base_stays_while_the_rest_is_small_beside_it(sizes, deleted, share, kept) -> None:
     from dbidx.data.compaction import _to_rewrite
 
@@ -209,8 +225,14 @@ def test_compaction_with_a_base_share_merges_beside_the_base_and_reads_the_same(
     rng, serial = random.Random(4413), [30_000]
     for _ in range(3):
         batch = random_batch(rng, oracle, serial, size=10)
-        upsert_arrow(as_arrow(batch), table, key="id", partition="dt", buckets=BucketSpec(capacity=7),
-                     cache_config=CacheConfig(base_path=str(tmp_path / "cache")))
+        upsert_arrow(
+            as_arrow(batch),
+            table,
+            key="id",
+            partition="dt",
+            buckets=BucketSpec(capacity=7),
+            cache_config=CacheConfig(base_path=str(tmp_path / "cache")),
+        )
         oracle.apply(batch)
     result = table.compact_data(min_files=2, base_share=1.0)
     assert result.record is not None

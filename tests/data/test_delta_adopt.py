@@ -1,6 +1,7 @@
 """Adopting a Delta table another engine wrote: build-index indexes its current files (deletion vectors honoured,
 file-backed and inline), and from then on dbidx's upserts are the table's next Delta versions, read the same by
 deltalake, polars and duckdb. Tables dbidx cannot keep, or a log someone else wrote to, are refused loudly."""
+
 from __future__ import annotations
 
 import json
@@ -46,16 +47,31 @@ def _delete_rows(path: Path, add: dict, rows: list[int], inline: bool) -> None:
     """Another engine's DELETE by deletion vector: remove the file's entry, add it back with a vector."""
     if inline:
         body = encode_vector(rows)
-        dv = {"storageType": "i", "pathOrInlineDv": inline_form(body), "sizeInBytes": len(body),
-              "cardinality": len(rows)}
+        dv = {
+            "storageType": "i",
+            "pathOrInlineDv": inline_form(body),
+            "sizeInBytes": len(body),
+            "cardinality": len(rows),
+        }
     else:
         builder, file_uuid = DvFileBuilder(), uuid.uuid4()
         slot = builder.add(BitMap(rows))
         (path / dv_file_name(file_uuid)).write_bytes(builder.to_bytes())
-        dv = {"storageType": "u", "pathOrInlineDv": z85_encode(file_uuid.bytes), "offset": slot.offset,
-              "sizeInBytes": slot.size, "cardinality": len(rows)}
-    remove = {"path": add["path"], "dataChange": True, "deletionTimestamp": 1, "extendedFileMetadata": True,
-              "partitionValues": add["partitionValues"], "size": add["size"]}
+        dv = {
+            "storageType": "u",
+            "pathOrInlineDv": z85_encode(file_uuid.bytes),
+            "offset": slot.offset,
+            "sizeInBytes": slot.size,
+            "cardinality": len(rows),
+        }
+    remove = {
+        "path": add["path"],
+        "dataChange": True,
+        "deletionTimestamp": 1,
+        "extendedFileMetadata": True,
+        "partitionValues": add["partitionValues"],
+        "size": add["size"],
+    }
     _write_version(path, [{"remove": remove}, {"add": {**add, "deletionVector": dv}}])
 
 
@@ -63,14 +79,18 @@ def a_delta_rs_table(path: Path) -> set[tuple]:
     """Two delta-rs appends to a table with deletion vectors enabled, then one file loses a row to a file-backed
     vector and another to an inline one (as another engine's DELETE writes them); returns the rows a reader sees.
     (No partition value that needs escaping: polars 2.1 ignores the vectors of such files, in any Delta table.)"""
-    first = pa.table({"id": [f"k{i}" for i in range(6)], "dt": ["d1", "d1", "d1", "d0", "d0", "d2"],
-                      "v": pa.array(range(6), pa.int64())})
+    first = pa.table(
+        {
+            "id": [f"k{i}" for i in range(6)],
+            "dt": ["d1", "d1", "d1", "d0", "d0", "d2"],
+            "v": pa.array(range(6), pa.int64()),
+        }
+    )
     second = pa.table({"id": ["k6", "k7"], "dt": ["d2", "d3"], "v": pa.array([6, 7], pa.int64())})
     write_deltalake(str(path), first, partition_by=["dt"], configuration={"delta.enableDeletionVectors": "true"})
     write_deltalake(str(path), second, partition_by=["dt"], mode="append")
     adds = {a["add"]["partitionValues"]["dt"]: a["add"] for a in _log(path) if "add" in a}
-    rows = {(i, d, v) for i, d, v in zip(*(pa.concat_tables([first, second]).column(c).to_pylist()
-                                           for c in COLUMNS))}
+    rows = {(i, d, v) for i, d, v in zip(*(pa.concat_tables([first, second]).column(c).to_pylist() for c in COLUMNS))}
     for dt, inline in (("d1", False), ("d0", True)):
         ids = pq.read_table(path / unquote(adds[dt]["path"])).column("id").to_pylist()
         _delete_rows(path, adds[dt], [0], inline)
@@ -94,9 +114,14 @@ def test_adopt_a_delta_table_then_upsert_into_it(tmp_path: Path) -> None:
     assert "deletionVectors" in adopted.protocol().reader_features
     # 2. An upsert: updates in both vector-holding files and elsewhere, a delete, a new key, a deleted key back.
     gone = sorted({f"k{i}" for i in range(8)} - {r[0] for r in expected})
-    batch = pa.table({"id": ["k1", "k4", "k6", "k5", "k9", gone[0]], "dt": ["d1", "d0", "d2", "d2", "d3", "d1"],
-                      "v": pa.array([11, 14, 16, 0, 19, 20], pa.int64()),
-                      "_dbidx_delete": [False, False, False, True, False, False]})
+    batch = pa.table(
+        {
+            "id": ["k1", "k4", "k6", "k5", "k9", gone[0]],
+            "dt": ["d1", "d0", "d2", "d2", "d3", "d1"],
+            "v": pa.array([11, 14, 16, 0, 19, 20], pa.int64()),
+            "_dbidx_delete": [False, False, False, True, False, False],
+        }
+    )
     upsert_arrow(batch, table, key="id", partition="dt", cache_config=CacheConfig(base_path=str(tmp_path / "c")))
     expected = {r for r in expected if r[0] not in {"k1", "k4", "k6", "k5"}}
     expected |= {("k1", "d1", 11), ("k4", "d0", 14), ("k6", "d2", 16), ("k9", "d3", 19), (gone[0], "d1", 20)}
@@ -104,12 +129,20 @@ def test_adopt_a_delta_table_then_upsert_into_it(tmp_path: Path) -> None:
     assert DeltaTable(str(path)).version() == version + 2
     assert verify_table(table).ok
     # 3. Another engine appends: dbidx absorbs it, and its next upsert updates the appended row (no duplicate).
-    write_deltalake(str(path), pa.table({"id": ["x"], "dt": ["d9"], "v": pa.array([1], pa.int64())}),
-                    partition_by=["dt"], mode="append")
+    write_deltalake(
+        str(path),
+        pa.table({"id": ["x"], "dt": ["d9"], "v": pa.array([1], pa.int64())}),
+        partition_by=["dt"],
+        mode="append",
+    )
     assert set(assert_readers_agree(Table.open(str(path)), COLUMNS)) == expected | {("x", "d9", 1)}
-    upsert_arrow(pa.table({"id": ["x", "k1"], "dt": ["d9", "d1"], "v": pa.array([2, 12], pa.int64())}),
-                 Table.open(str(path)), key="id", partition="dt",
-                 cache_config=CacheConfig(base_path=str(tmp_path / "c")))
+    upsert_arrow(
+        pa.table({"id": ["x", "k1"], "dt": ["d9", "d1"], "v": pa.array([2, 12], pa.int64())}),
+        Table.open(str(path)),
+        key="id",
+        partition="dt",
+        cache_config=CacheConfig(base_path=str(tmp_path / "c")),
+    )
     expected = {r for r in expected if r[0] != "k1"} | {("x", "d9", 2), ("k1", "d1", 12)}
     assert set(assert_readers_agree(Table.open(str(path)), COLUMNS)) == expected
     assert verify_table(Table.open(str(path))).ok
@@ -117,27 +150,44 @@ def test_adopt_a_delta_table_then_upsert_into_it(tmp_path: Path) -> None:
 
 def test_a_delta_table_must_be_adopted_before_any_write(tmp_path: Path) -> None:
     path = tmp_path / "t"
-    write_deltalake(str(path), pa.table({"id": ["a"], "dt": ["d"], "v": pa.array([1], pa.int64())}),
-                    partition_by=["dt"])
+    write_deltalake(
+        str(path), pa.table({"id": ["a"], "dt": ["d"], "v": pa.array([1], pa.int64())}), partition_by=["dt"]
+    )
     versions = sorted(p.name for p in (path / "_delta_log").iterdir())
     table = Table.create(str(path), num_shards=1)  # leaves the Delta log as it is
     with pytest.raises(ForeignCommitError, match="build-index"):
-        upsert_arrow(pa.table({"id": ["b"], "dt": ["d"], "v": pa.array([2], pa.int64())}), table, key="id",
-                     partition="dt", cache_config=CacheConfig(base_path=str(tmp_path / "c")))
+        upsert_arrow(
+            pa.table({"id": ["b"], "dt": ["d"], "v": pa.array([2], pa.int64())}),
+            table,
+            key="id",
+            partition="dt",
+            cache_config=CacheConfig(base_path=str(tmp_path / "c")),
+        )
     assert sorted(p.name for p in (path / "_delta_log").iterdir()) == versions
 
 
 def test_features_dbidx_cannot_keep_are_refused(tmp_path: Path) -> None:
     path = tmp_path / "t"
-    write_deltalake(str(path), pa.table({"id": ["a"], "v": pa.array([1], pa.int64())}),
-                    configuration={"delta.appendOnly": "true"})
+    write_deltalake(
+        str(path), pa.table({"id": ["a"], "v": pa.array([1], pa.int64())}), configuration={"delta.appendOnly": "true"}
+    )
     with pytest.raises(DeltaFeatureError, match="append-only"):
         build_index(Table.create(str(path), num_shards=1), "id")
     other = tmp_path / "u"
     write_deltalake(str(other), pa.table({"id": ["a"], "v": pa.array([1], pa.int64())}))
-    _write_version(other, [{"protocol": {"minReaderVersion": 3, "minWriterVersion": 7,
-                                         "readerFeatures": ["deletionVectors"],
-                                         "writerFeatures": ["deletionVectors", "checkConstraints"]}}])
+    _write_version(
+        other,
+        [
+            {
+                "protocol": {
+                    "minReaderVersion": 3,
+                    "minWriterVersion": 7,
+                    "readerFeatures": ["deletionVectors"],
+                    "writerFeatures": ["deletionVectors", "checkConstraints"],
+                }
+            }
+        ],
+    )
     with pytest.raises(DeltaFeatureError, match="checkConstraints"):
         build_index(Table.create(str(other), num_shards=1), "id")
     assert not list((other / ".dbidx" / "timeline" / "completed").glob("*.json"))
@@ -162,28 +212,39 @@ def test_the_adoption_version_heals_and_survives_a_checkpoint(tmp_path: Path) ->
     reopened.checkpoint()
     again = Table.open(str(path))
     assert again.data_view().delta_offset == version + 1 - 1 and verify_table(again).ok
-    upsert_arrow(pa.table({"id": ["k1"], "dt": ["d1"], "v": pa.array([5], pa.int64())}), again, key="id",
-                 partition="dt", cache_config=CacheConfig(base_path=str(tmp_path / "c")))
+    upsert_arrow(
+        pa.table({"id": ["k1"], "dt": ["d1"], "v": pa.array([5], pa.int64())}),
+        again,
+        key="id",
+        partition="dt",
+        cache_config=CacheConfig(base_path=str(tmp_path / "c")),
+    )
     assert DeltaTable(str(path)).version() == version + 2
     assert ("k1", "d1", 5) in assert_readers_agree(again, COLUMNS)
 
 
-def test_a_commit_another_engine_makes_during_the_adoption_refuses_it(tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_commit_another_engine_makes_during_the_adoption_refuses_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The other engine appends while build-index reads the snapshot: nothing is published (the adoption would miss
     that commit's rows), and build-index again adopts the newer version."""
     from dbidx.table import build_index as adoption
 
     path = tmp_path / "t"
-    write_deltalake(str(path), pa.table({"id": ["a"], "dt": ["d"], "v": pa.array([1], pa.int64())}),
-                    partition_by=["dt"])
+    write_deltalake(
+        str(path), pa.table({"id": ["a"], "dt": ["d"], "v": pa.array([1], pa.int64())}), partition_by=["dt"]
+    )
     real, calls = adoption._read_source, []
 
     def read_then_append(*args, **kwargs):
         if not calls:
             calls.append(1)
-            write_deltalake(str(path), pa.table({"id": ["b"], "dt": ["d"], "v": pa.array([2], pa.int64())}),
-                            partition_by=["dt"], mode="append")
+            write_deltalake(
+                str(path),
+                pa.table({"id": ["b"], "dt": ["d"], "v": pa.array([2], pa.int64())}),
+                partition_by=["dt"],
+                mode="append",
+            )
         return real(*args, **kwargs)
 
     monkeypatch.setattr(adoption, "_read_source", read_then_append)

@@ -2,6 +2,7 @@
 (docs/FORMAT.md section 12c), and dbidx's next upserts (which update keys in the files the other engine touched)
 leave exactly the rows an independent model expects, the same in dbidx, deltalake's QueryBuilder, polars and
 DuckDB, with no key live twice and no update lost."""
+
 from __future__ import annotations
 
 import json
@@ -55,8 +56,9 @@ class Writer:
             self.upsert(rows)
         self.upsert([("k0", "d1", 0)], deletes=[True])
 
-    def upsert(self, rows: list[tuple[str, str, int]], deletes: list[bool] | None = None,
-               table: Table | None = None) -> None:
+    def upsert(
+        self, rows: list[tuple[str, str, int]], deletes: list[bool] | None = None, table: Table | None = None
+    ) -> None:
         deletes = deletes or [False] * len(rows)
         upsert_arrow(arrow(rows, deletes), table or self.table, key="id", partition="dt", cache_config=self.config)
         for (i, d, v), gone in zip(rows, deletes):
@@ -118,8 +120,13 @@ def _update(w: Writer) -> None:
 
 def _merge(w: Writer) -> None:
     source = arrow([("k5", "d3", 55), ("k7", "d2", 77), ("m1", "d1", 1)])
-    (DeltaTable(w.path).merge(source, predicate="t.id = s.id and t.dt = s.dt", source_alias="s", target_alias="t")
-     .when_matched_update_all().when_not_matched_insert_all().execute())
+    (
+        DeltaTable(w.path)
+        .merge(source, predicate="t.id = s.id and t.dt = s.dt", source_alias="s", target_alias="t")
+        .when_matched_update_all()
+        .when_not_matched_insert_all()
+        .execute()
+    )
     w.model.update({(d, i): v for i, d, v in zip(*(source.column(c).to_pylist() for c in COLUMNS))})
 
 
@@ -165,9 +172,18 @@ def _dv_delete(w: Writer) -> None:
 
 
 OPERATIONS: dict[str, Callable[[Writer], None]] = {
-    "append": _append, "polars-append": _polars_append, "overwrite": _overwrite, "delete": _delete,
-    "update": _update, "merge": _merge, "optimize-compact": _compact, "z-order": _z_order, "vacuum": _vacuum,
-    "checkpoint": _checkpoint, "cleanup-metadata": _cleanup_metadata, "dv-delete": _dv_delete,
+    "append": _append,
+    "polars-append": _polars_append,
+    "overwrite": _overwrite,
+    "delete": _delete,
+    "update": _update,
+    "merge": _merge,
+    "optimize-compact": _compact,
+    "z-order": _z_order,
+    "vacuum": _vacuum,
+    "checkpoint": _checkpoint,
+    "cleanup-metadata": _cleanup_metadata,
+    "dv-delete": _dv_delete,
 }
 
 
@@ -263,8 +279,9 @@ def test_a_changed_partitioning_is_refused_by_name_and_readopt_takes_it(tmp_path
     assert table.lookup(["x", "k1"], "").column("key").to_pylist() == ["x"]
 
 
-def test_an_update_racing_another_engines_rewrite_of_its_keys_conflicts(tmp_path: Path,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_update_racing_another_engines_rewrite_of_its_keys_conflicts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """An OPTIMIZE lands while dbidx's tasks run and re-points the keys the batch updates: the batch's rows were
     written against the old file groups, so it conflicts with nothing published; a retry succeeds."""
     from dbidx.spark_integration import task
@@ -291,8 +308,9 @@ def test_an_update_racing_another_engines_rewrite_of_its_keys_conflicts(tmp_path
     w.check()
 
 
-def test_a_commit_staged_by_a_writer_that_died_is_published_by_the_next(tmp_path: Path,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_commit_staged_by_a_writer_that_died_is_published_by_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The writer put its Delta version (the commit point) and died before publishing its record: the next reader
     publishes the record from the staged copy, so dbidx and the Delta readers never disagree for long."""
     from dbidx.storage import timeline as timeline_module
@@ -336,8 +354,9 @@ def test_the_version_of_an_absorbed_record_is_never_written_by_dbidx(tmp_path: P
     assert fresh.sync_delta_log() == 0
 
 
-def test_a_data_compaction_racing_another_engines_optimize_conflicts(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_data_compaction_racing_another_engines_optimize_conflicts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """dbidx's data compaction and another engine's OPTIMIZE rewrite the same files: the one that commits second
     (dbidx here) publishes nothing and says so; the table stays whole and a second run compacts what is left."""
     from dbidx.data import compaction
@@ -431,8 +450,7 @@ def test_spark_upsert_and_read_table_after_other_engines_commits(tmp_path: Path,
 
 
 @pytest.mark.parametrize("seed", [1, 2])
-def test_a_random_interleaving_of_dbidx_upserts_and_other_engines_matches_the_model(tmp_path: Path,
-                                                                                      seed: int) -> None:
+def test_a_random_interleaving_of_dbidx_upserts_and_other_engines_matches_the_model(tmp_path: Path, seed: int) -> None:
     """dbidx upserts (updates of random live keys, new keys, deletes) and other engines' operations in a random
     order; the readers equal the model after every dbidx write."""
     rng = random.Random(seed)

@@ -1,4 +1,5 @@
 """The per-process key columns of data files: hash-index lookups equal a plain membership test, collisions included."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -27,8 +28,9 @@ def test_rows_of_equals_membership(file_keys: list[str], wanted: list[str]) -> N
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(WORDS, max_size=40), st.lists(st.lists(WORDS, max_size=12), min_size=1, max_size=4))
-def test_a_probe_of_indexed_files_finds_what_a_probe_of_their_keys_finds(file_keys: list[str],
-                                                                      new_files: list[list[str]]) -> None:
+def test_a_probe_of_indexed_files_finds_what_a_probe_of_their_keys_finds(
+    file_keys: list[str], new_files: list[list[str]]
+) -> None:
     """Probe.of_files (a writer's new files, hashed once when indexed) equals Probe.of over their keys."""
     indexed = [FileKeys.of(pa.array(keys, pa.string())) for keys in new_files]
     probe = Probe.of_files(indexed)
@@ -37,7 +39,8 @@ def test_a_probe_of_indexed_files_finds_what_a_probe_of_their_keys_finds(file_ke
     assert sorted(probe.keys.to_pylist()) == sorted(flat)
     index = FileKeys.of(pa.array(file_keys, pa.string()))
     assert sorted(index.rows_of(probe).tolist()) == sorted(
-        index.rows_of(Probe.of(pa.array(flat, pa.string()))).tolist())
+        index.rows_of(Probe.of(pa.array(flat, pa.string()))).tolist()
+    )
     assert sorted(set(index.rows_of(probe).tolist())) == expected(file_keys, flat)
 
 
@@ -45,6 +48,7 @@ def test_a_probe_of_indexed_files_finds_what_a_probe_of_their_keys_finds(file_ke
 @given(st.lists(WORDS, max_size=30), st.lists(WORDS, max_size=15), st.integers(1, 3))
 def test_hash_collisions_are_never_hits(file_keys: list[str], wanted: list[str], buckets: int) -> None:
     """Every key forced into one of a few hash values: only the key comparison tells rows apart."""
+
     def fake_hash(keys: list[str]) -> np.ndarray:
         return np.array([len(k) % buckets for k in keys], dtype=np.uint32)
 

@@ -1,6 +1,7 @@
 """Key files (data/key_files.py): what one process builds another maps back equal; anything damaged or misnamed, and
 forgeries with a valid checksum that a full check can see, are refused, deleted and rebuilt from the data file; the
 directory keeps to its bounds, its privacy and the reaper's age."""
+
 from __future__ import annotations
 
 import logging
@@ -23,8 +24,9 @@ from dbidx.storage.records import DataFileRecord
 
 
 def record(rows: int, n: int = 0) -> DataFileRecord:
-    return DataFileRecord(path=f"dt=1/f{n}.parquet", partition="dt=1", file_group="0", rows=rows, size=1,
-                          checksum=f"xxh64:{n:016x}")
+    return DataFileRecord(
+        path=f"dt=1/f{n}.parquet", partition="dt=1", file_group="0", rows=rows, size=1, checksum=f"xxh64:{n:016x}"
+    )
 
 
 def uuid_keys(n: int, seed: int = 0) -> pa.Array:
@@ -62,8 +64,9 @@ def _saved(tmp_path: Path, rows: int = 2000) -> tuple[KeyFiles, Path]:
 
 
 @pytest.mark.parametrize("where", [0, 9, 200, -30])
-def test_a_flipped_byte_is_refused_deleted_and_logged(tmp_path: Path, where: int,
-                                                       caplog: pytest.LogCaptureFixture) -> None:
+def test_a_flipped_byte_is_refused_deleted_and_logged(
+    tmp_path: Path, where: int, caplog: pytest.LogCaptureFixture
+) -> None:
     store, path = _saved(tmp_path)
     data = bytearray(path.read_bytes())
     data[where] ^= 0x40
@@ -95,8 +98,9 @@ def _forge(store: KeyFiles, rec: DataFileRecord, index: FileKeys) -> None:
     key_files._encode(index, rec, sink)
     payload = sink.getvalue()
     store.root.mkdir(parents=True, exist_ok=True)
-    store.path_of(rec).write_bytes(struct.pack("<8sQ", key_files.MAGIC, xxhash.xxh64(payload).intdigest())
-                                   + payload.to_pybytes())
+    store.path_of(rec).write_bytes(
+        struct.pack("<8sQ", key_files.MAGIC, xxhash.xxh64(payload).intdigest()) + payload.to_pybytes()
+    )
 
 
 def test_forged_indexes_with_valid_checksums_are_refused(tmp_path: Path) -> None:
@@ -216,8 +220,9 @@ def test_key_columns_map_what_another_process_built(tmp_path: Path) -> None:
     assert sources.data_files == 1 and store.path_of(record(4000, 7)).exists()
 
 
-def test_background_saves_land_and_failures_only_warn(tmp_path: Path, caplog: pytest.LogCaptureFixture,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_background_saves_land_and_failures_only_warn(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store = KeyFiles(tmp_path / "keys", 1 << 30, background=True)
     store.save(record(1000), FileKeys.of(uuid_keys(1000)))
     key_files.wait_for_saves()

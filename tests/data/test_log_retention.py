@@ -1,6 +1,7 @@
 """Delta log retention (data/log_retention.py) and the services' log cleanup: log files below the newest checkpoint
 older than the retention go, oldest first, and every engine still reads the table and time-travels to the versions
 kept; dbidx reopens and writes on. Real tables (`upsert_arrow`), real delta-rs checkpoints; files aged with utime."""
+
 from __future__ import annotations
 
 import os
@@ -27,8 +28,13 @@ DAY_MS = 86_400_000
 
 
 def write(table: Table, tmp_path: Path, i: int) -> None:
-    upsert_arrow(pa.table({"id": [f"k{i % 7}", f"n{i}"], "dt": ["x", "y"], "v": [i, i]}), table, key="id",
-                 partition="dt", cache_config=CacheConfig(base_path=str(tmp_path / "cache")))
+    upsert_arrow(
+        pa.table({"id": [f"k{i % 7}", f"n{i}"], "dt": ["x", "y"], "v": [i, i]}),
+        table,
+        key="id",
+        partition="dt",
+        cache_config=CacheConfig(base_path=str(tmp_path / "cache")),
+    )
 
 
 def expected(n: int) -> set[tuple]:
@@ -121,17 +127,22 @@ def test_partly_written_multi_part_checkpoints_do_not_count() -> None:
     def entry(name: str) -> FileEntry:
         return FileEntry(f"{DELTA_LOG_DIR}/{name}", 1, 0)
 
-    entries = [entry(f"{7:020d}.checkpoint.0000000001.0000000002.parquet"),
-               entry(f"{9:020d}.checkpoint.0000000001.0000000002.parquet"),
-               entry(f"{9:020d}.checkpoint.0000000002.0000000002.parquet"),
-               entry(f"{3:020d}.checkpoint.parquet"), entry(f"{3:020d}.json")]
+    entries = [
+        entry(f"{7:020d}.checkpoint.0000000001.0000000002.parquet"),
+        entry(f"{9:020d}.checkpoint.0000000001.0000000002.parquet"),
+        entry(f"{9:020d}.checkpoint.0000000002.0000000002.parquet"),
+        entry(f"{3:020d}.checkpoint.parquet"),
+        entry(f"{3:020d}.json"),
+    ]
     assert sorted(complete_checkpoints(entries)) == [3, 9]
 
 
 def test_the_services_write_checkpoints_by_the_tables_interval_and_expire_by_its_retention(tmp_path: Path) -> None:
     table = Table.create(str(tmp_path / "t"), num_shards=1)
-    write_settings(table.io, {"after_commit": False, "vacuum": False, "data_compaction": False,
-                              "index_compaction": False, "clean": False})
+    write_settings(
+        table.io,
+        {"after_commit": False, "vacuum": False, "data_compaction": False, "index_compaction": False, "clean": False},
+    )
     write(table, tmp_path, 0)
     table.set_delta_properties({"delta.checkpointInterval": "3", "delta.logRetentionDuration": "interval 1 days"})
     for i in range(1, 4):

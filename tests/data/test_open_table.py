@@ -1,5 +1,6 @@
 """The table is a Delta Lake table: after every kind of commit, deltalake's QueryBuilder, polars and DuckDB read
 exactly the rows dbidx reads (and the oracle expects), with no repeated record."""
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,9 @@ COLUMNS = ("id", "dt", "v")
 
 def as_arrow(batch: list[tuple]) -> pa.Table:
     ids, days, values, deletes = zip(*batch)
-    return pa.table({"id": list(ids), "dt": list(days), "v": pa.array(values, pa.int64()),
-                     "_dbidx_delete": list(deletes)})
+    return pa.table(
+        {"id": list(ids), "dt": list(days), "v": pa.array(values, pa.int64()), "_dbidx_delete": list(deletes)}
+    )
 
 
 def check(table: Table, oracle: Oracle) -> None:
@@ -37,12 +39,19 @@ def check(table: Table, oracle: Oracle) -> None:
     assert len(idents) == len(set(idents)), "a record is live twice"
 
 
-@pytest.mark.parametrize("global_index,buckets", [(False, BucketSpec(capacity=7)), (True, BucketSpec(capacity=7)),
-                                                  (False, BucketSpec(mode="simple", num_buckets=3)),
-                                                  (True, BucketSpec(mode="simple", num_buckets=3))],
-                         ids=["partitioned-dynamic", "global-dynamic", "partitioned-simple", "global-simple"])
-def test_every_commit_kind_reads_the_same_in_every_engine(tmp_path: Path, global_index: bool,
-                                                          buckets: BucketSpec) -> None:
+@pytest.mark.parametrize(
+    "global_index,buckets",
+    [
+        (False, BucketSpec(capacity=7)),
+        (True, BucketSpec(capacity=7)),
+        (False, BucketSpec(mode="simple", num_buckets=3)),
+        (True, BucketSpec(mode="simple", num_buckets=3)),
+    ],
+    ids=["partitioned-dynamic", "global-dynamic", "partitioned-simple", "global-simple"],
+)
+def test_every_commit_kind_reads_the_same_in_every_engine(
+    tmp_path: Path, global_index: bool, buckets: BucketSpec
+) -> None:
     rng = random.Random(20261124 + global_index)
     table = Table.create(str(tmp_path / "t"), num_shards=3, global_index=global_index, checkpoint_interval=7)
     config = CacheConfig(base_path=str(tmp_path / "cache"))
@@ -97,8 +106,13 @@ def test_time_travel_reads_each_version(tmp_path: Path) -> None:
     config = CacheConfig(base_path=str(tmp_path / "cache"))
     states = []
     for value in (1, 2, 3):
-        upsert_arrow(pa.table({"id": ["a", "b"], "dt": ["2025-01-01", "2025-01-02"], "v": [value, value * 10]}),
-                     table, key="id", partition="dt", cache_config=config)
+        upsert_arrow(
+            pa.table({"id": ["a", "b"], "dt": ["2025-01-01", "2025-01-02"], "v": [value, value * 10]}),
+            table,
+            key="id",
+            partition="dt",
+            cache_config=config,
+        )
         states.append(sorted(via_deltalake(table.io.path(""), COLUMNS)))
     for version, expected in enumerate(states, start=1):
         assert sorted(via_deltalake(table.io.path(""), COLUMNS, version)) == expected
@@ -130,9 +144,20 @@ def test_build_index_adopts_hive_files_and_upserts_update_them(tmp_path: Path) -
     table = Table.create(str(root), num_shards=2)
     build_index(table, "id", ["dt"])
     assert_readers_agree(table, COLUMNS, {("a", "2025-01-01", 0), ("b", "2025-01-01", 1), ("c", "2025-01-02", 0)})
-    upsert_arrow(pa.table({"id": ["a", "c", "d"], "dt": ["2025-01-01", "2025-01-02", "2025-01-02"], "v": [7, 8, 9],
-                           "_dbidx_delete": [False, True, False]}),
-                 table, key="id", partition="dt", cache_config=CacheConfig(base_path=str(tmp_path / "cache")))
+    upsert_arrow(
+        pa.table(
+            {
+                "id": ["a", "c", "d"],
+                "dt": ["2025-01-01", "2025-01-02", "2025-01-02"],
+                "v": [7, 8, 9],
+                "_dbidx_delete": [False, True, False],
+            }
+        ),
+        table,
+        key="id",
+        partition="dt",
+        cache_config=CacheConfig(base_path=str(tmp_path / "cache")),
+    )
     assert_readers_agree(table, COLUMNS, {("a", "2025-01-01", 7), ("b", "2025-01-01", 1), ("d", "2025-01-02", 9)})
 
 
@@ -145,21 +170,55 @@ def test_build_index_in_global_mode_then_upserts_that_move_records(tmp_path: Pat
         pq.write_table(pa.table({"id": keys, "v": list(range(len(keys)))}), root / f"dt={day}" / "part-0.parquet")
     table = Table.create(str(root), num_shards=2, global_index=True)
     build_index(table, "id", ["dt"])
-    assert_readers_agree(table, COLUMNS, {("a", "2025-01-01", 0), ("b", "2025-01-01", 1), ("c", "2025-01-01", 2),
-                                          ("d", "2025-01-02", 0)})
+    assert_readers_agree(
+        table, COLUMNS, {("a", "2025-01-01", 0), ("b", "2025-01-01", 1), ("c", "2025-01-01", 2), ("d", "2025-01-02", 0)}
+    )
     config = CacheConfig(base_path=str(tmp_path / "cache"))
-    first = upsert_arrow(pa.table({"id": ["a", "b", "d", "e"], "dt": ["2025-01-02", "2025-01-01", "2025-01-03",
-                                                                     "2025-01-01"], "v": [10, 11, 12, 13]}),
-                         table, key="id", partition="dt", cache_config=config)
+    first = upsert_arrow(
+        pa.table(
+            {
+                "id": ["a", "b", "d", "e"],
+                "dt": ["2025-01-02", "2025-01-01", "2025-01-03", "2025-01-01"],
+                "v": [10, 11, 12, 13],
+            }
+        ),
+        table,
+        key="id",
+        partition="dt",
+        cache_config=config,
+    )
     assert (first.moves, first.updates, first.inserts) == (2, 3, 1)  # a move counts as an update too
-    assert_readers_agree(table, COLUMNS, {("a", "2025-01-02", 10), ("b", "2025-01-01", 11), ("c", "2025-01-01", 2),
-                                          ("d", "2025-01-03", 12), ("e", "2025-01-01", 13)})
-    second = upsert_arrow(pa.table({"id": ["a", "c", "e"], "dt": ["2025-01-01", "2025-01-03", "2025-01-01"],
-                                    "v": [20, 21, 22], "_dbidx_delete": [False, False, True]}),
-                          table, key="id", partition="dt", cache_config=config)
+    assert_readers_agree(
+        table,
+        COLUMNS,
+        {
+            ("a", "2025-01-02", 10),
+            ("b", "2025-01-01", 11),
+            ("c", "2025-01-01", 2),
+            ("d", "2025-01-03", 12),
+            ("e", "2025-01-01", 13),
+        },
+    )
+    second = upsert_arrow(
+        pa.table(
+            {
+                "id": ["a", "c", "e"],
+                "dt": ["2025-01-01", "2025-01-03", "2025-01-01"],
+                "v": [20, 21, 22],
+                "_dbidx_delete": [False, False, True],
+            }
+        ),
+        table,
+        key="id",
+        partition="dt",
+        cache_config=config,
+    )
     assert (second.moves, second.deletes) == (2, 1)  # a back to its first day, c away from the adopted file
-    assert_readers_agree(table, COLUMNS, {("a", "2025-01-01", 20), ("b", "2025-01-01", 11), ("c", "2025-01-03", 21),
-                                          ("d", "2025-01-03", 12)})
+    assert_readers_agree(
+        table,
+        COLUMNS,
+        {("a", "2025-01-01", 20), ("b", "2025-01-01", 11), ("c", "2025-01-03", 21), ("d", "2025-01-03", 12)},
+    )
     assert verify_table(table).ok
 
 
@@ -191,8 +250,13 @@ def test_a_crashed_upsert_rolled_back_leaves_no_file_and_readers_agree(tmp_path:
     monkeypatch.setattr(driver, "commit_results", crash)
     monkeypatch.setattr(CommitWriter, "rollback", lambda self: None)  # a dead process cleans nothing up
     with pytest.raises(Crash):
-        upsert_arrow(pa.table({"id": ["a", "b", "c"], "dt": ["d1", "d2", "d1"], "v": [3, 3, 3]}), table, key="id",
-                     partition="dt", cache_config=config)
+        upsert_arrow(
+            pa.table({"id": ["a", "b", "c"], "dt": ["d1", "d2", "d1"], "v": [3, 3, 3]}),
+            table,
+            key="id",
+            partition="dt",
+            cache_config=config,
+        )
     monkeypatch.undo()
     reopened = Table.open(table.uri)
     [instant] = reopened.timeline.pending()
@@ -213,8 +277,13 @@ def test_a_crashed_upsert_rolled_back_leaves_no_file_and_readers_agree(tmp_path:
     assert _files_outside_timeline(reopened) == before | {delta_log.version_file(3)}
     assert_readers_agree(reopened, COLUMNS, expected)
     assert verify_table(reopened).ok
-    upsert_arrow(pa.table({"id": ["a", "c"], "dt": ["d1", "d1"], "v": [4, 4]}), reopened, key="id", partition="dt",
-                 cache_config=config)
+    upsert_arrow(
+        pa.table({"id": ["a", "c"], "dt": ["d1", "d1"], "v": [4, 4]}),
+        reopened,
+        key="id",
+        partition="dt",
+        cache_config=config,
+    )
     assert_readers_agree(reopened, COLUMNS, {("a", "d1", 4), ("b", "d2", 2), ("c", "d1", 4)})
 
 
@@ -275,8 +344,13 @@ def twice_updated(tmp_path: Path, days: tuple[str, str]) -> Table:
     table = Table.create(str(tmp_path / "t"), num_shards=1)
     config = CacheConfig(base_path=str(tmp_path / "cache"))
     for value in (1, 2):
-        upsert_arrow(pa.table({"id": ["a", "b"], "dt": list(days), "v": [value, value]}), table, key="id",
-                     partition="dt", cache_config=config)
+        upsert_arrow(
+            pa.table({"id": ["a", "b"], "dt": list(days), "v": [value, value]}),
+            table,
+            key="id",
+            partition="dt",
+            cache_config=config,
+        )
     return table
 
 
@@ -306,11 +380,9 @@ def test_a_commit_another_engine_wrote_is_absorbed(tmp_path: Path) -> None:
     upsert writes the version after it."""
     table = Table.create(str(tmp_path / "t"), num_shards=1)
     config = CacheConfig(base_path=str(tmp_path / "cache"))
-    upsert_arrow(pa.table({"id": ["a"], "dt": ["d1"], "v": [1]}), table, key="id", partition="dt",
-                 cache_config=config)
+    upsert_arrow(pa.table({"id": ["a"], "dt": ["d1"], "v": [1]}), table, key="id", partition="dt", cache_config=config)
     _foreign_version(table, 2)
-    upsert_arrow(pa.table({"id": ["a"], "dt": ["d1"], "v": [2]}), table, key="id", partition="dt",
-                 cache_config=config)
+    upsert_arrow(pa.table({"id": ["a"], "dt": ["d1"], "v": [2]}), table, key="id", partition="dt", cache_config=config)
     assert [r.action for r in table.timeline.completed()] == ["commit", "absorb", "commit"]
     assert delta_log.listed_versions(table.io) == [0, 1, 2, 3]
     assert reads.read_arrow(table, columns=["v"]).column("v").to_pylist() == [2]
@@ -322,16 +394,16 @@ def _foreign_version(table: Table, version: int) -> None:
     Path(table.io.path(delta_log.version_file(version))).write_text(json.dumps(foreign) + "\n")
 
 
-def test_a_foreign_commit_landing_while_the_tasks_run_is_absorbed_at_publish(tmp_path: Path,
-                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_foreign_commit_landing_while_the_tasks_run_is_absorbed_at_publish(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Another engine commits while the upsert's tasks run: the publish absorbs it (it touched none of the batch's
     keys) and the upsert commits at the next Delta version; every reader agrees."""
     from dbidx.spark_integration import task
 
     table = Table.create(str(tmp_path / "t"), num_shards=1)
     config = CacheConfig(base_path=str(tmp_path / "cache"))
-    upsert_arrow(pa.table({"id": ["a"], "dt": ["d1"], "v": [1]}), table, key="id", partition="dt",
-                 cache_config=config)
+    upsert_arrow(pa.table({"id": ["a"], "dt": ["d1"], "v": [1]}), table, key="id", partition="dt", cache_config=config)
     real = task.upsert_batches
 
     def tasks_then_foreign(*args, **kwargs):
@@ -340,8 +412,7 @@ def test_a_foreign_commit_landing_while_the_tasks_run_is_absorbed_at_publish(tmp
         return result
 
     monkeypatch.setattr(task, "upsert_batches", tasks_then_foreign)
-    upsert_arrow(pa.table({"id": ["a"], "dt": ["d1"], "v": [2]}), table, key="id", partition="dt",
-                 cache_config=config)
+    upsert_arrow(pa.table({"id": ["a"], "dt": ["d1"], "v": [2]}), table, key="id", partition="dt", cache_config=config)
     reopened = Table.open(table.uri)
     reopened.refresh()
     assert [r.action for r in reopened.timeline.completed()] == ["commit", "absorb", "commit"]
@@ -350,15 +421,15 @@ def test_a_foreign_commit_landing_while_the_tasks_run_is_absorbed_at_publish(tmp
     assert via_deltalake(table.uri, ["id", "v"], version=3) == [("a", 2)]
 
 
-def test_a_foreign_commit_taking_the_version_at_the_commit_point_is_absorbed(tmp_path: Path,
-                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_foreign_commit_taking_the_version_at_the_commit_point_is_absorbed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The last window of the old protocol: another engine takes the Delta version right before dbidx puts it.
     The Delta put is the commit point, so dbidx loses it cleanly (nothing of its record is visible), absorbs the
     other version, checks again and commits at the next one."""
     table = Table.create(str(tmp_path / "t"), num_shards=1)
     config = CacheConfig(base_path=str(tmp_path / "cache"))
-    upsert_arrow(pa.table({"id": ["a"], "dt": ["d1"], "v": [1]}), table, key="id", partition="dt",
-                 cache_config=config)
+    upsert_arrow(pa.table({"id": ["a"], "dt": ["d1"], "v": [1]}), table, key="id", partition="dt", cache_config=config)
     taken: list[int] = []
 
     def take(record) -> None:
@@ -367,8 +438,7 @@ def test_a_foreign_commit_taking_the_version_at_the_commit_point_is_absorbed(tmp
             _foreign_version(table, record.seq)
 
     monkeypatch.setattr(table.timeline, "before_publish", table.timeline.before_publish + [take])
-    upsert_arrow(pa.table({"id": ["a"], "dt": ["d1"], "v": [2]}), table, key="id", partition="dt",
-                 cache_config=config)
+    upsert_arrow(pa.table({"id": ["a"], "dt": ["d1"], "v": [2]}), table, key="id", partition="dt", cache_config=config)
     assert taken == [2]
     reopened = Table.open(table.uri)
     reopened.refresh()
@@ -383,22 +453,29 @@ def test_delta_log_cleanup_below_a_checkpoint_is_not_a_foreign_commit(tmp_path: 
     table = Table.create(str(tmp_path / "t"), num_shards=1, checkpoint_interval=3)
     config = CacheConfig(base_path=str(tmp_path / "cache"))
     for v in range(1, 5):
-        upsert_arrow(pa.table({"id": ["a", f"k{v}"], "dt": ["d1", "d2"], "v": [v, v]}), table, key="id",
-                     partition="dt", cache_config=config)
+        upsert_arrow(
+            pa.table({"id": ["a", f"k{v}"], "dt": ["d1", "d2"], "v": [v, v]}),
+            table,
+            key="id",
+            partition="dt",
+            cache_config=config,
+        )
     log = Path(table.io.path(delta_log.DELTA_LOG_DIR))
     assert delta_log.checkpoint_floor(table.io) == 3
     for v in range(0, 3):  # what Delta's log cleanup removes: the JSON before the checkpoint
         (log / f"{v:020d}.json").unlink()
     reopened = Table.open(table.uri)
-    upsert_arrow(pa.table({"id": ["a"], "dt": ["d1"], "v": [9]}), reopened, key="id", partition="dt",
-                 cache_config=config)
+    upsert_arrow(
+        pa.table({"id": ["a"], "dt": ["d1"], "v": [9]}), reopened, key="id", partition="dt", cache_config=config
+    )
     assert not (log / f"{0:020d}.json").exists()
     assert verify_table(Table.open(table.uri)).ok
     expected = [("a", "d1", 9)] + [(f"k{v}", "d2", v) for v in range(1, 5)]
     assert sorted(via_deltalake(table.uri, COLUMNS)) == sorted(expected)
     assert sorted(via_polars(table.uri, COLUMNS)) == sorted(expected)
-    assert sorted(reads.read_arrow(reopened, columns=list(COLUMNS)).to_pylist(),
-                  key=lambda r: r["id"]) == [dict(zip(COLUMNS, r)) for r in sorted(expected)]
+    assert sorted(reads.read_arrow(reopened, columns=list(COLUMNS)).to_pylist(), key=lambda r: r["id"]) == [
+        dict(zip(COLUMNS, r)) for r in sorted(expected)
+    ]
 
 
 def test_a_delta_vacuum_by_another_engine_leaves_dbidx_whole(tmp_path: Path) -> None:
@@ -419,8 +496,9 @@ def test_a_delta_vacuum_by_another_engine_leaves_dbidx_whole(tmp_path: Path) -> 
         upsert(table)
     view = table.data_view()
     assert any(view.vector_of(f.record.path) is not None for f in view.live()), "the case needs deletion vectors"
-    deleted = DeltaTable(table.uri).vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False,
-                                           full=True)  # untracked files too, as Spark's VACUUM does
+    deleted = DeltaTable(table.uri).vacuum(
+        retention_hours=0, enforce_retention_duration=False, dry_run=False, full=True
+    )  # untracked files too, as Spark's VACUUM does
     assert not [p for p in deleted if ".dbidx" in p]
     reopened = Table.open(table.uri)
     check(reopened, oracle)
@@ -439,8 +517,13 @@ def test_a_hive_partition_value_holding_a_slash_is_refused(tmp_path: Path) -> No
     table = Table.create(str(tmp_path / "t"), num_shards=1)
     config = CacheConfig(base_path=str(tmp_path / "cache"))
     with pytest.raises(InvalidPartitionError, match="hive_style=False"):
-        upsert_arrow(pa.table({"id": ["a", "b"], "dt": ["z", "x/y"], "v": [1, 2]}), table, key="id",
-                     partition="dt", cache_config=config)
+        upsert_arrow(
+            pa.table({"id": ["a", "b"], "dt": ["z", "x/y"], "v": [1, 2]}),
+            table,
+            key="id",
+            partition="dt",
+            cache_config=config,
+        )
     assert [r.action for r in table.timeline.completed()] == ["rollback"]  # the instant rolled back, no data
     assert reads.read_arrow(table).num_rows == 0
     assert hive_values("dt=x/y", ["dt"]) == {"dt": "x/y"}
@@ -448,7 +531,8 @@ def test_a_hive_partition_value_holding_a_slash_is_refused(tmp_path: Path) -> No
 
 
 def test_a_commit_landing_right_after_a_task_found_its_superseded_rows_is_not_missed(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Global index: the task of a move finds the rows it supersedes, then (before its result is stamped) another
     writer sharing the worker's warm table updates the same key in its old partition. The task's rows must be
     stamped with the state they saw, so the publisher sees the update and recomputes: the key stays live once."""
@@ -456,21 +540,30 @@ def test_a_commit_landing_right_after_a_task_found_its_superseded_rows_is_not_mi
 
     table = Table.create(str(tmp_path / "t"), num_shards=1, global_index=True)
     config = CacheConfig(base_path=str(tmp_path / "cache"))
-    upsert_arrow(pa.table({"id": ["k", "other"], "dt": ["a", "a"], "v": [1, 1]}), table, key="id", partition="dt",
-                 cache_config=config)
+    upsert_arrow(
+        pa.table({"id": ["k", "other"], "dt": ["a", "a"], "v": [1, 1]}),
+        table,
+        key="id",
+        partition="dt",
+        cache_config=config,
+    )
     real, calls = task.superseded_rows, []
 
     def then_another_writer(*args, **kwargs):
         found = real(*args, **kwargs)
         if not calls:
             calls.append(1)  # the other writer: an update of k where it lives (no conflict with a move)
-            upsert_arrow(pa.table({"id": ["k"], "dt": ["a"], "v": [2]}), task.warm_table(table), key="id",
-                         partition="dt", cache_config=config)
+            upsert_arrow(
+                pa.table({"id": ["k"], "dt": ["a"], "v": [2]}),
+                task.warm_table(table),
+                key="id",
+                partition="dt",
+                cache_config=config,
+            )
         return found
 
     monkeypatch.setattr(task, "superseded_rows", then_another_writer)
-    upsert_arrow(pa.table({"id": ["k"], "dt": ["b"], "v": [3]}), table, key="id", partition="dt",
-                 cache_config=config)
+    upsert_arrow(pa.table({"id": ["k"], "dt": ["b"], "v": [3]}), table, key="id", partition="dt", cache_config=config)
     assert calls
     assert_readers_agree(Table.open(table.uri), COLUMNS, {("k", "b", 3), ("other", "a", 1)})
 
@@ -491,8 +584,13 @@ def test_two_writers_interleave_without_a_false_alarm(tmp_path: Path) -> None:
     second = Table.open(first.uri)
     config = CacheConfig(base_path=str(tmp_path / "cache"))
     for i, writer in enumerate([first, second, first, first, second, second, first]):
-        upsert_arrow(pa.table({"id": [f"k{i}", "shared"], "dt": ["d1", "d1"], "v": [i, i]}), writer, key="id",
-                     partition="dt", cache_config=config)
+        upsert_arrow(
+            pa.table({"id": [f"k{i}", "shared"], "dt": ["d1", "d1"], "v": [i, i]}),
+            writer,
+            key="id",
+            partition="dt",
+            cache_config=config,
+        )
     expected = {(f"k{i}", "d1", i) for i in range(7)} | {("shared", "d1", 6)}
     assert_readers_agree(first, COLUMNS, expected)
     assert delta_log.listed_versions(first.io) == list(range(8))
@@ -505,7 +603,7 @@ def test_inline_vectors_round_trip() -> None:
 
     for positions in ([], [0], [1, 5, 4095, 4096, 70000], list(range(0, 9000, 2))):
         body = encode_vector(BitMap(positions))
-        back = z85_decode(inline_form(body))[:len(body)]
+        back = z85_decode(inline_form(body))[: len(body)]
         assert list(decode_vector(back, "test")) == positions
     with pytest.raises(CorruptFileError, match="malformed"):
         decode_vector(b"\x00" * 16, "test")
@@ -521,8 +619,13 @@ def test_the_tasks_superseded_rows_are_used_unless_a_commit_changed_their_groups
     other_config = CacheConfig(base_path=str(tmp_path / "cache-other"))
 
     def upsert(target: Table, keys: list[str], value: int, cfg: CacheConfig = config) -> None:
-        upsert_arrow(pa.table({"id": keys, "dt": ["d1"] * len(keys), "v": [value] * len(keys)}), target,
-                     key="id", partition="dt", cache_config=cfg)
+        upsert_arrow(
+            pa.table({"id": keys, "dt": ["d1"] * len(keys), "v": [value] * len(keys)}),
+            target,
+            key="id",
+            partition="dt",
+            cache_config=cfg,
+        )
 
     upsert(table, ["a", "b", "c"], 1)
     # 1. Uncontended: the publisher never reads the new files; the tasks' positions are the vectors.
@@ -557,8 +660,13 @@ def test_a_task_result_naming_rows_of_another_file_publishes_nothing(tmp_path: P
 
     table = Table.create(str(tmp_path / "t"), num_shards=1)
     config = CacheConfig(base_path=str(tmp_path / "cache"))
-    upsert_arrow(pa.table({"id": ["a", "b"], "dt": ["d1", "d2"], "v": [1, 1]}), table, key="id", partition="dt",
-                 cache_config=config)
+    upsert_arrow(
+        pa.table({"id": ["a", "b"], "dt": ["d1", "d2"], "v": [1, 1]}),
+        table,
+        key="id",
+        partition="dt",
+        cache_config=config,
+    )
     other_day = next(f.record.path for f in table.data_view().live() if f.record.partition == "dt=d2")
     real_batches = task.upsert_batches
 
@@ -569,6 +677,7 @@ def test_a_task_result_naming_rows_of_another_file_publishes_nothing(tmp_path: P
 
     monkeypatch.setattr(task, "upsert_batches", lying)
     with pytest.raises(CommitError, match="neither a file of this commit"):
-        upsert_arrow(pa.table({"id": ["a"], "dt": ["d1"], "v": [2]}), table, key="id", partition="dt",
-                     cache_config=config)
+        upsert_arrow(
+            pa.table({"id": ["a"], "dt": ["d1"], "v": [2]}), table, key="id", partition="dt", cache_config=config
+        )
     assert_readers_agree(table, COLUMNS, {("a", "d1", 1), ("b", "d2", 1)})

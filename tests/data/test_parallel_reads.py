@@ -1,6 +1,7 @@
 """Full reads run one job per data file on a thread pool (data/reads.py, data/file_rows.py): the rows, their order
 and types are those of reading each file group one file after another, every check still applies, and a damaged
 file anywhere is still a typed error."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -19,9 +20,15 @@ from dbidx.spark_integration.local import upsert_arrow
 
 def batch(keys: range, days: int, version: int, delete: bool = False) -> pa.Table:
     ids = [f"k{i:05d}" for i in keys]
-    return pa.table({"id": ids, "dt": [f"2025-01-{1 + i % days:02d}" for i in keys],
-                     "v": pa.array([version] * len(ids), pa.int64()), "note": [f"n{i % 3}" for i in keys],
-                     "_dbidx_delete": [delete] * len(ids)})
+    return pa.table(
+        {
+            "id": ids,
+            "dt": [f"2025-01-{1 + i % days:02d}" for i in keys],
+            "v": pa.array([version] * len(ids), pa.int64()),
+            "note": [f"n{i % 3}" for i in keys],
+            "_dbidx_delete": [delete] * len(ids),
+        }
+    )
 
 
 @pytest.fixture()
@@ -29,8 +36,13 @@ def table(tmp_path: Path) -> Table:
     """Four partitions, two shards, several files per file group, deletion vectors from updates and deletes."""
     table = Table.create(str(tmp_path / "t"), num_shards=2)
     cache = CacheConfig(base_path=str(tmp_path / "cache"))
-    for data in (batch(range(400), 4, 1), batch(range(0, 400, 3), 4, 2), batch(range(0, 400, 7), 4, 0, delete=True),
-                 batch(range(350, 450), 4, 3), batch(range(0, 40), 4, 4)):
+    for data in (
+        batch(range(400), 4, 1),
+        batch(range(0, 400, 3), 4, 2),
+        batch(range(0, 400, 7), 4, 0, delete=True),
+        batch(range(350, 450), 4, 3),
+        batch(range(0, 40), 4, 4),
+    ):
         upsert_arrow(data, table, key="id", partition="dt", cache_config=cache)
     return table
 
@@ -101,8 +113,9 @@ def test_a_missing_dv_file_is_a_corrupt_file_error(table: Table) -> None:
 
 
 def test_a_stream_left_early_stops_without_waiting_for_the_rest(table: Table) -> None:
-    stream = reads.read_units(table.io, reads.plan_read(table).units, "id",
-                              reads.output_schema(reads.plan_read(table)), table)
+    stream = reads.read_units(
+        table.io, reads.plan_read(table).units, "id", reads.output_schema(reads.plan_read(table)), table
+    )
     first = next(stream)
     assert first.num_rows > 0
     stream.close()  # the pool shuts down with at most the next group in flight
@@ -110,8 +123,13 @@ def test_a_stream_left_early_stops_without_waiting_for_the_rest(table: Table) ->
 
 def test_a_single_file_read_still_works_with_pyarrows_threads(tmp_path: Path) -> None:
     table = Table.create(str(tmp_path / "one"), num_shards=1)
-    upsert_arrow(batch(range(50), 1, 1), table, key="id", partition="dt",
-                 cache_config=CacheConfig(base_path=str(tmp_path / "cache")))
+    upsert_arrow(
+        batch(range(50), 1, 1),
+        table,
+        key="id",
+        partition="dt",
+        cache_config=CacheConfig(base_path=str(tmp_path / "cache")),
+    )
     assert sum(len(u.files) for u in reads.plan_read(table).units) == 1
     data = reads.read_arrow(table)
     assert data.num_rows == 50 and data.equals(serial_read(table))

@@ -1,4 +1,5 @@
 """Reading the table without Spark (Arrow, DuckDB) and with it, per file group; the recorded data schema."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,8 +16,14 @@ from dbidx.spark_integration.local import upsert_arrow
 
 
 def rows(ids: list[str], dt: str, v: int, delete: bool = False) -> pa.Table:
-    return pa.table({"id": pa.array(ids), "dt": pa.array([dt] * len(ids)), "v": pa.array([v] * len(ids), pa.int64()),
-                     "_dbidx_delete": pa.array([delete] * len(ids))})
+    return pa.table(
+        {
+            "id": pa.array(ids),
+            "dt": pa.array([dt] * len(ids)),
+            "v": pa.array([v] * len(ids), pa.int64()),
+            "_dbidx_delete": pa.array([delete] * len(ids)),
+        }
+    )
 
 
 def write(table: Table, data: pa.Table, tmp_path: Path) -> None:
@@ -37,8 +44,11 @@ def test_arrow_read_latest_commit_wins_and_deletes_drop(table: Table, tmp_path: 
     write(table, rows([f"k{i}" for i in range(5)], "d1", 2), tmp_path)  # updates
     write(table, rows(["k19"], "d1", 0, delete=True), tmp_path)  # a delete
     write(table, rows(["k0"], "d1", 3), tmp_path)  # a second update of the same key
-    expected = {(f"k{i}", "d1", 1) for i in range(5, 19)} | {(f"k{i}", "d1", 2) for i in range(1, 5)} \
+    expected = (
+        {(f"k{i}", "d1", 1) for i in range(5, 19)}
+        | {(f"k{i}", "d1", 2) for i in range(1, 5)}
         | {("k0", "d1", 3), ("x", "d2", 1)}
+    )
     current = reads.read_arrow(table)
     assert current.num_rows == len(expected) and as_set(current, "id", "dt", "v") == expected
     assert current.schema.names == ["id", "dt", "v"]  # no _dbidx_ column, the delete flag neither
@@ -119,10 +129,20 @@ def test_spark_read_table_empty_pruned_and_schema_error(spark, tmp_path: Path) -
     config = CacheConfig(base_path=str(tmp_path / "cache"))
     assert read_table(spark, table).count() == 0
     schema = "id string, dt string, v long, _dbidx_delete boolean"
-    upsert(spark.createDataFrame([("a", "d1", 1, False), ("b", "d2", 2, False)], schema), table, key="id",
-           partition="dt", cache_config=config)
-    upsert(spark.createDataFrame([("a", "d1", 3, False), ("b", "d2", 0, True)], schema), table, key="id",
-           partition="dt", cache_config=config)
+    upsert(
+        spark.createDataFrame([("a", "d1", 1, False), ("b", "d2", 2, False)], schema),
+        table,
+        key="id",
+        partition="dt",
+        cache_config=config,
+    )
+    upsert(
+        spark.createDataFrame([("a", "d1", 3, False), ("b", "d2", 0, True)], schema),
+        table,
+        key="id",
+        partition="dt",
+        cache_config=config,
+    )
     assert read_table(spark, table).count() == 1
     assert [tuple(r) for r in read_table(spark, table, columns=["id", "v"]).collect()] == [("a", 3)]
     meta = read_table(spark, table, partitions=["dt=d1"], with_meta=True).collect()
@@ -132,8 +152,13 @@ def test_spark_read_table_empty_pruned_and_schema_error(spark, tmp_path: Path) -
     assert first == [("a", 1), ("b", 2)]  # time travel: the Delta version of the first upsert
     seq = table.timeline.latest_seq
     with pytest.raises(SchemaError, match="column 'v' is string"):
-        upsert(spark.createDataFrame([("a", "d1", "x", False)], "id string, dt string, v string, "
-                                     "_dbidx_delete boolean"), table, key="id", partition="dt", cache_config=config)
+        upsert(
+            spark.createDataFrame([("a", "d1", "x", False)], "id string, dt string, v string, _dbidx_delete boolean"),
+            table,
+            key="id",
+            partition="dt",
+            cache_config=config,
+        )
     table.refresh()
     assert table.timeline.latest_seq == seq  # raised on the driver before a job: not even a rollback
 
@@ -156,8 +181,10 @@ def test_a_migrated_table_is_table_data(spark, tmp_path: Path) -> None:
         (root / f"dt={day}").mkdir(parents=True)
         for part in range(2):
             ids = [f"{day}-{part}-{i}" for i in range(50)]
-            pq.write_table(pa.table({"id": ids, "v": pa.array(range(50), pa.int64())}),
-                           root / f"dt={day}" / f"events.{day}.{part}.parquet")
+            pq.write_table(
+                pa.table({"id": ids, "v": pa.array(range(50), pa.int64())}),
+                root / f"dt={day}" / f"events.{day}.{part}.parquet",
+            )
             source += [(k, day, i) for i, k in enumerate(ids)]
     table = Table.create(str(root), num_shards=2)
     result = build_index(table, "id", ["dt"])
@@ -168,8 +195,13 @@ def test_a_migrated_table_is_table_data(spark, tmp_path: Path) -> None:
     updates = [(k, day, 1000 + i, False) for i, (k, day, _) in enumerate(source[:5])]
     deletes = [(k, day, 0, True) for k, day, _ in source[100:105]]
     inserts = [(f"new-{i}", "2026-11-23", i, False) for i in range(5)]
-    summary = upsert(spark.createDataFrame(updates + deletes + inserts, schema), table, key="id", partition="dt",
-                     cache_config=CacheConfig(base_path=str(tmp_path / "cache")))
+    summary = upsert(
+        spark.createDataFrame(updates + deletes + inserts, schema),
+        table,
+        key="id",
+        partition="dt",
+        cache_config=CacheConfig(base_path=str(tmp_path / "cache")),
+    )
     assert (summary.updates, summary.deletes, summary.inserts) == (5, 5, 5)
     # 3. The expected table, computed independently with pandas.
     frame = pd.DataFrame(source, columns=["id", "dt", "v"])
@@ -200,8 +232,9 @@ def test_the_layout_and_dbidx_names_are_checked_before_anything_runs(table: Tabl
     assert table.timeline.latest_seq == seq
 
 
-def test_two_upserts_that_change_the_schema_at_once_do_not_both_publish(table: Table, tmp_path: Path,
-                                                                        monkeypatch) -> None:
+def test_two_upserts_that_change_the_schema_at_once_do_not_both_publish(
+    table: Table, tmp_path: Path, monkeypatch
+) -> None:
     """B adds column y and publishes while A (which adds x, checked against the schema before y) runs: A must not
     publish a schema without y."""
     from dbidx.errors import ConflictError
@@ -251,7 +284,12 @@ def test_spark_upsert_with_a_timestamp_column(spark, tmp_path: Path) -> None:
     schema = "id string, dt string, ts timestamp"
     when = dt.datetime(2026, 11, 23, 12, 0, 0)
     for minutes in (0, 5):
-        upsert(spark.createDataFrame([("a", "d1", when + dt.timedelta(minutes=minutes))], schema), table, key="id",
-               partition="dt", cache_config=config)
+        upsert(
+            spark.createDataFrame([("a", "d1", when + dt.timedelta(minutes=minutes))], schema),
+            table,
+            key="id",
+            partition="dt",
+            cache_config=config,
+        )
     assert [r.ts for r in read_table(spark, table).collect()] == [when + dt.timedelta(minutes=5)]
     assert pa.types.is_timestamp(table.data_schema().field("ts").type)

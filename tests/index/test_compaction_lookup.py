@@ -1,4 +1,5 @@
 """Compaction, cleaning, incremental reads across them, and seek vs scan lookups, on real Parquet files."""
+
 from __future__ import annotations
 
 import random
@@ -24,7 +25,7 @@ def table(tmp_path) -> Table:
     rng.shuffle(keys)
     for batch in range(4):
         with t.new_commit() as w:
-            w.insert("dt=2025-01-01", keys[batch * 400:(batch + 1) * 400], f"fg-{batch}")
+            w.insert("dt=2025-01-01", keys[batch * 400 : (batch + 1) * 400], f"fg-{batch}")
     with t.new_commit() as w:
         w.delete("dt=2025-01-01", keys[:100])
     return t

@@ -1,4 +1,5 @@
 """Touched-keys files: a task's one file of several partitions reads back per partition, verified."""
+
 from __future__ import annotations
 
 from dataclasses import replace

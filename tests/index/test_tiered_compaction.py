@@ -1,6 +1,7 @@
 """Size-tiered index compaction (`base_share`): a group's base is left alone until the files after it hold a share
 of its bytes, and until then its newest run of files is merged into one merged file that keeps tombstones. Real
 Parquet files on a temp dir; the plan's rule alone is checked on file records (pure logic above the storage)."""
+
 from __future__ import annotations
 
 import random
@@ -20,9 +21,19 @@ P = "dt=2025-01-01"
 
 
 def rec(kind: str, size: int, name: str = "", tombstones: int = 0) -> FileRecord:
-    return FileRecord(path=f"{kind}-{name or size}.parquet", partition=P, shard=0, kind=kind, rows=size,
-                      inserts=size - tombstones, tombstones=tombstones, min_key="a", max_key="z", size=size,
-                      checksum="xxh64:" + "0" * 16)
+    return FileRecord(
+        path=f"{kind}-{name or size}.parquet",
+        partition=P,
+        shard=0,
+        kind=kind,
+        rows=size,
+        inserts=size - tombstones,
+        tombstones=tombstones,
+        min_key="a",
+        max_key="z",
+        size=size,
+        checksum="xxh64:" + "0" * 16,
+    )
 
 
 def as_map(table: Table) -> dict[str, str]:
@@ -31,6 +42,7 @@ def as_map(table: Table) -> dict[str, str]:
 
 
 # --- the plan, on file records -----------------------------------------------------------------------------------
+
 
 def test_plan_waits_below_min_files_and_leaves_a_clean_lone_base():
     assert plan_group([rec("base", 100), rec("delta", 1)], 3, 0.25) is None
@@ -66,6 +78,7 @@ def test_plan_rewrites_the_base_once_the_rest_holds_the_share_or_without_a_share
 
 
 # --- on a real table ---------------------------------------------------------------------------------------------
+
 
 @pytest.fixture()
 def table(tmp_path) -> Table:

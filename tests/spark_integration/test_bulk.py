@@ -1,5 +1,6 @@
 """The bulk path: a table's first write and bulk_insert into new partitions skip the caches, and the table, the
 index and later upserts are exactly what the per-key path gives."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -24,8 +25,9 @@ def rows(n: int, day: str, value: int, start: int = 0) -> list[tuple]:
 
 
 @pytest.mark.parametrize("global_index", [False, True], ids=["partitioned", "global"])
-def test_a_first_write_takes_the_bulk_path_and_later_upserts_see_it(tmp_path: Path, monkeypatch,
-                                                                    global_index: bool) -> None:
+def test_a_first_write_takes_the_bulk_path_and_later_upserts_see_it(
+    tmp_path: Path, monkeypatch, global_index: bool
+) -> None:
     table = Table.create(str(tmp_path / "t"), num_shards=3, global_index=global_index)
     config = CacheConfig(base_path=str(tmp_path / "cache"))
     opened = []
@@ -96,16 +98,27 @@ def test_spark_bulk_insert_backfills_new_partitions(spark, tmp_path: Path) -> No
     table = Table.create(str(tmp_path / "t"), num_shards=2)
     config = CacheConfig(base_path=str(tmp_path / "cache"))
     schema = "id string, dt string, v long"
-    upsert(spark.createDataFrame([(f"k{i}", "d1", 1) for i in range(50)], schema), table, key="id", partition="dt",
-           cache_config=config)
+    upsert(
+        spark.createDataFrame([(f"k{i}", "d1", 1) for i in range(50)], schema),
+        table,
+        key="id",
+        partition="dt",
+        cache_config=config,
+    )
     backfill = spark.createDataFrame([(f"k{i}", "d2", 2) for i in range(30)] + [("k1", "d2", 3)], schema)
     summary = bulk_insert(backfill, table, key="id", partition="dt", ordering="v", cache_config=config)
     assert (summary.inserts, summary.updates, summary.duplicates_dropped) == (30, 0, 1)
     with pytest.raises(InvalidInputError, match="dt=d1"):
-        bulk_insert(spark.createDataFrame([("x", "d1", 1)], schema), table, key="id", partition="dt",
-                    cache_config=config)
-    summary = upsert(spark.createDataFrame([("k1", "d2", 4), ("k2", "d1", 4)], schema), table, key="id",
-                     partition="dt", cache_config=config)
+        bulk_insert(
+            spark.createDataFrame([("x", "d1", 1)], schema), table, key="id", partition="dt", cache_config=config
+        )
+    summary = upsert(
+        spark.createDataFrame([("k1", "d2", 4), ("k2", "d1", 4)], schema),
+        table,
+        key="id",
+        partition="dt",
+        cache_config=config,
+    )
     assert (summary.inserts, summary.updates) == (0, 2)
     data = reads.read_arrow(table)
     got = dict(zip(zip(data.column("id").to_pylist(), data.column("dt").to_pylist()), data.column("v").to_pylist()))

@@ -9,6 +9,7 @@ The expected table is computed here from the change stream alone (plain dicts: l
 only which key shard a key belongs to comes from dbidx (Spark's hash, `keyhash.spark_hash_one`), to know which
 partitions each shard's task needed. Run with `pytest -m cluster` (docs/DEPLOY.md).
 """
+
 from __future__ import annotations
 
 import json
@@ -44,6 +45,7 @@ Batch = list[Row]
 
 
 # ---- the change stream and its oracle (no dbidx) -------------------------------------------------------------
+
 
 def day(n: int) -> str:
     return f"2025-01-{n:02d}"
@@ -108,8 +110,13 @@ def expected_counts(before: dict[tuple[str, str], int], batch: Batch) -> dict[st
     last: dict[tuple[str, str], bool] = {}
     for key, dt, _value, deleted in batch:
         last[(dt, key)] = deleted
-    counts = {"inserts": 0, "updates": 0, "deletes": 0, "deletes_missing": 0,
-              "duplicates_dropped": len(batch) - len(last)}
+    counts = {
+        "inserts": 0,
+        "updates": 0,
+        "deletes": 0,
+        "deletes_missing": 0,
+        "duplicates_dropped": len(batch) - len(last),
+    }
     for ident, deleted in last.items():
         exists = ident in before
         counts[("deletes" if exists else "deletes_missing") if deleted else ("updates" if exists else "inserts")] += 1
@@ -131,12 +138,15 @@ def partitions_needed(batch: Batch) -> dict[int, set[str]]:
 
 # ---- running applications --------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
     """A master and two one-core workers, each with its own local and work dirs; always stopped."""
     if java_missing():
-        pytest.skip("the cluster tests need Java 17 to run a Spark master and workers: install "
-                    "openjdk-17-jre-headless or set JAVA_HOME")
+        pytest.skip(
+            "the cluster tests need Java 17 to run a Spark master and workers: install "
+            "openjdk-17-jre-headless or set JAVA_HOME"
+        )
     node = StandaloneCluster(tmp_path_factory.mktemp("cluster"), num_workers=2)
     try:
         started = time.perf_counter()
@@ -172,19 +182,33 @@ class App:
         self.out = self.dir / "out.json"
         self.result: dict[str, Any] = {}
 
-    def run(self, batches: list[Batch], *extra: str, submit: list[str] | None = None,
-            env: dict[str, str] | None = None) -> dict[str, Any]:
+    def run(
+        self, batches: list[Batch], *extra: str, submit: list[str] | None = None, env: dict[str, str] | None = None
+    ) -> dict[str, Any]:
         source = self.dir / "batches.json"
         source.write_text(json.dumps(batches))
-        args = ["--master", self.cluster.url, "--table", str(self.table), "--batches", str(source),
-                "--out", str(self.out), "--probe-dir", str(self.probe_dir),
-                "--local-dir", str(self.dir / "driver-local"), *extra]
+        args = [
+            "--master",
+            self.cluster.url,
+            "--table",
+            str(self.table),
+            "--batches",
+            str(source),
+            "--out",
+            str(self.out),
+            "--probe-dir",
+            str(self.probe_dir),
+            "--local-dir",
+            str(self.dir / "driver-local"),
+            *extra,
+        ]
         started = time.perf_counter()
         done = run_driver(APP, args, env if env is not None else self.cluster.env(), DRIVER_TIMEOUT_S, submit=submit)
         seconds = time.perf_counter() - started
         print(f"{self.name}: {len(batches)} batches in {seconds:.1f} s (exit {done.returncode})")
-        assert done.returncode == 0, (f"{self.name} failed with exit code {done.returncode}:\n"
-                                      f"{done.stdout[-6000:]}\n{self.cluster.log_tails()}")
+        assert done.returncode == 0, (
+            f"{self.name} failed with exit code {done.returncode}:\n{done.stdout[-6000:]}\n{self.cluster.log_tails()}"
+        )
         self.result = json.loads(self.out.read_text())
         return self.result
 
@@ -211,8 +235,10 @@ def assert_table_is(result: dict[str, Any], expected: dict[tuple[str, str], int]
     lost = sorted(set(expected) - set(got))
     extra = sorted(set(got) - set(expected))
     stale = sorted(k for k in set(got) & set(expected) if got[k] != expected[k])
-    assert not (lost or extra or stale), (f"{len(lost)} lost (e.g. {lost[:5]}), {len(extra)} extra (e.g. {extra[:5]}), "
-                                          f"{len(stale)} stale (e.g. {[(k, got[k], expected[k]) for k in stale[:5]]})")
+    assert not (lost or extra or stale), (
+        f"{len(lost)} lost (e.g. {lost[:5]}), {len(extra)} extra (e.g. {extra[:5]}), "
+        f"{len(stale)} stale (e.g. {[(k, got[k], expected[k]) for k in stale[:5]]})"
+    )
 
 
 def assert_counts(summaries: list[dict[str, Any]], batches: list[Batch], history: list[Batch]) -> None:
@@ -223,8 +249,9 @@ def assert_counts(summaries: list[dict[str, Any]], batches: list[Batch], history
         assert got == want, f"batch {n}: summary counts {got}, expected {want}"
 
 
-def assert_spark_figures(summaries: list[dict[str, Any]], kill: tuple[int, int] | None = None,
-                         speculate: tuple[int, int] | None = None) -> None:
+def assert_spark_figures(
+    summaries: list[dict[str, Any]], kill: tuple[int, int] | None = None, speculate: tuple[int, int] | None = None
+) -> None:
     """Every batch's `spark` section is known and every winning attempt names its executor. The batch whose
     executor was killed (`kill`: batch, shard) counts that executor lost (with Spark's reason) and the killed
     attempt retried, and the killed shard's task took more than one attempt and won elsewhere; no other batch lost
@@ -239,8 +266,12 @@ def assert_spark_figures(summaries: list[dict[str, Any]], kill: tuple[int, int] 
             winner = shards[speculate[1]]
             assert did["speculative"] >= 1 and did["killed"] + did["running"] >= 1, did
             assert winner["speculative"] is True and winner["attempt_number"] >= 1, (winner, did)
-            assert {"shard": speculate[1], "attempt_number": winner["attempt_number"], "executor": winner["executor"],
-                    "speculative": True} in did["later_attempts"], did
+            assert {
+                "shard": speculate[1],
+                "attempt_number": winner["attempt_number"],
+                "executor": winner["executor"],
+                "speculative": True,
+            } in did["later_attempts"], did
         if kill is None or n != kill[0]:
             assert did["executors_lost"] == 0 and did["lost_executors"] == [], (n, did)
             continue
@@ -253,21 +284,31 @@ def assert_spark_figures(summaries: list[dict[str, Any]], kill: tuple[int, int] 
 
 # ---- the tests ---------------------------------------------------------------------------------------------------
 
+
 def test_kill_an_executor_mid_job_then_a_second_application_finds_its_caches_warm(
-        cluster: StandaloneCluster, tmp_path: Path) -> None:
+    cluster: StandaloneCluster, tmp_path: Path
+) -> None:
     started = time.perf_counter()
     gen = StreamGenerator(seed=20250101)
     # 1. Application 1: an initial load and five change batches over a moving set of partitions.
     first = [gen.batch([day(1), day(2), day(3)], 300)]
-    first += [gen.batch(gen.rng.sample([day(1), day(2), day(3), day(4)], gen.rng.choice([2, 3])), 250)
-              for _ in range(5)]
+    first += [
+        gen.batch(gen.rng.sample([day(1), day(2), day(3), day(4)], gen.rng.choice([2, 3])), 250) for _ in range(5)
+    ]
     # 2. Application 2: partitions application 1 wrote, and one it never saw (day 5).
     second = [gen.batch([day(1), day(2), day(4), day(5)], 250), gen.batch([day(3), day(5)], 200)]
     table = tmp_path / "table"  # one path both "machines" see: the shared filesystem of a real cluster
 
     app1 = App(cluster, tmp_path, "app1", table)
-    result1 = app1.run(first, "--create", str(SHARDS), "--kill", f"{KILL[0]}:{KILL[1]}",
-                       "--speculate", f"{SPECULATE[0]}:{SPECULATE[1]}")
+    result1 = app1.run(
+        first,
+        "--create",
+        str(SHARDS),
+        "--kill",
+        f"{KILL[0]}:{KILL[1]}",
+        "--speculate",
+        f"{SPECULATE[0]}:{SPECULATE[1]}",
+    )
     # 3. The executor really died mid-job, after the task of KILL wrote its files and before it reported.
     marker = app1.probe_dir / "killed"
     assert marker.exists(), "the kill never happened (no task of the chosen batch and shard ran its hook)"
@@ -328,8 +369,9 @@ def test_kill_an_executor_mid_job_then_a_second_application_finds_its_caches_war
         opened = {p["shard"] for p in probes1 if p["batch"] != 0 and app1.worker_of(p).name == worker.name}
         assert opened <= have, f"{worker.name}: shards {sorted(opened)} opened caches here, caches of {sorted(have)}"
         ran_here = set(cached[worker.name])
-        assert ran_here <= have | staged, (f"{worker.name}: shards {sorted(ran_here)} ran here, caches of "
-                                           f"{sorted(have)}, staging of {sorted(staged)}")
+        assert ran_here <= have | staged, (
+            f"{worker.name}: shards {sorted(ran_here)} ran here, caches of {sorted(have)}, staging of {sorted(staged)}"
+        )
     everywhere = set(cluster.root.rglob(CACHE_DIR))
     assert everywhere == {w.local_dir / CACHE_DIR for w in cluster.workers}, f"cache dirs: {sorted(everywhere)}"
     assert len(table_dirs) == 1, f"one table, one table directory per node: {table_dirs}"
@@ -353,25 +395,28 @@ def test_kill_an_executor_mid_job_then_a_second_application_finds_its_caches_war
         where = {app2.worker_of(p).name for p in probes2 if p["shard"] == shard}
         attempts = [p for p in probes2 if p["shard"] == shard]
         if len(attempts) != 1 or shard in unsure:  # a retried attempt: which one's metrics (or staging) won is
-            continue                                # not known here
+            continue  # not known here
         (name,) = where
         cold = needed[shard] - cached[name][shard]
         warm += len(needed[shard] & cached[name][shard])
         got = per_shard[shard]["on_demand_loads"]
-        assert got == len(cold), (f"app2 batch 0 shard {shard} on {name}: {got} on-demand loads, expected "
-                                  f"{len(cold)} ({sorted(cold)} not loaded there by app1; needed "
-                                  f"{sorted(needed[shard])}, cached {sorted(cached[name][shard])})")
+        assert got == len(cold), (
+            f"app2 batch 0 shard {shard} on {name}: {got} on-demand loads, expected "
+            f"{len(cold)} ({sorted(cold)} not loaded there by app1; needed "
+            f"{sorted(needed[shard])}, cached {sorted(cached[name][shard])})"
+        )
         checked.append(shard)
     assert len(checked) >= SHARDS - 1, f"only shards {checked} ran once in app2's first batch"
     assert warm > 0, "no partition of app2's first batch was warm on the worker its shard ran on: nothing checked"
-    print(f"cluster scenario: {time.perf_counter() - started:.1f} s; app2 batch 0: {warm} warm partition loads "
-          f"avoided, on-demand loads {[per_shard[s]['on_demand_loads'] for s in range(SHARDS)]}")
+    print(
+        f"cluster scenario: {time.perf_counter() - started:.1f} s; app2 batch 0: {warm} warm partition loads "
+        f"avoided, on-demand loads {[per_shard[s]['on_demand_loads'] for s in range(SHARDS)]}"
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.packing
-def test_packed_env_ships_dbidx_to_the_executors(cluster: StandaloneCluster, packed_env: Path,
-                                                  tmp_path: Path) -> None:
+def test_packed_env_ships_dbidx_to_the_executors(cluster: StandaloneCluster, packed_env: Path, tmp_path: Path) -> None:
     gen = StreamGenerator(seed=7)
     batches = [gen.batch([day(1), day(2)], 200), gen.batch([day(1), day(2), day(3)], 150)]
     table = tmp_path / "table"
@@ -379,15 +424,24 @@ def test_packed_env_ships_dbidx_to_the_executors(cluster: StandaloneCluster, pac
     #    executors run ./env/bin/python, the driver keeps this interpreter (dbidx is installed in it).
     env = cluster.env()
     env.pop("PYSPARK_PYTHON")
-    submit = ["--master", cluster.url, "--archives", f"{packed_env}#env",
-              "--conf", "spark.pyspark.python=./env/bin/python",
-              "--conf", f"spark.pyspark.driver.python={sys.executable}"]
+    submit = [
+        "--master",
+        cluster.url,
+        "--archives",
+        f"{packed_env}#env",
+        "--conf",
+        "spark.pyspark.python=./env/bin/python",
+        "--conf",
+        f"spark.pyspark.driver.python={sys.executable}",
+    ]
     app1 = App(cluster, tmp_path, "submitted", table)
     assert_table_is(app1.run(batches[:1], "--create", str(SHARDS), submit=submit, env=env), oracle(batches[:1]))
     # 2. The SparkSession.builder form: spark.archives in the builder, PYSPARK_PYTHON in the driver's environment.
     app2 = App(cluster, tmp_path, "builder", table)
-    assert_table_is(app2.run(batches[1:], "--archive", f"{packed_env}#env",
-                             env=cluster.env(PYSPARK_PYTHON="./env/bin/python")), oracle(batches))
+    assert_table_is(
+        app2.run(batches[1:], "--archive", f"{packed_env}#env", env=cluster.env(PYSPARK_PYTHON="./env/bin/python")),
+        oracle(batches),
+    )
     # 3. Every task ran the unpacked env's interpreter, with dbidx imported from it, in an executor's work dir.
     for app in (app1, app2):
         probes = app.probes()

@@ -1,6 +1,7 @@
 """Two upserts racing on one key (real Spark, real files): the later publisher fails with ConflictError, publishes
 nothing, and its retry re-tags against the new state; then data, index and caches agree. Also: a job that returns
 fewer results than shard tasks publishes nothing."""
+
 from __future__ import annotations
 
 import threading
@@ -42,8 +43,9 @@ def wait_in_task(partition_id: int, attempt_number: int, flags: str, shard: int)
         time.sleep(0.02)
 
 
-def race(spark, table: Table, config: CacheConfig, tmp_path: Path, later: list[tuple], first: list[tuple],
-         key: str) -> BaseException | None:
+def race(
+    spark, table: Table, config: CacheConfig, tmp_path: Path, later: list[tuple], first: list[tuple], key: str
+) -> BaseException | None:
     """Run `later` until its tasks have written, commit `first` meanwhile, then let `later` publish."""
     flags = tmp_path / f"flags-{time.monotonic_ns()}"
     flags.mkdir()
@@ -51,8 +53,14 @@ def race(spark, table: Table, config: CacheConfig, tmp_path: Path, later: list[t
 
     def run_later() -> None:
         try:
-            upsert(spark.createDataFrame(later, SCHEMA), table, key="id", partition="dt", cache_config=config,
-                   on_task_written=partial(wait_in_task, flags=str(flags), shard=int(table.shard_of([key])[0])))
+            upsert(
+                spark.createDataFrame(later, SCHEMA),
+                table,
+                key="id",
+                partition="dt",
+                cache_config=config,
+                on_task_written=partial(wait_in_task, flags=str(flags), shard=int(table.shard_of([key])[0])),
+            )
             outcome.append(None)
         except BaseException as exc:  # noqa: BLE001 - handed to the test
             outcome.append(exc)
@@ -79,17 +87,24 @@ def caches_agree(table: Table, config: CacheConfig) -> None:
 K1_TWIN = next(k for k in (f"twin{i}" for i in range(100)) if shard_of_one(k, 2) == shard_of_one("k1", 2))
 CASES = {
     # name: (global index, existing rows, later writer's batch, first writer's batch, expected rows after retry)
-    "update vs delete": (False, [("k1", D1, 1, False)], [("k1", D1, 2, False)], [("k1", D1, 0, True)],
-                         {("k1", D1, 2)}),
-    "update vs move": (True, [("k1", D1, 1, False)], [("k1", D1, 2, False)], [("k1", D2, 3, False)],
-                       {("k1", D1, 2)}),
-    "delete of a missing key vs re-insert": (False, [("k1", D1, 1, False), ("k1", D1, 1, True)],
-                                             [("k1", D1, 0, True)], [("k1", D1, 5, False)], set()),
+    "update vs delete": (False, [("k1", D1, 1, False)], [("k1", D1, 2, False)], [("k1", D1, 0, True)], {("k1", D1, 2)}),
+    "update vs move": (True, [("k1", D1, 1, False)], [("k1", D1, 2, False)], [("k1", D2, 3, False)], {("k1", D1, 2)}),
+    "delete of a missing key vs re-insert": (
+        False,
+        [("k1", D1, 1, False), ("k1", D1, 1, True)],
+        [("k1", D1, 0, True)],
+        [("k1", D1, 5, False)],
+        set(),
+    ),
     "insert vs insert": (False, [], [("k9", D1, 2, False)], [("k9", D1, 1, False)], {("k9", D1, 2)}),
     # The later task's touched keys span two partitions of one shard: one touched file holds both groups.
     "updates in two partitions vs a delete in one": (
-        False, [("k1", D1, 1, False), (K1_TWIN, D2, 1, False)], [("k1", D1, 2, False), (K1_TWIN, D2, 2, False)],
-        [(K1_TWIN, D2, 0, True)], {("k1", D1, 2), (K1_TWIN, D2, 2)}),
+        False,
+        [("k1", D1, 1, False), (K1_TWIN, D2, 1, False)],
+        [("k1", D1, 2, False), (K1_TWIN, D2, 2, False)],
+        [(K1_TWIN, D2, 0, True)],
+        {("k1", D1, 2), (K1_TWIN, D2, 2)},
+    ),
 }
 
 
@@ -124,8 +139,13 @@ def test_racing_writers_on_one_key(spark, tmp_path: Path, case: str) -> None:
 def test_a_lost_task_result_publishes_nothing(spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     table = Table.create(str(tmp_path / "t"), num_shards=2)
     config = CacheConfig(base_path=str(tmp_path / "cache"))
-    upsert(spark.createDataFrame([(f"k{i}", D1, i, False) for i in range(50)], SCHEMA), table, key="id",
-           partition="dt", cache_config=config)
+    upsert(
+        spark.createDataFrame([(f"k{i}", D1, i, False) for i in range(50)], SCHEMA),
+        table,
+        key="id",
+        partition="dt",
+        cache_config=config,
+    )
     files_before = {rel for rel, _ in table.io.list_files_recursive("") if not rel.startswith(".dbidx/timeline")}
     collect = api._collect_results
     monkeypatch.setattr(api, "_collect_results", lambda results: collect(results)[:-1])  # one result lost
@@ -147,8 +167,13 @@ def test_a_lost_task_result_publishes_nothing(spark, tmp_path: Path, monkeypatch
 def test_read_table_fails_loudly_on_a_damaged_data_file(spark, tmp_path: Path) -> None:
     table = Table.create(str(tmp_path / "t"), num_shards=2)
     config = CacheConfig(base_path=str(tmp_path / "cache"))
-    upsert(spark.createDataFrame([(f"k{i}", D1, i, False) for i in range(40)], SCHEMA), table, key="id",
-           partition="dt", cache_config=config)
+    upsert(
+        spark.createDataFrame([(f"k{i}", D1, i, False) for i in range(40)], SCHEMA),
+        table,
+        key="id",
+        partition="dt",
+        cache_config=config,
+    )
     record = table.timeline.completed()[-1].data_files[0]
     path = Path(table.io.path(record.path))
     raw = bytearray(path.read_bytes())

@@ -1,6 +1,7 @@
 """An upsert's task keeps the key indexes of the data files it writes and reads as key files beside the shard caches,
 and a task in another process finds superseded rows through them without decoding a data file (data/key_files.py);
 `key.files.mb = 0` keeps none. The table read back is the same either way."""
+
 from __future__ import annotations
 
 import logging
@@ -18,8 +19,13 @@ from dbidx.spark_integration.local import upsert_arrow
 
 
 def rows(ids: list[str], v: int) -> pa.Table:
-    return pa.table({"id": pa.array(ids), "dt": pa.array(["d1" if int(i[1:]) % 3 else "d2" for i in ids]),
-                     "v": pa.array([v] * len(ids), pa.int64())})
+    return pa.table(
+        {
+            "id": pa.array(ids),
+            "dt": pa.array(["d1" if int(i[1:]) % 3 else "d2" for i in ids]),
+            "v": pa.array([v] * len(ids), pa.int64()),
+        }
+    )
 
 
 def key_dir(cache: Path) -> Path:
@@ -28,8 +34,9 @@ def key_dir(cache: Path) -> Path:
     return found[0] if found else cache / "none"
 
 
-def test_another_process_finds_superseded_rows_through_the_key_files(tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_another_process_finds_superseded_rows_through_the_key_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     table = Table.create(str(tmp_path / "t"), num_shards=2)
     config = CacheConfig(base_path=str(tmp_path / "cache"))
     upsert_arrow(rows([f"k{i}" for i in range(3000)], 1), table, key="id", partition="dt", cache_config=config)
@@ -44,8 +51,9 @@ def test_another_process_finds_superseded_rows_through_the_key_files(tmp_path: P
         raise AssertionError("a data file was decoded although its key file is there")
 
     monkeypatch.setattr(superseded, "read_key_column", no_decoding)
-    summary = upsert_arrow(rows([f"k{i}" for i in range(0, 3000, 7)], 2), table, key="id", partition="dt",
-                           cache_config=config).to_dict()
+    summary = upsert_arrow(
+        rows([f"k{i}" for i in range(0, 3000, 7)], 2), table, key="id", partition="dt", cache_config=config
+    ).to_dict()
     assert sum(s["keys_from_key_files"] for s in summary["per_shard"]) == len(live)
     assert sum(s["keys_from_data_files"] for s in summary["per_shard"]) == 0
     # 2. The rows it superseded are gone from the table: each key once, at its new version.
@@ -76,8 +84,7 @@ def test_an_unusable_key_directory_only_warns(tmp_path: Path, caplog: pytest.Log
     assert reads.read_arrow(table).num_rows == 50
 
 
-def test_a_symlinked_key_directory_is_refused_with_a_warning(tmp_path: Path,
-                                                              caplog: pytest.LogCaptureFixture) -> None:
+def test_a_symlinked_key_directory_is_refused_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     table = Table.create(str(tmp_path / "t"), num_shards=1)
     config = CacheConfig(base_path=str(tmp_path / "cache"))
     upsert_arrow(rows([f"k{i}" for i in range(50)], 1), table, key="id", partition="dt", cache_config=config)

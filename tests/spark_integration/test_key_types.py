@@ -1,6 +1,7 @@
 """Issue 29, point 7 after the audit: key columns of a type with no exact text form (float, bool, list, struct,
 map) are the same typed InvalidKeyError, naming the column and its type, in upsert_arrow, the batch path and
 build_index; nothing is written."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,5 +1,6 @@
 """The process model and failure handling (docs/DESIGN.md sections 2 and 3) under Spark: retried and speculative
 attempts, failed jobs, other processes and writers, streaming."""
+
 from __future__ import annotations
 
 import json
@@ -40,8 +41,9 @@ def rows_of(n: int, day: str = "2025-03-01", start: int = 0, value: int = 0) -> 
 
 
 def parquet_on_disk(table: Table) -> set[str]:
-    return {rel for rel, _ in table.io.list_files_recursive("") if rel.endswith(".parquet")
-            and not rel.startswith(".dbidx")}
+    return {
+        rel for rel, _ in table.io.list_files_recursive("") if rel.endswith(".parquet") and not rel.startswith(".dbidx")
+    }
 
 
 def read_rows(spark, table: Table) -> set[tuple]:
@@ -61,24 +63,41 @@ def test_attempt_failing_after_writing_is_retried_without_duplicates(spark, setu
     assert clean.spark is not None and clean.spark["unknown"] is None, clean.spark
     assert (clean.spark["retried"], clean.spark["killed"], clean.spark["later_attempts"]) == (0, 0, [])
     assert [(m["shard"], m["attempt_number"], m["attempts"], m["executor"]) for m in clean.per_shard] == [
-        (0, 0, 1, "driver"), (1, 0, 1, "driver")]
+        (0, 0, 1, "driver"),
+        (1, 0, 1, "driver"),
+    ]
 
     def fail_first_attempt(partition_id: int, attempt_number: int) -> None:
         if attempt_number == 0:
             raise RuntimeError(f"injected failure of task {partition_id} after its data files were written")
 
     batch = rows_of(60, value=1000) + rows_of(40, start=100, value=1000)  # 60 updates, 40 inserts
-    summary = upsert(spark.createDataFrame(batch, SCHEMA), table, key="id", partition="dt", cache_config=config,
-                     on_task_written=fail_first_attempt)
+    summary = upsert(
+        spark.createDataFrame(batch, SCHEMA),
+        table,
+        key="id",
+        partition="dt",
+        cache_config=config,
+        on_task_written=fail_first_attempt,
+    )
     assert (summary.updates, summary.inserts) == (60, 40)
     # Spark retried each shard's task once (local[2,3]): the summary says so, and which attempt won where.
     did = summary.spark
-    assert {k: did[k] for k in ("retried", "speculative", "killed", "running", "stage_retries", "executors_lost",
-                                "unknown")} == {"retried": 2, "speculative": 0, "killed": 0, "running": 0,
-                                                "stage_retries": 0, "executors_lost": 0, "unknown": None}, did
+    assert {
+        k: did[k] for k in ("retried", "speculative", "killed", "running", "stage_retries", "executors_lost", "unknown")
+    } == {
+        "retried": 2,
+        "speculative": 0,
+        "killed": 0,
+        "running": 0,
+        "stage_retries": 0,
+        "executors_lost": 0,
+        "unknown": None,
+    }, did
     assert did["task_attempts"] == clean.spark["task_attempts"] + 2
-    assert [(m["shard"], m["attempt_number"], m["attempts"], m["executor"], m["speculative"])
-            for m in summary.per_shard] == [(0, 1, 2, "driver", False), (1, 1, 2, "driver", False)]
+    assert [
+        (m["shard"], m["attempt_number"], m["attempts"], m["executor"], m["speculative"]) for m in summary.per_shard
+    ] == [(0, 1, 2, "driver", False), (1, 1, 2, "driver", False)]
     assert [a["shard"] for a in did["later_attempts"]] == [0, 1]
     # ... and `dbidx commits` shows the same figures (stored in the completion record).
     shown = CliRunner().invoke(main, ["commits", table.uri, "--json"])
@@ -147,13 +166,23 @@ def local_failure(partition_id: int, attempt_number: int) -> None:
     raise NotImportable(f"local failure in shard {partition_id}")
 
 
-@pytest.mark.parametrize(("hook", "kind", "message"), [
-    (closed_ledger, LedgerClosedError, r"ledger of shard [01] is closed"),
-    (missing_entry, KeyError, r"'entry-[01]'"),
-    (local_failure, HookError, (r"on_task_written raised tests\.spark_integration\.test_retries\.local_failure\."
-                                r"<locals>\.NotImportable: local failure in shard [01] \(that type cannot be "
-                                r"imported .*")),
-], ids=["custom", "builtin", "not-importable"])
+@pytest.mark.parametrize(
+    ("hook", "kind", "message"),
+    [
+        (closed_ledger, LedgerClosedError, r"ledger of shard [01] is closed"),
+        (missing_entry, KeyError, r"'entry-[01]'"),
+        (
+            local_failure,
+            HookError,
+            (
+                r"on_task_written raised tests\.spark_integration\.test_retries\.local_failure\."
+                r"<locals>\.NotImportable: local failure in shard [01] \(that type cannot be "
+                r"imported .*"
+            ),
+        ),
+    ],
+    ids=["custom", "builtin", "not-importable"],
+)
 def test_an_exception_of_the_hook_comes_back_with_its_own_type(spark, setup, hook, kind, message) -> None:
     """What on_task_written raises in a task reaches the caller as its own type and message, not as a Spark error."""
     table, config = setup
@@ -162,9 +191,14 @@ def test_an_exception_of_the_hook_comes_back_with_its_own_type(spark, setup, hoo
         upsert(batch, table, key="id", partition="dt", cache_config=config, on_task_written=hook)
     assert type(raised.value) is kind and re.fullmatch(message, str(raised.value)), repr(raised.value)
     # Spark gave up after its third attempt (local[2,3]): the note names the shard and the attempt.
-    assert any(re.fullmatch(r"raised by on_task_written in the task of shard [01], attempt 2, and re-raised on the "
-                            r"driver; the Spark error that carried it is its __cause__", note)
-               for note in raised.value.__notes__), raised.value.__notes__
+    assert any(
+        re.fullmatch(
+            r"raised by on_task_written in the task of shard [01], attempt 2, and re-raised on the "
+            r"driver; the Spark error that carried it is its __cause__",
+            note,
+        )
+        for note in raised.value.__notes__
+    ), raised.value.__notes__
     assert "dbidx-hook-error[" in str(raised.value.__cause__)
     assert [r.action for r in table.timeline.completed()] == [ACTION_ROLLBACK]
 
@@ -191,21 +225,33 @@ def test_speculative_duplicate_attempts_leave_one_version(setup) -> None:
     winner = results[12].pack()
     schema, _seq = _check_layout_and_schema(table, options, shard0.schema, "the batch")  # as run_upsert records it
     writer.extra[SCHEMA_EXTRA] = encode_schema(schema)
-    record, summary = commit_results(writer, [(0, 12, winner), (1, 13, empty.pack())], options,
-                                     expected_tasks=2)
+    record, summary = commit_results(writer, [(0, 12, winner), (1, 13, empty.pack())], options, expected_tasks=2)
     keep = [f.path for f in record.data_files] + [f.path for f in record.files]
     deleted = markers.discard_unlisted(table.io, writer.instant, keep=keep)
     loser = [f.path for f in results[11].files + results[11].index_files]
-    assert sorted(deleted) == sorted(loser + [t.path for t in results[11].touched if t.path not in loser]
-                                     + [t.path for t in results[12].touched if t.path not in keep])
+    assert sorted(deleted) == sorted(
+        loser
+        + [t.path for t in results[11].touched if t.path not in loser]
+        + [t.path for t in results[12].touched if t.path not in keep]
+    )
     assert parquet_on_disk(table) == {f.path for f in record.data_files}
     assert summary.inserts == shard0.num_rows and len(index_state(table)) == shard0.num_rows
     # The winner's rows, once: the loser's files are in no Delta version.
     assert_readers_agree(table, ("id", "dt", "v"), {(r["id"], r["dt"], r["v"]) for r in shard0.to_pylist()})
 
 
-@pytest.mark.parametrize("bad", [{"hits": "many"}, {"hits": -7}, {"hits": 1.5}, {"shard": "0"},
-                                 {"sync_seconds": float("nan")}, {"tagged_seq": None}], ids=str)
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"hits": "many"},
+        {"hits": -7},
+        {"hits": 1.5},
+        {"shard": "0"},
+        {"sync_seconds": float("nan")},
+        {"tagged_seq": None},
+    ],
+    ids=str,
+)
 def test_a_task_result_with_malformed_metrics_publishes_nothing(setup, bad) -> None:
     """Task results are input: metrics that are missing, not numbers, negative, fractional where whole or not
     finite are a CommitError, and nothing is published."""
@@ -215,8 +261,7 @@ def test_a_task_result_with_malformed_metrics_publishes_nothing(setup, bad) -> N
     results = [task.upsert_batches([], table, options, writer.instant, attempt=a).to_wire() for a in (1, 2)]
     results[0]["metrics"] = [ShardMetrics(shard=0).to_dict() | bad]
     with pytest.raises(CommitError, match="a task result is malformed"):
-        commit_results(writer, [(s, s + 1, pack_payload(r)) for s, r in enumerate(results)], options,
-                       expected_tasks=2)
+        commit_results(writer, [(s, s + 1, pack_payload(r)) for s, r in enumerate(results)], options, expected_tasks=2)
     writer.rollback()
     assert [r.action for r in table.timeline.completed()] == [ACTION_ROLLBACK]
 
@@ -268,8 +313,9 @@ def test_shard_served_by_other_processes_and_writers_stays_correct(spark, setup)
         writer.insert("dt=2025-03-01", [f"ext{i}" for i in range(30)], "external-fg")
     probe = rows_of(10) + [(f"ext{i}", "2025-03-01", 0, False) for i in range(10)] + rows_of(10, start=500)
     # An RDD worker (a different Python process from the Arrow workers) tags against the same shard caches.
-    tagged = tag(spark.createDataFrame(probe, SCHEMA), table, key="id", partition="dt", cache_config=config,
-                 use_rdd=True).collect()
+    tagged = tag(
+        spark.createDataFrame(probe, SCHEMA), table, key="id", partition="dt", cache_config=config, use_rdd=True
+    ).collect()
     flags = {r.id: (r._dbidx_is_update, r._dbidx_file_group) for r in tagged}
     assert all(flags[f"k{i:05d}"][0] for i in range(10)) and not any(flags[f"k{i:05d}"][0] for i in range(500, 510))
     assert all(flags[f"ext{i}"] == (True, "external-fg") for i in range(10))
@@ -294,10 +340,17 @@ def test_streaming_foreach_batch(spark, tmp_path: Path, setup) -> None:
         os.utime(path, (1_700_000_000 + i * 60, 1_700_000_000 + i * 60))  # the file source goes by mtime
         oracle.apply(batch)
     summaries = []
-    query = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(source)).writeStream
-             .foreachBatch(lambda df, _id: summaries.append(upsert(df, table, key="id", partition="dt",
-                                                                   cache_config=config)))
-             .option("checkpointLocation", str(tmp_path / "checkpoint")).trigger(availableNow=True).start())
+    query = (
+        spark.readStream.schema(SCHEMA)
+        .option("maxFilesPerTrigger", 1)
+        .json(str(source))
+        .writeStream.foreachBatch(
+            lambda df, _id: summaries.append(upsert(df, table, key="id", partition="dt", cache_config=config))
+        )
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
     query.awaitTermination(180)
     assert [(s.inserts, s.updates, s.deletes) for s in summaries] == [(40, 0, 0), (10, 20, 0), (0, 0, 1)]
     assert read_rows(spark, table) == oracle.expected_rows()
@@ -309,16 +362,31 @@ def test_bad_input_gets_typed_errors_and_leaves_nothing(spark, setup) -> None:
         upsert(spark.createDataFrame(rows_of(3), SCHEMA), table, key="user_id", partition="dt", cache_config=config)
     assert table.timeline.pending() == [] and table.timeline.completed() == []
     with pytest.raises(InvalidInputError, match="no delete column 'deleted'"):
-        upsert(spark.createDataFrame(rows_of(3), SCHEMA), table, key="id", partition="dt", delete_column="deleted",
-               cache_config=config)
+        upsert(
+            spark.createDataFrame(rows_of(3), SCHEMA),
+            table,
+            key="id",
+            partition="dt",
+            delete_column="deleted",
+            cache_config=config,
+        )
     with pytest.raises(InvalidInputError, match="must be boolean"):
-        upsert(spark.createDataFrame(rows_of(3), SCHEMA), table, key="id", partition="dt", delete_column="v",
-               cache_config=config)
+        upsert(
+            spark.createDataFrame(rows_of(3), SCHEMA),
+            table,
+            key="id",
+            partition="dt",
+            delete_column="v",
+            cache_config=config,
+        )
     floats = spark.createDataFrame([(1.0, "2025-03-01")], "id double, dt string")
     with pytest.raises(InvalidKeyError, match="key column 'id' of the upsert DataFrame is double"):
         upsert(floats, table, key="id", partition="dt", cache_config=config)
-    for kind, match in (("boolean", "is boolean: a boolean key"), ("array<int>", "is array<int>: a list, struct"),
-                        ("struct<a:int>", "is struct<a:int>: a list, struct")):
+    for kind, match in (
+        ("boolean", "is boolean: a boolean key"),
+        ("array<int>", "is array<int>: a list, struct"),
+        ("struct<a:int>", "is struct<a:int>: a list, struct"),
+    ):
         unfit = spark.createDataFrame([], f"id {kind}, dt string")  # refused from the schema, before any job
         with pytest.raises(InvalidKeyError, match=f"key column 'id' of the upsert DataFrame {match}"):
             upsert(unfit, table, key="id", partition="dt", cache_config=config)
@@ -339,15 +407,26 @@ def test_tasks_reap_expired_partitions_when_due(spark, tmp_path: Path) -> None:
     config = CacheConfig(base_path=str(tmp_path / "cache"), partition_ttl_hours=1.0, reaper_interval_s=0.0)
     old_days = [(f"k{i}", f"2025-03-0{1 + i % 3}", i, False) for i in range(30)]
     # The table's first write takes the bulk path (no cache); the second one loads the three days into the cache.
-    upsert(spark.createDataFrame([("seed", "2025-03-01", 0, False)], SCHEMA), table, key="id", partition="dt",
-           cache_config=config)
+    upsert(
+        spark.createDataFrame([("seed", "2025-03-01", 0, False)], SCHEMA),
+        table,
+        key="id",
+        partition="dt",
+        cache_config=config,
+    )
     upsert(spark.createDataFrame(old_days, SCHEMA), table, key="id", partition="dt", cache_config=config)
     from dbidx.cache.record_cache import RecordIndexCache
+
     with RecordIndexCache.for_table(table, 0, config) as cache:  # age the three days by two hours
         for partition in cache.partitions():
             cache.touch(partition, at_ms=cache.partitions()[partition].last_access_ms - 2 * 3600 * 1000)
-    summary = upsert(spark.createDataFrame([("new", "2025-03-09", 1, False)], SCHEMA), table, key="id", partition="dt",
-                     cache_config=config)
+    summary = upsert(
+        spark.createDataFrame([("new", "2025-03-09", 1, False)], SCHEMA),
+        table,
+        key="id",
+        partition="dt",
+        cache_config=config,
+    )
     assert summary.evictions == 3
     with RecordIndexCache.for_table(table, 0, config) as cache:
         assert sorted(cache.partitions()) == ["dt=2025-03-09"]
@@ -384,8 +463,9 @@ def test_a_damaged_executor_cache_is_discarded_and_the_retry_commits_the_batch(s
     assert all(d.exists() for d in shard_dirs)  # rebuilt by the retries
 
 
-def test_a_spark_upsert_claims_its_instant_with_its_application_and_a_live_heartbeat(spark, setup,
-                                                                                     tmp_path: Path) -> None:
+def test_a_spark_upsert_claims_its_instant_with_its_application_and_a_live_heartbeat(
+    spark, setup, tmp_path: Path
+) -> None:
     """While the job runs, the instant's claim names the Spark application (issue 43 item 2): what `dbidx commits`
     shows of an attempt whose driver died."""
     table, config = setup
@@ -395,10 +475,18 @@ def test_a_spark_upsert_claims_its_instant_with_its_application_and_a_live_heart
     def record_pending(partition_id: int, attempt_number: int) -> None:  # runs in the task, mid-job
         Path(seen).write_text(json.dumps([a.to_dict() for a in Table.open(uri).pending_attempts()]))
 
-    upsert(spark.createDataFrame(rows_of(20), SCHEMA), table, key="id", partition="dt", cache_config=config,
-           on_task_written=record_pending)
+    upsert(
+        spark.createDataFrame(rows_of(20), SCHEMA),
+        table,
+        key="id",
+        partition="dt",
+        cache_config=config,
+        on_task_written=record_pending,
+    )
     [attempt] = json.loads(Path(seen).read_text())
-    assert attempt["tags"] == {"spark_app_id": spark.sparkContext.applicationId,
-                               "spark_app_name": spark.sparkContext.appName}
+    assert attempt["tags"] == {
+        "spark_app_id": spark.sparkContext.applicationId,
+        "spark_app_name": spark.sparkContext.appName,
+    }
     assert attempt["alive"] is True and attempt["heartbeat_age_seconds"] is not None and attempt["files"]
     assert table.pending_attempts() == []

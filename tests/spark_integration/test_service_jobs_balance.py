@@ -1,5 +1,6 @@
 """How a Spark service job packs its pieces into tasks (service_jobs.balanced): every piece once, no task empty,
 loads within one piece of even."""
+
 from __future__ import annotations
 
 from hypothesis import given, strategies as st

@@ -1,5 +1,6 @@
 """The table services after a Spark upsert (`api.upsert`): they run in the driver after the publish and report in
 the summary; the rows stay exactly the model's, read by Spark and by the other engines."""
+
 from __future__ import annotations
 
 import random
@@ -55,13 +56,16 @@ def _loaded(spark, tmp_path: Path, seed: int) -> tuple[Table, Oracle]:
         batch = random_batch(rng, oracle, serial, size=30)
         upsert(spark.createDataFrame(batch, SCHEMA), table, key="id", partition="dt", cache_config=config)
         oracle.apply(batch)
-    write_settings(table.io, {"data_min_small_files": 2, "index_compaction": False, "clean": False,
-                              "log_cleanup": False, "vacuum": False})
+    write_settings(
+        table.io,
+        {"data_min_small_files": 2, "index_compaction": False, "clean": False, "log_cleanup": False, "vacuum": False},
+    )
     return table, oracle
 
 
-def test_a_compaction_task_that_fails_once_is_retried_and_its_first_try_deleted(spark, tmp_path: Path,
-                                                                                monkeypatch) -> None:
+def test_a_compaction_task_that_fails_once_is_retried_and_its_first_try_deleted(
+    spark, tmp_path: Path, monkeypatch
+) -> None:
     """`maintain` on Spark: each file group's rewrite is a task; a first try that wrote its base and then died is
     retried by Spark, the second try's base is published and the first's is deleted."""
     from dbidx.data import compaction

@@ -1,5 +1,6 @@
 """The tagger's batch logic without Spark: the distinct-keys test (with and without the keys' hashes), one row per
 record, and the bulk path's tags (file groups per partition, nulls for delete rows)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,7 +19,13 @@ from dbidx.table.facade import Table
 from dbidx.spark_integration import dedupe as dedupe_module
 from dbidx.spark_integration.dedupe import all_distinct, latest_per_key
 from dbidx.spark_integration.tagger import (
-    TAG_FILE_GROUP, TAG_IS_DELETE, TAG_IS_UPDATE, TAG_PARTITION, ShardTagger, TagOptions, file_group_column,
+    TAG_FILE_GROUP,
+    TAG_IS_DELETE,
+    TAG_IS_UPDATE,
+    TAG_PARTITION,
+    ShardTagger,
+    TagOptions,
+    file_group_column,
 )
 from dbidx.storage.keyhash import shard_of, spark_hash
 
@@ -37,8 +44,10 @@ def test_all_distinct_is_exact_whatever_the_hashes(keys: list[str], buckets: int
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.sampled_from("abcdefg"), max_size=12),
-       st.lists(st.sampled_from([-2**31, -257, -256, -1, 0, 1, 255, 256, 257, 2**31 - 1]), min_size=7, max_size=7))
+@given(
+    st.lists(st.sampled_from("abcdefg"), max_size=12),
+    st.lists(st.sampled_from([-(2**31), -257, -256, -1, 0, 1, 255, 256, 257, 2**31 - 1]), min_size=7, max_size=7),
+)
 def test_all_distinct_is_exact_when_hashes_share_their_top_bits(keys: list[str], values: list[int]) -> None:
     """Hash values that agree in their top 24 bits but not in the low 8 (and negative ones) pass the bitmap of
     shared hashes without being shared: still only equal hashes are compared, and the answer is exact."""
@@ -59,17 +68,30 @@ def test_latest_per_key_with_hashes_keeps_distinct_keys_and_collapses_repeats() 
     colliding = np.zeros(4, dtype=np.int32)  # every key shares one hash: the keys themselves decide
     kept, dropped = latest_per_key(batch, options, False, colliding)
     assert dropped == 1 and sorted(zip(kept.column("id").to_pylist(), kept.column("v").to_pylist())) == [
-        ("k1", 1), ("k2", 9), ("k3", 1)]
+        ("k1", 1),
+        ("k2", 9),
+        ("k3", 1),
+    ]
     distinct = batch.slice(0, 3)
     assert latest_per_key(distinct, options, False, np.zeros(3, dtype=np.int32)) == (distinct, 0)
 
 
 def test_tag_new_places_inserts_per_partition_and_leaves_deletes_without_a_file_group(tmp_path: Path) -> None:
     table = Table.create(str(tmp_path / "t"), num_shards=1)
-    options = TagOptions(key="id", partition="dt", buckets=BucketSpec(capacity=2),
-                         cache=CacheConfig(base_path=str(tmp_path / "c")), bulk_seq=0)
-    rows = pa.table({"id": ["a", "b", "c", "d", "e", "f"], "dt": ["d2", "d1", "d2", "d1", "d2", "d2"],
-                     "_dbidx_delete": [False, False, True, False, False, False]})
+    options = TagOptions(
+        key="id",
+        partition="dt",
+        buckets=BucketSpec(capacity=2),
+        cache=CacheConfig(base_path=str(tmp_path / "c")),
+        bulk_seq=0,
+    )
+    rows = pa.table(
+        {
+            "id": ["a", "b", "c", "d", "e", "f"],
+            "dt": ["d2", "d1", "d2", "d1", "d2", "d2"],
+            "_dbidx_delete": [False, False, True, False, False, False],
+        }
+    )
     tagged = ShardTagger(table, 0, options).tag_new(rows)
     groups = tagged.column(TAG_FILE_GROUP).to_pylist()
     assert tagged.column(TAG_PARTITION).to_pylist() == ["dt=d2", "dt=d1", "dt=d2", "dt=d1", "dt=d2", "dt=d2"]
@@ -97,8 +119,13 @@ def test_tag_new_with_simple_buckets_places_each_key_by_its_hash(tmp_path: Path)
     """The simple assigner (which reads the keys) through tag_new's code path: each insert's file group is the
     bucket of its own key's hash, whatever the row order."""
     table = Table.create(str(tmp_path / "t"), num_shards=1)
-    options = TagOptions(key="id", partition="dt", buckets=BucketSpec(mode="simple", num_buckets=4),
-                         cache=CacheConfig(base_path=str(tmp_path / "c")), bulk_seq=0)
+    options = TagOptions(
+        key="id",
+        partition="dt",
+        buckets=BucketSpec(mode="simple", num_buckets=4),
+        cache=CacheConfig(base_path=str(tmp_path / "c")),
+        bulk_seq=0,
+    )
     keys = [f"key-{i}" for i in range(40)]
     rows = pa.table({"id": keys, "dt": ["d1", "d2"] * 20, "_dbidx_delete": [False] * 39 + [True]})
     groups = ShardTagger(table, 0, options).tag_new(rows).column(TAG_FILE_GROUP).to_pylist()

@@ -1,5 +1,6 @@
 """A task's index files (spark_integration/task_index.py) on a real table directory: one delta file per (partition,
 shard) that gets entries, written partition by partition, all announced before any is written."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -20,8 +21,14 @@ from dbidx.storage import markers
 def tagged_rows(rows: list[tuple[str, str, str | None, bool, bool]]) -> pa.Table:
     """(key, partition, file group, is_update, is_delete) rows as a tagger leaves them (old location: the same)."""
     keys, parts, fgs, updates, deletes = (list(c) for c in zip(*rows))
-    columns = [parts, fgs, updates, [p if u else None for p, u in zip(parts, updates)],
-               [f if u else None for f, u in zip(fgs, updates)], deletes]
+    columns = [
+        parts,
+        fgs,
+        updates,
+        [p if u else None for p, u in zip(parts, updates)],
+        [f if u else None for f, u in zip(fgs, updates)],
+        deletes,
+    ]
     table = pa.table({"id": keys})
     for spec, values in zip(TAG_FIELDS, columns):
         table = table.append_column(spec, pa.array(values, spec.type))
@@ -39,21 +46,29 @@ def test_each_partition_gets_its_files_announced_first_and_only_entries_count(tm
     writer = CommitWriter(table)
     staged: list[tuple[str, list[str]]] = []
     files, touched, changes = write_task_index(
-        table, tagged_rows(rows), options, writer.instant, 0, {0: 0, 1: 0},
-        on_written=lambda record, entries: staged.append((record.path, entries.column(rli_files.KEY).to_pylist())))
+        table,
+        tagged_rows(rows),
+        options,
+        writer.instant,
+        0,
+        {0: 0, 1: 0},
+        on_written=lambda record, entries: staged.append((record.path, entries.column(rli_files.KEY).to_pylist())),
+    )
     # 1. One file per (partition, shard) with entries, in (partition, shard) order, exactly these announced, each
     #    handed to on_written once with its sorted entries.
     groups = [(f.partition, f.shard) for f in files]
     assert groups == sorted(groups) and {p for p, _ in groups} == {"dt=a", "dt=b"} and groups[0][0] == "dt=a"
     assert set(markers.announced_files(table.io, writer.instant)) == {f.path for f in files} | {
-        t.path for t in touched if t.path and t.path not in {f.path for f in files}}
+        t.path for t in touched if t.path and t.path not in {f.path for f in files}
+    }
     read = {f.path: rli_files.read_rli_file(table.io, f) for f in files}
     assert staged == [(f.path, read[f.path].column(rli_files.KEY).to_pylist()) for f in files]
     # 2. Every entry once, sorted in its file; inserts and tombstones where they belong.
     keys = [k for t in read.values() for k in t.column(rli_files.KEY).to_pylist()]
     assert sorted(keys) == sorted([r[0] for r in rows[:46]])
-    assert all(t.column(rli_files.KEY).to_pylist() == sorted(t.column(rli_files.KEY).to_pylist())
-               for t in read.values())
+    assert all(
+        t.column(rli_files.KEY).to_pylist() == sorted(t.column(rli_files.KEY).to_pylist()) for t in read.values()
+    )
     assert sum(f.tombstones for f in files) == 6 and sum(f.inserts for f in files) == 40
     assert all(f.tombstones == 0 for f in files if f.partition == "dt=b")
     # 3. The stats change: +1 per insert, -1 per tombstone, per file group too.

@@ -1,4 +1,5 @@
 """The task result: what a real shard task built comes back from its bytes the same, and bad bytes are refused."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -17,8 +18,9 @@ from dbidx.spark_integration.task_result import TaskResult, pack_payload
 
 
 def _rows(n: int, version: int) -> pa.Table:
-    return pa.table({"id": [f"k{i:04d}" for i in range(n)], "dt": [f"2025-03-0{1 + i % 3}" for i in range(n)],
-                     "v": [version] * n})
+    return pa.table(
+        {"id": [f"k{i:04d}" for i in range(n)], "dt": [f"2025-03-0{1 + i % 3}" for i in range(n)], "v": [version] * n}
+    )
 
 
 def test_a_real_result_survives_its_wire_form(tmp_path: Path) -> None:

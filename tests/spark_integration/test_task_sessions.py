@@ -1,5 +1,6 @@
 """The tag path's shard sessions end on the failure path when tagging fails: the success epilogue (reaper run,
 metrics) never runs for a task that raised, and the cache is closed either way."""
+
 from __future__ import annotations
 
 import os
@@ -29,8 +30,9 @@ def batch(keys: list) -> pa.RecordBatch:
 def setup(tmp_path: Path):
     table = Table.create(str(tmp_path / "t"), num_shards=1)
     config = CacheConfig(base_path=str(tmp_path / "cache"), reaper_interval_s=0.0)
-    upsert_arrow(pa.table({"id": ["a", "b"], "dt": ["2025-03-01"] * 2}), table, key="id", partition="dt",
-                 cache_config=config)
+    upsert_arrow(
+        pa.table({"id": ["a", "b"], "dt": ["2025-03-01"] * 2}), table, key="id", partition="dt", cache_config=config
+    )
     with RecordIndexCache.for_table(table, 0, config) as cache:
         cache.set_info(task.REAPER_INFO, {"last_ms": 0, "dropped": []})
     return table, config
@@ -90,8 +92,9 @@ def test_a_damaged_cache_is_rebuilt_within_the_task(tmp_path: Path) -> None:
     table = Table.create(str(tmp_path / "t"), num_shards=1)
     config = CacheConfig(base_path=str(tmp_path / "cache"), reaper_interval_s=3600.0)
     keys = [f"key-{i:06d}" for i in range(20_000)]
-    upsert_arrow(pa.table({"id": keys, "dt": ["2025-03-01"] * len(keys)}), table, key="id", partition="dt",
-                 cache_config=config)
+    upsert_arrow(
+        pa.table({"id": keys, "dt": ["2025-03-01"] * len(keys)}), table, key="id", partition="dt", cache_config=config
+    )
     options = TagOptions(key="id", partition="dt", cache=config)
     probe = [batch(keys[::7] + ["new-1", "new-2"])]
     expected = [True] * len(keys[::7]) + [False, False]
@@ -106,12 +109,18 @@ def test_a_damaged_cache_is_rebuilt_within_the_task(tmp_path: Path) -> None:
     # 2. upsert, after the manifest was deleted by hand: rebuilt, counted, and the batch lands.
     current = (cache_dir / "CURRENT").read_text().strip()
     (cache_dir / current).unlink()
-    summary = upsert_arrow(pa.table({"id": keys[:5] + ["new-3"], "dt": ["2025-03-01"] * 6}), table, key="id",
-                           partition="dt", cache_config=replace(config, block_cache_mb=62))
+    summary = upsert_arrow(
+        pa.table({"id": keys[:5] + ["new-3"], "dt": ["2025-03-01"] * 6}),
+        table,
+        key="id",
+        partition="dt",
+        cache_config=replace(config, block_cache_mb=62),
+    )
     assert summary.cache_rebuilds == 1 and (summary.updates, summary.inserts) == (5, 1)
     assert sorted(read_arrow(Table.open(table.uri)).column("id").to_pylist()) == sorted(keys + ["new-3"])
     with RecordIndexCache.for_table(table, 0, config) as cache:
         assert None not in cache.lookup("dt=2025-03-01", keys[:100])  # the rebuilt cache serves
+
 
 def test_an_upsert_task_reads_the_table_state_once(setup, monkeypatch) -> None:
     """One view per task: catch-up, planning, superseded rows and the index writer share the task's one refresh
@@ -135,8 +144,9 @@ def test_an_upsert_task_reads_the_table_state_once(setup, monkeypatch) -> None:
 
     monkeypatch.setattr(Table, "_refresh_views", counted)
     monkeypatch.setattr(task, "_upsert_rows", marked)
-    summary = upsert_arrow(pa.table({"id": ["a", "d"], "dt": ["2025-03-01"] * 2}), table, key="id",
-                           partition="dt", cache_config=config)
+    summary = upsert_arrow(
+        pa.table({"id": ["a", "d"], "dt": ["2025-03-01"] * 2}), table, key="id", partition="dt", cache_config=config
+    )
     assert (summary.updates, summary.inserts) == (1, 1)
     assert refreshes.count("task") == 0  # warm_table's refresh, just before the task body, is the one it uses
     assert refreshes.count("driver") >= 1
@@ -176,6 +186,11 @@ def test_a_task_given_a_fresh_copy_of_the_table_tags_against_the_latest_commit(s
     fresh = pickle.loads(pickle.dumps(table))
     assert task.warm_table(fresh).timeline.latest_seq == table.refresh().applied_seq > 0
     monkeypatch.setattr(task, "_TABLES", {})
-    summary = upsert_arrow(pa.table({"id": ["a"], "dt": ["2025-03-01"]}), pickle.loads(pickle.dumps(table)),
-                           key="id", partition="dt", cache_config=config)
+    summary = upsert_arrow(
+        pa.table({"id": ["a"], "dt": ["2025-03-01"]}),
+        pickle.loads(pickle.dumps(table)),
+        key="id",
+        partition="dt",
+        cache_config=config,
+    )
     assert summary.updates == 1

@@ -3,6 +3,7 @@ deletes, re-inserts; moves in global mode), a writer that loses a race retries; 
 and the index agree exactly, there is one live row per key, the table equals a serial oracle that applies the
 batches in commit order, and the Delta readers read the same rows as dbidx. Runs the real upsert tasks and publish step
 in-process (`upsert_arrow`) on real files and real shard caches, so many rounds fit in seconds."""
+
 from __future__ import annotations
 
 import random
@@ -36,8 +37,14 @@ def random_batch(rng: random.Random, global_mode: bool) -> list[tuple[str, str, 
 
 
 def as_arrow(rows: list[tuple[str, str, int, bool]]) -> pa.Table:
-    return pa.table({"id": [r[0] for r in rows], "dt": [r[1] for r in rows], "v": [r[2] for r in rows],
-                     "_dbidx_delete": [r[3] for r in rows]})
+    return pa.table(
+        {
+            "id": [r[0] for r in rows],
+            "dt": [r[1] for r in rows],
+            "v": [r[2] for r in rows],
+            "_dbidx_delete": [r[3] for r in rows],
+        }
+    )
 
 
 def live_rows(table: Table) -> dict[tuple[str, ...], tuple[str, int, str]]:
@@ -63,8 +70,9 @@ def live_rows(table: Table) -> dict[tuple[str, ...], tuple[str, int, str]]:
                 latest[ident] = (rec.seq, f.partition, row["v"], f.file_group, deleted)
         # One row per record per commit; only in global mode a move's live row plus its leftover delete row.
         for ident, flags in seen.items():
-            assert len(flags) == 1 or (table.global_index and sorted(flags) == [False, True]), \
+            assert len(flags) == 1 or (table.global_index and sorted(flags) == [False, True]), (
                 f"rows {flags} for {ident} in commit {rec.seq}"
+            )
     return {ident: (part, v, fg) for ident, (_seq, part, v, fg, deleted) in latest.items() if not deleted}
 
 

@@ -1,4 +1,5 @@
 """Spark tag/upsert against an independent oracle: random batches, warm vs cold caches, buckets, read_table."""
+
 from __future__ import annotations
 
 import random
@@ -43,8 +44,10 @@ def read_rows(spark, table: Table) -> set[tuple[str, str, int]]:
 def test_random_batches_match_the_oracle_warm_and_cold(spark, tmp_path: Path, global_index: bool) -> None:
     rng = random.Random(20261123 + global_index)
     capacity, shards = 7, 3
-    tables = {name: Table.create(str(tmp_path / name), num_shards=shards, global_index=global_index)
-              for name in ("warm", "cold")}
+    tables = {
+        name: Table.create(str(tmp_path / name), num_shards=shards, global_index=global_index)
+        for name in ("warm", "cold")
+    }
     configs = {name: CacheConfig(base_path=str(tmp_path / f"cache-{name}")) for name in tables}
     oracle, serial = Oracle(global_index), [0]
     for n in range(20):
@@ -55,8 +58,9 @@ def test_random_batches_match_the_oracle_warm_and_cold(spark, tmp_path: Path, gl
         for name, table in tables.items():
             if name == "cold":  # a fresh executor every batch: the whole cache is rebuilt from the index
                 shutil.rmtree(tmp_path / "cache-cold", ignore_errors=True)
-            summaries[name] = upsert(df, table, key="id", partition="dt", buckets=BucketSpec(capacity=capacity),
-                                     cache_config=configs[name])
+            summaries[name] = upsert(
+                df, table, key="id", partition="dt", buckets=BucketSpec(capacity=capacity), cache_config=configs[name]
+            )
         oracle.apply(batch)
         for name, summary in summaries.items():
             assert {c: getattr(summary, c) for c in COUNTS} == expected, (n, name)
@@ -66,8 +70,9 @@ def test_random_batches_match_the_oracle_warm_and_cold(spark, tmp_path: Path, gl
         # 1. The index holds exactly the live records, each once, in the right partition.
         assert set(states["warm"]) == as_expected_index(oracle), n
         if global_index:
-            assert {k: v.partition("|")[0] for k, v in states["warm"].items()} == \
-                   {k: hive(day) for k, (day, _) in oracle.rows.items()}
+            assert {k: v.partition("|")[0] for k, v in states["warm"].items()} == {
+                k: hive(day) for k, (day, _) in oracle.rows.items()
+            }
         else:
             states = {name: {k: f"{k[0]}|{fg}" for k, fg in s.items()} for name, s in states.items()}
         # 2. Cold and warm caches route every key to the same bucket.
@@ -78,8 +83,9 @@ def test_random_batches_match_the_oracle_warm_and_cold(spark, tmp_path: Path, gl
             for table in tables.values():
                 assert read_rows(spark, table) == oracle.expected_rows(), n
                 # 4. The Delta log a Spark-written table carries: polars, deltalake and duckdb read the same rows.
-                assert_readers_agree(table, ("id", "dt", "v"), {(k, d.split("=", 1)[-1], v)
-                                                                for k, d, v in oracle.expected_rows()})
+                assert_readers_agree(
+                    table, ("id", "dt", "v"), {(k, d.split("=", 1)[-1], v) for k, d, v in oracle.expected_rows()}
+                )
     assert summaries["cold"].on_demand_loads > summaries["warm"].on_demand_loads
 
 
@@ -107,8 +113,13 @@ def test_a_lazy_read_overtaken_by_a_clean_fails_typed(spark, tmp_path: Path) -> 
     table = Table.create(str(tmp_path / "t"), num_shards=1)
     config = CacheConfig(base_path=str(tmp_path / "cache"))
     for v in range(2):
-        upsert(spark.createDataFrame([("a", "2025-03-01", v, False)], SCHEMA), table, key="id", partition="dt",
-               cache_config=config)
+        upsert(
+            spark.createDataFrame([("a", "2025-03-01", v, False)], SCHEMA),
+            table,
+            key="id",
+            partition="dt",
+            cache_config=config,
+        )
     planned = read_table(spark, table)
     table.compact_data()
     table.clean(retain_completions=0)
@@ -123,8 +134,14 @@ def test_simple_buckets_route_by_hash_and_keep_existing_keys(spark, tmp_path: Pa
     table = Table.create(str(tmp_path / "t"), num_shards=2)
     config = CacheConfig(base_path=str(tmp_path / "cache"))
     rows = [(f"user-{i}", "2025-03-01", i, False) for i in range(200)]
-    summary = upsert(spark.createDataFrame(rows, SCHEMA), table, key="id", partition="dt",
-                     buckets=BucketSpec(mode="simple", num_buckets=6), cache_config=config)
+    summary = upsert(
+        spark.createDataFrame(rows, SCHEMA),
+        table,
+        key="id",
+        partition="dt",
+        buckets=BucketSpec(mode="simple", num_buckets=6),
+        cache_config=config,
+    )
     assert summary.inserts == 200
     state = index_state(table)
     keys = [ident[1] for ident in state]
@@ -134,35 +151,52 @@ def test_simple_buckets_route_by_hash_and_keep_existing_keys(spark, tmp_path: Pa
     again = upsert(spark.createDataFrame(rows[:50], SCHEMA), table, key="id", partition="dt", cache_config=config)
     assert (again.updates, again.inserts, again.hits) == (50, 0, 50)
     from dbidx.errors import ConfigError
+
     with pytest.raises(ConfigError, match="routes new keys"):
-        upsert(spark.createDataFrame(rows[:5], SCHEMA), table, key="id", partition="dt", buckets=BucketSpec(),
-               cache_config=config)
+        upsert(
+            spark.createDataFrame(rows[:5], SCHEMA),
+            table,
+            key="id",
+            partition="dt",
+            buckets=BucketSpec(),
+            cache_config=config,
+        )
 
 
 def test_ordering_field_decides_between_repeats_and_global_tag_reports_moves(spark, tmp_path: Path) -> None:
     table = Table.create(str(tmp_path / "g"), num_shards=2, global_index=True)
     config = CacheConfig(base_path=str(tmp_path / "cache"))
-    first = upsert(spark.createDataFrame([("a", "2025-03-01", 5, False), ("b", "2025-03-01", 1, False)], SCHEMA),
-                   table, key="id", partition="dt", cache_config=config)
+    first = upsert(
+        spark.createDataFrame([("a", "2025-03-01", 5, False), ("b", "2025-03-01", 1, False)], SCHEMA),
+        table,
+        key="id",
+        partition="dt",
+        cache_config=config,
+    )
     assert first.inserts == 2
     # Two rows for "a": the earlier one carries the higher ordering value (v) and must win.
     batch = [("a", "2025-03-02", 9, False), ("a", "2025-03-01", 7, False)]
-    summary = upsert(spark.createDataFrame(batch, SCHEMA), table, key="id", partition="dt", ordering="v",
-                     cache_config=config)
+    summary = upsert(
+        spark.createDataFrame(batch, SCHEMA), table, key="id", partition="dt", ordering="v", cache_config=config
+    )
     assert (summary.duplicates_dropped, summary.moves, summary.updates) == (1, 1, 1)
     assert (summary.input_rows, summary.rows) == (2, 1)  # rows in vs records written
     stored = commit_history(table, 1)[0]["metrics"]
     assert (stored["input_rows"], stored["rows"]) == (2, 1)
     assert 0 < stored["seconds"] <= summary.seconds  # measured up to the publish, before it was stored
-    assert {(r.id, r.dt, r.v) for r in read_table(spark, table).collect()} == {("a", "2025-03-02", 9),
-                                                                                ("b", "2025-03-01", 1)}
+    assert {(r.id, r.dt, r.v) for r in read_table(spark, table).collect()} == {
+        ("a", "2025-03-02", 9),
+        ("b", "2025-03-01", 1),
+    }
     # tag() in global mode: where the key lives now, and the new file group when the row's partition differs.
-    probe = spark.createDataFrame([("a", "2025-03-05", 0, False), ("b", "2025-03-01", 0, False),
-                                   ("c", "2025-03-01", 0, False)], SCHEMA)
+    probe = spark.createDataFrame(
+        [("a", "2025-03-05", 0, False), ("b", "2025-03-01", 0, False), ("c", "2025-03-01", 0, False)], SCHEMA
+    )
     rows = {r.id: r for r in tag(probe, table, key="id", partition="dt", cache_config=config).collect()}
     assert (rows["a"]._dbidx_is_update, rows["a"]._dbidx_old_partition) == (True, "dt=2025-03-02")
-    assert rows["a"]._dbidx_partition == "dt=2025-03-05" and rows["a"]._dbidx_file_group != \
-        rows["a"]._dbidx_old_file_group
+    assert (
+        rows["a"]._dbidx_partition == "dt=2025-03-05" and rows["a"]._dbidx_file_group != rows["a"]._dbidx_old_file_group
+    )
     assert rows["b"]._dbidx_file_group == rows["b"]._dbidx_old_file_group and rows["b"]._dbidx_is_update
     assert (rows["c"]._dbidx_is_update, rows["c"]._dbidx_old_partition) == (False, None)
     assert bucket_of(rows["c"]._dbidx_file_group) is not None
@@ -176,8 +210,9 @@ def test_a_batch_writes_one_data_file_per_partition_per_task_and_one_dv_file(spa
     config = CacheConfig(base_path=str(tmp_path / "cache"))
     load = [(f"k{i:04d}", f"2025-03-0{1 + i % 4}", i, False) for i in range(400)]
     upsert(spark.createDataFrame(load, SCHEMA), table, key="id", partition="dt", cache_config=config)
-    change = [(f"k{i:04d}", f"2025-03-0{1 + i % 4}", -i, i % 7 == 0) for i in range(0, 400, 3)] + \
-             [(f"n{i:04d}", "2025-03-04", i, False) for i in range(50)]
+    change = [(f"k{i:04d}", f"2025-03-0{1 + i % 4}", -i, i % 7 == 0) for i in range(0, 400, 3)] + [
+        (f"n{i:04d}", "2025-03-04", i, False) for i in range(50)
+    ]
     upsert(spark.createDataFrame(change, SCHEMA), table, key="id", partition="dt", cache_config=config)
     record = table.latest()
     assert record is not None and record.data_files

@@ -2,6 +2,7 @@
 oldest kept checkpoint are deleted after a floor records it; a table with an expired archive opens, reads, time
 travels to kept versions, refuses expired ones with HistoryCompactedError, verifies clean and takes new upserts,
 and a gap above the floor (or a damaged floor) is still a CorruptFileError. Real tables on a temp dir, no mocks."""
+
 from __future__ import annotations
 
 import copy
@@ -37,8 +38,9 @@ def upserts(table: Table, oracle, config, seed: int, first_key: int, count: int)
     rng = random.Random(seed)
     for _ in range(count):
         batch = random_batch(rng, oracle, [first_key], size=20)
-        upsert_arrow(as_arrow(batch), table, key="id", partition="dt", buckets=BucketSpec(capacity=5),
-                     cache_config=config)
+        upsert_arrow(
+            as_arrow(batch), table, key="id", partition="dt", buckets=BucketSpec(capacity=5), cache_config=config
+        )
         oracle.apply(batch)
 
 
@@ -82,8 +84,9 @@ def made_once(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple]:
 
 
 @pytest.mark.parametrize("global_index", [False, True], ids=["partitioned", "global"])
-def test_an_expired_archive_opens_reads_time_travels_verifies_and_takes_upserts(tmp_path: Path,
-                                                                               global_index: bool) -> None:
+def test_an_expired_archive_opens_reads_time_travels_verifies_and_takes_upserts(
+    tmp_path: Path, global_index: bool
+) -> None:
     table, oracle, config, before, report = expired_table(tmp_path, global_index)
     oldest = checkpoint.checkpoint_seqs(table.io)[0]
     # 1. Every bundle wholly below the oldest checkpoint went; the floor says so, with the state at it.

@@ -1,6 +1,7 @@
 """Checkpoints and archive bundles: a table opened from a checkpoint is the table replayed from its first record,
 under the random change stream of the oracle tests (upserts, index and data compactions, cleans), and every damaged
 or crafted checkpoint is a loud error."""
+
 from __future__ import annotations
 
 import random
@@ -46,8 +47,9 @@ def build(tmp_path: Path, global_index: bool, batches: int = 22) -> tuple[Table,
     oracle, serial = Oracle(global_index), [0]
     for i in range(batches):
         batch = random_batch(rng, oracle, serial, size=30)
-        upsert_arrow(as_arrow(batch), table, key="id", partition="dt", buckets=BucketSpec(capacity=5),
-                     cache_config=config)
+        upsert_arrow(
+            as_arrow(batch), table, key="id", partition="dt", buckets=BucketSpec(capacity=5), cache_config=config
+        )
         oracle.apply(batch)
         if i % 6 == 5:
             table.compact()
@@ -85,8 +87,9 @@ def test_a_table_opened_from_a_checkpoint_is_the_replayed_table(tmp_path: Path, 
     rng = random.Random(7)
     for _ in range(INTERVAL + 1):
         batch = random_batch(rng, oracle, [10_000], size=20)
-        upsert_arrow(as_arrow(batch), fresh, key="id", partition="dt", buckets=BucketSpec(capacity=5),
-                     cache_config=config)
+        upsert_arrow(
+            as_arrow(batch), fresh, key="id", partition="dt", buckets=BucketSpec(capacity=5), cache_config=config
+        )
         oracle.apply(batch)
     assert current(Table.open(table.uri)) == oracle.expected_rows()
     # 6. The process that wrote the first records (and read them as files) keeps refreshing after the archiving.
@@ -153,20 +156,32 @@ def test_a_damaged_checkpoint_is_loud_and_removing_it_opens_from_the_log(tmp_pat
 def reseal(table: Table, seq: int, change) -> None:
     """Rewrite a checkpoint with a valid checksum around a crafted change (what an attacker could do)."""
     cp = checkpoint.read_checkpoint(table.io, seq, table.props.table_id)
-    payload = {"format": checkpoint.CHECKPOINT_FORMAT, "table_id": table.props.table_id, "seq": cp.seq,
-               "max_instant": cp.max_instant, "index": cp.index, "data": cp.data}
+    payload = {
+        "format": checkpoint.CHECKPOINT_FORMAT,
+        "table_id": table.props.table_id,
+        "seq": cp.seq,
+        "max_instant": cp.max_instant,
+        "index": cp.index,
+        "data": cp.data,
+    }
     change(payload)
     Path(table.io.path(layout.checkpoint_file(seq))).write_bytes(checkpoint.seal(payload))
 
 
-@pytest.mark.parametrize("craft, match", [
-    (lambda p: p["index"]["files"][0]["file"].update(path="../outside.parquet"), "outside|segment"),
-    (lambda p: p["index"]["files"][0]["file"].update(shard=7), "shard 7"),
-    (lambda p: p.update(table_id="0" * 32), "belongs to table"),
-    (lambda p: p["data"]["replaced"].append({"path": ".dbidx/table.json", "seq": 1, "source": False}),
-     "metadata folder"),
-    (lambda p: p["index"].update(applied_seq=1), "not at its own seq"),
-], ids=["path-escape", "shard-range", "other-table", "metadata-as-data", "seq-mismatch"])
+@pytest.mark.parametrize(
+    "craft, match",
+    [
+        (lambda p: p["index"]["files"][0]["file"].update(path="../outside.parquet"), "outside|segment"),
+        (lambda p: p["index"]["files"][0]["file"].update(shard=7), "shard 7"),
+        (lambda p: p.update(table_id="0" * 32), "belongs to table"),
+        (
+            lambda p: p["data"]["replaced"].append({"path": ".dbidx/table.json", "seq": 1, "source": False}),
+            "metadata folder",
+        ),
+        (lambda p: p["index"].update(applied_seq=1), "not at its own seq"),
+    ],
+    ids=["path-escape", "shard-range", "other-table", "metadata-as-data", "seq-mismatch"],
+)
 def test_a_crafted_checkpoint_is_refused(tmp_path: Path, craft, match) -> None:
     table = small_table(tmp_path)
     reseal(table, checkpoint.checkpoint_seqs(table.io)[-1], craft)

@@ -1,4 +1,5 @@
 """FileIO's whole-file reads: checked bytes, in memory Arrow owns (Parquet readers decode them on Arrow's threads)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -64,4 +65,3 @@ def test_a_missing_file_is_named(tmp_path: Path) -> None:
     io = FileIO.from_uri(str(tmp_path))
     with pytest.raises(CorruptFileError, match=r"nope\.parquet is missing"):
         io.read_buffer("nope.parquet")
-

@@ -6,6 +6,7 @@ The writers here are real processes (a child running `upsert_arrow`, stopped aft
 writer "on another host" is a real child whose claim names another host: only its heartbeat can tell whether it
 runs then, as for a Spark driver on another machine.
 """
+
 from __future__ import annotations
 
 import json
@@ -64,8 +65,9 @@ class Writer:
     """A child process in the middle of an upsert (its first shard's files written), killed at the end."""
 
     def __init__(self, path: str, cache: str, interval: float = INTERVAL) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-c", CHILD, path, cache, str(interval)],
-                                     stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", CHILD, path, cache, str(interval)], stdout=subprocess.PIPE, text=True
+        )
         line = self.proc.stdout.readline()
         assert line.startswith("WROTE "), line
         self.instant = line.split()[1]
@@ -141,8 +143,7 @@ def test_the_next_upsert_rolls_back_a_dead_writer_of_another_host_once_its_heart
     assert files and all(Path(table.io.path(f)).exists() for f in files)
     # 1. Alive (its heartbeat is renewed): the next upsert sees it and leaves it alone.
     summary = upsert_arrow(rows(["c"], v=2), table, key="id", partition="dt", cache_config=config)
-    assert summary.abandoned == {"seen": 1, "rolled_back": [], "running": [writer.instant], "settled": [],
-                                 "failed": []}
+    assert summary.abandoned == {"seen": 1, "rolled_back": [], "running": [writer.instant], "settled": [], "failed": []}
     [attempt] = table.pending_attempts()
     assert attempt.alive is True and attempt.host == "driver-7.example"
     # 2. Killed: once its heartbeat expired, the next upsert rolls it back with its files, and says so.
@@ -150,8 +151,7 @@ def test_the_next_upsert_rolls_back_a_dead_writer_of_another_host_once_its_heart
     time.sleep(EXPIRY_INTERVALS * INTERVAL + 0.5)
     assert table.pending_attempts()[0].alive is False
     summary = upsert_arrow(rows(["d"], v=3), table, key="id", partition="dt", cache_config=config)
-    assert summary.abandoned == {"seen": 1, "rolled_back": [writer.instant], "running": [], "settled": [],
-                                 "failed": []}
+    assert summary.abandoned == {"seen": 1, "rolled_back": [writer.instant], "running": [], "settled": [], "failed": []}
     assert table.timeline.record_of(writer.instant).action == ACTION_ROLLBACK
     assert not [f for f in files if Path(table.io.path(f)).exists()]
     assert table.pending_attempts() == []
@@ -211,9 +211,18 @@ def test_a_live_writer_rolled_back_by_force_cannot_publish(tmp_path: Path) -> No
         writer.commit()
 
 
-@pytest.mark.parametrize("body", [b"not json", b"[]", b'{"renewed_at_ms": "soon", "interval_s": 1}',
-                                  b'{"renewed_at_ms": 1, "interval_s": 1e9}', b'{"renewed_at_ms": true}',
-                                  b'{"renewed_at_ms": 1, "interval_s": NaN}'], ids=str)
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"not json",
+        b"[]",
+        b'{"renewed_at_ms": "soon", "interval_s": 1}',
+        b'{"renewed_at_ms": 1, "interval_s": 1e9}',
+        b'{"renewed_at_ms": true}',
+        b'{"renewed_at_ms": 1, "interval_s": NaN}',
+    ],
+    ids=str,
+)
 def test_a_heartbeat_that_is_not_what_dbidx_writes_is_not_trusted(tmp_path: Path, body: bytes) -> None:
     table = Table.create(str(tmp_path / "t"), num_shards=1)
     writer = table.new_commit()

@@ -4,6 +4,7 @@ long the process runs), and every read that would need a forgotten file stays a 
 
 The reference is an independent fold of docs/FORMAT.md section 7 (every file ever written, with its replaced and
 cleaned marks), against which both the long-lived Table and a fresh `Table.open` are checked at every seq."""
+
 from __future__ import annotations
 
 import json
@@ -54,8 +55,9 @@ class Reference:
                     if path in self.added:
                         self.replaced[path] = rec.seq
                         f = self.added[path][2]
-                        covered[(f.partition, f.shard)] = max(covered.get((f.partition, f.shard), 0),
-                                                              self.added[path][1][0])
+                        covered[(f.partition, f.shard)] = max(
+                            covered.get((f.partition, f.shard), 0), self.added[path][1][0]
+                        )
                 for f in rec.files:
                     self.added[f.path] = (rec.seq, (covered.get((f.partition, f.shard), 0), 1), f)
             if rec.action == ACTION_CLEAN:
@@ -63,8 +65,11 @@ class Reference:
 
     def files(self, group: tuple, upto: int) -> list[str] | None:
         """Paths live in the group as of upto, oldest first; None if one of them was cleaned (must raise)."""
-        live = [(order, path) for path, (seq, order, f) in self.added.items()
-                if (f.partition, f.shard) == group and seq <= upto and self.replaced.get(path, upto + 1) > upto]
+        live = [
+            (order, path)
+            for path, (seq, order, f) in self.added.items()
+            if (f.partition, f.shard) == group and seq <= upto and self.replaced.get(path, upto + 1) > upto
+        ]
         if any(path in self.cleaned for _, path in live):
             return None
         return [path for _, path in sorted(live, key=lambda item: item[0])]
@@ -82,8 +87,15 @@ class Reference:
             if path in self.replaced and path in self.cleaned:
                 floor = max(floor, self.replaced[path])
                 continue
-            files.append({"file": asdict(f), "seq": seq, "order": list(order),
-                          "replaced_at": self.replaced.get(path), "cleaned_at": None})
+            files.append(
+                {
+                    "file": asdict(f),
+                    "seq": seq,
+                    "order": list(order),
+                    "replaced_at": self.replaced.get(path),
+                    "cleaned_at": None,
+                }
+            )
         return {"applied_seq": applied_seq, "history_floor": floor, "files": files, "stats": stats}
 
 
@@ -162,8 +174,9 @@ def stream(tmp_path: Path, global_index: bool, steps: int, seed: int, every=None
     oracle, serial, ref = Oracle(global_index), [0], Reference()
     for step in range(steps):
         batch = random_batch(rng, oracle, serial, size=12)
-        upsert_arrow(as_arrow(batch), table, key="id", partition="dt", buckets=BucketSpec(capacity=5),
-                     cache_config=config)
+        upsert_arrow(
+            as_arrow(batch), table, key="id", partition="dt", buckets=BucketSpec(capacity=5), cache_config=config
+        )
         oracle.apply(batch)
         if rng.random() < 0.35:
             table.compact(min_files=2)
@@ -178,8 +191,7 @@ def stream(tmp_path: Path, global_index: bool, steps: int, seed: int, every=None
 
 
 @pytest.mark.parametrize("global_index", [False, True], ids=["partitioned", "global"])
-def test_a_long_lived_view_holds_what_a_fresh_open_holds_and_stays_bounded(tmp_path: Path,
-                                                                          global_index: bool) -> None:
+def test_a_long_lived_view_holds_what_a_fresh_open_holds_and_stays_bounded(tmp_path: Path, global_index: bool) -> None:
     counts: list[tuple[int, int, int]] = []  # (step, long-lived view's entries, the whole fold's entries)
     only_long = [0]
 
@@ -262,8 +274,14 @@ def test_checkpoints_of_a_long_lived_writer_equal_a_fresh_fold(tmp_path: Path) -
         part = Reference()
         part.apply(records[:seq])
         assert canonical(stored["index"]) == canonical(part.checkpoint_index(seq, stored["index"]["stats"]))
-        payload = {"format": checkpoint.CHECKPOINT_FORMAT, "table_id": table.props.table_id, "seq": seq,
-                   "max_instant": stored["max_instant"], "index": index.to_dict(), "data": data.to_dict()}
+        payload = {
+            "format": checkpoint.CHECKPOINT_FORMAT,
+            "table_id": table.props.table_id,
+            "seq": seq,
+            "max_instant": stored["max_instant"],
+            "index": index.to_dict(),
+            "data": data.to_dict(),
+        }
         assert checkpoint.seal(payload) == raw
         pruned_before += stored["index"]["history_floor"] > 0
     assert pruned_before  # some checkpoint was written after the long-lived view had pruned files

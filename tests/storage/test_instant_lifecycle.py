@@ -2,6 +2,7 @@
 back and deletes every file it declared or announced; a failure after the publish (another engine took its Delta
 version: ForeignCommitAfterPublishError) is never rolled back; a success publishes exactly once and deletes what the
 instant wrote but does not list. Real tables on tmp_path, real Parquet files, no stand-in for storage."""
+
 from __future__ import annotations
 
 import io as pyio
@@ -156,8 +157,9 @@ def test_an_index_compaction_deletes_a_retried_pieces_file(table: Table, monkeyp
 
     monkeypatch.setattr(compaction, "merge_group", merged_twice)
     result = table.compact()
-    assert result.record is not None and [r.action for r in records_of(table, result.record.instant)] == \
-        [ACTION_COMPACTION]
+    assert result.record is not None and [r.action for r in records_of(table, result.record.instant)] == [
+        ACTION_COMPACTION
+    ]
     assert extra and not table.io.exists(extra[0])
     assert all(table.io.exists(f.path) for f in result.record.files)
     assert table.timeline.pending() == []

@@ -1,6 +1,7 @@
 """Issue 29, point 1 after the audit: a table the old rollback bug already bricked (an instant id at the end of the
 17-digit range in a stray timeline file or a checkpoint) is reported by verify, named by the writer's error, and
 repaired or healed with nothing lost."""
+
 from __future__ import annotations
 
 import json
@@ -40,8 +41,9 @@ def _ids(table: Table) -> list[str]:
 
 
 @pytest.mark.parametrize("kind", ["requested", "inflight"])
-def test_a_stray_timeline_file_at_the_end_of_the_range_is_named_reported_and_repaired(tmp_path: Path,
-                                                                                      kind: str) -> None:
+def test_a_stray_timeline_file_at_the_end_of_the_range_is_named_reported_and_repaired(
+    tmp_path: Path, kind: str
+) -> None:
     table, config = _table(tmp_path)
     stray = Path(table.io.path(layout.TIMELINE_DIR)) / f"{FAR}.{kind}"
     planned = f"dt=2025-03-01/{FAR}-0.parquet"  # a file the stray instant planned: no completion lists it
@@ -79,8 +81,14 @@ def test_a_checkpoint_whose_max_instant_is_out_of_range_is_recomputed(tmp_path: 
     upsert_arrow(rows(["c"]), table, key="id", partition="dt", cache_config=config)
     seq = checkpoint.checkpoint_seqs(table.io)[-1]
     cp = checkpoint.read_checkpoint(table.io, seq, table.props.table_id)
-    payload = {"format": checkpoint.CHECKPOINT_FORMAT, "table_id": table.props.table_id, "seq": cp.seq,
-               "max_instant": FAR, "index": cp.index, "data": cp.data}
+    payload = {
+        "format": checkpoint.CHECKPOINT_FORMAT,
+        "table_id": table.props.table_id,
+        "seq": cp.seq,
+        "max_instant": FAR,
+        "index": cp.index,
+        "data": cp.data,
+    }
     Path(table.io.path(layout.checkpoint_file(seq))).write_bytes(checkpoint.seal(payload))
     reopened = Table.open(table.uri)
     for v in range(2, 5):
@@ -96,9 +104,18 @@ def test_allocation_and_checkpoints_ignore_an_id_a_rollback_record_merely_names(
     moves allocation: the checkpoint after it stores the largest id a record has as its own."""
     table, config = _table(tmp_path, checkpoint_interval=3)
     me = table.timeline.start(ACTION_ROLLBACK)
-    table.timeline.publish(me, lambda seq: CompletedInstant(
-        seq=seq, instant=me.instant, action=ACTION_ROLLBACK, start_seq=me.start_seq, table_id=table.props.table_id,
-        completed_at_ms=int(time.time() * 1000), rolled_back=FAR))
+    table.timeline.publish(
+        me,
+        lambda seq: CompletedInstant(
+            seq=seq,
+            instant=me.instant,
+            action=ACTION_ROLLBACK,
+            start_seq=me.start_seq,
+            table_id=table.props.table_id,
+            completed_at_ms=int(time.time() * 1000),
+            rolled_back=FAR,
+        ),
+    )
     upsert_arrow(rows(["c"]), table, key="id", partition="dt", cache_config=config)  # seq 3: a checkpoint
     seq = checkpoint.checkpoint_seqs(table.io)[-1]
     assert seq == 3
@@ -111,9 +128,18 @@ def test_allocation_and_checkpoints_ignore_an_id_a_rollback_record_merely_names(
 def test_a_completion_record_with_an_out_of_range_instant_is_reported_as_damage(tmp_path: Path) -> None:
     table, config = _table(tmp_path)
     me = table.timeline.start(ACTION_ROLLBACK)
-    table.timeline.publish(me, lambda seq: CompletedInstant(
-        seq=seq, instant=FAR, action=ACTION_ROLLBACK, start_seq=me.start_seq, table_id=table.props.table_id,
-        completed_at_ms=int(time.time() * 1000), rolled_back=me.instant))
+    table.timeline.publish(
+        me,
+        lambda seq: CompletedInstant(
+            seq=seq,
+            instant=FAR,
+            action=ACTION_ROLLBACK,
+            start_seq=me.start_seq,
+            table_id=table.props.table_id,
+            completed_at_ms=int(time.time() * 1000),
+            rolled_back=me.instant,
+        ),
+    )
     with pytest.raises(CorruptFileError, match="completion record seq 2 .*backup"):
         upsert_arrow(rows(["c"]), Table.open(table.uri), key="id", partition="dt", cache_config=config)
     check = verify_table(Table.open(table.uri))
@@ -125,9 +151,18 @@ def test_a_stray_file_of_an_id_a_rollback_record_names_is_reported_and_repaired(
     still stops `dbidx rollback` (which does not sweep first); verify names it and repair sweeps it."""
     table, config = _table(tmp_path)
     me = table.timeline.start(ACTION_ROLLBACK)
-    table.timeline.publish(me, lambda seq: CompletedInstant(
-        seq=seq, instant=me.instant, action=ACTION_ROLLBACK, start_seq=me.start_seq, table_id=table.props.table_id,
-        completed_at_ms=int(time.time() * 1000), rolled_back=FAR))
+    table.timeline.publish(
+        me,
+        lambda seq: CompletedInstant(
+            seq=seq,
+            instant=me.instant,
+            action=ACTION_ROLLBACK,
+            start_seq=me.start_seq,
+            table_id=table.props.table_id,
+            completed_at_ms=int(time.time() * 1000),
+            rolled_back=FAR,
+        ),
+    )
     stray = Path(table.io.path(layout.requested_file(FAR)))
     stray.write_text("{}")
     with pytest.raises(CorruptFileError, match=f"{stray}.*a rollback record names.*dbidx repair"):

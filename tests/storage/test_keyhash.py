@@ -1,4 +1,5 @@
 """keyhash: Spark-identical Murmur3 of string keys, scalar and vectorized, stable across processes and Spark."""
+
 from __future__ import annotations
 
 import os
@@ -19,8 +20,16 @@ from dbidx.table.facade import Table
 from dbidx.storage.keyhash import HASH_NAME, shard_of, shard_of_one, spark_hash, spark_hash_one
 
 GOLDEN: dict[str, int] = {
-    "": 142593372, "a": 1485273170, "ab": -97053317, "abc": 1322437556, "abcd": -396302900,
-    "abcde": 814637928, "é": 2119106806, "日本語": -1143049834, "😀x": -1814635023, "hello world!": -294328854,
+    "": 142593372,
+    "a": 1485273170,
+    "ab": -97053317,
+    "abc": 1322437556,
+    "abcd": -396302900,
+    "abcde": 814637928,
+    "é": 2119106806,
+    "日本語": -1143049834,
+    "😀x": -1814635023,
+    "hello world!": -294328854,
 }
 KEYS = st.lists(st.text(min_size=1, max_size=80), min_size=1, max_size=60)
 
@@ -50,8 +59,12 @@ def test_vectorized_matches_scalar(keys: list[str]) -> None:
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.integers(0, 23).flatmap(lambda n: st.lists(st.text(min_size=n, max_size=n, alphabet="ab0é日"),
-                                                    min_size=1, max_size=40)), st.integers(0, 5))
+@given(
+    st.integers(0, 23).flatmap(
+        lambda n: st.lists(st.text(min_size=n, max_size=n, alphabet="ab0é日"), min_size=1, max_size=40)
+    ),
+    st.integers(0, 5),
+)
 def test_keys_of_one_byte_length_take_the_block_path(keys: list[str], skip: int) -> None:
     """Keys of one UTF-8 length (UUIDs, fixed-width ids) are hashed as one 2-D block: same values, sliced too."""
     same = [k for k in keys if len(k.encode()) == len(keys[0].encode())]
@@ -85,10 +98,18 @@ def test_empty_inputs() -> None:
 def test_stable_across_processes() -> None:
     """Another interpreter with a different PYTHONHASHSEED computes the same hashes."""
     keys = list(GOLDEN) + ["key-1", "ñandú", "x" * 77]
-    code = ("import sys; from dbidx.storage.keyhash import spark_hash, spark_hash_one as h; ks = sys.argv[1:];"
-            "print(*[h(k) for k in ks]); print(*spark_hash(ks).tolist())")
-    out = subprocess.run([sys.executable, "-c", code, *keys], capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONHASHSEED": "12345"}, cwd=Path(__file__).parent).stdout
+    code = (
+        "import sys; from dbidx.storage.keyhash import spark_hash, spark_hash_one as h; ks = sys.argv[1:];"
+        "print(*[h(k) for k in ks]); print(*spark_hash(ks).tolist())"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, *keys],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONHASHSEED": "12345"},
+        cwd=Path(__file__).parent,
+    ).stdout
     scalar, vector = (list(map(int, line.split())) for line in out.splitlines())
     assert scalar == vector == [spark_hash_one(k) for k in keys]
 
@@ -104,8 +125,17 @@ def test_shard_is_pmod_of_hash(n: int, tmp_path: Path) -> None:
     assert Table.create(str(tmp_path / "t"), num_shards=n).shard_of(keys).tolist() == want
 
 
-@pytest.mark.parametrize("bad", [pa.array(["a", None]), ["a", None], pa.chunked_array([["a"], [None]]),
-                                 pa.array([1, 2]), pa.array([b"a"]), pa.array(["a"]).dictionary_encode()])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        pa.array(["a", None]),
+        ["a", None],
+        pa.chunked_array([["a"], [None]]),
+        pa.array([1, 2]),
+        pa.array([b"a"]),
+        pa.array(["a"]).dictionary_encode(),
+    ],
+)
 def test_null_or_non_string_arrow_keys_raise_invalid_key(bad: Any) -> None:
     """Nulls and non-string Arrow types are rejected with InvalidKeyError."""
     with pytest.raises(InvalidKeyError):
@@ -119,9 +149,17 @@ def test_bad_num_shards(n: Any) -> None:
         shard_of(["a"], n)
 
 
-@pytest.mark.parametrize("call", [lambda: spark_hash([1, 2]), lambda: spark_hash("abc"), lambda: spark_hash([b"a"]),
-                                  lambda: spark_hash_one(None), lambda: shard_of_one("a", 2.5)],
-                         ids=["int-list", "bare-str", "bytes-list", "none-scalar", "float-shards"])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: spark_hash([1, 2]),
+        lambda: spark_hash("abc"),
+        lambda: spark_hash([b"a"]),
+        lambda: spark_hash_one(None),
+        lambda: shard_of_one("a", 2.5),
+    ],
+    ids=["int-list", "bare-str", "bytes-list", "none-scalar", "float-shards"],
+)
 def test_non_string_inputs_raise_dbidx_errors(call: Any) -> None:
     """Python non-str lists, a bare str (would hash its characters), a None scalar, a float shard count."""
     with pytest.raises(DbidxError):

@@ -1,6 +1,7 @@
 """Issue 29, point 5 after the audit: `.tmp-*` files of dead writers (older than the hour's age guard) go at the next
 upsert (only in the directories the batch writes to), at index compaction and at data compaction; a live writer's
 fresh temp file stays."""
+
 from __future__ import annotations
 
 import os
@@ -54,8 +55,12 @@ def test_compactions_sweep_old_temp_files_of_the_whole_table(tmp_path: Path, how
     for v, ids in ((1, ["a", "b"]), (2, ["b", "c"])):  # a new key: an index delta and a data file more
         upsert_arrow(rows(ids, v=v), table, key="id", partition="dt", cache_config=config)
     root = tmp_path / "t"
-    old = [temp(root, "dt=2025-03-01", "0a", old=True), temp(root, "dt=2025-04-01", "1b", old=True),
-           temp(root, layout.rli_dir("dt=2025-03-01", 0), "2c", old=True), temp(root, ".dbidx/timeline", "3d", True)]
+    old = [
+        temp(root, "dt=2025-03-01", "0a", old=True),
+        temp(root, "dt=2025-04-01", "1b", old=True),
+        temp(root, layout.rli_dir("dt=2025-03-01", 0), "2c", old=True),
+        temp(root, ".dbidx/timeline", "3d", True),
+    ]
     fresh = temp(root, "dt=2025-03-01", "4e", old=False)
     result = table.compact(min_files=2) if how == "index" else table.compact_data(min_files=2)
     assert result.record is not None  # the compaction ran

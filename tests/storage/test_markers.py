@@ -1,5 +1,6 @@
 """Markers: a file's own marker and a list marker announce files before they are written; the sweeps, rollbacks
 and a withdrawing attempt read both, and a damaged or crafted list marker is refused, never followed."""
+
 from __future__ import annotations
 
 import json
@@ -48,13 +49,19 @@ def test_a_withdrawing_attempt_deletes_its_files_and_its_list_markers_only(table
     assert markers.announced_files(table.io, instant) == sorted(other)  # the other attempt's marker stays
 
 
-@pytest.mark.parametrize("body", [b'["../../victim.txt", "dt=x/a.parquet"]', b'{"not": "a list"}', b"[1, 2]",
-                                  b"not json"])
+@pytest.mark.parametrize(
+    "body", [b'["../../victim.txt", "dt=x/a.parquet"]', b'{"not": "a list"}', b"[1, 2]", b"not json"]
+)
 def test_a_crafted_list_marker_is_refused_by_the_sweep(table: Table, tmp_path: Path, body: bytes) -> None:
     victim = tmp_path / "victim.txt"
     victim.write_text("precious")
-    upsert_arrow(pa.table({"id": ["a"], "dt": ["2025-03-01"]}), table, key="id", partition="dt",
-                 cache_config=CacheConfig(base_path=str(tmp_path / "cache")))
+    upsert_arrow(
+        pa.table({"id": ["a"], "dt": ["2025-03-01"]}),
+        table,
+        key="id",
+        partition="dt",
+        cache_config=CacheConfig(base_path=str(tmp_path / "cache")),
+    )
     settled = table.timeline.completed()[-1].instant
     table.io.write_atomic(f"{markers.marker_dir(settled)}/{markers.LIST_PREFIX}{xxhash.xxh64_hexdigest(body)}", body)
     with pytest.raises(CorruptFileError, match="marker"):
@@ -70,8 +77,9 @@ def test_a_list_marker_whose_content_does_not_match_its_name_is_refused(table: T
         markers.announced_files(table.io, instant)
 
 
-def test_an_upsert_announces_its_data_and_index_files_with_list_markers(table: Table, tmp_path: Path,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_upsert_announces_its_data_and_index_files_with_list_markers(
+    table: Table, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A task writes one list marker per phase (data files, index files) instead of one marker per file, and after
     the commit no marker and no unlisted file is left."""
     writes: list[str] = []
@@ -90,22 +98,31 @@ def test_an_upsert_announces_its_data_and_index_files_with_list_markers(table: T
     assert table.io.list_dirs(markers.MARKERS_DIR) == []
 
 
-@pytest.mark.parametrize("column, value, hive", [("dt", "l-eu", False), ("l-region", "eu", True),
-                                                 ("dt", "h-eu", False)])
+@pytest.mark.parametrize(
+    "column, value, hive", [("dt", "l-eu", False), ("l-region", "eu", True), ("dt", "h-eu", False)]
+)
 def test_a_files_own_marker_that_starts_like_a_list_or_hashed_marker_is_read_as_its_own(
-        table: Table, tmp_path: Path, column: str, value: str, hive: bool) -> None:
+    table: Table, tmp_path: Path, column: str, value: str, hive: bool
+) -> None:
     """A task writing one data file announces it with its own marker, the quoted path; a path starting `l-` or `h-`
     (a partition value or column named so) must still be read as that file's marker, or the cleanup after the
     publish fails, and every later upsert's sweep with it."""
     config = CacheConfig(base_path=str(tmp_path / "c"))
     for i in range(2):
-        upsert_arrow(pa.table({"id": [f"k{i}"], column: [value]}), table, key="id", partition=column,
-                     hive_style=hive, cache_config=config)
+        upsert_arrow(
+            pa.table({"id": [f"k{i}"], column: [value]}),
+            table,
+            key="id",
+            partition=column,
+            hive_style=hive,
+            cache_config=config,
+        )
     assert len(table.timeline.completed()) == 2 and table.io.list_dirs(markers.MARKERS_DIR) == []
 
 
 def test_a_list_marker_withdrawn_while_the_publisher_reads_the_markers_is_skipped(
-        table: Table, monkeypatch: pytest.MonkeyPatch) -> None:
+    table: Table, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The publisher lists an instant's markers, then reads each; a losing attempt may withdraw (its files first,
     then its list marker) in between. The vanished marker is skipped, not reported as damage."""
     instant = table.timeline.start("commit").instant

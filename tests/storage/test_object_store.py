@@ -1,6 +1,7 @@
 """Safe concurrent commits on object stores: the completion record is created with a conditional PUT, so two writer
 processes racing on one S3 table never both publish the same seq; a filesystem with neither primitive refuses a
 second writer instead of losing a commit. Runs against a local S3-protocol server (moto), started by the test."""
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,9 @@ def s3() -> Iterator[dict[str, str]]:
     yield from s3_server()
 
 
-def commit_rounds(uri: str, options: dict, name: str, rounds: int, out: str, barrier, force_unsafe: bool = False
-                  ) -> None:
+def commit_rounds(
+    uri: str, options: dict, name: str, rounds: int, out: str, barrier, force_unsafe: bool = False
+) -> None:
     """One writer process: per round (both processes start each round together), insert a key both writers want
     (`hot-r`) and one of its own; on a conflict re-check the index (what a re-tag does) and retry. Writes what it
     published to `out`."""
@@ -46,8 +48,9 @@ def commit_rounds(uri: str, options: dict, name: str, rounds: int, out: str, bar
                 exists = table.lookup([hot], PART).num_rows > 0
                 writer.insert(PART, [mine] if exists else [hot, mine], f"fg-{name}")
                 record = writer.commit()
-                published.append({"instant": record.instant, "seq": record.seq,
-                                  "keys": [mine] if exists else [hot, mine]})
+                published.append(
+                    {"instant": record.instant, "seq": record.seq, "keys": [mine] if exists else [hot, mine]}
+                )
                 break
             except ConflictError:
                 conflicts += 1
@@ -58,8 +61,10 @@ def race_processes(uri: str, options: dict, tmp_path: Path, rounds: int, force_u
     ctx = multiprocessing.get_context("spawn")
     outs = [str(tmp_path / f"{name}.json") for name in ("a", "b")]
     barrier = ctx.Barrier(2)
-    procs = [ctx.Process(target=commit_rounds, args=(uri, options, name, rounds, out, barrier, force_unsafe))
-             for name, out in zip(("a", "b"), outs)]
+    procs = [
+        ctx.Process(target=commit_rounds, args=(uri, options, name, rounds, out, barrier, force_unsafe))
+        for name, out in zip(("a", "b"), outs)
+    ]
     for p in procs:
         p.start()
     for p in procs:
@@ -92,8 +97,9 @@ def test_two_processes_racing_to_commit_on_s3_lose_nothing(s3: dict[str, str], t
     # 3. The index is exactly the union of the winners' entries: every hot key once, every own key once.
     keys = sorted(table.snapshot(PART).column("key").to_pylist())
     assert keys == sorted(k for p in published for k in p["keys"])
-    assert keys == sorted([f"hot-{r:03d}" for r in range(ROUNDS)] + [f"{n}-{r:03d}" for n in "ab"
-                                                                    for r in range(ROUNDS)])
+    assert keys == sorted(
+        [f"hot-{r:03d}" for r in range(ROUNDS)] + [f"{n}-{r:03d}" for n in "ab" for r in range(ROUNDS)]
+    )
 
 
 def test_storage_options_reach_pyarrow_and_the_conditional_put(s3: dict[str, str]) -> None:
@@ -103,9 +109,16 @@ def test_storage_options_reach_pyarrow_and_the_conditional_put(s3: dict[str, str
         writer.insert(PART, ["a"], "fg")
     assert table.io.create_exclusive("x/once", b"1") and not table.io.create_exclusive("x/once", b"2")
     assert table.io.read_bytes("x/once") == b"1"
-    again = Table.open(uri, storage_options={"aws_endpoint_url": s3["endpoint"], "aws_region": "us-east-1",
-                                             "aws_access_key_id": "testing", "aws_secret_access_key": "testing",
-                                             "aws_allow_http": "true"})
+    again = Table.open(
+        uri,
+        storage_options={
+            "aws_endpoint_url": s3["endpoint"],
+            "aws_region": "us-east-1",
+            "aws_access_key_id": "testing",
+            "aws_secret_access_key": "testing",
+            "aws_allow_http": "true",
+        },
+    )
     assert again.lookup(["a"], PART).num_rows == 1
 
 
@@ -139,8 +152,13 @@ def test_two_spark_upserts_on_s3_with_overlapping_new_keys(spark, s3: dict[str, 
 
     table = Table.create(f"s3://dbidx-test/spark-{uuid.uuid4().hex[:8]}", num_shards=2, storage_options=s3)
     config = CacheConfig(base_path=str(tmp_path / "cache"))
-    upsert(spark.createDataFrame([("base", "2025-03-01", 0, False)], SCHEMA), table, key="id", partition="dt",
-           cache_config=config)
+    upsert(
+        spark.createDataFrame([("base", "2025-03-01", 0, False)], SCHEMA),
+        table,
+        key="id",
+        partition="dt",
+        cache_config=config,
+    )
     later = [("new-1", "2025-03-01", 2, False), ("new-2", "2025-03-01", 2, False)]
     first = [("new-1", "2025-03-01", 1, False)]
     error = race(spark, table, config, tmp_path, later, first, key="new-1")
@@ -184,8 +202,9 @@ def test_s3_end_to_end_create_upsert_read_compact_read(spark, s3: dict[str, str]
     assert set(zip(*(arrow.column(c).to_pylist() for c in ("id", "dt", "v")))) == expected
 
 
-def test_store_errors_around_a_publish_never_misreport_a_commit(s3: dict[str, str],
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_store_errors_around_a_publish_never_misreport_a_commit(
+    s3: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     import obstore
     from obstore.exceptions import GenericError
 
@@ -247,9 +266,11 @@ if __name__ == "__main__":  # `python -m tests.storage.test_object_store`: the r
         raced.refresh()
         seen = {r.instant for r in raced.timeline.completed()}
         ok = [p for r in outcome for p in r["published"]]
-        print(f"check-then-write forced={unsafe}: {len(ok)} commits reported success, "
-              f"{sum(p['instant'] not in seen for p in ok)} of them missing from the timeline, "
-              f"{sum(r['conflicts'] for r in outcome)} conflicts retried")
+        print(
+            f"check-then-write forced={unsafe}: {len(ok)} commits reported success, "
+            f"{sum(p['instant'] not in seen for p in ok)} of them missing from the timeline, "
+            f"{sum(r['conflicts'] for r in outcome)} conflicts retried"
+        )
         servers.close()
 
 
@@ -267,12 +288,20 @@ def test_delta_checkpoints_are_written_on_s3_and_readers_agree(s3: dict[str, str
     table = Table.create(uri, num_shards=1, storage_options=s3, checkpoint_interval=2)
     config = CacheConfig(base_path=str(tmp_path / "cache"))
     for v in range(3):
-        upsert_arrow(pa.table({"id": ["a", f"n{v}"], "dt": ["d1", "d2"], "v": [v, v]}), table, key="id",
-                     partition="dt", cache_config=config)
+        upsert_arrow(
+            pa.table({"id": ["a", f"n{v}"], "dt": ["d1", "d2"], "v": [v, v]}),
+            table,
+            key="id",
+            partition="dt",
+            cache_config=config,
+        )
     fs, root = pyarrow_filesystem(uri, table.io.storage_options)
     names = {i.base_name for i in fs.get_file_info(pafs.FileSelector(f"{root}/_delta_log"))}
     assert f"{2:020d}.checkpoint.parquet" in names and "_last_checkpoint" in names
     ours = sorted(reads.read_arrow(table, columns=["id", "dt", "v"]).to_pylist(), key=lambda r: r["id"])
     theirs = pl.read_delta(uri, storage_options=table.io.storage_options).sort("id").select("id", "dt", "v")
-    assert theirs.to_dicts() == ours == [{"id": "a", "dt": "d1", "v": 2}] + \
-        [{"id": f"n{v}", "dt": "d2", "v": v} for v in range(3)]
+    assert (
+        theirs.to_dicts()
+        == ours
+        == [{"id": "a", "dt": "d1", "v": 2}] + [{"id": f"n{v}", "dt": "d2", "v": v} for v in range(3)]
+    )

@@ -1,5 +1,6 @@
 """Issue 29, point 3 after the audit: writes never follow a symlink out of the table (reads did not already), and
 `dbidx verify` exits 4 on a partition directory swapped for a symlink."""
+
 from __future__ import annotations
 
 import shutil
@@ -50,8 +51,12 @@ def test_writes_through_the_file_io_are_guarded(tmp_path: Path) -> None:
     outside = tmp_path / "outside"
     outside.mkdir()
     (tmp_path / "t" / "p").symlink_to(outside, target_is_directory=True)
-    for write in (lambda: table.io.write_atomic("p/x", b"x"), lambda: table.io.create_exclusive("p/x", b"x"),
-                  lambda: table.io.open_output_stream("p/x"), lambda: table.io.write_atomic("p/deeper/x", b"x")):
+    for write in (
+        lambda: table.io.write_atomic("p/x", b"x"),
+        lambda: table.io.create_exclusive("p/x", b"x"),
+        lambda: table.io.open_output_stream("p/x"),
+        lambda: table.io.write_atomic("p/deeper/x", b"x"),
+    ):
         with pytest.raises(CorruptFileError, match="refusing to write"):
             write()
     assert list(outside.iterdir()) == []  # not even a directory was created there
@@ -59,8 +64,9 @@ def test_writes_through_the_file_io_are_guarded(tmp_path: Path) -> None:
 
 def test_verify_exits_4_on_a_partition_swapped_for_a_symlink(tmp_path: Path) -> None:
     table = Table.create(str(tmp_path / "t"), num_shards=1)
-    upsert_arrow(rows(["a", "b"]), table, key="id", partition="dt",
-                 cache_config=CacheConfig(base_path=str(tmp_path / "c")))
+    upsert_arrow(
+        rows(["a", "b"]), table, key="id", partition="dt", cache_config=CacheConfig(base_path=str(tmp_path / "c"))
+    )
     part = tmp_path / "t" / "dt=2025-03-01"
     shutil.move(str(part), str(tmp_path / "copy"))  # the same bytes, outside the table
     part.symlink_to(tmp_path / "copy", target_is_directory=True)

@@ -1,6 +1,7 @@
 """Work a commit does on the timeline that must not grow with the history this process has read (issue 44's
 "service time flat as the table grows"): claiming an instant once went through every completion record read since
 the table was opened, a list that grows by one per commit for as long as a pipeline keeps its table open."""
+
 from __future__ import annotations
 
 from pathlib import Path

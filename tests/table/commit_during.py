@@ -1,4 +1,5 @@
 """A commit by another writer that lands while a compaction runs, right after the compaction planned its work."""
+
 from __future__ import annotations
 
 from contextlib import contextmanager

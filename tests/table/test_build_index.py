@@ -1,4 +1,5 @@
 """Migration: build the index of an existing Parquet data set (pyarrow- and Spark-written)."""
+
 from __future__ import annotations
 
 import uuid
@@ -29,10 +30,13 @@ def write_dataset(root: Path, layout: dict[str, list[list[str]]]) -> dict[tuple[
 
 def test_build_index_from_a_hive_partitioned_pyarrow_dataset(tmp_path):
     root = tmp_path / "data"
-    expected = write_dataset(root, {
-        "dt=2025-01-01": [[f"a{i}" for i in range(100)], [f"b{i}" for i in range(50)]],
-        "dt=2025-01-02": [[f"a{i}" for i in range(10)]],  # same keys, other partition: fine (partitioned)
-    })
+    expected = write_dataset(
+        root,
+        {
+            "dt=2025-01-01": [[f"a{i}" for i in range(100)], [f"b{i}" for i in range(50)]],
+            "dt=2025-01-02": [[f"a{i}" for i in range(10)]],  # same keys, other partition: fine (partitioned)
+        },
+    )
     table = Table.create(str(root), num_shards=3)
     result = build_index(table, "id", ["dt"])
     assert (result.files, result.partitions, result.keys) == (3, 2, 160)
@@ -169,8 +173,14 @@ def test_clean_keeps_migrated_source_files_unless_asked(tmp_path):
     pq.write_table(pa.table({"id": ["k"], "v": pa.array([1], pa.int64())}), source)
     table = Table.create(str(root), num_shards=1)
     build_index(table, "id", ["dt"])
-    upsert_arrow(pa.table({"id": ["k"], "dt": ["dt=a"], "v": pa.array([2], pa.int64())}), table, key="id",
-                 partition="dt", hive_style=False, cache_config=CacheConfig(base_path=str(tmp_path / "cache")))
+    upsert_arrow(
+        pa.table({"id": ["k"], "dt": ["dt=a"], "v": pa.array([2], pa.int64())}),
+        table,
+        key="id",
+        partition="dt",
+        hive_style=False,
+        cache_config=CacheConfig(base_path=str(tmp_path / "cache")),
+    )
     assert table.compact_data().files_replaced == 2
     table.clean(retain_completions=0)
     assert source.exists()  # the user's file: replaced, but kept

@@ -1,4 +1,5 @@
 """Commits, rollbacks, visibility, tombstones and point-in-time reads of the persisted index, on real files."""
+
 from __future__ import annotations
 
 import os
@@ -158,8 +159,14 @@ def test_incremental_returns_inserts_and_tombstones_in_order(table):
         w.insert("q", ["c"], "fg")
         w.delete("p", ["a"], "fg")
     inc = table.incremental(1, None)
-    rows = sorted(zip(inc.column("partition").to_pylist(), inc.column("key").to_pylist(),
-                      inc.column("deleted").to_pylist(), inc.column("seq").to_pylist()))
+    rows = sorted(
+        zip(
+            inc.column("partition").to_pylist(),
+            inc.column("key").to_pylist(),
+            inc.column("deleted").to_pylist(),
+            inc.column("seq").to_pylist(),
+        )
+    )
     assert rows == [("p", "a", True, 2), ("q", "c", False, 2)]
     only_q = table.incremental(None, None, partitions=["q"])
     assert only_q.column("key").to_pylist() == ["c"]
@@ -211,8 +218,11 @@ def test_a_group_written_twice_in_one_instant_is_refused_before_anything_is_writ
     writer = table.new_commit()
     writer.insert("p", ["a"], "fg")
     shard = int(table.shard_of(["a"])[0])
-    entries = rf.sort_entries(pa.table({"key": ["a"], "file_group": ["fg"], "instant": [writer.instant],
-                                        "deleted": [False]}, schema=table.schema))
+    entries = rf.sort_entries(
+        pa.table(
+            {"key": ["a"], "file_group": ["fg"], "instant": [writer.instant], "deleted": [False]}, schema=table.schema
+        )
+    )
     task_file = rf.write_rli_file(table.io, layout.delta_file("p", shard, writer.instant, 7), entries, 64, "p", shard)
     writer.add_written([task_file], [], {}, [])
     with pytest.raises(CommitError, match="two index files for partition 'p'"):

@@ -1,4 +1,5 @@
 """Concurrent writers (optimistic concurrency on keys) and the global index mode with partition moves."""
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -70,8 +71,10 @@ def test_two_processes_racing(tmp_path, overlap):
     barrier, results = ctx.Barrier(2), ctx.Queue()
     keys_a = [f"k{i}" for i in range(0, 3000)]
     keys_b = [f"k{i}" for i in range(2500 if overlap else 3000, 6000)]
-    procs = [ctx.Process(target=_race, args=(table.uri, keys, fg, barrier, results))
-             for keys, fg in ((keys_a, "fg-a"), (keys_b, "fg-b"))]
+    procs = [
+        ctx.Process(target=_race, args=(table.uri, keys, fg, barrier, results))
+        for keys, fg in ((keys_a, "fg-a"), (keys_b, "fg-b"))
+    ]
     for p in procs:
         p.start()
     for p in procs:
@@ -97,8 +100,14 @@ def test_global_mode_partition_move(tmp_path):
     with table.new_commit() as w:
         w.move(["b"], "dt=2025-01-01", "fg-1", "dt=2025-01-05", "fg-7")
     found = table.lookup(["a", "b", "c", "zz"])
-    rows = {k: (p, fg) for k, p, fg in zip(found.column("key").to_pylist(), found.column("partition").to_pylist(),
-                                           found.column("file_group").to_pylist())}
+    rows = {
+        k: (p, fg)
+        for k, p, fg in zip(
+            found.column("key").to_pylist(),
+            found.column("partition").to_pylist(),
+            found.column("file_group").to_pylist(),
+        )
+    }
     assert rows == {"a": ("dt=2025-01-01", "fg-1"), "b": ("dt=2025-01-05", "fg-7"), "c": ("dt=2025-01-01", "fg-1")}
     assert sorted(table.snapshot("dt=2025-01-01").column("key").to_pylist()) == ["a", "c"]
     assert table.snapshot("dt=2025-01-05").column("key").to_pylist() == ["b"]

@@ -1,6 +1,7 @@
 """Delta table properties through dbidx (table/delta_properties.py): set and removed as one completion every engine
 reads, carried on by dbidx's later metaData (its own and another engine's changes), checked strictly, ordered with
 concurrent changes; on real tables written by `upsert_arrow` and read by delta-rs."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -21,8 +22,9 @@ from tests.delta_readers import assert_readers_agree
 
 
 def write(table: Table, tmp_path: Path, rows: dict) -> None:
-    upsert_arrow(pa.table(rows), table, key="id", partition="dt",
-                 cache_config=CacheConfig(base_path=str(tmp_path / "cache")))
+    upsert_arrow(
+        pa.table(rows), table, key="id", partition="dt", cache_config=CacheConfig(base_path=str(tmp_path / "cache"))
+    )
 
 
 def new_table(tmp_path: Path) -> Table:
@@ -39,8 +41,11 @@ def test_set_and_remove_properties_as_completions_every_engine_reads(tmp_path: P
     table = new_table(tmp_path)
     record = table.set_delta_properties({"delta.logRetentionDuration": "interval 2 days", "owner": "data-eng"})
     assert record is not None and record.action == ACTION_PROPERTIES
-    assert delta_config(table) == {"delta.enableDeletionVectors": "true", "delta.logRetentionDuration":
-                                   "interval 2 days", "owner": "data-eng"}
+    assert delta_config(table) == {
+        "delta.enableDeletionVectors": "true",
+        "delta.logRetentionDuration": "interval 2 days",
+        "owner": "data-eng",
+    }
     assert Table.open(table.uri).delta_properties() == delta_config(table)
     assert table.set_delta_properties({"owner": "data-eng"}) is None  # nothing changes: nothing published
     # A later schema change of dbidx's carries the properties on (its metaData is the whole configuration).
@@ -71,11 +76,19 @@ def test_another_engines_property_change_is_absorbed_and_carried_on(tmp_path: Pa
 def test_bad_keys_and_values_are_refused_before_anything_is_written(tmp_path: Path) -> None:
     table = new_table(tmp_path)
     latest = table.timeline.latest_seq
-    for bad in ({"delta.appendOnly": "true"}, {"delta.logRetentionDuration": "7 days"},
-                {"delta.logRetentionDuration": "interval 0 days"}, {"delta.deletedFileRetentionDuration": "soon"},
-                {"delta.checkpointInterval": "0"}, {"delta.checkpointInterval": "ten"},
-                {"delta.enableExpiredLogCleanup": "maybe"}, {"owner": 3}, {"": "x"},
-                {"delta.enableDeletionVectors": None}, {}):
+    for bad in (
+        {"delta.appendOnly": "true"},
+        {"delta.logRetentionDuration": "7 days"},
+        {"delta.logRetentionDuration": "interval 0 days"},
+        {"delta.deletedFileRetentionDuration": "soon"},
+        {"delta.checkpointInterval": "0"},
+        {"delta.checkpointInterval": "ten"},
+        {"delta.enableExpiredLogCleanup": "maybe"},
+        {"owner": 3},
+        {"": "x"},
+        {"delta.enableDeletionVectors": None},
+        {},
+    ):
         with pytest.raises(ConfigError):
             table.set_delta_properties(bad)
     assert table.timeline.latest_seq == latest

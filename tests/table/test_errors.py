@@ -1,4 +1,5 @@
 """Bad input and damaged files give typed errors that name the culprit; nothing half-written stays behind."""
+
 from __future__ import annotations
 
 import os
@@ -15,8 +16,9 @@ def table(tmp_path) -> Table:
     return Table.create(str(tmp_path / "t"), num_shards=2)
 
 
-@pytest.mark.parametrize("bad", ["../escape", "a/../../b", "/etc/passwd", "a\x00b", "a//b", "./a", "a/",
-                                 ".dbidx/rli", "C:/x", "a\\b"])
+@pytest.mark.parametrize(
+    "bad", ["../escape", "a/../../b", "/etc/passwd", "a\x00b", "a//b", "./a", "a/", ".dbidx/rli", "C:/x", "a\\b"]
+)
 def test_bad_partition_paths_are_rejected_by_name(table, bad):
     writer = table.new_commit()
     with pytest.raises(InvalidPartitionError) as info:

@@ -1,5 +1,6 @@
 """Damaged bytes and a damaged timeline are loud: every read raises CorruptFileError naming the file, never a
 smaller table (issue: silent failures at the edges)."""
+
 from __future__ import annotations
 
 import json
@@ -33,10 +34,20 @@ def make_table(root: Path, keys: int = 3000) -> tuple[Table, CacheConfig]:
     """A one-shard table with an upsert (data + index files) and a second commit; rows of 64 keys per row group."""
     table = Table.create(str(root / "t"), num_shards=1, row_group_size=64)
     config = CacheConfig(base_path=str(root / "cache"))
-    upsert_arrow(pa.table({"id": [f"k{i:05d}" for i in range(keys)], "dt": ["2025-03-01"] * keys,
-                           "v": list(range(keys))}), table, key="id", partition="dt", cache_config=config)
-    upsert_arrow(pa.table({"id": ["k00001", "new-1"], "dt": ["2025-03-01"] * 2, "v": [7, 8]}), table,
-                 key="id", partition="dt", cache_config=config)
+    upsert_arrow(
+        pa.table({"id": [f"k{i:05d}" for i in range(keys)], "dt": ["2025-03-01"] * keys, "v": list(range(keys))}),
+        table,
+        key="id",
+        partition="dt",
+        cache_config=config,
+    )
+    upsert_arrow(
+        pa.table({"id": ["k00001", "new-1"], "dt": ["2025-03-01"] * 2, "v": [7, 8]}),
+        table,
+        key="id",
+        partition="dt",
+        cache_config=config,
+    )
     return table, config
 
 
@@ -51,6 +62,7 @@ def data_file(table: Table) -> str:
 
 def every_index_read(table: Table, config: CacheConfig, tmp: Path) -> list[tuple[str, object]]:
     """Each read path of the library, as a callable over a freshly opened table (no state carried over)."""
+
     def fresh() -> Table:
         return Table.open(table.uri)
 
@@ -151,8 +163,11 @@ def test_deleting_the_newest_completion_record_is_an_error_not_a_smaller_table(t
     os.remove(table.io.path(layout.completed_file(2)))
     with pytest.raises(CorruptFileError, match="completion records 2..2 are missing"):
         Table.open(table.uri).snapshot(DAY)
-    for args in (["stats", table.uri], ["verify", table.uri],
-                 ["cache", "bootstrap", table.uri, "--cache-dir", str(tmp_path / "c2"), "--days", "100000"]):
+    for args in (
+        ["stats", table.uri],
+        ["verify", table.uri],
+        ["cache", "bootstrap", table.uri, "--cache-dir", str(tmp_path / "c2"), "--days", "100000"],
+    ):
         result = CliRunner().invoke(main, args)
         assert result.exit_code == 4, (args, result.output)
         assert "missing" in result.output and "Traceback" not in result.output
@@ -162,7 +177,6 @@ def test_deleting_the_newest_completion_record_is_an_error_not_a_smaller_table(t
         Table.open(table.uri).partitions()
 
 
-
 def test_a_missing_pointer_beside_records_is_damage(tmp_path: Path) -> None:
     table, _config = make_table(tmp_path)
     shutil.rmtree(table.io.path(layout.LATEST_DIR))
@@ -170,8 +184,18 @@ def test_a_missing_pointer_beside_records_is_damage(tmp_path: Path) -> None:
         Table.open(table.uri).refresh()
 
 
-@pytest.mark.parametrize("damage", ["seq as string", "rows as string", "unknown action", "path outside",
-                                    "bad checksum", "other table", "missing field"])
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "seq as string",
+        "rows as string",
+        "unknown action",
+        "path outside",
+        "bad checksum",
+        "other table",
+        "missing field",
+    ],
+)
 def test_wrongly_typed_completion_records_are_named(tmp_path: Path, damage: str) -> None:
     table, _config = make_table(tmp_path)
     path = table.io.path(layout.completed_file(1))
@@ -234,8 +258,13 @@ def restored_after_one_more_commit(tmp_path: Path) -> tuple[Table, CacheConfig]:
     table, config = make_table(tmp_path)
     backup = tmp_path / "backup"
     shutil.copytree(table.uri, backup)
-    upsert_arrow(pa.table({"id": ["later"], "dt": ["2025-03-01"], "v": [1]}), table, key="id", partition="dt",
-                 cache_config=config)
+    upsert_arrow(
+        pa.table({"id": ["later"], "dt": ["2025-03-01"], "v": [1]}),
+        table,
+        key="id",
+        partition="dt",
+        cache_config=config,
+    )
     with RecordIndexCache.for_table(table, 0, config) as cache:
         assert sync(cache, table).to_seq == 3 and cache.watermark == 3
     shutil.rmtree(table.uri)
@@ -249,6 +278,11 @@ def test_a_cache_ahead_of_its_table_is_dropped_and_rebuilt(tmp_path: Path) -> No
         assert cache.lookup(DAY, ["later"]) != [None]  # what the cache saw of the lost history
         result = sync(cache, restored)
         assert result.dropped_partitions == [DAY] and cache.partitions() == {} and cache.watermark == 2
-    summary = upsert_arrow(pa.table({"id": ["later", "k00002"], "dt": ["2025-03-01"] * 2, "v": [1, 2]}), restored,
-                           key="id", partition="dt", cache_config=config)
+    summary = upsert_arrow(
+        pa.table({"id": ["later", "k00002"], "dt": ["2025-03-01"] * 2, "v": [1, 2]}),
+        restored,
+        key="id",
+        partition="dt",
+        cache_config=config,
+    )
     assert (summary.inserts, summary.updates, summary.on_demand_loads) == (1, 1, 1)

@@ -9,6 +9,7 @@
 
 Each race is widened at one precise point (a pause where the other party must act), on real tables in tmp dirs.
 """
+
 from __future__ import annotations
 
 import threading
@@ -44,8 +45,9 @@ def _parquet_data_set(root: Path) -> None:
 
 def _delta_table(root: Path) -> None:
     """A Delta table of KEYS another engine wrote (what build-index adopts)."""
-    write_deltalake(str(root), pa.table({"id": KEYS, "dt": ["a", "a", "b", "b"], "v": list(range(4))}),
-                    partition_by=["dt"])
+    write_deltalake(
+        str(root), pa.table({"id": KEYS, "dt": ["a", "a", "b", "b"], "v": list(range(4))}), partition_by=["dt"]
+    )
 
 
 def _actions(root: Path) -> list[str]:
@@ -74,12 +76,16 @@ def _run_once_at(monkeypatch: pytest.MonkeyPatch, point: str, act: Callable[[], 
 
 
 # ---- 1. build-index against other writers ---------------------------------------------------------------------
-@pytest.mark.parametrize("point", [
-    "list_data_files",  # after build-index's "no write yet" check, before its instant starts
-    "_read_source",  # inside its instant, before its publish
-])
+@pytest.mark.parametrize(
+    "point",
+    [
+        "list_data_files",  # after build-index's "no write yet" check, before its instant starts
+        "_read_source",  # inside its instant, before its publish
+    ],
+)
 def test_a_commit_landing_while_build_index_runs_wins_and_the_build_publishes_nothing(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, point: str) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, point: str
+) -> None:
     root = tmp_path / "t"
     _parquet_data_set(root)
     table = Table.create(str(root), num_shards=2)
@@ -108,8 +114,9 @@ def test_a_commit_landing_while_build_index_runs_wins_and_the_build_publishes_no
 
 
 @pytest.mark.parametrize("source", ["parquet", "delta"])
-def test_two_build_index_runs_at_once_exactly_one_wins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                       source: str) -> None:
+def test_two_build_index_runs_at_once_exactly_one_wins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str
+) -> None:
     """Both pass the "no write yet" check; the first to take the Delta version pauses before it publishes its
     record (the widest window: its version is on storage, its record not yet), so the other meets that version."""
     root = tmp_path / "t"
@@ -162,8 +169,10 @@ def test_two_build_index_runs_at_once_exactly_one_wins(tmp_path: Path, monkeypat
     if source == "delta":  # the adoption is version 1, the loser's rollback version 2; Delta readers see the rows
         delta = DeltaTable(str(root))
         assert delta.version() == 2
-        assert sorted(QueryBuilder().register("t", delta).execute("select id from t").read_all().column("id")
-                      .to_pylist()) == KEYS
+        assert (
+            sorted(QueryBuilder().register("t", delta).execute("select id from t").read_all().column("id").to_pylist())
+            == KEYS
+        )
 
 
 @pytest.mark.parametrize("source", ["parquet", "delta"])
@@ -191,8 +200,9 @@ class _SlowlyIterated(dict):
             time.sleep(0.001)
 
 
-def test_incremental_reads_beside_a_refreshing_thread_and_a_writer(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_incremental_reads_beside_a_refreshing_thread_and_a_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A reader thread lists incremental files and plans in a loop, while another thread refreshes the same Table
     (folding records one by one, a pause between) and another Table object commits. Without the lock around the
     listing, the refresh adds files while the listing iterates them."""

@@ -11,6 +11,7 @@ record published, part of a clean's deletions done. Then:
   leftover a sweep leaves on purpose is a temp file younger than an hour (a live writer's, for all it knows), and
   that one goes once it is an hour old.
 """
+
 from __future__ import annotations
 
 import json
@@ -151,11 +152,11 @@ def _points() -> dict[str, Point]:
             f"{service}-claimed": Point(service, "create_exclusive", r"\.requested$", "after"),
             f"{service}-planned": Point(service, "write_atomic", INFLIGHT, "after"),
             f"{service}-base-half-written": Point(service, "write_atomic", base, "temp", nth=2),
-            f"{service}-some-bases-written": Point(service, "write_atomic", base, "after", nth=2,
-                                                   recover="service"),
+            f"{service}-some-bases-written": Point(service, "write_atomic", base, "after", nth=2, recover="service"),
             f"{service}-staged": Point(service, "write_atomic", STAGED, "after"),
-            f"{service}-delta-put": Point(service, "create_exclusive", DELTA, "after", committed=True,
-                                          recover="service", left=False),
+            f"{service}-delta-put": Point(
+                service, "create_exclusive", DELTA, "after", committed=True, recover="service", left=False
+            ),
             f"{service}-published": Point(service, "create_exclusive", COMPLETED, "after", committed=True),
         }
     out |= {
@@ -163,8 +164,9 @@ def _points() -> dict[str, Point]:
         "clean-staged": Point("clean", "write_atomic", STAGED, "after"),
         "clean-delta-put": Point("clean", "create_exclusive", DELTA, "after", committed=True),
         "clean-published": Point("clean", "create_exclusive", COMPLETED, "after", committed=True),
-        "clean-published-next-clean": Point("clean", "create_exclusive", COMPLETED, "after", committed=True,
-                                            recover="service"),
+        "clean-published-next-clean": Point(
+            "clean", "create_exclusive", COMPLETED, "after", committed=True, recover="service"
+        ),
         "clean-some-deleted": Point("clean", "delete", DOOMED, "after", nth=2, committed=True, recover="service"),
         "clean-some-deleted-repair": Point("clean", "delete", DOOMED, "after", nth=3, committed=True),
     }
@@ -175,8 +177,9 @@ POINTS = _points()
 
 
 def arrow(rows: list[tuple[str, str, int]]) -> pa.Table:
-    return pa.table({"id": [r[0] for r in rows], "dt": [r[1] for r in rows],
-                     "v": pa.array([r[2] for r in rows], pa.int64())})
+    return pa.table(
+        {"id": [r[0] for r in rows], "dt": [r[1] for r in rows], "v": pa.array([r[2] for r in rows], pa.int64())}
+    )
 
 
 @dataclass
@@ -194,15 +197,14 @@ def _upserts(path: str, cache: str) -> set[tuple[str, str, int]]:
     model: dict[str, tuple[str, int]] = {}
     for batch in range(3):
         rows = [(f"k{i}", DAYS[i % 3], batch * 100 + i) for i in range(batch * 4, 12 + batch * 4)]
-        upsert_arrow(arrow(rows), Table.open(path), key="id", partition="dt",
-                     cache_config=CacheConfig(base_path=cache))
+        upsert_arrow(arrow(rows), Table.open(path), key="id", partition="dt", cache_config=CacheConfig(base_path=cache))
         model |= {k: (d, v) for k, d, v in rows}
     return {(k, d, v) for k, (d, v) in model.items()}
 
 
 @pytest.fixture(scope="module")
 def templates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Scene]:
-    """"compact": a table with deltas and small files to compact; "clean": the same, compacted both ways (files to
+    """ "compact": a table with deltas and small files to compact; "clean": the same, compacted both ways (files to
     clean)."""
     base = tmp_path_factory.mktemp("templates")
     rows = _upserts(str(base / "compact"), str(base / "cache"))
@@ -233,13 +235,17 @@ class Child:
 
 
 @pytest.fixture(scope="module")
-def children(templates: dict[str, Scene], tmp_path_factory: pytest.TempPathFactory,
-             request: pytest.FixtureRequest) -> Iterator[dict[str, Child]]:
+def children(
+    templates: dict[str, Scene], tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[dict[str, Child]]:
     """The children of the selected tests, all forked at once by one process (each on its own copy of its
     template): the module costs one import of dbidx, not one per kill point."""
     here = Path(__file__).resolve()
-    selected = {item.callspec.params["name"] for item in request.session.items
-                if Path(str(item.path)).resolve() == here and hasattr(item, "callspec")}
+    selected = {
+        item.callspec.params["name"]
+        for item in request.session.items
+        if Path(str(item.path)).resolve() == here and hasattr(item, "callspec")
+    }
     scenes: dict[str, Scene] = {}
     for name in [n for n in POINTS if n in selected]:
         template = templates["clean" if POINTS[name].service == "clean" else "compact"]
@@ -248,8 +254,13 @@ def children(templates: dict[str, Scene], tmp_path_factory: pytest.TempPathFacto
         scenes[name] = Scene(str(path), template.rows)
     jobs = [[scenes[n].path, p.service, p.method, p.pattern, p.when, p.nth] for n, p in POINTS.items() if n in scenes]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    forker = subprocess.Popen([sys.executable, "-c", CHILDREN, json.dumps(jobs)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env)
+    forker = subprocess.Popen(
+        [sys.executable, "-c", CHILDREN, json.dumps(jobs)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         yield {name: Child(scene, POINTS[name], forker) for name, scene in scenes.items()}
     finally:
@@ -271,9 +282,15 @@ def unnamed_files(table: Table) -> set[str]:
     records = table.timeline.completed()
     cleaned = {p for r in records if r.action == ACTION_CLEAN for p in r.deleted}
     named = {f.path for r in records for f in (*r.files, *r.data_files, *r.dv_files)} - cleaned
-    meta = (layout.PROPERTIES_FILE, layout.COMPLETED_DIR + "/", layout.LATEST_DIR + "/",
-            layout.CHECKPOINT_DIR + "/", layout.ARCHIVE_DIR + "/", "_delta_log/",
-            f"{layout.META_DIR}/services.json")  # the table service settings
+    meta = (
+        layout.PROPERTIES_FILE,
+        layout.COMPLETED_DIR + "/",
+        layout.LATEST_DIR + "/",
+        layout.CHECKPOINT_DIR + "/",
+        layout.ARCHIVE_DIR + "/",
+        "_delta_log/",
+        f"{layout.META_DIR}/services.json",
+    )  # the table service settings
     return {f for f in all_files(table.io.root) if not f.startswith(meta) and f not in named}
 
 
@@ -302,8 +319,9 @@ def run_service(path: str, service: str) -> None:
 
 
 @pytest.mark.parametrize("name", list(POINTS))
-def test_a_service_killed_at_each_step_loses_nothing_and_its_leftovers_are_swept(children: dict[str, Child],
-                                                                                 name: str) -> None:
+def test_a_service_killed_at_each_step_loses_nothing_and_its_leftovers_are_swept(
+    children: dict[str, Child], name: str
+) -> None:
     child, point = children[name], POINTS[name]
     scene = child.scene
     lines = child.lines()
@@ -355,8 +373,9 @@ def test_a_service_killed_at_each_step_loses_nothing_and_its_leftovers_are_swept
     assert unnamed_files(table) == set()
 
 
-def test_repair_finds_the_files_of_a_clean_that_died_before_its_claim_said_so(templates: dict[str, Scene],
-                                                                              tmp_path: Path) -> None:
+def test_repair_finds_the_files_of_a_clean_that_died_before_its_claim_said_so(
+    templates: dict[str, Scene], tmp_path: Path
+) -> None:
     """A clean of an older dbidx removed its claim before deleting: nothing tells the sweep. `dbidx repair` checks
     every clean record's files (one listing per directory) and deletes those still there; a service run does not
     need to."""
@@ -375,8 +394,9 @@ def test_repair_finds_the_files_of_a_clean_that_died_before_its_claim_said_so(te
     check_rows(Scene(str(path), templates["clean"].rows))
 
 
-def test_a_clean_record_naming_files_the_table_still_needs_deletes_none_of_them(templates: dict[str, Scene],
-                                                                               tmp_path: Path) -> None:
+def test_a_clean_record_naming_files_the_table_still_needs_deletes_none_of_them(
+    templates: dict[str, Scene], tmp_path: Path
+) -> None:
     """The paths of a clean record are read back (untrusted): a live data file, a live index file, a DV file a live
     vector points into, the Delta log, the table's properties and a path outside the table are never deleted by the
     sweep that finishes a dead clean, only what a clean may delete."""
@@ -393,9 +413,19 @@ def test_a_clean_record_naming_files_the_table_still_needs_deletes_none_of_them(
     assert doomed
     crafted = [live_data, live_index, *live_dv[:1], "_delta_log/00000000000000000000.json", layout.PROPERTIES_FILE]
     writer = table.timeline.start(ACTION_CLEAN)
-    table.timeline.publish(writer, lambda seq: CompletedInstant(
-        seq=seq, instant=writer.instant, action=ACTION_CLEAN, table_id=table.props.table_id, completed_at_ms=1,
-        start_seq=writer.start_seq, deleted=tuple(crafted + doomed)), keep_claim=True)
+    table.timeline.publish(
+        writer,
+        lambda seq: CompletedInstant(
+            seq=seq,
+            instant=writer.instant,
+            action=ACTION_CLEAN,
+            table_id=table.props.table_id,
+            completed_at_ms=1,
+            start_seq=writer.start_seq,
+            deleted=tuple(crafted + doomed),
+        ),
+        keep_claim=True,
+    )
     table.timeline.stop_heartbeat(writer.instant, delete=False)
     report = Table.open(str(path)).sweep_leftovers()
     assert report.cleaned_files == doomed

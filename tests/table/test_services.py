@@ -1,5 +1,6 @@
 """Table services that run by themselves (table/services.py): settings, triggers, budget, yielding, and the writer's
 run after each upsert, on real tables written by `upsert_arrow` and read by delta-rs, polars and DuckDB."""
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,9 @@ SMALL = dict(data_min_small_files=4, index_min_files=4, clean_retain_completions
 
 def as_arrow(batch: list[tuple]) -> pa.Table:
     ids, days, values, deletes = zip(*batch)
-    return pa.table({"id": list(ids), "dt": list(days), "v": pa.array(values, pa.int64()),
-                     "_dbidx_delete": list(deletes)})
+    return pa.table(
+        {"id": list(ids), "dt": list(days), "v": pa.array(values, pa.int64()), "_dbidx_delete": list(deletes)}
+    )
 
 
 def expected_rows(oracle: Oracle) -> set[tuple]:
@@ -73,21 +75,32 @@ def test_settings_round_trip_and_strict_parsing(tmp_path: Path) -> None:
     again = read_settings(Table.open(table.uri).io)
     assert (again.clean, again.budget_seconds, again.data_deleted_share) == (False, 2.0, 0.5)
     assert json.loads(table.io.read_bytes(SERVICES_FILE))["settings"] == {
-        "budget_seconds": 2.0, "clean": False, "data_deleted_share": 0.5}
+        "budget_seconds": 2.0,
+        "clean": False,
+        "data_deleted_share": 0.5,
+    }
     assert configure(table, clean=None).clean is True  # None: back to the default
     # Values set from Python are checked before anything is written.
-    for bad in ({"clean": "yes"}, {"data_min_small_files": 1}, {"budget_files": 2.5}, {"nope": 1},
-                {"data_deleted_share": 0.0}, {"budget_seconds": float("nan")}):
+    for bad in (
+        {"clean": "yes"},
+        {"data_min_small_files": 1},
+        {"budget_files": 2.5},
+        {"nope": 1},
+        {"data_deleted_share": 0.0},
+        {"budget_seconds": float("nan")},
+    ):
         with pytest.raises(ConfigError):
             configure(table, **bad)
     assert read_settings(table.io).clean is True and read_settings(table.io).budget_seconds == 2.0
     # Read back, the file is untrusted: the error names the key and the file.
-    for content, named in (({"format": 1, "settings": {"cleen": True}}, "cleen"),
-                           ({"format": 1, "settings": {"index_min_files": "4"}}, "index_min_files"),
-                           ({"format": 1, "settings": {"clean": 1}}, "clean"),
-                           ({"format": 2, "settings": {}}, "format"),
-                           ({"format": 1, "settings": {}, "x": 1}, "settings"),
-                           ("[1, 2", "JSON")):
+    for content, named in (
+        ({"format": 1, "settings": {"cleen": True}}, "cleen"),
+        ({"format": 1, "settings": {"index_min_files": "4"}}, "index_min_files"),
+        ({"format": 1, "settings": {"clean": 1}}, "clean"),
+        ({"format": 2, "settings": {}}, "format"),
+        ({"format": 1, "settings": {}, "x": 1}, "settings"),
+        ("[1, 2", "JSON"),
+    ):
         raw = content if isinstance(content, str) else json.dumps(content)
         table.io.write_atomic(SERVICES_FILE, raw.encode())
         with pytest.raises(CorruptFileError, match=named) as err:
@@ -110,13 +123,18 @@ def test_services_keep_the_table_small_and_exact(tmp_path: Path, services_on: No
     # Bounded: no growth from batch 30 to 60 (8 days x 1 shard's file groups, each holding its base plus at most
     # min_small_files - 1 small files between runs), and fewer files after 60 batches than after 10 without services.
     assert counts[60] <= counts[30] + 8, counts
-    assert live_data_files(on.table) < live_data_files(off.table), (live_data_files(on.table),
-                                                                   live_data_files(off.table))
+    assert live_data_files(on.table) < live_data_files(off.table), (
+        live_data_files(on.table),
+        live_data_files(off.table),
+    )
     assert live_index_files(on.table) < live_index_files(off.table)
     assert_readers_agree(on.table, ["id", "dt", "v"], expected_rows(on.oracle))
     # The cleans deleted what the compactions replaced: the files on disk stay close to the live ones.
-    on_disk = [r for r, _ in on.table.io.list_files_recursive("") if r.endswith(".parquet")
-               and not r.startswith((".dbidx/", "_delta_log/"))]
+    on_disk = [
+        r
+        for r, _ in on.table.io.list_files_recursive("")
+        if r.endswith(".parquet") and not r.startswith((".dbidx/", "_delta_log/"))
+    ]
     assert len(on_disk) < 3 * live_data_files(on.table), (len(on_disk), live_data_files(on.table))
 
 
@@ -130,8 +148,12 @@ def test_budget_leaves_work_for_later_and_says_so(tmp_path: Path) -> None:
     assert report.left[0]["reason"] == "budget_seconds" and report.left[0]["files"] > 0
     one = maintain(w.table, budget_files=1)  # the worst partition only, the rest left
     assert [r.service for r in one.ran][:1] == ["data_compaction"] and len(one.ran[0].details["partitions"]) == 1
-    assert one.left[0] | {"partitions": 0, "files": 0} == {"service": "data_compaction", "reason": "budget_files",
-                                                           "partitions": 0, "files": 0}
+    assert one.left[0] | {"partitions": 0, "files": 0} == {
+        "service": "data_compaction",
+        "reason": "budget_files",
+        "partitions": 0,
+        "files": 0,
+    }
     rest = maintain(w.table)
     assert rest.left == [] and "data_compaction" in [r.service for r in rest.ran]
     assert maintain(w.table).ran == []  # nothing left to do: nothing published
@@ -155,16 +177,18 @@ def test_a_service_yields_to_a_concurrent_run_and_the_upsert_commits(tmp_path: P
 
     report = maintain(w.table, progress=meanwhile)
     assert "data_compaction" in [r["service"] for r in inner[0]["ran"]]
-    assert [y["service"] for y in report.yielded] == ["data_compaction"] and "data compaction" in \
-        report.yielded[0]["error"]
+    assert [y["service"] for y in report.yielded] == ["data_compaction"] and "data compaction" in report.yielded[0][
+        "error"
+    ]
     assert "data_compaction" not in [r.service for r in report.ran]
     write_settings(w.table.io, {"after_commit": False})
     maintain(w.table)  # the next run takes what is left
     assert_readers_agree(w.table, ["id", "dt", "v"], expected_rows(w.oracle))
 
 
-def test_a_failing_service_never_fails_the_upsert(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                  services_on: None) -> None:
+def test_a_failing_service_never_fails_the_upsert(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, services_on: None
+) -> None:
     w = Writer(tmp_path, "t", seed=3)
 
     def broken(*args: object, **kwargs: object) -> None:
@@ -183,8 +207,17 @@ def test_vacuum_runs_at_most_once_per_interval_by_the_tables_retention(tmp_path:
 
     from dbidx.table.services import VACUUM_STATE_FILE, vacuum_wait
 
-    w = Writer(tmp_path, "t", seed=9, shards=1, after_commit=False, data_compaction=False, index_compaction=False,
-               clean=False, log_cleanup=False)
+    w = Writer(
+        tmp_path,
+        "t",
+        seed=9,
+        shards=1,
+        after_commit=False,
+        data_compaction=False,
+        index_compaction=False,
+        clean=False,
+        log_cleanup=False,
+    )
     w.upsert()
     w.table.set_delta_properties({"delta.deletedFileRetentionDuration": "interval 1 days"})
     partition = sorted(p for p in os.listdir(w.table.io.path("")) if "=" in p)[0]

@@ -15,6 +15,7 @@ that version's rows.
 
 DBIDX_RANDOM_ROUNDS=N runs N seeds (default 3), DBIDX_RANDOM_STEPS=M steps per seed (default 24),
 DBIDX_RANDOM_SEED=S the first seed (default 20260400)."""
+
 from __future__ import annotations
 
 import json
@@ -51,8 +52,9 @@ FULL_CHECK_EVERY = 4
 
 def as_arrow(batch: list[tuple]) -> pa.Table:
     ids, days, values, deletes = zip(*batch)
-    return pa.table({"id": list(ids), "dt": list(days), "v": pa.array(values, pa.int64()),
-                     "_dbidx_delete": list(deletes)})
+    return pa.table(
+        {"id": list(ids), "dt": list(days), "v": pa.array(values, pa.int64()), "_dbidx_delete": list(deletes)}
+    )
 
 
 def layout_dir(day: str) -> str:
@@ -70,17 +72,27 @@ class Sweep:
         self.rng = rng = random.Random(seed)
         self.seed, self.tmp = seed, tmp_path
         self.global_mode = rng.random() < 0.3
-        self.table = Table.create(str(tmp_path / "t"), num_shards=rng.choice([1, 2]), global_index=self.global_mode,
-                                  checkpoint_interval=rng.choice([0, 3, 7]))
+        self.table = Table.create(
+            str(tmp_path / "t"),
+            num_shards=rng.choice([1, 2]),
+            global_index=self.global_mode,
+            checkpoint_interval=rng.choice([0, 3, 7]),
+        )
         self.path = self.table.io.path("")
         self.retain = rng.randint(1, 3)
-        self.settings = dict(data_min_small_files=rng.randint(2, 4), index_min_files=rng.randint(2, 4),
-                             clean_retain_completions=self.retain, clean_interval=rng.randint(1, 3),
-                             vacuum_interval_hours=0.001)
+        self.settings = dict(
+            data_min_small_files=rng.randint(2, 4),
+            index_min_files=rng.randint(2, 4),
+            clean_retain_completions=self.retain,
+            clean_interval=rng.randint(1, 3),
+            vacuum_interval_hours=0.001,
+        )
         write_settings(self.table.io, self.settings)
         self.log_minutes, self.file_minutes = rng.choice([60, 120]), rng.choice([60, 120])
-        self.retentions = {"delta.logRetentionDuration": f"interval {self.log_minutes} minutes",
-                           "delta.deletedFileRetentionDuration": f"interval {self.file_minutes // 60} hours"}
+        self.retentions = {
+            "delta.logRetentionDuration": f"interval {self.log_minutes} minutes",
+            "delta.deletedFileRetentionDuration": f"interval {self.file_minutes // 60} hours",
+        }
         self.table.set_delta_properties({"delta.checkpointInterval": str(rng.randint(2, 3)), **self.retentions})
         self.caches = [CacheConfig(base_path=str(tmp_path / name)) for name in ("cache-a", "cache-b")]
         self.cache = self.caches[0]
@@ -169,9 +181,18 @@ class Sweep:
         for _ in range(self.rng.randint(1, 4)):
             self.serial[0] += 1
             rows.append((f"foreign-{self.serial[0]:06d}", day, self.rng.randrange(1_000_000)))
-        write_deltalake(self.path, pa.table({"id": [r[0] for r in rows], "dt": [r[1] for r in rows],
-                                             "v": pa.array([r[2] for r in rows], pa.int64())}),
-                        partition_by=["dt"], mode="append")
+        write_deltalake(
+            self.path,
+            pa.table(
+                {
+                    "id": [r[0] for r in rows],
+                    "dt": [r[1] for r in rows],
+                    "v": pa.array([r[2] for r in rows], pa.int64()),
+                }
+            ),
+            partition_by=["dt"],
+            mode="append",
+        )
         self.oracle.apply([(k, d, v, False) for k, d, v in rows])
         self.trace.append(f"delta-rs append {rows}")
 
@@ -193,16 +214,16 @@ class Sweep:
         self.trace.append(f"delta-rs delete {' or '.join(terms)}")
 
     def foreign_properties(self) -> None:
-        changes = self.rng.choice([{"delta.checkpointInterval": str(self.rng.randint(2, 3))},
-                                   dict(self.retentions)])
+        changes = self.rng.choice([{"delta.checkpointInterval": str(self.rng.randint(2, 3))}, dict(self.retentions)])
         DeltaTable(self.path).alter.set_table_properties(changes)
         self.trace.append(f"delta-rs set_table_properties {changes}")
 
     def foreign_committed(self) -> None:
         # delta-rs's post-commit log cleanup expires, by the same aged mtimes, everything below its newest checkpoint
         # (more than Delta's rule keeps): time travel below that is delta-rs's loss, not dbidx's.
-        self.foreign_floor = max(self.foreign_floor, max(complete_checkpoints(
-            self.table.io.list_entries(DELTA_LOG_DIR)), default=0))
+        self.foreign_floor = max(
+            self.foreign_floor, max(complete_checkpoints(self.table.io.list_entries(DELTA_LOG_DIR)), default=0)
+        )
         latest = self.delta_version()
         self.foreign_versions.update(version_file(v) for v in range(self.last_version + 1, latest + 1))
 
@@ -269,8 +290,11 @@ class Sweep:
     def log_floor(self) -> int:
         """The newest checkpoint older than the log retention: log cleanup must keep every version from it on."""
         real = time.time()
-        old = [int(f.name.split(".")[0]) for f in Path(self.path, DELTA_LOG_DIR).glob("*.checkpoint*.parquet")
-               if f.stat().st_mtime <= real - self.log_minutes * 60]
+        old = [
+            int(f.name.split(".")[0])
+            for f in Path(self.path, DELTA_LOG_DIR).glob("*.checkpoint*.parquet")
+            if f.stat().st_mtime <= real - self.log_minutes * 60
+        ]
         return max(old, default=0)
 
     def time_travel(self) -> None:
@@ -318,8 +342,13 @@ def _upserts_with_an_aged_log(tmp_path: Path, checkpoint_interval: int, batches:
         then = time.time() - 3 * 3600
         for file in log.iterdir():
             os.utime(file, (then, then))
-        upsert_arrow(pa.table({"id": [f"k{i}"], "dt": ["d1"], "v": pa.array([i], pa.int64())}), table, key="id",
-                     partition="dt", cache_config=config)
+        upsert_arrow(
+            pa.table({"id": [f"k{i}"], "dt": ["d1"], "v": pa.array([i], pa.int64())}),
+            table,
+            key="id",
+            partition="dt",
+            cache_config=config,
+        )
     return table
 
 
@@ -334,4 +363,5 @@ def test_log_cleanup_expires_the_log_when_others_write_the_checkpoints(tmp_path:
     table = _upserts_with_an_aged_log(tmp_path, checkpoint_interval=10)
     assert 0 not in listed_versions(table.io), (
         f"{len(listed_versions(table.io))} versions kept, all older than the retention, newest checkpoint at "
-        f"{max(complete_checkpoints(table.io.list_entries(DELTA_LOG_DIR)))}")
+        f"{max(complete_checkpoints(table.io.list_entries(DELTA_LOG_DIR)))}"
+    )

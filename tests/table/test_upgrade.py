@@ -2,6 +2,7 @@
 commit 2b30d3f~1: seven upserts with updates, deletes and, in global mode, partition moves; a data compaction, a
 clean, checkpoints every 4 completions and an archive bundle) become format-4 Delta tables that every reader reads
 whole, and a crash at any step leaves a table that the old or the new reader reads whole."""
+
 from __future__ import annotations
 
 import hashlib
@@ -45,8 +46,12 @@ def unpack(tmp_path: Path, name: str) -> tuple[str, set[tuple]]:
 def format3_state(root: str) -> dict[str, str]:
     """What a format-3 reader reads: table.json and the timeline's records, checkpoints and bundles (by digest)."""
     base = Path(root) / ".dbidx"
-    files = [base / "table.json"] + sorted(p for d in ("completed", "checkpoints", "archive")
-                                           for p in (base / "timeline" / d).glob("*") if not p.name.startswith("."))
+    files = [base / "table.json"] + sorted(
+        p
+        for d in ("completed", "checkpoints", "archive")
+        for p in (base / "timeline" / d).glob("*")
+        if not p.name.startswith(".")
+    )
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
 
 
@@ -66,11 +71,23 @@ def test_upgrade_makes_a_delta_table_that_every_reader_reads_whole(tmp_path: Pat
     # An upsert after the upgrade (updates of format-3 rows, deletes, new keys): every reader agrees with the model.
     rows = sorted(expected)
     model = {(r[1], r[0]) if name == "partitioned" else r[0]: r for r in rows}
-    batch = [(r[0], r[1], 9000 + i, i % 5 == 0) for i, r in enumerate(rows[:30])] + \
-            [(f"new{i}", "2025-01-02", 9100 + i, False) for i in range(5)]
-    upsert_arrow(pa.table({"id": [b[0] for b in batch], "dt": [b[1] for b in batch],
-                           "v": pa.array([b[2] for b in batch], pa.int64()), "_dbidx_delete": [b[3] for b in batch]}),
-                 table, key="id", partition="dt", cache_config=CacheConfig(base_path=str(tmp_path / "cache")))
+    batch = [(r[0], r[1], 9000 + i, i % 5 == 0) for i, r in enumerate(rows[:30])] + [
+        (f"new{i}", "2025-01-02", 9100 + i, False) for i in range(5)
+    ]
+    upsert_arrow(
+        pa.table(
+            {
+                "id": [b[0] for b in batch],
+                "dt": [b[1] for b in batch],
+                "v": pa.array([b[2] for b in batch], pa.int64()),
+                "_dbidx_delete": [b[3] for b in batch],
+            }
+        ),
+        table,
+        key="id",
+        partition="dt",
+        cache_config=CacheConfig(base_path=str(tmp_path / "cache")),
+    )
     for ident, dt, v, deleted in batch:
         model.pop((dt, ident) if name == "partitioned" else ident, None)
         if not deleted:
@@ -85,20 +102,29 @@ def test_upgrade_makes_a_delta_table_that_every_reader_reads_whole(tmp_path: Pat
 
 
 @pytest.mark.parametrize("step", ["vectors written", "record staged", "switched", "published"])
-def test_a_crash_at_any_step_leaves_a_table_the_old_or_the_new_reader_reads_whole(tmp_path: Path, monkeypatch,
-                                                                                 step: str) -> None:
+def test_a_crash_at_any_step_leaves_a_table_the_old_or_the_new_reader_reads_whole(
+    tmp_path: Path, monkeypatch, step: str
+) -> None:
     root, expected = unpack(tmp_path, "partitioned")
     before = format3_state(root)
-    real = {"vectors written": upgrade.write_vectors, "record staged": upgrade.properties_json,
-            "switched": upgrade.publish, "published": upgrade._settle}[step]
+    real = {
+        "vectors written": upgrade.write_vectors,
+        "record staged": upgrade.properties_json,
+        "switched": upgrade.publish,
+        "published": upgrade._settle,
+    }[step]
 
     def crash_around(*args, **kwargs):
         if step in ("vectors written", "published"):
             real(*args, **kwargs)  # the step ran, the process died right after it
         raise Crash(step)
 
-    attr = {"vectors written": "write_vectors", "record staged": "properties_json", "switched": "publish",
-            "published": "_settle"}[step]
+    attr = {
+        "vectors written": "write_vectors",
+        "record staged": "properties_json",
+        "switched": "publish",
+        "published": "_settle",
+    }[step]
     with monkeypatch.context() as patched:
         patched.setattr(upgrade, attr, crash_around)
         with pytest.raises(Crash):
@@ -111,8 +137,10 @@ def test_a_crash_at_any_step_leaves_a_table_the_old_or_the_new_reader_reads_whol
     else:
         # After the switch: the new reader reads the whole table (opening publishes a staged record first).
         table = Table.open(root)
-        assert {tuple(r) for r in zip(*(reads.read_arrow(table, columns=list(COLUMNS)).column(c).to_pylist()
-                                        for c in COLUMNS))} == expected
+        assert {
+            tuple(r)
+            for r in zip(*(reads.read_arrow(table, columns=list(COLUMNS)).column(c).to_pylist() for c in COLUMNS))
+        } == expected
     report = upgrade.upgrade_table(root)
     assert report.status in ("upgraded", "finished", "already")
     table = Table.open(root)
@@ -169,14 +197,15 @@ def test_one_upgrade_at_a_time_and_a_dead_ones_lock_is_taken_over(tmp_path: Path
     lock.write_text(json.dumps({"host": "another-host", "pid": 1, "started_at_ms": 0}))
     with pytest.raises(FormatUpgradeError, match="another `dbidx upgrade`.*upgrade.lock"):
         upgrade.upgrade_table(root)
-    lock.write_text(json.dumps({"host": socket.gethostname(), "pid": 2 ** 22 + 12345, "started_at_ms": 0}))
+    lock.write_text(json.dumps({"host": socket.gethostname(), "pid": 2**22 + 12345, "started_at_ms": 0}))
     assert upgrade.upgrade_table(root).status == "upgraded"  # a dead process of this host: taken over
     assert not lock.exists()
     assert set(assert_readers_agree(Table.open(root), COLUMNS)) == expected
 
 
-def test_a_format3_commit_after_the_switch_and_a_crash_takes_the_switch_back_at_open(tmp_path: Path,
-                                                                                    monkeypatch) -> None:
+def test_a_format3_commit_after_the_switch_and_a_crash_takes_the_switch_back_at_open(
+    tmp_path: Path, monkeypatch
+) -> None:
     root, _expected = unpack(tmp_path, "partitioned")
     seen: dict[str, int] = {}
 

@@ -2,6 +2,7 @@
 dbidx deletes only what is on storage, older than the retention, and named by nothing it knows of. Real tables:
 dbidx writes through `upsert_arrow`, other engines' commits through delta-rs; files and removals are aged (os.utime,
 the removals' deletionTimestamp in the log) instead of waiting days."""
+
 from __future__ import annotations
 
 import json
@@ -45,8 +46,13 @@ class Scene:
 
     def upsert(self, rows: list[tuple[str, str, int]]) -> None:
         ids, days, values = (list(c) for c in zip(*rows))
-        upsert_arrow(pa.table({"id": ids, "dt": days, "v": pa.array(values, pa.int64())}), self.table, key="id",
-                     partition="dt", cache_config=self.config)
+        upsert_arrow(
+            pa.table({"id": ids, "dt": days, "v": pa.array(values, pa.int64())}),
+            self.table,
+            key="id",
+            partition="dt",
+            cache_config=self.config,
+        )
 
     def files(self) -> set[str]:
         """Every file under the table, table-relative."""
@@ -110,9 +116,11 @@ def test_orphans_older_than_the_retention_go_young_ones_and_the_tables_own_files
     age_everything(s.root, 30 * DAY_S)  # live files, Delta log, .dbidx: all a month old, none may go
     kept = s.files()
     assert any(p.startswith(".dbidx/dv/") for p in kept) and any(p.startswith(".dbidx/rli/") for p in kept)
-    old = {s.orphan(f"dt={PLAIN}/part-crashed-1.parquet", 10 * DAY_S),
-           s.orphan(f"dt={SPACED}/part-crashed-2.parquet", 10 * DAY_S),
-           s.orphan(f"dt={ESCAPED}/part-crashed-3.parquet", 2 * DAY_S)}
+    old = {
+        s.orphan(f"dt={PLAIN}/part-crashed-1.parquet", 10 * DAY_S),
+        s.orphan(f"dt={SPACED}/part-crashed-2.parquet", 10 * DAY_S),
+        s.orphan(f"dt={ESCAPED}/part-crashed-3.parquet", 2 * DAY_S),
+    }
     young = s.orphan(f"dt={SPACED}/part-running.parquet", 3600)  # another engine is writing it: an hour old
     hidden = s.orphan(f"dt={PLAIN}/.tmp-1234", 10 * DAY_S)  # delta-rs lists it (only first levels are hidden to it)
     report = vacuum(s.table, retention_hours=24)
@@ -137,11 +145,14 @@ def test_files_another_engine_removed_go_only_once_the_removal_is_older_than_the
     rows = s.rows()
     assert len(rows) == 11
     removed = set().union(*(removed_in(s.root, v) for v in range(first + 1, last + 1)))
-    live = {unquote(str(p)) for p in pa.table(DeltaTable(str(s.root)).get_add_actions(flatten=True))
-            .column("path").to_pylist()}
+    live = {
+        unquote(str(p))
+        for p in pa.table(DeltaTable(str(s.root)).get_add_actions(flatten=True)).column("path").to_pylist()
+    }
     on_storage = removed & s.files()
-    assert on_storage and any(p.startswith(f"dt={SPACED}/") for p in on_storage) \
-        and any("%" in p for p in on_storage)  # delta-rs's own files live under escaped partition directories
+    assert (
+        on_storage and any(p.startswith(f"dt={SPACED}/") for p in on_storage) and any("%" in p for p in on_storage)
+    )  # delta-rs's own files live under escaped partition directories
     age_everything(s.root, 10 * DAY_S)  # the files are old, but they left the log moments ago
     report = vacuum(s.table, retention_hours=24)
     assert report.deleted == [] and report.protected == []  # delta-rs does not even name them
@@ -182,8 +193,9 @@ def test_replaced_files_dv_files_and_metadata_are_kept_even_when_aged(tmp_path: 
     # Once dbidx's clean has deleted them, delta-rs still names them (tombstones): they are simply not there.
     assert s.table.clean(retain_completions=0) is not None
     assert not set(replaced) & s.files()
-    listed = DeltaTable(str(s.root)).vacuum(retention_hours=24, dry_run=True, enforce_retention_duration=False,
-                                             full=True)
+    listed = DeltaTable(str(s.root)).vacuum(
+        retention_hours=24, dry_run=True, enforce_retention_duration=False, full=True
+    )
     assert {unquote(p) for p in listed} >= set(replaced)
     after = vacuum(s.table, retention_hours=24)
     assert after.deleted == [] and after.protected == []
@@ -191,11 +203,15 @@ def test_replaced_files_dv_files_and_metadata_are_kept_even_when_aged(tmp_path: 
 
 
 def test_another_engines_deletion_vector_file_stays_while_a_version_within_the_retention_needs_it(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     s = Scene(tmp_path)
     # A file without a vector yet (polars ignores the vectors of files in escaped partitions: a plain one).
-    add = next(a["add"] for a in reversed(_log(s.root))
-               if "add" in a and a["add"]["path"].startswith(f"dt={PLAIN}/") and not a["add"].get("deletionVector"))
+    add = next(
+        a["add"]
+        for a in reversed(_log(s.root))
+        if "add" in a and a["add"]["path"].startswith(f"dt={PLAIN}/") and not a["add"].get("deletionVector")
+    )
     _delete_rows(s.root, add, [0], inline=False)  # Spark's DELETE by vector: a DV file at the table root
     dv_file = next(p for p in s.files() if p.startswith("deletion_vector_"))
     rows = s.rows()

@@ -1,5 +1,6 @@
 """What `make pack-env` puts into the shipped virtualenv (the build itself runs in
 tests/spark_integration/test_cluster.py)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -29,8 +30,16 @@ def test_extras_are_added_and_an_unknown_one_is_named(tmp_path: Path) -> None:
 
 def test_the_sources_copied_for_the_build_leave_out_venvs_and_build_output(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
-    for rel in ("pyproject.toml", "__init__.py", "cache/store.py", ".venv/bin/python", "build/lib/dbidx/stale.py",
-                "dist/dbidx-env.tar.gz", "dbidx.egg-info/PKG-INFO", "cache/__pycache__/store.cpython-311.pyc"):
+    for rel in (
+        "pyproject.toml",
+        "__init__.py",
+        "cache/store.py",
+        ".venv/bin/python",
+        "build/lib/dbidx/stale.py",
+        "dist/dbidx-env.tar.gz",
+        "dbidx.egg-info/PKG-INFO",
+        "cache/__pycache__/store.cpython-311.pyc",
+    ):
         (repo / rel).parent.mkdir(parents=True, exist_ok=True)
         (repo / rel).write_text("x")
     copy = copy_sources(repo, tmp_path / "copy")
