@@ -45,6 +45,7 @@ from dbidx.storage.checkpoint import Checkpoint, archive_before, write_checkpoin
 from dbidx.storage.commit_lock import CommitLock
 from dbidx.storage.data_view import DataView
 from dbidx.storage.index_view import IndexView, PartitionStats
+from dbidx.storage.instant_life import InstantLife
 from dbidx.storage.fileio import FileIO
 from dbidx.storage.format_switch import finish_upgrade
 from dbidx.storage.keyhash import HASH_NAME, shard_of
@@ -351,6 +352,12 @@ class Table(IndexReads, DeltaLogSync, TableMaintenance):
         """Start a new instant that adds index entries; use as a context manager or call commit()/rollback().
         `tags`: what else identifies this writer in its claim (shown if it is left unfinished)."""
         return CommitWriter(self, tags=tags)
+
+    def instant(self, action: str, tags: Mapping[str, str] | None = None) -> InstantLife:
+        """Claim an instant of `action` and own its life (storage/instant_life.py): `with table.instant(action) as
+        life: life.declare(files); ...; life.publish(build, check)`. A failure before the publish rolls it back with
+        the files it declared; one after it never does; the files its record does not list are deleted at its end."""
+        return InstantLife(self.timeline, action, tags=tags)
 
     # ---- maintenance: table/maintenance.py (TableMaintenance) -------------------------------------------
 

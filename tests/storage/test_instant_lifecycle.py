@@ -74,6 +74,16 @@ def test_a_block_left_without_a_publish_ends_rolled_back(table: Table) -> None:
     assert table.timeline.pending() == []
 
 
+def test_the_table_hands_out_an_instant_life(table: Table) -> None:
+    """`table.instant(action)`: the same life, claimed on the table's timeline."""
+    with pytest.raises(Boom):
+        with table.instant(ACTION_COMPACTION, tags={"job": "nightly"}) as life:
+            assert isinstance(life, InstantLife) and life.instant in table.timeline.pending()
+            raise Boom("the work failed")
+    assert [r.action for r in records_of(table, life.instant)] == [ACTION_ROLLBACK]
+    assert table.timeline.pending() == []
+
+
 def test_a_commit_that_loses_its_check_is_rolled_back_with_its_files(table: Table) -> None:
     """A real failure before the publish: another writer committed the same key meanwhile (ConflictError)."""
     writer = table.new_commit()
