@@ -145,7 +145,7 @@ class PartitionLoader:
     def _args(self, job: LoadJob, sst: str) -> tuple:
         return (
             self.table,
-            job.cache.identity.shard,
+            job.cache.shard,
             job.partition,
             job.seq,
             job.cache.global_mode,
@@ -171,7 +171,7 @@ class PartitionLoader:
             Path(sst).unlink(missing_ok=True)
             self._error = self._error or CacheError(
                 f"a bootstrap worker process died while building partition {job.partition!r} of shard "
-                f"{job.cache.identity.shard} (out of memory? or a script that starts a load without an "
+                f"{job.cache.shard} (out of memory? or a script that starts a load without an "
                 "`if __name__ == '__main__':` guard, which spawned workers re-run); parallelism='threads' avoids "
                 "worker processes"
             )
@@ -181,15 +181,13 @@ class PartitionLoader:
             self._error = self._error or exc
             return
         self._outcomes.append(
-            LoadOutcome(
-                job.cache.identity.shard, job.partition, prepared.entries, prepared.seconds, started, time.monotonic()
-            )
+            LoadOutcome(job.cache.shard, job.partition, prepared.entries, prepared.seconds, started, time.monotonic())
         )
         self._done += prepared.entries
         if self.progress is not None:
             self.progress(
                 self._done,
                 max(self._expected, self._done),
-                f"shard {job.cache.identity.shard} {job.partition or '(global)'}",
+                f"shard {job.cache.shard} {job.partition or '(global)'}",
                 self._done,
             )

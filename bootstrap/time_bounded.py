@@ -151,7 +151,7 @@ def bootstrap_caches(
     for cache in caches:
         shard_jobs, ready = plan_jobs(cache, table, selection, seq, table_keys)
         jobs += shard_jobs
-        results.append(ShardBootstrap(cache.identity.shard, str(cache.path), already_ready=ready))
+        results.append(ShardBootstrap(cache.shard, str(cache.path), already_ready=ready))
     # 3. Load all missing (shard, partition) slices in one parallel pass.
     loader = PartitionLoader(table, parallelism, workers, progress, flush_interval_s)
     by_shard = {r.shard: r for r in results}

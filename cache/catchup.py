@@ -88,7 +88,7 @@ def sync(cache: RecordIndexCache, table: Table, max_catchup_entries: int | None 
     started = time.perf_counter()
     check_table(cache, table)
     bound = cache.config.max_catchup_entries if max_catchup_entries is None else max_catchup_entries
-    shard = cache.identity.shard
+    shard = cache.shard
     # 1. The target: the latest completion the table's index view holds. Not the timeline's latest seq: a thread
     #    sharing the table may have read newer records into the timeline (starting or publishing an instant) that
     #    the view has not folded yet, and a watermark past the view would skip their entries for good.
@@ -151,7 +151,7 @@ def _apply_incremental(cache: RecordIndexCache, table: Table, start: int, end: i
     """Read (start, end] for the partitions of this shard and apply them partition by partition."""
     if not cache.global_mode:
         return _apply_partitioned(cache, table, start, end, partitions)
-    changes = table.incremental(start, end, shard=cache.identity.shard)
+    changes = table.incremental(start, end, shard=cache.shard)
     if changes.num_rows == 0:
         return cache.apply(GLOBAL_PARTITION, [], [], [], synced_seq=end)
     # A move's entry does not name the location it leaves: only a read says what each entry changes.
@@ -173,7 +173,7 @@ def _apply_partitioned(cache: RecordIndexCache, table: Table, start: int, end: i
     may hold.
     """
     files: dict[str | None, list] = defaultdict(list)
-    for seq, record in table.incremental_files(start, end, partitions, shard=cache.identity.shard):
+    for seq, record in table.incremental_files(start, end, partitions, shard=cache.shard):
         files[record.partition].append((seq, record))
     todo = iter(partitions)
     applied = 0

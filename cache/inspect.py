@@ -49,7 +49,7 @@ def cache_report(cache: RecordIndexCache) -> dict[str, Any]:
     """Identity, watermark, disk use and per-partition state of one open cache, as plain data."""
     ident = cache.identity
     assert ident is not None
-    partitions = []
+    partitions: list[dict[str, Any]] = []
     for name, state in sorted(cache.partitions().items()):
         partitions.append(
             {

@@ -55,5 +55,5 @@ def prepare_slice(
 def load_from_snapshot(cache: RecordIndexCache, table: Table, partition: str, as_of_seq: int) -> int:
     """(Re)load one partition of the cache's shard from the index snapshot at a completion seq, in this thread;
     returns its entries."""
-    keys, locations = snapshot_entries(table, cache.identity.shard, partition, as_of_seq, cache.global_mode)
+    keys, locations = snapshot_entries(table, cache.shard, partition, as_of_seq, cache.global_mode)
     return cache.load_partition(partition, keys, locations, synced_seq=as_of_seq).entries

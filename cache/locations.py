@@ -40,8 +40,9 @@ class LocationDictionary:
     def set(self, cf: str, locations: list[str]) -> None:
         """Adopt a family's dictionary as a list (a load's SST carries the same list)."""
         self._locations[cf] = locations
-        decoders: dict[bytes | None, str | None] = {codec.encode_index(i): loc for i, loc in enumerate(locations)}
-        self._encoders[cf] = {loc: value for value, loc in decoders.items()}
+        encoded = {codec.encode_index(i): loc for i, loc in enumerate(locations)}
+        self._encoders[cf] = {loc: value for value, loc in encoded.items()}
+        decoders: dict[bytes | None, str | None] = {value: loc for value, loc in encoded.items()}
         decoders[None] = None  # an absent key (a multi-get's None) decodes to None: lookups map without a test
         self._decoders[cf] = decoders
 

@@ -87,6 +87,13 @@ class RecordIndexCache:
         self.close()
 
     @property
+    def shard(self) -> int:
+        """The shard this cache holds (its identity's: known once a cache opened without one has read it)."""
+        if self.identity is None:
+            raise CacheError(f"cache {self.path} is not open yet: its identity, and so its shard, is unknown")
+        return self.identity.shard
+
+    @property
     def global_mode(self) -> bool:
         """True when the cache replicates a global index (one partition entry for the whole shard)."""
         return self.identity.index_mode == "global"

@@ -245,7 +245,7 @@ def _install(
 ) -> list[str]:
     """Install each staged partition the record confirms and the cache lacks; returns those installed."""
     listed = {(f.path, f.checksum): f for f in record.files}
-    shard = cache.identity.shard
+    shard = cache.shard
     installed = []
     for staged in partitions:
         record_file = listed.get((staged.index_path, staged.checksum))

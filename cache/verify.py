@@ -76,7 +76,7 @@ def verify(cache: RecordIndexCache, table: Table) -> VerifyResult:
 
 def _verify(cache: RecordIndexCache, table: Table) -> VerifyResult:
     check_table(cache, table)
-    shard = cache.identity.shard
+    shard = cache.shard
     diffs = []
     for partition, state in sorted(cache.partitions().items()):
         # 1. The truth at the seq the partition says it reflects.

@@ -119,7 +119,9 @@ def read_snapshot(io: FileIO) -> DeltaSnapshot:
     for path, (raw, add) in sorted(ours.items()):
         dv = add.get("deletionVector")
         rows = deleted.get(path)
-        if (dv is None) != (rows is None) or (dv is not None and dv.get("cardinality") != len(rows)):
+        if (dv is None) != (rows is None) or (
+            dv is not None and rows is not None and dv.get("cardinality") != len(rows)
+        ):
             raise CorruptFileError(
                 f"the deletion vector of {io.path(path)} in the Delta log ({dv}) does not match "
                 f"the {0 if rows is None else len(rows)} deleted rows delta-rs reads; nothing "

@@ -65,8 +65,8 @@ def complete_checkpoints(entries: list[FileEntry]) -> dict[int, list[FileEntry]]
     for e in entries:
         m = _CHECKPOINT.match(e.path.rsplit("/", 1)[-1])
         if m:
-            kind = ("multi", m.group(3)) if m.group(2) else ("single", e.path)
-            found.setdefault(int(m.group(1)), {}).setdefault(kind, []).append(e)
+            group = ("multi", m.group(3)) if m.group(2) else ("single", e.path)
+            found.setdefault(int(m.group(1)), {}).setdefault(group, []).append(e)
     out: dict[int, list[FileEntry]] = {}
     for version, kinds in found.items():
         for (kind, parts), files in kinds.items():

@@ -149,7 +149,11 @@ def read_matching(
     io: FileIO, record: FileRecord, sorted_keys: list[str], key_set: pa.Array, mode: str, threshold: float
 ) -> tuple[pa.Table, str]:
     """Entries of one file whose key is in `key_set`, by seeking touched row groups or scanning; returns (rows, how)."""
-    if record.min_key is not None and (sorted_keys[-1] < record.min_key or sorted_keys[0] > record.max_key):
+    if (
+        record.min_key is not None
+        and record.max_key is not None
+        and (sorted_keys[-1] < record.min_key or sorted_keys[0] > record.max_key)
+    ):
         return schema_empty(io, record), "skipped"
     handle = open_rli_file(io, record)
     how = mode

@@ -50,7 +50,7 @@ class TableCheck:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form."""
-        out = {
+        out: dict[str, Any] = {
             "seq": self.seq,
             "index_files": self.index_files,
             "data_files": self.data_files,
@@ -117,7 +117,8 @@ def _check_vectors(table: Table, check: TableCheck) -> None:
     """Every live file's deletion vector reads back whole (DV file size and checksum, the vector's CRC-32,
     cardinality and positions), and the Delta log has a version for every completion (`dbidx repair` writes missing
     ones)."""
-    view, dv_files = table.data_view(), {}
+    view = table.data_view()
+    dv_files: dict[str, bytes] = {}  # DV file bytes, read once per file across the vectors it holds
     for live in view.live():
         ref = view.vector_of(live.record.path)
         if ref is None:
