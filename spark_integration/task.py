@@ -241,7 +241,8 @@ def _upsert_rows(
     batch, dropped = latest_per_key(batch, options, table.global_index, hashes)
     if dropped:
         hashes = spark_hash(options.keys_of(batch))
-    tagged_parts, shard_metrics = [], []
+    tagged_parts: list[pa.Table] = []
+    shard_metrics: list[ShardMetrics] = []
     slices = _shard_slices(table, batch, hashes)
     del hashes
     for shard, rows in slices:
@@ -297,9 +298,9 @@ def _upsert_rows(
     with table.held_data_view() as view:
         basis_seq = view.applied_seq
         fresh = superseded_rows(table.io, view, written_rows, options.key, disk, sources)
-    first = shard_metrics[0]  # task-wide figures go to its first shard, once
-    first.keys_from_memory, first.keys_from_key_files = sources.memory, sources.key_files
-    first.keys_from_data_files = sources.data_files
+    lead = shard_metrics[0]  # task-wide figures go to its first shard, once
+    lead.keys_from_memory, lead.keys_from_key_files = sources.memory, sources.key_files
+    lead.keys_from_data_files = sources.data_files
     del written_rows
     # 4. The shard's index delta files and touched keys, announced the same way. A bulk load also stages each
     #    delta's entries as the shard cache's own SST beside the cache (a warm first batch after the load).

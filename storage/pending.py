@@ -89,7 +89,8 @@ def pending_attempts(io: FileIO, timeline: Any, with_files: bool = True) -> list
             if with_files
             else []
         )
-        tags = claim.get("tags") if isinstance(claim.get("tags"), dict) else {}
+        raw_tags = claim.get("tags")
+        tags = raw_tags if isinstance(raw_tags, dict) else {}
         age = None if started is None else round(max(0.0, (now_ms - started) / 1000), 1)
         beat = read_heartbeat(io, instant, now_ms)
         out.append(
