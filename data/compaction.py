@@ -15,7 +15,6 @@ disk until a `clean` at least `retain_completions` completions later deletes the
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Iterable
@@ -149,13 +148,9 @@ def compact_data(
 
         def build(seq: int) -> CompletedInstant:
             dv_files, vectors = _rebased_vectors(table, writer.instant, seen, later, moved)
-            return CompletedInstant(
-                seq=seq,
-                instant=writer.instant,
-                action=ACTION_DATA_COMPACTION,
-                table_id=table.props.table_id,
-                completed_at_ms=int(time.time() * 1000),
-                start_seq=writer.start_seq,
+            return writer.completion(
+                seq,
+                table.props.table_id,
                 data_files=tuple(bases),
                 replaced=tuple(replaced),
                 dv_files=dv_files,

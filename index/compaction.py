@@ -18,7 +18,6 @@ which replays deltas, never reads it (its entries are older than the deltas it r
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from functools import partial
 from numbers import Integral
@@ -156,13 +155,9 @@ def compact(
                     )
 
         def build(seq: int) -> CompletedInstant:
-            return CompletedInstant(
-                seq=seq,
-                instant=writer.instant,
-                action=ACTION_COMPACTION,
-                table_id=table.props.table_id,
-                completed_at_ms=int(time.time() * 1000),
-                start_seq=writer.start_seq,
+            return writer.completion(
+                seq,
+                table.props.table_id,
                 files=tuple(bases),
                 replaced=tuple(replaced),
             )
@@ -261,13 +256,9 @@ def clean(table: TableState, retain_completions: int = 10, delete_migrated: bool
         return None
 
     def build(seq: int) -> CompletedInstant:
-        return CompletedInstant(
-            seq=seq,
-            instant=writer.instant,
-            action=ACTION_CLEAN,
-            table_id=table.props.table_id,
-            completed_at_ms=int(time.time() * 1000),
-            start_seq=writer.start_seq,
+        return writer.completion(
+            seq,
+            table.props.table_id,
             deleted=tuple(doomed),
         )
 

@@ -22,8 +22,9 @@ a crashed run's instant is discarded by the next run, a lost race reverted).
 
 from __future__ import annotations
 
+import time
 from types import TracebackType
-from typing import Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from dbidx.errors import ForeignCommitAfterPublishError, InstantStateError
 from dbidx.storage import leftovers, markers
@@ -70,6 +71,19 @@ class InstantLife:
             self.finish()
         else:
             self.fail(exc)
+
+    def completion(self, seq: int, table_id: str, **fields: Any) -> CompletedInstant:
+        """Its completion record at `seq`: the instant, its action, the seq it started from and the time filled in,
+        `fields` the rest (what a `publish` build returns)."""
+        return CompletedInstant(
+            seq=seq,
+            instant=self.instant,
+            action=self.started.action,
+            table_id=table_id,
+            completed_at_ms=int(time.time() * 1000),
+            start_seq=self.start_seq,
+            **fields,
+        )
 
     # ---- the steps --------------------------------------------------------------------------------------------
     def declare(self, files: Iterable[str]) -> None:

@@ -17,7 +17,6 @@ properties (owner, comment) and are carried as given.
 from __future__ import annotations
 
 import re
-import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Protocol
 
@@ -163,13 +162,9 @@ def set_delta_properties(table: PropertiesTable, changes: Mapping[str, str | Non
                 )
 
     def build(seq: int) -> CompletedInstant:
-        return CompletedInstant(
-            seq=seq,
-            instant=writer.instant,
-            action=ACTION_PROPERTIES,
-            table_id=table.props.table_id,
-            completed_at_ms=int(time.time() * 1000),
-            start_seq=writer.start_seq,
+        return writer.completion(
+            seq,
+            table.props.table_id,
             extra={DELTA_CONFIGURATION_EXTRA: after},
         )
 

@@ -12,7 +12,6 @@ so nothing half-written is ever visible.
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
@@ -320,13 +319,9 @@ class CommitWriter(InstantLife):
 
         def build(seq: int) -> CompletedInstant:
             dv_files, vectors = self._deletion_vectors()
-            return CompletedInstant(
-                seq=seq,
-                instant=self.instant,
-                action=self.started.action,
-                completed_at_ms=int(time.time() * 1000),
-                start_seq=self.started.start_seq,
-                table_id=table.props.table_id,
+            return self.completion(
+                seq,
+                table.props.table_id,
                 files=tuple(files),
                 data_files=tuple(self._data_files),
                 dv_files=dv_files,
