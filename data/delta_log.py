@@ -21,8 +21,6 @@ from typing import Any, Callable, Iterable
 
 from dbidx.data.delta_derive import TableShape, initial_version, version_for
 
-# delta_path is re-exported: table/build_index.py imports it from here.
-from dbidx.data.delta_derive import delta_path  # noqa: F401
 from dbidx.data.superseded import load_vector_bytes
 from dbidx.errors import CorruptFileError, ForeignCommitError
 from dbidx.storage.data_view import DataView, DvRef

@@ -22,7 +22,7 @@ import os
 import threading
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -176,19 +176,17 @@ class FileIO:
 
     def read_bytes(self, rel: str) -> bytes:
         """The whole content of a file (guarded: inside the table); a missing file is a CorruptFileError naming it."""
-        try:
-            with self.fs.open_input_stream(self.path(self.guard(rel))) as stream:
-                return stream.read()
-        except FileNotFoundError as exc:
-            raise CorruptFileError(f"file {self.path(rel)} is missing") from exc
-        except OSError as exc:
-            raise CorruptFileError(f"cannot read {self.path(rel)}: {exc}") from exc
+        return self._read_whole(rel, lambda stream: stream.read())
 
     def read_buffer(self, rel: str) -> pa.Buffer:
         """The whole content of a file, as `read_bytes`, in memory Arrow owns: for bytes a Parquet reader decodes."""
+        return self._read_whole(rel, lambda stream: read_to_end(stream, READ_CHUNK))
+
+    def _read_whole(self, rel: str, read: Callable[[pa.NativeFile], Any]) -> Any:
+        """`read` over a stream of the file (guarded), its failures as CorruptFileErrors naming the file."""
         try:
             with self.fs.open_input_stream(self.path(self.guard(rel))) as stream:
-                return read_to_end(stream, READ_CHUNK)
+                return read(stream)
         except FileNotFoundError as exc:
             raise CorruptFileError(f"file {self.path(rel)} is missing") from exc
         except OSError as exc:
@@ -427,7 +425,9 @@ def read_to_end(stream: pa.NativeFile, first: int) -> pa.Buffer:
         if chunk.size == 0:
             break
         chunks.append(chunk)
-        size = READ_CHUNK
+        # A short read is almost always the end: probe it with one byte, not a READ_CHUNK buffer (every verified
+        # read asks for one byte more than its file holds, so its end is found here).
+        size = READ_CHUNK if chunk.size == size else 1
     if len(chunks) == 1:
         return chunks[0]
     sink = pa.BufferOutputStream()

@@ -22,7 +22,8 @@ import pyarrow.parquet as pq
 
 from dbidx.data.delta_actions import read_version
 from dbidx.data.delta_adopt import is_foreign_delta_table, read_snapshot
-from dbidx.data.delta_log import delta_path, initial_version, version_file
+from dbidx.data.delta_derive import delta_path, initial_version
+from dbidx.data.delta_log import version_file
 from dbidx.data.schema import check_distinct_names, encode_schema
 from dbidx.data.source_files import PARQUET_SUFFIX, SourceFile, file_group_of, read_source  # noqa: F401
 

@@ -20,9 +20,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from dbidx.data.delta_derive import initial_version
 from dbidx.data.delta_log import (
     DeltaLogWriter,
-    initial_version,
     listed_versions,
     put_version,
 )
