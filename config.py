@@ -47,6 +47,8 @@ class CacheConfig:
     reaper_interval_s: float = 300.0
     stage_loads: bool = True  # a bulk load's tasks stage their entries for the caches: no cold first batch after it
     key_files_mb: int = 4096  # per table and executor: data files' key indexes on local disk (data/key_files.py)
+    service: bool = False  # upsert tasks hand their shard's work to a per-node cache service (spark_integration/)
+    service_idle_s: float = 300.0  # a cache service exits after this long without a request
 
     @property
     def on_demand_workers(self) -> int:
@@ -132,6 +134,8 @@ class CacheConfig:
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{PREFIX}{name.replace('_', '.')} must be >= 0, got {getattr(self, name)}")
+        if self.service_idle_s <= 0:
+            raise ConfigError(f"{PREFIX}service.idle.s must be > 0, got {self.service_idle_s}")
         if self.partition_ttl_hours <= 0:
             raise ConfigError(f"{PREFIX}partition.ttl.hours must be > 0, got {self.partition_ttl_hours}")
 

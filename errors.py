@@ -12,6 +12,7 @@ __all__ = [
     "CacheCorruptError",
     "CacheError",
     "CacheMismatchError",
+    "CacheServiceError",
     "CommitError",
     "ConfigError",
     "ConflictError",
@@ -128,6 +129,12 @@ class CacheCorruptError(CacheError):
 
 class CacheBusyError(CacheError):
     """Another process holds this cache directory for longer than the lock timeout."""
+
+
+class CacheServiceError(CacheError):
+    """A shard's cache service (cache.service) failed or went away in the middle of a request: the task attempt
+    fails (Spark runs it again, and the retry starts a new service or opens the cache itself); nothing the attempt
+    wrote is published."""
 
 
 class CacheMismatchError(CacheError):

@@ -14,6 +14,7 @@ import os
 import time
 import uuid
 from pathlib import Path
+from typing import Callable
 
 from dbidx.errors import CacheBusyError, CacheError
 
@@ -73,8 +74,9 @@ def release_flock(fd: int) -> None:
     os.close(fd)
 
 
-def acquire_flock(path: Path, timeout_s: float) -> int:
+def acquire_flock(path: Path, timeout_s: float, on_busy: Callable[[], object] | None = None) -> int:
     """Exclusive flock on a side file; waits up to timeout_s for another process to finish with the cache.
+    `on_busy` runs once, the first time the lock is found held (the store asks a cache service to let go).
 
     Touches the file once locked: its mtime is when the cache was last opened, which is what the abandoned-cache
     sweep ages caches by.
@@ -87,6 +89,9 @@ def acquire_flock(path: Path, timeout_s: float) -> int:
             with contextlib.suppress(OSError):
                 os.utime(fd)
             return fd
+        if on_busy is not None:
+            on_busy()
+            on_busy = None
         if time.monotonic() >= deadline:
             raise CacheBusyError(
                 f"cache {path.with_suffix('')} is in use by another opener (process or thread) for more than "

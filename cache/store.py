@@ -19,6 +19,7 @@ from typing import Any, Iterator
 import rocksdict as rd
 
 from dbidx.cache.base_dir import make_private_dirs
+from dbidx.cache.service_link import request_release
 from dbidx.cache.dir_lock import acquire_flock, incarnation, lock_path, release_flock
 from dbidx.config import CacheConfig
 from dbidx.errors import CacheCorruptError, CacheError
@@ -35,6 +36,7 @@ _COMPRESSION = {
 # Level-0 files of a family at which closing the store compacts it (RocksDB's own trigger, 4 by default, is when its
 # background compaction starts; see Store.compact_piled_up).
 L0_COMPACT_AT = 4
+MEMTABLES_MB = 64
 _BLOCK_CACHES: dict[int, rd.Cache] = {}
 _BLOCK_CACHES_LOCK = threading.Lock()
 
@@ -68,6 +70,9 @@ def column_family_options(config: CacheConfig, block_cache: rd.Cache | None) -> 
     opts.set_keep_log_file_num(2)
     opts.set_max_background_jobs(2)
     opts.set_skip_stats_update_on_db_open(True)  # reopened once per Spark task: don't read every file's stats
+    # All families' memtables together stay under this (then RocksDB flushes): a cache service holds a directory
+    # open for many sessions, and each family's own limit (64 MiB, two of them) times 30 families is gigabytes.
+    opts.set_db_write_buffer_size(MEMTABLES_MB << 20)
     if config.compaction_style == "universal":
         opts.set_compaction_style(rd.DBCompactionStyle.universal())
     table = rd.BlockBasedOptions()
@@ -115,7 +120,10 @@ class Store:
     def open(self) -> "Store":
         """Take the directory lock (waiting up to lock_timeout_s) and open RocksDB with all its column families."""
         make_private_dirs(self.path.parent)
-        self._lock_fd = acquire_flock(lock_path(self.path), self.config.lock_timeout_s)
+        # A cache service holding the directory (cache/service_link.py) is asked to let go; then we wait as usual.
+        self._lock_fd = acquire_flock(
+            lock_path(self.path), self.config.lock_timeout_s, on_busy=lambda: request_release(self.path)
+        )
         try:
             self.lock_identity = incarnation(self._lock_fd)
             existing = rd.Rdict.list_cf(str(self.path), self.options) if (self.path / "CURRENT").exists() else []

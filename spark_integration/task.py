@@ -11,12 +11,15 @@ imports pyspark: the Spark wrappers in `api.py` pass the task attempt id in.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import threading
 import time
 import traceback
 from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterable, Iterator
 
 import numpy as np
@@ -27,15 +30,18 @@ from dbidx.arrays import batches_as_one_chunk, one_chunk
 from dbidx.bootstrap.on_demand import OnDemandLoader
 from dbidx.cache import key_file_sweep
 from dbidx.cache.catchup import sync
+from dbidx.cache.dir_lock import lock_path
+from dbidx.cache.metrics import CacheMetrics
 from dbidx.cache.reaper import discard_cache_dir, reap, sweep_abandoned
 from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.cache.staging import StagedLoad
 from dbidx.data.key_columns import KeySources
 from dbidx.data.key_files import KeyFiles
 from dbidx.data.superseded import superseded_rows
-from dbidx.errors import CacheCorruptError, CacheError, CorruptFileError, DbidxError
+from dbidx.config import CacheConfig
+from dbidx.errors import CacheCorruptError, CacheError, CacheServiceError, CorruptFileError, DbidxError
 from dbidx.table.facade import Table
-from dbidx.spark_integration import datafiles
+from dbidx.spark_integration import datafiles, service_client
 from dbidx.spark_integration.dedupe import latest_per_key
 from dbidx.spark_integration.tagger import (
     ROW_ID,
@@ -85,15 +91,60 @@ class OpenShard:
     loader: OnDemandLoader
 
 
+class HeldCache:
+    """A shard's cache kept open between task sessions by the process that holds it (the cache service): the
+    directory stays locked and warm; a failed session, a release request or the service's exit closes it."""
+
+    def __init__(self, cache_dir: Path) -> None:
+        self.cache_dir = Path(os.path.realpath(cache_dir))
+        self.cache: RecordIndexCache | None = None
+
+    def cache_for(self, table: Table, shard: int, config: CacheConfig) -> RecordIndexCache:
+        """The held cache for this shard (the one directory this holder serves), reopened if it was let go."""
+        wanted = RecordIndexCache.for_table(table, shard, config)
+        if Path(os.path.realpath(wanted.path)) != self.cache_dir:
+            raise CacheServiceError(
+                f"the cache service of {self.cache_dir} was asked for shard {shard} of {table.uri}, whose cache is "
+                f"{wanted.path}: a task reached the wrong service"
+            )
+        held = self.cache
+        if held is not None and (held.store is None or held.config != config or held.identity != wanted.identity):
+            self.release()
+            held = None
+        if held is None:
+            held = self.cache = wanted
+        elif held.store is not None:  # a kept directory counts as opened now (the abandoned-cache sweep's clock)
+            with contextlib.suppress(OSError):
+                os.utime(lock_path(held.path))
+        return held
+
+    def release(self) -> None:
+        """Close the held cache (flushed, its lock given back), if any."""
+        cache, self.cache = self.cache, None
+        if cache is not None:
+            cache.close()
+
+
 @contextmanager
-def shard_session(table: Table, shard: int, options: TagOptions, metrics: ShardMetrics) -> Iterator[OpenShard]:
+def shard_session(
+    table: Table, shard: int, options: TagOptions, metrics: ShardMetrics, held: HeldCache | None = None
+) -> Iterator[OpenShard]:
     """The shard's cache, opened under its lock and caught up to the latest commit, with the session's on-demand
-    loader; both closed when the block ends (the loader first: no load outlives the cache it writes)."""
-    cache = RecordIndexCache.for_table(table, shard, options.cache)
+    loader; both closed when the block ends (the loader first: no load outlives the cache it writes). With `held`
+    (the cache service), the cache stays open after a clean end, and is closed by a failing one."""
+    cache = (
+        held.cache_for(table, shard, options.cache)
+        if held is not None
+        else RecordIndexCache.for_table(table, shard, options.cache)
+    )
     try:
-        with _opened(cache, table, metrics) as held:
-            yield held
-    except CacheError as exc:
+        with _opened(cache, table, metrics, keep=held is not None) as session:
+            yield session
+    except BaseException as exc:
+        if held is not None:
+            held.cache = None  # closed by the failing session (below, or in _opened): reopened next time
+        if not isinstance(exc, CacheError):
+            raise
         damage = next((e for e in _causes(exc) if isinstance(e, CacheCorruptError)), None)
         if damage is None:
             raise
@@ -116,11 +167,16 @@ def _causes(exc: BaseException) -> Iterator[BaseException]:
 
 
 @contextmanager
-def _opened(cache: RecordIndexCache, table: Table, metrics: ShardMetrics) -> Iterator[OpenShard]:
+def _opened(cache: RecordIndexCache, table: Table, metrics: ShardMetrics, keep: bool = False) -> Iterator[OpenShard]:
     started = time.perf_counter()
-    cache.open()
-    try:
+    held_open = cache.store is not None
+    if held_open:  # held open since an earlier session: count this session's work only
+        cache.metrics = CacheMetrics()
+    else:
+        cache.open()
         metrics.open_seconds += time.perf_counter() - started
+    kept = False
+    try:
         metrics.tagged_seq = sync(cache, table).to_seq
         with OnDemandLoader(cache, table) as loader:
             yield OpenShard(cache, loader)
@@ -128,8 +184,10 @@ def _opened(cache: RecordIndexCache, table: Table, metrics: ShardMetrics) -> Ite
         metrics.add(cache.metrics)  # hits, misses, loads and stalls, catch-up entries and seconds, evictions
         metrics.cache_entries = sum(s.entries for s in cache.partitions().values())
         metrics.cache_disk_bytes = cache.disk_bytes()
+        kept = keep
     finally:
-        cache.close()
+        if not kept:
+            cache.close()
 
 
 def reap_if_due(cache: RecordIndexCache, now_ms: int | None = None) -> bool:
@@ -212,22 +270,43 @@ def tag_batches(batches: Iterable[pa.RecordBatch], table: Table, options: TagOpt
 
 
 def upsert_batches(
-    batches: Iterable[pa.RecordBatch], table: Table, options: TagOptions, instant: str, attempt: int
+    batches: Iterable[pa.RecordBatch],
+    table: Table,
+    options: TagOptions,
+    instant: str,
+    attempt: int,
+    held: HeldCache | None = None,
 ) -> TaskResult:
     """Task body of `upsert`: dedupe, tag, write data files and the shard's index files; returns their records.
 
     The cache is not written: new keys reach it only through catch-up after the instant completes, so a failed
     or losing task attempt leaves nothing any later batch could mistake for committed. What goes back to the driver
     is metadata only (file records, touched-key ranges, partition stats, metrics): never a key.
+    With `cache.service` on, the work runs in the shard's cache service instead (service_client.py), unless the
+    rows span several shards or no service can be reached; `held` is the service's own call.
     """
+    if held is None and options.cache.service and options.bulk_seq is None:
+        batches = [b for b in batches if b.num_rows]
+        served = service_client.upsert_in_service(batches, table, options, instant, attempt)
+        if served is not None:
+            return served
     view_read_s = time.time()  # before the refresh: what the key-file sweep counts as "modified after the view"
     table = warm_table(table)
     with table.pinned(refreshed=True):  # one view of the table for the whole task (the settled check reads anew)
-        return _upsert_rows(batches, table, options, instant, attempt, view_read_s)
+        result = _upsert_rows(batches, table, options, instant, attempt, view_read_s, held)
+    if options.cache.service and options.bulk_seq is not None and len(result.metrics) == 1:
+        service_client.prestart(table, result.metrics[0].shard, options)  # up before the next batch's task
+    return result
 
 
 def _upsert_rows(
-    batches: Iterable[pa.RecordBatch], table: Table, options: TagOptions, instant: str, attempt: int, view_read_s: float
+    batches: Iterable[pa.RecordBatch],
+    table: Table,
+    options: TagOptions,
+    instant: str,
+    attempt: int,
+    view_read_s: float,
+    held: HeldCache | None,
 ) -> TaskResult:
     received = [b for b in batches if b.num_rows]
     if not received:
@@ -248,7 +327,10 @@ def _upsert_rows(
     for shard, rows in slices:
         first = not shard_metrics  # the task-wide counts go to its first shard, once
         metrics = ShardMetrics(
-            shard=shard, duplicates_dropped=dropped if first else 0, input_rows=received_rows if first else 0
+            shard=shard,
+            duplicates_dropped=dropped if first else 0,
+            input_rows=received_rows if first else 0,
+            served=int(held is not None),
         )
         # 2. Tag against the shard's cache, caught up to the latest commit, cold partitions loaded on demand; or,
         #    when the driver found that no key can be in the index yet, without the cache (the bulk path).
@@ -258,7 +340,7 @@ def _upsert_rows(
             tagged_parts.append(tagger.tag_new(rows))
             metrics.tag_seconds, metrics.tagged_seq = time.perf_counter() - started, options.bulk_seq
         else:
-            tagged_part, tagger = _tag_rebuilding(table, shard, options, metrics, rows)
+            tagged_part, tagger = _tag_rebuilding(table, shard, options, metrics, rows, held)
             tagged_parts.append(tagged_part)
             del tagged_part  # held only by tagged_parts: the user's columns can go once the data files are written
         metrics.add(tagger.counts)
@@ -377,7 +459,7 @@ def _sweep_key_files(disk: KeyFiles, table: Table, view_read_s: float) -> None:
 
 
 def _tag_rebuilding(
-    table: Table, shard: int, options: TagOptions, metrics: ShardMetrics, rows: pa.Table
+    table: Table, shard: int, options: TagOptions, metrics: ShardMetrics, rows: pa.Table, held: HeldCache | None
 ) -> tuple[pa.Table, ShardTagger]:
     """Tag one shard's rows in a session; if the cache is damaged (the session discarded it), tag them again in a
     second session, which rebuilds the cache from the index, counted in `cache_rebuilds`. Only a second failure
@@ -390,10 +472,10 @@ def _tag_rebuilding(
     for attempt in (0, 1):
         tagger = ShardTagger(table, shard, options)
         try:
-            with shard_session(table, shard, options, metrics) as held:
+            with shard_session(table, shard, options, metrics, held) as session:
                 started = time.perf_counter()
-                held.loader.ensure_loaded(tagger.partitions_needed(rows))
-                tagged = tagger.tag(held.cache, rows)
+                session.loader.ensure_loaded(tagger.partitions_needed(rows))
+                tagged = tagger.tag(session.cache, rows)
                 metrics.tag_seconds += time.perf_counter() - started
             return tagged, tagger
         except CacheCorruptError as exc:

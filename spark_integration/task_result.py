@@ -54,6 +54,10 @@ class ShardMetrics(TaskCounts):
     keys_from_memory: int = 0
     keys_from_key_files: int = 0
     keys_from_data_files: int = 0
+    # 1 when the shard's work ran in its cache service (cache.service), and the seconds the task waited for it
+    # (sending the rows, the work, the answer; the start of the service too, the first time).
+    served: int = 0
+    service_seconds: float = 0.0
     cache_disk_bytes: int = gauge()
     cache_entries: int = gauge()
     tagged_seq: int = gauge()  # the completion seq the shard's rows were tagged against

@@ -1,0 +1,211 @@
+"""A task's side of the cache service (shard_service.py): find or start the service of its shard, send it the rows,
+and hand back its result, or None when the task must do the work itself.
+
+When the task does the work itself (None): the rows span several shards (an in-process call, a DataFrame not
+shuffled by shard), the user's runtime directory is unusable, or no service answered within the start timeout (a
+warning says why). Then the task opens the cache as it always did; if a service still holds the directory, the
+open asks it to let go. Once a service has accepted a request, the attempt's work is its: a service that dies before
+answering fails the attempt with CacheServiceError (Spark runs it again) rather than the task writing the same
+files a second time beside a half-done first.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import NoReturn, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from dbidx.cache import service_link
+from dbidx.cache.record_cache import RecordIndexCache
+from dbidx.errors import CacheServiceError, ConfigError
+from dbidx.spark_integration.tagger import TagOptions
+from dbidx.spark_integration.task_result import TaskResult
+from dbidx.storage.keyhash import shards_of_hashes, spark_hash
+from dbidx.table.facade import Table
+
+log = logging.getLogger(__name__)
+START_TIMEOUT_S = 30.0  # a fresh interpreter importing dbidx, pyarrow and rocksdict: ~1 s here; a loaded node more
+_POLL_S = 0.01
+_RESPAWN_S = 2.0  # how long to wait for a started service's socket before starting another (the first may have lost
+# its instance lock to one that was exiting)
+
+
+def upsert_in_service(
+    batches: Sequence[pa.RecordBatch], table: Table, options: TagOptions, instant: str, attempt: int
+) -> TaskResult | None:
+    """The attempt's result as the shard's service computed it; None when the task must do the work itself."""
+    # 1. One shard, or the task does it itself (the service holds one directory).
+    shard = _only_shard(batches, table, options)
+    if shard is None:
+        return None
+    cache_dir = RecordIndexCache.for_table(table, shard, options.cache).path
+    try:
+        path = service_link.socket_for(cache_dir)
+    except ConfigError as exc:
+        log.warning("dbidx opens the cache of shard %d itself: %s", shard, exc)
+        return None
+    # 2. The request, built once: a service that closed as we connected (idle exit) is retried with a new one.
+    header = {
+        "op": "upsert",
+        "instant": instant,
+        "attempt": attempt,
+        "table": pickle.dumps(table),
+        "options": pickle.dumps(options),
+    }
+    body = _ipc_stream(batches)
+    started = time.perf_counter()
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        conn = _connect_or_start(path, cache_dir, options.cache.service_idle_s, deadline)
+        if conn is None:
+            break
+        with conn:
+            try:
+                service_link.send(conn, header, body)
+                accepted, _ = service_link.receive(conn, f"the cache service of {cache_dir}")
+            except (OSError, CacheServiceError):
+                continue  # not accepted: the service was exiting; nothing of this attempt was done
+            if not accepted.get("accepted"):
+                _raise(accepted, cache_dir)
+            # 3. Accepted: from here the attempt's work is the service's; losing it fails the attempt.
+            try:
+                reply, result = service_link.receive(
+                    conn, f"the cache service of {cache_dir} (pid file {path.with_suffix('.pid')})"
+                )
+            except OSError as exc:
+                raise CacheServiceError(f"the cache service of {cache_dir} failed mid-request: {exc}") from exc
+        if not reply.get("ok"):
+            _raise(reply, cache_dir)
+        served = TaskResult.parse(result.to_pybytes(), 0, 2**62)  # checked strictly again by the driver
+        for metrics in served.metrics[:1]:
+            metrics.service_seconds = time.perf_counter() - started
+        return served
+    log.warning(
+        "dbidx opens the cache of shard %d itself: its cache service did not answer on %s within %g s (see %s)",
+        shard,
+        path,
+        START_TIMEOUT_S,
+        path.with_suffix(".log"),
+    )
+    return None
+
+
+def _only_shard(batches: Sequence[pa.RecordBatch], table: Table, options: TagOptions) -> int | None:
+    """The one shard every row's key falls in (what a Spark task of a shuffled upsert holds), else None."""
+    shards = [
+        shards_of_hashes(spark_hash(options.keys_of(pa.Table.from_batches([b]))), table.num_shards) for b in batches
+    ]
+    if not shards:
+        return None
+    found = np.unique(np.concatenate(shards))
+    return int(found[0]) if len(found) == 1 else None
+
+
+def _ipc_stream(batches: Sequence[pa.RecordBatch]) -> pa.Buffer:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batches[0].schema) as writer:
+        for batch in batches:
+            writer.write_batch(batch)
+    return sink.getvalue()
+
+
+def _connect_or_start(path: Path, cache_dir: Path, idle_s: float, deadline: float) -> socket.socket | None:
+    """A connection to the directory's service, starting one if none listens; None past the deadline."""
+    started_at = None
+    while time.monotonic() < deadline:
+        conn = service_link.connect(path)
+        if conn is not None:
+            return conn
+        if started_at is None or time.monotonic() - started_at > _RESPAWN_S:
+            start_service(path, cache_dir, idle_s)
+            started_at = time.monotonic()
+        time.sleep(_POLL_S)
+    return None
+
+
+def start_service(path: Path, cache_dir: Path, idle_s: float) -> None:
+    """Start a detached service for `cache_dir` on `path` with this interpreter and import path (one instance per
+    directory wins its pid file's lock; a second start just exits)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # Spark's pyFiles zips are on sys.path only
+    command = [
+        sys.executable,
+        "-m",
+        "dbidx.spark_integration.shard_service",
+        "--cache-dir",
+        str(cache_dir),
+        "--socket",
+        str(path),
+        "--idle-s",
+        repr(float(idle_s)),
+    ]
+    _rotate_log(path.with_suffix(".log"))
+    log_fd = os.open(str(path.with_suffix(".log")), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        proc = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log_fd,
+            stderr=log_fd,
+            env=env,
+            close_fds=True,
+            start_new_session=True,  # not in the task's process group: Spark ending the worker does not end it
+            cwd=str(path.parent),
+        )
+    finally:
+        os.close(log_fd)
+    threading.Thread(target=proc.wait, name="dbidx-service-reaper", daemon=True).start()  # no zombie left
+
+
+LOG_KEEP_BYTES = 1 << 20
+
+
+def _rotate_log(path: Path) -> None:
+    """Keep a service's log bounded across its restarts: past LOG_KEEP_BYTES it becomes `<name>.log.1` (the one
+    before is dropped) before the next service starts writing."""
+    try:
+        if path.stat().st_size > LOG_KEEP_BYTES:
+            os.replace(path, path.with_suffix(".log.1"))
+    except OSError:
+        pass
+
+
+def prestart(table: Table, shard: int, options: TagOptions) -> None:
+    """Start the shard's service if none runs, without waiting for it: what a bulk load's task does at its end, so
+    the first batch after the load finds the service up (its start is ~1 s of imports). Never fails the task."""
+    try:
+        cache_dir = RecordIndexCache.for_table(table, shard, options.cache).path
+        path = service_link.socket_for(cache_dir)
+        conn = service_link.connect(path, timeout_s=0.5)
+        if conn is not None:
+            conn.close()
+            return
+        start_service(path, cache_dir, options.cache.service_idle_s)
+    except (ConfigError, OSError) as exc:
+        log.warning("dbidx did not start the cache service of shard %d: %s", shard, exc)
+
+
+def _raise(reply: dict, cache_dir: Path) -> NoReturn:
+    """Raise the failure a service sent back: the exception itself if it came pickled, else a CacheServiceError."""
+    pickled = reply.get("error")
+    if isinstance(pickled, bytes):
+        try:
+            exc = pickle.loads(pickled)
+        except Exception:  # noqa: BLE001 - an exception class this process cannot build: its text is raised below
+            exc = None
+        if isinstance(exc, BaseException):
+            raise exc
+    raise CacheServiceError(
+        f"the cache service of {cache_dir} failed: {reply.get('type')}: {reply.get('message')}\n"
+        f"{reply.get('traceback', '')}"
+    )

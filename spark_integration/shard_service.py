@@ -1,0 +1,204 @@
+"""The cache service: one process per (node, shard cache directory) that keeps the shard's cache open across tasks
+and runs their upsert work in it (cache.service; docs/DESIGN.md section 2).
+
+Why: a task used to open its shard's RocksDB, catch up and close it, in whichever Python worker Spark picked, so a
+shard's task often found a cold block cache and no key memory (the older data files' key indexes the deletion
+vectors search). The service is the one process on the node that holds the shard: the cache stays open and warm,
+the table's timeline is read incrementally, and the key indexes stay in memory. A task sends it its rows and gets
+its result back (`service_client.py`); the work is the same `task.upsert_batches`, so every check, marker and
+withdrawal of an attempt is unchanged.
+
+Its life: started by the first task that needs it (a detached process of the task's Python, owned by the user,
+socket 0600 in the user's 0700 runtime directory, only peers of the same uid answered); one instance per directory
+(an flock on its pid file); requests one at a time, in arrival order (a shard's tasks never ran at once anyway:
+they shared the directory's flock); exits when idle for `service.idle.s`, closing the cache as a task would. Any
+other opener of the directory (a `tag` task, `dbidx cache verify`) asks it to release the directory and waits for
+the flock as usual; the service reopens the cache at its next request. Killed at any point, it leaves what a killed
+task leaves: the flock and RocksDB's LOCK die with it, the cache is consistent at its last flush (catch-up repairs
+the rest), and the attempt it was serving fails loudly in its task (CacheServiceError), which Spark retries.
+
+Run as `python -m dbidx.spark_integration.shard_service --cache-dir D --socket S --idle-s N`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import logging
+import os
+import pickle
+import socket
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("dbidx.shard_service")
+
+
+class ShardService:
+    """The accept loop of one shard's service: requests in arrival order, the shard's cache held between them."""
+
+    def __init__(self, cache_dir: Path, socket_path: Path, idle_s: float) -> None:
+        from dbidx.spark_integration.task import HeldCache
+
+        self.cache_dir = Path(os.path.realpath(cache_dir))
+        self.socket_path = socket_path
+        self.idle_s = idle_s
+        self.held = HeldCache(self.cache_dir)
+        self.served = 0
+        self.stopping = False  # asked to exit (service_link.request_stop) after the current request
+
+    def serve(self) -> None:
+        """Bind, answer until idle for idle_s, then close the cache and remove the socket."""
+        from dbidx.cache import service_link
+
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old_umask = os.umask(0o177)  # the socket file is created 0600
+        try:
+            self.socket_path.unlink(missing_ok=True)  # a dead instance's: we hold the instance lock
+            listener.bind(str(self.socket_path))
+        finally:
+            os.umask(old_umask)
+        os.chmod(self.socket_path, 0o600)
+        listener.listen(64)
+        listener.settimeout(self.idle_s)
+        service_link.SERVING.add(str(self.cache_dir))
+        log.info(
+            "serving %s on %s (pid %d, idle exit after %g s)",
+            self.cache_dir,
+            self.socket_path,
+            os.getpid(),
+            self.idle_s,
+        )
+        try:
+            while True:
+                try:
+                    conn, _ = listener.accept()
+                except socket.timeout:
+                    break
+                with conn:
+                    self._answer(conn)
+                if self.stopping:
+                    break
+        finally:
+            # Unlink first: a client that finds no socket starts a new service instead of talking to a closing one.
+            self.socket_path.unlink(missing_ok=True)
+            listener.close()
+            self.held.release()
+            log.info("exiting after %d requests (%s)", self.served, "asked to" if self.stopping else "idle")
+
+    def _answer(self, conn: socket.socket) -> None:
+        from dbidx.cache import service_link
+        from dbidx.errors import CacheServiceError
+
+        conn.settimeout(None)
+        uid = service_link.peer_uid(conn)
+        if uid is not None and uid != os.geteuid():
+            log.warning("refused a connection from uid %d", uid)
+            return
+        try:
+            header, body = service_link.receive(conn, f"a request to the service of {self.cache_dir}")
+        except (CacheServiceError, OSError) as exc:
+            log.warning("dropped an unreadable request: %s", exc)
+            return
+        op = header.get("op")
+        if op == "release":
+            self.held.release()
+            return
+        if op == "stop":
+            self.stopping = True
+            return
+        if op == "ping":
+            self._reply(conn, {"ok": True, "pid": os.getpid(), "dir": str(self.cache_dir)})
+            return
+        if op != "upsert":
+            self._reply(conn, {"ok": False, "type": "CacheServiceError", "message": f"unknown request {op!r}"})
+            return
+        self._reply(conn, {"accepted": True})  # from here on the attempt's work is in our hands (no retry)
+        started = time.perf_counter()
+        try:
+            wire = self._upsert(header, body)
+        except Exception as exc:  # noqa: BLE001 - every failure goes back to the task, which raises it there
+            log.warning("upsert %s attempt %s failed: %s", header.get("instant"), header.get("attempt"), exc)
+            self._reply(conn, _error_header(exc))
+            return
+        self.served += 1
+        log.debug(
+            "upsert %s attempt %s served in %.3f s",
+            header.get("instant"),
+            header.get("attempt"),
+            time.perf_counter() - started,
+        )
+        self._reply(conn, {"ok": True}, wire)
+
+    def _upsert(self, header: dict[str, Any], body: Any) -> bytes:
+        import pyarrow as pa
+
+        from dbidx.spark_integration import task
+
+        table = pickle.loads(header["table"])
+        options = pickle.loads(header["options"])
+        batches = pa.ipc.open_stream(body).read_all().to_batches()
+        result = task.upsert_batches(batches, table, options, header["instant"], int(header["attempt"]), held=self.held)
+        return result.pack()
+
+    @staticmethod
+    def _reply(conn: socket.socket, header: dict[str, Any], body: bytes = b"") -> None:
+        from dbidx.cache import service_link
+
+        try:
+            service_link.send(conn, header, body)
+        except OSError as exc:  # the task went away (killed, or its attempt cancelled): its work stays unlisted
+            log.warning("could not answer a request: %s", exc)
+
+
+def _error_header(exc: BaseException) -> dict[str, Any]:
+    """A failure as the task re-raises it: the exception itself when it pickles, else its type and message."""
+    header: dict[str, Any] = {
+        "ok": False,
+        "type": type(exc).__name__,
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(exc))[-20000:],
+    }
+    try:
+        header["error"] = pickle.dumps(exc)
+        pickle.loads(header["error"])
+    except Exception:  # noqa: BLE001 - an exception that does not pickle goes back as its type and message
+        header.pop("error", None)
+    return header
+
+
+def _hold_instance(socket_path: Path) -> int | None:
+    """The instance lock of one socket (an flock on `<socket>.pid`, holding our pid): None if another holds it."""
+    fd = os.open(str(socket_path.with_suffix(".pid")), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    return fd
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dbidx.spark_integration.shard_service")
+    parser.add_argument("--cache-dir", required=True, type=Path)
+    parser.add_argument("--socket", required=True, type=Path)
+    parser.add_argument("--idle-s", type=float, default=300.0)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(process)d %(levelname)s %(message)s")
+    lock = _hold_instance(args.socket)
+    if lock is None:
+        return 0  # another instance serves this directory (two tasks started one at once)
+    try:
+        ShardService(args.cache_dir, args.socket, args.idle_s).serve()
+    finally:
+        os.close(lock)  # the pid file stays: unlinking it would let two instances lock two inodes of one name
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

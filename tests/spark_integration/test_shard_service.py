@@ -1,0 +1,266 @@
+"""The cache service (cache.service): real service processes, real sockets, real RocksDB caches and Parquet files.
+
+A service per shard cache directory runs the shard's upsert work with the cache held open between tasks; the
+results must be those of a task doing the work itself, a service must go when idle, let any other opener of its
+directory in, be replaced when killed between tasks, and fail an attempt loudly when killed in the middle of one.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import stat
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pyarrow as pa
+import pytest
+
+from dbidx.cache import service_link
+from dbidx.cache.record_cache import RecordIndexCache
+from dbidx.config import CacheConfig
+from dbidx.data.reads import read_arrow
+from dbidx.errors import CacheServiceError
+from dbidx.spark_integration import service_client
+from dbidx.spark_integration.local import upsert_arrow
+from dbidx.spark_integration.tagger import TagOptions
+from dbidx.table.facade import Table
+
+DAYS = ["2025-03-01", "2025-03-02", "2025-03-03"]
+
+
+def rows(lo: int, hi: int, ver: int) -> pa.Table:
+    return pa.table(
+        {
+            "id": [f"k{i:05d}" for i in range(lo, hi)],
+            "dt": [DAYS[i % 3] for i in range(lo, hi)],
+            "ver": [ver] * (hi - lo),
+        }
+    )
+
+
+@pytest.fixture()
+def runtime(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A private, short runtime directory for this test's services (a socket path must stay under 108 bytes);
+    every service still running at the end is killed."""
+    base = Path(tempfile.mkdtemp(prefix="svc", dir="/tmp"))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(base))
+    yield base / "dbidx"
+    for pid_file in (base / "dbidx").glob("*.pid"):
+        pid = _pid(pid_file)
+        if pid and _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _pid(pid_file: Path) -> int | None:
+    text = pid_file.read_text().strip() if pid_file.exists() else ""
+    return int(text) if text else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (exited, not yet reaped by its parent, this test process) counts as gone
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def _wait(check, seconds: float = 15.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.05)
+    return check()
+
+
+def config(tmp_path: Path, **extra: str) -> CacheConfig:
+    return CacheConfig.from_sources({"base_path": str(tmp_path / "cache"), "service": "true", **extra})
+
+
+def served_pids(runtime: Path) -> list[int]:
+    return sorted(p for f in runtime.glob("*.pid") if (p := _pid(f)) is not None and _alive(p))
+
+
+def contents(table: Table) -> list[tuple]:
+    data = read_arrow(table, columns=["id", "dt", "ver"])
+    return sorted(zip(*(data.column(c).to_pylist() for c in ("id", "dt", "ver"))))
+
+
+def test_upserts_through_the_service_read_back_as_upserts_done_in_the_task(tmp_path: Path, runtime: Path) -> None:
+    direct = Table.create(str(tmp_path / "direct"), num_shards=2)
+    served = Table.create(str(tmp_path / "served"), num_shards=2)
+    direct_config = CacheConfig(base_path=str(tmp_path / "direct-cache"))
+    served_config = config(tmp_path, **{"service.idle.s": "30"})
+    summaries = []
+    for ver, (lo, hi) in enumerate([(0, 600), (300, 900), (100, 1200), (0, 50)], start=1):
+        upsert_arrow(rows(lo, hi, ver), direct, key="id", partition="dt", cache_config=direct_config)
+        summaries.append(upsert_arrow(rows(lo, hi, ver), served, key="id", partition="dt", cache_config=served_config))
+    assert contents(served) == contents(direct)
+    # The first write is a bulk load (no cache: done in the task); every batch after it went to the two services,
+    # which kept their caches open: no open after their first request.
+    assert [m["served"] for m in summaries[0].per_shard] == [0, 0]
+    assert all(m["served"] == 1 and m["service_seconds"] > 0 for s in summaries[1:] for m in s.per_shard)
+    assert all(m["open_seconds"] == 0 for s in summaries[2:] for m in s.per_shard)
+    assert summaries[2].updates > 0 and summaries[2].inserts > 0
+    # One service per shard, its socket private to the user.
+    assert len(served_pids(runtime)) == 2
+    assert stat.S_IMODE(runtime.stat().st_mode) == 0o700
+    sockets = list(runtime.glob("*.sock"))
+    assert len(sockets) == 2 and all(stat.S_IMODE(s.stat().st_mode) == 0o600 for s in sockets)
+
+
+def test_an_idle_service_exits_and_leaves_the_cache_closed(tmp_path: Path, runtime: Path) -> None:
+    table = Table.create(str(tmp_path / "t"), num_shards=1)
+    cfg = config(tmp_path, **{"service.idle.s": "1"})
+    upsert_arrow(rows(0, 100, 1), table, key="id", partition="dt", cache_config=cfg)
+    upsert_arrow(rows(50, 150, 2), table, key="id", partition="dt", cache_config=cfg)
+    assert _wait(lambda: served_pids(runtime) != [])
+    assert _wait(lambda: served_pids(runtime) == [] and not list(runtime.glob("*.sock")))
+    with RecordIndexCache.for_table(table, 0, CacheConfig(base_path=cfg.base_path, lock_timeout_s=1)) as cache:
+        assert cache.lookup("dt=2025-03-01", ["k00000"]) != [None]  # the service closed it cleanly, caught up
+
+
+def test_another_opener_of_the_directory_makes_the_service_let_go(tmp_path: Path, runtime: Path) -> None:
+    table = Table.create(str(tmp_path / "t"), num_shards=1)
+    cfg = config(tmp_path, **{"service.idle.s": "60"})
+    upsert_arrow(rows(0, 100, 1), table, key="id", partition="dt", cache_config=cfg)
+    upsert_arrow(rows(50, 150, 2), table, key="id", partition="dt", cache_config=cfg)
+    (pid,) = served_pids(runtime)
+    started = time.monotonic()
+    with RecordIndexCache.for_table(table, 0, CacheConfig(base_path=cfg.base_path, lock_timeout_s=20)) as cache:
+        assert time.monotonic() - started < 10  # released on request, not after its idle time
+        assert cache.lookup("dt=2025-03-02", ["k00001"]) != [None]  # batch 1: caught up by batch 2
+    # The service is still there and opens the cache again for the next batch.
+    summary = upsert_arrow(rows(100, 200, 3), table, key="id", partition="dt", cache_config=cfg)
+    assert served_pids(runtime) == [pid] and summary.per_shard[0]["served"] == 1
+    assert len(contents(table)) == 200
+
+
+def test_a_service_killed_between_batches_is_replaced(tmp_path: Path, runtime: Path) -> None:
+    table = Table.create(str(tmp_path / "t"), num_shards=1)
+    cfg = config(tmp_path, **{"service.idle.s": "60"})
+    upsert_arrow(rows(0, 100, 1), table, key="id", partition="dt", cache_config=cfg)
+    upsert_arrow(rows(50, 150, 2), table, key="id", partition="dt", cache_config=cfg)
+    (pid,) = served_pids(runtime)
+    os.kill(pid, signal.SIGKILL)
+    assert _wait(lambda: not _alive(pid))
+    summary = upsert_arrow(rows(100, 250, 3), table, key="id", partition="dt", cache_config=cfg)
+    assert summary.per_shard[0]["served"] == 1 and summary.updates == 50 and summary.inserts == 100
+    (replacement,) = served_pids(runtime)
+    assert replacement != pid
+    assert contents(table) == sorted(
+        [(f"k{i:05d}", DAYS[i % 3], 1) for i in range(0, 50)]
+        + [(f"k{i:05d}", DAYS[i % 3], 2) for i in range(50, 100)]
+        + [(f"k{i:05d}", DAYS[i % 3], 3) for i in range(100, 250)]
+    )
+
+
+def test_a_service_killed_mid_request_fails_the_attempt_and_publishes_nothing(
+    tmp_path: Path, runtime: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    table = Table.create(str(tmp_path / "t"), num_shards=1)
+    cfg = config(tmp_path, **{"service.idle.s": "60"})
+    upsert_arrow(rows(0, 100, 1), table, key="id", partition="dt", cache_config=cfg)
+    upsert_arrow(rows(50, 150, 2), table, key="id", partition="dt", cache_config=cfg)
+    before = contents(table)
+    (pid,) = served_pids(runtime)
+    real_receive = service_link.receive
+
+    def kill_once_accepted(conn, where):  # the fault: the service dies right after it took the request
+        header, body = real_receive(conn, where)
+        if header.get("accepted"):
+            os.kill(pid, signal.SIGKILL)
+        return header, body
+
+    monkeypatch.setattr(service_link, "receive", kill_once_accepted)
+    with pytest.raises(CacheServiceError, match="mid-request|closed"):
+        upsert_arrow(rows(100, 200, 3), table, key="id", partition="dt", cache_config=cfg)
+    monkeypatch.setattr(service_link, "receive", real_receive)
+    assert contents(Table.open(table.uri)) == before  # rolled back: nothing of the failed attempt is visible
+    summary = upsert_arrow(rows(100, 200, 3), table, key="id", partition="dt", cache_config=cfg)
+    assert summary.per_shard[0]["served"] == 1 and summary.inserts == 50 and summary.updates == 50
+    assert len(contents(table)) == 200
+
+
+def test_rows_of_several_shards_are_done_in_the_task(tmp_path: Path, runtime: Path) -> None:
+    table = Table.create(str(tmp_path / "t"), num_shards=2)
+    options = TagOptions(key="id", partition="dt", cache=config(tmp_path))
+    batches = rows(0, 50, 1).to_batches()
+    assert service_client.upsert_in_service(batches, table, options, "20250101000000000", 0) is None
+    assert served_pids(runtime) == []
+
+
+def test_a_failure_in_the_service_comes_back_as_its_own_error(tmp_path: Path, runtime: Path) -> None:
+    """A request the service cannot serve (here: a table object that does not unpickle) is answered with the error,
+    raised in the task with its type when it pickles, else as a CacheServiceError with the service's traceback."""
+    table = Table.create(str(tmp_path / "t"), num_shards=1)
+    cfg = config(tmp_path, **{"service.idle.s": "30"})
+    cache_dir = RecordIndexCache.for_table(table, 0, cfg).path
+    path = service_link.socket_for(cache_dir)
+    conn = service_client._connect_or_start(path, cache_dir, 30, time.monotonic() + 30)
+    assert conn is not None
+    with conn:
+        header = {"op": "upsert", "instant": "x", "attempt": 0, "table": b"not a pickle", "options": pickle.dumps(1)}
+        service_link.send(conn, header, b"")
+        accepted, _ = service_link.receive(conn, "test")
+        reply, _ = service_link.receive(conn, "test")
+    assert accepted == {"accepted": True} and reply["ok"] is False
+    with pytest.raises(pickle.UnpicklingError):
+        service_client._raise(reply, cache_dir)
+    with pytest.raises(CacheServiceError, match="UnpicklingError"):
+        service_client._raise({k: v for k, v in reply.items() if k != "error"}, cache_dir)
+
+
+def test_a_runtime_directory_another_user_could_write_is_refused(tmp_path: Path, monkeypatch) -> None:
+    base = Path(tempfile.mkdtemp(prefix="svc", dir="/tmp"))
+    (base / "dbidx").mkdir(mode=0o777)
+    os.chmod(base / "dbidx", 0o777)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(base))
+    table = Table.create(str(tmp_path / "t"), num_shards=1)
+    cfg = config(tmp_path)
+    upsert_arrow(rows(0, 10, 1), table, key="id", partition="dt", cache_config=cfg)
+    # The service is not used (its sockets could be swapped): the task does the work itself, and says why.
+    summary = upsert_arrow(rows(5, 15, 2), table, key="id", partition="dt", cache_config=cfg)
+    assert summary.per_shard[0]["served"] == 0 and summary.updates == 5
+    assert not list((base / "dbidx").iterdir())
+
+
+def test_a_stopped_service_exits(tmp_path: Path, runtime: Path) -> None:
+    table = Table.create(str(tmp_path / "t"), num_shards=1)
+    cfg = config(tmp_path, **{"service.idle.s": "60"})
+    upsert_arrow(rows(0, 100, 1), table, key="id", partition="dt", cache_config=cfg)
+    upsert_arrow(rows(50, 150, 2), table, key="id", partition="dt", cache_config=cfg)
+    (pid,) = served_pids(runtime)
+    assert service_link.request_stop(RecordIndexCache.for_table(table, 0, cfg).path)
+    assert _wait(lambda: not _alive(pid))
+    assert not list(runtime.glob("*.sock"))
+
+
+@pytest.mark.spark
+def test_spark_upserts_through_the_services(spark, tmp_path: Path) -> None:
+    """Under Spark the services are started by the Python workers' tasks, outlive them, and serve the next batch's
+    tasks whichever worker runs them; the table reads back as written."""
+    from dbidx.spark_integration.api import upsert
+
+    table = Table.create(str(tmp_path / "t"), num_shards=2)
+    options = {"base_path": str(tmp_path / "cache"), "service": "true", "service.idle.s": "20"}
+    summaries = []
+    try:
+        for ver, (lo, hi) in enumerate([(0, 400), (200, 600), (0, 700)], start=1):
+            frame = spark.createDataFrame(rows(lo, hi, ver).to_pandas())
+            summaries.append(upsert(frame, table, key="id", partition="dt", cache_options=options))
+    finally:
+        for shard in range(2):
+            service_link.request_stop(
+                RecordIndexCache.for_table(table, shard, CacheConfig(**{"base_path": options["base_path"]})).path
+            )
+    assert all(m["served"] == 1 for s in summaries[1:] for m in s.per_shard)
+    assert all(m["open_seconds"] == 0 for m in summaries[2].per_shard)
+    assert contents(table) == sorted([(f"k{i:05d}", DAYS[i % 3], 3) for i in range(0, 700)])
