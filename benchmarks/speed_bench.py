@@ -245,6 +245,14 @@ class Dbidx:
 
         return upsert(df, self.table, key=KEY, partition=PARTITION, cache_config=self.config).to_dict()
 
+    def stop_services(self) -> None:
+        """End the table's cache services, if `--cache service=true` started any (they would idle for minutes)."""
+        from dbidx.cache.record_cache import RecordIndexCache
+        from dbidx.cache.service_link import request_stop
+
+        for shard in range(self.table.num_shards):
+            request_stop(RecordIndexCache.for_table(self.table, shard, self.config).path)
+
     def counts(self) -> tuple[int, int]:
         """(rows, sum of ver) read back from the table's files."""
         data = reads.read_arrow(self.table, columns=["ver"])
@@ -257,7 +265,9 @@ def warm_up(load: Any, scratch: Path, shards: int, settings: dict[str, str]) -> 
     small = load.limit(WARMUP_ROWS).cache()
     small.count()
     parquet_write(small, scratch / "parquet", shards)
-    Dbidx(scratch / "table", scratch / "cache", shards, settings).upsert(small)
+    scratch_table = Dbidx(scratch / "table", scratch / "cache", shards, settings)
+    scratch_table.upsert(small)
+    scratch_table.stop_services()
     small.unpersist()
     shutil.rmtree(scratch, ignore_errors=True)
 
@@ -316,6 +326,7 @@ def spark_part(spark: Any, work: Path, manifest: dict[str, Any], shards: int, se
             batches.append(Batch(number, rows, step, floor_s, work_s))
             df.unpersist()
             log(f"batch {number}: dbidx {step.seconds:.3f} s, Spark floor {floor_s:.3f} s, work floor {work_s:.3f} s")
+    dbidx.stop_services()
     counts = dbidx.counts()
     return SparkPart(load_rows, first, load_floor_s, shuffled, plain, batches, counts, peaks(rss), work_build_s)
 

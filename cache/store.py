@@ -134,7 +134,7 @@ class Store:
             self.db.set_write_options(write_opts)
             os.chmod(self.path, 0o700)
             with contextlib.suppress(OSError):  # best effort: the 0700 directory keeps the files private anyway
-                self._make_files_private()
+                self.make_files_private()
         except Exception as exc:
             self._release()
             raise read_failure(exc, f"opening RocksDB cache at {self.path}") from exc
@@ -156,10 +156,10 @@ class Store:
             finally:
                 self.db = None
                 with contextlib.suppress(OSError):
-                    self._make_files_private()
+                    self.make_files_private()
                 self._release()
 
-    def _make_files_private(self) -> None:
+    def make_files_private(self) -> None:
         """chmod 0600 every file RocksDB created (it creates them 0644 less the umask; changing the process umask
         would also change the table's data files a task writes). The directory is 0700 in any case."""
         for entry in os.scandir(self.path):

@@ -84,6 +84,7 @@ def upsert_in_service(
                 )
             except OSError as exc:
                 raise CacheServiceError(f"the cache service of {cache_dir} failed mid-request: {exc}") from exc
+        _log_again(reply.get("logs"), path)
         if not reply.get("ok"):
             _raise(reply, cache_dir)
         served = TaskResult.parse(result.to_pybytes(), 0, 2**62)  # checked strictly again by the driver
@@ -165,6 +166,16 @@ def start_service(path: Path, cache_dir: Path, idle_s: float) -> None:
     finally:
         os.close(log_fd)
     threading.Thread(target=proc.wait, name="dbidx-service-reaper", daemon=True).start()  # no zombie left
+
+
+def _log_again(records: object, path: Path) -> None:
+    """Log here, in the task, the warnings the service logged while it did this task's work."""
+    if not isinstance(records, list):
+        return
+    for record in records[:100]:
+        if isinstance(record, list) and len(record) == 3 and isinstance(record[1], int):
+            name, level, message = record
+            logging.getLogger(str(name)).log(level, "%s [in the cache service on %s]", message, path.name)
 
 
 LOG_KEEP_BYTES = 1 << 20

@@ -118,12 +118,13 @@ class ShardService:
             return
         self._reply(conn, {"accepted": True})  # from here on the attempt's work is in our hands (no retry)
         started = time.perf_counter()
-        try:
-            wire = self._upsert(header, body)
-        except Exception as exc:  # noqa: BLE001 - every failure goes back to the task, which raises it there
-            log.warning("upsert %s attempt %s failed: %s", header.get("instant"), header.get("attempt"), exc)
-            self._reply(conn, _error_header(exc))
-            return
+        with _Forwarded() as forwarded:
+            try:
+                wire = self._upsert(header, body)
+            except Exception as exc:  # noqa: BLE001 - every failure goes back to the task, which raises it there
+                log.warning("upsert %s attempt %s failed: %s", header.get("instant"), header.get("attempt"), exc)
+                self._reply(conn, {**_error_header(exc), "logs": forwarded.records})
+                return
         self.served += 1
         log.debug(
             "upsert %s attempt %s served in %.3f s",
@@ -131,7 +132,7 @@ class ShardService:
             header.get("attempt"),
             time.perf_counter() - started,
         )
-        self._reply(conn, {"ok": True}, wire)
+        self._reply(conn, {"ok": True, "logs": forwarded.records}, wire)
 
     def _upsert(self, header: dict[str, Any], body: Any) -> bytes:
         import pyarrow as pa
@@ -152,6 +153,26 @@ class ShardService:
             service_link.send(conn, header, body)
         except OSError as exc:  # the task went away (killed, or its attempt cancelled): its work stays unlisted
             log.warning("could not answer a request: %s", exc)
+
+
+class _Forwarded(logging.Handler):
+    """dbidx's warnings while a request runs, sent back with its answer: the task logs them again, so they land in
+    the executor's log beside the task's other lines (not only in the service's own log)."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.WARNING)
+        self.records: list[list[Any]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.name.startswith("dbidx") and record.name != log.name and len(self.records) < 100:
+            self.records.append([record.name, record.levelno, record.getMessage()])
+
+    def __enter__(self) -> "_Forwarded":
+        logging.getLogger("dbidx").addHandler(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        logging.getLogger("dbidx").removeHandler(self)
 
 
 def _error_header(exc: BaseException) -> dict[str, Any]:

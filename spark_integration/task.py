@@ -5,8 +5,10 @@ Process model (docs/DESIGN.md): a task opens its shard's cache directory under t
 closes it before it ends. PySpark runs tasks in several Python worker processes (and RDD and Arrow workers are
 different processes), RocksDB admits one read-write opener per directory, and an idle worker never gets a chance
 to give a directory back; holding a cache only for the length of a task is what makes every placement correct.
-Shards are independent directories, so tasks of different shards run on different cores at once. Nothing here
-imports pyspark: the Spark wrappers in `api.py` pass the task attempt id in.
+Shards are independent directories, so tasks of different shards run on different cores at once. With the opt-in
+cache service (cache.service) an upsert task's work runs instead in the shard's service process, which holds the
+directory open between tasks (`HeldCache`) and gives it back on request (shard_service.py). Nothing here imports
+pyspark: the Spark wrappers in `api.py` pass the task attempt id in.
 """
 
 from __future__ import annotations
@@ -39,7 +41,14 @@ from dbidx.data.key_columns import KeySources
 from dbidx.data.key_files import KeyFiles
 from dbidx.data.superseded import superseded_rows
 from dbidx.config import CacheConfig
-from dbidx.errors import CacheCorruptError, CacheError, CacheServiceError, CorruptFileError, DbidxError
+from dbidx.errors import (
+    CacheCorruptError,
+    CacheError,
+    CacheServiceError,
+    CorruptFileError,
+    DbidxError,
+    HistoryCompactedError,
+)
 from dbidx.table.facade import Table
 from dbidx.spark_integration import datafiles, service_client
 from dbidx.spark_integration.dedupe import latest_per_key
@@ -74,7 +83,9 @@ def warm_table(table: Table) -> Table:
         if known is not None:
             try:
                 known.refresh()
-            except CorruptFileError:  # its log shrank (a restored table): start over from the task's own copy,
+            except (CorruptFileError, HistoryCompactedError):  # its log shrank (a restored table), or retention
+                # expired records it had not read (a worker or service idle for long): start over from the task's
+                # own copy,
                 known = None  # which reports real damage again if there is any
         if known is None:
             table.refresh()
@@ -188,14 +199,18 @@ def _opened(cache: RecordIndexCache, table: Table, metrics: ShardMetrics, keep: 
     finally:
         if not kept:
             cache.close()
+    if kept and cache.store is not None:  # what RocksDB created since (it makes files 0644) is tightened as a close
+        with contextlib.suppress(OSError):  # would; best effort, as there: the directory is 0700 in any case
+            cache.store.make_files_private()
 
 
 def reap_if_due(cache: RecordIndexCache, now_ms: int | None = None) -> bool:
     """Run the TTL / disk-budget reaper at most every reaper_interval_s per cache, at the end of a task.
 
-    Why here: no process outlives the tasks that open a cache (section 2 of docs/DESIGN.md), so a background reaper
-    thread has nowhere to live; the end of a task is when the batch's partitions have just been touched (TTL keeps
-    them) and the task holds the lock anyway.
+    Why here: without the opt-in cache service no process outlives the tasks that open a cache (section 2 of
+    docs/DESIGN.md), so a background reaper thread has nowhere to live (the service runs it the same way); the end
+    of a task is when the batch's partitions have just been touched (TTL keeps them) and the task holds the lock
+    anyway.
     """
     now = int(time.time() * 1000) if now_ms is None else now_ms
     last = (cache.info(REAPER_INFO) or {}).get("last_ms", 0)

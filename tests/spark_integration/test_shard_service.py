@@ -7,6 +7,7 @@ directory in, be replaced when killed between tasks, and fail an attempt loudly 
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import signal
@@ -264,3 +265,23 @@ def test_spark_upserts_through_the_services(spark, tmp_path: Path) -> None:
     assert all(m["served"] == 1 for s in summaries[1:] for m in s.per_shard)
     assert all(m["open_seconds"] == 0 for m in summaries[2].per_shard)
     assert contents(table) == sorted([(f"k{i:05d}", DAYS[i % 3], 3) for i in range(0, 700)])
+
+
+def test_the_service_s_warnings_are_logged_again_in_the_task(
+    tmp_path: Path, runtime: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A warning the service logs while it does a task's work (here: a key-file directory replaced by a symlink) is
+    logged again in the task, where the executor's log has it, naming the service."""
+    from tests.spark_integration.test_key_files_upsert import key_dir, wait_for_saves
+
+    table = Table.create(str(tmp_path / "t"), num_shards=1)
+    cfg = config(tmp_path, **{"service.idle.s": "30"})
+    upsert_arrow(rows(0, 50, 1), table, key="id", partition="dt", cache_config=cfg)
+    wait_for_saves()
+    keys = key_dir(tmp_path / "cache")
+    keys.rename(tmp_path / "bigger-disk")
+    keys.symlink_to(tmp_path / "bigger-disk")
+    with caplog.at_level(logging.WARNING):
+        summary = upsert_arrow(rows(0, 50, 2), table, key="id", partition="dt", cache_config=cfg)
+    assert summary.per_shard[0]["served"] == 1
+    assert "is a symbolic link" in caplog.text and "[in the cache service on shard-" in caplog.text

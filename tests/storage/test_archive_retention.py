@@ -21,6 +21,7 @@ from dbidx.errors import CorruptFileError, HistoryCompactedError, InstantStateEr
 from dbidx.table.delta_properties import retention_of
 from dbidx.table.facade import Table
 from dbidx.table.verify_table import verify_table
+from dbidx.spark_integration import task
 from dbidx.spark_integration.local import upsert_arrow
 from dbidx.storage import checkpoint, history_floor, layout
 from dbidx.storage.archive_retention import data_view_at, expire_archive
@@ -85,7 +86,7 @@ def made_once(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple]:
 
 @pytest.mark.parametrize("global_index", [False, True], ids=["partitioned", "global"])
 def test_an_expired_archive_opens_reads_time_travels_verifies_and_takes_upserts(
-    tmp_path: Path, global_index: bool
+    tmp_path: Path, global_index: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     table, oracle, config, before, report = expired_table(tmp_path, global_index)
     oldest = checkpoint.checkpoint_seqs(table.io)[0]
@@ -134,6 +135,19 @@ def test_an_expired_archive_opens_reads_time_travels_verifies_and_takes_upserts(
     # 6. The process that wrote the table and loaded its history before the expiry keeps working.
     table.refresh()
     assert table.timeline.latest_seq == reopened.timeline.latest_seq
+    # 7. A task's warm table that last read before records it never saw expired starts over from the task's copy
+    #    (a worker, or a cache service, idle while the table moved on).
+    idle = Table.open(table.uri)
+    idle.refresh()
+    upserts(fresh, oracle, config, seed=45, first_key=60_000, count=12)
+    assert expire_archive(fresh, retention_ms=DAY_MS, now_ms=FAR_FUTURE_MS).floor > idle.timeline.latest_seq
+    reopened = Table.open(table.uri)
+    reopened.refresh()
+    with pytest.raises(HistoryCompactedError):
+        idle.refresh()
+    monkeypatch.setitem(task._TABLES, (idle.props.table_id, idle.uri), idle)
+    warm = task.warm_table(Table.open(table.uri))
+    assert warm is not idle and warm.timeline.latest_seq == reopened.timeline.latest_seq
 
 
 def test_retention_keeps_records_newer_than_it_and_the_checkpoints(tmp_path: Path, made_once) -> None:
