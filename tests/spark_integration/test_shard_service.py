@@ -117,11 +117,17 @@ def test_upserts_through_the_service_read_back_as_upserts_done_in_the_task(tmp_p
     assert len(sockets) == 2 and all(stat.S_IMODE(s.stat().st_mode) == 0o600 for s in sockets)
 
 
-def test_an_idle_service_exits_and_leaves_the_cache_closed(tmp_path: Path, runtime: Path) -> None:
+def served_table(tmp_path: Path, idle_s: float = 60) -> tuple[Table, CacheConfig]:
+    """A one-shard table after a load (done in the task) and one batch (done by the service it started)."""
     table = Table.create(str(tmp_path / "t"), num_shards=1)
-    cfg = config(tmp_path, **{"service.idle.s": "1"})
+    cfg = config(tmp_path, **{"service.idle.s": str(idle_s)})
     upsert_arrow(rows(0, 100, 1), table, key="id", partition="dt", cache_config=cfg)
     upsert_arrow(rows(50, 150, 2), table, key="id", partition="dt", cache_config=cfg)
+    return table, cfg
+
+
+def test_an_idle_service_exits_and_leaves_the_cache_closed(tmp_path: Path, runtime: Path) -> None:
+    table, cfg = served_table(tmp_path, idle_s=1)
     assert _wait(lambda: served_pids(runtime) != [])
     assert _wait(lambda: served_pids(runtime) == [] and not list(runtime.glob("*.sock")))
     with RecordIndexCache.for_table(table, 0, CacheConfig(base_path=cfg.base_path, lock_timeout_s=1)) as cache:
@@ -129,10 +135,7 @@ def test_an_idle_service_exits_and_leaves_the_cache_closed(tmp_path: Path, runti
 
 
 def test_another_opener_of_the_directory_makes_the_service_let_go(tmp_path: Path, runtime: Path) -> None:
-    table = Table.create(str(tmp_path / "t"), num_shards=1)
-    cfg = config(tmp_path, **{"service.idle.s": "60"})
-    upsert_arrow(rows(0, 100, 1), table, key="id", partition="dt", cache_config=cfg)
-    upsert_arrow(rows(50, 150, 2), table, key="id", partition="dt", cache_config=cfg)
+    table, cfg = served_table(tmp_path, idle_s=60)
     (pid,) = served_pids(runtime)
     started = time.monotonic()
     with RecordIndexCache.for_table(table, 0, CacheConfig(base_path=cfg.base_path, lock_timeout_s=20)) as cache:
@@ -145,10 +148,7 @@ def test_another_opener_of_the_directory_makes_the_service_let_go(tmp_path: Path
 
 
 def test_a_service_killed_between_batches_is_replaced(tmp_path: Path, runtime: Path) -> None:
-    table = Table.create(str(tmp_path / "t"), num_shards=1)
-    cfg = config(tmp_path, **{"service.idle.s": "60"})
-    upsert_arrow(rows(0, 100, 1), table, key="id", partition="dt", cache_config=cfg)
-    upsert_arrow(rows(50, 150, 2), table, key="id", partition="dt", cache_config=cfg)
+    table, cfg = served_table(tmp_path, idle_s=60)
     (pid,) = served_pids(runtime)
     os.kill(pid, signal.SIGKILL)
     assert _wait(lambda: not _alive(pid))
@@ -166,10 +166,7 @@ def test_a_service_killed_between_batches_is_replaced(tmp_path: Path, runtime: P
 def test_a_service_killed_mid_request_fails_the_attempt_and_publishes_nothing(
     tmp_path: Path, runtime: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    table = Table.create(str(tmp_path / "t"), num_shards=1)
-    cfg = config(tmp_path, **{"service.idle.s": "60"})
-    upsert_arrow(rows(0, 100, 1), table, key="id", partition="dt", cache_config=cfg)
-    upsert_arrow(rows(50, 150, 2), table, key="id", partition="dt", cache_config=cfg)
+    table, cfg = served_table(tmp_path, idle_s=60)
     before = contents(table)
     (pid,) = served_pids(runtime)
     real_receive = service_link.receive
@@ -234,10 +231,7 @@ def test_a_runtime_directory_another_user_could_write_is_refused(tmp_path: Path,
 
 
 def test_a_stopped_service_exits(tmp_path: Path, runtime: Path) -> None:
-    table = Table.create(str(tmp_path / "t"), num_shards=1)
-    cfg = config(tmp_path, **{"service.idle.s": "60"})
-    upsert_arrow(rows(0, 100, 1), table, key="id", partition="dt", cache_config=cfg)
-    upsert_arrow(rows(50, 150, 2), table, key="id", partition="dt", cache_config=cfg)
+    table, cfg = served_table(tmp_path, idle_s=60)
     (pid,) = served_pids(runtime)
     assert service_link.request_stop(RecordIndexCache.for_table(table, 0, cfg).path)
     assert _wait(lambda: not _alive(pid))
