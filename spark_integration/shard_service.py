@@ -192,13 +192,26 @@ def _error_header(exc: BaseException) -> dict[str, Any]:
 
 
 def _hold_instance(socket_path: Path) -> int | None:
-    """The instance lock of one socket (an flock on `<socket>.pid`, holding our pid): None if another holds it."""
-    fd = os.open(str(socket_path.with_suffix(".pid")), os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    """The instance lock of one socket (an flock on `<socket>.pid`, holding our pid): None if another holds it.
+
+    An exiting instance unlinks the pid file before it lets go, so a lock taken on a file that is no longer at the path
+    (opened just before that unlink) is worthless: we check the path still names our inode, and try again if not
+    (as cache/dir_lock.try_flock does)."""
+    path = socket_path.with_suffix(".pid")
+    while True:
+        fd = os.open(str(path), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return None
+        try:
+            ours = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            ours = False
+        if ours:
+            break
         os.close(fd)
-        return None
     os.ftruncate(fd, 0)
     os.write(fd, str(os.getpid()).encode())
     return fd
@@ -217,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ShardService(args.cache_dir, args.socket, args.idle_s).serve()
     finally:
-        os.close(lock)  # the pid file stays: unlinking it would let two instances lock two inodes of one name
+        args.socket.with_suffix(".pid").unlink(missing_ok=True)  # before the lock goes (see _hold_instance)
+        os.close(lock)
     return 0
 
 

@@ -81,6 +81,13 @@ def _wait(check, seconds: float = 15.0) -> bool:
     return check()
 
 
+def _listening(path: Path) -> bool:
+    conn = service_link.connect(path)
+    if conn is not None:
+        conn.close()
+    return conn is not None
+
+
 def config(tmp_path: Path, **extra: str) -> CacheConfig:
     return CacheConfig.from_sources({"base_path": str(tmp_path / "cache"), "service": "true", **extra})
 
@@ -130,6 +137,7 @@ def test_an_idle_service_exits_and_leaves_the_cache_closed(tmp_path: Path, runti
     table, cfg = served_table(tmp_path, idle_s=1)
     assert _wait(lambda: served_pids(runtime) != [])
     assert _wait(lambda: served_pids(runtime) == [] and not list(runtime.glob("*.sock")))
+    assert not list(runtime.glob("*.pid"))  # a clean exit leaves only its log
     with RecordIndexCache.for_table(table, 0, CacheConfig(base_path=cfg.base_path, lock_timeout_s=1)) as cache:
         assert cache.lookup("dt=2025-03-01", ["k00000"]) != [None]  # the service closed it cleanly, caught up
 
@@ -279,3 +287,18 @@ def test_the_service_s_warnings_are_logged_again_in_the_task(
         summary = upsert_arrow(rows(0, 50, 2), table, key="id", partition="dt", cache_config=cfg)
     assert summary.per_shard[0]["served"] == 1
     assert "is a symbolic link" in caplog.text and "[in the cache service on shard-" in caplog.text
+
+
+def test_services_started_at_once_for_one_directory_leave_one(tmp_path: Path, runtime: Path) -> None:
+    """Tasks that find no service start one each; the pid file's lock lets one of them serve, the others exit."""
+    table = Table.create(str(tmp_path / "t"), num_shards=1)
+    cfg = config(tmp_path, **{"service.idle.s": "30"})
+    cache_dir = RecordIndexCache.for_table(table, 0, cfg).path
+    path = service_link.socket_for(cache_dir)
+    for _ in range(3):
+        service_client.start_service(path, cache_dir, 30)
+    assert _wait(lambda: _listening(path))
+    time.sleep(1.0)  # the losers' exits
+    assert len(served_pids(runtime)) == 1
+    assert service_link.request_stop(cache_dir)
+    assert _wait(lambda: served_pids(runtime) == [] and not list(runtime.glob("*.pid")))
