@@ -242,6 +242,31 @@ def reap_cmd(cache_dir: str, ttl_hours: float | None, max_disk_mb: int | None, d
     )
 
 
+@cache_group.command("services")
+@click.option("--stop", is_flag=True, help="Ask each service to close its cache and exit (after its current task).")
+@json_option
+def services_cmd(stop: bool, as_json: bool) -> None:
+    """Your cache services on this machine (config `service`): pid, cache directory, tasks served."""
+    from dbidx.cache.service_link import request_stop, running_services
+
+    found = running_services()
+    for service in found:
+        service["stopping"] = bool(stop and service["cache_dir"] and request_stop(Path(service["cache_dir"])))
+    output(as_json).emit({"services": found}, _services_text)
+
+
+def _services_text(p: dict[str, Any]) -> str:
+    if not p["services"]:
+        return "no cache service runs"
+    return "\n".join(
+        f"pid {s['pid']}: {s['cache_dir']} ({s['requests']} tasks served, exits after {s['idle_exit_s']} s idle)"
+        + (" - stopping" if s["stopping"] else "")
+        if not s["busy"]
+        else f"{s['socket']}: busy with a task"
+        for s in p["services"]
+    )
+
+
 @cache_group.command("bootstrap")
 @table_argument()
 @click.option(

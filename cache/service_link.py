@@ -146,6 +146,34 @@ def request_stop(cache_dir: Path) -> bool:
     return _tell(cache_dir, "stop")
 
 
+def running_services(timeout_s: float = 2.0) -> list[dict[str, Any]]:
+    """The user's cache services on this machine: pid, cache directory, requests served, idle exit, socket; a service
+    busy with a request for longer than timeout_s is listed as busy (pid and directory unknown)."""
+    found = []
+    for sock in sorted(runtime_dir().glob("shard-*.sock")):
+        conn = connect(sock, timeout_s=1.0)
+        if conn is None:
+            continue  # stale: its service was killed (a new one replaces it at the next request)
+        with contextlib.closing(conn):
+            conn.settimeout(timeout_s)
+            try:
+                send(conn, {"op": "ping"})
+                reply, _ = receive(conn, f"the cache service on {sock}")
+            except (OSError, CacheServiceError):
+                reply = {"busy": True}
+        found.append(
+            {
+                "pid": reply.get("pid"),
+                "cache_dir": reply.get("dir"),
+                "requests": reply.get("requests"),
+                "idle_exit_s": reply.get("idle_s"),
+                "busy": bool(reply.get("busy")),
+                "socket": str(sock),
+            }
+        )
+    return found
+
+
 def _tell(cache_dir: Path, op: str) -> bool:
     if os.path.realpath(cache_dir) in SERVING:
         return False

@@ -111,7 +111,16 @@ class ShardService:
             self.stopping = True
             return
         if op == "ping":
-            self._reply(conn, {"ok": True, "pid": os.getpid(), "dir": str(self.cache_dir)})
+            self._reply(
+                conn,
+                {
+                    "ok": True,
+                    "pid": os.getpid(),
+                    "dir": str(self.cache_dir),
+                    "requests": self.served,
+                    "idle_s": self.idle_s,
+                },
+            )
             return
         if op != "upsert":
             self._reply(conn, {"ok": False, "type": "CacheServiceError", "message": f"unknown request {op!r}"})

@@ -67,6 +67,7 @@ COMMANDS = {
     "cache sync": ["cache", "sync", "{t}"],
     "cache verify": ["cache", "verify", "{t}"],
     "cache reap": ["cache", "reap"],
+    "cache services": ["cache", "services"],
     "compact": ["compact", "{t}", "--data"],
     "rollback": ["rollback", "{t}", "--all-pending"],
     "repair": ["repair", "{t}"],

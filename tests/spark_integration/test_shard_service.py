@@ -7,6 +7,7 @@ directory in, be replaced when killed between tasks, and fail an attempt loudly 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import pickle
@@ -302,3 +303,22 @@ def test_services_started_at_once_for_one_directory_leave_one(tmp_path: Path, ru
     assert len(served_pids(runtime)) == 1
     assert service_link.request_stop(cache_dir)
     assert _wait(lambda: served_pids(runtime) == [] and not list(runtime.glob("*.pid")))
+
+
+def test_the_cli_lists_the_services_and_stops_them(tmp_path: Path, runtime: Path) -> None:
+    from click.testing import CliRunner
+
+    from dbidx.cli import main
+
+    table, cfg = served_table(tmp_path, idle_s=60)
+    (pid,) = served_pids(runtime)
+    result = CliRunner().invoke(main, ["cache", "services", "--json"])
+    assert result.exit_code == 0, result.output
+    (listed,) = json.loads(result.stdout)["services"]
+    cache_dir = RecordIndexCache.for_table(table, 0, cfg).path
+    assert (listed["pid"], listed["cache_dir"], listed["requests"], listed["busy"]) == (pid, str(cache_dir), 1, False)
+    result = CliRunner().invoke(main, ["cache", "services", "--stop"])
+    assert result.exit_code == 0, result.output
+    assert f"pid {pid}: {cache_dir} (1 tasks served" in result.output and "stopping" in result.output
+    assert _wait(lambda: not _alive(pid))
+    assert "no cache service runs" in CliRunner().invoke(main, ["cache", "services"]).output
