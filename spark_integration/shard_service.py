@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("dbidx.shard_service")
+STALL_TIMEOUT_S = 60.0
 
 
 class ShardService:
@@ -93,7 +94,10 @@ class ShardService:
         from dbidx.cache import service_link
         from dbidx.errors import CacheServiceError
 
-        conn.settimeout(None)
+        # A peer that stalls for this long mid-message (or never reads our answer) is dropped: one stuck client must not
+        # wedge the shard's service for every task after it. A socket timeout is per read or write, so a large batch
+        # sent steadily never trips it.
+        conn.settimeout(STALL_TIMEOUT_S)
         uid = service_link.peer_uid(conn)
         if uid is not None and uid != os.geteuid():
             log.warning("refused a connection from uid %d", uid)

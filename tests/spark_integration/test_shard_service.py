@@ -322,3 +322,16 @@ def test_the_cli_lists_the_services_and_stops_them(tmp_path: Path, runtime: Path
     assert f"pid {pid}: {cache_dir} (1 tasks served" in result.output and "stopping" in result.output
     assert _wait(lambda: not _alive(pid))
     assert "no cache service runs" in CliRunner().invoke(main, ["cache", "services"]).output
+
+
+def test_a_client_that_goes_away_mid_message_does_not_wedge_the_service(tmp_path: Path, runtime: Path) -> None:
+    table, cfg = served_table(tmp_path, idle_s=60)
+    (pid,) = served_pids(runtime)
+    path = service_link.socket_for(RecordIndexCache.for_table(table, 0, cfg).path)
+    conn = service_link.connect(path)
+    assert conn is not None
+    conn.sendall(b"\x00\x00\x00\x10\x00")  # half a length prefix, then gone
+    conn.close()
+    summary = upsert_arrow(rows(100, 200, 3), table, key="id", partition="dt", cache_config=cfg)
+    assert summary.per_shard[0]["served"] == 1 and served_pids(runtime) == [pid]
+    assert len(contents(table)) == 200
