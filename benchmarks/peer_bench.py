@@ -27,6 +27,8 @@ Run: `python benchmarks/peer_bench.py [--keys 2000000] [--batches 5] [--batch N]
 [--timeout 1800] [--smoke] [--write-results]`; one system alone: `--run-one SYSTEM --work DIR` (used internally).
 `--smoke` (the test suite's run: 3,000 keys, 3 batches) runs the Spark systems one after the other in one child
 process, so the JVM starts once (a stopped SparkSession's successor reuses it); their figures are not comparable then.
+dbidx's cache settings come from the DBIDX_CACHE_* environment variables (docs/CONFIG.md), e.g.
+`DBIDX_CACHE_SERVICE=true python benchmarks/peer_bench.py ...` for the cache service.
 """
 
 from __future__ import annotations
@@ -258,7 +260,8 @@ class DbidxPeer(SparkInput):
         from dbidx.table.facade import Table
 
         self.table = Table.open_or_create(str(root), num_shards=shards)
-        self.config = CacheConfig(base_path=str(work / "dbidx-cache"))
+        # DBIDX_CACHE_* environment variables apply (an A/B of a cache setting, e.g. DBIDX_CACHE_SERVICE=true).
+        self.config = CacheConfig.from_sources({"base_path": str(work / "dbidx-cache")})
 
     def load(self, data: Any) -> None:
         self.upsert(data)
@@ -272,6 +275,15 @@ class DbidxPeer(SparkInput):
         from dbidx.data import reads
 
         return arrow_counts(reads.read_arrow(self.table, columns=["ver"]))
+
+    def close(self) -> None:
+        """Stop the cache services the batches started (DBIDX_CACHE_SERVICE=true), then Spark."""
+        from dbidx.cache.record_cache import RecordIndexCache
+        from dbidx.cache.service_link import request_stop
+
+        for shard in range(self.table.num_shards):
+            request_stop(RecordIndexCache.for_table(self.table, shard, self.config).path)
+        super().close()
 
     def read_all(self) -> int:
         from dbidx.data import reads
