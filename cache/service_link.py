@@ -37,11 +37,15 @@ MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes with its terminating NUL (Linu
 SERVING: set[str] = set()
 
 
-def runtime_dir(environ: dict[str, str] | None = None) -> Path:
-    """The user's private directory for service sockets, pid files and logs (created 0700, checked to be ours)."""
+def _runtime_path(environ: dict[str, str] | None = None) -> Path:
     env = os.environ if environ is None else environ
     xdg = env.get("XDG_RUNTIME_DIR")
-    base = Path(xdg) / "dbidx" if xdg and Path(xdg).is_dir() else Path(tempfile.gettempdir()) / f"dbidx-{os.geteuid()}"
+    return Path(xdg) / "dbidx" if xdg and Path(xdg).is_dir() else Path(tempfile.gettempdir()) / f"dbidx-{os.geteuid()}"
+
+
+def runtime_dir(environ: dict[str, str] | None = None) -> Path:
+    """The user's private directory for service sockets, pid files and logs (created 0700, checked to be ours)."""
+    base = _runtime_path(environ)
     try:
         make_private_dirs(base)
     except OSError as exc:
@@ -123,10 +127,7 @@ def connect(path: Path, timeout_s: float | None = 2.0) -> socket.socket | None:
     conn.settimeout(timeout_s)
     try:
         conn.connect(str(path))
-    except (FileNotFoundError, ConnectionRefusedError):
-        conn.close()
-        return None
-    except OSError:
+    except OSError:  # no socket file, a stale one (refused), or one we may not use
         conn.close()
         return None
     conn.settimeout(None)
@@ -149,6 +150,8 @@ def request_stop(cache_dir: Path) -> bool:
 def running_services(timeout_s: float = 2.0) -> list[dict[str, Any]]:
     """The user's cache services on this machine: pid, cache directory, requests served, idle exit, socket; a service
     busy with a request for longer than timeout_s is listed as busy (pid and directory unknown)."""
+    if not _runtime_path().is_dir():
+        return []  # no service ever started here (listing one must not create the directory)
     found = []
     for sock in sorted(runtime_dir().glob("shard-*.sock")):
         conn = connect(sock, timeout_s=1.0)
@@ -175,8 +178,8 @@ def running_services(timeout_s: float = 2.0) -> list[dict[str, Any]]:
 
 
 def _tell(cache_dir: Path, op: str) -> bool:
-    if os.path.realpath(cache_dir) in SERVING:
-        return False
+    if os.path.realpath(cache_dir) in SERVING or not _runtime_path().is_dir():
+        return False  # ourselves, or no service ever started here (a busy lock must not create the directory)
     try:
         path = socket_for(cache_dir)
     except ConfigError:

@@ -30,7 +30,6 @@ from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.errors import CacheServiceError, ConfigError
 from dbidx.spark_integration.tagger import TagOptions
 from dbidx.spark_integration.task_result import TaskResult
-from dbidx.storage.keyhash import shards_of_hashes, spark_hash
 from dbidx.table.facade import Table
 
 log = logging.getLogger(__name__)
@@ -103,12 +102,9 @@ def upsert_in_service(
 
 def _only_shard(batches: Sequence[pa.RecordBatch], table: Table, options: TagOptions) -> int | None:
     """The one shard every row's key falls in (what a Spark task of a shuffled upsert holds), else None."""
-    shards = [
-        shards_of_hashes(spark_hash(options.keys_of(pa.Table.from_batches([b]))), table.num_shards) for b in batches
-    ]
-    if not shards:
+    if not batches:
         return None
-    found = np.unique(np.concatenate(shards))
+    found = np.unique(table.shard_of(options.keys_of(pa.Table.from_batches(batches))))
     return int(found[0]) if len(found) == 1 else None
 
 

@@ -180,8 +180,7 @@ def _causes(exc: BaseException) -> Iterator[BaseException]:
 @contextmanager
 def _opened(cache: RecordIndexCache, table: Table, metrics: ShardMetrics, keep: bool = False) -> Iterator[OpenShard]:
     started = time.perf_counter()
-    held_open = cache.store is not None
-    if held_open:  # held open since an earlier session: count this session's work only
+    if cache.store is not None:  # held open since an earlier session: count this session's work only
         cache.metrics = CacheMetrics()
     else:
         cache.open()

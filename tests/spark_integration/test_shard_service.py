@@ -335,3 +335,12 @@ def test_a_client_that_goes_away_mid_message_does_not_wedge_the_service(tmp_path
     summary = upsert_arrow(rows(100, 200, 3), table, key="id", partition="dt", cache_config=cfg)
     assert summary.per_shard[0]["served"] == 1 and served_pids(runtime) == [pid]
     assert len(contents(table)) == 200
+
+
+def test_asking_a_service_creates_nothing_where_none_ever_ran(tmp_path: Path, runtime: Path) -> None:
+    """Another opener finding a cache busy asks its service to let go; where no service ever started there is none
+    to ask, and neither that nor listing services creates the runtime directory."""
+    assert not runtime.exists()
+    assert service_link.request_release(tmp_path / "cache" / "shard-00000-of-00001") is False
+    assert service_link.running_services() == []
+    assert not runtime.exists()
