@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyroaring import BitMap
 
+from dbidx.data.deletion_vectors import positions_bitmap
 from dbidx.data.files import DELETED_COLUMN, INSTANT_COLUMN, data_file_path, write_data_file
 from dbidx.data.reads import ReadUnit, plan_read, read_unit
 from dbidx.data.superseded import load_vector, write_vectors
@@ -300,5 +301,5 @@ def _rebased_vectors(
                 f"data compaction {instant}: a commit deleted rows of {path} that were not table "
                 "data in the snapshot it compacted; nothing was published"
             )
-        vectors[base] = vectors.get(base, BitMap()) | BitMap(positions.astype(np.uint32))
+        vectors[base] = vectors.get(base, BitMap()) | positions_bitmap(positions)
     return write_vectors(table.io, instant, vectors)

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyroaring import BitMap
 
-from dbidx.data.deletion_vectors import z85_decode
+from dbidx.data.deletion_vectors import positions_bitmap, z85_decode
 from dbidx.data.delta_log import DELTA_LOG_DIR, listed_versions, version_file
 from dbidx.errors import CorruptFileError, DbidxError, DeltaFeatureError, InvalidInputError
 from dbidx.storage import layout
@@ -353,7 +353,7 @@ def _deleted_rows(table: Any, io: FileIO) -> dict[str, BitMap]:
     out: dict[str, BitMap] = {}
     for row in pa.table(table.deletion_vectors().read_all()).to_pylist():
         keep = np.asarray(row["selection_vector"], dtype=bool)
-        out[_relative(row["filepath"], io)] = BitMap(np.flatnonzero(~keep).astype(np.uint32))
+        out[_relative(row["filepath"], io)] = positions_bitmap(np.flatnonzero(~keep))
     return out
 
 

@@ -17,6 +17,7 @@ import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Callable, Protocol
 
 import numpy as np
@@ -71,9 +72,10 @@ class FileKeys:
         order = np.argsort(hashes).astype(np.int32)  # a data file has far fewer than 2**31 rows
         return cls(keys, hashes[order], order)
 
-    @property
+    @cached_property
     def nbytes(self) -> int:
-        """Memory held (what the LRU budget counts)."""
+        """Memory held (what the LRU budget counts). Cached: Arrow sums a sliced string array's buffers anew on each
+        call (~0.15 ms), and the LRU and the key files ask once per file kept."""
         return self.keys.nbytes + self.sorted_hashes.nbytes + self.order.nbytes
 
     def rows_of(self, probe: Probe) -> np.ndarray:

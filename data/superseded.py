@@ -27,7 +27,14 @@ import pyarrow.compute as pc
 from pyroaring import BitMap
 
 from dbidx.arrays import one_chunk
-from dbidx.data.deletion_vectors import DvFileBuilder, VectorSlot, dv_file_name, read_vector, vector_body
+from dbidx.data.deletion_vectors import (
+    DvFileBuilder,
+    VectorSlot,
+    dv_file_name,
+    positions_bitmap,
+    read_vector,
+    vector_body,
+)
 from dbidx.data.files import DELETED_COLUMN, read_data_file
 from dbidx.data.key_columns import KEYS, FileKeys, KeySources, KeyStore, Probe
 from dbidx.errors import CorruptFileError
@@ -108,7 +115,7 @@ def superseded_rows(
     new_keys: dict[tuple[str, str], list[FileKeys]] = {}
     for f, keys, deleted in new:
         if deleted.any():
-            fresh[f.path] = BitMap(np.flatnonzero(deleted).astype(np.uint32))
+            fresh[f.path] = positions_bitmap(np.flatnonzero(deleted))
         new_keys.setdefault((f.partition, f.file_group), []).append(KEYS.put(f, keys, disk))
     # 2. Older live files of the touched groups: each one's key index, held here for step 3 (looked up once, its
     #    key file marked used once): from this process, else the executor's key files or the data file, on a few
@@ -143,7 +150,7 @@ def superseded_rows(
         rows = file_keys.rows_of(probes[(record.partition, record.file_group)])
         if not len(rows):
             continue
-        hit = BitMap(rows.astype(np.uint32))
+        hit = positions_bitmap(rows)
         ref = view.vector_of(record.path)
         if ref is not None:
             hit -= load_vector(io, ref, record.rows, dv_bytes)

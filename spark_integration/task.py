@@ -489,7 +489,7 @@ def _tag_rebuilding(
             with shard_session(table, shard, options, metrics, held) as session:
                 started = time.perf_counter()
                 session.loader.ensure_loaded(tagger.partitions_needed(rows))
-                tagged = tagger.tag(session.cache, rows)
+                tagged = tagger.tag(session.cache, rows, last=True)  # a fresh tagger, one call
                 metrics.tag_seconds += time.perf_counter() - started
             return tagged, tagger
         except CacheCorruptError as exc:

@@ -27,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 from pyroaring import BitMap
 
+from dbidx.data.deletion_vectors import positions_bitmap
 from dbidx.data.superseded import _read_columns, write_vectors
 from dbidx.errors import CorruptFileError, FormatUpgradeError, TableNotFoundError
 from dbidx.table.facade import Table
@@ -247,7 +248,7 @@ def table_vectors(io: FileIO, view: DataView, progress: Progress | None = None) 
             hidden = np.flatnonzero(~keep[start : start + len(file_keys)])
             start += len(file_keys)
             if len(hidden):
-                vectors[entry.record.path] = BitMap(hidden.astype(np.uint32))
+                vectors[entry.record.path] = positions_bitmap(hidden)
         steps.step(f"{partition or '(root)'} {file_group}", len(keys))
     return vectors
 
