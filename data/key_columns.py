@@ -81,14 +81,20 @@ class FileKeys:
     def rows_of(self, probe: Probe) -> np.ndarray:
         """Rows of this file (int32, in no particular order, a row twice if the probe has its key twice) whose key
         is one of the probe's keys."""
-        # 1. Candidates: every row whose hash equals a probe key's hash (a run per probe key, usually empty).
-        lo = np.searchsorted(self.sorted_hashes, probe.hashes, side="left")
-        hi = np.searchsorted(self.sorted_hashes, probe.hashes, side="right")
-        counts = hi - lo
-        total = int(counts.sum())
-        if total == 0:
+        # 1. Candidates: every row whose hash equals a probe key's hash (a run per probe key, usually empty). One
+        #    search finds where each run would start; only the probe keys whose hash is there (few: most keys of a
+        #    batch are in none of a group's older files) are searched again for where their run ends.
+        hashes = self.sorted_hashes
+        if not len(hashes):
             return np.empty(0, dtype=np.int32)
-        which = np.repeat(np.arange(len(counts)), counts)  # the probe key of each candidate
+        lo = np.searchsorted(hashes, probe.hashes, side="left")
+        which_keys = np.flatnonzero(hashes[np.minimum(lo, len(hashes) - 1)] == probe.hashes)
+        if not len(which_keys):
+            return np.empty(0, dtype=np.int32)
+        lo = lo[which_keys]
+        counts = np.searchsorted(hashes, probe.hashes[which_keys], side="right") - lo
+        total = int(counts.sum())
+        which = np.repeat(which_keys, counts)  # the probe key of each candidate
         firsts = np.repeat(lo - (np.cumsum(counts) - counts), counts)
         rows = self.order[firsts + np.arange(total)]
         # 2. Confirmed by the keys themselves: a hash collision is never a hit.
