@@ -10,12 +10,13 @@ withdrawal of an attempt is unchanged.
 
 Its life: started by the first task that needs it (a detached process of the task's Python, owned by the user,
 socket 0600 in the user's 0700 runtime directory, only peers of the same uid answered); one instance per directory
-(an flock on its pid file); requests one at a time, in arrival order (a shard's tasks never ran at once anyway:
-they shared the directory's flock); exits when idle for `service.idle.s`, closing the cache as a task would. Any
-other opener of the directory (a `tag` task, `dbidx cache verify`) asks it to release the directory and waits for
-the flock as usual; the service reopens the cache at its next request. Killed at any point, it leaves what a killed
-task leaves: the flock and RocksDB's LOCK die with it, the cache is consistent at its last flush (catch-up repairs
-the rest), and the attempt it was serving fails loudly in its task (CacheServiceError), which Spark retries.
+(an flock on its pid file); requests one at a time, in arrival order (a shard's tasks never ran at once anyway: they
+shared the directory's flock); between them, once the commit of the batch it served lands, it catches the cache up,
+so the next task does not (`_catch_up_ahead`); exits when idle for `service.idle.s`, closing the cache as a task
+would. Any other opener of the directory (a `tag` task, `dbidx cache verify`) asks it to release the directory and
+waits for the flock as usual; the service reopens the cache at its next request. Killed at any point, it leaves what
+a killed task leaves: the flock and RocksDB's LOCK die with it, the cache is consistent at its last flush (catch-up
+repairs the rest), and the attempt it was serving fails loudly in its task (CacheServiceError), which Spark retries.
 
 Run as `python -m dbidx.spark_integration.shard_service --cache-dir D --socket S --idle-s N`.
 """
@@ -31,11 +32,29 @@ import socket
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("dbidx.shard_service")
 STALL_TIMEOUT_S = 60.0
+# After answering an upsert, how long the service watches for a commit to catch up on before the next task comes,
+# and how often it looks (one stat of the next completion record's path; on an object store, one HEAD request).
+AHEAD_WAIT_S = 10.0
+AHEAD_POLL_S = 0.005
+AHEAD_POLL_REMOTE_S = 0.05
+
+
+@dataclass
+class _Ahead:
+    """What the service catches up on once the next commit lands: the table and shard it served, the completion seq
+    its cache was caught up to, until when it watches."""
+
+    table: Any
+    options: Any
+    shard: int
+    seq: int
+    until: float
 
 
 class ShardService:
@@ -50,6 +69,7 @@ class ShardService:
         self.held = HeldCache(self.cache_dir)
         self.served = 0
         self.stopping = False  # asked to exit (service_link.request_stop) after the current request
+        self.ahead: _Ahead | None = None  # a catch-up to run between requests, once its commit lands
 
     def serve(self) -> None:
         """Bind, answer until idle for idle_s, then close the cache and remove the socket."""
@@ -64,7 +84,6 @@ class ShardService:
             os.umask(old_umask)
         os.chmod(self.socket_path, 0o600)
         listener.listen(64)
-        listener.settimeout(self.idle_s)
         service_link.SERVING.add(str(self.cache_dir))
         log.info(
             "serving %s on %s (pid %d, idle exit after %g s)",
@@ -73,14 +92,23 @@ class ShardService:
             os.getpid(),
             self.idle_s,
         )
+        last_request = time.monotonic()
         try:
             while True:
+                # 1. Wait for a request: until idle for idle_s, or a poll's length while a catch-up is pending.
+                idle_left = self.idle_s - (time.monotonic() - last_request)
+                listener.settimeout(max(0.001, min(idle_left, self._poll_s()) if self.ahead else idle_left))
                 try:
                     conn, _ = listener.accept()
                 except socket.timeout:
+                    # 2. No request: catch up if the served batch's commit (or any other) landed; exit when idle.
+                    if self.ahead is not None:
+                        self._catch_up_ahead()
+                        continue
                     break
                 with conn:
                     self._answer(conn)
+                last_request = time.monotonic()
                 if self.stopping:
                     break
         finally:
@@ -89,6 +117,30 @@ class ShardService:
             listener.close()
             self.held.release()
             log.info("exiting after %d requests (%s)", self.served, "asked to" if self.stopping else "idle")
+
+    def _poll_s(self) -> float:
+        return AHEAD_POLL_S if self.ahead is None or self.ahead.table.io.is_local else AHEAD_POLL_REMOTE_S
+
+    def _catch_up_ahead(self) -> None:
+        """Catch the held cache up once a completion past the one it holds exists (the commit of the batch just
+        served, normally ~0.1 s after the answer), so the next task skips that step; give up after AHEAD_WAIT_S (a
+        failed or abandoned batch). A failure here is only logged: the next task catches up (or reopens) itself."""
+        from dbidx.storage import layout
+
+        ahead = self.ahead
+        assert ahead is not None
+        if time.monotonic() > ahead.until or self.held.cache is None:
+            self.ahead = None
+            return
+        try:
+            if not ahead.table.io.exists(layout.completed_file(ahead.seq + 1)):
+                return
+            self.ahead = None
+            entries = self.held.catch_up_held(ahead.table, ahead.shard, ahead.options)
+            log.debug("caught up %d entries past seq %d ahead of the next task", entries, ahead.seq)
+        except Exception as exc:  # noqa: BLE001 - the next task's own catch-up reports a real problem
+            self.ahead = None
+            log.warning("catching up ahead of the next task failed (the task will): %s", exc)
 
     def _answer(self, conn: socket.socket) -> None:
         from dbidx.cache import service_link
@@ -131,6 +183,7 @@ class ShardService:
             return
         self._reply(conn, {"accepted": True})  # from here on the attempt's work is in our hands (no retry)
         started = time.perf_counter()
+        self.ahead = None  # this request catches up itself
         with _Forwarded() as forwarded:
             try:
                 wire = self._upsert(header, body)
@@ -156,6 +209,9 @@ class ShardService:
         options = pickle.loads(header["options"])
         batches = pa.ipc.open_stream(body).read_all().to_batches()
         result = task.upsert_batches(batches, table, options, header["instant"], int(header["attempt"]), held=self.held)
+        if len(result.metrics) == 1:  # the commit of this batch will be the next completion to catch up on
+            shard = result.metrics[0]
+            self.ahead = _Ahead(table, options, shard.shard, shard.tagged_seq, time.monotonic() + AHEAD_WAIT_S)
         return result.pack()
 
     @staticmethod

@@ -58,6 +58,9 @@ class ShardMetrics(TaskCounts):
     # (sending the rows, the work, the answer; the start of the service too, the first time).
     served: int = 0
     service_seconds: float = 0.0
+    # Catch-up entries the service applied after the previous batch's commit landed, before this task came (off
+    # the task's critical path; the task's own catch-up is in catchup_entries).
+    ahead_entries: int = 0
     cache_disk_bytes: int = gauge()
     cache_entries: int = gauge()
     tagged_seq: int = gauge()  # the completion seq the shard's rows were tagged against

@@ -156,6 +156,23 @@ def test_another_opener_of_the_directory_makes_the_service_let_go(tmp_path: Path
     assert len(contents(table)) == 200
 
 
+def test_the_service_catches_up_on_a_commit_before_the_next_task_comes(tmp_path: Path, runtime: Path) -> None:
+    table, cfg = served_table(tmp_path, idle_s=60)  # batch 2 (50 new keys) was served; its commit landed after
+    time.sleep(1.0)  # the service polls for that commit every few ms
+    summary = upsert_arrow(rows(140, 200, 3), table, key="id", partition="dt", cache_config=cfg)
+    (shard,) = summary.per_shard
+    assert shard["served"] == 1 and shard["open_seconds"] == 0
+    # Batch 2's 50 new keys reached the cache between the tasks, none in batch 3's task, which tagged its 10 keys
+    # of batch 2 as updates all the same.
+    assert (shard["ahead_entries"], shard["catchup_entries"]) == (50, 0)
+    assert (summary.updates, summary.inserts) == (10, 50)
+    # A batch that comes before the service could catch up (no pause) catches up in the task, as before.
+    summary = upsert_arrow(rows(190, 260, 4), table, key="id", partition="dt", cache_config=cfg)
+    assert (summary.updates, summary.inserts) == (10, 60)
+    assert summary.per_shard[0]["ahead_entries"] + summary.per_shard[0]["catchup_entries"] == 50
+    assert len(contents(table)) == 260
+
+
 def test_a_service_killed_between_batches_is_replaced(tmp_path: Path, runtime: Path) -> None:
     table, cfg = served_table(tmp_path, idle_s=60)
     (pid,) = served_pids(runtime)
