@@ -130,9 +130,10 @@ def _connect_or_start(path: Path, cache_dir: Path, idle_s: float, deadline: floa
     return None
 
 
-def start_service(path: Path, cache_dir: Path, idle_s: float) -> None:
+def start_service(path: Path, cache_dir: Path, idle_s: float, ahead: dict | None = None) -> None:
     """Start a detached service for `cache_dir` on `path` with this interpreter and import path (one instance per
-    directory wins its pid file's lock; a second start just exits)."""
+    directory wins its pid file's lock; a second start just exits). `ahead`: a catch-up request it starts with
+    (prestart's), left for it as a 0600 file in the runtime directory."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # Spark's pyFiles zips are on sys.path only
     command = [
@@ -146,6 +147,12 @@ def start_service(path: Path, cache_dir: Path, idle_s: float) -> None:
         "--idle-s",
         repr(float(idle_s)),
     ]
+    if ahead is not None:
+        ahead_path = path.with_name(f"{path.stem}-{os.getpid()}-{threading.get_ident()}.ahead")
+        fd = os.open(str(ahead_path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            pickle.dump(ahead, out)
+        command += ["--ahead", str(ahead_path)]
     _rotate_log(path.with_suffix(".log"))
     log_fd = os.open(str(path.with_suffix(".log")), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
@@ -187,17 +194,31 @@ def _rotate_log(path: Path) -> None:
         pass
 
 
+LOAD_COMMIT_WAIT_S = 120.0  # how long a service started by a bulk load's task waits for the load's commit
+
+
 def prestart(table: Table, shard: int, options: TagOptions) -> None:
-    """Start the shard's service if none runs, without waiting for it: what a bulk load's task does at its end, so
-    the first batch after the load finds the service up (its start is ~1 s of imports). Never fails the task."""
+    """Start the shard's service if none runs, without waiting for it, and ask it to open the cache and catch up
+    (installing what the load staged) once the load's commit lands: what a bulk load's task does at its end, so the
+    first batch after the load finds the service up (its start is ~1 s of imports) and the cache open and warm.
+    Never fails the task."""
     try:
         cache_dir = RecordIndexCache.for_table(table, shard, options.cache).path
         path = service_link.socket_for(cache_dir)
+        ahead = {
+            "op": "ahead",
+            "table": pickle.dumps(table),
+            "options": pickle.dumps(options),
+            "shard": shard,
+            "seq": options.bulk_seq,
+            "wait_s": LOAD_COMMIT_WAIT_S,
+        }
         conn = service_link.connect(path, timeout_s=0.5)
         if conn is not None:
-            conn.close()
+            with conn:
+                service_link.send(conn, ahead)
             return
-        start_service(path, cache_dir, options.cache.service_idle_s)
+        start_service(path, cache_dir, options.cache.service_idle_s, ahead)
     except (ConfigError, OSError) as exc:
         log.warning("dbidx did not start the cache service of shard %d: %s", shard, exc)
 

@@ -55,12 +55,25 @@ class _Ahead:
     shard: int
     seq: int
     until: float
+    open_cache: bool = False  # open the cache if it is not (after a bulk load: the first batch finds it warm)
+
+    @classmethod
+    def load(cls, message: dict[str, Any]) -> "_Ahead":
+        """A catch-up a bulk load's task asked for (service_client.prestart): open the cache once its commit lands."""
+        return cls(
+            pickle.loads(message["table"]),
+            pickle.loads(message["options"]),
+            int(message["shard"]),
+            int(message["seq"]),
+            time.monotonic() + float(message["wait_s"]),
+            open_cache=True,
+        )
 
 
 class ShardService:
     """The accept loop of one shard's service: requests in arrival order, the shard's cache held between them."""
 
-    def __init__(self, cache_dir: Path, socket_path: Path, idle_s: float) -> None:
+    def __init__(self, cache_dir: Path, socket_path: Path, idle_s: float, ahead: _Ahead | None = None) -> None:
         from dbidx.spark_integration.task import HeldCache
 
         self.cache_dir = Path(os.path.realpath(cache_dir))
@@ -69,7 +82,7 @@ class ShardService:
         self.held = HeldCache(self.cache_dir)
         self.served = 0
         self.stopping = False  # asked to exit (service_link.request_stop) after the current request
-        self.ahead: _Ahead | None = None  # a catch-up to run between requests, once its commit lands
+        self.ahead = ahead  # a catch-up to run between requests, once its commit lands
 
     def serve(self) -> None:
         """Bind, answer until idle for idle_s, then close the cache and remove the socket."""
@@ -129,14 +142,14 @@ class ShardService:
 
         ahead = self.ahead
         assert ahead is not None
-        if time.monotonic() > ahead.until or self.held.cache is None:
+        if time.monotonic() > ahead.until or (self.held.cache is None and not ahead.open_cache):
             self.ahead = None
             return
         try:
             if not ahead.table.io.exists(layout.completed_file(ahead.seq + 1)):
                 return
             self.ahead = None
-            entries = self.held.catch_up_held(ahead.table, ahead.shard, ahead.options)
+            entries = self.held.catch_up_held(ahead.table, ahead.shard, ahead.options, ahead.open_cache)
             log.debug("caught up %d entries past seq %d ahead of the next task", entries, ahead.seq)
         except Exception as exc:  # noqa: BLE001 - the next task's own catch-up reports a real problem
             self.ahead = None
@@ -165,6 +178,12 @@ class ShardService:
             return
         if op == "stop":
             self.stopping = True
+            return
+        if op == "ahead":  # a bulk load's task: open and catch up once the load's commit lands
+            try:
+                self.ahead = _Ahead.load(header)
+            except Exception as exc:  # noqa: BLE001 - a request we cannot use is only logged (nothing waits on it)
+                log.warning("dropped an unusable catch-up request: %s", exc)
             return
         if op == "ping":
             self._reply(
@@ -291,17 +310,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-dir", required=True, type=Path)
     parser.add_argument("--socket", required=True, type=Path)
     parser.add_argument("--idle-s", type=float, default=300.0)
+    parser.add_argument("--ahead", type=Path, help="a pickled catch-up request to start with (read, then removed)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(process)d %(levelname)s %(message)s")
     lock = _hold_instance(args.socket)
     if lock is None:
+        if args.ahead is not None:
+            args.ahead.unlink(missing_ok=True)
         return 0  # another instance serves this directory (two tasks started one at once)
     try:
-        ShardService(args.cache_dir, args.socket, args.idle_s).serve()
+        ShardService(args.cache_dir, args.socket, args.idle_s, _ahead_from(args.ahead)).serve()
     finally:
         args.socket.with_suffix(".pid").unlink(missing_ok=True)  # before the lock goes (see _hold_instance)
         os.close(lock)
     return 0
+
+
+def _ahead_from(path: Path | None) -> _Ahead | None:
+    """The catch-up request a starting task left in the runtime directory (removed once read), if any."""
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            return _Ahead.load(pickle.load(f))
+    except Exception as exc:  # noqa: BLE001 - only a head start: without it the first task catches up itself
+        log.warning("ignored the catch-up request %s: %s", path, exc)
+        return None
+    finally:
+        path.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

@@ -109,20 +109,21 @@ class HeldCache:
     def __init__(self, cache_dir: Path) -> None:
         self.cache_dir = Path(os.path.realpath(cache_dir))
         self.cache: RecordIndexCache | None = None
-        self.ahead_entries = 0  # caught up between sessions (catch_up_held), not yet reported by a task
+        self.ahead = ShardMetrics(shard=-1)  # what catch-ups between sessions did (catch_up_held), not yet reported
 
-    def catch_up_held(self, table: Table, shard: int, options: TagOptions) -> int:
+    def catch_up_held(self, table: Table, shard: int, options: TagOptions, open_cache: bool = False) -> int:
         """Catch the held cache up to the table's latest commit between tasks (the service, once the commit of the
-        batch it served lands), so the next task finds nothing to catch up; the entries it applied are reported by
-        the next session (ShardMetrics.ahead_entries). Nothing when the cache was let go meanwhile: another opener
-        may want the directory."""
-        if self.cache is None or self.cache.store is None:
+        batch it served lands), so the next task finds nothing to catch up; what it did is reported by the next
+        session (ShardMetrics.ahead_entries, and staged_loads: partitions a load staged). Nothing when the cache was
+        let go meanwhile (another opener may want the directory), unless `open_cache` (after a bulk load: the cache
+        is opened, the load's staged partitions installed, before the first batch comes)."""
+        if not open_cache and (self.cache is None or self.cache.store is None):
             return 0
         table = warm_table(table)
         metrics = ShardMetrics(shard=shard)
         with table.pinned(refreshed=True), shard_session(table, shard, options, metrics, self):
             pass
-        self.ahead_entries += metrics.catchup_entries + metrics.ahead_entries  # (the latter: an earlier one's)
+        self.ahead.add(metrics)
         return metrics.catchup_entries
 
     def cache_for(self, table: Table, shard: int, config: CacheConfig) -> RecordIndexCache:
@@ -167,7 +168,8 @@ def shard_session(
         with _opened(cache, table, metrics, keep=held is not None) as session:
             yield session
         if held is not None:
-            metrics.ahead_entries, held.ahead_entries = held.ahead_entries, 0
+            ahead, held.ahead = held.ahead, ShardMetrics(shard=-1)  # reported by this session (off its path)
+            metrics.add(ahead_entries=ahead.catchup_entries + ahead.ahead_entries, staged_loads=ahead.staged_loads)
     except BaseException as exc:
         if held is not None:
             held.cache = None  # closed by the failing session (below, or in _opened): reopened next time

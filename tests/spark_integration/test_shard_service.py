@@ -173,6 +173,44 @@ def test_the_service_catches_up_on_a_commit_before_the_next_task_comes(tmp_path:
     assert len(contents(table)) == 260
 
 
+def test_a_bulk_load_leaves_its_service_with_the_cache_open_and_its_partitions_installed(
+    tmp_path: Path, runtime: Path
+) -> None:
+    table = Table.create(str(tmp_path / "t"), num_shards=1)
+    cfg = config(tmp_path, **{"service.idle.s": "60"})
+    upsert_arrow(rows(0, 300, 1), table, key="id", partition="dt", cache_config=cfg)  # bulk: done in the task
+    assert _wait(lambda: served_pids(runtime) != [])  # started at the load task's end, told to wait for its commit
+    cache = RecordIndexCache.for_table(table, 0, cfg)
+    # The service opened the cache once the load's commit landed (it holds the directory's lock); no request file
+    # is left in the runtime directory.
+    assert _wait(lambda: _locked(cache.path))
+    assert not list(runtime.glob("*.ahead"))
+    summary = upsert_arrow(rows(250, 350, 2), table, key="id", partition="dt", cache_config=cfg)
+    (shard,) = summary.per_shard
+    # The first batch found the cache open and the load's three partitions installed (staged_loads counts them,
+    # done ahead of the task), nothing to catch up; its keys of the load are updates.
+    assert shard["served"] == 1 and shard["open_seconds"] == 0
+    assert (shard["staged_loads"], shard["catchup_entries"], shard["reloads"]) == (3, 0, 0)
+    assert (summary.updates, summary.inserts) == (50, 50)
+    assert len(contents(table)) == 350
+
+
+def _locked(cache_dir: Path) -> bool:
+    """Whether some process holds the cache directory's flock (a probe that lets go at once)."""
+    import fcntl
+
+    from dbidx.cache.dir_lock import lock_path
+
+    fd = os.open(str(lock_path(cache_dir)), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
 def test_a_service_killed_between_batches_is_replaced(tmp_path: Path, runtime: Path) -> None:
     table, cfg = served_table(tmp_path, idle_s=60)
     (pid,) = served_pids(runtime)
