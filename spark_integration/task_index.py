@@ -68,37 +68,36 @@ def write_task_index(
         names, codes = encoded.dictionary.to_pylist(), encoded.indices.to_numpy(zero_copy_only=False)
         files = _write_per_partition(table, buffer, tagged, keys, shards, (names, codes), attempt, on_written)
     by_group = {(f.partition, f.shard): f for f in files}
-    # Touched keys per group: every tagged key (updates and deletes of missing keys included).
+    # Touched keys per group: every tagged key (updates and deletes of missing keys included). The rows of each
+    # (shard, partition) group are found by one sort of a combined integer code, not a pass over every row per group.
     touched = []
-    for shard in np.unique(shards).tolist():
-        in_shard = shards == shard
-        unlisted: list[tuple[str | None, pa.Array]] = []  # groups whose touched keys are not exactly their delta's
-        for code in np.unique(codes[in_shard]).tolist():
-            partition = names[code]
-            mask = in_shard & (codes == code)
-            delta = by_group.get((partition, shard))
-            # Rows are one per record after latest_per_key, so a group's keys are distinct: when the delta has as
-            # many entries as the group has rows, its keys are exactly the touched ones (no touched file needed).
-            if delta is not None and delta.rows == int(mask.sum()):
-                touched.append(
-                    TouchedKeys(
-                        partition,
-                        shard,
-                        delta.min_key or "",
-                        delta.max_key or "",
-                        since_seq[shard],
-                        delta.path,
-                        delta.size,
-                        delta.checksum,
-                    )
+    unlisted: dict[int, list[tuple[str | None, pa.Array]]] = {}  # per shard: groups whose touched keys are not
+    # exactly their delta's
+    for group, positions in runs(shards.astype(np.int64) * len(names) + codes):
+        shard, partition = group // len(names), names[group % len(names)]
+        delta = by_group.get((partition, shard))
+        # Rows are one per record after latest_per_key, so a group's keys are distinct: when the delta has as many
+        # entries as the group has rows, its keys are exactly the touched ones (no touched file needed).
+        if delta is not None and delta.rows == len(positions):
+            touched.append(
+                TouchedKeys(
+                    partition,
+                    shard,
+                    delta.min_key or "",
+                    delta.max_key or "",
+                    since_seq[shard],
+                    delta.path,
+                    delta.size,
+                    delta.checksum,
                 )
-                continue
-            unlisted.append((partition, pc.unique(keys.filter(pa.array(mask))).sort()))
-        # The other groups' keys: one file for the shard (one write and one marker, not one per partition).
-        if unlisted:
-            rel = layout.touched_file(shard, instant, attempt)
-            markers.announce(table.io, instant, rel)
-            touched += write_touched_groups(table.io, rel, unlisted, shard, since_seq[shard])
+            )
+            continue
+        unlisted.setdefault(shard, []).append((partition, pc.unique(keys.take(pa.array(positions))).sort()))
+    # The other groups' keys: one file per shard (one write and one marker, not one per partition).
+    for shard, groups in unlisted.items():
+        rel = layout.touched_file(shard, instant, attempt)
+        markers.announce(table.io, instant, rel)
+        touched += write_touched_groups(table.io, rel, groups, shard, since_seq[shard])
     return files, touched, buffer.changes()
 
 
