@@ -210,10 +210,15 @@ def test_key_columns_map_what_another_process_built(tmp_path: Path) -> None:
     reader = KeyColumns(1 << 30)
     found = reader.get(record(4000), unreadable, store, sources)
     assert found.keys.equals(keys) and (sources.memory, sources.key_files, sources.data_files) == (0, 1, 0)
+    # A memory hit marks its key file used (in a process that has not touched it in the last TOUCH_EVERY_S; one that
+    # has leaves it: the LRU order and a TTL of hours need no more than one syscall per file and minute).
     os.utime(store.path_of(record(4000)), (0, 0))
     assert reader.get(record(4000), unreadable, store, sources) is found
-    assert sources.memory == 1
-    assert store.path_of(record(4000)).stat().st_mtime > time.time() - 60  # a memory hit marks its key file used
+    assert store.path_of(record(4000)).stat().st_mtime == 0  # touched by the load just before
+    other_process = KeyFiles(tmp_path / "keys", 1 << 30)
+    assert reader.get(record(4000), unreadable, other_process, sources) is found
+    assert sources.memory == 2
+    assert store.path_of(record(4000)).stat().st_mtime > time.time() - 60
     # No key file: the data file is read, and its index kept for the next process.
     third = KeyColumns(1 << 30)
     third.get(record(4000, 7), lambda _r: keys, store, sources)
