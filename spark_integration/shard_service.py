@@ -110,7 +110,7 @@ class ShardService:
             while True:
                 # 1. Wait for a request: until idle for idle_s, or a poll's length while a catch-up is pending.
                 idle_left = self.idle_s - (time.monotonic() - last_request)
-                listener.settimeout(max(0.001, min(idle_left, self._poll_s()) if self.ahead else idle_left))
+                listener.settimeout(self._poll_s() if self.ahead else max(0.001, idle_left))
                 try:
                     conn, _ = listener.accept()
                 except socket.timeout:
@@ -132,6 +132,7 @@ class ShardService:
             log.info("exiting after %d requests (%s)", self.served, "asked to" if self.stopping else "idle")
 
     def _poll_s(self) -> float:
+        """How long to wait for a request before looking for the pending catch-up's commit again."""
         return AHEAD_POLL_S if self.ahead is None or self.ahead.table.io.is_local else AHEAD_POLL_REMOTE_S
 
     def _catch_up_ahead(self) -> None:
