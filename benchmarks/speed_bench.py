@@ -568,11 +568,12 @@ STEP_HEADERS = [
     "on-demand loads",
     "stall s",
     "staged loads",
-    "catch-up entries",
+    "catch-up entries: task / service ahead",
     "open s (slowest shard)",
     "sync s (slowest)",
     "tag s (slowest)",
     "write s (slowest)",
+    "waited for service s (slowest)",
     "key indexes: memory / key files / decoded",
     "hit rate",
     "driver phases s: prepare / job / commit / cleanup / services",
@@ -602,11 +603,12 @@ def summary_cells(summary: dict[str, Any]) -> list[Any]:
         get("on_demand_loads"),
         get("stall_seconds", "{:.2f}"),
         get("staged_loads"),
-        get("catchup_entries"),
+        f"{get('catchup_entries')} / {sum(s.get('ahead_entries', 0) for s in shards):,}",
         slowest("open_seconds"),
         slowest("sync_seconds"),
         slowest("tag_seconds"),
         slowest("write_seconds"),
+        slowest("service_seconds"),
         sources,
         get("hit_rate", "{:.1%}"),
         " / ".join(f"{v:.3f}" for v in phases.values()) if phases else "-",
@@ -748,10 +750,11 @@ def render(args: argparse.Namespace, origin: str, part: SparkPart, goals: list[l
             _report.table(HEADERS, goals),
             check,
             "Per step (from the upsert's summary: on-demand loads and their stall, partitions ingested from SSTs the "
-            "load staged, catch-up entries, the slowest shard task's cache sync, tagging and writing (data files, "
-            "deletion vectors, index files), where the key indexes of the older data files the deletion vectors "
-            "searched came from (the worker's memory, the executor's key files, or decoded from the data file), hit "
-            "rate):",
+            "load staged, catch-up entries (in the tasks, and those a cache service applied between batches), the "
+            "slowest shard task's cache sync, tagging and writing (data files, deletion vectors, index files), how "
+            "long the slowest task waited for its cache service (with `--cache service=true`: rows sent, work, "
+            "answer), where the key indexes of the older data files the deletion vectors searched came from (the "
+            "worker's memory, the executor's key files, or decoded from the data file), hit rate):",
             _report.table(STEP_HEADERS, step_rows(part)),
             "RSS per step, when it began and at its peak (largest single process, and the sum over the process tree: "
             "driver, Spark JVM, Python workers):",
