@@ -16,11 +16,10 @@ data file; nothing a key file holds can fail a batch. Every file is kept, a batc
 may run on another worker, and mapping a key file costs ~0.2 ms against 1-2 ms to decode even a tiny data file.
 The directory is bounded: past `max_bytes` or MAX_FILES files (plus what each writing process saved since its last
 trim, 1/64 of either), the least recently used go (a use touches a file's mtime, a worker's memory hit too, at most
-once a minute per process), and
-the cache reaper removes a table's key files unused for its TTL (cache/reaper.py), and each upsert task deletes the
-key files of data files the table no longer has (cache/key_file_sweep.py: a data compaction's replaced files). The
-directory is private (0700) like the caches; a save never re-creates a table directory the reaper removed, nor writes
-through a symbolic link.
+once a minute per process), and the cache reaper removes a table's key files unused for its TTL (cache/reaper.py),
+and each upsert task deletes the key files of data files the table no longer has (cache/key_file_sweep.py: a data
+compaction's replaced files). The directory is private (0700) like the caches; a save never re-creates a table
+directory the reaper removed, nor writes through a symbolic link.
 """
 
 from __future__ import annotations
