@@ -270,15 +270,26 @@ class ShardTagger:
         # 1. Where each key lives now: one batched lookup per partition (one in global mode).
         old_part, old_fg = self._lookup(cache, keys, parts)
         exists = np.not_equal(old_fg, None)
-        part = np.asarray(parts.to_pylist(), dtype=object)
-        # 2. Existing keys keep their file group; a global-mode key whose partition changed moves (needs a bucket).
-        moved = exists & ~deletes & (old_part != part) if self.global_mode else np.zeros(n, dtype=bool)
-        needs_bucket = (~exists & ~deletes) | moved
-        out_part = np.where(deletes & exists, old_part, part)
-        out_fg = np.where(moved, None, old_fg)
+        if self.global_mode:
+            part = np.asarray(parts.to_pylist(), dtype=object)
+            # 2. Existing keys keep their file group; a key whose partition changed moves (needs a bucket).
+            moved = exists & ~deletes & (old_part != part)
+            needs_bucket = (~exists & ~deletes) | moved
+            out_part: np.ndarray | pa.Array = np.where(deletes & exists, old_part, part)
+            out_fg = np.where(moved, None, old_fg)
+            old_parts: np.ndarray | pa.Array = old_part
+        else:
+            # 2. A key's partition is part of its identity: every row stays in its own partition (the old one, where
+            #    the key exists), existing keys keep their file group. Kept as Arrow: no Python string per row.
+            moved = np.zeros(n, dtype=bool)
+            needs_bucket = ~exists & ~deletes
+            out_part, out_fg = parts, old_fg.copy()
+            old_parts = pc.if_else(pa.array(exists), parts, pa.scalar(None, pa.string()))
         # 3. New keys (and moved ones) get a bucket of their target partition.
         if needs_bucket.any():
-            self._assign(cache, keys, part, np.flatnonzero(needs_bucket), out_fg, remember=not last)
+            rows = np.flatnonzero(needs_bucket)
+            targets = part[rows] if self.global_mode else np.asarray(parts.take(pa.array(rows)).to_pylist(), object)
+            self._assign(cache, keys, targets, rows, out_fg, remember=not last)
         counts = TagCounts(
             rows=n,
             inserts=int((~exists & ~deletes).sum()),
@@ -288,9 +299,9 @@ class ShardTagger:
             moves=int(moved.sum()),
         )
         self.counts.add(counts)
-        columns = [out_part, out_fg, exists, old_part, old_fg, deletes]
+        columns = [out_part, out_fg, exists, old_parts, old_fg, deletes]
         for spec, values in zip(TAG_FIELDS, columns):
-            array = pa.array(values.tolist() if values.dtype == object else values, spec.type)
+            array = values.cast(spec.type) if isinstance(values, pa.Array) else pa.array(values, spec.type)
             batch = batch.append_column(spec, array)
         return batch
 
@@ -359,15 +370,14 @@ class ShardTagger:
         self,
         cache: RecordIndexCache,
         keys: pa.Array,
-        part: np.ndarray,
+        sub_parts: np.ndarray,
         rows: np.ndarray,
         out_fg: np.ndarray,
         remember: bool = True,
     ) -> None:
-        """Give each new (or moving) key a file group in its target partition; repeats reuse the first one (and,
-        when `remember`, a later batch's repeats of these keys too)."""
+        """Give each new (or moving) key at `rows` a file group in its target partition (`sub_parts`: one per row
+        of `rows`); repeats reuse the first one (and, when `remember`, a later batch's repeats of these keys too)."""
         sub_keys = keys.take(pa.array(rows))
-        sub_parts = part[rows]
         # 1. Keys this tagger already placed (an earlier Arrow batch of the task) keep that file group.
         if self._new:
             prior = np.empty(len(rows), dtype=object)
