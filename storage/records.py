@@ -8,11 +8,13 @@ silently different table.
 
 from __future__ import annotations
 
+import functools
+
 import json
 import re
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import AbstractSet, Any, Callable
 from urllib.parse import unquote
 
 import xxhash
@@ -63,6 +65,13 @@ class _Bad(ValueError):
     """A field of a record does not have the type or value the format requires."""
 
 
+@functools.cache
+def _field_names(cls: type) -> frozenset[str]:
+    """A record class's field names (what its parser accepts), computed once per class: a commit parses its file
+    and vector records by the hundred, and `dataclasses.fields` is slow enough to show."""
+    return frozenset(f.name for f in fields(cls))
+
+
 def _int(value: Any, name: str, minimum: int = 0) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise _Bad(f"{name} must be an integer >= {minimum}, got {value!r}")
@@ -96,7 +105,9 @@ def _list(value: Any, name: str, item: Callable[[Any, str], Any]) -> tuple:
     return tuple(item(v, f"{name}[{i}]") for i, v in enumerate(value))
 
 
-def _object(value: Any, name: str, expected: set[str], optional: set[str] = frozenset()) -> dict[str, Any]:
+def _object(
+    value: Any, name: str, expected: AbstractSet[str], optional: AbstractSet[str] = frozenset()
+) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise _Bad(f"{name} must be an object, got {type(value).__name__}")
     missing = expected - optional - set(value)
@@ -125,7 +136,7 @@ class FileRecord:
     @classmethod
     def parse(cls, data: Any, name: str) -> "FileRecord":
         """Rebuild a record from its JSON form, checking every field."""
-        d = _object(data, name, {f.name for f in fields(cls)})
+        d = _object(data, name, _field_names(cls))
         if d["kind"] not in FILE_KINDS:
             raise _Bad(f"{name}.kind must be one of {FILE_KINDS}, got {d['kind']!r}")
         record = cls(
@@ -176,7 +187,7 @@ class DataFileRecord:
         d = _object(
             data,
             name,
-            {f.name for f in fields(cls)},
+            _field_names(cls),
             optional={"delta_path"} | (_FORMAT4_DATA_FILE_FIELDS if legacy else set()),
         )
         if legacy:
@@ -217,7 +228,7 @@ class DvFileRecord:
     def parse(cls, data: Any, name: str) -> "DvFileRecord":
         """Rebuild a record from its JSON form, checking every field (a `deletion_vector_<uuid>.bin` under
         `.dbidx/dv/` or at the root)."""
-        d = _object(data, name, {f.name for f in fields(cls)})
+        d = _object(data, name, _field_names(cls))
         path = _path(d["path"], f"{name}.path")
         if not _DV_NAME_RE.match(path):
             raise _Bad(
@@ -246,7 +257,7 @@ class DeletionVectorRecord:
     @classmethod
     def parse(cls, data: Any, name: str) -> "DeletionVectorRecord":
         """Rebuild a record from its JSON form, checking every field."""
-        d = _object(data, name, {f.name for f in fields(cls)}, optional={"delta"})
+        d = _object(data, name, _field_names(cls), optional={"delta"})
         record = cls(
             path=_path(d["path"], f"{name}.path"),
             dv_file=_path(d["dv_file"], f"{name}.dv_file"),
@@ -348,7 +359,7 @@ class CompletedInstant:
             d = _object(
                 d,
                 "record",
-                {f.name for f in fields(cls)},
+                _field_names(cls),
                 optional={"rolled_back", "extra"} | (_FORMAT4_RECORD_FIELDS if legacy else set()),
             )
             if legacy:
