@@ -82,11 +82,19 @@ def validate_table_path(rel: object) -> str:
     """
     if not isinstance(rel, str) or not rel:
         raise InvalidInputError(f"file path {rel!r} is not a non-empty string")
+    if rel in _VALID_PATHS:  # a pure function of the string: a commit checks the same few hundred paths again
+        return rel
     if _CONTROL.search(rel) or "\\" in rel or rel.startswith("/") or re.match(r"^[A-Za-z]:", rel):
         raise InvalidInputError(f"file path {rel!r} is not a relative path inside the table")
     if any(segment in ("", ".", "..") for segment in rel.split("/")):
         raise InvalidInputError(f"file path {rel!r} has an empty, '.' or '..' segment; it must stay inside the table")
+    if len(_VALID_PATHS) >= 100_000:
+        _VALID_PATHS.clear()
+    _VALID_PATHS.add(rel)
     return rel
+
+
+_VALID_PATHS: set[str] = set()  # paths validate_table_path accepted (bounded: cleared when full)
 
 
 def validate_instant_file(rel: object, instant: str) -> str:
