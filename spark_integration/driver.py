@@ -5,8 +5,10 @@ of everything announced. `api.upsert` (Spark) and `local.upsert_arrow` (in-proce
 
 from __future__ import annotations
 
+import functools
 import time
 import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable, Mapping
@@ -31,7 +33,7 @@ from dbidx.table.services import run_services
 from dbidx.table.facade import Table
 from dbidx.progress import Progress, Steps
 from dbidx.runner import IN_PROCESS, BySize, WorkRunner, check_written
-from dbidx.spark_integration.job_report import SHARD_FIELDS, TASK_KEY, JobResults, TaskAttempt
+from dbidx.spark_integration.job_report import SHARD_FIELDS, TASK_KEY, JobResults, SparkJobReport, TaskAttempt
 from dbidx.spark_integration.task_result import ShardMetrics, TaskCounts, TaskResult
 from dbidx.spark_integration.tagger import TagOptions
 from dbidx.spark_integration.task_errors import (
@@ -392,6 +394,10 @@ def commit_results(
         raise CommitError(
             f"instant {writer.instant}: a task result is malformed ({exc}); nothing was published"
         ) from exc
+    # What Spark did to run the job, beside each shard's figures: read from Spark's status store, a report that
+    # never fails the commit (unknown figures are None). Its Py4J round trips run on a thread beside the checks
+    # and the publish's own work, and are joined as the record is built.
+    spark = _SparkFigures(report, winners)
     check_written(
         writer.table.io,
         f"instant {writer.instant}",
@@ -410,18 +416,37 @@ def commit_results(
         # Paths checked against the table's fixed partition columns (tagger): kept, so later upserts are checked
         # against them too and the Delta log's partitionValues keep naming them (layout_partition_columns).
         writer.extra[LAYOUT_EXTRA]["partition_columns"] = list(options.partition_columns)
-    # What Spark did to run the job, beside each shard's figures: read from Spark's status store, a report that
-    # never fails the commit (unknown figures are None).
-    summary.spark, figures = report.summarize(winners) if report is not None else (None, {})
-    for task_shard, sent in owners:
-        sent.update(figures.get(task_shard) or dict.fromkeys(SHARD_FIELDS))
-    if started is not None:
-        summary.seconds = time.perf_counter() - started  # stored: start to publish (cleanup after is not in it)
-    writer.extra["metrics"] = {
-        k: v for k, v in summary.to_dict().items() if k not in ("per_shard", "services", "phases")
-    }
+
+    def metrics() -> dict[str, Any]:
+        summary.spark, figures = spark.result()
+        for task_shard, sent in owners:
+            sent.update(figures.get(task_shard) or dict.fromkeys(SHARD_FIELDS))
+        if started is not None:
+            summary.seconds = time.perf_counter() - started  # stored: start to publish (cleanup after is not in it)
+        return {"metrics": {k: v for k, v in summary.to_dict().items() if k not in ("per_shard", "services", "phases")}}
+
+    writer.late_extra = metrics
     # 3. Publish: data and index become visible together, or not at all.
     return writer.commit(), summary
+
+
+class _SparkFigures:
+    """SparkJobReport.summarize on the driver's report thread (started at once), its result awaited by `result()`.
+    One long-lived thread: in pinned-thread mode each new Python thread would open its own Py4J connection."""
+
+    def __init__(self, report: SparkJobReport | None, winners: list[tuple[int, int, TaskAttempt]]) -> None:
+        self._future: Future | None = None
+        if report is not None:
+            self._future = _report_thread().submit(report.summarize, winners)
+
+    def result(self) -> tuple[dict[str, Any] | None, dict[int, dict[str, Any]]]:
+        """The report's figures (summarize never raises: unknown figures are None)."""
+        return self._future.result() if self._future is not None else (None, {})
+
+
+@functools.cache
+def _report_thread() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="dbidx-spark-report")
 
 
 def _summarize(

@@ -192,6 +192,9 @@ class CommitWriter(InstantLife):
         self._fresh: list[tuple[int, dict[str, BitMap]]] = []  # tasks' superseded rows: (view seq, positions)
         self.adopted_vectors: tuple[tuple[DvFileRecord, ...], tuple[DeletionVectorRecord, ...]] | None = None
         self.extra: dict[str, Any] = {}
+        # Extra fields known only as the record is built (each time it is: a lost race builds it again), merged over
+        # `extra`: what the caller computes beside the publish (the upsert's Spark report).
+        self.late_extra: Callable[[], dict[str, Any]] | None = None
         # More publish checks over the completions that landed meanwhile (e.g. the data schema an upsert relies on);
         # each raises ConflictError to publish nothing.
         self.checks: list[Callable[[list[CompletedInstant]], None]] = []
@@ -327,7 +330,7 @@ class CommitWriter(InstantLife):
                 dv_files=dv_files,
                 deletion_vectors=vectors,
                 partitions=changes,
-                extra=dict(self.extra),
+                extra={**self.extra, **(self.late_extra() if self.late_extra is not None else {})},
             )
 
         # 2. Conflict check against everything completed meanwhile, then the atomic publish.
