@@ -34,7 +34,7 @@ typecheck: $(STAMP)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not spark and not slow" $(XDIST)
 
-# The decoder fuzz tests with 20,000 examples per decoder (make test runs 3,000; a few minutes).
+# The decoder fuzz tests with 20,000 examples per decoder (make test runs 1,000; a few minutes).
 fuzz: $(STAMP)
 	DBIDX_FUZZ_EXAMPLES=20000 $(BIN)/python -m pytest tests/test_fuzz_decoders.py
 
