@@ -268,9 +268,9 @@ class ShardTagger:
         parts = self.options.partitions_of(batch)
         deletes = self.options.deletes_of(batch)
         # 1. Where each key lives now: one batched lookup per partition (one in global mode).
-        old_part, old_fg = self._lookup(cache, keys, parts)
-        exists = np.not_equal(old_fg, None)
         if self.global_mode:
+            old_part, old_fg = self._lookup_global(cache, keys)
+            exists = np.not_equal(old_fg, None)
             part = np.asarray(parts.to_pylist(), dtype=object)
             # 2. Existing keys keep their file group; a key whose partition changed moves (needs a bucket).
             moved = exists & ~deletes & (old_part != part)
@@ -279,6 +279,8 @@ class ShardTagger:
             out_fg = np.where(moved, None, old_fg)
             old_parts: np.ndarray | pa.Array = old_part
         else:
+            old_fg = self._lookup_partitioned(cache, keys, parts)
+            exists = np.not_equal(old_fg, None)
             # 2. A key's partition is part of its identity: every row stays in its own partition (the old one, where
             #    the key exists), existing keys keep their file group. Kept as Arrow: no Python string per row.
             moved = np.zeros(n, dtype=bool)
@@ -346,25 +348,26 @@ class ShardTagger:
         local = np.array([names.setdefault(name, len(names)) for name in chosen.dictionary.to_pylist()], dtype=np.int32)
         codes[rows] = local[chosen.indices.to_numpy(zero_copy_only=False)]
 
-    def _lookup(self, cache: RecordIndexCache, keys: pa.Array, parts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-        """(old partition, old file group) per row; None where the key is not in the index."""
+    def _lookup_global(self, cache: RecordIndexCache, keys: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+        """(old partition, old file group) per row, from the one global partition; None where the key is not in the
+        index."""
         n = len(keys)
         old_part = np.full(n, None, dtype=object)
         old_fg = np.full(n, None, dtype=object)
-        if self.global_mode:
-            for i, loc in enumerate(cache.lookup_array(GLOBAL_PARTITION, keys).tolist()):
-                if loc is not None:
-                    old_part[i], old_fg[i] = split_global_location(loc)
-            return old_part, old_fg
+        for i, loc in enumerate(cache.lookup_array(GLOBAL_PARTITION, keys).tolist()):
+            if loc is not None:
+                old_part[i], old_fg[i] = split_global_location(loc)
+        return old_part, old_fg
+
+    def _lookup_partitioned(self, cache: RecordIndexCache, keys: pa.Array, parts: pa.Array) -> np.ndarray:
+        """The old file group per row, looked up in the row's own partition; None where the key is not in it."""
+        old_fg = np.full(len(keys), None, dtype=object)
         # One pass groups the rows by partition (a comparison of every row per partition was O(rows x partitions)).
         encoded = pc.dictionary_encode(parts)
         names = encoded.dictionary.to_pylist()
         for code, rows in runs(encoded.indices.to_numpy(zero_copy_only=False)):
-            found = cache.lookup_array(names[code], keys.take(pa.array(rows)))
-            hit = np.not_equal(found, None)
-            old_fg[rows] = found
-            old_part[rows[hit]] = names[code]
-        return old_part, old_fg
+            old_fg[rows] = cache.lookup_array(names[code], keys.take(pa.array(rows)))
+        return old_fg
 
     def _assign(
         self,
