@@ -24,7 +24,6 @@ Run as `python -m dbidx.spark_integration.shard_service --cache-dir D --socket S
 from __future__ import annotations
 
 import argparse
-import fcntl
 import logging
 import os
 import pickle
@@ -284,25 +283,19 @@ def _hold_instance(socket_path: Path) -> int | None:
     """The instance lock of one socket (an flock on `<socket>.pid`, holding our pid): None if another holds it.
 
     An exiting instance unlinks the pid file before it lets go, so a lock taken on a file that is no longer at the path
-    (opened just before that unlink) is worthless: we check the path still names our inode, and try again if not
-    (as cache/dir_lock.try_flock does)."""
-    path = socket_path.with_suffix(".pid")
-    while True:
-        fd = os.open(str(path), os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            return None
-        try:
-            ours = os.stat(path).st_ino == os.fstat(fd).st_ino
-        except FileNotFoundError:
-            ours = False
-        if ours:
-            break
-        os.close(fd)
-    os.ftruncate(fd, 0)
-    os.write(fd, str(os.getpid()).encode())
+    (opened just before that unlink) is worthless: `try_flock` checks the path still names the inode it locked, and
+    tries again if not. A lock that fails otherwise (not "held") is logged: this instance does not serve."""
+    from dbidx.cache.dir_lock import try_flock
+    from dbidx.errors import CacheError
+
+    try:
+        fd = try_flock(socket_path.with_suffix(".pid"))
+    except CacheError as exc:
+        log.warning("cannot take the instance lock: %s", exc)
+        return None
+    if fd is not None:
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
     return fd
 
 
