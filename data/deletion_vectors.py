@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import array
 import struct
-import threading
 import uuid
 import zlib
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -30,6 +28,7 @@ import numpy as np
 from pyroaring import BitMap
 
 from dbidx.errors import CorruptFileError
+from dbidx.lru import BytesLRU
 
 DV_MAGIC = 1681511377
 DV_FILE_VERSION = 1
@@ -178,37 +177,8 @@ def read_vector(data: bytes, slot: VectorSlot, rows: int, where: str) -> BitMap:
     return positions
 
 
-class _InlineMemo:
-    """Inline forms by vector bytes, least recently used dropped past a byte budget (vector + text)."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self._items: OrderedDict[bytes, str] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def get(self, body: bytes) -> str | None:
-        with self._lock:
-            text = self._items.get(body)
-            if text is not None:
-                self._items.move_to_end(body)
-            return text
-
-    def put(self, body: bytes, text: str) -> None:
-        size = len(body) + len(text)
-        if size > self.max_bytes // 16:  # a large vector is rare and would push out many
-            return
-        with self._lock:
-            if body in self._items:
-                return
-            self._items[body] = text
-            self._bytes += size
-            while self._bytes > self.max_bytes:
-                old, old_text = self._items.popitem(last=False)
-                self._bytes -= len(old) + len(old_text)
-
-
-_INLINE = _InlineMemo(16 << 20)
+_INLINE_MEMO_BYTES = 16 << 20
+_INLINE: BytesLRU[bytes, str] = BytesLRU(_INLINE_MEMO_BYTES)  # inline forms by vector bytes (vector + text sized)
 
 
 def inline_form(body: bytes) -> str:
@@ -220,5 +190,6 @@ def inline_form(body: bytes) -> str:
     text = _INLINE.get(body)
     if text is None:
         text = z85_encode(body + b"\0" * (-len(body) % 4))
-        _INLINE.put(body, text)
+        if len(body) + len(text) <= _INLINE_MEMO_BYTES // 16:  # a large vector is rare and would push out many
+            _INLINE.put(body, text, len(body) + len(text))
     return text

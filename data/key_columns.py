@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Callable, Protocol
@@ -24,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dbidx.lru import BytesLRU
 from dbidx.storage.keyhash import spark_hash
 from dbidx.storage.records import DataFileRecord
 
@@ -121,19 +121,11 @@ class KeyColumns:
     """Per process: FileKeys of data files, by (path, checksum), least recently used dropped past a byte budget."""
 
     def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self._items: OrderedDict[tuple[str, str], FileKeys] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
+        self._kept: BytesLRU[tuple[str, str], FileKeys] = BytesLRU(max_bytes)
 
     def find(self, record: DataFileRecord) -> FileKeys | None:
         """The file's keys if this process holds them (marked recently used)."""
-        ident = (record.path, record.checksum)
-        with self._lock:
-            found = self._items.get(ident)
-            if found is not None:
-                self._items.move_to_end(ident)
-            return found
+        return self._kept.get((record.path, record.checksum))
 
     def get(
         self,
@@ -169,15 +161,7 @@ class KeyColumns:
         return self._keep(record, indexed)
 
     def _keep(self, record: DataFileRecord, indexed: FileKeys) -> FileKeys:
-        ident = (record.path, record.checksum)
-        with self._lock:
-            if ident not in self._items:
-                self._items[ident] = indexed
-                self._bytes += indexed.nbytes
-            while self._bytes > self.max_bytes and len(self._items) > 1:
-                _, dropped = self._items.popitem(last=False)
-                self._bytes -= dropped.nbytes
-            return self._items.get(ident, indexed)
+        return self._kept.put((record.path, record.checksum), indexed, indexed.nbytes)
 
 
 class KeyStore(Protocol):

@@ -25,6 +25,7 @@ FLOORS = {
     "dbidx.arrays": 0,
     "dbidx.runner": 0,
     "dbidx.plain": 0,
+    "dbidx.lru": 0,
     "dbidx.moved": 0,
     "dbidx.storage": 1,
     "dbidx.data": 2,

@@ -45,11 +45,9 @@ def test_an_inline_form_is_the_z85_of_its_padded_bytes_again_and_again(size: int
     assert z85_decode(again) == padded
 
 
-def test_the_inline_memo_keeps_to_its_byte_budget_and_skips_large_vectors() -> None:
-    memo = deletion_vectors._InlineMemo(1600)
-    for i in range(100):
-        memo.put(bytes([i]) * 40, "x" * 50)
-    assert memo._bytes <= 1600 and len(memo._items) == 1600 // 90
-    assert memo.get(bytes([99]) * 40) == "x" * 50 and memo.get(bytes([0]) * 40) is None  # oldest dropped first
-    memo.put(b"y" * 100, "z" * 125)  # past 1/16 of the budget: not kept
-    assert memo.get(b"y" * 100) is None
+def test_the_inline_memo_keeps_small_vectors_and_skips_large_ones() -> None:
+    small, large = os.urandom(400), os.urandom(600 << 10)  # large: with its text past 1/16 of the memo's 16 MiB
+    assert deletion_vectors._INLINE.get(small) is None and deletion_vectors._INLINE.get(large) is None
+    inline_form(small), inline_form(large)
+    assert deletion_vectors._INLINE.get(small) == inline_form(small)
+    assert deletion_vectors._INLINE.get(large) is None
