@@ -9,7 +9,6 @@ silently different table.
 from __future__ import annotations
 
 import functools
-
 import json
 import re
 from dataclasses import dataclass, field, fields, replace
