@@ -42,6 +42,9 @@ STALL_TIMEOUT_S = 60.0
 AHEAD_WAIT_S = 10.0
 AHEAD_POLL_S = 0.005
 AHEAD_POLL_REMOTE_S = 0.05
+# A starting service removes the catch-up requests (`<socket stem>-*.ahead`) of its socket older than this: a service
+# killed between its start and reading its request (or never started: the interpreter failed) leaves its file behind.
+STALE_AHEAD_S = 600.0
 
 
 @dataclass
@@ -313,11 +316,29 @@ def main(argv: list[str] | None = None) -> int:
             args.ahead.unlink(missing_ok=True)
         return 0  # another instance serves this directory (two tasks started one at once)
     try:
+        sweep_stale_requests(args.socket)
         ShardService(args.cache_dir, args.socket, args.idle_s, _ahead_from(args.ahead)).serve()
     finally:
         args.socket.with_suffix(".pid").unlink(missing_ok=True)  # before the lock goes (see _hold_instance)
         os.close(lock)
     return 0
+
+
+def sweep_stale_requests(socket_path: Path, older_than_s: float = STALE_AHEAD_S) -> list[Path]:
+    """Remove this socket's catch-up request files older than `older_than_s` (left by a service that died before
+    reading its own; a fresh one may be a request of a service about to start: kept). Returns what it removed."""
+    removed = []
+    cutoff = time.time() - older_than_s
+    for path in socket_path.parent.glob(f"{socket_path.stem}-*.ahead"):
+        try:
+            if path.lstat().st_mtime < cutoff:
+                path.unlink()
+                removed.append(path)
+        except FileNotFoundError:  # read and removed by its service meanwhile
+            continue
+    if removed:
+        log.info("removed %d stale catch-up request(s) of %s", len(removed), socket_path.name)
+    return removed
 
 
 def _ahead_from(path: Path | None) -> _Ahead | None:

@@ -399,3 +399,27 @@ def test_asking_a_service_creates_nothing_where_none_ever_ran(tmp_path: Path, ru
     assert service_link.request_release(tmp_path / "cache" / "shard-00000-of-00001") is False
     assert service_link.running_services() == []
     assert not runtime.exists()
+
+
+def test_a_starting_service_removes_its_socket_s_stale_catch_up_requests(tmp_path: Path, runtime: Path) -> None:
+    """A service killed before it read its catch-up request leaves the file; the next service of that socket removes
+    it (and leaves a fresh one, which may be the request of a service about to start, and other sockets' files)."""
+    table = Table.create(str(tmp_path / "t"), num_shards=1)
+    cfg = config(tmp_path, **{"service.idle.s": "60"})
+    sock = service_link.socket_for(RecordIndexCache.for_table(table, 0, cfg).path)
+    runtime.mkdir(mode=0o700, parents=True, exist_ok=True)
+    stale, fresh, other = (
+        runtime / f"{sock.stem}-1-2.ahead",
+        runtime / f"{sock.stem}-3-4.ahead",
+        runtime / "x-1-2.ahead",
+    )
+    for path in (stale, fresh, other):
+        path.write_bytes(b"not a request")
+    hour_ago = time.time() - 3600
+    os.utime(stale, (hour_ago, hour_ago))
+    os.utime(other, (hour_ago, hour_ago))
+    upsert_arrow(rows(0, 100, 1), table, key="id", partition="dt", cache_config=cfg)
+    upsert_arrow(rows(50, 150, 2), table, key="id", partition="dt", cache_config=cfg)  # served: a service started
+    assert served_pids(runtime) != []
+    assert (stale.exists(), fresh.exists(), other.exists()) == (False, True, True)
+    assert len(contents(table)) == 150
