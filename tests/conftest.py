@@ -62,7 +62,7 @@ def services_on() -> None:
     """Keep the table services after each upsert as users get them (see _services_after_commit_off)."""
 
 
-# ---- running the suite on several processes (pytest-xdist: `make test` runs `-n 2 --dist loadgroup`) ----------
+# ---- running the suite on several processes (pytest-xdist: `make test` runs `-n 3 --dist loadgroup`) ----------
 
 HEAVY_MARKS = ("slow", "cluster")  # tests of tens of seconds each: started first, so none is left to run alone last
 
