@@ -423,3 +423,20 @@ def test_a_starting_service_removes_its_socket_s_stale_catch_up_requests(tmp_pat
     assert served_pids(runtime) != []
     assert (stale.exists(), fresh.exists(), other.exists()) == (False, True, True)
     assert len(contents(table)) == 150
+
+
+def test_a_service_pays_pyarrow_s_pandas_import_at_start_not_in_its_first_request() -> None:
+    """pyarrow imports pandas on its first conversion of Python objects (~0.5 s): `warm_up`, run as a service starts,
+    does that conversion, so a fresh process that ran it has pandas loaded before any request comes."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from dbidx.spark_integration import shard_service, task\n"
+        "before = 'pandas' in sys.modules\n"
+        "shard_service.warm_up()\n"
+        "print(before, 'pandas' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == ["False", "True"], out.stderr[-2000:]
