@@ -153,7 +153,7 @@ class ShardService:
                 return
             self.ahead = None
             entries = self.held.catch_up_held(ahead.table, ahead.shard, ahead.options, ahead.open_cache)
-            log.info("caught up %d entries past seq %d ahead of the next task", entries, ahead.seq)
+            log.debug("caught up %d entries past seq %d ahead of the next task", entries, ahead.seq)
         except Exception as exc:  # noqa: BLE001 - the next task's own catch-up reports a real problem
             self.ahead = None
             log.warning("catching up ahead of the next task failed (the task will): %s", exc)
@@ -215,7 +215,7 @@ class ShardService:
                 self._reply(conn, {**_error_header(exc), "logs": forwarded.records})
                 return
         self.served += 1
-        log.info(  # one line per task: the operator's view of what each request cost, beside the task's own metrics
+        log.debug(  # not INFO: a service that serves for days would grow its log (rotated only at a start) without end
             "upsert %s attempt %s: received in %.3f s, served in %.3f s",
             header.get("instant"),
             header.get("attempt"),
