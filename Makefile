@@ -13,7 +13,8 @@ demo: check-java $(STAMP)
 # local[2] Spark per run) and a module's tests that share a module-scoped set-up together (tests/conftest.py marks the
 # groups and queues the Spark group and the slow tests first, an order --no-loadscope-reorder keeps). The full suite
 # runs on 3 processes even on 2 cores: its slow tests spend much of their time waiting on the JVMs and processes they
-# start (measured on 2 cores, 2026-11-27: 802 s on 2 processes, 701 s on 3); the fast tier, CPU-bound, on 2.
+# start (2 cores, 2026-11-27: a fresh clone's first pytest run took 802 s on 2 processes and 765 s on 3, a second
+# run on 3 took 701 s); the fast tier, CPU-bound, on 2.
 XDIST_OPTS := --dist loadgroup --no-loadscope-reorder
 XDIST := -n 2 $(XDIST_OPTS)
 XDIST_FULL := -n 3 $(XDIST_OPTS)
