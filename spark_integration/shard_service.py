@@ -340,15 +340,18 @@ def warm_up() -> None:
 def sweep_stale_requests(socket_path: Path, older_than_s: float = STALE_AHEAD_S) -> list[Path]:
     """Remove this socket's catch-up request files older than `older_than_s` (left by a service that died before
     reading its own; a fresh one may be a request of a service about to start: kept). Returns what it removed."""
-    removed = []
+    removed: list[Path] = []
     cutoff = time.time() - older_than_s
-    for path in socket_path.parent.glob(f"{socket_path.stem}-*.ahead"):
-        try:
-            if path.lstat().st_mtime < cutoff:
-                path.unlink()
-                removed.append(path)
-        except FileNotFoundError:  # read and removed by its service meanwhile
-            continue
+    try:
+        for path in socket_path.parent.glob(f"{socket_path.stem}-*.ahead"):
+            try:
+                if path.lstat().st_mtime < cutoff:
+                    path.unlink()
+                    removed.append(path)
+            except FileNotFoundError:  # read and removed by its service meanwhile
+                continue
+    except OSError as exc:  # only tidying: a service that cannot tidy still serves
+        log.warning("could not remove stale catch-up requests of %s: %s", socket_path.name, exc)
     if removed:
         log.info("removed %d stale catch-up request(s) of %s", len(removed), socket_path.name)
     return removed
