@@ -69,6 +69,17 @@ def socket_for(cache_dir: Path, environ: dict[str, str] | None = None) -> Path:
     return path
 
 
+def ahead_request_path(socket_path: Path, pid: int, thread: int) -> Path:
+    """Where a starting task leaves the catch-up request of the service it starts on `socket_path` (one name per
+    task thread: two tasks starting one service at once do not overwrite each other's)."""
+    return socket_path.with_name(f"{socket_path.stem}-{pid}-{thread}.ahead")
+
+
+def ahead_request_paths(socket_path: Path) -> list[Path]:
+    """Every catch-up request file left for the services of `socket_path` (as ahead_request_path names them)."""
+    return list(socket_path.parent.glob(f"{socket_path.stem}-*.ahead"))
+
+
 def peer_uid(conn: socket.socket) -> int | None:
     """The uid of the process at the other end of a Unix socket (None where the OS does not say)."""
     option = getattr(socket, "SO_PEERCRED", None)

@@ -148,7 +148,7 @@ def start_service(path: Path, cache_dir: Path, idle_s: float, ahead: dict | None
         repr(float(idle_s)),
     ]
     if ahead is not None:
-        ahead_path = path.with_name(f"{path.stem}-{os.getpid()}-{threading.get_ident()}.ahead")
+        ahead_path = service_link.ahead_request_path(path, os.getpid(), threading.get_ident())
         fd = os.open(str(ahead_path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as out:
             pickle.dump(ahead, out)

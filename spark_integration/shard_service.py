@@ -42,8 +42,8 @@ STALL_TIMEOUT_S = 60.0
 AHEAD_WAIT_S = 10.0
 AHEAD_POLL_S = 0.005
 AHEAD_POLL_REMOTE_S = 0.05
-# A starting service removes the catch-up requests (`<socket stem>-*.ahead`) of its socket older than this: a service
-# killed between its start and reading its request (or never started: the interpreter failed) leaves its file behind.
+# A starting service removes its socket's catch-up requests (service_link.ahead_request_paths) older than this: a
+# service killed between its start and reading its request (or never started: the interpreter failed) leaves one.
 STALE_AHEAD_S = 600.0
 
 
@@ -340,10 +340,12 @@ def warm_up() -> None:
 def sweep_stale_requests(socket_path: Path, older_than_s: float = STALE_AHEAD_S) -> list[Path]:
     """Remove this socket's catch-up request files older than `older_than_s` (left by a service that died before
     reading its own; a fresh one may be a request of a service about to start: kept). Returns what it removed."""
+    from dbidx.cache import service_link
+
     removed: list[Path] = []
     cutoff = time.time() - older_than_s
     try:
-        for path in socket_path.parent.glob(f"{socket_path.stem}-*.ahead"):
+        for path in service_link.ahead_request_paths(socket_path):
             try:
                 if path.lstat().st_mtime < cutoff:
                     path.unlink()

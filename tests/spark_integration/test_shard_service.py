@@ -408,11 +408,8 @@ def test_a_starting_service_removes_its_socket_s_stale_catch_up_requests(tmp_pat
     cfg = config(tmp_path, **{"service.idle.s": "60"})
     sock = service_link.socket_for(RecordIndexCache.for_table(table, 0, cfg).path)
     runtime.mkdir(mode=0o700, parents=True, exist_ok=True)
-    stale, fresh, other = (
-        runtime / f"{sock.stem}-1-2.ahead",
-        runtime / f"{sock.stem}-3-4.ahead",
-        runtime / "x-1-2.ahead",
-    )
+    stale, fresh = service_link.ahead_request_path(sock, 1, 2), service_link.ahead_request_path(sock, 3, 4)
+    other = service_link.ahead_request_path(runtime / "shard-other.sock", 1, 2)
     for path in (stale, fresh, other):
         path.write_bytes(b"not a request")
     hour_ago = time.time() - 3600
