@@ -4,8 +4,9 @@ socket lives, the framing of a message, and the one request every other opener o
 Why a service at all: a Spark task used to open its shard's RocksDB, catch up and close it again, and Spark hands a
 shard's next task to whichever Python worker is free, so a task often started on a cold block cache and key memory.
 A service process per (node, shard) keeps the directory open across tasks (docs/DESIGN.md section 2); the tasks send
-it their rows. Every other opener (a `tag` task, `dbidx cache verify`, a fallback task) still takes the directory's
-flock first; when a service holds it, the opener asks the service to let go (`request_release`) and waits as usual.
+it their rows (an upsert's or a `tag` job's). Every other opener (`dbidx cache verify`, a fallback task) still takes
+the directory's flock first; when a service holds it, the opener asks the service to let go (`request_release`) and
+waits as usual.
 
 The sockets live in a private runtime directory (0700, owned by the user: `$XDG_RUNTIME_DIR/dbidx`, else
 `<tmp>/dbidx-<uid>`), named by a hash of the cache directory's real path: a cache path of any length gets a socket

@@ -28,7 +28,7 @@ import pyarrow as pa
 from dbidx.cache import service_link
 from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.errors import CacheServiceError, ConfigError
-from dbidx.spark_integration.tagger import TagOptions
+from dbidx.spark_integration.tagger import TAG_FIELDS, TagOptions
 from dbidx.spark_integration.task_result import TaskResult
 from dbidx.table.facade import Table
 
@@ -43,6 +43,46 @@ def upsert_in_service(
     batches: Sequence[pa.RecordBatch], table: Table, options: TagOptions, instant: str, attempt: int
 ) -> TaskResult | None:
     """The attempt's result as the shard's service computed it; None when the task must do the work itself."""
+    started = time.perf_counter()
+    answer = _request("upsert", {"instant": instant, "attempt": attempt}, batches, table, options)
+    if answer is None:
+        return None
+    served = TaskResult.parse(answer.to_pybytes(), 0, 2**62)  # checked strictly again by the driver
+    for metrics in served.metrics[:1]:
+        metrics.service_seconds = time.perf_counter() - started
+    return served
+
+
+def tag_in_service(batches: Sequence[pa.RecordBatch], table: Table, options: TagOptions) -> pa.Table | None:
+    """The rows with their tag columns as the shard's service tagged them, in input order; None when the task must
+    tag them itself. Why: a `tag` task that opens the shard's cache itself pays the open (every SST file of the cache)
+    and a cold block cache in each task; the service holds both warm across tasks."""
+    # 1. The service's answer: an Arrow stream of the tagged rows.
+    answer = _request("tag", {}, batches, table, options)
+    if answer is None:
+        return None
+    try:
+        tagged = pa.ipc.open_stream(answer).read_all()
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise CacheServiceError(
+            f"the cache service answered a tag request with an unreadable Arrow stream: {exc}"
+        ) from exc
+    # 2. Read back, the answer is checked: every row, and the input's columns then the tag columns.
+    rows, names = sum(b.num_rows for b in batches), batches[0].schema.names + [f.name for f in TAG_FIELDS]
+    if tagged.num_rows != rows or tagged.column_names != names:
+        raise CacheServiceError(
+            f"the cache service answered a tag request of {rows} rows with columns {names} with {tagged.num_rows} "
+            f"rows with columns {tagged.column_names}"
+        )
+    return tagged
+
+
+def _request(
+    op: str, fields: dict, batches: Sequence[pa.RecordBatch], table: Table, options: TagOptions
+) -> pa.Buffer | None:
+    """Send the rows to their shard's service as one `op` request and return its answer's body; None when the task
+    must do the work itself (rows of several shards, no usable runtime directory, no service within the start
+    timeout). A failure the service reports is raised here, as is a service lost after it accepted the request."""
     # 1. One shard, or the task does it itself (the service holds one directory).
     shard = _only_shard(batches, table, options)
     if shard is None:
@@ -54,15 +94,8 @@ def upsert_in_service(
         log.warning("dbidx opens the cache of shard %d itself: %s", shard, exc)
         return None
     # 2. The request, built once: a service that closed as we connected (idle exit) is retried with a new one.
-    header = {
-        "op": "upsert",
-        "instant": instant,
-        "attempt": attempt,
-        "table": pickle.dumps(table),
-        "options": pickle.dumps(options),
-    }
+    header = {"op": op, **fields, "table": pickle.dumps(table), "options": pickle.dumps(options)}
     body = _ipc_stream(batches)
-    started = time.perf_counter()
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         conn = _connect_or_start(path, cache_dir, options.cache.service_idle_s, deadline)
@@ -73,12 +106,12 @@ def upsert_in_service(
                 service_link.send(conn, header, body)
                 accepted, _ = service_link.receive(conn, f"the cache service of {cache_dir}")
             except (OSError, CacheServiceError):
-                continue  # not accepted: the service was exiting; nothing of this attempt was done
+                continue  # not accepted: the service was exiting; nothing of this request was done
             if not accepted.get("accepted"):
                 _raise(accepted, cache_dir)
-            # 3. Accepted: from here the attempt's work is the service's; losing it fails the attempt.
+            # 3. Accepted: from here the work is the service's; losing it fails the attempt (Spark runs it again).
             try:
-                reply, result = service_link.receive(
+                reply, answer = service_link.receive(
                     conn, f"the cache service of {cache_dir} (pid file {path.with_suffix('.pid')})"
                 )
             except OSError as exc:
@@ -86,10 +119,7 @@ def upsert_in_service(
         _log_again(reply.get("logs"), path)
         if not reply.get("ok"):
             _raise(reply, cache_dir)
-        served = TaskResult.parse(result.to_pybytes(), 0, 2**62)  # checked strictly again by the driver
-        for metrics in served.metrics[:1]:
-            metrics.service_seconds = time.perf_counter() - started
-        return served
+        return answer
     log.warning(
         "dbidx opens the cache of shard %d itself: its cache service did not answer on %s within %g s (see %s)",
         shard,

@@ -13,7 +13,8 @@ socket 0600 in the user's 0700 runtime directory, only peers of the same uid ans
 (an flock on its pid file); requests one at a time, in arrival order (a shard's tasks never ran at once anyway: they
 shared the directory's flock); between them, once the commit of the batch it served lands, it catches the cache up,
 so the next task does not (`_catch_up_ahead`); exits when idle for `service.idle.s`, closing the cache as a task
-would. Any other opener of the directory (a `tag` task, `dbidx cache verify`) asks it to release the directory and
+would. A `tag` task's rows are tagged there too (one request per task, nothing written). Any other opener of the
+directory (`dbidx cache verify`, a task that works itself) asks it to release the directory and
 waits for the flock as usual; the service reopens the cache at its next request. Killed at any point, it leaves what
 a killed task leaves: the flock and RocksDB's LOCK die with it, the cache is consistent at its last flush (catch-up
 repairs the rest), and the attempt it was serving fails loudly in its task (CacheServiceError), which Spark retries.
@@ -201,26 +202,26 @@ class ShardService:
                 },
             )
             return
-        if op != "upsert":
+        if op not in ("upsert", "tag"):
             self._reply(conn, {"ok": False, "type": "CacheServiceError", "message": f"unknown request {op!r}"})
             return
         self._reply(conn, {"accepted": True})  # from here on the attempt's work is in our hands (no retry)
         started = time.perf_counter()
-        self.ahead = None  # this request catches up itself
+        what = f"upsert {header.get('instant')} attempt {header.get('attempt')}" if op == "upsert" else "tag"
         with _Forwarded() as forwarded:
             try:
-                wire = self._upsert(header, body)
+                if op == "upsert":
+                    self.ahead = None  # this request catches up itself
+                    wire = self._upsert(header, body)
+                else:  # a pending catch-up stays: a tag request commits nothing
+                    wire = self._tag(header, body)
             except Exception as exc:  # noqa: BLE001 - every failure goes back to the task, which raises it there
-                log.warning("upsert %s attempt %s failed: %s", header.get("instant"), header.get("attempt"), exc)
+                log.warning("%s failed: %s", what, exc)
                 self._reply(conn, {**_error_header(exc), "logs": forwarded.records})
                 return
         self.served += 1
         log.debug(  # not INFO: a service that serves for days would grow its log (rotated only at a start) without end
-            "upsert %s attempt %s: received in %.3f s, served in %.3f s",
-            header.get("instant"),
-            header.get("attempt"),
-            started - received,
-            time.perf_counter() - started,
+            "%s: received in %.3f s, served in %.3f s", what, started - received, time.perf_counter() - started
         )
         self._reply(conn, {"ok": True, "logs": forwarded.records}, wire)
 
@@ -237,6 +238,19 @@ class ShardService:
             shard = result.metrics[0]
             self.ahead = _Ahead(table, options, shard.shard, shard.tagged_seq, time.monotonic() + AHEAD_WAIT_S)
         return result.pack()
+
+    def _tag(self, header: dict[str, Any], body: Any) -> Any:
+        import pyarrow as pa
+
+        from dbidx.spark_integration import task
+
+        table = pickle.loads(header["table"])
+        options = pickle.loads(header["options"])
+        tagged = task.tag_in_held(pa.ipc.open_stream(body).read_all().to_batches(), table, options, self.held)
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, tagged.schema) as writer:
+            writer.write_table(tagged)
+        return sink.getvalue()
 
     @staticmethod
     def _reply(conn: socket.socket, header: dict[str, Any], body: bytes = b"") -> None:

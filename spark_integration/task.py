@@ -14,6 +14,7 @@ pyspark: the Spark wrappers in `api.py` pass the task attempt id in.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import threading
@@ -251,12 +252,27 @@ def _shard_slices(table: Table, batch: pa.Table, hashes: np.ndarray) -> list[tup
     return [(int(s), batch.filter(pa.array(shards == s))) for s in distinct]
 
 
+# A `tag` task sends its rows to the cache service (cache.service) only up to this many bytes of input: the request
+# holds them all in memory twice (the task's copy and the service's), where a task tagging itself streams them.
+TAG_SERVICE_MAX_BYTES = 256 << 20
+
+
 def tag_batches(batches: Iterable[pa.RecordBatch], table: Table, options: TagOptions) -> Iterator[pa.RecordBatch]:
     """mapInArrow body of `tag`: every row back with its tag columns; one cache open at a time, per task.
 
+    With `cache.service` on, a task's rows of one shard (up to TAG_SERVICE_MAX_BYTES) are tagged by the shard's cache
+    service, which holds the cache open and warm across tasks (service_client.tag_in_service); otherwise here.
     Each shard session lives in an ExitStack, so an error (or the consumer stopping early) takes the session's
     failure path: the cache is closed without the success epilogue (reaper, metrics) running on a broken task.
     """
+    if options.cache.service:
+        gathered, rest = _gather(iter(batches), TAG_SERVICE_MAX_BYTES)
+        if rest is None and gathered:
+            served = service_client.tag_in_service(gathered, table, options)
+            if served is not None:
+                yield from served.to_batches()
+                return
+        batches = itertools.chain(gathered, rest or ())
     table = warm_table(table)
     taggers: dict[int, ShardTagger] = {}
     with ExitStack() as stack:
@@ -300,6 +316,39 @@ def tag_batches(batches: Iterable[pa.RecordBatch], table: Table, options: TagOpt
                             raise damage from exc
                         _rebuilding(ShardMetrics(shard=shard), damage)
                 yield from tagged.to_batches()
+
+
+def _gather(
+    batches: Iterator[pa.RecordBatch], max_bytes: int
+) -> tuple[list[pa.RecordBatch], Iterator[pa.RecordBatch] | None]:
+    """The non-empty batches up to `max_bytes`, and None if that was all, else the iterator of the rest (the batch
+    that crossed the limit is the last one gathered)."""
+    gathered: list[pa.RecordBatch] = []
+    size = 0
+    for batch in batches:
+        if batch.num_rows:
+            gathered.append(batch)
+            size += batch.nbytes
+        if size > max_bytes:
+            return gathered, batches
+    return gathered, None
+
+
+def tag_in_held(batches: list[pa.RecordBatch], table: Table, options: TagOptions, held: HeldCache) -> pa.Table:
+    """What the cache service runs for a `tag` request: the rows (all of one shard) with their tag columns, in input
+    order, tagged in one session of the held cache (a damaged cache is rebuilt once, as in an upsert task)."""
+    table = warm_table(table)
+    rows = pa.Table.from_batches(batches)
+    with table.pinned(refreshed=True):  # one view of the table for the whole request
+        slices = _shard_slices(table, rows, spark_hash(options.keys_of(rows)))
+        if len(slices) != 1:
+            raise CacheServiceError(
+                f"the cache service of {held.cache_dir} was sent rows of shards {[s for s, _ in slices]} to tag; "
+                "a request holds one shard's rows"
+            )
+        shard, rows = slices[0]
+        tagged, _tagger = _tag_rebuilding(table, shard, options, ShardMetrics(shard=shard), rows, held)
+    return tagged
 
 
 def upsert_batches(

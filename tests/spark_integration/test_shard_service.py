@@ -26,7 +26,7 @@ from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.config import CacheConfig
 from dbidx.data.reads import read_arrow
 from dbidx.errors import CacheServiceError
-from dbidx.spark_integration import service_client
+from dbidx.spark_integration import service_client, task
 from dbidx.spark_integration.local import upsert_arrow
 from dbidx.spark_integration.tagger import TagOptions
 from dbidx.table.facade import Table
@@ -251,6 +251,58 @@ def test_a_service_killed_mid_request_fails_the_attempt_and_publishes_nothing(
     assert len(contents(table)) == 200
 
 
+def tag_rows(table: Table, cfg: CacheConfig, batches: list[pa.RecordBatch]) -> pa.Table:
+    options = TagOptions(key="id", partition="dt", cache=cfg)
+    return pa.Table.from_batches(list(task.tag_batches(batches, table, options)))
+
+
+def requests_served(runtime: Path) -> int:
+    return sum(s["requests"] or 0 for s in service_link.running_services())
+
+
+def test_tag_tasks_are_tagged_by_the_service_as_in_the_task(tmp_path: Path, runtime: Path) -> None:
+    table, cfg = served_table(tmp_path, idle_s=60)  # k00000-k00149 in the index; the service holds the cache open
+    (pid,) = served_pids(runtime)
+    # Updates, new keys (one repeated across two Arrow batches: one file group), and deletes of present and absent
+    # keys, in two batches.
+    probe = rows(100, 200, 3).append_column("_dbidx_delete", pa.array([i % 10 == 0 for i in range(100)]))
+    extra = pa.table({"id": ["k00171", "k09999"], "dt": [DAYS[171 % 3], DAYS[0]], "ver": [4, 4]})
+    batches = (
+        probe.to_batches(max_chunksize=40) + extra.append_column("_dbidx_delete", pa.array([False, True])).to_batches()
+    )
+    before = requests_served(runtime)
+    served = tag_rows(table, cfg, batches)
+    assert requests_served(runtime) == before + 1 and served_pids(runtime) == [pid]
+    # The same rows tagged by a task that opens its own cache (another directory: the service keeps its own).
+    direct = tag_rows(table, CacheConfig(base_path=str(tmp_path / "direct-cache")), batches)
+    assert served.equals(direct)
+    # k00100-k00149 are in the index (as of the latest commit, which the service caught up to), the rest are not.
+    assert served.column("_dbidx_is_update").to_pylist() == [True] * 50 + [False] * 52
+    assert served.column("_dbidx_is_delete").to_pylist() == probe.column("_dbidx_delete").to_pylist() + [False, True]
+    fg = served.column("_dbidx_file_group").to_pylist()
+    assert fg[71] is not None and fg[71] == fg[100]  # k00171, new, in two Arrow batches: one file group
+    # The service kept the cache open for the next upsert, which it serves without an open.
+    summary = upsert_arrow(rows(150, 200, 3), table, key="id", partition="dt", cache_config=cfg)
+    assert summary.per_shard[0]["served"] == 1 and summary.per_shard[0]["open_seconds"] == 0
+
+
+def test_a_large_tag_task_and_one_of_several_shards_tag_themselves(
+    tmp_path: Path, runtime: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    table, cfg = served_table(tmp_path, idle_s=60)
+    before = requests_served(runtime)
+    monkeypatch.setattr(task, "TAG_SERVICE_MAX_BYTES", 100)  # past this, the task streams its rows itself
+    batches = rows(0, 120, 3).to_batches(max_chunksize=30)
+    tagged = tag_rows(table, cfg, batches)
+    assert tagged.num_rows == 120 and tagged.column("_dbidx_is_update").to_pylist() == [True] * 120
+    assert requests_served(runtime) == before
+    # Rows of two shards (not shuffled by shard): tagged in the task, both shards' caches opened there.
+    two = Table.create(str(tmp_path / "two"), num_shards=2)
+    monkeypatch.undo()
+    assert service_client.tag_in_service(rows(0, 50, 1).to_batches(), two, TagOptions("id", "dt", cache=cfg)) is None
+    assert tag_rows(two, cfg, rows(0, 50, 1).to_batches()).num_rows == 50
+
+
 def test_rows_of_several_shards_are_done_in_the_task(tmp_path: Path, runtime: Path) -> None:
     table = Table.create(str(tmp_path / "t"), num_shards=2)
     options = TagOptions(key="id", partition="dt", cache=config(tmp_path))
@@ -306,7 +358,7 @@ def test_a_stopped_service_exits(tmp_path: Path, runtime: Path) -> None:
 def test_spark_upserts_through_the_services(spark, tmp_path: Path) -> None:
     """Under Spark the services are started by the Python workers' tasks, outlive them, and serve the next batch's
     tasks whichever worker runs them; the table reads back as written."""
-    from dbidx.spark_integration.api import upsert
+    from dbidx.spark_integration.api import tag, upsert
 
     table = Table.create(str(tmp_path / "t"), num_shards=2)
     options = {"base_path": str(tmp_path / "cache"), "service": "true", "service.idle.s": "20"}
@@ -315,6 +367,18 @@ def test_spark_upserts_through_the_services(spark, tmp_path: Path) -> None:
         for ver, (lo, hi) in enumerate([(0, 400), (200, 600), (0, 700)], start=1):
             frame = spark.createDataFrame(rows(lo, hi, ver).to_pandas())
             summaries.append(upsert(frame, table, key="id", partition="dt", cache_options=options))
+
+        # A `tag` job's tasks are tagged by the same services (one request per task).
+        def served() -> int:  # this test's services only (other tests' may run beside it)
+            mine = [s for s in service_link.running_services() if str(s["cache_dir"]).startswith(str(tmp_path))]
+            assert len(mine) == 2
+            return sum(s["requests"] for s in mine)
+
+        served_before = served()
+        frame = spark.createDataFrame(rows(650, 750, 4).to_pandas())
+        updates = tag(frame, table, key="id", partition="dt", cache_options=options).select("_dbidx_is_update")
+        assert sorted(r[0] for r in updates.collect()) == [False] * 50 + [True] * 50
+        assert served() == served_before + 2
     finally:
         for shard in range(2):
             service_link.request_stop(
