@@ -238,6 +238,12 @@ def run_size(spark: Any, work: Path, keys: int, args: argparse.Namespace) -> dic
         timed = [_report.seconds_of(lambda b=b: noop(tagged(b))) for b in frames[2:]]
     warm_s = statistics.median(timed)
     found = tagged(frames[2]).filter(F.col("_dbidx_is_update")).count()
+    if config.service:  # with `--cache service=true` the tag tasks ran in the shards' services: done with this size
+        from dbidx.cache.record_cache import RecordIndexCache
+        from dbidx.cache.service_link import request_stop
+
+        for shard in range(table.num_shards):
+            request_stop(RecordIndexCache.for_table(table, shard, config).path)
     if found != plan.existing:
         raise SystemExit(f"dbidx found {found:,} existing keys in a batch at {keys:,} keys, expected {plan.existing:,}")
     cache_bytes = _report.dir_bytes(root / "cache")

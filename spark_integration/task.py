@@ -347,7 +347,11 @@ def tag_in_held(batches: list[pa.RecordBatch], table: Table, options: TagOptions
                 "a request holds one shard's rows"
             )
         shard, rows = slices[0]
-        tagged, _tagger = _tag_rebuilding(table, shard, options, ShardMetrics(shard=shard), rows, held)
+        metrics = ShardMetrics(shard=shard)
+        tagged, _tagger = _tag_rebuilding(table, shard, options, metrics, rows, held)
+    # A tag reports no metrics: what this session and the catch-ups before it applied is reported by the next upsert,
+    # as work done before it came (ahead_entries, staged_loads).
+    held.ahead.add(ahead_entries=metrics.catchup_entries + metrics.ahead_entries, staged_loads=metrics.staged_loads)
     return tagged
 
 

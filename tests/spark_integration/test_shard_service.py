@@ -282,8 +282,11 @@ def test_tag_tasks_are_tagged_by_the_service_as_in_the_task(tmp_path: Path, runt
     fg = served.column("_dbidx_file_group").to_pylist()
     assert fg[71] is not None and fg[71] == fg[100]  # k00171, new, in two Arrow batches: one file group
     # The service kept the cache open for the next upsert, which it serves without an open.
+    # What the tag's session caught up (batch 2's 50 new keys, unless the service did before) is reported by it.
     summary = upsert_arrow(rows(150, 200, 3), table, key="id", partition="dt", cache_config=cfg)
-    assert summary.per_shard[0]["served"] == 1 and summary.per_shard[0]["open_seconds"] == 0
+    (shard,) = summary.per_shard
+    assert shard["served"] == 1 and shard["open_seconds"] == 0
+    assert (shard["ahead_entries"], shard["catchup_entries"]) == (50, 0)
 
 
 def test_a_large_tag_task_and_one_of_several_shards_tag_themselves(
