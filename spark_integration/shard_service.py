@@ -325,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle-s", type=float, default=300.0)
     parser.add_argument("--ahead", type=Path, help="a pickled catch-up request to start with (read, then removed)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(process)d %(levelname)s %(message)s")
+    logging.basicConfig(level=log_level(), format="%(asctime)s %(process)d %(levelname)s %(message)s")
     lock = _hold_instance(args.socket)
     if lock is None:
         if args.ahead is not None:
@@ -339,6 +339,20 @@ def main(argv: list[str] | None = None) -> int:
         args.socket.with_suffix(".pid").unlink(missing_ok=True)  # before the lock goes (see _hold_instance)
         os.close(lock)
     return 0
+
+
+LOG_LEVEL_ENV = "DBIDX_SERVICE_LOG_LEVEL"  # DEBUG logs each request's receive and serve time (a service's log grows)
+
+
+def log_level(environ: dict[str, str] | None = None) -> int:
+    """The service log's level: INFO, or what DBIDX_SERVICE_LOG_LEVEL names (DEBUG, INFO, WARNING, ERROR; the task's
+    environment reaches the service it starts). An unknown name is logged and INFO kept: a log setting must not stop
+    the service every task of the shard relies on."""
+    name = (os.environ if environ is None else environ).get(LOG_LEVEL_ENV, "INFO").strip().upper()
+    if name in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        return int(getattr(logging, name))
+    print(f"{LOG_LEVEL_ENV}={name!r} is not DEBUG, INFO, WARNING or ERROR: logging at INFO", file=sys.stderr)
+    return logging.INFO
 
 
 def warm_up() -> None:

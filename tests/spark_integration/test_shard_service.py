@@ -26,7 +26,7 @@ from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.config import CacheConfig
 from dbidx.data.reads import read_arrow
 from dbidx.errors import CacheServiceError
-from dbidx.spark_integration import service_client, task
+from dbidx.spark_integration import service_client, shard_service, task
 from dbidx.spark_integration.local import upsert_arrow
 from dbidx.spark_integration.tagger import TagOptions
 from dbidx.table.facade import Table
@@ -504,3 +504,18 @@ def test_a_service_pays_pyarrow_s_pandas_import_at_start_not_in_its_first_reques
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.split() == ["False", "True"], out.stderr[-2000:]
+
+
+def test_the_service_log_level_comes_from_the_environment(
+    tmp_path: Path, runtime: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert shard_service.log_level({}) == logging.INFO
+    assert shard_service.log_level({shard_service.LOG_LEVEL_ENV: " debug "}) == logging.DEBUG
+    assert shard_service.log_level({shard_service.LOG_LEVEL_ENV: "loud"}) == logging.INFO  # named, then INFO
+    # The task's environment reaches the service it starts: at DEBUG its log has a line per request.
+    monkeypatch.setenv(shard_service.LOG_LEVEL_ENV, "DEBUG")
+    table, cfg = served_table(tmp_path, idle_s=60)
+    tag_rows(table, cfg, rows(0, 10, 3).to_batches())
+    (log_file,) = runtime.glob("*.log")
+    text = log_file.read_text()
+    assert " DEBUG upsert " in text and " DEBUG tag: received in " in text and "served in" in text
