@@ -364,7 +364,7 @@ def test_spark_upserts_through_the_services(spark, tmp_path: Path) -> None:
     from dbidx.spark_integration.api import tag, upsert
 
     table = Table.create(str(tmp_path / "t"), num_shards=2)
-    options = {"base_path": str(tmp_path / "cache"), "service": "true", "service.idle.s": "20"}
+    options = {"base_path": str(tmp_path / "cache"), "service": "true", "service.idle.s": "120"}  # stopped below
     summaries = []
     try:
         for ver, (lo, hi) in enumerate([(0, 400), (200, 600), (0, 700)], start=1):
