@@ -22,7 +22,7 @@ import socket
 import struct
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import msgpack
 import pyarrow as pa
@@ -88,6 +88,15 @@ def peer_uid(conn: socket.socket) -> int | None:
         return None
     creds = conn.getsockopt(socket.SOL_SOCKET, option, struct.calcsize("3i"))
     return struct.unpack("3i", creds)[1]
+
+
+def arrow_stream(schema: pa.Schema, batches: Iterable[pa.RecordBatch]) -> pa.Buffer:
+    """Rows as a message body: one Arrow IPC stream (what a task sends, and a tag request's answer)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema) as writer:
+        for batch in batches:
+            writer.write_batch(batch)
+    return sink.getvalue()
 
 
 def send(conn: socket.socket, header: dict[str, Any], body: pa.Buffer | bytes = b"") -> None:

@@ -95,7 +95,7 @@ def _request(
         return None
     # 2. The request, built once: a service that closed as we connected (idle exit) is retried with a new one.
     header = {"op": op, **fields, "table": pickle.dumps(table), "options": pickle.dumps(options)}
-    body = _ipc_stream(batches)
+    body = service_link.arrow_stream(batches[0].schema, batches)
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         conn = _connect_or_start(path, cache_dir, options.cache.service_idle_s, deadline)
@@ -136,14 +136,6 @@ def _only_shard(batches: Sequence[pa.RecordBatch], table: Table, options: TagOpt
         return None
     found = np.unique(table.shard_of(options.keys_of(pa.Table.from_batches(batches))))
     return int(found[0]) if len(found) == 1 else None
-
-
-def _ipc_stream(batches: Sequence[pa.RecordBatch]) -> pa.Buffer:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batches[0].schema) as writer:
-        for batch in batches:
-            writer.write_batch(batch)
-    return sink.getvalue()
 
 
 def _connect_or_start(path: Path, cache_dir: Path, idle_s: float, deadline: float) -> socket.socket | None:

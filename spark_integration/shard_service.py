@@ -226,13 +226,9 @@ class ShardService:
         self._reply(conn, {"ok": True, "logs": forwarded.records}, wire)
 
     def _upsert(self, header: dict[str, Any], body: Any) -> bytes:
-        import pyarrow as pa
-
         from dbidx.spark_integration import task
 
-        table = pickle.loads(header["table"])
-        options = pickle.loads(header["options"])
-        batches = pa.ipc.open_stream(body).read_all().to_batches()
+        table, options, batches = _unpacked(header, body)
         result = task.upsert_batches(batches, table, options, header["instant"], int(header["attempt"]), held=self.held)
         if len(result.metrics) == 1:  # the commit of this batch will be the next completion to catch up on
             shard = result.metrics[0]
@@ -240,17 +236,12 @@ class ShardService:
         return result.pack()
 
     def _tag(self, header: dict[str, Any], body: Any) -> Any:
-        import pyarrow as pa
-
+        from dbidx.cache import service_link
         from dbidx.spark_integration import task
 
-        table = pickle.loads(header["table"])
-        options = pickle.loads(header["options"])
-        tagged = task.tag_in_held(pa.ipc.open_stream(body).read_all().to_batches(), table, options, self.held)
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, tagged.schema) as writer:
-            writer.write_table(tagged)
-        return sink.getvalue()
+        table, options, batches = _unpacked(header, body)
+        tagged = task.tag_in_held(batches, table, options, self.held)
+        return service_link.arrow_stream(tagged.schema, tagged.to_batches())
 
     @staticmethod
     def _reply(conn: socket.socket, header: dict[str, Any], body: bytes = b"") -> None:
@@ -280,6 +271,15 @@ class _Forwarded(logging.Handler):
 
     def __exit__(self, *exc: object) -> None:
         logging.getLogger("dbidx").removeHandler(self)
+
+
+def _unpacked(header: dict[str, Any], body: Any) -> tuple[Any, Any, list[Any]]:
+    """A work request's table, options and rows (service_client._request packs them)."""
+    import pyarrow as pa
+
+    table = pickle.loads(header["table"])
+    options = pickle.loads(header["options"])
+    return table, options, pa.ipc.open_stream(body).read_all().to_batches()
 
 
 def _error_header(exc: BaseException) -> dict[str, Any]:
