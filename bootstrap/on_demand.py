@@ -5,8 +5,8 @@ partitions stalls five times in a row (its review comment on stalls). Here the t
 partitions once; all the cold ones load at the same time, and the batch waits once, for the slowest. Concurrent
 callers sharing one loader (threads tagging other batches of the same shard) that need a partition already being
 loaded wait for that load instead of starting a second one (single flight). Stalls are counted in the cache's
-metrics. A loader belongs to whoever holds the cache open (a Spark task session, spark_integration/task.py), which
-closes it with the cache.
+metrics. A loader belongs to whoever holds the cache open (a Spark task session,
+spark_integration/shard_sessions.py), which closes it with the cache.
 """
 
 from __future__ import annotations

@@ -77,7 +77,7 @@ class ShardService:
     """The accept loop of one shard's service: requests in arrival order, the shard's cache held between them."""
 
     def __init__(self, cache_dir: Path, socket_path: Path, idle_s: float, ahead: _Ahead | None = None) -> None:
-        from dbidx.spark_integration.task import HeldCache
+        from dbidx.spark_integration.shard_sessions import HeldCache
 
         self.cache_dir = Path(os.path.realpath(cache_dir))
         self.socket_path = socket_path

@@ -388,7 +388,7 @@ def test_caches_written_with_whole_file_filters_stay_readable(tmp_path, monkeypa
 def test_on_demand_loads_at_once_follow_load_threads(tmp_path):
     """load.threads bounds the concurrent on-demand loads of one open cache (memory); 0 = one per core, <= 8."""
     from dbidx.spark_integration.tagger import TagOptions
-    from dbidx.spark_integration.task import shard_session
+    from dbidx.spark_integration.shard_sessions import shard_session
     from dbidx.spark_integration.task_result import ShardMetrics
 
     assert CacheConfig.from_sources({"load.threads": "3"}, environ={}).on_demand_workers == 3

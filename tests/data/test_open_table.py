@@ -536,7 +536,7 @@ def test_a_commit_landing_right_after_a_task_found_its_superseded_rows_is_not_mi
     """Global index: the task of a move finds the rows it supersedes, then (before its result is stamped) another
     writer sharing the worker's warm table updates the same key in its old partition. The task's rows must be
     stamped with the state they saw, so the publisher sees the update and recomputes: the key stays live once."""
-    from dbidx.spark_integration import task
+    from dbidx.spark_integration import shard_sessions, task
 
     table = Table.create(str(tmp_path / "t"), num_shards=1, global_index=True)
     config = CacheConfig(base_path=str(tmp_path / "cache"))
@@ -555,7 +555,7 @@ def test_a_commit_landing_right_after_a_task_found_its_superseded_rows_is_not_mi
             calls.append(1)  # the other writer: an update of k where it lives (no conflict with a move)
             upsert_arrow(
                 pa.table({"id": ["k"], "dt": ["a"], "v": [2]}),
-                task.warm_table(table),
+                shard_sessions.warm_table(table),
                 key="id",
                 partition="dt",
                 cache_config=config,

@@ -13,7 +13,7 @@ from dbidx.data import reads
 from dbidx.errors import ConflictError, InvalidInputError
 from dbidx.table.facade import Table
 from dbidx.table.verify_table import verify_table
-from dbidx.spark_integration import task
+from dbidx.spark_integration import shard_sessions, task
 from dbidx.spark_integration.bulk import empty_table_seq, new_partitions_seq
 from dbidx.spark_integration.local import upsert_arrow
 
@@ -31,13 +31,13 @@ def test_a_first_write_takes_the_bulk_path_and_later_upserts_see_it(
     table = Table.create(str(tmp_path / "t"), num_shards=3, global_index=global_index)
     config = CacheConfig(base_path=str(tmp_path / "cache"))
     opened = []
-    real_session = task.shard_session
+    real_session = shard_sessions.shard_session
 
     def counting_session(*args, **kwargs):
         opened.append(args[1])
         return real_session(*args, **kwargs)
 
-    monkeypatch.setattr(task, "shard_session", counting_session)
+    monkeypatch.setattr(shard_sessions, "shard_session", counting_session)
     first = rows(500, "d1", 1) + rows(300, "d2", 1, start=1000) + [("k00001", "d1", 9, False), ("gone", "d1", 0, True)]
     summary = upsert_arrow(as_arrow(first), table, key="id", partition="dt", ordering="v", cache_config=config)
     # 1. No cache was opened; repeats collapsed by the ordering column; the delete deleted nothing.

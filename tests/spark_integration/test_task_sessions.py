@@ -17,7 +17,7 @@ from dbidx.config import CacheConfig
 from dbidx.data.reads import read_arrow
 from dbidx.errors import InvalidKeyError
 from dbidx.table.facade import Table
-from dbidx.spark_integration import task
+from dbidx.spark_integration import shard_sessions, task
 from dbidx.spark_integration.local import upsert_arrow
 from dbidx.spark_integration.tagger import TagOptions
 
@@ -34,7 +34,7 @@ def setup(tmp_path: Path):
         pa.table({"id": ["a", "b"], "dt": ["2025-03-01"] * 2}), table, key="id", partition="dt", cache_config=config
     )
     with RecordIndexCache.for_table(table, 0, config) as cache:
-        cache.set_info(task.REAPER_INFO, {"last_ms": 0, "dropped": []})
+        cache.set_info(shard_sessions.REAPER_INFO, {"last_ms": 0, "dropped": []})
     return table, config
 
 
@@ -46,7 +46,7 @@ def test_a_failing_batch_skips_the_session_epilogue_and_releases_the_cache(setup
     with pytest.raises(InvalidKeyError, match="null"):
         list(tagged)
     with RecordIndexCache.for_table(table, 0, config) as cache:  # reopens: the lock was released
-        assert cache.info(task.REAPER_INFO)["last_ms"] == 0  # the reaper epilogue did not run
+        assert cache.info(shard_sessions.REAPER_INFO)["last_ms"] == 0  # the reaper epilogue did not run
 
 
 def test_a_clean_task_runs_the_epilogue(setup) -> None:
@@ -54,7 +54,7 @@ def test_a_clean_task_runs_the_epilogue(setup) -> None:
     rows = list(task.tag_batches([batch(["a", "x"])], table, TagOptions(key="id", partition="dt", cache=config)))
     assert rows[0].column("_dbidx_is_update").to_pylist() == [True, False]
     with RecordIndexCache.for_table(table, 0, config) as cache:
-        assert cache.info(task.REAPER_INFO)["last_ms"] > 0
+        assert cache.info(shard_sessions.REAPER_INFO)["last_ms"] > 0
 
 
 def test_the_task_reaper_removes_caches_a_dead_executor_left(setup, tmp_path: Path) -> None:
@@ -71,7 +71,7 @@ def test_the_task_reaper_removes_caches_a_dead_executor_left(setup, tmp_path: Pa
     upsert_arrow(pa.table({"id": ["c"], "dt": ["2025-03-01"]}), table, key="id", partition="dt", cache_config=config)
     assert not dead_path.exists() and not dead_path.parent.exists()
     with RecordIndexCache.for_table(table, 0, config) as cache:
-        assert cache.info(task.REAPER_INFO)["abandoned"] == [str(dead_path)]
+        assert cache.info(shard_sessions.REAPER_INFO)["abandoned"] == [str(dead_path)]
         assert None not in cache.lookup("dt=2025-03-01", ["a", "b"])  # its own partition is still loaded
 
 
@@ -182,10 +182,10 @@ def test_a_task_given_a_fresh_copy_of_the_table_tags_against_the_latest_commit(s
     import pickle
 
     table, config = setup
-    monkeypatch.setattr(task, "_TABLES", {})
+    monkeypatch.setattr(shard_sessions, "_TABLES", {})
     fresh = pickle.loads(pickle.dumps(table))
-    assert task.warm_table(fresh).timeline.latest_seq == table.refresh().applied_seq > 0
-    monkeypatch.setattr(task, "_TABLES", {})
+    assert shard_sessions.warm_table(fresh).timeline.latest_seq == table.refresh().applied_seq > 0
+    monkeypatch.setattr(shard_sessions, "_TABLES", {})
     summary = upsert_arrow(
         pa.table({"id": ["a"], "dt": ["2025-03-01"]}),
         pickle.loads(pickle.dumps(table)),

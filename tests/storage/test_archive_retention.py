@@ -21,7 +21,7 @@ from dbidx.errors import CorruptFileError, HistoryCompactedError, InstantStateEr
 from dbidx.table.delta_properties import retention_of
 from dbidx.table.facade import Table
 from dbidx.table.verify_table import verify_table
-from dbidx.spark_integration import task
+from dbidx.spark_integration import shard_sessions
 from dbidx.spark_integration.local import upsert_arrow
 from dbidx.storage import checkpoint, history_floor, layout
 from dbidx.storage.archive_retention import data_view_at, expire_archive
@@ -145,8 +145,8 @@ def test_an_expired_archive_opens_reads_time_travels_verifies_and_takes_upserts(
     reopened.refresh()
     with pytest.raises(HistoryCompactedError):
         idle.refresh()
-    monkeypatch.setitem(task._TABLES, (idle.props.table_id, idle.uri), idle)
-    warm = task.warm_table(Table.open(table.uri))
+    monkeypatch.setitem(shard_sessions._TABLES, (idle.props.table_id, idle.uri), idle)
+    warm = shard_sessions.warm_table(Table.open(table.uri))
     assert warm is not idle and warm.timeline.latest_seq == reopened.timeline.latest_seq
 
 
