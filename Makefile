@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck test-fast fuzz test-cluster pack-env bench bench-smoke bench-index bench-mdt bench-cache bench-bootstrap bench-spark bench-commit bench-footprint bench-skew bench-restart bench-absorb bench-peers bench-scale bench-speed bench-soak check-java clean
+.PHONY: demo test lint typecheck spark-cds test-fast fuzz test-cluster pack-env bench bench-smoke bench-index bench-mdt bench-cache bench-bootstrap bench-spark bench-commit bench-footprint bench-skew bench-restart bench-absorb bench-peers bench-scale bench-speed bench-soak check-java clean
 
 demo: check-java $(STAMP)
 	$(BIN)/dbidx demo
@@ -20,8 +20,15 @@ XDIST := -n 2 $(XDIST_OPTS)
 XDIST_FULL := -n 3 $(XDIST_OPTS)
 
 # The full suite but the packed-environment cluster test (about 70 s, needs PyPI): `make test-cluster` runs that.
-test: check-java $(STAMP) lint
-	$(BIN)/python -m pytest -m "not packing" $(XDIST_FULL) --durations=15
+# tools/run_tests.py puts the tests' files on tmpfs when there is one; the lint runs beside the one-time build of the
+# Spark class-data archive the tests' JVMs start from (tools/spark_cds.py).
+test: check-java $(STAMP)
+	@$(MAKE) --no-print-directory -j2 lint spark-cds
+	$(BIN)/python -m tools.run_tests --spark-cds -m "not packing" $(XDIST_FULL) --durations=15
+
+# The Spark class-data archive of this virtualenv (once; a JDK that cannot build one only costs the speed-up).
+spark-cds: $(STAMP)
+	@$(BIN)/python -m tools.spark_cds
 
 # Lint (ruff: pycodestyle, pyflakes, no blind except or blanket noqa without a reason; the format check; the type
 # check). pyproject.toml [tool.ruff] and [tool.mypy]. `ruff format .` fixes what the format check finds.
@@ -37,7 +44,7 @@ typecheck: $(STAMP)
 
 # Day-to-day tier: no Spark, nothing marked slow (under two minutes on 2 cores).
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -m "not spark and not slow" $(XDIST)
+	$(BIN)/python -m tools.run_tests -m "not spark and not slow" $(XDIST)
 
 # The decoder fuzz tests with 20,000 examples per decoder (make test runs 1,000; a few minutes).
 fuzz: $(STAMP)

@@ -28,8 +28,9 @@ SPARK_HOME = Path(pyspark.__file__).parent
 STARTUP_TIMEOUT_S = 60.0
 STOP_GRACE_S = 10.0
 # Short-lived JVMs on a small machine: the C1 compiler only and the serial collector start faster and leave the cores
-# to the work (the tests' jobs are tiny; nothing runs long enough for C2 to pay off).
-JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+# to the work (the tests' jobs are tiny; nothing runs long enough for C2 to pay off); `make test` adds its class-data
+# archive of Spark's classes (tools/spark_cds.py).
+JVM_OPTIONS = os.environ.get("DBIDX_TEST_JVM_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
 
 
 def free_port() -> int:
