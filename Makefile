@@ -12,9 +12,9 @@ demo: check-java $(STAMP)
 # Test processes (pytest-xdist). loadgroup keeps the tests of the session's SparkSession in one process (one
 # local[2] Spark per run) and a module's tests that share a module-scoped set-up together (tests/conftest.py marks the
 # groups and queues the Spark group and the slow tests first, an order --no-loadscope-reorder keeps). The full suite
-# runs on 3 processes even on 2 cores: its slow tests spend much of their time waiting on the JVMs and processes they
-# start (2 cores, 2026-11-27: a fresh clone's first pytest run took 802 s on 2 processes and 765 s on 3, a second
-# run on 3 took 701 s); the fast tier, CPU-bound, on 2.
+# runs on 3 processes even on 2 cores: a third keeps the cores busy while a slow test waits on the JVMs and processes
+# it starts (2 cores, 2026-11-27: a fresh clone's first pytest run took 802 s on 2 processes and 765 s on 3, a second
+# run on 3 took 701 s; with 3, the machine is busy 92 % of the run); the fast tier, CPU-bound, on 2.
 XDIST_OPTS := --dist loadgroup --no-loadscope-reorder
 XDIST := -n 2 $(XDIST_OPTS)
 XDIST_FULL := -n 3 $(XDIST_OPTS)

@@ -1,7 +1,7 @@
 """A class-data-sharing archive of the Spark JVM's classes, so the many short-lived JVMs of the test suite start
 faster: `python -m tools.spark_cds` builds it (tools/run_tests.py does when it is missing) and prints its path.
 
-Why: `make test` starts a Spark JVM some twenty times (the session's Spark, the benchmark smokes, the demo, the
+Why: `make test` starts many Spark JVMs (the session's Spark, the benchmark smokes, the demo, the
 standalone cluster's daemons, drivers and executors), and each start loads and verifies thousands of Spark classes.
 A dynamic AppCDS archive (JDK 13+: -XX:ArchiveClassesAtExit, then -XX:SharedArchiveFile) maps them in parsed instead.
 On 2 cores, a local SparkSession's start and first mapInArrow job took 25 s of CPU and 20 s of wall time without it,
