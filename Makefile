@@ -42,7 +42,7 @@ typecheck: $(STAMP)
 	  "$(CURDIR)/$(BIN)/mypy" --config-file "$(CURDIR)/pyproject.toml" --cache-dir "$(CURDIR)/.mypy_cache" -p dbidx; \
 	  status=$$?; rm -rf "$$root"; exit $$status
 
-# Day-to-day tier: no Spark, nothing marked slow (under two minutes on 2 cores).
+# Day-to-day tier: no Spark, nothing marked slow (881 tests: 4 min 43 s on 2 cores, 2026-11-28; it has grown with the suite).
 test-fast: $(STAMP)
 	$(BIN)/python -m tools.run_tests -m "not spark and not slow" $(XDIST)
 
