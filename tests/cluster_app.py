@@ -19,10 +19,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from dbidx.tools.spark_cds import jvm_options_for_tests  # a script of its own: the repository is importable as dbidx
+
 SCHEMA = "id string, dt string, v long, _dbidx_delete boolean"
 EXECUTOR_MAIN = "CoarseGrainedExecutorBackend"
 # As cluster_harness.JVM_OPTIONS: quick short-lived JVMs (and the class-data archive `make test` passes on).
-JVM_OPTIONS = os.environ.get("DBIDX_TEST_JVM_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+JVM_OPTIONS = jvm_options_for_tests()
 SLOW_S = 90.0  # how long the first attempt of the --speculate task stalls: a speculative copy wins long before
 # Speculation for --speculate: a task is copied once it runs 1.5 times the median of its stage's finished tasks (and
 # at least 2 s, so the ordinary sub-second tasks of these batches are left alone), by elapsed time only.

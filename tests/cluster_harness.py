@@ -24,13 +24,15 @@ from typing import Any
 
 import pyspark
 
+from tools.spark_cds import jvm_options_for_tests
+
 SPARK_HOME = Path(pyspark.__file__).parent
 STARTUP_TIMEOUT_S = 60.0
 STOP_GRACE_S = 10.0
 # Short-lived JVMs on a small machine: the C1 compiler only and the serial collector start faster and leave the cores
 # to the work (the tests' jobs are tiny; nothing runs long enough for C2 to pay off); `make test` adds its class-data
 # archive of Spark's classes (tools/spark_cds.py).
-JVM_OPTIONS = os.environ.get("DBIDX_TEST_JVM_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+JVM_OPTIONS = jvm_options_for_tests()
 
 
 def free_port() -> int:

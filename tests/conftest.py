@@ -9,14 +9,15 @@ from typing import Iterator
 
 import pytest
 
+from tools.spark_cds import jvm_options_for_tests
+
 # Every JVM the tests start through spark-submit (the session's Spark below, the benchmark smokes', the demo's, the
 # cluster drivers') is short-lived and runs tiny jobs: C1 only and the serial collector, as tests/cluster_harness.py
 # gives its daemons, spend far less CPU on start-up and JIT (spark_bench --smoke: 41 s of CPU -> 28 s; the tests of
 # spark_integration/test_upsert.py: 118 s -> 95 s). spark-submit adds SPARK_SUBMIT_OPTS to the driver's java
 # options; a value already set is kept.
 # tools/run_tests.py (`make test`) adds its class-data archive of Spark's classes (tools/spark_cds.py says why).
-JVM_OPTIONS = os.environ.get("DBIDX_TEST_JVM_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
-os.environ.setdefault("SPARK_SUBMIT_OPTS", JVM_OPTIONS)
+os.environ.setdefault("SPARK_SUBMIT_OPTS", jvm_options_for_tests())
 
 
 @pytest.fixture(scope="session")

@@ -53,8 +53,8 @@ def main(args: list[str]) -> int:
     if args[:1] == ["--spark-cds"]:
         args = args[1:]
         archive = None if os.environ.get("DBIDX_TEST_CDS") == "off" else spark_cds.ensure_archive()
-        os.environ.setdefault("DBIDX_TEST_JVM_OPTIONS", spark_cds.jvm_options(archive))
-        print(f"Spark JVMs: {os.environ['DBIDX_TEST_JVM_OPTIONS']}")
+        os.environ.setdefault(spark_cds.OPTIONS_ENV, spark_cds.jvm_options(archive))
+        print(f"Spark JVMs: {spark_cds.jvm_options_for_tests()}")
     root = None if any(a.startswith("--basetemp") for a in args) else temp_root(dict(os.environ))
     if root is None:
         return int(pytest.main(args))

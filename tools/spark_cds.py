@@ -25,6 +25,7 @@ from pathlib import Path
 BASE_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"  # C1 only, serial GC: quick short-lived JVMs
 QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"  # a JVM that cannot map the archive says so on stdout otherwise
 BUILD_TIMEOUT_S = 600
+OPTIONS_ENV = "DBIDX_TEST_JVM_OPTIONS"  # how tools/run_tests.py hands the options to the tests and their children
 
 _JOB = """
 import os, sys, tempfile
@@ -79,9 +80,15 @@ def build(path: Path) -> Path | None:
 
 
 def jvm_options(archive: Path | None) -> str:
-    """The tests' options for a Spark JVM (tools/run_tests.py hands them to the tests as DBIDX_TEST_JVM_OPTIONS):
+    """The tests' options for a Spark JVM (tools/run_tests.py hands them to the tests as OPTIONS_ENV):
     the quick-start ones, and the archive when there is one."""
     return f"{BASE_OPTIONS} {QUIET} -XX:SharedArchiveFile={archive}" if archive is not None else BASE_OPTIONS
+
+
+def jvm_options_for_tests() -> str:
+    """The options the tests give every Spark JVM they start: what tools/run_tests.py chose, else the quick-start
+    ones (a bare `pytest` run)."""
+    return os.environ.get(OPTIONS_ENV, BASE_OPTIONS)
 
 
 def ensure_archive() -> Path | None:

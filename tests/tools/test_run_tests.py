@@ -25,3 +25,10 @@ def test_the_jvm_options_name_the_archive_only_when_there_is_one(tmp_path: Path)
     assert "-Xlog:cds=off" in with_archive  # a JVM that cannot map it stays quiet on stdout (the demo's JSON)
     path = spark_cds.archive_path(str(tmp_path))
     assert path.parent == tmp_path / "spark-cds" and path.name.startswith("pyspark-") and path.suffix == ".jsa"
+
+
+def test_the_tests_jvms_take_what_run_tests_chose_else_the_quick_start_options(monkeypatch) -> None:
+    monkeypatch.delenv(spark_cds.OPTIONS_ENV, raising=False)
+    assert spark_cds.jvm_options_for_tests() == spark_cds.BASE_OPTIONS
+    monkeypatch.setenv(spark_cds.OPTIONS_ENV, "-XX:+UseSerialGC -Xshare:off")
+    assert spark_cds.jvm_options_for_tests() == "-XX:+UseSerialGC -Xshare:off"
