@@ -225,6 +225,7 @@ def test_projection_is_computed_from_the_committed_results():
     assert (BENCHMARKS / "PROJECTION.md").read_text().split("\n")[0] == "# The billion-key projection"
 
 
+@pytest.mark.slow
 def test_every_chart_is_drawn_from_the_committed_figures(tmp_path, monkeypatch):
     """Each chart redraws from benchmarks/results/<name>.json, names its machine and command, and RESULTS.md
     shows it."""

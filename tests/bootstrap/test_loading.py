@@ -243,6 +243,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 def test_a_bootstrap_killed_midway_leaves_no_partial_partition_and_the_next_one_finishes(tmp_path):
     table = make_daily_table(tmp_path, keys_per_day=30_000, num_shards=1)
     base = tmp_path / "caches"

@@ -51,6 +51,7 @@ def table(tmp_path_factory) -> Table:
     initial=st.dictionaries(st.sampled_from(KEYS), st.sampled_from(LOCATIONS[:3]), max_size=15),
     entries=st.lists(entry, max_size=40),
 )
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 def test_apply_matches_one_entry_at_a_time(table, initial, entries):
     with tempfile.TemporaryDirectory() as base, open_cache(table, 0, Path(base)) as cache:
@@ -148,6 +149,7 @@ def committed_walk(initial: dict[str, str], steps: list[tuple[str, str]]) -> lis
     initial=st.dictionaries(st.sampled_from(KEYS), st.sampled_from(LOCATIONS[:3]), max_size=15),
     steps=st.lists(step, max_size=40),
 )
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 def test_apply_exact_matches_one_entry_at_a_time(table, sst_from, initial, steps):
     """Without reading the family, the same final map and the same counters as the reference, whether the changes

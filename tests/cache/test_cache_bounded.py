@@ -32,6 +32,7 @@ def sst_bytes(path: Path) -> int:
     return sum(e.stat().st_size for e in os.scandir(path) if e.name.endswith(".sst"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("moved", [2_000, 17_000], ids=["write-batch", "ingested-sst"])
 def test_many_catchups_of_the_same_keys_leave_about_one_copy_on_disk(tmp_path: Path, moved: int) -> None:
     """Each round deletes `moved` keys and inserts them again at a new file group (two commits), then a task-like
@@ -98,6 +99,7 @@ def on_disk(root: Path) -> tuple[set[str], int]:
     return {os.path.basename(p) for _m, _s, p in files}, sum(size for _m, size, _p in files)
 
 
+@pytest.mark.slow
 def test_data_compactions_leave_key_files_of_the_live_files_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

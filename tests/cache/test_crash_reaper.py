@@ -76,6 +76,7 @@ def run_and_kill(table: Table, base: Path, mode: str, iterations: int) -> None:
         proc.wait(30)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["write", "ingest", "load"])
 def test_sigkill_then_reopen_verifies_and_answers_like_the_mdt(tmp_path, mode, monkeypatch):
     from dbidx.cache import catchup
@@ -143,6 +144,7 @@ def test_reaper_honours_ttl(warm):
     assert cache.metrics.evictions == 2
 
 
+@pytest.mark.slow
 def test_budget_pass_drops_least_recently_used_first(tmp_path):
     table = make_table(tmp_path, num_shards=1, keys_per_day=150_000)
     with open_cache(table, 0, tmp_path / "cache", compression="none", bloom_bits_per_key=0) as cache:

@@ -410,6 +410,7 @@ def kill_and_recover(child: Child, name: str) -> tuple[Scene, list[str]]:
     return scene, instants
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(POINTS))
 def test_a_writer_killed_on_the_commit_path_loses_nothing_and_publishes_nothing_half(
     children: dict[str, Child], name: str

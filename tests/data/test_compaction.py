@@ -41,6 +41,7 @@ def data_files_on_disk(table: Table) -> set[str]:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("global_index", [False, True], ids=["partitioned", "global"])
 def test_compaction_keeps_every_row_and_a_concurrent_upsert_lands(
     tmp_path: Path, monkeypatch, global_index: bool

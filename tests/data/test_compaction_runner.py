@@ -132,6 +132,7 @@ def test_a_result_that_does_not_fit_its_piece_publishes_nothing(tmp_path: Path, 
     assert current(fresh) == oracle.expected_rows()
 
 
+@pytest.mark.slow
 def test_spark_jobs_off_keeps_the_pieces_in_the_driver(tmp_path: Path, services_on: None) -> None:
     """The `spark_jobs` and `spark_jobs_min_mb` settings decide where a writer's services after its upsert run their
     pieces: in the driver when off or when a compaction reads less than the minimum, else by the writer's runner."""
@@ -218,6 +219,7 @@ def test_a_large_base_stays_while_the_rest_is_small_beside_it(sizes, deleted, sh
     assert chosen is not None and [unit.files.index(f) for f in chosen.files] == kept
 
 
+@pytest.mark.slow
 def test_compaction_with_a_base_share_merges_beside_the_base_and_reads_the_same(tmp_path: Path) -> None:
     table, oracle = loaded_table(tmp_path, 4412)
     table.compact_data(min_files=2)  # one file per group

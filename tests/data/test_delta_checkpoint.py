@@ -70,6 +70,7 @@ def vacuum_lists(uri: str) -> list[set[str]]:
     ]
 
 
+@pytest.mark.slow
 def test_the_slim_checkpoint_keeps_what_readers_and_vacuum_need(tmp_path: Path) -> None:
     table, rows = churned_table(tmp_path)
     before_vacuum = vacuum_lists(table.uri)

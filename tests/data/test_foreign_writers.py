@@ -449,6 +449,7 @@ def test_spark_upsert_and_read_table_after_other_engines_commits(tmp_path: Path,
     assert got == rows_of(w.model)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2])
 def test_a_random_interleaving_of_dbidx_upserts_and_other_engines_matches_the_model(tmp_path: Path, seed: int) -> None:
     """dbidx upserts (updates of random live keys, new keys, deletes) and other engines' operations in a random

@@ -49,6 +49,7 @@ def check(table: Table, oracle: Oracle) -> None:
     ],
     ids=["partitioned-dynamic", "global-dynamic", "partitioned-simple", "global-simple"],
 )
+@pytest.mark.slow
 def test_every_commit_kind_reads_the_same_in_every_engine(
     tmp_path: Path, global_index: bool, buckets: BucketSpec
 ) -> None:
@@ -287,6 +288,7 @@ def test_a_crashed_upsert_rolled_back_leaves_no_file_and_readers_agree(tmp_path:
     assert_readers_agree(reopened, COLUMNS, {("a", "d1", 4), ("b", "d2", 2), ("c", "d1", 4)})
 
 
+@pytest.mark.slow
 def test_time_travel_inside_the_retention_window_reads_the_same_everywhere(tmp_path: Path) -> None:
     """After clean(retain_completions=4), every version inside the window reads the rows it had when written, in
     dbidx, deltalake and polars alike; an older version whose files the clean removed is HistoryCompactedError in

@@ -134,6 +134,7 @@ def served_table(tmp_path: Path, idle_s: float = 60) -> tuple[Table, CacheConfig
     return table, cfg
 
 
+@pytest.mark.slow
 def test_an_idle_service_exits_and_leaves_the_cache_closed(tmp_path: Path, runtime: Path) -> None:
     table, cfg = served_table(tmp_path, idle_s=1)
     assert _wait(lambda: served_pids(runtime) != [])
@@ -156,6 +157,7 @@ def test_another_opener_of_the_directory_makes_the_service_let_go(tmp_path: Path
     assert len(contents(table)) == 200
 
 
+@pytest.mark.slow
 def test_the_service_catches_up_on_a_commit_before_the_next_task_comes(tmp_path: Path, runtime: Path) -> None:
     table, cfg = served_table(tmp_path, idle_s=60)  # batch 2 (50 new keys) was served; its commit landed after
     time.sleep(2.0)  # the service polls for that commit every few ms (a loaded machine: margin)
@@ -211,6 +213,7 @@ def _locked(cache_dir: Path) -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_a_service_killed_between_batches_is_replaced(tmp_path: Path, runtime: Path) -> None:
     table, cfg = served_table(tmp_path, idle_s=60)
     (pid,) = served_pids(runtime)
@@ -227,6 +230,7 @@ def test_a_service_killed_between_batches_is_replaced(tmp_path: Path, runtime: P
     )
 
 
+@pytest.mark.slow
 def test_a_service_killed_mid_request_fails_the_attempt_and_publishes_nothing(
     tmp_path: Path, runtime: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -412,6 +416,7 @@ def test_the_service_s_warnings_are_logged_again_in_the_task(
     assert "is a symbolic link" in caplog.text and "[in the cache service on shard-" in caplog.text
 
 
+@pytest.mark.slow
 def test_services_started_at_once_for_one_directory_leave_one(tmp_path: Path, runtime: Path) -> None:
     """Tasks that find no service start one each; the pid file's lock lets one of them serve, the others exit."""
     table = Table.create(str(tmp_path / "t"), num_shards=1)

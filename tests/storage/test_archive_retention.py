@@ -84,6 +84,7 @@ def made_once(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple]:
     return copy_of
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("global_index", [False, True], ids=["partitioned", "global"])
 def test_an_expired_archive_opens_reads_time_travels_verifies_and_takes_upserts(
     tmp_path: Path, global_index: bool, monkeypatch: pytest.MonkeyPatch
@@ -150,6 +151,7 @@ def test_an_expired_archive_opens_reads_time_travels_verifies_and_takes_upserts(
     assert warm is not idle and warm.timeline.latest_seq == reopened.timeline.latest_seq
 
 
+@pytest.mark.slow
 def test_retention_keeps_records_newer_than_it_and_the_checkpoints(tmp_path: Path, made_once) -> None:
     table, _, _ = made_once(tmp_path, "built-14")
     records = table.timeline.completed()
@@ -202,6 +204,7 @@ def test_a_claimed_instant_holds_the_floor_below_it(tmp_path: Path, made_once) -
     assert expire_archive(table, retention_ms=0, now_ms=FAR_FUTURE_MS).floor > ranges[1][1] - 1
 
 
+@pytest.mark.slow
 def test_an_expired_instant_is_never_rolled_back(tmp_path: Path, made_once) -> None:
     table, _, _, _, report = made_once(tmp_path, "expired")
     floor = history_floor.current_floor(table.io, table.props.table_id)
@@ -227,6 +230,7 @@ def test_a_gap_above_the_floor_is_still_corruption(tmp_path: Path, made_once) ->
         fresh.timeline.kept()
 
 
+@pytest.mark.slow
 def test_a_damaged_or_missing_floor_is_loud(tmp_path: Path, made_once) -> None:
     table, _, _, _, report = made_once(tmp_path, "expired")
     path = Path(table.io.path(history_floor.floor_file(report.floor)))
@@ -260,6 +264,7 @@ def test_verify_still_finds_a_crafted_checkpoint_above_the_floor(tmp_path: Path,
     assert not check.ok and any("differs from a replay" in d["problem"] for d in check.damaged)
 
 
+@pytest.mark.slow
 def test_a_process_behind_the_floor_must_reopen(tmp_path: Path) -> None:
     """A process that last read a record the floor has since passed cannot catch up: HistoryCompactedError telling
     it to open the table again, never a silently shorter log and never a false gap."""
@@ -288,6 +293,7 @@ def test_a_range_starting_below_zero_is_the_whole_log(tmp_path: Path) -> None:
     assert table.latest() is None
 
 
+@pytest.mark.slow
 def test_the_log_cleanup_service_expires_the_archive_by_the_table_retention(tmp_path: Path, made_once) -> None:
     """The services' log cleanup step runs archive retention with the Delta log's own retention, and the table opens,
     reads and verifies afterwards."""

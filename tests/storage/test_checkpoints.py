@@ -58,6 +58,7 @@ def build(tmp_path: Path, global_index: bool, batches: int = 22) -> tuple[Table,
     return table, oracle, config
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("global_index", [False, True], ids=["partitioned", "global"])
 def test_a_table_opened_from_a_checkpoint_is_the_replayed_table(tmp_path: Path, global_index: bool) -> None:
     table, oracle, config = build(tmp_path, global_index)
@@ -97,6 +98,7 @@ def test_a_table_opened_from_a_checkpoint_is_the_replayed_table(tmp_path: Path, 
     assert table.timeline.latest_seq == fresh.timeline.latest_seq
 
 
+@pytest.mark.slow
 def test_reads_from_before_a_pruned_history_are_refused(tmp_path: Path) -> None:
     """A checkpoint leaves out files that were replaced and cleaned: a read reaching back past them is
     HistoryCompactedError (caches reload), never a silently shorter answer."""

@@ -135,6 +135,7 @@ def test_an_instant_dropped_unsettled_stops_beating_and_expires(tmp_path: Path) 
     assert attempt.alive is False and attempt.abandoned and "next upsert rolls it back" in attempt.advice
 
 
+@pytest.mark.slow
 def test_the_next_upsert_rolls_back_a_dead_writer_of_another_host_once_its_heartbeat_expires(setup) -> None:
     table, config, writers = setup
     writer = start_writer(table, config, writers)
@@ -173,6 +174,7 @@ def test_a_killed_writer_on_this_host_is_rolled_back_at_once(setup) -> None:
     assert summary.abandoned["rolled_back"] == [writer.instant]
 
 
+@pytest.mark.slow
 def test_rollback_all_pending_skips_a_live_writer_unless_forced_and_the_writer_then_fails(setup) -> None:
     table, config, writers = setup
     writer = start_writer(table, config, writers)

@@ -190,6 +190,7 @@ def stream(tmp_path: Path, global_index: bool, steps: int, seed: int, every=None
     return table, oracle, ref
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("global_index", [False, True], ids=["partitioned", "global"])
 def test_a_long_lived_view_holds_what_a_fresh_open_holds_and_stays_bounded(tmp_path: Path, global_index: bool) -> None:
     counts: list[tuple[int, int, int]] = []  # (step, long-lived view's entries, the whole fold's entries)
@@ -220,6 +221,7 @@ def test_a_long_lived_view_holds_what_a_fresh_open_holds_and_stays_bounded(tmp_p
     print("\nentries (step, long-lived, whole fold):", counts[::10] + [counts[-1]])
 
 
+@pytest.mark.slow
 def test_reads_needing_a_dropped_file_raise_in_the_long_lived_and_a_fresh_table(tmp_path: Path) -> None:
     table, _, ref = stream(tmp_path, False, 30, 99)
     fresh = Table.open(table.uri)
@@ -251,6 +253,7 @@ def test_reads_needing_a_dropped_file_raise_in_the_long_lived_and_a_fresh_table(
     assert new.to_dict() == long.to_dict()
 
 
+@pytest.mark.slow
 def test_checkpoints_of_a_long_lived_writer_equal_a_fresh_fold(tmp_path: Path) -> None:
     """Every checkpoint the long-lived process wrote (its pruned view) is the checkpoint a fold of records 1..C
     gives, byte for byte once sealed, and the reference's section-7a content."""

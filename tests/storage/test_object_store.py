@@ -277,6 +277,7 @@ if __name__ == "__main__":  # `python -m tests.storage.test_object_store`: the r
         servers.close()
 
 
+@pytest.mark.slow
 def test_delta_checkpoints_are_written_on_s3_and_readers_agree(s3: dict[str, str], tmp_path: Path) -> None:
     """Every checkpoint_interval completions delta-rs writes a Delta checkpoint on the object store too (with the
     table's storage options), and Delta readers given the same options read exactly dbidx's rows."""

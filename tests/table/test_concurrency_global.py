@@ -63,6 +63,7 @@ def _race(uri: str, keys: list[str], fg: str, barrier, results) -> None:
         results.put((fg, "conflict"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overlap", [True, False])
 def test_two_processes_racing(tmp_path, overlap):
     """Real processes publishing at the same moment: overlapping keys -> exactly one wins; disjoint -> both win."""

@@ -100,6 +100,7 @@ def damaged_table(tmp_path_factory: pytest.TempPathFactory):
     return table, config, root
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(fraction=st.floats(min_value=0.0, max_value=1.0, exclude_max=True), mask=st.integers(1, 255))
 def test_a_flipped_byte_anywhere_in_an_index_file_fails_every_read(damaged_table, fraction, mask) -> None:
@@ -223,6 +224,7 @@ def test_wrongly_typed_completion_records_are_named(tmp_path: Path, damage: str)
     assert result.exit_code == 4 and json.loads(result.stdout)["error"] == "CorruptFileError", result.output
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(fraction=st.floats(min_value=0.0, max_value=1.0, exclude_max=True), mask=st.integers(1, 127))
 def test_a_flipped_byte_in_a_completion_record_is_caught(tmp_path_factory, fraction, mask) -> None:

@@ -318,6 +318,7 @@ def run_service(path: str, service: str) -> None:
         table.compact_data(target_file_bytes=None)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(POINTS))
 def test_a_service_killed_at_each_step_loses_nothing_and_its_leftovers_are_swept(
     children: dict[str, Child], name: str

@@ -125,6 +125,7 @@ def data_files_on_disk(table: Table) -> set[str]:
     }
 
 
+@pytest.mark.slow
 def test_services_keep_the_table_small_and_exact(tmp_path: Path, services_on: None) -> None:
     on = Writer(tmp_path, "on", seed=44, shards=1, **SMALL)
     off = Writer(tmp_path, "off", seed=44, shards=1, after_commit=False)
