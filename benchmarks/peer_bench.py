@@ -19,8 +19,9 @@ Systems (a system whose package is missing is skipped with a message, never fail
     run `--systems pypaimon` there.
   Spark join (do it yourself): each batch LEFT JOIN a Parquet key index (id -> dt) tags inserts and updates, the
     tagged batch is appended as Parquet and the new keys to the index; read back deduplicated by latest ver.
-Per system: initial load seconds, the median seconds of the batches after the first (batch 1 warms JVMs, JITs and
-caches, so it is excluded), rows/s of those steady batches, the peak RSS of the system's whole process tree (sampled
+Per system: initial load seconds, the median and the mean seconds of the batches after the first (batch 1 warms
+JVMs, JITs and caches, so it is excluded; the mean also carries what a system does every few batches, e.g. dbidx's
+table services after a commit), rows/s of those steady batches, the peak RSS of the system's whole process tree (sampled
 every 0.2 s: the JVM and Python workers included), bytes of its table dir, and the check: rows read back == distinct
 keys and sum(ver) == the generator's expected sum.
 Run: `python benchmarks/peer_bench.py [--keys 2000000] [--batches 5] [--batch N] [--systems dbidx,delta-id,...]
@@ -64,6 +65,7 @@ HEADERS = [
     "status",
     "load s",
     "median s/batch (excl. batch 1)",
+    "mean s/batch (excl. batch 1)",
     "steady rows/s",
     "peak RSS MiB",
     "table MiB",
@@ -541,6 +543,7 @@ def row(name: str, outcome: Outcome, manifest: dict[str, Any]) -> list[Any]:
         outcome.status,
         "-" if progress.load_s is None else progress.load_s,
         "-" if median is None else median,
+        round(statistics.fmean(steady), 3) if steady else "-",
         "-" if not median else round(manifest["batch_rows"] / median),
         round(outcome.peak_rss / (1 << 20)) if outcome.peak_rss else "-",
         "-" if progress.table_bytes is None else round(progress.table_bytes / (1 << 20), 1),
@@ -681,7 +684,9 @@ def main() -> None:
             f"Machine: {_report.machine()}; {versions()}. Command: `{_report.command()}`. {args.keys:,} UUID keys over 30 "
             f"daily partitions loaded at once, then {args.batches} batches of {args.batch:,} rows (80% updates to the last "
             f"7 days, 5% late updates, 15% new keys; generated once in {generate_s:.1f} s, identical for every system). "
-            f"Median s/batch leaves out batch 1 (warm-up); rows/s = batch rows / that median. Peak RSS: the system's "
+            f"Median and mean s/batch leave out batch 1 (warm-up); the mean carries what a system does every few batches "
+            f"(dbidx: the table services after a commit, a data compaction every 10 batches); rows/s = batch rows / "
+            f"the median. Peak RSS: the system's "
             f"whole process tree (JVM and Python workers included), sampled every {SAMPLE_S} s. Table MiB: the table "
             f"dir (dbidx: data and index files; its executor-local cache is not counted). Data files: live data files "
             f"after the batches. Full read (best of {READS}): every column into one Arrow table, in the process that "

@@ -411,6 +411,14 @@ def steady(part: SparkPart) -> tuple[float, float, float]:
     )
 
 
+def steady_mean(part: SparkPart) -> tuple[float, float]:
+    """(dbidx mean s, work floor mean s) over the batches after batch 1: the mean carries the batches whose upsert also
+    ran the table services after its commit (a data compaction every data_min_small_files batches), which the
+    median leaves out; a pipeline pays the mean."""
+    rest = part.batches[1:]
+    return statistics.fmean(b.dbidx.seconds for b in rest), statistics.fmean(b.work_s for b in rest)
+
+
 def steady_label(batches: int) -> str:
     return "batch 2" if batches == 2 else f"batches 2-{batches}"
 
@@ -436,6 +444,7 @@ def goal_rows(
 ) -> list[list[str]]:
     """The headline table: each figure, its anchor, the ratio, the goal and whether it was met."""
     dbidx_s, floor_s, work_s = steady(part)
+    mean_s, work_mean_s = steady_mean(part)
     load, shuffled, plain = part.load, part.shuffled, part.plain
     first = part.batches[0].dbidx.seconds
     label = steady_label(len(part.batches))
@@ -447,6 +456,14 @@ def goal_rows(
             f"{dbidx_s / work_s:.2f}x",
             "<= 1.3x",
             met(dbidx_s <= 1.3 * work_s),
+        ],
+        [
+            f"steady batch, mean of {label} (with the table services some upserts ran after their commit)",
+            seconds(mean_s),
+            f"work floor mean {seconds(work_mean_s)}",
+            f"{mean_s / work_mean_s:.2f}x",
+            "-",
+            "-",
         ],
         [
             "steady batch vs the Spark floor (the empty job of its shape)",
