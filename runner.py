@@ -2,8 +2,8 @@
 per core).
 
 Data compaction rewrites file groups and index compaction merges (partition, shard) groups, each piece on its own;
-only the publish that follows needs the driver. A `WorkRunner` runs the pieces: `IN_PROCESS` one after another
-here, `dbidx.spark_integration.service_jobs.SparkWorkRunner` as a Spark job, so a Spark writer's services use the
+only the publish that follows needs the driver. A `WorkRunner` runs the pieces: `IN_PROCESS` here, a few at once
+on threads, `dbidx.spark_integration.service_jobs.SparkWorkRunner` as a Spark job, so a Spark writer's services use the
 cluster's cores and memory instead of the driver's.
 
 The contract, the same for every runner:
@@ -15,10 +15,15 @@ The contract, the same for every runner:
 - results come back in the order of `items`, one per item, of the attempt the runner kept (the one that reported).
 - an error in a piece is raised by `run` as its own dbidx type where it can be (Spark: from the task's traceback).
 - `work` and the items must pickle when the runner is Spark: a module-level function bound with functools.partial.
+- a caller reads the results inside `results_of(...)`, so pieces still running stop before its rollback runs.
 """
 
 from __future__ import annotations
 
+import os
+import threading
+from contextlib import contextmanager
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import msgpack
@@ -46,16 +51,92 @@ class WorkRunner(Protocol):
     ) -> Iterator[bytes]: ...
 
 
+MAX_THREADS = 4  # pieces run at once in this process: each holds its file group's rows in memory
+
+
 class InProcessRunner:
-    """Runs the pieces one after another in this process (attempt 0 each): lazily, so a caller reports progress
-    as each piece finishes."""
+    """Runs the pieces in this process (attempt 0 each), a few at once on threads, results in order as each is
+    reached: a caller reports progress as pieces finish.
+
+    Why threads: a compaction in the driver used one core while the executors' cores sat idle (the services run
+    after the upsert's job), and most of a piece's time is Parquet decoding and encoding, zstd and numpy, which let go
+    of the GIL. Measured on 2 cores (benchmarks/RESULTS.md, speed sections): the services after the ninth batch into
+    a 2 M-key table (four data compaction rounds, an index compaction) took 2.5-2.9 s on 2 threads against 3.3-3.7 s
+    one piece at a time. At most `threads` pieces (and their rows) are in memory at once. When a piece fails, the
+    pieces not yet started are cancelled and the running ones finish before the first failure (in item order) is
+    raised, so no piece writes behind the caller's rollback; the same when the caller stops reading early.
+    """
 
     where = "driver"
 
+    def __init__(self, threads: int | None = None) -> None:
+        self.threads = max(1, threads if threads is not None else min(MAX_THREADS, os.cpu_count() or 1))
+
     def run(self, work: Work, items: Sequence[Any], what: str, weights: Sequence[int] | None = None) -> Iterator[bytes]:
-        """Each item's result, in order, as it finishes (`weights` only matter to runners that spread the work)."""
-        for item in items:
-            yield work(item, 0)
+        """Each item's result, in order (`weights` only matter to runners that spread the work)."""
+        if self.threads == 1 or len(items) <= 1:
+            for item in items:
+                yield work(item, 0)
+            return
+        stop = threading.Event()  # set by the first failure (or an early stop): no piece starts after it
+
+        def guarded(item: Any) -> bytes:
+            if stop.is_set():
+                raise _NotStarted()
+            try:
+                return work(item, 0)
+            except BaseException:
+                stop.set()
+                raise
+
+        pool = ThreadPoolExecutor(max_workers=min(self.threads, len(items)), thread_name_prefix="dbidx-piece")
+        futures = [pool.submit(guarded, item) for item in items]
+        try:
+            for future in futures:
+                try:
+                    result = future.result()
+                except Exception:  # noqa: BLE001 - a piece's own error, re-raised as it is (the first in item order)
+                    stop.set()
+                    _end(pool, futures)
+                    raise _first_failure(futures) from None
+                yield result
+        finally:
+            # A failure or an early stop: nothing more starts, and what runs finishes before the caller goes on.
+            stop.set()
+            _end(pool, futures)
+
+
+@contextmanager
+def results_of(results: Iterator[bytes]) -> Iterator[Iterator[bytes]]:
+    """Use a runner's results inside a block that stops its pieces when it ends (a caller that fails on one result
+    must not leave pieces writing behind its rollback: the in-process runner waits for its running ones)."""
+    try:
+        yield results
+    finally:
+        close = getattr(results, "close", None)
+        if close is not None:
+            close()
+
+
+class _NotStarted(Exception):
+    """A piece skipped because an earlier one failed (or the caller stopped): never what the caller sees."""
+
+
+def _end(pool: ThreadPoolExecutor, futures: list[Future[bytes]]) -> None:
+    """Cancel the pieces not started and wait for the running ones."""
+    for future in futures:
+        future.cancel()
+    pool.shutdown(wait=True)
+
+
+def _first_failure(futures: list[Future[bytes]]) -> BaseException:
+    """The error of the first piece, in item order, that failed (not one skipped after it)."""
+    for future in futures:
+        if future.done() and not future.cancelled():
+            error = future.exception()
+            if error is not None and not isinstance(error, _NotStarted):
+                return error
+    return CommitError("a piece of work was skipped, but none failed")  # unreachable: a skip follows a failure
 
 
 IN_PROCESS = InProcessRunner()

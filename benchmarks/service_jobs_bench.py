@@ -1,5 +1,5 @@
 """Table services in the driver vs as Spark jobs: the same data compaction and index compaction, once in this process
-one piece after another (`IN_PROCESS`, what `upsert_arrow` and `dbidx maintain` do, and a Spark writer with
+on a few threads (`IN_PROCESS`, what `upsert_arrow` and `dbidx maintain` do, and a Spark writer with
 `spark_jobs=false`) and once as one Spark job per compaction (`SparkWorkRunner`, a Spark writer's default), its
 pieces packed into as many tasks as Spark has cores.
 
@@ -147,7 +147,7 @@ def run(args: argparse.Namespace, work: Path) -> tuple[str, bool]:
             f"{args.batch:,} rows",
             f"Machine: {_report.machine()}. Command: `{_report.command()}`. Spark local[2]. Data set {origin}; table "
             f"built with `upsert_arrow`, services off, {args.shards} key shards. Each figure is the best of "
-            f"{args.repeats} runs on a fresh copy of the table. Driver: the pieces one after another in this process "
+            f"{args.repeats} runs on a fresh copy of the table. Driver: the pieces on a few threads of this process "
             f"(`IN_PROCESS`); Spark: one job per compaction, its pieces packed into as many tasks as Spark has cores, "
             f"balanced by bytes (`SparkWorkRunner`). CPU: this "
             f"(driver) process only; Spark's tasks run in its Python workers. A Spark job of {probe[0]:,} empty pieces "

@@ -663,6 +663,35 @@ def step_rows(part: SparkPart) -> list[list[Any]]:
     return rows
 
 
+def services_rows(part: SparkPart) -> list[list[Any]]:
+    """What the table services after each commit did, per batch that ran any (from the upsert summary's `services`):
+    the cost the median hides and the mean carries."""
+    rows = []
+    for b in part.batches:
+        report = b.dbidx.summary.get("services") or {}
+        for run in report.get("ran") or []:
+            details = run.get("details") or {}
+            rows.append(
+                [
+                    f"batch {b.number}",
+                    run.get("service", "-"),
+                    seconds(run.get("seconds") or 0.0),
+                    details.get("ran_on", "-"),
+                    ", ".join(f"{k} {_brief(v)}" for k, v in details.items() if k != "ran_on") or "-",
+                ]
+            )
+        if report.get("error"):
+            rows.append([f"batch {b.number}", "error", "-", "-", str(report["error"])[:200]])
+    return rows
+
+
+def _brief(value: Any) -> str:
+    """A services detail in a table cell: a list of partitions by its length, numbers with separators."""
+    if isinstance(value, (list, tuple)):
+        return f"{len(value):,}"
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
 def memory_rows(part: SparkPart) -> list[list[Any]]:
     steps = [
         ("Spark repartition + write", part.shuffled),
@@ -773,6 +802,10 @@ def render(args: argparse.Namespace, origin: str, part: SparkPart, goals: list[l
             "answer), where the key indexes of the older data files the deletion vectors searched came from (the "
             "worker's memory, the executor's key files, or decoded from the data file), hit rate):",
             _report.table(STEP_HEADERS, step_rows(part)),
+            "The table services each upsert ran after its commit (`after_commit`, on by default; docs/CONFIG.md), in "
+            "the batches where they did anything (partitions: how many; bytes before and after: of the files "
+            "rewritten):",
+            _report.table(["step", "service", "seconds", "ran on", "what"], services_rows(part) or [["-"] * 5]),
             "RSS per step, when it began and at its peak (largest single process, and the sum over the process tree: "
             "driver, Spark JVM, Python workers):",
             _report.table(

@@ -30,7 +30,7 @@ from dbidx.data.reads import ReadUnit, plan_read, read_unit
 from dbidx.data.superseded import load_vector, write_vectors
 from dbidx.errors import CommitError, ConflictError, CorruptFileError, InvalidInputError
 from dbidx.progress import Progress, Steps
-from dbidx.runner import IN_PROCESS, WorkRunner, attempt_of, check_written, pack, unpack
+from dbidx.runner import IN_PROCESS, WorkRunner, attempt_of, check_written, pack, results_of, unpack
 from dbidx.storage import layout, markers
 from dbidx.storage.data_view import DvRef
 from dbidx.storage.fileio import FileIO
@@ -139,12 +139,13 @@ def compact_data(
         steps = Steps(progress, len(todo))
         work = partial(rewrite_file_group, table.io, writer.instant, plan.key or "", schema)
         what = f"data compaction {writer.instant}"
-        results = (runner or IN_PROCESS).run(work, todo, f"{what}: rewrite file groups", [u.bytes for u in todo])
-        for unit, payload in zip(todo, results):
-            base = _parsed_rewrite(payload, unit, writer.instant, moved, what)
-            steps.step(f"{unit.partition or '(root)'} {unit.file_group}", sum(f.rows for f in unit.files))
-            if base is not None:
-                bases.append(base)
+        run = (runner or IN_PROCESS).run(work, todo, f"{what}: rewrite file groups", [u.bytes for u in todo])
+        with results_of(run) as results:
+            for unit, payload in zip(todo, results):
+                base = _parsed_rewrite(payload, unit, writer.instant, moved, what)
+                steps.step(f"{unit.partition or '(root)'} {unit.file_group}", sum(f.rows for f in unit.files))
+                if base is not None:
+                    bases.append(base)
         check_written(table.io, what, [(b.path, b.size) for b in bases])
 
         def build(seq: int) -> CompletedInstant:

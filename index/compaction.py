@@ -28,7 +28,7 @@ import pyarrow as pa
 from dbidx.errors import CommitError, ConflictError, CorruptFileError, InvalidInputError
 from dbidx.index import rli_files
 from dbidx.progress import Progress, Steps
-from dbidx.runner import IN_PROCESS, WorkRunner, attempt_of, check_written, pack, unpack
+from dbidx.runner import IN_PROCESS, WorkRunner, attempt_of, check_written, pack, results_of, unpack
 from dbidx.storage import layout, markers
 from dbidx.storage.fileio import FileIO
 from dbidx.storage.instant_life import InstantLife
@@ -134,14 +134,15 @@ def compact(
         work = partial(merge_group, table.io, writer.instant, table.schema, table.props.row_group_size)
         what = f"compaction {writer.instant}"
         items = [(g[0], g[1], plan.files, plan.into_base) for g, plan in todo.items()]
-        results = (runner or IN_PROCESS).run(
+        run = (runner or IN_PROCESS).run(
             work, items, f"{what}: merge index groups", [sum(f.size for f in item[2]) for item in items]
         )
-        for item, payload in zip(items, results):
-            base = _parsed_merge(payload, item[0], item[1], item[3], writer.instant, what)
-            steps.step(f"{item[0] or '(global)'} shard {item[1]}", sum(f.rows for f in item[2]))
-            if base is not None:
-                bases.append(base)
+        with results_of(run) as results:
+            for item, payload in zip(items, results):
+                base = _parsed_merge(payload, item[0], item[1], item[3], writer.instant, what)
+                steps.step(f"{item[0] or '(global)'} shard {item[1]}", sum(f.rows for f in item[2]))
+                if base is not None:
+                    bases.append(base)
         check_written(table.io, what, [(b.path, b.size) for b in bases])
 
         def check(news: list[CompletedInstant]) -> None:

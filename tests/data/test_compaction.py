@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import threading
 from pathlib import Path
 
 import pyarrow as pa
@@ -64,12 +65,13 @@ def test_compaction_keeps_every_row_and_a_concurrent_upsert_lands(
     # 1. A compaction during which another writer commits a batch touching the same file groups.
     concurrent = random_batch(rng, oracle, serial)
     real_write_base = data_compaction.rewrite_file_group
-    calls = []
+    calls, first = [], threading.Lock()  # the pieces run on threads: exactly one of them commits the batch
 
     def write_base_while_an_upsert_commits(*args, **kwargs):
-        if not calls:
-            upsert(concurrent)  # commits after the compaction's snapshot, before its publish
-        calls.append(1)
+        with first:
+            if not calls:
+                upsert(concurrent)  # commits after the compaction's snapshot, before its publish
+            calls.append(1)
         return real_write_base(*args, **kwargs)
 
     monkeypatch.setattr(data_compaction, "rewrite_file_group", write_base_while_an_upsert_commits)

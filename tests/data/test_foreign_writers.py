@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 from pathlib import Path
 from typing import Callable
 
@@ -364,11 +365,13 @@ def test_a_data_compaction_racing_another_engines_optimize_conflicts(
     w = Writer(tmp_path)
     real = compaction.rewrite_file_group
     fired: list[bool] = []
+    first = threading.Lock()  # the pieces run on threads: exactly one of them runs the OPTIMIZE
 
     def base_then_optimize(*args, **kwargs):
-        if not fired:
-            fired.append(True)
-            _compact(w)
+        with first:
+            if not fired:
+                fired.append(True)
+                _compact(w)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(compaction, "rewrite_file_group", base_then_optimize)

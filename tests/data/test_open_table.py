@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 from pathlib import Path
 
 import pyarrow as pa
@@ -70,11 +71,13 @@ def test_every_commit_kind_reads_the_same_in_every_engine(
     # 2. A data compaction during which another commit supersedes rows of the files it rewrites.
     concurrent = random_batch(rng, oracle, serial)
     real_write_base, calls = data_compaction.rewrite_file_group, []
+    first = threading.Lock()  # the pieces run on threads: exactly one of them commits the batch
 
     def write_base_then_commit(*args, **kwargs):
-        if not calls:
-            calls.append(1)
-            upsert(concurrent)
+        with first:
+            if not calls:
+                calls.append(1)
+                upsert(concurrent)
         return real_write_base(*args, **kwargs)
 
     data_compaction.rewrite_file_group = write_base_then_commit
