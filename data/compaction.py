@@ -271,13 +271,21 @@ def _parsed_rewrite(
             raise ValueError(f"row maps for {len(maps)} of the {len(rows_of)} replaced files")
         sent = np.concatenate(list(maps.values()))
         sent = sent[sent >= 0]
-        if len(sent) != base.rows or (sent >= base.rows).any() or len(np.unique(sent)) != len(sent):
+        if len(sent) != base.rows or (sent >= base.rows).any() or not _each_once(sent, base.rows):
             raise ValueError(f"row maps send {len(sent)} rows to a base of {base.rows}, not each base row once")
     except (ValueError, TypeError, KeyError) as exc:
         raise CommitError(f"{where}: a malformed rewrite result ({exc}); nothing was published") from exc
     for path, rows in maps.items():
         moved[path] = (base.path, rows)
     return base
+
+
+def _each_once(sent: np.ndarray, rows: int) -> bool:
+    """Whether `sent` (as many rows as the base has, each in [0, rows)) names every base row, hence each once: one
+    pass over a flag per row (np.unique hashed or sorted every row: 0.18 s per 535,000 rows in a compaction)."""
+    seen = np.zeros(rows, dtype=bool)
+    seen[sent] = True
+    return bool(seen.all())
 
 
 def _rebased_vectors(
