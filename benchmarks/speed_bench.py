@@ -689,7 +689,7 @@ def _brief(value: Any) -> str:
     """A services detail in a table cell: a list of partitions by its length, numbers with separators."""
     if isinstance(value, (list, tuple)):
         return f"{len(value):,}"
-    return f"{value:,}" if isinstance(value, int) else str(value)
+    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
 
 
 def memory_rows(part: SparkPart) -> list[list[Any]]:

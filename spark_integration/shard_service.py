@@ -86,6 +86,8 @@ class ShardService:
         self.served = 0
         self.stopping = False  # asked to exit (service_link.request_stop) after the current request
         self.ahead = ahead  # a catch-up to run between requests, once its commit lands
+        self.warm: Any = None  # service_warm.WarmKeys: a compaction's new files to index between requests
+        self.groups: set[tuple[str, str]] = set()  # (partition, file group) the last upsert wrote into
 
     def serve(self) -> None:
         """Bind, answer until idle for idle_s, then close the cache and remove the socket."""
@@ -113,13 +115,20 @@ class ShardService:
             while True:
                 # 1. Wait for a request: until idle for idle_s, or a poll's length while a catch-up is pending.
                 idle_left = self.idle_s - (time.monotonic() - last_request)
-                listener.settimeout(self._poll_s() if self.ahead else max(0.001, idle_left))
+                watching = self.ahead is not None or self.warm is not None
+                listener.settimeout(self._poll_s() if watching else max(0.001, idle_left))
                 try:
                     conn, _ = listener.accept()
                 except socket.timeout:
-                    # 2. No request: catch up if the served batch's commit (or any other) landed; exit when idle.
+                    # 2. No request: catch up if the served batch's commit (or any other) landed, then index the new
+                    #    files of a data compaction that lands; exit when idle.
                     if self.ahead is not None:
                         self._catch_up_ahead()
+                        continue
+                    if self.warm is not None:
+                        # Done watching, or idle for idle_s (then the service exits as it would have).
+                        if idle_left <= 0 or not self.warm.step(listener):
+                            self.warm = None
                         continue
                     break
                 with conn:
@@ -135,8 +144,12 @@ class ShardService:
             log.info("exiting after %d requests (%s)", self.served, "asked to" if self.stopping else "idle")
 
     def _poll_s(self) -> float:
-        """How long to wait for a request before looking for the pending catch-up's commit again."""
-        return AHEAD_POLL_S if self.ahead is None or self.ahead.table.io.is_local else AHEAD_POLL_REMOTE_S
+        """How long to wait for a request before looking for the pending catch-up's (or compaction's) commit again."""
+        if self.ahead is None:
+            from dbidx.spark_integration.service_warm import WARM_POLL_S
+
+            return WARM_POLL_S
+        return AHEAD_POLL_S if self.ahead.table.io.is_local else AHEAD_POLL_REMOTE_S
 
     def _catch_up_ahead(self) -> None:
         """Catch the held cache up once a completion past the one it holds exists (the commit of the batch just
@@ -158,6 +171,11 @@ class ShardService:
         except Exception as exc:  # noqa: BLE001 - the next task's own catch-up reports a real problem
             self.ahead = None
             log.warning("catching up ahead of the next task failed (the task will): %s", exc)
+            return
+        if self.groups and not ahead.open_cache:
+            from dbidx.spark_integration.service_warm import WarmKeys
+
+            self.warm = WarmKeys.after(ahead.table, ahead.options, ahead.shard, ahead.seq + 1, self.groups)
 
     def _answer(self, conn: socket.socket) -> None:
         from dbidx.cache import service_link
@@ -211,7 +229,7 @@ class ShardService:
         with _Forwarded() as forwarded:
             try:
                 if op == "upsert":
-                    self.ahead = None  # this request catches up itself
+                    self.ahead = self.warm = None  # this request catches up itself and reads the files it needs
                     wire = self._upsert(header, body)
                 else:  # a pending catch-up stays: a tag request commits nothing
                     wire = self._tag(header, body)
@@ -230,6 +248,7 @@ class ShardService:
 
         table, options, batches = _unpacked(header, body)
         result = task.upsert_batches(batches, table, options, header["instant"], int(header["attempt"]), held=self.held)
+        self.groups = {(f.partition, f.file_group) for f in result.files}
         if len(result.metrics) == 1:  # the commit of this batch will be the next completion to catch up on
             shard = result.metrics[0]
             self.ahead = _Ahead(table, options, shard.shard, shard.tagged_seq, time.monotonic() + AHEAD_WAIT_S)

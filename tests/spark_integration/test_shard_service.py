@@ -175,6 +175,28 @@ def test_the_service_catches_up_on_a_commit_before_the_next_task_comes(tmp_path:
     assert len(contents(table)) == 260
 
 
+def test_the_service_indexes_a_data_compactions_new_files_before_the_next_task_needs_them(
+    tmp_path: Path, runtime: Path
+) -> None:
+    from dbidx.spark_integration import datafiles
+
+    table, cfg = served_table(tmp_path, idle_s=60)  # batch 2 was served: the service watches the groups it wrote
+    compacted = table.compact_data(min_files=2)  # as the table services after a publish would
+    assert compacted.record is not None
+    bases = list(compacted.record.data_files)
+    disk = datafiles.key_files_for(table, 0, cfg)
+    assert bases and disk is not None
+    # Between requests the service built each new base's key index (kept as a key file too, by its saver thread).
+    assert _wait(lambda: all((path := disk.path_of(b)) is not None and path.exists() for b in bases))
+    summary = upsert_arrow(rows(140, 200, 3), table, key="id", partition="dt", cache_config=cfg)
+    (shard,) = summary.per_shard
+    # The next task's search found the bases' key indexes in the service's memory: none decoded from a data file.
+    assert shard["served"] == 1
+    assert shard["keys_from_data_files"] == 0 and shard["keys_from_memory"] >= len(bases)
+    assert (summary.updates, summary.inserts) == (10, 50)
+    assert len(contents(table)) == 200
+
+
 def test_a_bulk_load_leaves_its_service_with_the_cache_open_and_its_partitions_installed(
     tmp_path: Path, runtime: Path
 ) -> None:
