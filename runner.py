@@ -70,7 +70,7 @@ class InProcessRunner:
     where = "driver"
 
     def __init__(self, threads: int | None = None) -> None:
-        self.threads = max(1, threads if threads is not None else min(MAX_THREADS, os.cpu_count() or 1))
+        self.threads = max(1, threads if threads is not None else min(MAX_THREADS, _cores()))
 
     def run(self, work: Work, items: Sequence[Any], what: str, weights: Sequence[int] | None = None) -> Iterator[bytes]:
         """Each item's result, in order (`weights` only matter to runners that spread the work)."""
@@ -90,16 +90,15 @@ class InProcessRunner:
                 raise
 
         pool = ThreadPoolExecutor(max_workers=min(self.threads, len(items)), thread_name_prefix="dbidx-piece")
-        futures = [pool.submit(guarded, item) for item in items]
+        futures: list[Future[bytes]] = []
         try:
+            futures.extend(pool.submit(guarded, item) for item in items)  # a submit that fails: what ran is waited for
             for future in futures:
-                try:
-                    result = future.result()
-                except Exception:  # noqa: BLE001 - a piece's own error, re-raised as it is (the first in item order)
+                if future.exception() is not None:
                     stop.set()
                     _end(pool, futures)
-                    raise _first_failure(futures) from None
-                yield result
+                    raise _first_failure(futures)  # the piece's own error, its cause kept
+                yield future.result()
         finally:
             # A failure or an early stop: nothing more starts, and what runs finishes before the caller goes on.
             stop.set()
@@ -116,6 +115,14 @@ def results_of(results: Iterator[bytes]) -> Iterator[Iterator[bytes]]:
         close = getattr(results, "close", None)
         if close is not None:
             close()
+
+
+def _cores() -> int:
+    """The cores this process may run on (its affinity: a container's cpuset), else the machine's."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 class _NotStarted(Exception):

@@ -20,9 +20,11 @@ from typing import Any
 
 log = logging.getLogger("dbidx.shard_service")
 # After the catch-up, how long the service keeps watching for a data compaction's commit (the services after a
-# batch's publish took 6-10 s at 10 M keys on 2 cores), and how often it looks (one stat, or one HEAD request).
+# batch's publish took 6-10 s at 10 M keys on 2 cores), and how often it looks (one stat; on an object store one HEAD
+# request, so less often there).
 WARM_WAIT_S = 30.0
 WARM_POLL_S = 0.05
+WARM_POLL_REMOTE_S = 0.5
 
 
 @dataclass
@@ -42,20 +44,25 @@ class WarmKeys:
         """Watch the completions after `seq` for WARM_WAIT_S."""
         return cls(table, options, shard, seq, time.monotonic() + WARM_WAIT_S, set(groups))
 
-    def step(self, listener: socket.socket) -> bool:
-        """One look, between requests: index the new files of the data compactions that landed, in the watched
-        groups, while no connection waits on `listener`. False once done watching, or after a failure (only logged:
-        the next task reads the files itself)."""
-        from dbidx.data.key_columns import KEYS, KeySources
-        from dbidx.data.superseded import read_key_column
-        from dbidx.spark_integration import datafiles
-        from dbidx.spark_integration.shard_sessions import warm_table
-        from dbidx.storage import layout
-        from dbidx.storage.records import ACTION_DATA_COMPACTION
+    def poll_s(self) -> float:
+        """How long to wait for a request before looking for a compaction's commit again."""
+        return WARM_POLL_S if self.table.io.is_local else WARM_POLL_REMOTE_S
 
+    def step(self, listener: socket.socket, deadline: float) -> bool:
+        """One look, between requests: index the new files of the data compactions that landed, in the watched
+        groups, while no connection waits on `listener` and until `deadline` (the service's idle exit; a file being
+        indexed is finished first). False once done watching, or after a failure (only logged: the next task reads
+        the files itself)."""
         if time.monotonic() > self.until:
             return False
         try:
+            from dbidx.data.key_columns import KEYS, KeySources
+            from dbidx.data.superseded import read_key_column
+            from dbidx.spark_integration import datafiles
+            from dbidx.spark_integration.shard_sessions import warm_table
+            from dbidx.storage import layout
+            from dbidx.storage.records import ACTION_DATA_COMPACTION
+
             # 1. New completions: the files of the data compactions among them, in the watched groups.
             if not self.pending:
                 if not self.table.io.exists(layout.completed_file(self.seq + 1)):
@@ -69,7 +76,8 @@ class WarmKeys:
             #    while no task is waiting: a request always comes first.
             disk = datafiles.key_files_for(self.table, self.shard, self.options.cache)
             reader = partial(read_key_column, self.table.io, key=self.options.key)
-            while self.pending and not select.select([listener], [], [], 0)[0]:
+            end = min(self.until, deadline)
+            while self.pending and time.monotonic() < end and not select.select([listener], [], [], 0)[0]:
                 KEYS.get(self.pending.pop(), reader, disk, KeySources())
             return True
         except Exception as exc:  # noqa: BLE001 - never needed: the next task reads what it lacks itself

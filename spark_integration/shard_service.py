@@ -127,7 +127,7 @@ class ShardService:
                         continue
                     if self.warm is not None:
                         # Done watching, or idle for idle_s (then the service exits as it would have).
-                        if idle_left <= 0 or not self.warm.step(listener):
+                        if idle_left <= 0 or not self.warm.step(listener, last_request + self.idle_s):
                             self.warm = None
                         continue
                     break
@@ -146,9 +146,7 @@ class ShardService:
     def _poll_s(self) -> float:
         """How long to wait for a request before looking for the pending catch-up's (or compaction's) commit again."""
         if self.ahead is None:
-            from dbidx.spark_integration.service_warm import WARM_POLL_S
-
-            return WARM_POLL_S
+            return self.warm.poll_s() if self.warm is not None else AHEAD_POLL_S
         return AHEAD_POLL_S if self.ahead.table.io.is_local else AHEAD_POLL_REMOTE_S
 
     def _catch_up_ahead(self) -> None:
@@ -196,8 +194,9 @@ class ShardService:
             log.warning("dropped an unreadable request: %s", exc)
             return
         op = header.get("op")
-        if op == "release":
+        if op == "release":  # another opener wants the directory: the service also stops its work between requests
             self.held.release()
+            self.warm = None
             return
         if op == "stop":
             self.stopping = True

@@ -107,3 +107,20 @@ def test_a_caller_failing_on_a_result_leaves_the_block_with_no_piece_running() -
             for payload in results:
                 raise RuntimeError("a result the caller refuses")  # e.g. a piece's file of the wrong size
     assert active == []  # what a rollback after the block deletes is not being written any more
+
+
+def test_a_pieces_error_keeps_its_type_and_cause() -> None:
+    class PieceError(Exception):
+        pass
+
+    def work(item: int, attempt: int) -> bytes:
+        if item == 3:
+            try:
+                raise OSError("the file could not be read")
+            except OSError as exc:
+                raise PieceError("piece 3 failed") from exc
+        return pack({"item": item})
+
+    with pytest.raises(PieceError, match="piece 3 failed") as raised:
+        list(InProcessRunner(threads=2).run(work, list(range(6)), "test"))
+    assert isinstance(raised.value.__cause__, OSError)
