@@ -94,10 +94,9 @@ class InProcessRunner:
         try:
             futures.extend(pool.submit(guarded, item) for item in items)  # a submit that fails: what ran is waited for
             for future in futures:
-                if future.exception() is not None:
-                    stop.set()
-                    _end(pool, futures)
-                    raise _first_failure(futures)  # the piece's own error, its cause kept
+                error = future.exception()  # every earlier piece succeeded: this is the first failure in item order
+                if error is not None:
+                    raise error  # the piece's own error, its cause kept, once the `finally` waited for the rest
                 yield future.result()
         finally:
             # A failure or an early stop: nothing more starts, and what runs finishes before the caller goes on.
@@ -134,16 +133,6 @@ def _end(pool: ThreadPoolExecutor, futures: list[Future[bytes]]) -> None:
     for future in futures:
         future.cancel()
     pool.shutdown(wait=True)
-
-
-def _first_failure(futures: list[Future[bytes]]) -> BaseException:
-    """The error of the first piece, in item order, that failed (not one skipped after it)."""
-    for future in futures:
-        if future.done() and not future.cancelled():
-            error = future.exception()
-            if error is not None and not isinstance(error, _NotStarted):
-                return error
-    return CommitError("a piece of work was skipped, but none failed")  # unreachable: a skip follows a failure
 
 
 IN_PROCESS = InProcessRunner()

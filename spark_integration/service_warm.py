@@ -36,13 +36,13 @@ class WarmKeys:
     shard: int
     seq: int
     until: float
-    groups: set[tuple[str, str]]
+    groups: frozenset[tuple[str, str]]
     pending: list[Any] = field(default_factory=list)
 
     @classmethod
-    def after(cls, table: Any, options: Any, shard: int, seq: int, groups: set[tuple[str, str]]) -> "WarmKeys":
+    def after(cls, table: Any, options: Any, shard: int, seq: int, groups: frozenset[tuple[str, str]]) -> "WarmKeys":
         """Watch the completions after `seq` for WARM_WAIT_S."""
-        return cls(table, options, shard, seq, time.monotonic() + WARM_WAIT_S, set(groups))
+        return cls(table, options, shard, seq, time.monotonic() + WARM_WAIT_S, groups)
 
     def poll_s(self) -> float:
         """How long to wait for a request before looking for a compaction's commit again."""

@@ -51,7 +51,8 @@ STALE_AHEAD_S = 600.0
 @dataclass
 class _Ahead:
     """What the service catches up on once the next commit lands: the table and shard it served, the completion seq
-    its cache was caught up to, until when it watches."""
+    its cache was caught up to, until when it watches, and the file groups the served upsert wrote into (whose data
+    compaction it then watches for: service_warm.py)."""
 
     table: Any
     options: Any
@@ -59,6 +60,7 @@ class _Ahead:
     seq: int
     until: float
     open_cache: bool = False  # open the cache if it is not (after a bulk load: the first batch finds it warm)
+    groups: frozenset[tuple[str, str]] = frozenset()  # (partition, file group); none after a bulk load
 
     @classmethod
     def load(cls, message: dict[str, Any]) -> "_Ahead":
@@ -87,7 +89,6 @@ class ShardService:
         self.stopping = False  # asked to exit (service_link.request_stop) after the current request
         self.ahead = ahead  # a catch-up to run between requests, once its commit lands
         self.warm: Any = None  # service_warm.WarmKeys: a compaction's new files to index between requests
-        self.groups: set[tuple[str, str]] = set()  # (partition, file group) the last upsert wrote into
 
     def serve(self) -> None:
         """Bind, answer until idle for idle_s, then close the cache and remove the socket."""
@@ -170,10 +171,10 @@ class ShardService:
             self.ahead = None
             log.warning("catching up ahead of the next task failed (the task will): %s", exc)
             return
-        if self.groups and not ahead.open_cache:
+        if ahead.groups:
             from dbidx.spark_integration.service_warm import WarmKeys
 
-            self.warm = WarmKeys.after(ahead.table, ahead.options, ahead.shard, ahead.seq + 1, self.groups)
+            self.warm = WarmKeys.after(ahead.table, ahead.options, ahead.shard, ahead.seq + 1, ahead.groups)
 
     def _answer(self, conn: socket.socket) -> None:
         from dbidx.cache import service_link
@@ -247,10 +248,11 @@ class ShardService:
 
         table, options, batches = _unpacked(header, body)
         result = task.upsert_batches(batches, table, options, header["instant"], int(header["attempt"]), held=self.held)
-        self.groups = {(f.partition, f.file_group) for f in result.files}
         if len(result.metrics) == 1:  # the commit of this batch will be the next completion to catch up on
             shard = result.metrics[0]
-            self.ahead = _Ahead(table, options, shard.shard, shard.tagged_seq, time.monotonic() + AHEAD_WAIT_S)
+            groups = frozenset((f.partition, f.file_group) for f in result.files)
+            until = time.monotonic() + AHEAD_WAIT_S
+            self.ahead = _Ahead(table, options, shard.shard, shard.tagged_seq, until, groups=groups)
         return result.pack()
 
     def _tag(self, header: dict[str, Any], body: Any) -> Any:
