@@ -19,12 +19,13 @@ XDIST_OPTS := --dist loadgroup --no-loadscope-reorder
 XDIST := -n 2 $(XDIST_OPTS)
 XDIST_FULL := -n 3 $(XDIST_OPTS)
 
-# The full suite but the packed-environment cluster test (about 70 s, needs PyPI): `make test-cluster` runs that.
-# tools/run_tests.py puts the tests' files on tmpfs when there is one; the lint runs beside the one-time build of the
-# Spark class-data archive the tests' JVMs start from (tools/spark_cds.py).
+# The full suite but the packed-environment cluster test (about 70 s, needs PyPI: `make test-cluster` runs that) and
+# the benchmark scripts' smoke runs (about a fifth of the suite's CPU: `make bench-smoke`, which CI runs right after
+# this). tools/run_tests.py puts the tests' files on tmpfs when there is one; the lint runs beside the one-time build
+# of the Spark class-data archive the tests' JVMs start from (tools/spark_cds.py).
 test: check-java $(STAMP)
 	@$(MAKE) --no-print-directory -j2 lint spark-cds
-	$(BIN)/python -m tools.run_tests --spark-cds -m "not packing" $(XDIST_FULL) --durations=15
+	$(BIN)/python -m tools.run_tests --spark-cds -m "not packing and not bench_smoke" $(XDIST_FULL) --durations=15
 
 # The Spark class-data archive of this virtualenv (once; a JDK that cannot build one only costs the speed-up).
 spark-cds: $(STAMP)
@@ -76,8 +77,10 @@ bench: check-java $(STAMP)
 	$(BIN)/python benchmarks/projection.py
 
 # Every benchmark at smoke size (under a minute); the test suite runs the same.
-bench-smoke: check-java $(STAMP)
-	$(BIN)/python -m pytest -q tests/test_bench_smoke.py
+# Every benchmark script at tiny sizes, each checked to run to its results table (tests/test_bench_smoke.py; CI runs
+# this after `make test`).
+bench-smoke: check-java $(STAMP) spark-cds
+	$(BIN)/python -m tools.run_tests --spark-cds -m bench_smoke $(XDIST_FULL)
 
 bench-footprint: $(STAMP)
 	$(BIN)/python benchmarks/footprint_bench.py --write-results

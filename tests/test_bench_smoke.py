@@ -1,4 +1,5 @@
-"""The benchmark scripts run at smoke size inside the test suite, so they never rot."""
+"""The benchmark scripts run at smoke size, so they never rot: the runs are marked `bench_smoke` (`make bench-smoke`,
+which CI runs right after `make test`); the checks of the committed figures and charts are in `make test`."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ def test_every_benchmark_script_is_smoke_tested():
     assert scripts == set(SMOKE) | set(SPARK_SMOKE) | {"soak_bench.py"}
 
 
-@pytest.mark.slow  # a benchmark run end to end, in a subprocess: `make test` and `make bench-smoke`, not the fast tier
+@pytest.mark.slow  # a benchmark run end to end, in a subprocess: `make bench-smoke` (CI runs it after `make test`)
+@pytest.mark.bench_smoke
 @pytest.mark.parametrize("script", sorted(SMOKE))
 def test_benchmark_runs_at_smoke_size(script, tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
@@ -129,6 +131,7 @@ def shared_spark_smokes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, d
 
 @pytest.mark.spark
 @pytest.mark.slow
+@pytest.mark.bench_smoke
 @pytest.mark.parametrize("script", SHARED_SPARK)
 def test_spark_benchmark_runs_at_smoke_size(shared_spark_smokes, script):
     result = shared_spark_smokes[script]
@@ -140,6 +143,7 @@ def test_spark_benchmark_runs_at_smoke_size(shared_spark_smokes, script):
 
 @pytest.mark.spark
 @pytest.mark.slow
+@pytest.mark.bench_smoke
 def test_peer_benchmark_runs_at_smoke_size(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     result = subprocess.run(
@@ -158,6 +162,7 @@ def test_peer_benchmark_runs_at_smoke_size(tmp_path):
 
 @pytest.mark.spark
 @pytest.mark.slow
+@pytest.mark.bench_smoke
 @pytest.mark.parametrize("services", SOAK_SERVICES)
 def test_soak_benchmark_runs_at_smoke_size(shared_spark_smokes, services):
     """12 batches of 200 rows on 2,000 keys, reads every 4: the goals table (every goal measured, none claimed
@@ -184,6 +189,7 @@ def test_soak_benchmark_runs_at_smoke_size(shared_spark_smokes, services):
 
 
 @pytest.mark.slow
+@pytest.mark.bench_smoke
 def test_service_growth_runs_at_smoke_size(tmp_path):
     """24 batches of 200 rows on 2,000 keys, windows of 8, profiled: the per-window totals, the per-service table
     (every service's trigger measured: the wrapped functions still exist in dbidx.table.services) and the profile's
