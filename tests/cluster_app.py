@@ -58,7 +58,7 @@ def make_hook(
 ) -> Callable[[int, int], None]:
     """on_task_written hook: record where each task attempt ran; SIGKILL the executor once at (batch, shard)
     `kill_at`; stall the first attempt at `slow_at` (a straggler: Spark speculates a copy of it on the other
-    worker, the copy wins and Spark kills the straggler).
+    worker, the copy waits until the straggler reached its hook, then wins, and Spark kills the straggler).
 
     The kill happens after the attempt wrote its data and index files and before it reports back, on the first
     attempt only; an exclusive create of a marker file makes it happen at most once whatever Spark retries.
@@ -82,6 +82,12 @@ def make_hook(
         Path(probe_dir, name).write_text(json.dumps(record))
         if slow_at == (batch, shard) and attempt == 0:
             time.sleep(SLOW_S)
+        elif slow_at == (batch, shard):
+            # The copy reports back only once the straggler reached its hook too: under load the copy was launched
+            # (by elapsed time) and won before the straggler had written its files, so no probe said where it ran.
+            deadline = time.monotonic() + SLOW_S / 2
+            while not list(Path(probe_dir).glob(f"b{batch}-s{shard}-a0-*.json")) and time.monotonic() < deadline:
+                time.sleep(0.1)
         if kill_at != (batch, shard) or attempt != 0:
             return
         # 2. At most one kill in the whole run.
