@@ -43,6 +43,15 @@ class BytesLRU(Generic[K, V]):
                 self._bytes -= dropped
             return value
 
+    def pop(self, key: K) -> V | None:
+        """Remove and return the value kept for `key` (None if there is none)."""
+        with self._lock:
+            found = self._items.pop(key, None)
+            if found is None:
+                return None
+            self._bytes -= found[1]
+            return found[0]
+
     @property
     def nbytes(self) -> int:
         """The sizes of the values kept, summed."""

@@ -6,7 +6,8 @@ table exactly as it stands right before the completion it publishes (inside the 
 check): a commit that lands meanwhile, a data compaction that rewrote the group, every earlier vector - all are
 in that state, so the union it writes is never stale. Each data file's key column is read once per process and
 kept with a hash index (data/key_columns.py), and a writer keeps the keys of the files it writes, so a steady
-stream of batches reads few files and probes only the batch's keys, not every older row.
+stream of batches reads few files and probes only the batch's keys, not every older row; a group's older files are
+probed at once, through one merged index kept per process and grown batch by batch (data/group_keys.py).
 
 The result is one Delta DV file per commit (data/deletion_vectors.py) and, per data file whose vector changed, its
 whole new vector. A new file's own delete rows (deletes, global-mode moves out of the group) are in its vector
@@ -36,6 +37,7 @@ from dbidx.data.deletion_vectors import (
     vector_body,
 )
 from dbidx.data.files import DELETED_COLUMN, read_data_file
+from dbidx.data.group_keys import GROUPS, FileId
 from dbidx.data.key_columns import KEYS, FileKeys, KeySources, KeyStore, Probe
 from dbidx.errors import CorruptFileError
 from dbidx.storage import layout, markers
@@ -140,15 +142,22 @@ def superseded_rows(
             indexes.update(
                 zip((r.path for r in missing), pool.map(lambda r: KEYS.get(r, reader, disk, sources), missing))
             )
-    # 3. In each, the rows whose key a new row of its group carries (hash index, confirmed by key), minus its vector.
-    #    Only the groups that have older files are indexed (a load into new partitions has none).
-    probes = {g: Probe.of_files(new_keys[g]) for g in {(r.partition, r.file_group) for r in older}}
+    # 3. In each, the rows whose key a new row of its group carries (one hash index per group over its older files,
+    #    kept per process: data/group_keys.py; confirmed by key), minus its vector. Only the groups that have older
+    #    files are searched (a load into new partitions has none).
+    by_group: dict[tuple[str, str], dict[FileId, FileKeys]] = {}
+    for r in older:
+        by_group.setdefault((r.partition, r.file_group), {})[(r.path, r.checksum)] = indexes[r.path]
+    hits: dict[FileId, np.ndarray] = {}
+    for (partition, file_group), files in by_group.items():
+        merged = GROUPS.of((io.root, partition, file_group), files)
+        hits.update(merged.rows_of(Probe.of_files(new_keys[(partition, file_group)]), files))
     dv_bytes: dict[str, bytes] = {}
     found: list[tuple[DataFileRecord, BitMap, pa.Array]] = []
     for record in older:
         file_keys = indexes[record.path]
-        rows = file_keys.rows_of(probes[(record.partition, record.file_group)])
-        if not len(rows):
+        rows = hits.get((record.path, record.checksum))
+        if rows is None or not len(rows):
             continue
         hit = positions_bitmap(rows)
         ref = view.vector_of(record.path)

@@ -1,0 +1,123 @@
+"""The older live files of one file group as one hash index, kept per process and grown batch by batch.
+
+Why: a batch's new rows supersede rows of their group's older files (data/superseded.py). Searching each older file
+on its own (data/key_columns.FileKeys.rows_of) costs a binary search per probe key per file and a few array calls
+per file: a steady stream of 100 k-row batches on 2 M keys probes ~350 files per task, most of the search's time.
+Merged, the group's files are one sorted hash array with the file and row of each hash: one search per probe key,
+and the candidates confirmed by key in one gather over the files' key columns. Each batch adds a file or two to a
+group, so the merged index is kept and the new files merged into it (two sorted runs: linear); a group whose files
+left (a data compaction) is merged again from its files' own indexes.
+
+The file indexes themselves stay in key_columns.KEYS (the caller passes them in); this keeps only the merged order,
+12 bytes per row, under its own byte budget. Every hit is confirmed by comparing the key itself, so a stale or
+colliding entry can never make a false hit: an entry is used only for exactly the files it was built from (by path
+and checksum), and otherwise built again.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from dbidx.data.key_columns import FileKeys, Probe
+from dbidx.lru import BytesLRU
+
+GROUP_CACHE_BYTES = int(os.environ.get("DBIDX_GROUP_KEYS_MB", "128")) * 2**20
+
+FileId = tuple[str, str]  # (data file path, checksum): a data file's identity
+
+
+@dataclass(frozen=True)
+class GroupKeys:
+    """Files' sorted hashes merged into one order: per entry, its hash, the file (index into `files`) and row."""
+
+    files: tuple[FileId, ...]
+    sorted_hashes: np.ndarray  # uint32
+    file_of: np.ndarray  # int32: index into files
+    row_of: np.ndarray  # int32: row in that file
+
+    @classmethod
+    def of(cls, files: Sequence[FileId], indexes: Sequence[FileKeys]) -> "GroupKeys":
+        """Merge the files' indexes (each sorted by hash already: a stable sort of k sorted runs)."""
+        empty = cls((), np.empty(0, np.uint32), np.empty(0, np.int32), np.empty(0, np.int32))
+        return empty.grown(files, indexes)
+
+    def grown(self, files: Sequence[FileId], indexes: Sequence[FileKeys]) -> "GroupKeys":
+        """This index with more files merged in (none of them in it already)."""
+        if not files:
+            return self
+        hashes = np.concatenate([self.sorted_hashes, *(f.sorted_hashes for f in indexes)])
+        first = len(self.files)
+        file_of = np.concatenate(
+            [self.file_of, *(np.full(len(f.order), first + i, np.int32) for i, f in enumerate(indexes))]
+        )
+        row_of = np.concatenate([self.row_of, *(f.order.astype(np.int32, copy=False) for f in indexes)])
+        order = np.argsort(hashes, kind="stable")  # timsort: linear on a few sorted runs
+        return GroupKeys((*self.files, *files), hashes[order], file_of[order], row_of[order])
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the merged arrays (the files' own indexes are counted by key_columns.KEYS)."""
+        return self.sorted_hashes.nbytes + self.file_of.nbytes + self.row_of.nbytes
+
+    def rows_of(self, probe: Probe, indexes: Mapping[FileId, FileKeys]) -> dict[FileId, np.ndarray]:
+        """Per file with a hit: its rows (int32, in no particular order, a row twice if the probe has its key twice)
+        whose key is one of the probe's. `indexes` holds each of `files`' own index (its keys confirm a hit)."""
+        # 1. Candidates: every entry whose hash equals a probe key's hash (a run per probe key, usually empty), as in
+        #    FileKeys.rows_of, over all the group's files at once.
+        hashes = self.sorted_hashes
+        if not len(hashes) or not len(probe.hashes):
+            return {}
+        lo = np.searchsorted(hashes, probe.hashes, side="left")
+        which_keys = np.flatnonzero(hashes[np.minimum(lo, len(hashes) - 1)] == probe.hashes)
+        if not len(which_keys):
+            return {}
+        lo = lo[which_keys]
+        counts = np.searchsorted(hashes, probe.hashes[which_keys], side="right") - lo
+        total = int(counts.sum())
+        which = np.repeat(which_keys, counts)  # the probe key of each candidate
+        entries = np.repeat(lo - (np.cumsum(counts) - counts), counts) + np.arange(total)
+        files, rows = self.file_of[entries], self.row_of[entries]
+        # 2. Confirmed by the keys themselves (one gather over the files' key columns): a collision is never a hit.
+        columns = [indexes[f].keys for f in self.files]
+        starts = np.cumsum([0, *(len(c) for c in columns)])[:-1]
+        found = pa.chunked_array(columns, type=pa.string()).take(pa.array(starts[files] + rows))
+        same = pc.equal(found, probe.keys.take(pa.array(which))).to_numpy(zero_copy_only=False)
+        files, rows = files[same], rows[same]
+        # 3. Split by file.
+        order = np.argsort(files, kind="stable")
+        files, rows = files[order], rows[order]
+        bounds = np.flatnonzero(np.diff(files)) + 1
+        return {
+            self.files[int(part[0])]: rows_part
+            for part, rows_part in zip(np.split(files, bounds), np.split(rows, bounds))
+            if len(part)
+        }
+
+
+class GroupIndexes:
+    """Per process: the last GroupKeys of each file group, least recently used dropped past a byte budget."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self._kept: BytesLRU[tuple[str, str, str], GroupKeys] = BytesLRU(max_bytes)
+
+    def of(self, group: tuple[str, str, str], indexes: Mapping[FileId, FileKeys]) -> GroupKeys:
+        """The merged index of exactly these files of `group` (table root, partition, file group): the kept one
+        when it has exactly these files, grown when it has some of them and no other, else merged anew."""
+        kept = self._kept.pop(group)  # taken out: a thread searching the same group at once merges its own
+        known = set(kept.files) if kept is not None else set()
+        if kept is not None and known <= set(indexes):
+            new = [f for f in indexes if f not in known]
+            merged = kept.grown(new, [indexes[f] for f in new])
+        else:
+            merged = GroupKeys.of(list(indexes), list(indexes.values()))
+        self._kept.put(group, merged, merged.nbytes)  # (another thread's may stay instead: this one is still exact)
+        return merged
+
+
+GROUPS = GroupIndexes(GROUP_CACHE_BYTES)
