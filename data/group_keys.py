@@ -51,14 +51,32 @@ class GroupKeys:
         """This index with more files merged in (none of them in it already)."""
         if not files:
             return self
-        hashes = np.concatenate([self.sorted_hashes, *(f.sorted_hashes for f in indexes)])
+        # 1. The new files' entries in hash order (a stable sort of their own sorted runs: few rows).
         first = len(self.files)
-        file_of = np.concatenate(
-            [self.file_of, *(np.full(len(f.order), first + i, np.int32) for i, f in enumerate(indexes))]
+        hashes = np.concatenate([f.sorted_hashes for f in indexes])
+        file_of = np.concatenate([np.full(len(f.order), first + i, np.int32) for i, f in enumerate(indexes)])
+        row_of = np.concatenate([f.order.astype(np.int32, copy=False) for f in indexes])
+        if len(indexes) > 1:
+            order = np.argsort(hashes, kind="stable")
+            hashes, file_of, row_of = hashes[order], file_of[order], row_of[order]
+        if not len(self.sorted_hashes):
+            return GroupKeys((*self.files, *files), hashes, file_of, row_of)
+        # 2. Merged into the kept order: where each new entry goes, then both placed (no sort of the kept entries).
+        at = np.searchsorted(self.sorted_hashes, hashes, side="right") + np.arange(len(hashes))
+        kept = np.ones(len(self.sorted_hashes) + len(hashes), dtype=bool)
+        kept[at] = False
+
+        def placed(old: np.ndarray, new: np.ndarray) -> np.ndarray:
+            out = np.empty(len(kept), dtype=old.dtype)
+            out[at], out[kept] = new, old
+            return out
+
+        return GroupKeys(
+            (*self.files, *files),
+            placed(self.sorted_hashes, hashes),
+            placed(self.file_of, file_of),
+            placed(self.row_of, row_of),
         )
-        row_of = np.concatenate([self.row_of, *(f.order.astype(np.int32, copy=False) for f in indexes)])
-        order = np.argsort(hashes, kind="stable")  # timsort: linear on a few sorted runs
-        return GroupKeys((*self.files, *files), hashes[order], file_of[order], row_of[order])
 
     @property
     def nbytes(self) -> int:
