@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dbidx.data.key_columns import FileKeys, Probe
+from dbidx.data.key_columns import FileKeys, Probe, hash_matches
 from dbidx.lru import BytesLRU
 
 GROUP_CACHE_BYTES = int(os.environ.get("DBIDX_GROUP_KEYS_MB", "128")) * 2**20
@@ -86,20 +86,10 @@ class GroupKeys:
     def rows_of(self, probe: Probe, indexes: Mapping[FileId, FileKeys]) -> dict[FileId, np.ndarray]:
         """Per file with a hit: its rows (int32, in no particular order, a row twice if the probe has its key twice)
         whose key is one of the probe's. `indexes` holds each of `files`' own index (its keys confirm a hit)."""
-        # 1. Candidates: every entry whose hash equals a probe key's hash (a run per probe key, usually empty), as in
-        #    FileKeys.rows_of, over all the group's files at once.
-        hashes = self.sorted_hashes
-        if not len(hashes) or not len(probe.hashes):
+        # 1. Candidates: every entry whose hash equals a probe key's hash, over all the group's files at once.
+        entries, which = hash_matches(self.sorted_hashes, probe)
+        if not len(entries):
             return {}
-        lo = np.searchsorted(hashes, probe.hashes, side="left")
-        which_keys = np.flatnonzero(hashes[np.minimum(lo, len(hashes) - 1)] == probe.hashes)
-        if not len(which_keys):
-            return {}
-        lo = lo[which_keys]
-        counts = np.searchsorted(hashes, probe.hashes[which_keys], side="right") - lo
-        total = int(counts.sum())
-        which = np.repeat(which_keys, counts)  # the probe key of each candidate
-        entries = np.repeat(lo - (np.cumsum(counts) - counts), counts) + np.arange(total)
         files, rows = self.file_of[entries], self.row_of[entries]
         # 2. Confirmed by the keys themselves (one gather over the files' key columns): a collision is never a hit.
         columns = [indexes[f].keys for f in self.files]

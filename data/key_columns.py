@@ -80,26 +80,32 @@ class FileKeys:
 
     def rows_of(self, probe: Probe) -> np.ndarray:
         """Rows of this file (int32, in no particular order, a row twice if the probe has its key twice) whose key
-        is one of the probe's keys."""
-        # 1. Candidates: every row whose hash equals a probe key's hash (a run per probe key, usually empty). One
-        #    search finds where each run would start; only the probe keys whose hash is there (few: most keys of a
-        #    batch are in none of a group's older files) are searched again for where their run ends.
-        hashes = self.sorted_hashes
-        if not len(hashes):
-            return np.empty(0, dtype=np.int32)
-        lo = np.searchsorted(hashes, probe.hashes, side="left")
-        which_keys = np.flatnonzero(hashes[np.minimum(lo, len(hashes) - 1)] == probe.hashes)
-        if not len(which_keys):
-            return np.empty(0, dtype=np.int32)
-        lo = lo[which_keys]
-        counts = np.searchsorted(hashes, probe.hashes[which_keys], side="right") - lo
-        total = int(counts.sum())
-        which = np.repeat(which_keys, counts)  # the probe key of each candidate
-        firsts = np.repeat(lo - (np.cumsum(counts) - counts), counts)
-        rows = self.order[firsts + np.arange(total)]
-        # 2. Confirmed by the keys themselves: a hash collision is never a hit.
+        is one of the probe's."""
+        entries, which = hash_matches(self.sorted_hashes, probe)
+        rows = self.order[entries]
+        # Confirmed by the keys themselves: a hash collision is never a hit.
         same = pc.equal(self.keys.take(pa.array(rows)), probe.keys.take(pa.array(which)))
         return rows[same.to_numpy(zero_copy_only=False)]
+
+
+def hash_matches(sorted_hashes: np.ndarray, probe: Probe) -> tuple[np.ndarray, np.ndarray]:
+    """Every entry of `sorted_hashes` whose hash equals a probe key's hash, and the probe key of each (both int
+    arrays of the same length): the candidates a key comparison then confirms.
+
+    A run of entries per probe key, usually empty: one search finds where each run would start; only the probe keys
+    whose hash is there (few: most keys of a batch are in none of a group's older files) are searched again for
+    where their run ends."""
+    if not len(sorted_hashes) or not len(probe.hashes):
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+    lo = np.searchsorted(sorted_hashes, probe.hashes, side="left")
+    which_keys = np.flatnonzero(sorted_hashes[np.minimum(lo, len(sorted_hashes) - 1)] == probe.hashes)
+    if not len(which_keys):
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+    lo = lo[which_keys]
+    counts = np.searchsorted(sorted_hashes, probe.hashes[which_keys], side="right") - lo
+    which = np.repeat(which_keys, counts)
+    entries = np.repeat(lo - (np.cumsum(counts) - counts), counts) + np.arange(int(counts.sum()))
+    return entries, which
 
 
 @dataclass
