@@ -66,6 +66,7 @@ HEADERS = [
     "load s",
     "median s/batch (excl. batch 1)",
     "mean s/batch (excl. batch 1)",
+    "median s/batch per round",
     "steady rows/s",
     "peak RSS MiB",
     "table MiB",
@@ -534,18 +535,34 @@ def check(progress: Progress, manifest: dict[str, Any]) -> str:
     return "ok" if got == expected else f"WRONG: (rows, sum ver) = {got}, expected {expected}"
 
 
-def row(name: str, outcome: Outcome, manifest: dict[str, Any]) -> list[Any]:
+def steady_batches(rounds: list[Outcome]) -> list[float]:
+    """Every round's batch seconds but its batch 1 (each round starts a fresh process and table: its batch 1 is a
+    warm-up again)."""
+    return [s for outcome in rounds for s in outcome.progress.batch_s[1:]]
+
+
+def row(name: str, rounds: list[Outcome], manifest: dict[str, Any]) -> list[Any]:
+    """A system's table row over its rounds: the median and mean of all their steady batches, each round's own
+    median beside them (the spread a single run hides), the median load; the reads, files and check of the last
+    round; the status of the first round that was not ok (else ok) and the highest peak RSS."""
+    outcome = rounds[-1]
     progress = outcome.progress
-    steady = progress.batch_s[1:]
+    steady = steady_batches(rounds)
     median = statistics.median(steady) if steady else None
+    loads = [o.progress.load_s for o in rounds if o.progress.load_s is not None]
+    bad = [(number, o.status) for number, o in enumerate(rounds, 1) if o.status != "ok"]
+    status = outcome.status if len(rounds) == 1 or not bad else f"round {bad[0][0]}: {bad[0][1]}"
+    per_round = [statistics.median(o.progress.batch_s[1:]) for o in rounds if len(o.progress.batch_s) > 1]
+    peak = max(o.peak_rss for o in rounds)
     return [
         SYSTEMS[name].label,
-        outcome.status,
-        "-" if progress.load_s is None else progress.load_s,
-        "-" if median is None else median,
+        status,
+        round(statistics.median(loads), 3) if loads else "-",
+        "-" if median is None else round(median, 3),
         round(statistics.fmean(steady), 3) if steady else "-",
+        " / ".join(f"{m:.3f}" for m in per_round) or "-",
         "-" if not median else round(manifest["batch_rows"] / median),
-        round(outcome.peak_rss / (1 << 20)) if outcome.peak_rss else "-",
+        round(peak / (1 << 20)) if peak else "-",
         "-" if progress.table_bytes is None else round(progress.table_bytes / (1 << 20), 1),
         "-" if progress.files is None else progress.files,
         "-" if progress.read_s is None else progress.read_s,
@@ -597,30 +614,40 @@ def run_all(args: argparse.Namespace, names: list[str]) -> tuple[list[list[Any]]
             for name, timeout in runnable
             if timeout is not None and args.smoke and SYSTEMS[name].package == "pyspark"
         ]
-        outcomes: dict[str, Outcome] = {}
+        # 2. Each round runs every system once, in turns: the order flips from round to round (A B, B A, ...), so a
+        #    machine that drifts slower or faster during the run weighs on every system alike.
+        rounds: dict[str, list[Outcome]] = {name: [] for name, timeout in runnable if timeout is not None}
+        for number in range(args.rounds):
+            order = runnable if number % 2 == 0 else runnable[::-1]
+            done: set[str] = set()
+            for name, timeout in order:
+                if timeout is None or name in done:
+                    continue
+                group = shared if name in shared else [name]
+                caps = [t for n, t in runnable if n in group]
+                for member, outcome in supervise(group, work, args, sum(caps)).items():
+                    rounds[member].append(outcome)
+                    done.add(member)
+                    print(f"{SYSTEMS[member].label} (round {number + 1}): {outcome.status}", file=sys.stderr)
+                for member in group:
+                    shutil.rmtree(work / member, ignore_errors=True)
+                    shutil.rmtree(work / f"{member}-scratch", ignore_errors=True)
         for name, timeout in runnable:
             system = SYSTEMS[name]
             if timeout is None:
                 rows.append(skipped_row(name, f"{system.package} not installed"))
                 continue
-            if name not in outcomes:
-                group = shared if name in shared else [name]
-                caps = [t for n, t in runnable if n in group]
-                outcomes.update(supervise(group, work, args, sum(caps)))
-                for member in group:
-                    shutil.rmtree(work / member, ignore_errors=True)
-                    shutil.rmtree(work / f"{member}-scratch", ignore_errors=True)
-            outcome = outcomes[name]
-            rows.append(row(name, outcome, manifest))
+            rows.append(row(name, rounds[name], manifest))
+            first = rounds[name][0].progress.batch_s[:1]
             figures[name] = {
                 "label": system.label,
-                "status": outcome.status,
-                "load_s": outcome.progress.load_s,
-                "batch_s": outcome.progress.batch_s,
-                "peak_rss": outcome.peak_rss,
+                "status": rows[-1][1],
+                "load_s": rows[-1][2] if rows[-1][2] != "-" else None,
+                "batch_s": first + steady_batches(rounds[name]),  # batch 1 of round 1, then every steady batch
+                "rounds_batch_s": [o.progress.batch_s for o in rounds[name]],
+                "peak_rss": max(o.peak_rss for o in rounds[name]),
                 "check": rows[-1][-1],
             }
-            print(f"{system.label}: {outcome.status}", file=sys.stderr)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return rows, figures, generate_s
@@ -659,6 +686,13 @@ def main() -> None:
     parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma separated, of {', '.join(SYSTEMS)}")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per system")
     parser.add_argument("--iceberg-timeout", type=float, default=600, help="seconds for pyiceberg")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run every system this many times, in turns (the order flips each round); the table gives the median "
+        "of all their steady batches and each round's own",
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, for the test suite")
     parser.add_argument("--write-results", action="store_true")
     parser.add_argument("--run-one", help=argparse.SUPPRESS)  # comma separated: run one after the other
@@ -673,6 +707,8 @@ def main() -> None:
     args.batch = args.batch or min(100_000, args.keys // 10)
     if args.batches < 2:
         parser.error("--batches must be at least 2 (batch 1 is excluded from the median)")
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     names = [n.strip() for n in args.systems.split(",") if n.strip()]
     unknown = set(names) - set(SYSTEMS)
     if unknown:
@@ -684,7 +720,14 @@ def main() -> None:
             f"Machine: {_report.machine()}; {versions()}. Command: `{_report.command()}`. {args.keys:,} UUID keys over 30 "
             f"daily partitions loaded at once, then {args.batches} batches of {args.batch:,} rows (80% updates to the last "
             f"7 days, 5% late updates, 15% new keys; generated once in {generate_s:.1f} s, identical for every system). "
-            f"Median and mean s/batch leave out batch 1 (warm-up); the mean carries what a system does every few batches "
+            + (
+                f"Every system ran {args.rounds} times, in turns (the order flipped each round: a machine drifting "
+                "during the run weighs on all alike); median and mean are over all rounds' batches, each round's "
+                "own median beside them; load is the median of their loads, reads and files the last round's. "
+                if args.rounds > 1
+                else ""
+            )
+            + f"Median and mean s/batch leave out batch 1 (warm-up); the mean carries what a system does every few batches "
             f"(dbidx: the table services after a commit, a data compaction every 10 batches); rows/s = batch rows / "
             f"the median. Peak RSS: the system's "
             f"whole process tree (JVM and Python workers included), sampled every {SAMPLE_S} s. Table MiB: the table "
