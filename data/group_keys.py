@@ -2,11 +2,12 @@
 
 Why: a batch's new rows supersede rows of their group's older files (data/superseded.py). Searching each older file
 on its own (data/key_columns.FileKeys.rows_of) costs a binary search per probe key per file and a few array calls
-per file: a steady stream of 100 k-row batches on 2 M keys probes ~350 files per task, most of the search's time.
-Merged, the group's files are one sorted hash array with the file and row of each hash: one search per probe key,
-and the candidates confirmed by key in one gather over the files' key columns. Each batch adds a file or two to a
-group, so the merged index is kept and the new files merged into it (two sorted runs: linear); a group whose files
-left (a data compaction) is merged again from its files' own indexes.
+per file: a steady stream of 100 k-row batches on 2 M keys probes ~350 files per task. Merged, the group's files are
+one sorted hash array with the file and row of each hash: one search per probe key, and the candidates confirmed by
+key, file by file. Each batch adds a file or two to a group, so the merged index is kept and the new files merged
+into it (their insertion points: linear); a group whose files left (a data compaction) is merged again from its
+files' own indexes. Measured on one group of a 2 M-key table (a 33,000-row base, ten 1,600-row files, 1,600 probe
+keys): 1.4-1.5 ms with the merge of the newest file, against 2.7 ms file by file.
 
 The file indexes themselves stay in key_columns.KEYS (the caller passes them in); this keeps only the merged order,
 12 bytes per row, under its own byte budget. Every hit is confirmed by comparing the key itself, so a stale or
@@ -91,21 +92,23 @@ class GroupKeys:
         if not len(entries):
             return {}
         files, rows = self.file_of[entries], self.row_of[entries]
-        # 2. Confirmed by the keys themselves (one gather over the files' key columns): a collision is never a hit.
-        columns = [indexes[f].keys for f in self.files]
-        starts = np.cumsum([0, *(len(c) for c in columns)])[:-1]
-        found = pa.chunked_array(columns, type=pa.string()).take(pa.array(starts[files] + rows))
-        same = pc.equal(found, probe.keys.take(pa.array(which))).to_numpy(zero_copy_only=False)
-        files, rows = files[same], rows[same]
-        # 3. Split by file.
+        # 2. Split by file: each file's candidates in one run.
         order = np.argsort(files, kind="stable")
-        files, rows = files[order], rows[order]
+        files, rows, which = files[order], rows[order], which[order]
         bounds = np.flatnonzero(np.diff(files)) + 1
-        return {
-            self.files[int(part[0])]: rows_part
-            for part, rows_part in zip(np.split(files, bounds), np.split(rows, bounds))
-            if len(part)
-        }
+        runs = [(int(part[0]), part_rows) for part, part_rows in zip(np.split(files, bounds), np.split(rows, bounds))]
+        # 3. Confirmed by the keys themselves: a collision is never a hit. Each file gives only its candidates' keys
+        #    (a gather over all the group's key columns at once would copy them whole on every call).
+        found = pa.concat_arrays([indexes[self.files[f]].keys.take(pa.array(part_rows)) for f, part_rows in runs])
+        same = pc.equal(found, probe.keys.take(pa.array(which))).to_numpy(zero_copy_only=False)
+        hits: dict[FileId, np.ndarray] = {}
+        start = 0
+        for f, part_rows in runs:
+            confirmed = part_rows[same[start : start + len(part_rows)]]
+            start += len(part_rows)
+            if len(confirmed):
+                hits[self.files[f]] = confirmed
+        return hits
 
 
 class GroupIndexes:

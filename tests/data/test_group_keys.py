@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pyarrow as pa
 from hypothesis import given, settings
@@ -86,13 +88,42 @@ def test_hash_collisions_across_files_are_never_hits(files: list[list[str]], wan
     probe_hashes = np.array([len(k) % buckets for k in wanted], dtype=np.uint32)
     order = np.argsort(probe_hashes, kind="stable")
     probe = Probe(pa.array(wanted, pa.string()).take(pa.array(order)), probe_hashes[order])
-    merged = GroupKeys.of(list(indexes), list(indexes.values()))
     expected = {
         f: sorted(i for i, k in enumerate(keys) if k in set(wanted))
         for f, keys in zip(indexes, files)
         if set(keys) & set(wanted)
     }
+    merged = GroupKeys.of(list(indexes), list(indexes.values()))
     assert merged_hits(merged, indexes, probe) == expected
+    # The same files merged one at a time (each batch's new file into the kept order): the same hits.
+    grown = GroupKeys.of([], [])
+    for f, index in indexes.items():
+        grown = grown.grown([f], [index])
+    assert np.all(np.diff(grown.sorted_hashes.astype(np.int64)) >= 0)
+    assert merged_hits(grown, indexes, probe) == expected
+
+
+def test_threads_searching_one_group_at_once_each_get_exact_hits() -> None:
+    """A thread that finds the group's kept index taken by another merges its own: never a mix of file sets."""
+    groups = GroupIndexes(max_bytes=1 << 20)
+    keys = [[f"k{t}-{i}" for i in range(200)] for t in range(6)]
+    probe = Probe.of(pa.array([k for ks in keys for k in ks[::7]], pa.string()))
+    errors: list[BaseException] = []
+
+    def search(upto: int) -> None:
+        try:
+            for _ in range(50):
+                files = indexed(keys[:upto])
+                assert merged_hits(groups.of(("root", "p", "g"), files), files, probe) == per_file(files, probe)
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=search, args=(upto,)) for upto in (2, 4, 6, 3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
 
 
 def test_the_kept_indexes_stay_within_their_budget() -> None:
