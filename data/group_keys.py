@@ -1,13 +1,13 @@
 """The older live files of one file group as one hash index, kept per process and grown batch by batch.
 
 Why: a batch's new rows supersede rows of their group's older files (data/superseded.py). Searching each older file
-on its own (data/key_columns.FileKeys.rows_of) costs a binary search per probe key per file and a few array calls
-per file: a steady stream of 100 k-row batches on 2 M keys probes ~350 files per task. Merged, the group's files are
-one sorted hash array with the file and row of each hash: one search per probe key, and the candidates confirmed by
-key, file by file. Each batch adds a file or two to a group, so the merged index is kept and the new files merged
-into it (their insertion points: linear); a group whose files left (a data compaction) is merged again from its
-files' own indexes. Measured on one group of a 2 M-key table (a 33,000-row base, ten 1,600-row files, 1,600 probe
-keys): 1.4-1.5 ms with the merge of the newest file, against 2.7 ms file by file.
+on its own (data/key_columns.hash_matches per file, as dbidx did before) costs a binary search per probe key per
+file and a few array calls per file: a steady stream of 100 k-row batches on 2 M keys probes ~350 files per task.
+Merged, the group's files are one sorted hash array with the file and row of each hash: one search per probe key, and
+the candidates confirmed by key, file by file. Each batch adds a file or two to a group, so the merged index is kept
+and the new files merged into it (their insertion points: linear); a group whose files left (a data compaction) is
+merged again from its files' own indexes. Measured on one group of a 2 M-key table (a 33,000-row base, ten
+1,600-row files, 1,600 probe keys): 1.4-1.5 ms with the merge of the newest file, against 2.7 ms file by file.
 
 The file indexes themselves stay in key_columns.KEYS (the caller passes them in); this keeps only the merged order,
 12 bytes per row, under its own byte budget. Every hit is confirmed by comparing the key itself, so a stale or

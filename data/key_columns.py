@@ -21,7 +21,6 @@ from typing import Callable, Protocol
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from dbidx.lru import BytesLRU
 from dbidx.storage.keyhash import spark_hash
@@ -59,7 +58,7 @@ class Probe:
 
 @dataclass(frozen=True)
 class FileKeys:
-    """One data file's keys in row order, and its rows ordered by key hash (the index `rows_of` searches)."""
+    """One data file's keys in row order, and its rows ordered by key hash (the index `hash_matches` searches)."""
 
     keys: pa.Array
     sorted_hashes: np.ndarray
@@ -77,15 +76,6 @@ class FileKeys:
         """Memory held (what the LRU budget counts). Cached: Arrow sums a sliced string array's buffers anew on each
         call (~0.15 ms), and the LRU and the key files ask once per file kept."""
         return self.keys.nbytes + self.sorted_hashes.nbytes + self.order.nbytes
-
-    def rows_of(self, probe: Probe) -> np.ndarray:
-        """Rows of this file (int32, in no particular order, a row twice if the probe has its key twice) whose key
-        is one of the probe's."""
-        entries, which = hash_matches(self.sorted_hashes, probe)
-        rows = self.order[entries]
-        # Confirmed by the keys themselves: a hash collision is never a hit.
-        same = pc.equal(self.keys.take(pa.array(rows)), probe.keys.take(pa.array(which)))
-        return rows[same.to_numpy(zero_copy_only=False)]
 
 
 def hash_matches(sorted_hashes: np.ndarray, probe: Probe) -> tuple[np.ndarray, np.ndarray]:

@@ -1,4 +1,4 @@
-"""A file group's older files as one merged hash index: the same hits as searching each file, as files come and go."""
+"""A file group's older files as one merged hash index: the same hits as a membership test, as files come and go."""
 
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ def indexed(files: list[list[str]], tag: str = "") -> dict[tuple[str, str], File
 
 
 def per_file(indexes: dict[tuple[str, str], FileKeys], probe: Probe) -> dict[tuple[str, str], list[int]]:
-    """What searching each file on its own finds (FileKeys.rows_of), as sorted distinct rows per file with a hit."""
-    found = {f: sorted(set(index.rows_of(probe).tolist())) for f, index in indexes.items()}
+    """What a plain membership test of each file's keys finds, as sorted rows per file with a hit."""
+    wanted = set(probe.keys.to_pylist())
+    found = {f: [i for i, k in enumerate(index.keys.to_pylist()) if k in wanted] for f, index in indexes.items()}
     return {f: rows for f, rows in found.items() if rows}
 
 
@@ -32,7 +33,7 @@ def merged_hits(merged: GroupKeys, indexes: dict[tuple[str, str], FileKeys], pro
 
 @settings(max_examples=200, deadline=None)
 @given(FILES, st.lists(WORDS, max_size=20))
-def test_the_merged_index_finds_what_each_file_finds(files: list[list[str]], wanted: list[str]) -> None:
+def test_the_merged_index_finds_what_a_membership_test_finds(files: list[list[str]], wanted: list[str]) -> None:
     indexes = indexed(files)
     probe = Probe.of(pa.array(wanted, pa.string()))
     merged = GroupKeys.of(list(indexes), list(indexes.values()))

@@ -18,6 +18,7 @@ import pytest
 import xxhash
 
 from dbidx.data import key_files
+from dbidx.data.group_keys import GroupKeys
 from dbidx.data.key_columns import FileKeys, KeyColumns, KeySources, Probe
 from dbidx.data.key_files import KeyFiles, sweep_unused
 from dbidx.storage.records import DataFileRecord
@@ -46,7 +47,8 @@ def test_a_saved_index_maps_back_equal_and_finds_the_same_rows(tmp_path: Path) -
     assert loaded.keys.equals(built.keys)
     assert np.array_equal(loaded.sorted_hashes, built.sorted_hashes) and np.array_equal(loaded.order, built.order)
     probe = Probe.of(pa.concat_arrays([keys.take(pa.array([3, 4000, 17])), uuid_keys(5, seed=9)]))
-    assert sorted(loaded.rows_of(probe).tolist()) == [3, 17, 4000]
+    hits = GroupKeys.of([("f", "c")], [loaded]).rows_of(probe, {("f", "c"): loaded})
+    assert {f: sorted(rows.tolist()) for f, rows in hits.items()} == {("f", "c"): [3, 17, 4000]}
 
 
 def test_absent_and_disabled(tmp_path: Path) -> None:
