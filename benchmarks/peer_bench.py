@@ -541,18 +541,29 @@ def steady_batches(rounds: list[Outcome]) -> list[float]:
     return [s for outcome in rounds for s in outcome.progress.batch_s[1:]]
 
 
+def status_of(rounds: list[Outcome]) -> str:
+    """The status of the first round that was not ok, naming it when there were several rounds; else ok."""
+    bad = [(number, o.status) for number, o in enumerate(rounds, 1) if o.status != "ok"]
+    if not bad:
+        return rounds[-1].status
+    return bad[0][1] if len(rounds) == 1 else f"round {bad[0][0]}: {bad[0][1]}"
+
+
+def median_load(rounds: list[Outcome]) -> float | None:
+    """The median of the rounds' load seconds (None if no round loaded)."""
+    loads = [o.progress.load_s for o in rounds if o.progress.load_s is not None]
+    return statistics.median(loads) if loads else None
+
+
 def row(name: str, rounds: list[Outcome], manifest: dict[str, Any]) -> list[Any]:
     """A system's table row over its rounds: the median and mean of all their steady batches, each round's own
     median beside them (the spread a single run hides), the median load; the reads and files of the last round; the
     status of the first round that was not ok (else ok), the first wrong read-back of any round (else the last
     round's check) and the highest peak RSS."""
-    outcome = rounds[-1]
-    progress = outcome.progress
+    progress = rounds[-1].progress
     steady = steady_batches(rounds)
     median = statistics.median(steady) if steady else None
-    loads = [o.progress.load_s for o in rounds if o.progress.load_s is not None]
-    bad = [(number, o.status) for number, o in enumerate(rounds, 1) if o.status != "ok"]
-    status = outcome.status if len(rounds) == 1 or not bad else f"round {bad[0][0]}: {bad[0][1]}"
+    load = median_load(rounds)
     per_round = [
         f"{statistics.median(o.progress.batch_s[1:]):.3f}" if len(o.progress.batch_s) > 1 else "-" for o in rounds
     ]
@@ -560,8 +571,8 @@ def row(name: str, rounds: list[Outcome], manifest: dict[str, Any]) -> list[Any]
     peak = max(o.peak_rss for o in rounds)
     return [
         SYSTEMS[name].label,
-        status,
-        round(statistics.median(loads), 3) if loads else "-",
+        status_of(rounds),
+        "-" if load is None else round(load, 3),
         "-" if median is None else round(median, 3),
         round(statistics.fmean(steady), 3) if steady else "-",
         " / ".join(per_round),
@@ -618,8 +629,8 @@ def run_all(args: argparse.Namespace, names: list[str]) -> tuple[list[list[Any]]
             for name, timeout in runnable
             if timeout is not None and args.smoke and SYSTEMS[name].package == "pyspark"
         ]
-        # 2. Each round runs every system once, in turns: the order flips from round to round (A B, B A, ...), so a
-        #    machine that drifts slower or faster during the run weighs on every system alike.
+        # Each round runs every system once, in turns: the order flips from round to round (A B, B A, ...), so a
+        # machine that drifts slower or faster during the run weighs on every system alike.
         rounds: dict[str, list[Outcome]] = {name: [] for name, timeout in runnable if timeout is not None}
         for number in range(args.rounds):
             order = runnable if number % 2 == 0 else runnable[::-1]
@@ -647,8 +658,8 @@ def run_all(args: argparse.Namespace, names: list[str]) -> tuple[list[list[Any]]
             first = rounds[name][0].progress.batch_s[:1]
             figures[name] = {
                 "label": system.label,
-                "status": rows[-1][1],
-                "load_s": rows[-1][2] if rows[-1][2] != "-" else None,
+                "status": status_of(rounds[name]),
+                "load_s": median_load(rounds[name]),
                 "batch_s": first + steady_batches(rounds[name]),  # batch 1 of round 1, then every steady batch
                 "rounds_batch_s": [o.progress.batch_s for o in rounds[name]],
                 "peak_rss": max(o.peak_rss for o in rounds[name]),
