@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from dbidx.runner import InProcessRunner, pack
+from dbidx.runner import InProcessRunner, pack, results_of
 
 
 def test_pieces_run_at_once_and_come_back_in_item_order() -> None:
@@ -69,14 +69,12 @@ def test_a_failure_is_raised_after_the_running_pieces_end_and_the_rest_never_sta
 
 
 def test_a_caller_that_stops_early_leaves_no_piece_running() -> None:
-    running = threading.Semaphore(0)
     active: list[int] = []
     lock = threading.Lock()
 
     def work(item: int, attempt: int) -> bytes:
         with lock:
             active.append(item)
-        running.release()
         time.sleep(0.05)
         with lock:
             active.remove(item)
@@ -89,8 +87,6 @@ def test_a_caller_that_stops_early_leaves_no_piece_running() -> None:
 
 
 def test_a_caller_failing_on_a_result_leaves_the_block_with_no_piece_running() -> None:
-    from dbidx.runner import results_of
-
     active: list[int] = []
     lock = threading.Lock()
 
