@@ -418,6 +418,8 @@ def sync_cmd(uri: str, as_json: bool) -> None:
     before publishing (docs/FORMAT.md sections 12 and 12c). Every write and read does this first; run it to see it."""
     table = open_table(uri)
     records = table.absorb_delta_log()
+    caught_up = table.catch_up_log_vectors()  # vectors an absorb masked a stale rewrite's copies with, into the log
+    records += [caught_up] if caught_up is not None else []
     absorbed = [r for r in records if r.action == "absorb"]
     output(as_json).emit(
         {

@@ -115,6 +115,12 @@ def version_for(shape: TableShape, record: CompletedInstant, view: DataView, bod
         return encode(actions + [{"protocol": adoption_protocol(record.extra[DELTA_ADOPTED_EXTRA]["protocol"])}])
     after_schema = _schema_after(record, view)
     partition_columns = _partition_columns(record, view, after_schema)
+    vectors = {dv.path: dv for dv in record.deletion_vectors}
+    touched = set(vectors) | set(record.replaced if record.action == ACTION_DATA_COMPACTION else ())
+    # 0. Files whose vector the log lags behind (rows of a stale rewrite dbidx masked when it absorbed it: table/
+    #    absorb.py) get the view's vector first, unless this completion removes them or gives them one itself.
+    key = _key(record, view, after_schema)
+    actions += _log_catch_up(view, touched, partition_columns, record.completed_at_ms, body, key)
     if record.action == ACTION_PROPERTIES:
         # The table properties change: the metaData as it stands, with the record's whole new configuration.
         configuration = record.extra.get(DELTA_CONFIGURATION_EXTRA)
@@ -124,10 +130,9 @@ def version_for(shape: TableShape, record: CompletedInstant, view: DataView, bod
             )
         return encode(actions + [_current_metadata(shape, view, after_schema, partition_columns, configuration)])
     if after_schema is not None and (view.schema is None or "schema" in record.extra):
-        actions.append(_current_metadata(shape, view, after_schema, partition_columns, None))
-    vectors = {dv.path: dv for dv in record.deletion_vectors}
+        actions.insert(1, _current_metadata(shape, view, after_schema, partition_columns, None))
     dv_files = {f.path: f for f in record.dv_files}
-    ms, key = record.completed_at_ms, _key(record, view, after_schema)
+    ms = record.completed_at_ms
     # 1. Data compaction: the replaced files leave (each with the vector it had), the bases enter unchanged rows.
     for path in record.replaced if record.action == ACTION_DATA_COMPACTION else ():
         gone = view.get(path)
@@ -136,9 +141,7 @@ def version_for(shape: TableShape, record: CompletedInstant, view: DataView, bod
                 f"completion {record.seq} ({record.instant}) replaces {path!r}, which is not a "
                 "live data file right before it"
             )
-        actions.append(
-            _remove(gone.record, _inline(view.vector_of(path), body), partition_columns, ms, data_change=False)
-        )
+        actions.append(_remove(gone.record, _logged(view, path, body), partition_columns, ms, data_change=False))
     new_paths = {f.path for f in record.data_files}
     # 2. Files that were live before and got a new vector: remove with the old vector, add with the new one.
     for path in sorted(set(vectors) - new_paths):
@@ -149,9 +152,7 @@ def version_for(shape: TableShape, record: CompletedInstant, view: DataView, bod
                 "but it is not a live data file right before it"
             )
         new = DvRef(vectors[path], dv_files[vectors[path].dv_file])
-        actions.append(
-            _remove(old.record, _inline(view.vector_of(path), body), partition_columns, ms, data_change=True)
-        )
+        actions.append(_remove(old.record, _logged(view, path, body), partition_columns, ms, data_change=True))
         actions.append(_add(old.record, _inline(new, body), partition_columns, ms, data_change=True, key=key))
     # 3. New files (a commit's, or a compaction's bases), each with its own vector if it has one.
     change = record.action != ACTION_DATA_COMPACTION
@@ -159,6 +160,27 @@ def version_for(shape: TableShape, record: CompletedInstant, view: DataView, bod
         ref = DvRef(vectors[f.path], dv_files[vectors[f.path].dv_file]) if f.path in vectors else None
         actions.append(_add(f, _inline(ref, body), partition_columns, ms, data_change=change, key=key))
     return encode(actions)
+
+
+def _logged(view: DataView, path: str, body: Callable[[DvRef], bytes]) -> dict[str, Any] | None:
+    """The vector the Delta log has for live file `path` (what a `remove` of it must carry to cancel its `add`)."""
+    behind, descriptor = view.log_vector(path)
+    return (dict(descriptor) if descriptor is not None else None) if behind else _inline(view.vector_of(path), body)
+
+
+def _log_catch_up(
+    view: DataView, touched: set[str], columns: list[str], ms: int, body: Callable[[DvRef], bytes], key: str | None
+) -> list[dict[str, Any]]:
+    """remove + add of each live file whose vector the log lags behind (and this completion leaves alone): the add
+    carries the view's vector. dataChange true: rows a Delta reader read (a stale rewrite's copies) leave."""
+    out: list[dict[str, Any]] = []
+    for path in view.log_behind():
+        live = view.get(path)
+        if path in touched or live is None:
+            continue
+        out.append(_remove(live.record, _logged(view, path, body), columns, ms, data_change=True))
+        out.append(_add(live.record, _inline(view.vector_of(path), body), columns, ms, data_change=True, key=key))
+    return out
 
 
 def _upgrade_actions(

@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from dbidx.errors import CorruptFileError
 from dbidx.storage import layout
+from dbidx.storage.log_vectors import LOG_VECTORS_EXTRA, parse_log_vectors
 from dbidx.storage.records import (
     ACTION_ABSORB,
     ACTION_BUILD_INDEX,
@@ -87,6 +88,8 @@ class DataView:
         # The Delta table properties (metaData.configuration) as last changed by a `properties` completion or an
         # absorbed metaData of another engine; None: never changed (`configuration()` gives the one in force).
         self.delta_configuration: Recorded | None = None
+        # Live data files whose vector in the Delta log is not the view's (LOG_VECTORS_EXTRA): the log's descriptor.
+        self._log_dv: dict[str, dict[str, Any] | None] = {}
 
     @property
     def delta_offset(self) -> int:
@@ -113,6 +116,8 @@ class DataView:
                 continue
             if before is not None:
                 before(rec, self)
+            if rec.action != ACTION_ABSORB:
+                self._log_dv.clear()  # the Delta version of every dbidx completion brings the log in line
             if rec.action in DATA_ACTIONS:
                 self._add_written(rec)
             elif rec.action == ACTION_DATA_COMPACTION:
@@ -190,6 +195,7 @@ class DataView:
                     "is not a live data file at that point of the log"
                 )
             self._replaced.pop(path, None)
+            self._log_dv.pop(path, None)
             self._release(self._dv.pop(path, None), rec.seq)
         for f in rec.data_files:
             _check_outside_meta(f.path, rec)
@@ -200,6 +206,9 @@ class DataView:
                 )
             self._replaced.pop(f.path, None)  # a file an earlier version removed, added back (a RESTORE)
             self._live[f.path] = LiveDataFile(f, (rec.seq, 0), rec.seq, rec.instant)
+        logged = rec.extra.get(LOG_VECTORS_EXTRA)
+        if logged is not None:
+            self._log_dv.update(parse_log_vectors(logged, f"completion {rec.seq} ({rec.instant})"))
 
     def _set_vectors(self, rec: CompletedInstant) -> None:
         """A completion's deletion vectors replace the earlier ones of their files, which must be live and in a DV
@@ -248,6 +257,15 @@ class DataView:
     def live_rows(self) -> int:
         """Rows of the current state: the live files' rows minus their deletion vectors."""
         return sum(f.record.rows for f in self._live.values()) - sum(d.vector.cardinality for d in self._dv.values())
+
+    def log_vector(self, path: str) -> tuple[bool, dict[str, Any] | None]:
+        """(True, the Delta log's descriptor) for a live file whose log vector is not the view's (LOG_VECTORS_EXTRA:
+        a Delta `remove` of it must repeat the log's), else (False, None)."""
+        return (True, self._log_dv[path]) if path in self._log_dv else (False, None)
+
+    def log_behind(self) -> list[str]:
+        """Live files whose vector the Delta log does not have yet (the next dbidx version gives it to them)."""
+        return sorted(self._log_dv)
 
     def is_live(self, path: str) -> bool:
         """Whether the path is a data file of the current state."""
@@ -302,6 +320,7 @@ class DataView:
                 if self.delta_configuration is not None
                 else {}
             )
+            | ({LOG_VECTORS_EXTRA: dict(sorted(self._log_dv.items()))} if self._log_dv else {})
         )
 
     @classmethod
@@ -324,8 +343,9 @@ class DataView:
                     "dv_files",
                     "delta_adopted",
                     "delta_configuration",
+                    LOG_VECTORS_EXTRA,
                 },
-                optional={"delta_adopted", "delta_configuration"},
+                optional={"delta_adopted", "delta_configuration", LOG_VECTORS_EXTRA},
             )
             view = cls()
             view.applied_seq = parse_int(d["applied_seq"], "data.applied_seq")
@@ -378,6 +398,10 @@ class DataView:
             view.delta_adopted = _recorded(d.get("delta_adopted"), "data.delta_adopted")
             if view.delta_adopted is not None:
                 check_adopted(view.delta_adopted.value, "data.delta_adopted")
+            if d.get(LOG_VECTORS_EXTRA) is not None:
+                view._log_dv = parse_log_vectors(d[LOG_VECTORS_EXTRA], f"data.{LOG_VECTORS_EXTRA}")
+                if not set(view._log_dv) <= set(view._live):
+                    raise FieldError(f"data.{LOG_VECTORS_EXTRA} names a file that is not live")
             view.delta_configuration = _recorded(d.get("delta_configuration"), "data.delta_configuration")
             if view.delta_configuration is not None:
                 check_configuration(view.delta_configuration.value, "data.delta_configuration")

@@ -50,9 +50,11 @@ from dbidx.errors import CorruptFileError, DbidxError, DeltaFeatureError, Foreig
 from dbidx.index import rli_files
 from dbidx.table.absorb_checks import _check_metadata, _partition_of
 from dbidx.table.absorb_entries import _entries, _Rows
+from dbidx.table.absorb_stale import STALE_EXTRA, StaleRewrite, split_at_stale, stale_copies
 from dbidx.table.writer import EntryBuffer
 from dbidx.storage import layout, markers
 from dbidx.storage.data_view import DataView
+from dbidx.storage.log_vectors import LOG_VECTORS_EXTRA
 from dbidx.storage.records import ACTION_ABSORB, CompletedInstant, DataFileRecord
 from dbidx.storage.state import TableState
 from dbidx.storage.timeline_writes import StartedInstant
@@ -71,7 +73,17 @@ def absorb_run(table: TableState, run: list[VersionActions], seq: int, published
     view = table.data_view()
     if view.applied_seq != seq - 1 or published >= len(run):
         return []
-    # 1. What the versions may not do to a table dbidx indexes: checked before anything is claimed or written.
+    # 1. What the versions may not do to a table dbidx indexes: checked before anything is claimed or written. A
+    #    stale rewrite (table/absorb_stale.py) is absorbed alone, after the versions before it.
+    head, stale = split_at_stale({f.record.path for f in view.live()}, run)
+    if published == 0:
+        run = head
+    elif len(head) != len(run):  # a run another absorber started keeps its bounds (its starter split it so)
+        raise CorruptFileError(
+            f"{_where(run)} were being absorbed as one run, but version {run[len(head)].version} in it is a stale "
+            "rewrite, which is absorbed alone (an absorber older than this dbidx started the run): re-adopt the "
+            "table: `dbidx build-index URI --key COLUMN --readopt`"
+        )
     first, last = run[0], run[-1]
     where = _where(run)
     key = _key_column(view)
@@ -80,14 +92,14 @@ def absorb_run(table: TableState, run: list[VersionActions], seq: int, published
     extra: dict[str, Any] = {ABSORBED_EXTRA: _about(last, bounds)}
     for actions in run:
         _check_metadata(view, actions, columns, key, extra, where)
-    removed, added = _net(view, run, where)
+    removed, added = _net(view, run, where, set(stale.removes))
     # 2. One claimed instant per record still to publish; the net record's files written under the last one.
     claims = [table.timeline.start(ACTION_ABSORB, hooks=False) for _ in run[published:]]
     written: list[str] = []
     done: list[CompletedInstant] = []
     try:
         net_seq = seq + len(claims) - 1
-        record = _build(table, view, where, net_seq, claims[-1], key, columns, removed, added, extra, written)
+        record = _build(table, view, where, net_seq, claims[-1], key, columns, removed, added, extra, written, stale)
         # 3. The pass-through records of the run's earlier versions, then the net record.
         for i, (actions, claim) in enumerate(zip(run[published:-1], claims)):
             passing = CompletedInstant(
@@ -114,8 +126,12 @@ def absorb_run(table: TableState, run: list[VersionActions], seq: int, published
             raise
     finally:
         # 4. Whatever did not publish goes: its index and DV files, markers and claims (no record to roll back).
+        #    Whether the net record published is asked of the timeline: an interrupt in its publish's housekeeping
+        #    (after the record is on storage) must not take its files.
         if len(done) < len(claims):
-            _discard(table, [c.instant for c in claims[len(done) :]], written)
+            table.timeline.refresh()
+            if table.timeline.record_of(claims[-1].instant) is None:
+                _discard(table, [c.instant for c in claims[len(done) :]], written)
     return done
 
 
@@ -198,14 +214,19 @@ def _where(run: list[VersionActions]) -> str:
     return f"Delta versions {run[0].version}-{run[-1].version} ({shown})"
 
 
-def _net(view: DataView, run: list[VersionActions], where: str) -> tuple[set[str], dict[str, FileAction]]:
+def _net(
+    view: DataView, run: list[VersionActions], where: str, stale: set[str]
+) -> tuple[set[str], dict[str, FileAction]]:
     """The run's net effect on the files: (known files that left or whose vector changed, files live at its end
-    that were added in it, with their last `add`). A file added and removed within the run is in neither."""
+    that were added in it, with their last `add`). A file added and removed within the run is in neither. The
+    `stale` removes (of files no longer live: table/absorb_stale.py) change nothing, for Delta readers too."""
     spelled = {f.record.path: f.record.delta_path or delta_path(f.record.path) for f in view.live()}
     known = set(spelled)
     present: dict[str, FileAction | None] = {p: None for p in known}
     for actions in run:
         for a in actions.removes:
+            if a.path in stale and a.path not in present:
+                continue
             if a.path not in present:
                 raise CorruptFileError(
                     f"Delta version {actions.version} ({actions.writer}) removes {a.raw_path!r}, "
@@ -255,8 +276,10 @@ def _build(
     added: dict[str, FileAction],
     extra: dict[str, Any],
     written: list[str],
+    stale: StaleRewrite,
 ) -> CompletedInstant:
-    """The absorb record: data files in and out, vectors, and the index entries of every key that moved."""
+    """The absorb record: data files in and out, vectors, and the index entries of every key that moved (of a stale
+    rewrite: its new files' copies of rows placed elsewhere masked, table/absorb_stale.py)."""
     instant = started.instant
     gone = sorted(removed - set(added))
     fresh = sorted(set(added) - removed)
@@ -268,7 +291,7 @@ def _build(
         )
     left, came = _Rows(), _Rows()
     vectors: dict[str, BitMap] = {}
-    descriptors: dict[str, dict[str, Any]] = {}
+    descriptors: dict[str, dict[str, Any] | None] = {}
     # 2. Files that left: every row still live in them leaves (read from the file; from the index if a VACUUM
     #    deleted it before dbidx absorbed its removal).
     by_group: dict[tuple[str, str], list[str]] = {}
@@ -284,26 +307,32 @@ def _build(
         else:
             left.add(_keys_only_in(table, view, partition, group, set(paths), key or ""), partition, group, paths[0])
     # 3. Files whose vector changed: the rows it newly deletes leave.
+    #    A file whose log vector lags the index's (rows of a stale rewrite masked, table/absorb_stale.py) is
+    #    compared with the log's vector (what the engine saw), and keeps the masked rows on top of the new one.
+    logged: dict[str, dict[str, Any] | None] = {}
     for path in changed:
         record = live_files[path]
-        old = _vector(table, view, path, record.rows)
-        new = (
-            BitMap()
-            if added[path].dv is None
-            else read_descriptor(table.io, added[path].dv, record.rows, f"{where}, file {path!r}")
-        )
+        mine = _vector(table, view, path, record.rows)
+        behind, log_dv = view.log_vector(path)
+        old = mine if not behind else _descriptor_vector(table, log_dv, record.rows, f"{where}, file {path!r}")
+        new = _descriptor_vector(table, added[path].dv, record.rows, f"{where}, file {path!r}")
         if not old.issubset(new):
             raise DeltaFeatureError(
                 f"{where} brings back deleted rows of {path!r} (its new deletion vector lacks "
                 "rows the old one had): dbidx cannot tell which version of those records is live"
             )
         keys = read_key_column(table.io, record, key or "")
-        positions = np.asarray((new - old).to_array(), dtype=np.int64)
+        positions = np.asarray((new - mine).to_array(), dtype=np.int64)
         left.add(keys.take(pa.array(positions)), record.partition, record.file_group, path)
-        if added[path].dv is not None:
+        if not mine.issubset(new):  # still masking rows the log shows
+            logged[path] = None if added[path].dv is None else dict(added[path].dv)
+            vectors[path], descriptors[path] = new | mine, None
+        elif added[path].dv is not None:
             vectors[path], descriptors[path] = new, dict(added[path].dv)
-    # 4. Files that came: their rows minus their own vector.
+    # 4. Files that came: their rows minus their own vector (and, of a stale rewrite, minus the rows it copied
+    #    from files that were no longer live: masked in the index now, in the log by dbidx's next version).
     data_files = []
+    left_rows = left.table() if stale else None
     for path in fresh:
         action = added[path]
         partition = _partition_of(action, columns, where)
@@ -313,7 +342,17 @@ def _build(
         if action.dv is not None:
             deleted = read_descriptor(table.io, action.dv, record.rows, f"{where}, file {path!r}")
             vectors[path], descriptors[path] = deleted, dict(action.dv)
+        if left_rows is not None:
+            masked = stale_copies(left_rows, keys, partition, deleted, table.global_index, stale, path)
+            if masked:
+                logged[path] = None if action.dv is None else dict(action.dv)
+                deleted = deleted | masked
+                vectors[path], descriptors[path] = deleted, None
         came.add(_minus(keys, deleted), partition, record.file_group, path)
+    if stale:
+        extra[STALE_EXTRA] = stale.about()
+    if logged:
+        extra[LOG_VECTORS_EXTRA] = logged
     # 5. The index entries, per scope (a partition, or the whole table in global mode).
     buffer = EntryBuffer(table, instant)
     _entries(table, buffer, left.table(), came.table(), came, where)
@@ -355,6 +394,10 @@ def _keys_only_in(table: TableState, view: DataView, partition: str, group: str,
             others = _minus(read_key_column(table.io, f, key), _vector(table, view, f.path, f.rows))
             keys = keys.filter(pc.invert(pc.is_in(keys, value_set=others)))
     return keys
+
+
+def _descriptor_vector(table: TableState, descriptor: dict[str, Any] | None, rows: int, where: str) -> BitMap:
+    return BitMap() if descriptor is None else read_descriptor(table.io, descriptor, rows, where)
 
 
 def _minus(keys: pa.Array, deleted: BitMap) -> pa.Array:

@@ -21,7 +21,10 @@ from dbidx.data.delta_checkpoint import write_delta_checkpoint
 from dbidx.table.delta_properties import retention_of
 from dbidx.storage import layout
 from dbidx.storage.data_view import DELTA_ADOPTED_EXTRA, check_adopted
-from dbidx.storage.records import ACTION_BUILD_INDEX, ACTION_CLEAN, CompletedInstant
+from dbidx.storage.instant_life import InstantLife
+from dbidx.storage.records import ACTION_BUILD_INDEX, ACTION_CLEAN, ACTION_COMMIT, CompletedInstant
+
+LOG_CATCH_UP_EXTRA = "log_catch_up"  # the catch-up commit's extra: the files whose log vector it brought in line
 
 
 class DeltaLogSync:
@@ -54,7 +57,7 @@ class DeltaLogSync:
             if self.adopting_delta and self._data.delta_adopted is None:
                 return 0
             self.absorb_delta_log()
-            return self._delta.sync(
+            written = self._delta.sync(
                 self.io,
                 self.timeline.latest_seq,
                 self.timeline.completed,
@@ -63,6 +66,32 @@ class DeltaLogSync:
                 self._data.delta_first_seq,
                 self.timeline.in_memory,
             )
+            self.catch_up_log_vectors()
+            return written
+
+    def catch_up_log_vectors(self) -> CompletedInstant | None:
+        """Give the Delta log the deletion vectors an absorb masked rows with (a stale rewrite's copies: table/
+        absorb_stale.py): one dbidx version (a commit of no rows) whose remove + add pairs bring every lagging file in
+        line (data/delta_derive.py). Any later dbidx version would carry them too; this one does it at once, so Delta
+        readers read each row once again right after the absorb. None: nothing lagged."""
+        if (
+            getattr(self._absorbing, "catching_up", False)
+            or getattr(self._absorbing, "on", False)  # inside an absorb: the sync after it catches up
+            or not self._data.log_behind()
+        ):
+            return None
+        self._absorbing.catching_up = True
+        try:
+            with InstantLife(self.timeline, ACTION_COMMIT) as life:
+
+                def build(seq: int) -> CompletedInstant:  # (an empty list: another version carried them meanwhile)
+                    return life.completion(
+                        seq, self.props.table_id, extra={LOG_CATCH_UP_EXTRA: self._data.log_behind()}
+                    )
+
+                return life.publish(build)
+        finally:
+            self._absorbing.catching_up = False
 
     def _delta_writer(self) -> DeltaLogWriter:
         if self._delta is None:
@@ -116,6 +145,7 @@ class DeltaLogSync:
         Delta version, whoever wrote it. Absorbing writes the index's records of other engines' versions, so a reader
         needs write access to the table once another engine has committed."""
         self.absorb_delta_log()
+        self.catch_up_log_vectors()
 
     def _next_version_record(self, version: int, seq: int) -> list[CompletedInstant]:
         """Publish the record(s) of Delta version `version` onward, `version` being completion `seq`'s: a dbidx

@@ -69,7 +69,7 @@ def _alive(pid: int) -> bool:
         return False
     try:  # a zombie (exited, not yet reaped by its parent, this test process) counts as gone
         return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-    except (FileNotFoundError, IndexError):
+    except (FileNotFoundError, ProcessLookupError, IndexError):  # it exited (and was reaped) between the two looks
         return False
 
 
