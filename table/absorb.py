@@ -319,7 +319,8 @@ def _build(
         if not old.issubset(new):
             raise DeltaFeatureError(
                 f"{where} brings back deleted rows of {path!r} (its new deletion vector lacks "
-                "rows the old one had): dbidx cannot tell which version of those records is live"
+                "rows the old one had, as a RESTORE does): dbidx cannot tell which version of those records is "
+                "live. Re-adopt the table as it is now: `dbidx build-index URI --key COLUMN --readopt`"
             )
         keys = read_key_column(table.io, record, key or "")
         positions = np.asarray((new - mine).to_array(), dtype=np.int64)

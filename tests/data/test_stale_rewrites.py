@@ -195,3 +195,18 @@ def test_free_races_of_delta_rs_optimize_and_dbidx_compaction(tmp_path: Path) ->
         w.check()
         w.touched_update(100 * (round_ + 1))
         w.check()
+
+
+def test_a_restore_is_refused_with_the_remedy_that_works(tmp_path: Path) -> None:
+    """Issue 63 item 7: delta-rs restore() brings deleted rows back; the refusal names `--readopt`, which works."""
+    from dbidx.errors import DeltaFeatureError
+    from dbidx.table.readopt import readopt
+
+    w = Writer(tmp_path)
+    DeltaTable(w.path).restore(2)
+    with pytest.raises(DeltaFeatureError, match=r"RESTORE.*--readopt"):
+        Table.open(w.path).sync_delta_log()
+    readopt(w.path, "id")
+    rows = pl.read_delta(w.path)
+    table = Table.open(w.path)
+    assert table.data_view().live_rows() == len(rows) == rows["id"].n_unique()
