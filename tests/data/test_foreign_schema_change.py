@@ -137,6 +137,34 @@ def test_a_type_change_racing_a_dbidx_upsert_rolls_the_upsert_back(
     assert max(delta_log.listed_versions(w.table.io)) == versions  # the overwrite's version, none after it
 
 
+def test_verify_reports_a_recorded_schema_the_delta_log_disagrees_with(tmp_path: Path) -> None:
+    """What an older dbidx left when it absorbed a type change silently: its recorded schema says long, the Delta
+    log's newest metaData string (here the log is edited behind dbidx's back to get there)."""
+    w = Writer(tmp_path)
+    assert verify_table(Table.open(w.path)).ok
+    log = Path(w.path, "_delta_log")
+    newest = max(
+        (p for p in log.glob("*.json") if '"metaData"' in p.read_text()), key=lambda p: int(p.name.split(".")[0])
+    )
+    lines = []
+    for line in newest.read_text().splitlines():
+        action = json.loads(line)
+        if "metaData" in action:
+            schema = json.loads(action["metaData"]["schemaString"])
+            for field in schema["fields"]:
+                field["type"] = "string" if field["name"] == "v" else field["type"]
+            action["metaData"]["schemaString"] = json.dumps(schema)
+        lines.append(json.dumps(action))
+    newest.write_text("\n".join(lines) + "\n")
+    check = verify_table(Table.open(w.path))
+    assert not check.ok
+    problems = [d["problem"] for d in check.damaged]
+    assert any("column 'v' is string in the Delta log's schema but long in dbidx's" in p for p in problems), problems
+    assert any(REMEDY in p for p in problems)
+    result = CliRunner().invoke(main, ["verify", w.path])
+    assert result.exit_code != 0, result.output
+
+
 def test_a_rewrite_keeping_every_delta_type_is_absorbed_and_a_widening_is_refused_by_name(tmp_path: Path) -> None:
     """No false alarm: the other engine's Arrow spellings (string for dbidx's large_string, a non-null column) name
     the same Delta types. A widening (integer to long) is a type change, refused by name for now."""
