@@ -55,21 +55,22 @@ def same_type(a: pa.DataType, b: pa.DataType) -> bool:
     """Equal types up to what does not change a value: string vs large_string (binary vs large_binary, list vs
     large_list), the time zone label of a zoned timestamp (the instant is stored in UTC either way; Spark labels it
     with the session's zone), and nullability at any nesting level (Spark's plans differ in it)."""
-    return _canonical(a) == _canonical(b)
+    return canonical_type(a) == canonical_type(b)
 
 
-def _canonical(t: pa.DataType) -> pa.DataType:
-    """One representative per class of types same_type treats as equal."""
+def canonical_type(t: pa.DataType) -> pa.DataType:
+    """One representative per class of types same_type treats as equal (also what data/delta_types.py maps to
+    Delta's terms: delta-rs has no Delta type for a timestamp zoned other than UTC)."""
     if t in _LARGE:
         return _LARGE[t]
     if pa.types.is_timestamp(t) and t.tz is not None:
         return pa.timestamp(t.unit, tz="UTC")
     if pa.types.is_list(t) or pa.types.is_large_list(t):
-        return pa.list_(_canonical(t.value_type))
+        return pa.list_(canonical_type(t.value_type))
     if pa.types.is_map(t):
-        return pa.map_(_canonical(t.key_type), _canonical(t.item_type))
+        return pa.map_(canonical_type(t.key_type), canonical_type(t.item_type))
     if pa.types.is_struct(t):
-        return pa.struct([pa.field(f.name, _canonical(f.type), nullable=True) for f in t])
+        return pa.struct([pa.field(f.name, canonical_type(f.type), nullable=True) for f in t])
     return t
 
 

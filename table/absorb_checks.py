@@ -19,8 +19,9 @@ from dbidx.storage.data_view import DELTA_CONFIGURATION_EXTRA, DataView, check_c
 def _check_metadata(
     view: DataView, actions: VersionActions, columns: list[str], key: str | None, extra: dict[str, Any], where: str
 ) -> None:
-    """A protocol or metaData change dbidx can keep (the same partition columns, the key column with its type, no
-    column mapping, no feature dbidx cannot write); new columns are recorded as the table's data schema."""
+    """A protocol or metaData change dbidx can keep (the same partition columns, the key column, every column with
+    its type, no column mapping, no feature dbidx cannot write); new columns are recorded as the table's data
+    schema."""
     from dbidx.data.delta_adopt import READER_FEATURES, WRITER_FEATURES
 
     if actions.protocol is not None:
@@ -71,10 +72,32 @@ def _check_metadata(
             f"{where} drops column(s) {sorted(names - set(schema.names))}: dbidx's files and "
             "schema keep every column; re-adopt the table to take the new schema"
         )
+    if old is not None:
+        _check_types(old, str(meta["schemaString"]), key, where)
     new_fields = [f.with_nullable(True) for f in schema if f.name not in names]
     if new_fields:
         base = list(old) if old is not None else []
         extra["schema"] = encode_schema(pa.schema(base + new_fields))
+
+
+def _check_types(old: pa.Schema, schema_string: str, key: str | None, where: str) -> None:
+    """No column changes its type (in Delta's terms, data/delta_types.py: large_string is string, nullability is no
+    type). Why refused, not recorded: the index, dbidx's recorded schema and its next upsert's input all keep the old
+    type, and a dbidx file of it in a column the log gives the new type breaks every Delta reader's read of the
+    table. A widening Delta allows (`typeWidening`: integer to long, float to double) is refused as well for now."""
+    from dbidx.data.delta_types import type_changes
+
+    changes = type_changes(old, schema_string)
+    if not changes:
+        return
+    listed = ", ".join(f"{name!r} from {was} to {now}" for name, was, now in changes[:10])
+    more = f" (and {len(changes) - 10} more)" if len(changes) > 10 else ""
+    raise DeltaFeatureError(
+        f"{where} changes the type of column(s) {listed}{more}: dbidx's recorded schema, its files and its next "
+        "write keep the old type, which Delta readers would then read as the new one. Every type change is refused "
+        "for now, widenings included (integer to long, which Delta's `typeWidening` feature allows). Re-adopt the "
+        f"table as it is now (`dbidx build-index URI --key {key or 'COLUMN'} --readopt`), then write the new type"
+    )
 
 
 def _arrow_schema(meta: dict[str, Any], where: str) -> pa.Schema | None:

@@ -17,6 +17,8 @@ import pyarrow as pa
 
 from dbidx.data.delta_actions import table_relative
 from dbidx.data.delta_log import DELTA_LOG_DIR, stored_versions
+from dbidx.data.delta_types import type_changes
+from dbidx.data.schema import recorded_schema
 from dbidx.data.superseded import load_vector
 from dbidx.errors import CorruptFileError, DbidxError, HistoryCompactedError
 from dbidx.index import rli_files
@@ -26,6 +28,7 @@ from dbidx.storage import instant_range, layout
 from dbidx.storage.archive_retention import views_at
 from dbidx.storage.history_floor import FLOOR_DIR
 from dbidx.storage.checkpoint import checkpoint_seqs, read_checkpoint
+from dbidx.storage.data_view import DataView
 from dbidx.storage.records import FileRecord
 
 
@@ -178,6 +181,7 @@ def _compare_with_delta(table: Table, check: TableCheck) -> None:
             }
         )
         return
+    _compare_schemas(view, snapshot.schema().to_json(), where, check)
     ours = {f.record.path: f.record.size for f in view.live()}
     for path in sorted(set(theirs) ^ set(ours))[:10]:
         side = (
@@ -189,6 +193,27 @@ def _compare_with_delta(table: Table, check: TableCheck) -> None:
     for path in sorted(p for p in set(theirs) & set(ours) if theirs[p] != ours[p])[:10]:
         check.damaged.append(
             {"path": path, "problem": f"the Delta log says {theirs[path]} bytes, the index {ours[path]}"}
+        )
+
+
+def _compare_schemas(view: DataView, schema_string: str, where: str, check: TableCheck) -> None:
+    """Every column has the same type (in Delta's terms, data/delta_types.py) in dbidx's recorded schema as in the
+    log's newest metaData. Why: dbidx writes its files in the recorded types, and Delta readers read every file as
+    the log's; a table an older dbidx absorbed another engine's type change into silently is reported here."""
+    recorded = recorded_schema(view.schema)
+    if recorded is None:
+        return
+    layout_ = view.layout.value if view.layout is not None else None
+    key = layout_.get("key") if isinstance(layout_, dict) else None
+    for column, ours, theirs in type_changes(recorded, schema_string)[:10]:
+        check.damaged.append(
+            {
+                "path": where,
+                "problem": f"column {column!r} is {theirs} in the Delta log's schema but {ours} in dbidx's "
+                "recorded schema, which dbidx writes its files in: Delta readers fail on such a file. Re-adopt the "
+                f"table to take the log's schema (`dbidx build-index URI --key {key or 'COLUMN'} --readopt`); a "
+                f"data file already written with {ours} values stays unreadable to them until it is rewritten",
+            }
         )
 
 
