@@ -343,12 +343,21 @@ def rollback_cmd(uri: str, instant: str | None, all_pending: bool, force: bool, 
         raise click.UsageError("name an INSTANT or pass --all-pending")
     if instant and all_pending:
         raise click.UsageError("name an INSTANT or pass --all-pending, not both")
-    done, alive = table.rollback_pending(force=force) if all_pending else ([table.rollback(instant).rolled_back], [])
+    if all_pending:
+        recovered = table.recover_pending(force=force)
+        done, published, alive = recovered.rolled_back, recovered.published, recovered.skipped_alive
+    else:
+        done, published, alive = [table.rollback(instant).rolled_back], [], []
     output(as_json).emit(
-        {"rolled_back": done, "skipped_alive": alive},
+        {"rolled_back": done, "published": [{"instant": i, "seq": s} for i, s in published], "skipped_alive": alive},
         lambda p: (
             "\n".join(
                 [f"rolled back {i}" for i in p["rolled_back"]]
+                + [
+                    f"published {x['instant']} at seq {x['seq']}: it had committed (its Delta version was on "
+                    "storage) before its writer died, so its record was published, not rolled back"
+                    for x in p["published"]
+                ]
                 + [
                     f"skipped {i}: its writer looks alive (heartbeat renewed, or its pid "
                     "runs on this host); --force to roll it back anyway"

@@ -5,6 +5,7 @@ Delta table properties, vacuum, the table services and the sweep of what dead wr
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from dbidx.data.compaction import DataCompactionResult, compact_data
@@ -13,10 +14,20 @@ from dbidx.progress import Progress
 from dbidx.runner import WorkRunner
 from dbidx.storage.leftovers import DEFAULT_TEMP_AGE_S, SweepReport, sweep_leftovers
 from dbidx.storage.pending import AbandonedReport, PendingAttempt, pending_attempts, roll_back_abandoned
-from dbidx.storage.records import CompletedInstant
+from dbidx.errors import InstantStateError
+from dbidx.storage.records import ACTION_ROLLBACK, CompletedInstant
 from dbidx.table.delta_properties import set_delta_properties
 from dbidx.table.service_settings import ServiceSettings, read_settings, write_settings
 from dbidx.table.services import ServicesReport, run_services
+
+
+@dataclass
+class PendingRecovery:
+    """What ending the pending instants did: rolled back, published (instant, seq: it had committed), left alive."""
+
+    rolled_back: list[str] = field(default_factory=list)
+    published: list[tuple[str, int]] = field(default_factory=list)
+    skipped_alive: list[str] = field(default_factory=list)
 
 
 class TableMaintenance:
@@ -33,11 +44,36 @@ class TableMaintenance:
 
     def rollback_pending(self, force: bool = False) -> tuple[list[str], list[str]]:
         """Roll back every unfinished instant whose writer is not provably alive (all of them with force=True);
-        returns (rolled back, skipped as alive). What `dbidx rollback --all-pending` runs."""
+        returns (rolled back, skipped as alive). `recover_pending` also says which ones had committed."""
+        recovered = self.recover_pending(force=force)
+        return recovered.rolled_back, recovered.skipped_alive
+
+    def recover_pending(self, force: bool = False) -> PendingRecovery:
+        """What `dbidx rollback --all-pending` runs: every unfinished instant whose writer is not provably alive
+        (all of them with force=True) ends. One whose Delta version is on storage committed (its writer died
+        between its commit point and its record): its staged record is published, never rolled back; the others
+        are rolled back with their files."""
         attempts = self.pending_attempts()
         alive = [a.instant for a in attempts if a.alive and not force]
         targets = [a.instant for a in attempts if a.instant not in alive]
-        return [self.rollback(t, also_dead=targets).rolled_back for t in targets], alive
+        self.absorb_delta_log()  # publishes the staged record of every instant whose Delta version is on storage
+        out = PendingRecovery(skipped_alive=alive)
+        for instant in targets:
+            done = self.timeline.record_of(instant)
+            if done is None:
+                try:
+                    out.rolled_back.append(self.rollback(instant, also_dead=targets).rolled_back)
+                    continue
+                except InstantStateError:  # it committed meanwhile (its record published by the rollback's claim)
+                    self.timeline.refresh()
+                    done = self.timeline.record_of(instant)
+                    if done is None or done.action == ACTION_ROLLBACK:
+                        raise
+            if done.action == ACTION_ROLLBACK:
+                out.rolled_back.append(instant)
+            else:
+                out.published.append((instant, done.seq))
+        return out
 
     def rollback(self, instant: str, also_dead: Iterable[str] = ()) -> CompletedInstant:
         """Roll back an unfinished instant (e.g. of a crashed writer) and delete its files. `also_dead`: other

@@ -210,3 +210,40 @@ def test_a_restore_is_refused_with_the_remedy_that_works(tmp_path: Path) -> None
     rows = pl.read_delta(w.path)
     table = Table.open(w.path)
     assert table.data_view().live_rows() == len(rows) == rows["id"].n_unique()
+
+
+def test_rollback_all_pending_publishes_a_compaction_that_committed_before_its_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 63 item 8: a data compaction whose Delta version is on storage but whose record was never written
+    (killed, or the record's write failed) is pending; `dbidx rollback --all-pending` publishes its record, says
+    so, rolls back the rest and exits 0."""
+    import contextlib
+
+    from dbidx.storage import layout
+    from dbidx.storage.fileio import FileIO
+
+    w = Writer(tmp_path)
+    real = FileIO.create_exclusive
+    failed: list[str] = []
+
+    def full_disk_once(self: FileIO, rel: str, data: bytes) -> bool:
+        if rel.startswith(layout.COMPLETED_DIR + "/") and not failed:
+            failed.append(rel)
+            raise OSError(28, "No space left on device")
+        return real(self, rel, data)
+
+    monkeypatch.setattr(FileIO, "create_exclusive", full_disk_once)
+    with contextlib.suppress(OSError), pytest.warns(RuntimeWarning):
+        Table.open(w.path).compact_data(min_files=1, target_file_bytes=1 << 30)
+    monkeypatch.undo()
+    table = Table.open(w.path)
+    (pending,) = table.timeline.pending()
+    result = CliRunner().invoke(main, ["rollback", w.path, "--all-pending", "--force", "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert [p["instant"] for p in out["published"]] == [pending] and out["rolled_back"] == []
+    table = Table.open(w.path)
+    table.refresh(force=True)
+    assert table.timeline.record_of(pending).action == "data_compaction" and table.timeline.pending() == []
+    w.check()
