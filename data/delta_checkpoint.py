@@ -20,23 +20,30 @@ file, and no add of the same path is left in the checkpoint to pair it with. Mea
 retention, one upsert a second and a half with services on): those vectors were 85% of a checkpoint's bytes, and the
 checkpoints 42% of the log kept. A vector in a file (`u`, `p`) stays on its tombstone: VACUUM keeps that file for it.
 
-The slim file replaces delta-rs's own under the same name in one atomic write, after it was read back and checked
-(same schema, the same adds, metaData and protocol, the kept tombstones the same but for inline vectors of paths not
-added back); `_last_checkpoint` then gets its new size. A reader that opened
-the fat file reads it to the end (a rename or a PUT never changes an open file's bytes).
+A checkpoint is published once, with its final bytes, and never rewritten (issue 63: delta-rs and polars read a
+checkpoint by byte ranges, opening it by name for each, so a file replaced under a load fails it). delta-rs writes
+its checkpoint into a private copy of the log's tail (data/delta_scratch.py); dbidx slims it there, reads the slim
+file back and checks it (same schema, the same adds, metaData and protocol, the kept tombstones the same but for
+inline vectors of paths not added back), and puts it under `<version>.checkpoint.parquet` if absent
+(`create_exclusive`, as a Delta version is put). A checkpoint of that version already there (another engine's,
+another dbidx process's) is left as it is. Then `_last_checkpoint` moves forward to it, never back (replaced
+atomically, as Delta does; read back as untrusted).
 """
 
 from __future__ import annotations
 
 import json
+import tempfile
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from dbidx.data.delta_log import DELTA_LOG_DIR, checkpoint_pointer, delta_checkpoint, read_checkpoint_pointer
+from dbidx.data.delta_log import DELTA_LOG_DIR, read_checkpoint_pointer
+from dbidx.data.delta_scratch import checkpoint_file, copy_tail, log_tail, scratch_checkpoint
 from dbidx.errors import CorruptFileError
 from dbidx.storage.fileio import DECODE_ERRORS, FileIO
 
@@ -52,47 +59,102 @@ class CheckpointWritten:
     bytes_before: int
     bytes_after: int
     vectors_stripped: int = 0  # inline vectors taken off the tombstones kept
+    published: bool = True  # False: a checkpoint of that version was there already, and was left as it is
 
 
 def write_delta_checkpoint(io: FileIO) -> CheckpointWritten | None:
-    """A Delta checkpoint of the latest version (delta-rs), slimmed (module docstring); None for a table delta-rs
-    cannot reach (an injected filesystem)."""
-    # 1. delta-rs writes the checkpoint and `_last_checkpoint`.
-    if not delta_checkpoint(io):
+    """A Delta checkpoint of the latest version (delta-rs), slimmed and published once (module docstring); None for
+    a table on an injected filesystem (no URI: it gets no Delta checkpoints)."""
+    if not io.is_local and "://" not in io.uri:
         return None
-    version = checkpoint_pointer(io)
-    name = f"{DELTA_LOG_DIR}/{version:020d}.checkpoint.parquet"
-    if not io.exists(name):  # a multi-part or V2 checkpoint: left as delta-rs wrote it
-        return CheckpointWritten(version, 0, 0, 0)
-    raw = io.read_buffer(name)
-    # 2. The tombstones of paths added back in the same checkpoint, with an inline (or no) vector, and all but the
-    #    newest of each other path; of those kept, the inline vectors.
+    # 1. The log's tail: the newest checkpoint and the JSON after it. The latest version has one already: no work.
+    tail = log_tail(io)
+    version = tail.version
+    if tail.checkpoint == version or io.exists(checkpoint_file(version)):  # (the pointer may lag a writer's)
+        return _found(io, version)
+    # 2. delta-rs writes its checkpoint into a local copy of that tail; nothing in the table's log changes.
+    with tempfile.TemporaryDirectory(prefix="dbidx-delta-checkpoint-") as scratch:
+        copy_tail(io, tail, scratch)
+        raw, pointer = scratch_checkpoint(scratch, version)
+    # 3. Slimmed in memory, read back and checked against delta-rs's; delta-rs's own if slimming saves nothing.
+    written, data, rows, problem = _slimmed(raw, version, io.path(checkpoint_file(version)))
+    # 4. Published if absent, then the pointer moved forward to it.
+    if io.create_exclusive(checkpoint_file(version), data.to_pybytes()):
+        pointer["size"], pointer["sizeInBytes"] = rows, data.size
+        _move_pointer(io, pointer)
+    else:
+        written = _found(io, version)
+    if problem is not None:  # a slimming that went wrong is a bug to hear of, whichever checkpoint readers got
+        raise problem
+    return written
+
+
+def _slimmed(
+    raw: pa.Buffer, version: int, where: str
+) -> tuple[CheckpointWritten, pa.Buffer, int, CorruptFileError | None]:
+    """What to publish of delta-rs's checkpoint `raw`: (the report, its bytes, its rows, the check's complaint). A
+    slim file that fails its check is not published: delta-rs's own is (Delta's format, complete), and the
+    complaint is raised once it is."""
     try:
         fat = pq.read_table(pa.BufferReader(raw))
     except DECODE_ERRORS as exc:
-        raise CorruptFileError(f"Delta checkpoint {io.path(name)} delta-rs wrote is unreadable: {exc}") from exc
+        raise CorruptFileError(
+            f"the Delta checkpoint delta-rs wrote for {where} is unreadable: {exc}; nothing was published"
+        ) from exc
     if "add" not in fat.column_names or "remove" not in fat.column_names:
-        raise CorruptFileError(f"Delta checkpoint {io.path(name)} has no add or remove column")
+        raise CorruptFileError(
+            f"the Delta checkpoint delta-rs wrote for {where} has no add or remove column; nothing was published"
+        )
+    unchanged = CheckpointWritten(version, 0, raw.size, raw.size)
+    # The tombstones of paths added back in the same checkpoint, with an inline (or no) vector, and all but the
+    # newest of each other path; of those kept, the inline vectors.
     useless = _useless_tombstones(fat.column("add"), fat.column("remove"))
     dropped = int(useless.sum())
     kept = fat.filter(pa.array(~useless)) if dropped else fat
     slim, stripped = _strip_inline_vectors(kept)
     if not dropped and not stripped:
-        return CheckpointWritten(version, 0, len(raw), len(raw))
-    # 3. Written to memory, read back and checked against the fat one before anything on storage changes.
+        return unchanged, raw, fat.num_rows, None
     sink = pa.BufferOutputStream()
     pq.write_table(slim, sink, compression=COMPRESSION, write_statistics=False)
     data = sink.getvalue()
-    if len(data) >= len(raw):  # a small log: Parquet's own overhead outweighs the rows dropped
-        return CheckpointWritten(version, 0, len(raw), len(raw))
-    _check_same_state(fat, kept, pq.read_table(pa.BufferReader(data)), dropped, stripped, io.path(name))
-    # 4. Replace the file, then the pointer's sizes.
-    io.write_atomic(name, data)
-    pointer = read_checkpoint_pointer(io)  # read back (untrusted); another checkpoint may have moved it on
-    if pointer["version"] == version:
-        pointer["size"], pointer["sizeInBytes"] = slim.num_rows, len(data)
-        io.write_atomic(f"{DELTA_LOG_DIR}/_last_checkpoint", json.dumps(pointer, separators=(",", ":")).encode())
-    return CheckpointWritten(version, dropped, len(raw), len(data), stripped)
+    if data.size >= raw.size:  # a small log: Parquet's own overhead outweighs the rows dropped
+        return unchanged, raw, fat.num_rows, None
+    try:
+        _check_same_state(fat, kept, pq.read_table(pa.BufferReader(data)), dropped, stripped, where)
+    except CorruptFileError as exc:
+        return unchanged, raw, fat.num_rows, exc
+    return CheckpointWritten(version, dropped, raw.size, data.size, stripped), data, slim.num_rows, None
+
+
+def _found(io: FileIO, version: int) -> CheckpointWritten:
+    """A classic checkpoint of `version` is there already (another writer's): left as it is; the pointer moves
+    forward to it with its size and rows (its footer read back), in case its writer died before moving it."""
+    name = checkpoint_file(version)
+    size = io.size(name)
+    if not size:  # a multi-part checkpoint of that version: its writer's pointer names its parts
+        return CheckpointWritten(version, 0, 0, 0, published=False)
+    try:
+        with io.open_input_file(name) as f:
+            rows = pq.ParquetFile(f).metadata.num_rows
+    except DECODE_ERRORS as exc:
+        raise CorruptFileError(
+            f"Delta checkpoint {io.path(name)}, which another writer published, is unreadable: {exc}; dbidx leaves "
+            "it as it is (delete it if no Delta reader can load the table)"
+        ) from exc
+    _move_pointer(io, {"version": version, "size": rows, "sizeInBytes": size})
+    return CheckpointWritten(version, 0, size, size, published=False)
+
+
+def _move_pointer(io: FileIO, pointer: dict[str, Any]) -> None:
+    """`_last_checkpoint` replaced by `pointer` if it names an older version (or is missing or damaged: a hint Delta
+    readers do without); a newer one is left (another writer's later checkpoint)."""
+    name = f"{DELTA_LOG_DIR}/_last_checkpoint"
+    try:
+        current = read_checkpoint_pointer(io)["version"] if io.exists(name) else -1
+    except CorruptFileError:
+        current = -1
+    if current < pointer["version"]:
+        io.write_atomic(name, json.dumps(pointer, separators=(",", ":")).encode())
 
 
 def _useless_tombstones(add: pa.ChunkedArray, remove: pa.ChunkedArray) -> np.ndarray:
@@ -200,6 +262,6 @@ def _check_same_state(fat: pa.Table, kept: pa.Table, slim: pa.Table, dropped: in
                 problems.append("a tombstone of a path added back lost its vector")
     if problems:
         raise CorruptFileError(
-            f"slimming Delta checkpoint {where} went wrong ({'; '.join(problems)}); the file "
-            "delta-rs wrote is left as it was"
+            f"slimming Delta checkpoint {where} went wrong ({'; '.join(problems)}); the slim file is not "
+            "published (the one delta-rs wrote is, unless a checkpoint of that version was there)"
         )

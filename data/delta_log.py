@@ -286,16 +286,3 @@ class DeltaLogWriter:
                 self.pending[rec.seq] = version_for(self.shape, rec, before, body)
 
         view.apply(records, before=keep)
-
-
-def delta_checkpoint(io: FileIO) -> bool:
-    """A Delta checkpoint of the latest version (delta-rs writes it: Delta's own Parquet checkpoint format), so a Delta
-    reader opens the table from it instead of replaying every version's JSON. Local tables and object stores named
-    by URI (delta-rs gets the table's storage options); False for a table on an injected pyarrow filesystem, which
-    delta-rs cannot reach."""
-    from deltalake import DeltaTable
-
-    if not io.is_local and "://" not in io.uri:
-        return False
-    DeltaTable(io.path("") if io.is_local else io.uri, storage_options=io.storage_options or None).create_checkpoint()
-    return True

@@ -326,10 +326,11 @@ def _clean(table: MaintainedTable, settings: ServiceSettings) -> tuple[str | Non
 
 
 def _log_cleanup(table: MaintainedTable, retention: DeltaRetention) -> tuple[str | None, dict[str, Any]]:
-    """A Delta checkpoint when due (delta-rs writes it, dbidx slims it: data/delta_checkpoint.py), then expiry of
-    the log below the newest checkpoint old enough, whenever the newest checkpoint changed since this process last
-    expired the log: also one another writer wrote (the publisher's every checkpoint_interval completions, another
-    engine's), else a table whose checkpoints others write would keep its log for ever. {} when nothing was done."""
+    """A Delta checkpoint when due (delta-rs writes it, dbidx slims it and publishes it once:
+    data/delta_checkpoint.py), then expiry of the log below the newest checkpoint old enough, whenever the newest
+    checkpoint changed since this process last expired the log: also one another writer wrote (the publisher's every
+    checkpoint_interval completions, another engine's), else a table whose checkpoints others write would keep its
+    log for ever. {} when nothing was done."""
     details: dict[str, Any] = {}
     pointer = checkpoint_pointer(table.io)
     if (
@@ -344,6 +345,8 @@ def _log_cleanup(table: MaintainedTable, retention: DeltaRetention) -> tuple[str
                 "vectors_stripped": written.vectors_stripped,
                 "checkpoint_bytes": written.bytes_after,
             }
+            if not written.published:  # another writer's checkpoint of that version was there: left as it is
+                details["published"] = False
             pointer = written.version
     if (
         retention.expired_log_cleanup

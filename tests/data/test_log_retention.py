@@ -12,7 +12,8 @@ import pyarrow as pa
 import pytest
 
 from dbidx.config import CacheConfig
-from dbidx.data.delta_log import DELTA_LOG_DIR, delta_checkpoint, listed_versions
+from dbidx.data.delta_checkpoint import write_delta_checkpoint
+from dbidx.data.delta_log import DELTA_LOG_DIR, listed_versions
 from dbidx.data.log_retention import still_young, LogExpiry, complete_checkpoints, expire_log
 from dbidx.errors import CorruptFileError
 from dbidx.table.service_settings import write_settings
@@ -55,7 +56,7 @@ def table_with_checkpoints(tmp_path: Path, writes: int, every: int) -> Table:
     for i in range(writes):
         write(table, tmp_path, i)
         if (i + 1) % every == 0:
-            assert delta_checkpoint(table.io)
+            assert write_delta_checkpoint(table.io)
     return table
 
 

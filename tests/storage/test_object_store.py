@@ -279,12 +279,14 @@ if __name__ == "__main__":  # `python -m tests.storage.test_object_store`: the r
 
 @pytest.mark.slow
 def test_delta_checkpoints_are_written_on_s3_and_readers_agree(s3: dict[str, str], tmp_path: Path) -> None:
-    """Every checkpoint_interval completions delta-rs writes a Delta checkpoint on the object store too (with the
-    table's storage options), and Delta readers given the same options read exactly dbidx's rows."""
+    """Every checkpoint_interval completions dbidx writes a Delta checkpoint on the object store too (delta-rs makes
+    it from the log's tail read through the table's FileIO), published once, and Delta readers given the table's
+    storage options read exactly dbidx's rows."""
     import polars as pl
     import pyarrow as pa
 
     from dbidx.data import reads
+    from dbidx.data.delta_checkpoint import write_delta_checkpoint
     from dbidx.storage.object_store import pyarrow_filesystem
     from dbidx.spark_integration.local import upsert_arrow
 
@@ -302,6 +304,16 @@ def test_delta_checkpoints_are_written_on_s3_and_readers_agree(s3: dict[str, str
     fs, root = pyarrow_filesystem(uri, table.io.storage_options)
     names = {i.base_name for i in fs.get_file_info(pafs.FileSelector(f"{root}/_delta_log"))}
     assert f"{2:020d}.checkpoint.parquet" in names and "_last_checkpoint" in names
+    # The log cleanup service's checkpoint of the latest version: delta-rs writes it into a local copy of the log's
+    # tail (read through the table's FileIO), dbidx puts it if absent; a second one of the same version is left.
+    written = write_delta_checkpoint(table.io)
+    assert written is not None and (written.version, written.published) == (3, True)
+    name = f"{root}/_delta_log/{3:020d}.checkpoint.parquet"
+    before = (fs.get_file_info(name).mtime_ns, fs.open_input_stream(name).read())
+    again = write_delta_checkpoint(table.io)
+    assert again is not None and (again.version, again.published) == (3, False)
+    assert (fs.get_file_info(name).mtime_ns, fs.open_input_stream(name).read()) == before
+    assert json.loads(fs.open_input_stream(f"{root}/_delta_log/_last_checkpoint").read())["version"] == 3
     ours = sorted(reads.read_arrow(table, columns=["id", "dt", "v"]).to_pylist(), key=lambda r: r["id"])
     theirs = pl.read_delta(uri, storage_options=table.io.storage_options).sort("id").select("id", "dt", "v")
     assert (
