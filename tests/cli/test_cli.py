@@ -119,7 +119,7 @@ def test_init_and_rollback_of_a_crashed_writer(runner, tmp_path):
     assert [(p["instant"], p["action"], p["alive"]) for p in pending] == [(crashed.instant, "commit", True)]
     result = runner.invoke(main, ["rollback", uri, "--all-pending", "--json"])
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output) == {"rolled_back": [], "skipped_alive": [crashed.instant]}
+    assert json.loads(result.output) == {"rolled_back": [], "published": [], "skipped_alive": [crashed.instant]}
     result = runner.invoke(main, ["rollback", uri, "--all-pending", "--force", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["rolled_back"] == [crashed.instant]

@@ -191,7 +191,7 @@ def test_rollback_all_pending_skips_a_live_writer_unless_forced_and_the_writer_t
         assert pending["instant"] == writer.instant and pending["alive"] is True and pending["files"]
     result = runner.invoke(main, ["rollback", table.uri, "--all-pending", "--json"])
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output) == {"rolled_back": [], "skipped_alive": [writer.instant]}
+    assert json.loads(result.output) == {"rolled_back": [], "published": [], "skipped_alive": [writer.instant]}
     result = runner.invoke(main, ["rollback", table.uri, "--all-pending", "--force"])
     assert result.exit_code == 0, result.output
     assert f"rolled back {writer.instant}" in result.output
