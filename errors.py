@@ -174,6 +174,12 @@ class DeltaFeatureError(InvalidInputError):
     constraints, generated columns, files outside the table, ...): nothing was written."""
 
 
+class ReadOnlyTableError(DbidxError, exit_code=3):
+    """A read found Delta versions of other engines the index has not absorbed, and absorbing them needs write
+    access to the table's `.dbidx/` folder, which this reader lacks: nothing was read or written. `dbidx sync URI`,
+    run by a writer of the table, absorbs them; after it, readers without write access read again."""
+
+
 class FormatUpgradeError(DbidxError, exit_code=3):
     """The table is in an older format that this dbidx does not read until it is upgraded (`dbidx upgrade URI`), or
     an upgrade cannot run (pending instants, a writer committed meanwhile): nothing was changed."""

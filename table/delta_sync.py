@@ -4,6 +4,7 @@ version put), the sync after each publish and before each claim, and the absorpt
 
 from __future__ import annotations
 
+import errno
 
 from dbidx.data.delta_actions import VersionActions, read_version
 from dbidx.data.delta_derive import TableShape, version_for
@@ -15,6 +16,7 @@ from dbidx.data.delta_log import (
 )
 from dbidx.errors import (
     CorruptFileError,
+    ReadOnlyTableError,
 )
 from dbidx.table.absorb import absorb_run, collect_run, reread_run, run_in_progress
 from dbidx.data.delta_checkpoint import write_delta_checkpoint
@@ -143,9 +145,21 @@ class DeltaLogSync:
     def follow_delta_log(self) -> None:
         """What every user-facing read does first (read_arrow, read_table, lookup, stats, verify): describe the latest
         Delta version, whoever wrote it. Absorbing writes the index's records of other engines' versions, so a reader
-        needs write access to the table once another engine has committed."""
-        self.absorb_delta_log()
-        self.catch_up_log_vectors()
+        needs write access to the table once another engine has committed: a reader without it gets a
+        ReadOnlyTableError naming the versions and `dbidx sync` (a read as of the last absorbed version would miss
+        rows every Delta reader reads)."""
+        try:
+            self.absorb_delta_log()
+            self.catch_up_log_vectors()
+        except OSError as exc:
+            if not _denied(exc):
+                raise
+            self.refresh(force=True)
+            raise ReadOnlyTableError(
+                f"{self.uri}: other engines committed Delta versions after {self.delta_version()} that the index "
+                f"has not absorbed, and absorbing them needs write access to {self.io.path(layout.META_DIR)} "
+                f"({exc}). Run `dbidx sync {self.uri}` as a writer of the table, then read again"
+            ) from exc
 
     def _next_version_record(self, version: int, seq: int) -> list[CompletedInstant]:
         """Publish the record(s) of Delta version `version` onward, `version` being completion `seq`'s: a dbidx
@@ -227,3 +241,12 @@ class DeltaLogSync:
     def _refreshed_seq(self) -> int:
         self.refresh()
         return self.timeline.latest_seq
+
+
+def _denied(exc: OSError) -> bool:
+    """An error that says this process may not write there (a local permission, a read-only mount, an object
+    store's access denial), as opposed to a failure worth retrying or a bug."""
+    if isinstance(exc, PermissionError) or exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return True
+    text = str(exc).replace(" ", "").replace("_", "").lower()
+    return "accessdenied" in text or "forbidden" in text

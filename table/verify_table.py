@@ -20,7 +20,7 @@ from dbidx.data.delta_log import DELTA_LOG_DIR, stored_versions
 from dbidx.data.delta_types import type_changes
 from dbidx.data.schema import recorded_schema
 from dbidx.data.superseded import load_vector
-from dbidx.errors import CorruptFileError, DbidxError, HistoryCompactedError
+from dbidx.errors import CorruptFileError, DbidxError, HistoryCompactedError, ReadOnlyTableError
 from dbidx.index import rli_files
 from dbidx.table.facade import Table
 from dbidx.progress import Progress, Steps
@@ -74,6 +74,8 @@ def verify_table(table: Table, progress: Progress | None = None) -> TableCheck:
     unabsorbed = None
     try:
         table.follow_delta_log()
+    except ReadOnlyTableError:
+        raise  # not damage: this reader may not absorb what other engines wrote (it names `dbidx sync`)
     except DbidxError as exc:
         unabsorbed = {"path": "_delta_log", "problem": f"{type(exc).__name__}: {exc}"}
     view = table.refresh()

@@ -168,7 +168,11 @@ def test_cli_numbers_out_of_range_and_an_empty_rollback(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "nothing to roll back" in result.output
     result = runner.invoke(main, ["rollback", table.uri, "--all-pending", "--json"])
-    assert result.exit_code == 0 and json.loads(result.output) == {"rolled_back": [], "published": [], "skipped_alive": []}
+    assert result.exit_code == 0 and json.loads(result.output) == {
+        "rolled_back": [],
+        "published": [],
+        "skipped_alive": [],
+    }
     assert runner.invoke(main, ["rollback", table.uri]).exit_code == 2
 
 
