@@ -104,7 +104,7 @@ def stats_cmd(uri: str, as_json: bool) -> None:
         "live_keys": sum(p["live_keys"] for p in parts),
         "partitions": parts,
         "pending": [a.to_dict() for a in table.pending_attempts()],
-        "services": (services := table.service_settings()).to_dict(),
+        **_services_of(table),
     }
 
     def text(p: dict[str, Any]) -> str:
@@ -117,7 +117,13 @@ def stats_cmd(uri: str, as_json: bool) -> None:
             f"last {r['last_instant']} ({r['last_commit']})"
             for r in p["partitions"]
         ]
-        changed = ", ".join(f"{k}={v}" for k, v in services.changed().items()) or "defaults"
+        from dbidx.table.service_settings import ServiceSettings
+
+        if p["services"] is None:
+            changed = f"settings unreadable, the table services do not run: {p['services_error']}"
+        else:
+            defaults = ServiceSettings().to_dict()
+            changed = ", ".join(f"{k}={v}" for k, v in p["services"].items() if defaults.get(k) != v) or "defaults"
         return "\n".join([head] + rows + [f"  services: {changed} (dbidx config)"] + _pending_text(p["pending"]))
 
     output(as_json).emit(payload, text)
@@ -150,3 +156,14 @@ def _verify_table_files(table: Any, as_json: bool) -> None:
     output(as_json).emit(check.to_dict() | {"pending": pending}, text)
     if not check.ok:
         sys.exit(4)
+
+
+def _services_of(table: Any) -> dict[str, Any]:
+    """`stats`' `services` (the table service settings), or None and `services_error` when services.json is
+    damaged: stats still shows the table, and says why no service runs and how to fix it."""
+    from dbidx.errors import CorruptFileError
+
+    try:
+        return {"services": table.service_settings().to_dict()}
+    except CorruptFileError as exc:
+        return {"services": None, "services_error": str(exc)}

@@ -136,13 +136,17 @@ def parse_text(key: str, text: str) -> Any:
         ) from exc
 
 
-def parse_settings(raw: bytes, where: str) -> ServiceSettings:
+def parse_settings(raw: bytes, where: str, replacing: frozenset[str] = frozenset()) -> ServiceSettings:
     """services.json parsed strictly: `{"format": 1, "settings": {key: value}}`, else a CorruptFileError naming the
-    key and the file."""
+    key, the file and the command that fixes it. `replacing`: keys a change is about to set or reset, whose stored
+    values are not read (so `dbidx config URI KEY=default` repairs a bad value of KEY)."""
     try:
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise CorruptFileError(f"table service settings {where} are not valid JSON: {exc}") from exc
+        raise CorruptFileError(
+            f"table service settings {where} are not valid JSON: {exc}; delete the file to go back to the defaults "
+            "(then `dbidx config URI KEY=VALUE` sets what you need)"
+        ) from exc
     if not isinstance(data, dict) or set(data) != {"format", "settings"} or not isinstance(data["settings"], dict):
         raise CorruptFileError(
             f"table service settings {where} must be an object with exactly 'format' and "
@@ -154,12 +158,15 @@ def parse_settings(raw: bytes, where: str) -> ServiceSettings:
         )
     values: dict[str, Any] = {}
     for key, value in data["settings"].items():
+        if key in replacing:
+            continue
+        fix = f"; fix it with `dbidx config URI {key}=default` (or {key}=VALUE)"
         if key not in KEYS:
-            raise CorruptFileError(f"table service settings {where}: unknown key {key!r}")
+            raise CorruptFileError(f"table service settings {where}: unknown key {key!r}{fix}")
         try:
             values[key] = check_value(key, value)
         except ValueError as exc:
-            raise CorruptFileError(f"table service settings {where}: {exc}") from exc
+            raise CorruptFileError(f"table service settings {where}: {exc}{fix}") from exc
     return ServiceSettings(**values)
 
 
@@ -178,6 +185,9 @@ def read_settings(io: FileIO) -> ServiceSettings:
 def write_settings(io: FileIO, changes: Mapping[str, Any]) -> ServiceSettings:
     """Change some keys and write the file atomically (read, change, replace: two concurrent `config` calls keep
     the last one's whole file). Returns the settings now in force."""
-    settings = with_changes(read_settings(io), changes)
+    current = ServiceSettings()
+    if io.exists(SERVICES_FILE):  # the keys being changed are not read: a bad value of one is repaired here
+        current = parse_settings(io.read_bytes(SERVICES_FILE), io.path(SERVICES_FILE), frozenset(changes))
+    settings = with_changes(current, changes)
     io.write_atomic(SERVICES_FILE, settings_json(settings))
     return settings
