@@ -3,11 +3,11 @@ and how often a Delta checkpoint is written; set with `Table.set_delta_propertie
 
 Why Delta's own properties and not dbidx settings: every engine that shares the table reads them from the log
 (delta-rs drops tombstones older than `delta.deletedFileRetentionDuration` from the checkpoints it writes and
-vacuums by it; Spark expires log files by `delta.logRetentionDuration`), so one value governs them all. A change is
-a dbidx completion (`properties`) whose Delta version is commitInfo + metaData with the whole new configuration, so
-it is ordered with every other write; one made by another engine is absorbed and carried on by dbidx's later
-metaData (table/absorb.py). Values read back from the log are untrusted: one dbidx cannot parse is a ConfigError
-naming the key, never a silently assumed default.
+vacuums by it, dbidx's clean keeps the data files it replaced for as long (index/clean.py); Spark expires log files
+by `delta.logRetentionDuration`), so one value governs them all. A change is a dbidx completion (`properties`) whose
+Delta version is commitInfo + metaData with the whole new configuration, so it is ordered with every other write;
+one made by another engine is absorbed and carried on by dbidx's later metaData (table/absorb.py). Values read back
+from the log are untrusted: one dbidx cannot parse is a ConfigError naming the key, never a silently assumed default.
 
 Only the `delta.*` keys below can be set through dbidx: another `delta.*` key changes what writers must do (append
 only, column mapping, ...), which dbidx would have to honour first. Keys outside `delta.` are free-form user
@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Protocol
 
-# The parsing of the properties lives a floor lower (data/delta_retention.py); their names are re-exported here.
+# The parsing of the properties lives a floor lower (data/delta_retention.py: the clean reads them too); their
+# names are re-exported here.
 from dbidx.data.delta_retention import (  # noqa: F401
     CHECKPOINT_INTERVAL,
     DEFAULTS,
