@@ -250,7 +250,8 @@ def _lookup_text(p: dict[str, Any]) -> str:
     default=10,
     show_default=True,
     type=click.IntRange(min=0),
-    help="Completions of history kept by the clean.",
+    help="The clean's --retain: replaced index files are kept this many completions, data and deletion-vector "
+    "files as many and for the table's delta.deletedFileRetentionDuration (`dbidx clean --help`).",
 )
 @click.option(
     "--data",

@@ -159,7 +159,9 @@ def vacuum_cmd(uri: str, retention_hours: int, dry_run: bool, as_json: bool) -> 
     type=click.IntRange(min=0),
     default=10,
     show_default=True,
-    help="Keep files replaced within this many completions (time travel, caches behind).",
+    help="Keep replaced index files this many completions (caches catching up, index snapshots); data and "
+    "deletion-vector files at least as many too, and always for the table's delta.deletedFileRetentionDuration "
+    "(Delta's default: 1 week), which Delta readers of older versions rely on.",
 )
 @click.option(
     "--delete-migrated",
@@ -168,22 +170,29 @@ def vacuum_cmd(uri: str, retention_hours: int, dry_run: bool, as_json: bool) -> 
 )
 @json_option
 def clean_cmd(uri: str, retain: int, delete_migrated: bool, as_json: bool) -> None:
-    """Delete the files compactions replaced at least --retain completions ago (the clean service, on demand)."""
+    """Delete the files compactions replaced (the clean service, on demand): index files --retain completions
+    later, data and deletion-vector files once the table's delta.deletedFileRetentionDuration has passed as well."""
+    from dbidx.index.clean import plan_clean
+
     table = open_table(uri)
     record = table.clean(retain_completions=retain, delete_migrated=delete_migrated)
+    plan = plan_clean(table, retain, delete_migrated)  # what is left: the files the retention still keeps
     payload = {
         "uri": table.uri,
         "instant": record.instant if record else None,
         "deleted": list(record.deleted) if record else [],
+        "waiting": plan.waiting,
+        "retention": plan.retention,
     }
     output(as_json).emit(
         payload,
         lambda p: "\n".join(
             [f"deleted {path}" for path in p["deleted"]]
             + [
-                f"clean {p['instant']}: {len(p['deleted'])} files deleted"
+                f"clean {p['instant']}: {len(p['deleted'])} files deleted; {p['waiting']} replaced data and "
+                f"deletion-vector files kept for delta.deletedFileRetentionDuration ({p['retention']})"
                 if p["instant"]
-                else f"nothing replaced at least {retain} completions ago"
+                else plan.nothing_to_do()
             ]
         ),
     )

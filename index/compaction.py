@@ -1,10 +1,11 @@
-"""Compaction and cleaning of RLI files.
+"""Compaction of RLI files.
 
 Compaction merges a (partition, shard)'s base and deltas into one new base without tombstones, published as one
 instant that names the files it replaces: readers switch from "old files" to "new base" in a single step, so a
 snapshot before, during and after compaction gives the same answer. Replaced files stay on disk (incremental reads
-across the compaction still work) until `clean` removes them; a clean is itself a completion record, so a reader
-that needs a removed file gets HistoryCompactedError instead of a silently short answer.
+across the compaction still work) until `clean` removes them (index/clean.py, still importable from here); a clean
+is itself a completion record, so a reader that needs a removed file gets HistoryCompactedError instead of a
+silently short answer.
 
 Size-tiered (`base_share`, what the table services use): rewriting a group's base costs its whole size, so doing it
 whenever a group has `min_files` files makes a long-running table's compaction cost grow with the table. With a
@@ -20,19 +21,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from numbers import Integral
 from typing import Iterable
 
 import pyarrow as pa
 
-from dbidx.errors import CommitError, ConflictError, CorruptFileError, InvalidInputError
+from dbidx.errors import CommitError, ConflictError, InvalidInputError
 from dbidx.index import rli_files
+from dbidx.index.clean import clean as clean  # re-exported: `clean` lived here before index/clean.py
 from dbidx.progress import Progress, Steps
 from dbidx.runner import IN_PROCESS, WorkRunner, attempt_of, check_written, pack, results_of, unpack
 from dbidx.storage import layout, markers
 from dbidx.storage.fileio import FileIO
 from dbidx.storage.instant_life import InstantLife
-from dbidx.storage.records import ACTION_CLEAN, ACTION_COMPACTION, CompletedInstant, FileRecord, record_dict
+from dbidx.storage.records import ACTION_COMPACTION, CompletedInstant, FileRecord, record_dict
 from dbidx.storage.state import TableState
 
 
@@ -223,58 +224,3 @@ def _parsed_merge(
     except (ValueError, TypeError, KeyError) as exc:
         raise CommitError(f"{where}: a malformed merge result ({exc}); nothing was published") from exc
     return base
-
-
-def clean(table: TableState, retain_completions: int = 10, delete_migrated: bool = False) -> CompletedInstant | None:
-    """Delete index files replaced by compactions, data files replaced by data compactions, and DV files no live
-    deletion vector points into any more, at least `retain_completions` completions ago (a whole number >= 0, else
-    InvalidInputError). Source files build-index listed stay unless delete_migrated=True.
-
-    Incremental reads reaching back further than that get HistoryCompactedError (a cache then reloads the
-    partition); snapshots of older instants likewise. Returns the clean's completion record, or None.
-    """
-    # A negative count would have cleaned as 0 does (everything replaced, however recent), and a float or a string
-    # would fail (or round) somewhere below: refused before anything is read or deleted.
-    if isinstance(retain_completions, bool) or not isinstance(retain_completions, Integral) or retain_completions < 0:
-        raise InvalidInputError(
-            f"clean of {table.uri}: retain_completions must be a whole number >= 0 (completions "
-            f"whose replaced files are kept), got {retain_completions!r}"
-        )
-    if not isinstance(delete_migrated, bool):
-        raise InvalidInputError(f"clean of {table.uri}: delete_migrated must be True or False, got {delete_migrated!r}")
-    view = table.refresh()
-    horizon = table.timeline.latest_seq - int(retain_completions)
-    doomed = [path for path, _ in view.replaced_files(horizon)]
-    outside = [path for path in doomed if not path.startswith(layout.RLI_DIR + "/")]
-    if outside:
-        raise CorruptFileError(
-            f"compaction records of {table.uri} replace files outside {layout.RLI_DIR}, e.g. "
-            f"{outside[0]!r}; refusing to clean"
-        )
-    data = table.data_view()
-    doomed += data.replaced(horizon, migrated=delete_migrated) + data.unreferenced_dv_files(horizon)
-    if not doomed:
-        return None
-
-    def build(seq: int) -> CompletedInstant:
-        return writer.completion(
-            seq,
-            table.props.table_id,
-            deleted=tuple(doomed),
-        )
-
-    # 1. Publish first: from now on readers know these files are gone on purpose. The claim stays until step 2 is
-    #    done: a clean killed in between leaves it, and the next sweep (any upsert, clean, compaction, `dbidx
-    #    repair`) deletes what the record lists that is still there (storage/leftovers.py). A failure before the
-    #    publish rolls the instant back (storage/instant_life.py).
-    with InstantLife(table.timeline, ACTION_CLEAN) as writer:
-        record = writer.publish(build, keep_claim=True)
-    # 2. Then delete them, then the claim.
-    try:
-        for path in doomed:
-            table.io.delete(path)
-    except BaseException:
-        table.timeline.stop_heartbeat(writer.instant)  # settled; its claim stays for the sweep to finish the work
-        raise
-    table.timeline.delete_claim_files(writer.instant)
-    return record

@@ -276,16 +276,18 @@ class DataView:
         a live vector points into or no clean has deleted yet."""
         return set(self._live) | set(self._replaced) | set(self._dv_files) | {r.file.path for r in self._dv.values()}
 
-    def unreferenced_dv_files(self, upto_seq: int) -> list[str]:
-        """DV files no live vector points into, whose last vector left the state at or before `upto_seq` (for
-        `clean`: a reader that planned a read before then may still need them)."""
+    def unreferenced_dv_files(self, upto_seq: int) -> list[tuple[str, int]]:
+        """(path, seq) of the DV files no live vector points into, seq being the completion at or before `upto_seq`
+        at which the last vector of it left the state (for `clean`: Delta versions before that one read it)."""
         referenced = {ref.file.path for ref in self._dv.values()}
-        return sorted(p for p, seq in self._dv_files.items() if seq <= upto_seq and p not in referenced)
+        return sorted((p, seq) for p, seq in self._dv_files.items() if seq <= upto_seq and p not in referenced)
 
-    def replaced(self, upto_seq: int, migrated: bool = False) -> list[str]:
-        """Data files replaced by data compactions at or before `upto_seq` and not cleaned yet (for `clean`);
-        the user's source files build-index listed only with `migrated` (deleting them is the user's decision)."""
-        return sorted(p for p, (seq, source) in self._replaced.items() if seq <= upto_seq and (migrated or not source))
+    def replaced(self, upto_seq: int, migrated: bool = False) -> list[tuple[str, int]]:
+        """(path, replacing seq) of data files data compactions at or before `upto_seq` replaced, not cleaned yet
+        (for `clean`); the user's source files build-index listed only with `migrated` (the user's decision)."""
+        return sorted(
+            (p, seq) for p, (seq, source) in self._replaced.items() if seq <= upto_seq and (migrated or not source)
+        )
 
     # ---- checkpoint form ---------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -3,11 +3,11 @@ and how often a Delta checkpoint is written; set with `Table.set_delta_propertie
 
 Why Delta's own properties and not dbidx settings: every engine that shares the table reads them from the log
 (delta-rs drops tombstones older than `delta.deletedFileRetentionDuration` from the checkpoints it writes and
-vacuums by it; Spark expires log files by `delta.logRetentionDuration`), so one value governs them all. A change is
-a dbidx completion (`properties`) whose Delta version is commitInfo + metaData with the whole new configuration, so
-it is ordered with every other write; one made by another engine is absorbed and carried on by dbidx's later
-metaData (table/absorb.py). Values read back from the log are untrusted: one dbidx cannot parse is a ConfigError
-naming the key, never a silently assumed default.
+vacuums by it, dbidx's clean keeps the data files it replaced for as long (index/clean.py); Spark expires log files
+by `delta.logRetentionDuration`), so one value governs them all. A change is a dbidx completion (`properties`) whose
+Delta version is commitInfo + metaData with the whole new configuration, so it is ordered with every other write;
+one made by another engine is absorbed and carried on by dbidx's later metaData (table/absorb.py). Values read back
+from the log are untrusted: one dbidx cannot parse is a ConfigError naming the key, never a silently assumed default.
 
 Only the `delta.*` keys below can be set through dbidx: another `delta.*` key changes what writers must do (append
 only, column mapping, ...), which dbidx would have to honour first. Keys outside `delta.` are free-form user
@@ -16,10 +16,23 @@ properties (owner, comment) and are carried as given.
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
 from typing import Any, Mapping, Protocol
 
+# The parsing of the properties lives a floor lower (data/delta_retention.py: the clean reads them too); their
+# names are re-exported here.
+from dbidx.data.delta_retention import (  # noqa: F401
+    CHECKPOINT_INTERVAL,
+    DEFAULTS,
+    DELETED_FILE_RETENTION,
+    DELETION_VECTORS,
+    EXPIRED_LOG_CLEANUP,
+    LOG_RETENTION,
+    DeltaRetention,
+    parse_bool,
+    parse_interval,
+    parse_positive,
+    retention_of,
+)
 from dbidx.errors import ConfigError, ConflictError
 from dbidx.storage.data_view import DELTA_CONFIGURATION_EXTRA
 from dbidx.storage.records import ACTION_ABSORB, ACTION_PROPERTIES, CompletedInstant
@@ -36,62 +49,7 @@ class PropertiesTable(TableState, Protocol):
     def data_view(self) -> DataView: ...
 
 
-LOG_RETENTION = "delta.logRetentionDuration"
-DELETED_FILE_RETENTION = "delta.deletedFileRetentionDuration"
-CHECKPOINT_INTERVAL = "delta.checkpointInterval"
-EXPIRED_LOG_CLEANUP = "delta.enableExpiredLogCleanup"
-DELETION_VECTORS = "delta.enableDeletionVectors"
-# Delta's defaults (PROTOCOL.md and Delta Spark's DeltaConfigs): what a table without the key gets.
-DEFAULTS = {
-    LOG_RETENTION: "interval 30 days",
-    DELETED_FILE_RETENTION: "interval 1 weeks",
-    CHECKPOINT_INTERVAL: "10",
-    EXPIRED_LOG_CLEANUP: "true",
-}
 SETTABLE = tuple(DEFAULTS)
-_UNIT_MS = {
-    "week": 7 * 86_400_000,
-    "day": 86_400_000,
-    "hour": 3_600_000,
-    "minute": 60_000,
-    "second": 1000,
-    "millisecond": 1,
-}
-_INTERVAL = re.compile(r"^\s*interval\s+(\d+)\s+([a-z]+?)s?\s*$", re.IGNORECASE)
-
-
-@dataclass(frozen=True)
-class DeltaRetention:
-    """The properties the table services act on, parsed."""
-
-    log_retention_ms: int  # log files older than this, below a checkpoint, are expired
-    deleted_file_retention_ms: int  # removed files are kept this long (vacuum; tombstones in checkpoints)
-    checkpoint_interval: int  # a Delta checkpoint every this many versions
-    expired_log_cleanup: bool  # whether expired log files are deleted at all
-
-
-def parse_interval(text: str, key: str) -> int:
-    """Milliseconds of a Delta interval ("interval 7 days", "interval 1 hours", "interval 30 minutes")."""
-    m = _INTERVAL.match(text) if isinstance(text, str) else None
-    unit = m.group(2).lower() if m else ""
-    if m is None or unit not in _UNIT_MS:
-        raise ConfigError(
-            f"{key} must be a Delta interval such as 'interval 7 days' (units: weeks, days, hours, "
-            f"minutes, seconds, milliseconds), got {text!r}"
-        )
-    return int(m.group(1)) * _UNIT_MS[unit]
-
-
-def _parse_bool(text: str, key: str) -> bool:
-    if isinstance(text, str) and text.strip().lower() in ("true", "false"):
-        return text.strip().lower() == "true"
-    raise ConfigError(f"{key} must be 'true' or 'false', got {text!r}")
-
-
-def _parse_positive(text: str, key: str) -> int:
-    if isinstance(text, str) and text.strip().isdigit() and int(text) >= 1:
-        return int(text)
-    raise ConfigError(f"{key} must be a whole number >= 1, got {text!r}")
 
 
 def check_property(key: str, value: Any) -> str:
@@ -110,25 +68,10 @@ def check_property(key: str, value: Any) -> str:
         if parse_interval(value, key) <= 0:
             raise ConfigError(f"{key} must be longer than 0, got {value!r}")
     elif key == CHECKPOINT_INTERVAL:
-        _parse_positive(value, key)
+        parse_positive(value, key)
     elif key == EXPIRED_LOG_CLEANUP:
-        _parse_bool(value, key)
+        parse_bool(value, key)
     return value
-
-
-def retention_of(configuration: Mapping[str, str]) -> DeltaRetention:
-    """The retention properties in force (Delta's defaults for absent keys); a value dbidx cannot parse, set by
-    another engine, is a ConfigError naming it."""
-
-    def get(key: str) -> str:
-        return configuration.get(key, DEFAULTS[key])
-
-    return DeltaRetention(
-        parse_interval(get(LOG_RETENTION), LOG_RETENTION),
-        parse_interval(get(DELETED_FILE_RETENTION), DELETED_FILE_RETENTION),
-        _parse_positive(get(CHECKPOINT_INTERVAL), CHECKPOINT_INTERVAL),
-        _parse_bool(get(EXPIRED_LOG_CLEANUP), EXPIRED_LOG_CLEANUP),
-    )
 
 
 def set_delta_properties(table: PropertiesTable, changes: Mapping[str, str | None]) -> CompletedInstant | None:

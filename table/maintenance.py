@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from dbidx.data.compaction import DataCompactionResult, compact_data
-from dbidx.index.compaction import CompactionResult, clean, compact
+from dbidx.index.clean import clean
+from dbidx.index.compaction import CompactionResult, compact
 from dbidx.progress import Progress
 from dbidx.runner import WorkRunner
 from dbidx.storage.leftovers import DEFAULT_TEMP_AGE_S, SweepReport, sweep_leftovers
@@ -127,9 +128,12 @@ class TableMaintenance:
         return result
 
     def clean(self, retain_completions: int = 10, delete_migrated: bool = False) -> CompletedInstant | None:
-        """Delete index and data files that compactions replaced at least `retain_completions` completions ago
-        (the user's source files build-index listed only with delete_migrated=True); returns the clean's record,
-        or None when nothing was old enough. Caches behind it reload (`dbidx cache sync`)."""
+        """Delete the files compactions replaced: index files `retain_completions` completions later, data and
+        deletion-vector files only once that many completions passed *and* the table's
+        `delta.deletedFileRetentionDuration` (Delta's default: one week) since the completion that replaced them, so
+        every Delta version within the retention stays readable (index/clean.py says why). The user's source files
+        build-index listed go only with delete_migrated=True. Returns the clean's record, or None when nothing was
+        old enough. Caches behind it reload (`dbidx cache sync`)."""
         record = clean(self, retain_completions=retain_completions, delete_migrated=delete_migrated)
         self._sweep_after("clean")
         return record

@@ -44,7 +44,9 @@ class ServiceSettings:
     index_base_share: float = 0.25  # ... into a new base only once the files after its base hold this share of the
     # base's entries, before that its newest files into one merged file (0: always into a new base)
     clean: bool = True
-    clean_retain_completions: int = 10  # replaced files are kept this many completions (time travel, caches)
+    # Replaced index files are kept this many completions (caches' catch-up, index snapshots); data and DV files
+    # at least as many, and always delta.deletedFileRetentionDuration (the Delta property; index/clean.py).
+    clean_retain_completions: int = 10
     clean_interval: int = 10  # at most one clean per this many completions
     log_cleanup: bool = True  # Delta checkpoints every delta.checkpointInterval versions; log files expired by
     # delta.logRetentionDuration (table/delta_properties.py: Delta's own properties, shared with other engines)

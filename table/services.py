@@ -13,6 +13,8 @@ section 3); a ConflictError can only come from another maintenance run on the sa
 and `dbidx maintain --loop`): the service yields, the report says so, and the next run tries again. Log cleanup and
 vacuum publish nothing: they write a Delta checkpoint (delta-rs) and delete files no version needs any more, by the
 retention the table's Delta properties give (table/delta_properties.py), so every engine sharing the table agrees.
+The clean keeps the data and DV files it would delete for the same `delta.deletedFileRetentionDuration` (Delta
+readers of older versions read them); only the index files it deletes go by `clean_retain_completions` alone.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from dbidx.data.delta_log import checkpoint_pointer
 from dbidx.data.log_retention import expire_log, still_young
 from dbidx.errors import ConflictError, CorruptFileError
 from dbidx.table.delta_properties import DeltaRetention, retention_of
+from dbidx.index.clean import plan_clean
 from dbidx.index.compaction import CompactionResult
 from dbidx.table.service_settings import ServiceSettings
 from dbidx.progress import Progress
@@ -161,19 +164,19 @@ def index_needs(table: TableState, settings: ServiceSettings) -> dict[str | None
     return out
 
 
-def clean_due(table: TableState, settings: ServiceSettings) -> str | None:
-    """Why a clean is not due now (None: it is): nothing old enough to delete, or a clean ran within the last
-    `clean_interval` completions (each clean is a commit of its own; cleaning every batch would double the log)."""
+def clean_due(table: TableState, settings: ServiceSettings, now_ms: int | None = None) -> str | None:
+    """Why a clean is not due now (None: it is): a clean ran within the last `clean_interval` completions (each
+    clean is a commit of its own; cleaning every batch would double the log), or nothing is old enough to delete:
+    no index file replaced `clean_retain_completions` completions ago, and no data or DV file replaced longer ago
+    than the table's `delta.deletedFileRetentionDuration` as well (index/clean.py: the same plan the clean runs, so
+    a table whose replaced files are all within the retention never starts a clean that deletes nothing)."""
     timeline = table.timeline
     latest = timeline.latest_seq
     after = max(latest - settings.clean_interval, timeline.base_seq)
     if any(rec.action == ACTION_CLEAN for rec in timeline.completed(after_seq=after)):
         return f"a clean ran within the last {settings.clean_interval} completions"
-    horizon = latest - settings.clean_retain_completions
-    data = table.data_view()
-    if not (table.refresh().replaced_files(horizon) or data.replaced(horizon) or data.unreferenced_dv_files(horizon)):
-        return f"nothing replaced at least {settings.clean_retain_completions} completions ago"
-    return None
+    plan = plan_clean(table, settings.clean_retain_completions, now_ms=now_ms)
+    return plan.nothing_to_do() if not plan.doomed else None
 
 
 def run_services(
@@ -232,7 +235,7 @@ def run_services(
         elif groups:
             wanted = None if None in groups else sorted(p for p in groups if p is not None)
             _step(report, "index_compaction", lambda: _compact_index(table, settings, wanted, progress, runner))
-    # 3. Clean of what compactions replaced long enough ago.
+    # 3. Clean of what compactions replaced long enough ago (data and DV files: delta.deletedFileRetentionDuration).
     if settings.clean and clean_due(table, settings) is None:
         if out_of_time():
             report.left.append({"service": "clean", "reason": "budget_seconds"})
@@ -321,6 +324,8 @@ def _compact_index(
 
 
 def _clean(table: MaintainedTable, settings: ServiceSettings) -> tuple[str | None, dict[str, Any]]:
+    """The clean: index files by `clean_retain_completions`, data and DV files by that and the table's
+    delta.deletedFileRetentionDuration (index/clean.py)."""
     record = table.clean(retain_completions=settings.clean_retain_completions)
     return (record.instant if record else None), {"files_deleted": len(record.deleted) if record else 0}
 

@@ -18,6 +18,7 @@ from dbidx.table.verify_table import verify_table
 from dbidx.spark_integration.local import upsert_arrow
 from dbidx.storage.data_view import DataView
 
+from tests.retention import clean_without_waiting
 from tests.spark_helpers import Oracle, random_batch
 
 
@@ -92,6 +93,7 @@ def test_compaction_keeps_every_row_and_a_concurrent_upsert_lands(
     on_disk = data_files_on_disk(table) | {
         p.relative_to(tmp_path / "t").as_posix() for p in tmp_path.joinpath("t").glob("**/deletion_vector_*.bin")
     }
+    clean_without_waiting(table)
     cleaned = table.clean(retain_completions=0)
     assert cleaned is not None and set(cleaned.deleted) <= on_disk  # data files and DV files no vector points into
     assert data_files_on_disk(table) == {f.path for u in reads.plan_read(table).units for f in u.files}
@@ -131,6 +133,7 @@ def test_cli_compact_data(tmp_path: Path) -> None:
             cache_config=config,
         )
     before = current(table)
+    clean_without_waiting(table)
     result = CliRunner().invoke(main, ["compact", table.uri, "--data", "--retain", "0", "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
@@ -180,6 +183,7 @@ def test_a_read_planned_before_a_clean_says_so(tmp_path: Path) -> None:
     plan = reads.plan_read(table)
     schema = reads.output_schema(plan)
     table.compact_data()
+    clean_without_waiting(table)
     table.clean(retain_completions=0)
     with pytest.raises(HistoryCompactedError, match="removed by a clean after this read was planned"):
         list(reads.read_units(table.io, plan.units, plan.key, schema, table))

@@ -25,6 +25,7 @@ from dbidx.spark_integration.local import upsert_arrow
 
 from tests.data.test_delta_adopt import _delete_rows, _log
 from tests.delta_readers import assert_readers_agree
+from tests.retention import clean_without_waiting
 
 COLUMNS = ("id", "dt", "v")
 DAYS = ("d1", "d2", "d3")
@@ -391,6 +392,7 @@ def test_a_long_lived_writer_beside_another_process_compactions_and_cleans(tmp_p
     streaming = Table.open(w.path)
     w.upsert([("k1", "d2", 1)], table=streaming)
     other = Table.open(w.path)
+    clean_without_waiting(other)
     w.upsert([("k2", "d3", 2), ("k4", "d2", 4)], table=other)
     other.compact_data(min_files=1, target_file_bytes=1 << 30, deleted_share=0.01)
     assert other.clean(retain_completions=0) is not None

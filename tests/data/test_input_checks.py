@@ -33,6 +33,7 @@ from dbidx.table.facade import Table
 from dbidx.spark_integration.local import upsert_arrow
 
 from tests.delta_readers import assert_readers_agree
+from tests.retention import clean_without_waiting
 
 
 def _config(tmp_path: Path) -> CacheConfig:
@@ -183,6 +184,7 @@ def test_clean_refuses_a_negative_or_non_integer_retention(tmp_path: Path) -> No
     compaction = table.compact_data()  # the two data files replaced by one
     assert compaction.files_replaced == 2 and compaction.record is not None
     replaced = [path / rel for rel in compaction.record.replaced]
+    clean_without_waiting(table)
     before, log = _actions(path), _log_files(path)
     for bad in (-1, -10, 1.5, "3", True, None):
         with pytest.raises(InvalidInputError, match=rf"retain_completions must be a whole number >= 0.*{bad!r}"):

@@ -22,6 +22,7 @@ from dbidx.table.verify_table import verify_table
 from dbidx.spark_integration.local import upsert_arrow
 
 from tests.delta_readers import assert_readers_agree, via_deltalake, via_polars
+from tests.retention import clean_without_waiting
 from tests.spark_helpers import Oracle, random_batch
 
 COLUMNS = ("id", "dt", "v")
@@ -89,6 +90,7 @@ def test_every_commit_kind_reads_the_same_in_every_engine(
     check(table, oracle)
     # 3. An index compaction, a clean, a rollback of a pending instant: no row changes, versions still follow.
     table.compact()
+    clean_without_waiting(table)
     table.clean(retain_completions=0)
     view = table.data_view()  # DV files no live vector points into are gone with the replaced data files
     live_refs = {ref.file.path for f in view.live() if (ref := view.vector_of(f.record.path)) is not None}
@@ -132,7 +134,9 @@ def test_time_travel_reads_each_version(tmp_path: Path) -> None:
         reads.read_arrow(table, version=9)
     with pytest.raises(InvalidInputError, match="not both"):
         reads.read_arrow(table, version=1, as_of=1)
-    # 2. Once a compaction rewrote the files and a clean removed them, the old version is gone, loudly.
+    # 2. Once a compaction rewrote the files and a clean removed them (the table's retention of removed files cut
+    #    to a millisecond), the old version is gone, loudly.
+    clean_without_waiting(table)
     table.compact_data()
     table.clean(retain_completions=0)
     assert sorted(via_deltalake(table.io.path(""), COLUMNS)) == states[-1]
@@ -293,10 +297,12 @@ def test_a_crashed_upsert_rolled_back_leaves_no_file_and_readers_agree(tmp_path:
 
 @pytest.mark.slow
 def test_time_travel_inside_the_retention_window_reads_the_same_everywhere(tmp_path: Path) -> None:
-    """After clean(retain_completions=4), every version inside the window reads the rows it had when written, in
-    dbidx, deltalake and polars alike; an older version whose files the clean removed is HistoryCompactedError in
-    dbidx, never fewer rows."""
+    """After clean(retain_completions=4) on a table whose delta.deletedFileRetentionDuration is a millisecond (the
+    count alone decides), every version inside the window reads the rows it had when written, in dbidx, deltalake
+    and polars alike; an older version whose files the clean removed is HistoryCompactedError in dbidx, never fewer
+    rows."""
     table = Table.create(str(tmp_path / "t"), num_shards=2)
+    clean_without_waiting(table)
     config = CacheConfig(base_path=str(tmp_path / "cache"))
     oracle, rng, serial = Oracle(False), random.Random(77), [0]
     states: dict[int, list[tuple]] = {}

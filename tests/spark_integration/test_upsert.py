@@ -20,6 +20,7 @@ from dbidx.spark_integration.reads import read_table
 from dbidx.storage.keyhash import shard_of
 
 from tests.delta_readers import assert_readers_agree
+from tests.retention import clean_without_waiting
 from tests.spark_helpers import SCHEMA, Oracle, as_expected_index, bucket_layout, hive, index_state, random_batch
 
 pytestmark = pytest.mark.spark
@@ -127,6 +128,7 @@ def test_a_lazy_read_overtaken_by_a_clean_fails_typed(spark, tmp_path: Path) -> 
         )
     planned = read_table(spark, table)
     table.compact_data()
+    clean_without_waiting(table)
     table.clean(retain_completions=0)
     with pytest.raises(HistoryCompactedError, match="removed by a clean after this read was planned"):
         with typed_errors():

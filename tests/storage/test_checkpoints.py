@@ -25,6 +25,7 @@ from dbidx.storage.index_view import IndexView
 
 from tests.spark_helpers import Oracle, random_batch
 from tests.data.test_compaction import as_arrow, current
+from tests.retention import clean_without_waiting
 
 INTERVAL = 4
 
@@ -43,6 +44,7 @@ def build(tmp_path: Path, global_index: bool, batches: int = 22) -> tuple[Table,
     """A table written by a random stream with index and data compactions and cleans between the upserts."""
     rng = random.Random(1123 + global_index)
     table = Table.create(str(tmp_path / "t"), num_shards=2, global_index=global_index, checkpoint_interval=INTERVAL)
+    clean_without_waiting(table)  # the cleans take replaced data and DV files too (the views fold their deletion)
     config = CacheConfig(base_path=str(tmp_path / "cache"))
     oracle, serial = Oracle(global_index), [0]
     for i in range(batches):

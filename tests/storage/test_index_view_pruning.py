@@ -28,6 +28,7 @@ from dbidx.storage.records import ACTION_CLEAN, ACTION_COMPACTION, ENTRY_ACTIONS
 
 from tests.cache_helpers import open_cache, truth
 from tests.data.test_compaction import as_arrow, current
+from tests.retention import clean_without_waiting
 from tests.spark_helpers import Oracle, random_batch
 
 INTERVAL = 7  # checkpoints every 7 completions: a fresh open starts from one with a history floor
@@ -170,6 +171,7 @@ def stream(tmp_path: Path, global_index: bool, steps: int, seed: int, every=None
     is called after each step with (step, table, reference, oracle)."""
     rng = random.Random(seed)
     table = Table.create(str(tmp_path / "t"), num_shards=2, global_index=global_index, checkpoint_interval=INTERVAL)
+    clean_without_waiting(table)  # the cleans take replaced data and DV files too, as soon as their count allows
     config = CacheConfig(base_path=str(tmp_path / "cache"))
     oracle, serial, ref = Oracle(global_index), [0], Reference()
     for step in range(steps):

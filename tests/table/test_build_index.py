@@ -13,6 +13,8 @@ from dbidx.errors import CorruptFileError, DuplicateKeyError, InvalidInputError,
 from dbidx.table.build_index import build_index, file_group_of
 from dbidx.table.facade import Table
 
+from tests.retention import clean_without_waiting
+
 
 def write_dataset(root: Path, layout: dict[str, list[list[str]]]) -> dict[tuple[str, str], str]:
     """Write {partition: [keys of file 1, keys of file 2, ...]}; returns (partition, key) -> expected file group."""
@@ -181,6 +183,7 @@ def test_clean_keeps_migrated_source_files_unless_asked(tmp_path):
         hive_style=False,
         cache_config=CacheConfig(base_path=str(tmp_path / "cache")),
     )
+    clean_without_waiting(table)
     assert table.compact_data().files_replaced == 2
     table.clean(retain_completions=0)
     assert source.exists()  # the user's file: replaced, but kept

@@ -39,6 +39,7 @@ from dbidx.storage import layout
 from dbidx.storage.records import ACTION_CLEAN, ACTION_ROLLBACK
 
 from tests.delta_readers import assert_readers_agree, via_dbidx
+from tests.retention import clean_without_waiting
 
 COLUMNS = ("id", "dt", "v")
 DAYS = ("d1", "d2", "d3")
@@ -205,13 +206,14 @@ def _upserts(path: str, cache: str) -> set[tuple[str, str, int]]:
 @pytest.fixture(scope="module")
 def templates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Scene]:
     """ "compact": a table with deltas and small files to compact; "clean": the same, compacted both ways (files to
-    clean)."""
+    clean: index, data and DV files, the table's retention of removed files cut to a millisecond)."""
     base = tmp_path_factory.mktemp("templates")
     rows = _upserts(str(base / "compact"), str(base / "cache"))
     shutil.copytree(base / "compact", base / "clean", symlinks=True)
     table = Table.open(str(base / "clean"))
     assert table.compact().record is not None
     assert table.compact_data(target_file_bytes=None).record is not None
+    clean_without_waiting(table)
     return {"compact": Scene(str(base / "compact"), rows), "clean": Scene(str(base / "clean"), rows)}
 
 

@@ -20,6 +20,7 @@ from dbidx.spark_integration import driver
 from dbidx.spark_integration.local import upsert_arrow
 
 from tests.delta_readers import assert_readers_agree
+from tests.retention import clean_without_waiting
 from tests.spark_helpers import Oracle, random_batch
 
 SMALL = dict(data_min_small_files=4, index_min_files=4, clean_retain_completions=3, clean_interval=3)
@@ -128,6 +129,7 @@ def data_files_on_disk(table: Table) -> set[str]:
 @pytest.mark.slow
 def test_services_keep_the_table_small_and_exact(tmp_path: Path, services_on: None) -> None:
     on = Writer(tmp_path, "on", seed=44, shards=1, **SMALL)
+    clean_without_waiting(on.table)  # the count alone decides (how long the retention keeps: test_clean_retention)
     off = Writer(tmp_path, "off", seed=44, shards=1, after_commit=False)
     ran: list[str] = []
     retain = int(SMALL["clean_retain_completions"])
