@@ -187,6 +187,9 @@ def run_upsert(
     """
     started = time.perf_counter()
     marks = [started]  # perf_counter at the end of each phase (PHASES)
+    # Other engines' versions first (their schema changes among them): checked against below, not found at the claim
+    # (which would make this upsert conflict with a change that was in the log before it started).
+    table.follow_delta_log()
     with table.pinned():  # the checks before the start read one state (the start and the publish read anew)
         _check_buckets(table, options.buckets)
         new_schema, schema_seq = _check_layout_and_schema(table, options, input_schema, where)

@@ -20,6 +20,11 @@ from tools.spark_cds import jvm_options_for_tests
 os.environ.setdefault("SPARK_SUBMIT_OPTS", jvm_options_for_tests())
 
 
+# Delta Spark's jars, resolved by Spark from Maven Central on a machine's first test session and kept with the
+# virtualenv (about 90 MB): later sessions resolve them offline.
+DELTA_IVY_DIR = os.environ.get("DBIDX_DELTA_IVY_DIR") or os.path.join(sys.prefix, "delta-ivy")
+
+
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator["pyspark.sql.SparkSession"]:  # noqa: F821
     """A `local[2,3]` SparkSession (2 cores; a failed task is retried up to 3 times) running this interpreter."""
@@ -27,14 +32,20 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator["pyspark.sql.Spa
         pytest.fail("Java 17 is required for the Spark tests: install openjdk-17-jre-headless or set JAVA_HOME")
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    import pyspark
     from pyspark.sql import SparkSession
 
+    from dbidx.spark_integration.delta_spark import check_spark_version, with_delta_spark
+
+    check_spark_version(pyspark.__version__)  # Delta Spark's jars run on one Spark minor version (README)
     local_dir = tmp_path_factory.mktemp("spark-local")
     session = (
-        SparkSession.builder.master("local[2,3]")
+        with_delta_spark(SparkSession.builder, DELTA_IVY_DIR)
+        .master("local[2,3]")
         .appName("dbidx-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.databricks.delta.snapshotPartitions", "2")  # Delta Spark's log replay: 50 tasks by default
         .config("spark.driver.memory", "1g")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.local.dir", str(local_dir))

@@ -1,0 +1,180 @@
+"""Delta Lake on Spark (Delta Spark 4.4.0, the protocol's reference implementation) beside dbidx, in the tests' one
+SparkSession (tests/conftest.py loads its jars): it reads every dbidx table exactly as dbidx, deltalake, polars and
+DuckDB do, at every version, and its writes and maintenance (MERGE, UPDATE, DELETE with deletion vectors, INSERT,
+OPTIMIZE, Z-order, REORG PURGE, checkpoints, ADD COLUMNS, RESTORE) are absorbed or refused by name, with dbidx's
+upserts over the touched keys after each and every reader checked against a model (issue 60, sections 1 and 2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from dbidx.data import reads
+from dbidx.data.delta_log import listed_versions
+from dbidx.errors import DeltaFeatureError
+from dbidx.table.facade import Table
+from dbidx.table.readopt import readopt
+
+from tests.data.test_foreign_writers import COLUMNS, Writer, rows_of
+from tests.delta_readers import via_deltalake
+
+pytestmark = pytest.mark.spark
+
+
+def spark_rows(spark, path: str, version: int | None = None) -> set[tuple]:
+    reader = spark.read.format("delta")
+    if version is not None:
+        reader = reader.option("versionAsOf", version)
+    return {tuple(r) for r in reader.load(path).select(*COLUMNS).collect()}
+
+
+def full_check(spark, w: Writer) -> None:
+    """Delta Spark as the fifth reader: the same rows as dbidx, deltalake, polars and DuckDB, and the model's."""
+    w.check()  # dbidx, deltalake, polars, DuckDB, no key twice, verify
+    assert spark_rows(spark, w.path) == rows_of(w.model)
+
+
+def test_delta_spark_reads_every_version_of_a_dbidx_table(spark, tmp_path: Path) -> None:
+    """After upserts with deletes, both compactions, a clean, checkpoints: Delta Spark's time travel to each version
+    reads what deltalake reads there; the latest is the model; DESCRIBE HISTORY and DETAIL describe the log."""
+    w = Writer(tmp_path)
+    table = Table.open(w.path)
+    table.compact_data(min_files=1, target_file_bytes=1 << 30)
+    w.touched_update(100)
+    table = Table.open(w.path)
+    table.compact(min_files=2)
+    table.checkpoint()
+    w.upsert([("k3", "d1", 3), ("k4", "d2", 4)], deletes=[True, False])
+    table = Table.open(w.path)
+    table.clean(retain_completions=0)  # replaced index files; data files stay delta.deletedFileRetentionDuration
+    full_check(spark, w)
+    versions = listed_versions(table.io)
+    for version in versions[1:]:  # version 0 (the table's creation) has no columns yet
+        assert spark_rows(spark, w.path, version) == set(via_deltalake(w.path, COLUMNS, version)), version
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{w.path}`").collect()
+    assert sorted(r["version"] for r in history) == versions
+    assert {r["operation"] for r in history} >= {"MERGE", "OPTIMIZE"}
+    (detail,) = spark.sql(f"DESCRIBE DETAIL delta.`{w.path}`").collect()
+    assert detail["numFiles"] == len(Table.open(w.path).data_view().live())
+    assert list(detail["partitionColumns"]) == ["dt"]
+
+
+def _merge(spark, w: Writer) -> None:
+    spark.sql(
+        f"""MERGE INTO delta.`{w.path}` t
+        USING (SELECT 'k5' id, 'd3' dt, 555L v UNION ALL SELECT 'k8' id, 'd3' dt, -1L v
+               UNION ALL SELECT 'n1' id, 'd1' dt, 7L v) s
+        ON t.dt = s.dt AND t.id = s.id
+        WHEN MATCHED AND s.v < 0 THEN DELETE WHEN MATCHED THEN UPDATE SET *
+        WHEN NOT MATCHED AND s.v >= 0 THEN INSERT *"""
+    )
+    w.model.pop(("d3", "k8"), None)
+    if ("d3", "k5") in w.model:
+        w.model[("d3", "k5")] = 555
+    w.model[("d1", "n1")] = 7
+
+
+def _update(spark, w: Writer) -> None:
+    spark.sql(f"UPDATE delta.`{w.path}` SET v = v + 1000 WHERE dt = 'd2'")
+    w.model = {k: v + 1000 if k[0] == "d2" else v for k, v in w.model.items()}
+
+
+def _delete(spark, w: Writer) -> None:
+    spark.sql(f"DELETE FROM delta.`{w.path}` WHERE v % 2 = 0")  # about half the rows: vectors on most files
+    w.model = {k: v for k, v in w.model.items() if v % 2}
+
+
+def _insert(spark, w: Writer) -> None:
+    spark.sql(f"INSERT INTO delta.`{w.path}` VALUES ('a1', 'd2', 1), ('a2', 'd3', 2)")
+    w.model.update({("d2", "a1"): 1, ("d3", "a2"): 2})
+
+
+def _optimize(spark, w: Writer) -> None:
+    spark.sql(f"OPTIMIZE delta.`{w.path}`")
+
+
+def _z_order(spark, w: Writer) -> None:
+    spark.sql(f"OPTIMIZE delta.`{w.path}` ZORDER BY (id)")
+
+
+def _reorg(spark, w: Writer) -> None:
+    spark.sql(f"REORG TABLE delta.`{w.path}` APPLY (PURGE)")
+
+
+def _checkpoint(spark, w: Writer) -> None:
+    jvm = spark.sparkContext._jvm
+    jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, w.path).checkpoint()
+
+
+WRITES: dict[str, Callable] = {
+    "merge": _merge,
+    "update": _update,
+    "delete": _delete,
+    "insert": _insert,
+    "optimize": _optimize,
+    "z-order": _z_order,
+    "reorg-purge": _reorg,
+    "checkpoint": _checkpoint,
+}
+
+
+def quick_check(spark, w: Writer) -> None:
+    """dbidx's read and Delta Spark's against the model (full_check adds the other readers and verify)."""
+    w.quick_check()
+    assert spark_rows(spark, w.path) == rows_of(w.model)
+
+
+def test_delta_spark_writes_are_absorbed_and_dbidx_writes_on(spark, tmp_path: Path) -> None:
+    """Each Delta Spark write (its DV-writing MERGE, UPDATE and DELETE over files dbidx wrote among them), then a
+    dbidx upsert of every live key (so of every file it touched), both readers against the model each time; then
+    several Delta Spark versions absorbed as one run. One table for all (each Spark read costs seconds)."""
+    w = Writer(tmp_path)
+    for step, (name, write) in enumerate(WRITES.items()):
+        write(spark, w)
+        quick_check(spark, w)
+        w.touched_update(5000 + 100 * step)
+        quick_check(spark, w)
+    full_check(spark, w)
+    for name in ("merge", "optimize", "delete", "checkpoint", "update"):  # one run of five versions
+        WRITES[name](spark, w)
+    full_check(spark, w)
+    w.touched_update(7000)
+    full_check(spark, w)
+
+
+def test_delta_spark_add_columns_then_dbidx_upserts_with_the_column(spark, tmp_path: Path) -> None:
+    """ADD COLUMNS is absorbed as a new data column; a dbidx upsert then carries it (an upsert replaces whole
+    rows: one without it is refused by name, SchemaError)."""
+    import pyarrow as pa
+
+    from dbidx.config import CacheConfig
+    from dbidx.errors import SchemaError
+    from dbidx.spark_integration.local import upsert_arrow
+
+    w = Writer(tmp_path)
+    spark.sql(f"ALTER TABLE delta.`{w.path}` ADD COLUMNS (note STRING)")
+    with pytest.raises(SchemaError, match="note"):
+        w.touched_update(10)
+    rows = pa.table({"id": ["k1", "z9"], "dt": ["d2", "d1"], "v": pa.array([11, 99], pa.int64()), "note": ["a", None]})
+    upsert_arrow(rows, Table.open(w.path), key="id", partition="dt", cache_config=CacheConfig(str(tmp_path / "c")))
+    w.model.update({("d2", "k1"): 11, ("d1", "z9"): 99})
+    full_check(spark, w)
+    got = {tuple(r) for r in spark.read.format("delta").load(w.path).select("id", "note").collect()}
+    assert ("k1", "a") in got and ("z9", None) in got
+    ours = reads.read_arrow(Table.open(w.path), columns=["id", "note"]).to_pylist()
+    assert {(r["id"], r["note"]) for r in ours} == got
+
+
+def test_delta_spark_restore_is_refused_by_name_and_readopt_takes_the_table(spark, tmp_path: Path) -> None:
+    w = Writer(tmp_path)
+    spark.sql(f"RESTORE TABLE delta.`{w.path}` TO VERSION AS OF 2")
+    restored = spark_rows(spark, w.path)
+    with pytest.raises(DeltaFeatureError, match=r"--readopt"):
+        Table.open(w.path).sync_delta_log()
+    readopt(w.path, "id")
+    w.model = {(d, i): v for i, d, v in restored}
+    full_check(spark, w)
+    w.touched_update(8000)
+    full_check(spark, w)
