@@ -178,3 +178,37 @@ def test_delta_spark_restore_is_refused_by_name_and_readopt_takes_the_table(spar
     full_check(spark, w)
     w.touched_update(8000)
     full_check(spark, w)
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["other-keys", "same-keys"])
+def test_a_delta_spark_commit_landing_while_a_dbidx_upsert_runs(
+    spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, overlap: bool
+) -> None:
+    """Delta Spark commits while dbidx's tasks run (the rules as for delta-rs): an INSERT of other keys leaves the
+    upsert to commit at the next version; an UPDATE of the keys it writes makes it conflict, nothing published,
+    and a retry lands."""
+    from dbidx.errors import ConflictError
+    from dbidx.spark_integration import task
+
+    w = Writer(tmp_path)
+    real = task.upsert_batches
+    fired: list[bool] = []
+
+    def tasks_then_delta_spark(*args, **kwargs):
+        result = real(*args, **kwargs)
+        if not fired:
+            fired.append(True)
+            (_update if overlap else _insert)(spark, w)
+        return result
+
+    monkeypatch.setattr(task, "upsert_batches", tasks_then_delta_spark)
+    if overlap:
+        with pytest.raises(ConflictError):  # the model keeps Delta Spark's update, not the failed upsert's row
+            w.upsert([("k4", "d2", 44)], table=Table.open(w.path))
+        quick_check(spark, w)
+    else:
+        w.upsert([("k4", "d2", 43)], table=Table.open(w.path))
+        quick_check(spark, w)
+    monkeypatch.undo()
+    w.upsert([("k4", "d2", 44)], table=Table.open(w.path))
+    full_check(spark, w)
