@@ -68,7 +68,9 @@ class LogWatch(threading.Thread):
 
     def run(self) -> None:
         newest = -1
-        while not self.stop.is_set():
+        while True:
+            # One last pass that starts after `stop` (set once every write is done), so the newest checkpoint is seen.
+            stopping = self.stop.is_set()
             for name in sorted(os.listdir(self.log)):
                 path = self.log / name
                 try:
@@ -85,6 +87,8 @@ class LogWatch(threading.Thread):
                         newest = max(newest, pointer["version"])
                 except FileNotFoundError:
                     pass  # a log cleanup deleted it meanwhile: deleting is fine, rewriting is not
+            if stopping:
+                return
             time.sleep(0.001)
 
 
