@@ -427,9 +427,10 @@ def sync_cmd(uri: str, as_json: bool) -> None:
     committed since the index's last, and publish the records of dbidx writers that put their Delta version and died
     before publishing (docs/FORMAT.md sections 12 and 12c). Every write and read does this first; run it to see it."""
     table = open_table(uri)
+    from dbidx.table.delta_sync import LOG_CATCH_UP_EXTRA
+
     records = table.absorb_delta_log()
     caught_up = table.catch_up_log_vectors()  # vectors an absorb masked a stale rewrite's copies with, into the log
-    records += [caught_up] if caught_up is not None else []
     absorbed = [r for r in records if r.action == "absorb"]
     output(as_json).emit(
         {
@@ -437,12 +438,18 @@ def sync_cmd(uri: str, as_json: bool) -> None:
             "absorbed": len(absorbed),
             "published": len(records) - len(absorbed),
             "operations": sorted({str(r.extra.get("absorbed", {}).get("operation", "")) for r in absorbed}),
+            "masked_files": len(caught_up.extra.get(LOG_CATCH_UP_EXTRA) or []) if caught_up is not None else 0,
         },
         lambda p: (
             f"absorbed {p['absorbed']} Delta version(s) of other writers"
             + (f" ({', '.join(p['operations'])})" if p["operations"] else "")
-            + f", published {p['published']} staged record(s); the index is at Delta "
-            f"version {p['version']}"
+            + f", published {p['published']} staged record(s)"
+            + (
+                f", gave {p['masked_files']} file(s) the deletion vectors that mask a stale rewrite's copies"
+                if p["masked_files"]
+                else ""
+            )
+            + f"; the index is at Delta version {p['version']}"
         ),
     )
 

@@ -225,7 +225,7 @@ def _net(
     present: dict[str, FileAction | None] = {p: None for p in known}
     for actions in run:
         for a in actions.removes:
-            if a.path in stale and a.path not in present:
+            if a.path in stale:  # (not live before the run: split_at_stale found it so)
                 continue
             if a.path not in present:
                 raise CorruptFileError(
@@ -333,7 +333,7 @@ def _build(
     # 4. Files that came: their rows minus their own vector (and, of a stale rewrite, minus the rows it copied
     #    from files that were no longer live: masked in the index now, in the log by dbidx's next version).
     data_files = []
-    left_rows = left.table() if stale else None
+    left_rows = left.table()  # (complete: only `came` grows below)
     for path in fresh:
         action = added[path]
         partition = _partition_of(action, columns, where)
@@ -343,7 +343,7 @@ def _build(
         if action.dv is not None:
             deleted = read_descriptor(table.io, action.dv, record.rows, f"{where}, file {path!r}")
             vectors[path], descriptors[path] = deleted, dict(action.dv)
-        if left_rows is not None:
+        if stale:
             masked = stale_copies(left_rows, keys, partition, deleted, table.global_index, stale, path)
             if masked:
                 logged[path] = None if action.dv is None else dict(action.dv)
@@ -356,7 +356,7 @@ def _build(
         extra[LOG_VECTORS_EXTRA] = logged
     # 5. The index entries, per scope (a partition, or the whole table in global mode).
     buffer = EntryBuffer(table, instant)
-    _entries(table, buffer, left.table(), came.table(), came, where)
+    _entries(table, buffer, left_rows, came.table(), came, where)
     groups = buffer.sorted_groups()
     paths = [layout.delta_file(g[0], g[1], instant) for g in groups]
     table.timeline.mark_inflight(started, paths)

@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 from pyroaring import BitMap
 
 from dbidx.data.delta_actions import VersionActions
+from dbidx.data.deletion_vectors import positions_bitmap
 from dbidx.errors import CorruptFileError
 
 STALE_EXTRA = "stale_rewrite"  # the absorb record's extra: the stale removes and the rows masked per new file
@@ -85,10 +86,7 @@ def stale_copies(
     scope = None if global_index else pa.repeat(pa.scalar(partition, pa.string()), len(keys))
     valid = _scoped(left.column("key"), None if global_index else left.column("partition"))
     copy = pc.fill_null(pc.is_in(_scoped(keys, scope), value_set=valid), False).to_numpy(zero_copy_only=False)
-    hidden = np.zeros(len(keys), dtype=bool)
-    if len(deleted):
-        hidden[np.asarray(deleted.to_array(), dtype=np.int64)] = True
-    masked = BitMap(np.flatnonzero(~copy & ~hidden).astype(np.uint32))
+    masked = positions_bitmap(np.flatnonzero(~copy)) - deleted
     if masked:
         stale.masked[path] = len(masked)
     return masked

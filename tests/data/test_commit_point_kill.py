@@ -471,19 +471,10 @@ def test_dbidx_rollback_of_a_writer_killed_after_its_delta_put_is_refused(childr
 def test_a_failed_record_create_after_the_delta_put_keeps_the_committed_batch(
     template: Scene, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from dbidx.storage.fileio import FileIO
+    from tests.faults import record_create_fails_once
 
     scene = copy_scene(template, tmp_path)
-    real = FileIO.create_exclusive
-    failed: list[str] = []
-
-    def full_disk_once(self: FileIO, rel: str, data: bytes) -> bool:
-        if rel.startswith(layout.COMPLETED_DIR + "/") and not failed:
-            failed.append(rel)
-            raise OSError(28, "No space left on device")
-        return real(self, rel, data)
-
-    monkeypatch.setattr(FileIO, "create_exclusive", full_disk_once)
+    failed = record_create_fails_once(monkeypatch)
     before = scene.versions()
     with contextlib.suppress(OSError):  # whether the upsert then reports its commit is not what this test asks
         upsert_arrow(

@@ -136,9 +136,13 @@ def test_a_crash_between_the_absorb_and_its_catch_up(tmp_path: Path, monkeypatch
 def test_dbidx_sync_is_the_remedy_for_a_table_an_older_dbidx_refused(tmp_path: Path) -> None:
     """A table in the state the issue found (the stale OPTIMIZE in the log, unabsorbed): `dbidx sync` absorbs it."""
     w = Writer(tmp_path)
-    _stale_optimize_over_dbidx_compaction(w)
+    stale = _stale_optimize_over_dbidx_compaction(w)
     result = CliRunner().invoke(main, ["sync", w.path, "--json"])
     assert result.exit_code == 0, result.output
+    synced = json.loads(result.output)
+    assert synced["absorbed"] == 1 and synced["masked_files"] == len(
+        _record_at(w.path, stale).extra[STALE_EXTRA]["masked"]
+    )
     assert len(_polars_ids(w.path)) == len(set(_polars_ids(w.path))) == len(w.model)
     w.check()
 
@@ -220,23 +224,14 @@ def test_rollback_all_pending_publishes_a_compaction_that_committed_before_its_r
     so, rolls back the rest and exits 0."""
     import contextlib
 
-    from dbidx.storage import layout
-    from dbidx.storage.fileio import FileIO
+    from tests.faults import record_create_fails_once
 
     w = Writer(tmp_path)
-    real = FileIO.create_exclusive
-    failed: list[str] = []
-
-    def full_disk_once(self: FileIO, rel: str, data: bytes) -> bool:
-        if rel.startswith(layout.COMPLETED_DIR + "/") and not failed:
-            failed.append(rel)
-            raise OSError(28, "No space left on device")
-        return real(self, rel, data)
-
-    monkeypatch.setattr(FileIO, "create_exclusive", full_disk_once)
+    failed = record_create_fails_once(monkeypatch)
     with contextlib.suppress(OSError), pytest.warns(RuntimeWarning):
         Table.open(w.path).compact_data(min_files=1, target_file_bytes=1 << 30)
     monkeypatch.undo()
+    assert failed  # the record's create failed after the Delta put
     table = Table.open(w.path)
     (pending,) = table.timeline.pending()
     result = CliRunner().invoke(main, ["rollback", w.path, "--all-pending", "--force", "--json"])
