@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck spark-cds test-fast fuzz test-cluster pack-env bench bench-smoke bench-index bench-mdt bench-cache bench-bootstrap bench-spark bench-commit bench-footprint bench-skew bench-restart bench-absorb bench-peers bench-scale bench-speed bench-soak check-java clean
+.PHONY: demo test lint typecheck spark-cds test-fast fuzz test-cluster pack-env bench bench-smoke bench-index bench-mdt bench-cache bench-bootstrap bench-spark bench-commit bench-footprint bench-skew bench-restart bench-absorb bench-dv-readers bench-peers bench-scale bench-speed bench-soak check-java clean
 
 demo: check-java $(STAMP)
 	$(BIN)/dbidx demo
@@ -93,6 +93,9 @@ bench-restart: $(STAMP)
 
 bench-absorb: $(STAMP)
 	$(BIN)/python benchmarks/absorb_bench.py --write-results
+
+bench-dv-readers: $(STAMP)
+	$(BIN)/python benchmarks/dv_reader_bench.py --write-results
 
 bench-index: $(STAMP)
 	$(BIN)/python benchmarks/index_bench.py

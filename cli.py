@@ -419,18 +419,23 @@ def _repair_text(p: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+_FORM_WORDS = {"file": "in files", "inline": "inline"}
+
+
 @main.command("sync")
 @table_argument()
 @json_option
 def sync_cmd(uri: str, as_json: bool) -> None:
     """Bring the index at URI up to its Delta log: absorb the versions other engines (delta-rs, Spark, polars, ...)
     committed since the index's last, and publish the records of dbidx writers that put their Delta version and died
-    before publishing (docs/FORMAT.md sections 12 and 12c). Every write and read does this first; run it to see it."""
+    before publishing (docs/FORMAT.md sections 12 and 12c). Every write and read does this first; run it to see it.
+    It also gives every deletion vector of the log the form the table's dbidx.deletionVectors.storage asks for."""
     table = open_table(uri)
     from dbidx.table.delta_sync import LOG_CATCH_UP_EXTRA
 
     records = table.absorb_delta_log()
     caught_up = table.catch_up_log_vectors()  # vectors an absorb masked a stale rewrite's copies with, into the log
+    moved = table.match_vector_storage()
     absorbed = [r for r in records if r.action == "absorb"]
     output(as_json).emit(
         {
@@ -439,6 +444,8 @@ def sync_cmd(uri: str, as_json: bool) -> None:
             "published": len(records) - len(absorbed),
             "operations": sorted({str(r.extra.get("absorbed", {}).get("operation", "")) for r in absorbed}),
             "masked_files": len(caught_up.extra.get(LOG_CATCH_UP_EXTRA) or []) if caught_up is not None else 0,
+            "vectors_moved": moved.moved,
+            "vector_storage": moved.form,
         },
         lambda p: (
             f"absorbed {p['absorbed']} Delta version(s) of other writers"
@@ -447,6 +454,11 @@ def sync_cmd(uri: str, as_json: bool) -> None:
             + (
                 f", gave {p['masked_files']} file(s) the deletion vectors that mask a stale rewrite's copies"
                 if p["masked_files"]
+                else ""
+            )
+            + (
+                f", logged {p['vectors_moved']} deletion vector(s) {_FORM_WORDS[p['vector_storage']]}"
+                if p["vectors_moved"]
                 else ""
             )
             + f"; the index is at Delta version {p['version']}"

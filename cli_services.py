@@ -18,6 +18,7 @@ from dbidx.cli_output import json_option, open_table, output, table_argument
 def config_cmd(uri: str, settings: tuple[str, ...], as_json: bool) -> None:
     """Show the table service settings and Delta table properties, or change them (KEY=VALUE; a key with a dot,
     such as delta.logRetentionDuration, is a Delta table property; VALUE `default` resets a key); docs/CONFIG.md."""
+    from dbidx.data.deletion_vectors import VECTOR_STORAGE
     from dbidx.table.service_settings import parse_text, read_settings, write_settings
 
     table = open_table(uri)
@@ -31,8 +32,11 @@ def config_cmd(uri: str, settings: tuple[str, ...], as_json: bool) -> None:
             properties[key] = None if text.lower() == "default" else text
         else:
             changes[key] = parse_text(key, text)
+    moved = 0
     if properties:
         table.set_delta_properties(properties)
+        if VECTOR_STORAGE in properties:  # the vectors logged in the other form move at once (one version)
+            moved = table.match_vector_storage().moved
     current = write_settings(table.io, changes) if changes else read_settings(table.io)
     payload = {
         "uri": table.uri,
@@ -40,6 +44,7 @@ def config_cmd(uri: str, settings: tuple[str, ...], as_json: bool) -> None:
         "changed": sorted(changes | properties),
         "non_default": sorted(current.changed()),
         "delta_properties": table.delta_properties(),
+        "vectors_moved": moved,
     }
     output(as_json).emit(
         payload,

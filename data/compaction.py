@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyroaring import BitMap
 
-from dbidx.data.deletion_vectors import positions_bitmap
+from dbidx.data.deletion_vectors import positions_bitmap, vectors_in_files
 from dbidx.data.files import DELETED_COLUMN, INSTANT_COLUMN, data_file_path, write_data_file
 from dbidx.data.reads import ReadUnit, plan_read, read_unit
 from dbidx.data.superseded import load_vector, write_vectors
@@ -311,4 +311,4 @@ def _rebased_vectors(
                 "data in the snapshot it compacted; nothing was published"
             )
         vectors[base] = vectors.get(base, BitMap()) | positions_bitmap(positions)
-    return write_vectors(table.io, instant, vectors)
+    return write_vectors(table.io, instant, vectors, vectors_in_files(table.data_view().configuration()))

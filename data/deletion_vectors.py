@@ -9,7 +9,9 @@ Delta reader (Spark, delta-rs, polars, DuckDB, Trino) applies them:
 - a DV file `deletion_vector_<uuid>.bin`: one version byte 1, then per vector a 4-byte big-endian length, the
   vector, and a 4-byte big-endian CRC-32 of the vector (the completion record gives each vector's offset, size and
   cardinality);
-- in the Delta log a vector travels inline: Z85 of its bytes (data/delta_derive.py says why).
+- in the Delta log a vector travels inline (Z85 of its bytes), or, on a table whose `dbidx.deletionVectors.storage`
+  property is `file`, as a pointer into its DV file (`storageType` "u": `file_descriptor`); `vectors_in_files` says
+  which, and FORMAT.md section 12 why inline is the default. Each vector keeps its form in every later remove.
 
 Everything read back is untrusted: a wrong magic, a CRC mismatch, a size or cardinality that differs from the
 descriptor, or a position past the file's rows is a CorruptFileError naming the DV file, never fewer deleted rows.
@@ -22,12 +24,12 @@ import struct
 import uuid
 import zlib
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 from pyroaring import BitMap
 
-from dbidx.errors import CorruptFileError
+from dbidx.errors import ConfigError, CorruptFileError
 from dbidx.lru import BytesLRU
 
 DV_MAGIC = 1681511377
@@ -71,6 +73,43 @@ def z85_decode(text: str) -> bytes:
 def dv_file_name(file_uuid: uuid.UUID) -> str:
     """The table-relative path of a DV file (at the table root, Delta's default without a prefix)."""
     return f"{DV_PREFIX}{file_uuid}.bin"
+
+
+VECTOR_STORAGE = "dbidx.deletionVectors.storage"  # a Delta table property: how dbidx logs its vectors
+VECTOR_STORAGE_FORMS = ("inline", "file")
+
+
+def vectors_in_files(configuration: Mapping[str, str]) -> bool:
+    """Whether dbidx logs the vectors it writes as pointers into its DV files (`dbidx.deletionVectors.storage` =
+    `file`) rather than inline (the default). Why inline by default: delta-rs (deltalake, polars) deadlocks planning a
+    scan of a table with more file-backed vectors than its runtime has blocking threads (512; delta-io/delta-rs#4657,
+    seen here with deltalake 1.6.6 at 1,800 vectors), while Delta Spark's VACUUM fails on inline ones (scala.MatchError
+    in VacuumCommand.getDeletionVectorRelativePathAndSize, Delta 4.4.0): a table read through delta-rs needs inline
+    vectors, one Delta Spark vacuums needs file-backed ones. A value read back that is neither is a ConfigError."""
+    value = configuration.get(VECTOR_STORAGE, "inline")
+    if value not in VECTOR_STORAGE_FORMS:
+        raise ConfigError(
+            f"table property {VECTOR_STORAGE} is {value!r}: it must be one of {', '.join(VECTOR_STORAGE_FORMS)} "
+            f"(`dbidx config URI {VECTOR_STORAGE}=inline`)"
+        )
+    return value == "file"
+
+
+def file_descriptor(rel: str, offset: int, size: int, cardinality: int) -> dict[str, Any]:
+    """The Delta descriptor of a vector in DV file `rel` (`<prefix>/deletion_vector_<uuid>.bin`, table-relative):
+    storage type "u", the prefix and the uuid's 16 bytes in Z85 (PROTOCOL.md, "Deletion Vector Descriptor"). Why
+    the form a table with `dbidx.deletionVectors.storage` = `file` logs (`vectors_in_files` says when and why)."""
+    prefix, _, name = rel.rpartition("/")
+    if not (name.startswith(DV_PREFIX) and name.endswith(".bin")):
+        raise ValueError(f"{rel!r} is not a DV file path (<prefix>/{DV_PREFIX}<uuid>.bin)")
+    file_uuid = uuid.UUID(name[len(DV_PREFIX) : -len(".bin")])
+    return {
+        "storageType": "u",
+        "pathOrInlineDv": prefix + z85_encode(file_uuid.bytes),
+        "offset": int(offset),
+        "sizeInBytes": int(size),
+        "cardinality": int(cardinality),
+    }
 
 
 def positions_bitmap(positions: np.ndarray) -> BitMap:

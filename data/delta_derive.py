@@ -48,6 +48,9 @@ PROTOCOL = {
     "readerFeatures": ["deletionVectors"],
     "writerFeatures": ["deletionVectors"],
 }
+# A commit of no rows that gives vectors the table's form, inline or in files (table/vector_storage.py): its removes
+# and adds change no row (dataChange false), and its history entry says so.
+VECTORS_MOVED_EXTRA = "vectors_moved"
 _OPERATIONS = {
     ACTION_COMMIT: "MERGE",
     ACTION_BUILD_INDEX: "CONVERT",
@@ -93,7 +96,7 @@ class TableShape:
 
 def version_for(shape: TableShape, record: CompletedInstant, view: DataView, body: Callable[[DvRef], bytes]) -> bytes:
     """Delta version `record.seq`: the record's effect on the rows, given the data view right before it; `body`
-    gives a vector's bytes (verified), which the version carries inline."""
+    gives a vector's bytes (verified), which the version carries inline if the vector's record has no descriptor."""
     if record.action == ACTION_ABSORB:
         version = record.extra.get("absorbed", {}).get("version")
         raise CorruptFileError(
@@ -101,9 +104,9 @@ def version_for(shape: TableShape, record: CompletedInstant, view: DataView, bod
             f"{version!r}, which is missing from the log: it cannot be derived (restore "
             "`_delta_log/` from a backup)"
         )
-    actions: list[dict[str, Any]] = [
-        _commit_info(record.completed_at_ms, _OPERATIONS.get(record.action, "VACUUM"), record)
-    ]
+    moving = VECTORS_MOVED_EXTRA in record.extra
+    operation = "REORG" if moving else _OPERATIONS.get(record.action, "VACUUM")
+    actions: list[dict[str, Any]] = [_commit_info(record.completed_at_ms, operation, record)]
     if record.seq < shape.upgraded_at_seq:
         # A format-3 completion: its files had no vectors yet (rows merged by key), so it adds nothing a Delta
         # reader could read correctly; the upgrade's version adds the whole table at once.
@@ -152,8 +155,9 @@ def version_for(shape: TableShape, record: CompletedInstant, view: DataView, bod
                 "but it is not a live data file right before it"
             )
         new = DvRef(vectors[path], dv_files[vectors[path].dv_file])
-        actions.append(_remove(old.record, _logged(view, path, body), partition_columns, ms, data_change=True))
-        actions.append(_add(old.record, _inline(new, body), partition_columns, ms, data_change=True, key=key))
+        rows_changed = not moving
+        actions.append(_remove(old.record, _logged(view, path, body), partition_columns, ms, data_change=rows_changed))
+        actions.append(_add(old.record, _inline(new, body), partition_columns, ms, data_change=rows_changed, key=key))
     # 3. New files (a commit's, or a compaction's bases), each with its own vector if it has one.
     change = record.action != ACTION_DATA_COMPACTION
     for f in record.data_files:
@@ -335,12 +339,12 @@ def _partition_values(partition: str, columns: list[str]) -> dict[str, str]:
 
 
 def _inline(ref: DvRef | None, body: Callable[[DvRef], bytes]) -> dict[str, Any] | None:
-    """A vector as an inline Delta descriptor. Why inline and not a pointer into the DV file: deltalake's
-    `DeltaTable.deletion_vectors()` (what polars reads through) stalled for minutes, at random, on tables with a
-    few hundred file-backed vectors (seen here with deltalake 1.6.6 at ~770; inline ones took 0.1 s)."""
+    """A vector as the Delta log has it: the descriptor its record carries (a pointer into dbidx's DV file on a
+    table that logs its vectors in files, data/deletion_vectors.vectors_in_files; an adopted or absorbed vector's
+    own), else inline (a later remove must repeat the form its add had)."""
     if ref is None:
         return None
-    if ref.vector.delta is not None:  # adopted with a Delta table: its log has this exact descriptor already
+    if ref.vector.delta is not None:  # the log has this exact descriptor already
         return dict(ref.vector.delta)
     data = body(ref)
     return {

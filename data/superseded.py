@@ -32,6 +32,8 @@ from dbidx.data.deletion_vectors import (
     DvFileBuilder,
     VectorSlot,
     dv_file_name,
+    file_descriptor,
+    vectors_in_files,
     positions_bitmap,
     read_vector,
     vector_body,
@@ -215,14 +217,16 @@ def vectors_for_commit(
         if positions.issubset(current):
             continue  # nothing new: a vector "changed" to itself would be a remove and an add of one (path, DV)
         vectors[path] = positions | current
-    return write_vectors(io, instant, vectors)
+    return write_vectors(io, instant, vectors, vectors_in_files(view.configuration()))
 
 
 def write_vectors(
-    io: FileIO, instant: str, vectors: dict[str, BitMap]
+    io: FileIO, instant: str, vectors: dict[str, BitMap], in_files: bool = False
 ) -> tuple[tuple[DvFileRecord, ...], tuple[DeletionVectorRecord, ...]]:
     """One DV file holding the given whole vectors (data file -> positions), announced before it is written (a
-    rollback of the instant deletes it); nothing when there are none."""
+    rollback of the instant deletes it); nothing when there are none. `in_files`: each record
+    carries the Delta descriptor pointing into that file, the form the log then gives the vector (and every later
+    remove of it repeats); else none, and the log carries it inline (deletion_vectors.vectors_in_files says when)."""
     if not vectors:
         return (), ()
     builder = DvFileBuilder()
@@ -233,7 +237,14 @@ def write_vectors(
     io.write_atomic(rel, data)
     dv_file = DvFileRecord(path=rel, size=len(data), checksum=file_checksum(data))
     return (dv_file,), tuple(
-        DeletionVectorRecord(path=p, dv_file=rel, offset=s.offset, size=s.size, cardinality=s.cardinality)
+        DeletionVectorRecord(
+            path=p,
+            dv_file=rel,
+            offset=s.offset,
+            size=s.size,
+            cardinality=s.cardinality,
+            delta=file_descriptor(rel, s.offset, s.size, s.cardinality) if in_files else None,
+        )
         for p, s in slots.items()
     )
 

@@ -42,6 +42,7 @@ from dbidx.data.delta_actions import (
     read_descriptor,
     read_version,
 )
+from dbidx.data.deletion_vectors import vectors_in_files
 from dbidx.data.delta_derive import delta_path, view_partition_columns
 from dbidx.data.delta_log import last_checkpoint_version, version_file
 from dbidx.data.source_files import read_source
@@ -362,7 +363,7 @@ def _build(
     table.timeline.mark_inflight(started, paths)
     written += paths
     files = buffer.write(table.io, groups)
-    dv_files, dv_records = write_vectors(table.io, instant, vectors)
+    dv_files, dv_records = write_vectors(table.io, instant, vectors, vectors_in_files(view.configuration()))
     return CompletedInstant(
         seq=seq,
         instant=instant,
@@ -374,7 +375,7 @@ def _build(
         data_files=tuple(data_files),
         replaced=tuple(gone),
         dv_files=dv_files,
-        deletion_vectors=tuple(replace(v, delta=descriptors[v.path]) for v in dv_records),
+        deletion_vectors=tuple(replace(v, delta=descriptors[v.path] or v.delta) for v in dv_records),
         partitions=buffer.changes(),
         extra=extra,
     )

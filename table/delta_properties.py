@@ -11,7 +11,8 @@ from the log are untrusted: one dbidx cannot parse is a ConfigError naming the k
 
 Only the `delta.*` keys below can be set through dbidx: another `delta.*` key changes what writers must do (append
 only, column mapping, ...), which dbidx would have to honour first. Keys outside `delta.` are free-form user
-properties (owner, comment) and are carried as given.
+properties (owner, comment) and are carried as given, but for dbidx's own `dbidx.deletionVectors.storage` (`inline`
+or `file`: how dbidx logs its deletion vectors; data/deletion_vectors.vectors_in_files).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from dbidx.data.delta_retention import (  # noqa: F401
     parse_positive,
     retention_of,
 )
+from dbidx.data.deletion_vectors import VECTOR_STORAGE, vectors_in_files
 from dbidx.errors import ConfigError, ConflictError
 from dbidx.storage.data_view import DELTA_CONFIGURATION_EXTRA
 from dbidx.storage.records import ACTION_ABSORB, ACTION_PROPERTIES, CompletedInstant
@@ -71,6 +73,8 @@ def check_property(key: str, value: Any) -> str:
         parse_positive(value, key)
     elif key == EXPIRED_LOG_CLEANUP:
         parse_bool(value, key)
+    elif key == VECTOR_STORAGE:
+        vectors_in_files({key: value})
     return value
 
 

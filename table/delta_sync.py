@@ -21,6 +21,7 @@ from dbidx.errors import (
 from dbidx.table.absorb import absorb_run, collect_run, reread_run, run_in_progress
 from dbidx.data.delta_checkpoint import write_delta_checkpoint
 from dbidx.table.delta_properties import retention_of
+from dbidx.table.vector_storage import VectorsMoved, match_vector_storage
 from dbidx.storage import layout
 from dbidx.storage.data_view import DELTA_ADOPTED_EXTRA, check_adopted
 from dbidx.storage.instant_life import InstantLife
@@ -94,6 +95,11 @@ class DeltaLogSync:
                 return life.publish(build)
         finally:
             self._absorbing.catching_up = False
+
+    def match_vector_storage(self) -> VectorsMoved:
+        """Give every deletion vector of the Delta log the form `dbidx.deletionVectors.storage` asks for (inline,
+        the default, or in files), in one version (table/vector_storage.py); nothing to move: nothing is written."""
+        return match_vector_storage(self)
 
     def _delta_writer(self) -> DeltaLogWriter:
         if self._delta is None:

@@ -46,6 +46,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator["pyspark.sql.Spa
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.databricks.delta.snapshotPartitions", "2")  # Delta Spark's log replay: 50 tasks by default
+        .config("spark.sql.sources.parallelPartitionDiscovery.parallelism", "4")  # VACUUM's listing: 10,000 tasks
         .config("spark.driver.memory", "1g")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.local.dir", str(local_dir))

@@ -23,6 +23,7 @@ SMOKE = {  # script -> a line of its results table that shows it ran to the end
     "restart_bench.py": "| K commits | entries to catch up |",
     "table_bench.py": "| after commits | dbidx commit s | files written | dbidx live files | dbidx read s |",
     "absorb_bench.py": "| dbidx second steady batch after the absorb (",  # the check ran before (a mismatch fails)
+    "dv_reader_bench.py": "| file | ",  # every reader's count was checked against dbidx's before
 }
 
 
