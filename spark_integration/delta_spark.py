@@ -9,6 +9,8 @@ names the pairing once, for users (docs/DEPLOY.md) and for the tests.
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any, Mapping
 
 DELTA_VERSION = "4.4.0"
@@ -30,6 +32,12 @@ def delta_spark_conf(ivy_dir: str | None = None, extra: Mapping[str, str] | None
         conf["spark.jars.ivy"] = ivy_dir
     conf.update(extra or {})
     return conf
+
+
+def default_ivy_dir() -> str:
+    """Where the Delta jars are cached: `DBIDX_DELTA_IVY_DIR`, else `delta-ivy` in this Python environment (the tests,
+    the demo and the benchmarks share it, so a machine downloads the jars once)."""
+    return os.environ.get("DBIDX_DELTA_IVY_DIR") or os.path.join(sys.prefix, "delta-ivy")
 
 
 def with_delta_spark(builder: Any, ivy_dir: str | None = None) -> Any:

@@ -9,6 +9,7 @@ from typing import Iterator
 
 import pytest
 
+from dbidx.spark_integration.delta_spark import default_ivy_dir
 from tools.spark_cds import jvm_options_for_tests
 
 # Every JVM the tests start through spark-submit (the session's Spark below, the benchmark smokes', the demo's, the
@@ -22,7 +23,7 @@ os.environ.setdefault("SPARK_SUBMIT_OPTS", jvm_options_for_tests())
 
 # Delta Spark's jars, resolved by Spark from Maven Central on a machine's first test session and kept with the
 # virtualenv (about 90 MB): later sessions resolve them offline.
-DELTA_IVY_DIR = os.environ.get("DBIDX_DELTA_IVY_DIR") or os.path.join(sys.prefix, "delta-ivy")
+DELTA_IVY_DIR = default_ivy_dir()  # shared with the demo and the benchmarks: the jars are fetched once
 
 
 @pytest.fixture(scope="session")

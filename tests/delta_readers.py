@@ -4,7 +4,7 @@ downloaded). Each returns the table's rows as a set of tuples of the given colum
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import duckdb
 import polars as pl
@@ -48,15 +48,29 @@ def via_dbidx(table: Table, columns: Sequence[str]) -> list[tuple]:
     return _rows(reads.read_arrow(table, columns=list(columns)), columns)
 
 
-def assert_readers_agree(table: Table, columns: Sequence[str], expected: set[tuple] | None = None) -> list[tuple]:
-    """Every reader returns the same rows, without a repeated key (the first column), and `expected` if given."""
+def via_delta_spark(spark: Any, path: str, columns: Sequence[str], version: int | None = None) -> list[tuple]:
+    """Delta Lake on Spark (the tests' session loads it: tests/conftest.py), the protocol's reference reader."""
+    reader = spark.read.format("delta")
+    if version is not None:
+        reader = reader.option("versionAsOf", version)
+    return [tuple(r) for r in reader.load(path).select(*columns).collect()]
+
+
+def assert_readers_agree(
+    table: Table, columns: Sequence[str], expected: set[tuple] | None = None, spark: Any = None
+) -> list[tuple]:
+    """Every reader returns the same rows, without a repeated key (the first column), and `expected` if given;
+    Delta Spark too when the test has the session (`spark`)."""
     path = table.io.path("")
     ours = via_dbidx(table, columns)
-    for name, rows in (
+    readers = [
         ("deltalake", via_deltalake(path, columns)),
         ("polars", via_polars(path, columns)),
         ("duckdb", via_duckdb(path, columns)),
-    ):
+    ]
+    if spark is not None:
+        readers.append(("Delta Spark", via_delta_spark(spark, path, columns)))
+    for name, rows in readers:
         assert sorted(rows, key=repr) == sorted(ours, key=repr), f"{name} reads other rows than dbidx"
     if expected is not None:
         assert set(ours) == expected

@@ -128,7 +128,9 @@ def test_racing_writers_on_one_key(spark, tmp_path: Path, case: str) -> None:
     upsert(spark.createDataFrame(later, SCHEMA), table, key="id", partition="dt", cache_config=config)
     rows = {(r.id, r.dt, r.v) for r in read_table(spark, table).select("id", "dt", "v").collect()}
     assert rows == expected | {("other", D1, 1)}
-    assert_readers_agree(table, ("id", "dt", "v"), rows)  # the loser's rolled-back files are in no Delta version
+    assert_readers_agree(
+        table, ("id", "dt", "v"), rows, spark=spark
+    )  # the loser's rolled-back files are in no Delta version
     index = index_state(table)
     assert {ident[-1] for ident in index} == {r[0] for r in rows}
     if global_index:
@@ -156,12 +158,14 @@ def test_a_lost_task_result_publishes_nothing(spark, tmp_path: Path, monkeypatch
     files_after = {rel for rel, _ in table.io.list_files_recursive("") if not rel.startswith(".dbidx/timeline")}
     # No data, index, DV, touched or marker file of the instant remains; the rollback is a Delta version of its own.
     assert files_after == files_before | {"_delta_log/00000000000000000002.json"}
-    assert_readers_agree(table, ("id", "dt", "v"), {(f"k{i}", D1, i) for i in range(50)})
+    assert_readers_agree(table, ("id", "dt", "v"), {(f"k{i}", D1, i) for i in range(50)}, spark=spark)
     monkeypatch.setattr(api, "_collect_results", collect)
     summary = upsert(spark.createDataFrame(batch, SCHEMA), table, key="id", partition="dt", cache_config=config)
     assert (summary.updates, summary.inserts) == (25, 50)
     assert len(index_state(table)) == 100
-    assert_readers_agree(table, ("id", "dt", "v"), {(f"k{i}", D1, i) for i in range(25)} | {r[:3] for r in batch})
+    assert_readers_agree(
+        table, ("id", "dt", "v"), {(f"k{i}", D1, i) for i in range(25)} | {r[:3] for r in batch}, spark=spark
+    )
 
 
 def test_read_table_fails_loudly_on_a_damaged_data_file(spark, tmp_path: Path) -> None:

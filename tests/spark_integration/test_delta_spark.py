@@ -285,3 +285,42 @@ def test_inline_vectors_fail_delta_spark_vacuum_until_the_table_logs_them_in_fil
     full_check(spark, w)
     w.touched_update(200)
     full_check(spark, w)
+
+
+def test_delta_spark_reads_an_adopted_table_and_one_whose_log_was_cleaned(spark, tmp_path: Path) -> None:
+    """Adoption (a delta-rs table with a file-backed and an inline vector, then dbidx upserts) and log cleanup
+    (expired JSON below a checkpoint): Delta Spark reads each version left as deltalake does, the latest as dbidx."""
+    import pyarrow as pa
+    from click.testing import CliRunner
+
+    from dbidx.cli import main
+    from dbidx.config import CacheConfig
+    from dbidx.data.log_retention import expire_log
+    from dbidx.spark_integration.local import upsert_arrow
+
+    from tests.data.test_delta_adopt import a_delta_rs_table
+    from tests.data.test_log_retention import DAY_MS, age_log, expected, table_with_checkpoints, write
+    from tests.delta_readers import assert_readers_agree
+
+    path = tmp_path / "adopted"
+    rows = a_delta_rs_table(path)
+    result = CliRunner().invoke(main, ["build-index", str(path), "--key", "id", "--num-shards", "2"])
+    assert result.exit_code == 0, result.output
+    adopted_at = listed_versions(Table.open(str(path)).io)[-1]
+    batch = pa.table({"id": ["k1", "k7", "z1"], "dt": ["d1", "d3", "d2"], "v": pa.array([11, 17, 21], pa.int64())})
+    upsert_arrow(batch, Table.open(str(path)), key="id", partition="dt", cache_config=CacheConfig(str(tmp_path / "c")))
+    rows = {r for r in rows if r[0] not in {"k1", "k7"}} | {("k1", "d1", 11), ("k7", "d3", 17), ("z1", "d2", 21)}
+    assert set(assert_readers_agree(Table.open(str(path)), COLUMNS, rows, spark=spark)) == rows
+    for version in listed_versions(Table.open(str(path)).io):
+        if version >= adopted_at - 2:  # the delta-rs versions before the adoption too
+            assert spark_rows(spark, str(path), version) == set(via_deltalake(str(path), COLUMNS, version)), version
+
+    cleaned = table_with_checkpoints(tmp_path / "cleaned", writes=12, every=5)  # checkpoints at versions 5 and 10
+    age_log(cleaned, days=40)
+    write(cleaned, tmp_path / "cleaned", 12)
+    assert expire_log(cleaned.io, 30 * DAY_MS).kept_from == 10
+    assert set(assert_readers_agree(Table.open(cleaned.uri), COLUMNS, expected(13), spark=spark)) == expected(13)
+    assert set(via_deltalake(cleaned.uri, COLUMNS, 11)) == expected(11)
+    # The log was aged 40 days: Delta Spark refuses time travel past delta.deletedFileRetentionDuration, loudly.
+    with pytest.raises(Exception, match="TIME_TRAVEL_BEYOND_DELETED_FILE_RETENTION"):
+        spark_rows(spark, cleaned.uri, 11)

@@ -116,7 +116,9 @@ def test_attempt_failing_after_writing_is_retried_without_duplicates(spark, setu
     expected |= {(k, d, v) for k, d, v, _ in batch}
     assert read_rows(spark, table) == expected
     assert len(index_state(table)) == 140
-    assert_readers_agree(table, ("id", "dt", "v"), expected)  # the failed attempts' files are in no Delta version
+    assert_readers_agree(
+        table, ("id", "dt", "v"), expected, spark=spark
+    )  # the failed attempts' files are in no Delta version
 
 
 def test_failed_job_is_rolled_back_and_the_batch_can_be_replayed(spark, setup) -> None:
@@ -140,11 +142,13 @@ def test_failed_job_is_rolled_back_and_the_batch_can_be_replayed(spark, setup) -
     assert parquet_on_disk(table) == before_files
     assert not table.timeline.pending()
     first = {(k, d, v) for k, d, v, _ in rows_of(50)}
-    assert_readers_agree(table, ("id", "dt", "v"), first)  # the rollback is a Delta version that changes no row
+    assert_readers_agree(
+        table, ("id", "dt", "v"), first, spark=spark
+    )  # the rollback is a Delta version that changes no row
     replay = upsert(batch, table, key="id", partition="dt", cache_config=config)
     assert (replay.updates, replay.inserts, replay.orphans_deleted) == (30, 30, 0)
     replayed = {(k, d, v) for k, d, v, _ in rows_of(30, value=7) + rows_of(30, start=50)}
-    assert_readers_agree(table, ("id", "dt", "v"), replayed | {r for r in first if r[0] >= "k00030"})
+    assert_readers_agree(table, ("id", "dt", "v"), replayed | {r for r in first if r[0] >= "k00030"}, spark=spark)
 
 
 class LedgerClosedError(Exception):

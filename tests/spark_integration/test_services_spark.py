@@ -45,7 +45,7 @@ def test_services_run_after_a_spark_upsert(spark, tmp_path: Path, services_on: N
     expected = {(ident[-1], day, value) for ident, (day, value) in oracle.rows.items()}
     got = {(r.id, r.dt.split("=", 1)[-1], r.v) for r in read_table(spark, table).select("id", "dt", "v").collect()}
     assert got == expected
-    assert_readers_agree(table, ["id", "dt", "v"], expected)
+    assert_readers_agree(table, ["id", "dt", "v"], expected, spark=spark)
 
 
 def _loaded(spark, tmp_path: Path, seed: int) -> tuple[Table, Oracle]:
@@ -92,7 +92,7 @@ def test_a_compaction_task_that_fails_once_is_retried_and_its_first_try_deleted(
     on_disk = {rel for rel, _ in table.io.list_files_recursive("") if run.instant in rel and rel.endswith(".parquet")}
     assert on_disk == bases  # the first tries' files are gone
     expected = {(ident[-1], day, value) for ident, (day, value) in oracle.rows.items()}
-    assert_readers_agree(table, ["id", "dt", "v"], expected)
+    assert_readers_agree(table, ["id", "dt", "v"], expected, spark=spark)
 
 
 def test_a_damaged_file_in_a_compaction_task_is_a_typed_error_and_nothing_is_published(spark, tmp_path: Path) -> None:

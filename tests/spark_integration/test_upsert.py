@@ -90,7 +90,10 @@ def test_random_batches_match_the_oracle_warm_and_cold(spark, tmp_path: Path, gl
                 assert read_rows(spark, table) == oracle.expected_rows(), n
                 # 4. The Delta log a Spark-written table carries: polars, deltalake and duckdb read the same rows.
                 assert_readers_agree(
-                    table, ("id", "dt", "v"), {(k, d.split("=", 1)[-1], v) for k, d, v in oracle.expected_rows()}
+                    table,
+                    ("id", "dt", "v"),
+                    {(k, d.split("=", 1)[-1], v) for k, d, v in oracle.expected_rows()},
+                    spark=spark,
                 )
     assert summaries["cold"].on_demand_loads > summaries["warm"].on_demand_loads
 
@@ -228,7 +231,7 @@ def test_a_batch_writes_one_data_file_per_partition_per_task_and_one_dv_file(spa
     assert len(record.dv_files) == 1 and record.deletion_vectors
     per_group = Counter((f.partition, f.shard) for f in record.files)
     assert max(per_group.values()) == 1, per_group
-    assert_readers_agree(table, ("id", "dt", "v"))
+    assert_readers_agree(table, ("id", "dt", "v"), spark=spark)
 
 
 def test_the_summary_says_where_the_time_went(spark, tmp_path: Path) -> None:
