@@ -35,6 +35,7 @@ from dbidx.table.delta_properties import DeltaRetention, retention_of
 from dbidx.index.clean import plan_clean
 from dbidx.index.compaction import CompactionResult
 from dbidx.table.service_settings import ServiceSettings
+from dbidx.table.vector_storage import misplaced_vectors
 from dbidx.progress import Progress
 from dbidx.runner import IN_PROCESS, WorkRunner
 from dbidx.storage.records import ACTION_CLEAN, CompletedInstant
@@ -80,6 +81,8 @@ class MaintainedTable(TableState, Protocol):
     def delta_version(self) -> int: ...
 
     def vacuum(self, retention_hours: int = 168, dry_run: bool = False) -> Any: ...
+
+    def match_vector_storage(self) -> Any: ...
 
 
 @dataclass
@@ -246,6 +249,7 @@ def run_services(
     if settings.log_cleanup or settings.vacuum:
         retention = retention_of(table.data_view().configuration())
         if settings.log_cleanup:
+            _step(report, "vector_storage", lambda: _vector_storage(table))
             _step(report, "log_cleanup", lambda: _log_cleanup(table, retention))
         # 5. Vacuum, at most once per vacuum_interval_hours (it lists the whole table).
         if settings.vacuum and vacuum_wait(table.io, settings) is None:
@@ -328,6 +332,16 @@ def _clean(table: MaintainedTable, settings: ServiceSettings) -> tuple[str | Non
     delta.deletedFileRetentionDuration (index/clean.py)."""
     record = table.clean(retain_completions=settings.clean_retain_completions)
     return (record.instant if record else None), {"files_deleted": len(record.deleted) if record else 0}
+
+
+def _vector_storage(table: MaintainedTable) -> tuple[str | None, dict[str, Any]]:
+    """Log every deletion vector in the table's form (table/vector_storage.py) when some are not: on a table left
+    inline, the file-backed vectors another engine wrote (Delta Spark's DELETE, MERGE, UPDATE), on which delta-rs
+    readers deadlock once there are hundreds. A cheap look at the data view when none is ({} then)."""
+    if not misplaced_vectors(table):
+        return None, {}
+    moved = table.match_vector_storage()
+    return None, {"vectors_moved": moved.moved, "form": moved.form, "version": moved.version}
 
 
 def _log_cleanup(table: MaintainedTable, retention: DeltaRetention) -> tuple[str | None, dict[str, Any]]:

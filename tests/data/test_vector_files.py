@@ -124,3 +124,32 @@ def test_readopt_keeps_the_dv_files_the_log_points_into(tmp_path: Path) -> None:
     w.check()
     w.touched_update(200)
     w.check()
+
+
+def test_the_services_log_another_engines_file_vectors_inline_on_an_inline_table(tmp_path: Path) -> None:
+    """Another engine's DELETE writes a file-backed vector (as Delta Spark's does) into a table left inline: the
+    table services log it inline (delta-rs readers deadlock on hundreds of file-backed ones), rows unchanged."""
+    import pyarrow.parquet as pq
+
+    from tests.data.test_delta_adopt import _delete_rows
+
+    w = Writer(tmp_path)
+    adds: dict[str, dict] = {}
+    for action in _actions(w.path):
+        if "remove" in action:
+            adds.pop(action["remove"]["path"], None)
+        if "add" in action:
+            adds[action["add"]["path"]] = action["add"]
+    add = next(a for a in adds.values() if a.get("deletionVector") is None)
+    first = pq.read_table(Path(w.path, unquote(add["path"]))).column("id")[0].as_py()
+    _delete_rows(Path(w.path), add, [0], inline=False)
+    w.model.pop((add["partitionValues"]["dt"], first))
+    Table.open(w.path).sync_delta_log()
+    assert "u" in _forms(w.path) and misplaced_vectors(Table.open(w.path)) == [unquote(add["path"])]
+    report = Table.open(w.path).maintain()
+    (run,) = [r for r in report.ran if r.service == "vector_storage"]
+    assert run.details["vectors_moved"] == 1 and run.details["form"] == "inline"
+    assert _forms(w.path) == {"i"}
+    w.check()
+    w.touched_update(100)
+    w.check()
