@@ -173,16 +173,30 @@ def cache_settings(parser: Any, value: str) -> dict[str, str]:
     return dict(pairs)
 
 
-def spark_session(local_dir: Path, shards: int, app: str) -> Any:
-    """The benchmarks' local[2] SparkSession: no UI, `shards` shuffle partitions, a 4 GB driver, Arrow on."""
+def spark_session(local_dir: Path, shards: int, app: str, delta: bool = False) -> Any:
+    """The benchmarks' local[2] SparkSession: no UI, `shards` shuffle partitions, a 4 GB driver, Arrow on; with
+    `delta`, Delta Lake on Spark loaded (its jars from the cache the tests fill: delta_spark.default_ivy_dir) and new
+    Delta tables created with deletion vectors on, as Delta Spark users run it."""
     import os
     import sys
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
+    builder = SparkSession.builder
+    if delta:
+        from dbidx.spark_integration.delta_spark import default_ivy_dir, delta_spark_conf
+
+        settings = {
+            "spark.databricks.delta.properties.defaults.enableDeletionVectors": "true",
+            # Delta's log replay runs in 50 tasks by default: on local[2] a Delta engineer sizes it to the cores.
+            "spark.databricks.delta.snapshotPartitions": str(max(2, shards)),
+        }
+        conf = delta_spark_conf(default_ivy_dir(), settings)
+        for key, value in conf.items():
+            builder = builder.config(key, value)
     spark = (
-        SparkSession.builder.master("local[2]")
+        builder.master("local[2]")
         .appName(app)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")

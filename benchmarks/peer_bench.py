@@ -19,6 +19,10 @@ Systems (a system whose package is missing is skipped with a message, never fail
     run `--systems pypaimon` there.
   Spark join (do it yourself): each batch LEFT JOIN a Parquet key index (id -> dt) tags inserts and updates, the
     tagged batch is appended as Parquet and the new keys to the index; read back deduplicated by latest ver.
+  Delta Spark (Delta Lake on Spark 4.4.0, loaded into every Spark system's session when the Spark version allows):
+    `MERGE INTO` on (dt, id) with deletion vectors on (`spark.databricks.delta.properties.defaults.
+    enableDeletionVectors`), the batch's partitions named in the ON clause so Delta prunes the rest; OPTIMIZE for
+    the compaction figure.
 Per system: initial load seconds, the median and the mean seconds of the batches after the first (batch 1 warms
 JVMs, JITs and caches, so it is excluded; the mean also carries what a system does every few batches, e.g. dbidx's
 table services after a commit), rows/s of those steady batches, the peak RSS of the system's whole process tree (sampled
@@ -234,8 +238,19 @@ class PaimonPeer(ArrowInput):
         return None
 
 
+def delta_spark_runs() -> bool:
+    """Whether Delta Lake on Spark can load beside this Spark (its jars are built for one minor version)."""
+    import pyspark
+
+    from dbidx.spark_integration.delta_spark import SPARK_VERSION
+
+    return pyspark.__version__.split(".")[:2] == SPARK_VERSION.split(".")[:2]
+
+
 def spark_session(work: Path, shards: int):
-    return _report.spark_session(work / "spark-local", shards, "dbidx-peer-bench")
+    """Every Spark system's session loads Delta Spark when it can: one JVM serves them all at smoke size, and a team
+    on Delta Spark runs dbidx in such a session."""
+    return _report.spark_session(work / "spark-local", shards, "dbidx-peer-bench", delta=delta_spark_runs())
 
 
 class SparkInput:
@@ -344,6 +359,47 @@ class SparkJoinPeer(SparkInput):
         return len(self.spark.read.parquet(self.data_dir).inputFiles())
 
 
+class DeltaSparkPeer(SparkInput):
+    """Delta Lake on Spark's own upsert: `MERGE INTO` the Delta table on (dt, id) with deletion vectors on (merge on
+    read, the work dbidx does), written as a Delta engineer would so that files prune: the ON clause names the
+    batch's partitions as literals (`t.dt IN (...)`), which Delta uses to skip every other partition's files."""
+
+    def __init__(self, root: Path, work: Path, shards: int) -> None:
+        super().__init__(work, shards)
+        self.uri = str(root)
+
+    def load(self, data: Any) -> None:
+        if not delta_spark_runs():
+            raise Unsupported("Delta Spark 4.4's jars need Spark 4.2 (pip install -e '.[dev]')")
+        data.write.format("delta").partitionBy("dt").save(self.uri)
+
+    def upsert(self, data: Any) -> None:
+        days = sorted(r[0] for r in data.select("dt").distinct().collect())
+        listed = ", ".join("'" + d.replace("'", "''") + "'" for d in days)
+        data.createOrReplaceTempView("peer_batch")
+        self.spark.sql(
+            f"""MERGE INTO delta.`{self.uri}` t USING peer_batch s
+            ON t.dt IN ({listed}) AND t.dt = s.dt AND t.id = s.id
+            WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *"""
+        )
+
+    def counts(self) -> tuple[int, int]:
+        from pyspark.sql import functions as F
+
+        row = self.spark.read.format("delta").load(self.uri).agg(F.count("*"), F.sum("ver")).first()
+        return int(row[0]), int(row[1] or 0)
+
+    def read_all(self) -> int:
+        return self.spark.read.format("delta").load(self.uri).count()
+
+    def files(self) -> int | None:
+        return len(self.spark.read.format("delta").load(self.uri).inputFiles())
+
+    def compact(self) -> None:
+        """Delta's OPTIMIZE (bin-packing; it also purges the rows deletion vectors hide)."""
+        self.spark.sql(f"OPTIMIZE delta.`{self.uri}`")
+
+
 @dataclass(frozen=True)
 class System:
     label: str  # as the results table names it
@@ -365,6 +421,11 @@ SYSTEMS: dict[str, System] = {
     ),
     "spark-join": System(
         "Spark join + Parquet (DIY)", "pyspark", lambda root, work, shards: SparkJoinPeer(root, work, shards)
+    ),
+    "delta-spark": System(
+        "Delta Spark MERGE INTO on (dt, id), DVs on",
+        "pyspark",
+        lambda root, work, shards: DeltaSparkPeer(root, work, shards),
     ),
 }
 
@@ -425,7 +486,7 @@ def run_one(name: str, work: Path, shards: int) -> None:
             progress.save(out)
         progress.read_s = best_of(READS, system.read_all)
         progress.files = system.files()
-        if isinstance(system, (DeltaPeer, DbidxPeer)) and installed("polars"):
+        if isinstance(system, (DeltaPeer, DbidxPeer, DeltaSparkPeer)) and installed("polars"):
             import polars
 
             progress.polars_s = best_of(READS, lambda: polars.read_delta(str(work / name)))

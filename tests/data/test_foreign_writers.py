@@ -58,6 +58,14 @@ class Writer:
             self.upsert(rows)
         self.upsert([("k0", "d1", 0)], deletes=[True])
 
+    @classmethod
+    def over(cls, path: str, cache: Path, model: Model) -> "Writer":
+        """The same helpers over a table that exists already (one dbidx adopted), its model given."""
+        w = cls.__new__(cls)
+        w.table, w.path, w.model = Table.open(path), path, dict(model)
+        w.config, w.rng = CacheConfig(base_path=str(cache)), random.Random(42)
+        return w
+
     def upsert(
         self, rows: list[tuple[str, str, int]], deletes: list[bool] | None = None, table: Table | None = None
     ) -> None:

@@ -324,3 +324,34 @@ def test_delta_spark_reads_an_adopted_table_and_one_whose_log_was_cleaned(spark,
     # The log was aged 40 days: Delta Spark refuses time travel past delta.deletedFileRetentionDuration, loudly.
     with pytest.raises(Exception, match="TIME_TRAVEL_BEYOND_DELETED_FILE_RETENTION"):
         spark_rows(spark, cleaned.uri, 11)
+
+
+def test_dbidx_adopts_a_table_delta_spark_created_and_both_write_on(spark, tmp_path: Path) -> None:
+    """Issue 60 section 4, the plain case: a partitioned table Delta Spark created with deletion vectors, written
+    and DELETEd from (its vectors in its own DV files), adopted by `dbidx build-index`; then dbidx upserts and Delta
+    Spark MERGEs take turns, every reader against the model after each."""
+    from click.testing import CliRunner
+
+    from dbidx.cli import main
+
+    path = str(tmp_path / "t")
+    spark.conf.set("spark.databricks.delta.properties.defaults.enableDeletionVectors", "true")
+    try:
+        spark.createDataFrame(
+            [(f"k{i}", ("d1", "d2", "d3")[i % 3], i) for i in range(30)], "id string, dt string, v long"
+        ).write.format("delta").partitionBy("dt").save(path)
+    finally:
+        spark.conf.unset("spark.databricks.delta.properties.defaults.enableDeletionVectors")
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE v % 7 = 0")
+    result = CliRunner().invoke(main, ["build-index", path, "--key", "id", "--num-shards", "2"])
+    assert result.exit_code == 0, result.output
+    w = Writer.over(path, tmp_path / "cache", {(d, i): v for i, d, v in spark_rows(spark, path)})
+    assert len(w.model) == 30 - 5
+    full_check(spark, w)
+    w.touched_update(100)
+    full_check(spark, w)
+    _merge(spark, w)
+    _delete(spark, w)
+    quick_check(spark, w)
+    w.touched_update(200)
+    full_check(spark, w)
