@@ -22,14 +22,12 @@ import pyarrow.parquet as pq
 from pyroaring import BitMap
 
 from dbidx.data.deletion_vectors import positions_bitmap, z85_decode
+from dbidx.data.delta_features import check_adoptable, check_versions
 from dbidx.data.delta_log import DELTA_LOG_DIR, listed_versions, version_file
 from dbidx.errors import CorruptFileError, DbidxError, DeltaFeatureError, InvalidInputError
 from dbidx.storage import layout
 from dbidx.storage.fileio import FileIO
 
-# Features dbidx keeps intact when it writes (each checked below where it has a condition).
-READER_FEATURES = {"deletionVectors", "timestampNtz", "variantType"}
-WRITER_FEATURES = {"deletionVectors", "timestampNtz", "variantType", "appendOnly", "invariants"}
 _CHECKPOINT_RE = re.compile(r"^(\d{20})\.checkpoint(?:\.(\d{10})\.(\d{10}))?\.parquet$")
 
 
@@ -82,7 +80,7 @@ def read_snapshot(io: FileIO) -> DeltaSnapshot:
     try:
         table = DeltaTable(io.path(""))
         version = table.version()
-        raw_protocol, configuration = table.protocol(), table.metadata().configuration
+        raw_protocol = table.protocol()
         schema = pa.schema(table.schema().to_arrow())
         their_paths = pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
     except DeltaError as exc:
@@ -90,12 +88,13 @@ def read_snapshot(io: FileIO) -> DeltaSnapshot:
         raise CorruptFileError(
             f"the Delta log {io.path(DELTA_LOG_DIR)} is unreadable to delta-rs: {exc}; nothing was written"
         ) from exc
-    protocol = _check_protocol(raw_protocol, configuration, io)
+    protocol = _check_protocol(raw_protocol, io)
     # 2. Our replay of the same version: each file's raw path and vector descriptor, and the metaData action; every
     #    vector checked to be inline or inside the table before anything (delta-rs included) opens one.
     live, metadata = _replay(io, version)
     partition_columns = list(metadata.get("partitionColumns") or [])
-    _check_schema(metadata, schema, io)
+    _check_schema(schema, io)
+    check_adoptable(io, version, protocol, metadata)  # every feature dbidx cannot keep, named (data/delta_features.py)
     # 3. Checked against delta-rs: the same files; every vector deletes as many rows as delta-rs says.
     theirs = {_relative(str(p), io): None for p in their_paths}
     ours = {_relative(raw, io): (raw, add) for raw, add in live.items()}
@@ -177,50 +176,22 @@ def _check_vector(dv: Any, io: FileIO, path: str) -> None:
         ) from exc
 
 
-def _check_protocol(p: Any, configuration: dict[str, str], io: FileIO) -> dict[str, Any]:
-    """The protocol as a dict, if dbidx can keep every feature it names while writing deletion vectors."""
-    where = io.path(DELTA_LOG_DIR)
+def _check_protocol(p: Any, io: FileIO) -> dict[str, Any]:
+    """The protocol as a dict, if its reader and writer versions are ones dbidx can write to (its features are
+    checked with the metaData: data/delta_features.py)."""
     reader, writer = int(p.min_reader_version), int(p.min_writer_version)
     readers, writers = list(p.reader_features or []), list(p.writer_features or [])
-    if reader not in (1, 2, 3) or writer not in (1, 2, 7):
-        raise DeltaFeatureError(
-            f"{where}: protocol reader {reader} / writer {writer} is not one dbidx can write to (reader 1-3, writer "
-            "1, 2 or 7 with table features; writer 3-6 imply check constraints, change data feed, generated or "
-            "identity columns, column mapping)"
-        )
-    unknown = sorted((set(readers) - READER_FEATURES) | (set(writers) - WRITER_FEATURES))
-    if unknown:
-        raise DeltaFeatureError(
-            f"{where}: the table uses Delta feature(s) {unknown}, which dbidx cannot keep when "
-            "it writes; nothing was written"
-        )
-    if configuration.get("delta.columnMapping.mode", "none") != "none":
-        raise DeltaFeatureError(
-            f"{where}: column mapping ({configuration['delta.columnMapping.mode']}) is not "
-            "supported: dbidx writes data files with the logical column names"
-        )
-    if str(configuration.get("delta.appendOnly", "false")).lower() == "true":
-        raise DeltaFeatureError(
-            f"{where}: the table is append-only (delta.appendOnly=true): upserts would update and delete rows of it"
-        )
     out: dict[str, Any] = {"minReaderVersion": reader, "minWriterVersion": writer}
     if reader == 3:
         out["readerFeatures"] = sorted(readers)
     if writer == 7:
         out["writerFeatures"] = sorted(writers)
+    check_versions(out, io.path(DELTA_LOG_DIR))
     return out
 
 
-def _check_schema(metadata: dict[str, Any], schema: pa.Schema, io: FileIO) -> None:
-    """No column with invariants (writer feature `invariants`, which dbidx does not evaluate) and no variant column
-    (Arrow has no variant type to write it with)."""
-    text = metadata.get("schemaString", "")
-    if '"variant"' in text:
-        raise DeltaFeatureError(f"{io.path(DELTA_LOG_DIR)}: the table has a variant column, which dbidx cannot write")
-    if "delta.invariants" in text:
-        raise DeltaFeatureError(
-            f"{io.path(DELTA_LOG_DIR)}: a column carries Delta invariants, which dbidx does not check when it writes"
-        )
+def _check_schema(schema: pa.Schema, io: FileIO) -> None:
+    """No column in dbidx's `_dbidx_` namespace."""
     if any(f.name.startswith("_dbidx_") for f in schema):
         raise DeltaFeatureError(f"{io.path('')}: the table has columns in dbidx's `_dbidx_` namespace")
 

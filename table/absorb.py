@@ -49,7 +49,7 @@ from dbidx.data.source_files import read_source
 from dbidx.data.superseded import load_vector, read_key_column, write_vectors
 from dbidx.errors import CorruptFileError, DbidxError, DeltaFeatureError, ForeignDuplicateError
 from dbidx.index import rli_files
-from dbidx.table.absorb_checks import _check_metadata, _partition_of
+from dbidx.table.absorb_checks import _check_metadata, _partition_of, check_run_features
 from dbidx.table.absorb_entries import _entries, _Rows
 from dbidx.table.absorb_stale import STALE_EXTRA, StaleRewrite, split_at_stale, stale_copies
 from dbidx.table.writer import EntryBuffer
@@ -93,6 +93,7 @@ def absorb_run(table: TableState, run: list[VersionActions], seq: int, published
     extra: dict[str, Any] = {ABSORBED_EXTRA: _about(last, bounds)}
     for actions in run:
         _check_metadata(view, actions, columns, key, extra, where)
+    check_run_features(view, run)
     removed, added = _net(view, run, where, set(stale.removes))
     # 2. One claimed instant per record still to publish; the net record's files written under the last one.
     claims = [table.timeline.start(ACTION_ABSORB, hooks=False) for _ in run[published:]]

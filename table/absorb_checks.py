@@ -19,22 +19,9 @@ from dbidx.storage.data_view import DELTA_CONFIGURATION_EXTRA, DataView, check_c
 def _check_metadata(
     view: DataView, actions: VersionActions, columns: list[str], key: str | None, extra: dict[str, Any], where: str
 ) -> None:
-    """A protocol or metaData change dbidx can keep (the same partition columns, the key column, every column with
-    its type, no column mapping, no feature dbidx cannot write); new columns are recorded as the table's data
-    schema."""
-    from dbidx.data.delta_adopt import READER_FEATURES, WRITER_FEATURES
-
-    if actions.protocol is not None:
-        p = actions.protocol
-        unknown = sorted(
-            (set(p.get("readerFeatures") or []) - READER_FEATURES)
-            | (set(p.get("writerFeatures") or []) - WRITER_FEATURES)
-        )
-        if p.get("minReaderVersion", 1) > 3 or p.get("minWriterVersion", 1) not in (1, 2, 7) or unknown:
-            raise DeltaFeatureError(
-                f"{where} changes the protocol to {p} (features {unknown}), which dbidx cannot "
-                "keep when it writes; re-adopt once the table is in a form dbidx can write"
-            )
+    """A metaData change dbidx can keep (the same partition columns, the key column, every column with its type,
+    deletion vectors on); new columns are recorded as the table's data schema. The protocol's features are checked
+    on the whole run (`check_run_features`)."""
     meta = actions.metadata
     if meta is None:
         return
@@ -45,8 +32,6 @@ def _check_metadata(
             "table as it is now: `dbidx build-index URI --key COLUMN --readopt`"
         )
     configuration = meta.get("configuration") or {}
-    if str(configuration.get("delta.columnMapping.mode", "none")) != "none":
-        raise DeltaFeatureError(f"{where} turns on column mapping, which dbidx cannot write")
     if str(configuration.get("delta.enableDeletionVectors", "true")).lower() != "true":
         raise DeltaFeatureError(
             f"{where} turns deletion vectors off (delta.enableDeletionVectors), which every "
@@ -78,6 +63,48 @@ def _check_metadata(
     if new_fields:
         base = list(old) if old is not None else []
         extra["schema"] = encode_schema(pa.schema(base + new_fields))
+
+
+def check_run_features(view: DataView, run: list[VersionActions]) -> None:
+    """Every feature in use at the end of the run is one dbidx keeps when it writes (data/delta_features.py), else
+    the first one is refused by name with the version that turned it on. Why the run's end: dbidx writes after the
+    run, so a feature another engine turned on and off again inside it (Delta Spark's DROP FEATURE, the remedy the
+    refusal names) is no obstacle, and `dbidx sync` after the remedy absorbs the whole run."""
+    from dbidx.data.delta_features import LogState, check_versions, problems, refusal, since, writer_of
+
+    protocol: dict[str, Any] = {}
+    configuration, schema = view.configuration(), ""
+    states = [LogState(run[0].version - 1, "", problems(protocol, configuration, schema))]
+    for actions in run:
+        where = f"Delta version {actions.version} ({actions.writer})"
+        if actions.protocol is not None:
+            protocol = actions.protocol
+            check_versions(protocol, where)
+        if actions.metadata is not None:
+            configuration = dict(actions.metadata.get("configuration") or {})
+            schema = str(actions.metadata.get("schemaString") or "")
+        in_use = problems(protocol, configuration, schema)
+        states.append(LogState(actions.version, writer_of(actions.commit_info), in_use))
+    found = states[-1].in_use
+    if not found:
+        return
+    name = sorted(found)[0]
+    state = since(states)[name]
+    turned_on = (
+        f"before Delta version {run[0].version} (absorbed already)"
+        if state.version < run[0].version
+        else f"by Delta version {state.version} ({state.writer})"
+    )
+    last = run[-1]
+    where = f"Delta version {last.version}" if len(run) == 1 else f"Delta versions {run[0].version}-{last.version}"
+    raise refusal(
+        name,
+        found[name],
+        where,
+        turned_on,
+        "`dbidx sync URI` absorbs the versions (a feature turned off again by the newest of them is no obstacle); "
+        "or re-adopt the table as it is then: `dbidx build-index URI --key COLUMN --readopt`",
+    )
 
 
 def _check_types(old: pa.Schema, schema_string: str, key: str | None, where: str) -> None:
