@@ -15,12 +15,11 @@ import posixpath
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import unquote
 
 from pyroaring import BitMap
 
 from dbidx.data.deletion_vectors import DV_PREFIX, decode_vector, vector_body, VectorSlot, z85_decode
-from dbidx.data.delta_log import version_file
+from dbidx.data.delta_log import path_in_table, version_file
 from dbidx.errors import CorruptFileError, DeltaFeatureError, InvalidInputError
 from dbidx.storage import layout
 from dbidx.storage.fileio import FileIO
@@ -151,15 +150,13 @@ def from_checkpoint(io: FileIO, version: int, known: dict[str, int]) -> VersionA
 def table_relative(io: FileIO, raw: str, where: str) -> str:
     """A Delta `path` (a relative URI, or an absolute one inside the table) as a checked table-relative path."""
     root = io.path("").rstrip("/")
-    plain = unquote(raw)
-    for prefix in ("file://" + root + "/", root + "/"):
-        if plain.startswith(prefix):
-            plain = plain[len(prefix) :]
-            break
-    if "://" in plain or plain.startswith("/"):
+    plain = path_in_table(root, raw)
+    if plain is None:
         raise DeltaFeatureError(
-            f"{where} names {raw!r}, a file outside the table at {root} (a shallow clone?): "
-            "dbidx indexes tables whose files lie inside them"
+            f"{where} names {raw!r}, a file outside the table at {root} (a shallow clone's log names its source's "
+            "files so): dbidx indexes tables whose files lie inside them. Rewrite the table's rows into files of its "
+            "own with that engine (Delta Spark: INSERT OVERWRITE delta.`URI` SELECT * FROM delta.`URI`), then "
+            "re-adopt it: `dbidx build-index URI --key COLUMN --readopt`"
         )
     try:
         rel = layout.validate_table_path(plain)

@@ -15,7 +15,6 @@ import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -23,7 +22,7 @@ from pyroaring import BitMap
 
 from dbidx.data.deletion_vectors import positions_bitmap, z85_decode
 from dbidx.data.delta_features import check_adoptable, check_versions
-from dbidx.data.delta_log import DELTA_LOG_DIR, listed_versions, version_file
+from dbidx.data.delta_log import DELTA_LOG_DIR, listed_versions, path_in_table, version_file
 from dbidx.errors import CorruptFileError, DbidxError, DeltaFeatureError, InvalidInputError
 from dbidx.storage import layout
 from dbidx.storage.fileio import FileIO
@@ -301,15 +300,14 @@ def _dv_id(dv: Any) -> str:
 def _relative(path: str, io: FileIO) -> str:
     """A file's table-relative path (decoded), checked to lie inside the table."""
     root = io.path("").rstrip("/")
-    plain = unquote(path)
-    for prefix in ("file://" + root + "/", root + "/"):
-        if plain.startswith(prefix):
-            plain = plain[len(prefix) :]
-            break
-    if "://" in plain or plain.startswith("/"):
+    plain = path_in_table(root, path)
+    if plain is None:
         raise DeltaFeatureError(
-            f"the Delta table at {root} lists {path!r}, a file outside its directory (a shallow "
-            "clone?); dbidx adopts tables whose files lie inside them"
+            f"the Delta table at {root} lists {path!r}, a file outside its directory (a shallow clone's log names its "
+            "source's files so); dbidx adopts tables whose files lie inside them, and nothing was written. Copy the "
+            "rows into a table of their own and adopt that, e.g. with Delta Spark: CREATE TABLE delta.`NEW` USING "
+            f"delta PARTITIONED BY (its partition columns) AS SELECT * FROM delta.`{root}`, then "
+            "`dbidx build-index NEW --key COLUMN`"
         )
     try:
         return layout.validate_table_path(plain)

@@ -17,7 +17,9 @@ date; what each version holds is derived by data/delta_derive.py.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Callable, Iterable
+from urllib.parse import unquote
 
 from dbidx.data.delta_derive import TableShape, initial_version, version_for
 
@@ -33,6 +35,24 @@ DELTA_LOG_DIR = "_delta_log"
 def version_file(version: int) -> str:
     """`_delta_log/<version:020d>.json`."""
     return f"{DELTA_LOG_DIR}/{version:020d}.json"
+
+
+_URI_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")  # `file:`, `s3:`: an absolute URI (a relative one has none)
+
+
+def path_in_table(root: str, raw: str) -> str | None:
+    """A Delta `path` (a URI) as the path relative to the table at `root` it names, unquoted and not yet validated;
+    None when it names a file outside the table: an absolute URI or path elsewhere, as a shallow clone's log names its
+    source's files. Why the scheme check: Spark spells a local absolute path `file:/dir/x.parquet` (one slash), which
+    has no `://` and would otherwise read as a relative path whose first directory is `file:`."""
+    root = root.rstrip("/")
+    plain = unquote(raw)
+    for prefix in ("file://" + root + "/", "file:" + root + "/", root + "/"):
+        if plain.startswith(prefix):
+            return plain[len(prefix) :]
+    if _URI_SCHEME.match(raw) or "://" in plain or plain.startswith("/"):
+        return None
+    return plain
 
 
 # ---- the log on storage ------------------------------------------------------------------------------------

@@ -259,3 +259,33 @@ def test_a_commit_another_engine_makes_during_the_adoption_refuses_it(
     monkeypatch.undo()
     build_index(Table.open(str(path)), "id")
     assert_readers_agree(Table.open(str(path)), ("id", "dt", "v"), {("a", "d", 1), ("b", "d", 2)})
+
+
+def test_a_log_naming_files_outside_the_table_is_refused_by_name(tmp_path: Path) -> None:
+    """A shallow clone's log names its source's files by absolute URI, which Spark spells `file:/dir/x.parquet` (one
+    slash, no `://`): adopting it, or absorbing a version that adds such a file, is a DeltaFeatureError naming the
+    file and the way out, never a relative path `file:/...` looked up inside the table ("file is missing")."""
+    source = tmp_path / "source"
+    write_deltalake(
+        str(source), pa.table({"id": ["a"], "dt": ["d1"], "v": pa.array([1], pa.int64())}), partition_by=["dt"]
+    )
+    (add,) = [a["add"] for a in _log(source) if "add" in a]
+    outside = {**add, "path": f"file:{source}/{add['path']}"}
+    clone = tmp_path / "clone"
+    (clone / "_delta_log").mkdir(parents=True)
+    lines = [json.dumps({"add": outside} if "add" in a else a) for a in _log(source)]
+    (clone / "_delta_log" / f"{0:020d}.json").write_text("\n".join(lines) + "\n")
+    with pytest.raises(DeltaFeatureError, match=r"outside its directory \(a shallow clone.*CREATE TABLE .*build-index"):
+        build_index(Table.create(str(clone), num_shards=1), "id")
+    assert not list((clone / ".dbidx" / "timeline" / "completed").glob("*.json"))
+    table = Table.create(str(tmp_path / "t"), num_shards=1)
+    upsert_arrow(
+        pa.table({"id": ["b"], "dt": ["d1"], "v": pa.array([2], pa.int64())}),
+        table,
+        key="id",
+        partition="dt",
+        cache_config=CacheConfig(str(tmp_path / "c")),
+    )
+    _write_version(tmp_path / "t", [{"commitInfo": {"operation": "WRITE"}}, {"add": outside}])
+    with pytest.raises(DeltaFeatureError, match=r"outside the table .*a shallow clone.*--readopt"):
+        Table.open(str(tmp_path / "t")).sync_delta_log()
