@@ -134,13 +134,7 @@ def test_the_services_log_another_engines_file_vectors_inline_on_an_inline_table
     from tests.data.test_delta_adopt import _delete_rows
 
     w = Writer(tmp_path)
-    adds: dict[str, dict] = {}
-    for action in _actions(w.path):
-        if "remove" in action:
-            adds.pop(action["remove"]["path"], None)
-        if "add" in action:
-            adds[action["add"]["path"]] = action["add"]
-    add = next(a for a in adds.values() if a.get("deletionVector") is None)
+    add = next(a for a in _adds(w.path).values() if a.get("deletionVector") is None)
     first = pq.read_table(Path(w.path, unquote(add["path"]))).column("id")[0].as_py()
     _delete_rows(Path(w.path), add, [0], inline=False)
     w.model.pop((add["partitionValues"]["dt"], first))
@@ -153,3 +147,34 @@ def test_the_services_log_another_engines_file_vectors_inline_on_an_inline_table
     w.check()
     w.touched_update(100)
     w.check()
+
+
+def test_a_truncated_foreign_dv_file_is_refused_by_name_and_nothing_is_absorbed(tmp_path: Path) -> None:
+    """Issue 60: a damaged artefact of another engine (its DV file cut short) is a CorruptFileError naming the file,
+    exit 4 from the CLI, and the index stays where it was."""
+    from tests.data.test_delta_adopt import _delete_rows
+
+    w = Writer(tmp_path)
+    table = Table.open(w.path)
+    table.refresh(force=True)
+    before = table.timeline.latest_seq
+    add = next(a for a in _adds(w.path).values() if a.get("deletionVector") is None)
+    _delete_rows(Path(w.path), add, [0], inline=False)
+    (dv_file,) = [p for p in Path(w.path).glob("deletion_vector_*.bin")]
+    dv_file.write_bytes(dv_file.read_bytes()[:-3])
+    result = CliRunner().invoke(main, ["sync", w.path])
+    assert result.exit_code == 4 and dv_file.name in result.output, result.output
+    table = Table.open(w.path)
+    table.refresh(force=True)
+    assert table.timeline.latest_seq == before
+
+
+def _adds(path: str) -> dict[str, dict]:
+    """The live add actions of the JSON log, by path."""
+    adds: dict[str, dict] = {}
+    for action in _actions(path):
+        if "remove" in action:
+            adds.pop(action["remove"]["path"], None)
+        if "add" in action:
+            adds[action["add"]["path"]] = action["add"]
+    return adds
