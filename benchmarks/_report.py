@@ -204,6 +204,7 @@ def spark_session(local_dir: Path, shards: int, app: str, delta: bool = False) -
         .config("spark.driver.memory", "4g")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.local.dir", str(local_dir))
+        .config("spark.sql.warehouse.dir", str(local_dir / "warehouse"))  # not ./spark-warehouse (Delta's catalog)
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
