@@ -18,7 +18,7 @@ from dbidx.table.readopt import readopt
 
 from tests.data.test_foreign_writers import COLUMNS, Writer, rows_of
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.delta_tier]  # `make test-delta-spark`
 
 
 @pytest.fixture(scope="module")

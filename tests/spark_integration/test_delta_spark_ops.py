@@ -42,7 +42,7 @@ from dbidx.table.facade import Table
 from tests.data.test_foreign_writers import Model, Writer, rows_of
 from tests.spark_integration.test_delta_spark import _insert, _merge, full_check, spark_rows
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.delta_tier]  # `make test-delta-spark`
 
 DAY_MS = 24 * 3600 * 1000
 
