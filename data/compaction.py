@@ -100,6 +100,7 @@ def compact_data(
         return DataCompactionResult(None, 0, 0, 0, 0, 0)
     schema = pa.schema(list(plan.schema) + [pa.field(INSTANT_COLUMN, pa.string())])
     replaced = [f.path for u in todo for f in u.files]
+    in_files = vectors_in_files(table.data_view().configuration())  # how the bases' vectors are logged
     seen = {f.path: v for u in todo for f, v in zip(u.files, u.vectors)}  # each file's vector in the snapshot
     bases: list[DataFileRecord] = []
     moved: dict[str, tuple[str, np.ndarray]] = {}  # replaced file -> (its base, base row of each of its rows or -1)
@@ -149,7 +150,7 @@ def compact_data(
         check_written(table.io, what, [(b.path, b.size) for b in bases])
 
         def build(seq: int) -> CompletedInstant:
-            dv_files, vectors = _rebased_vectors(table, writer.instant, seen, later, moved)
+            dv_files, vectors = _rebased_vectors(table, writer.instant, seen, later, moved, in_files)
             return writer.completion(
                 seq,
                 table.props.table_id,
@@ -294,6 +295,7 @@ def _rebased_vectors(
     seen: dict[str, DvRef | None],
     later: dict[str, DvRef],
     moved: dict[str, tuple[str, np.ndarray]],
+    in_files: bool,
 ) -> tuple[tuple, tuple]:
     """Rows of replaced files that commits superseded after the snapshot, as vectors of the bases that hold them:
     the compaction then publishes without conflicting with those commits, and no version of a record is live
@@ -311,4 +313,4 @@ def _rebased_vectors(
                 "data in the snapshot it compacted; nothing was published"
             )
         vectors[base] = vectors.get(base, BitMap()) | positions_bitmap(positions)
-    return write_vectors(table.io, instant, vectors, vectors_in_files(table.data_view().configuration()))
+    return write_vectors(table.io, instant, vectors, in_files)

@@ -46,15 +46,19 @@ def logged_form(view: Any, path: str) -> str | None:
         if ref is None:
             return None
         descriptor = ref.vector.delta
-    if descriptor is None or descriptor.get("storageType") == "i":
-        return None if behind and descriptor is None else "inline"
-    return "file"
+    if descriptor is None:  # no vector in the log, or dbidx's own logged inline (its record has no descriptor)
+        return None if behind else "inline"
+    return "inline" if descriptor.get("storageType") == "i" else "file"
 
 
 def misplaced_vectors(table: Any) -> list[str]:
     """The live data files whose vector the Delta log holds in the other form than the table's setting, sorted."""
     view = table.data_view()
-    other = "inline" if vectors_in_files(view.configuration()) else "file"
+    return _misplaced(view, vectors_in_files(view.configuration()))
+
+
+def _misplaced(view: Any, in_files: bool) -> list[str]:
+    other = "inline" if in_files else "file"
     return sorted(f.record.path for f in view.live() if logged_form(view, f.record.path) == other)
 
 
@@ -65,7 +69,7 @@ def match_vector_storage(table: Any) -> VectorsMoved:
     view = table.data_view()
     in_files = vectors_in_files(view.configuration())
     form = "file" if in_files else "inline"
-    paths = misplaced_vectors(table)
+    paths = _misplaced(view, in_files)
     if not paths:
         return VectorsMoved(form, 0, None, None)
     with InstantLife(table.timeline, ACTION_COMMIT) as life:

@@ -22,17 +22,14 @@ from dbidx.table.readopt import readopt
 from dbidx.table.vector_storage import misplaced_vectors
 
 from tests.data.test_foreign_writers import COLUMNS, Writer, rows_of
-from tests.delta_readers import via_deltalake
+from tests.delta_readers import via_delta_spark, via_deltalake
 from tests.retention import clean_without_waiting
 
 pytestmark = pytest.mark.spark
 
 
 def spark_rows(spark, path: str, version: int | None = None) -> set[tuple]:
-    reader = spark.read.format("delta")
-    if version is not None:
-        reader = reader.option("versionAsOf", version)
-    return {tuple(r) for r in reader.load(path).select(*COLUMNS).collect()}
+    return set(via_delta_spark(spark, path, COLUMNS, version))
 
 
 def full_check(spark, w: Writer) -> None:

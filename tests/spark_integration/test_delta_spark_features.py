@@ -17,6 +17,7 @@ from dbidx.table.facade import Table
 from dbidx.table.readopt import readopt
 
 from tests.data.test_foreign_writers import COLUMNS, Writer, rows_of
+from tests.delta_readers import via_delta_spark
 
 pytestmark = [pytest.mark.spark, pytest.mark.delta_tier]  # `make test-delta-spark`
 
@@ -29,15 +30,11 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Writer:
 def _copy(base: Writer, tmp_path: Path) -> Writer:
     """A copy of the base table (its history: upserts with a delete), with its own cache and model."""
     shutil.copytree(Path(base.path).parent, tmp_path, dirs_exist_ok=True)
-    w = Writer.__new__(Writer)
-    w.table, w.path = Table.open(str(tmp_path / "t")), str(tmp_path / "t")
-    w.config = type(base.config)(base_path=str(tmp_path / "cache-copy"))
-    w.model, w.rng = dict(base.model), base.rng
-    return w
+    return Writer.over(str(tmp_path / "t"), tmp_path / "cache-copy", base.model)
 
 
 def _spark_rows(spark, path: str) -> set[tuple]:
-    return {tuple(r) for r in spark.read.format("delta").load(path).select(*COLUMNS).collect()}
+    return set(via_delta_spark(spark, path, COLUMNS))
 
 
 # Each: the SQL that turns the feature on, the feature the refusal names, and a word of its remedy.
