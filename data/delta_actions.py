@@ -49,6 +49,7 @@ class VersionActions:
     metadata: dict[str, Any] | None = None
     protocol: dict[str, Any] | None = None
     synthetic: bool = False  # made from a checkpoint's snapshot (its removes name files, not log spellings)
+    domains: tuple[dict[str, Any], ...] = ()  # its domainMetadata actions, as written
 
     @property
     def writer(self) -> str:
@@ -75,7 +76,7 @@ def read_version(io: FileIO, version: int) -> VersionActions:
             f"Delta version {version} ({where}) is not a valid commit (torn or damaged: {exc}); "
             "restore it from a backup or remove the engine's failed commit"
         ) from exc
-    out: dict[str, Any] = {"adds": [], "removes": []}
+    out: dict[str, Any] = {"adds": [], "removes": [], "domains": []}
     for i, action in enumerate(actions):
         if not isinstance(action, dict) or len(action) != 1:
             raise CorruptFileError(
@@ -88,7 +89,9 @@ def read_version(io: FileIO, version: int) -> VersionActions:
             if not isinstance(body, dict):
                 raise CorruptFileError(f"the {kind} action on line {i + 1} of {where} is not an object")
             out[{"commitInfo": "commit_info", "metaData": "metadata", "protocol": "protocol"}[kind]] = body
-        # txn, domainMetadata, cdc (change data files, never table data) and unknown actions change no row
+        elif kind == "domainMetadata":
+            out["domains"].append(body)  # checked where one is used (data/delta_domains.py)
+        # txn, cdc (change data files, never table data) and unknown actions change no row
     return VersionActions(
         version,
         out.get("commit_info", {}),
@@ -96,6 +99,7 @@ def read_version(io: FileIO, version: int) -> VersionActions:
         tuple(out["removes"]),
         out.get("metadata"),
         out.get("protocol"),
+        domains=tuple(out["domains"]),
     )
 
 

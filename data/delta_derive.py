@@ -48,6 +48,7 @@ PROTOCOL = {
     "readerFeatures": ["deletionVectors"],
     "writerFeatures": ["deletionVectors"],
 }
+IN_COMMIT_TIMESTAMPS = "delta.enableInCommitTimestamps"
 # A commit of no rows that gives vectors the table's form, inline or in files (table/vector_storage.py): its removes
 # and adds change no row (dataChange false), and its history entry says so.
 VECTORS_MOVED_EXTRA = "vectors_moved"
@@ -94,9 +95,17 @@ class TableShape:
     upgraded_at_seq: int = 0  # `dbidx upgrade` from format 3: earlier completions add no rows to the Delta log
 
 
-def version_for(shape: TableShape, record: CompletedInstant, view: DataView, body: Callable[[DvRef], bytes]) -> bytes:
+def version_for(
+    shape: TableShape,
+    record: CompletedInstant,
+    view: DataView,
+    body: Callable[[DvRef], bytes],
+    previous_stamp: Callable[[], int | None] = lambda: None,
+) -> bytes:
     """Delta version `record.seq`: the record's effect on the rows, given the data view right before it; `body`
-    gives a vector's bytes (verified), which the version carries inline if the vector's record has no descriptor."""
+    gives a vector's bytes (verified), which the version carries inline if the vector's record has no descriptor.
+    `previous_stamp` gives the inCommitTimestamp of the version before (asked only on a table with in-commit
+    timestamps on: `stamps_commits`); the same log, the same bytes."""
     if record.action == ACTION_ABSORB:
         version = record.extra.get("absorbed", {}).get("version")
         raise CorruptFileError(
@@ -106,7 +115,8 @@ def version_for(shape: TableShape, record: CompletedInstant, view: DataView, bod
         )
     moving = VECTORS_MOVED_EXTRA in record.extra
     operation = "REORG" if moving else _OPERATIONS.get(record.action, "VACUUM")
-    actions: list[dict[str, Any]] = [_commit_info(record.completed_at_ms, operation, record)]
+    stamp = in_commit_timestamp(record.completed_at_ms, previous_stamp()) if stamps_commits(record, view) else None
+    actions: list[dict[str, Any]] = [_commit_info(record.completed_at_ms, operation, record, stamp)]
     if record.seq < shape.upgraded_at_seq:
         # A format-3 completion: its files had no vectors yet (rows merged by key), so it adds nothing a Delta
         # reader could read correctly; the upgrade's version adds the whole table at once.
@@ -222,8 +232,37 @@ def adoption_protocol(existing: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _commit_info(ms: int, operation: str, record: CompletedInstant | None) -> dict[str, Any]:
+def stamps_commits(record: CompletedInstant, view: DataView) -> bool:
+    """Whether the version of `record` carries an inCommitTimestamp: the table's properties right before it (for an
+    adoption, the adopted table's) turn in-commit timestamps on. dbidx cannot turn them on or off itself
+    (table/delta_properties.py); another engine's change is absorbed and in force from the next version on."""
+    if record.action == ACTION_BUILD_INDEX and DELTA_ADOPTED_EXTRA in record.extra:
+        configuration = record.extra[DELTA_ADOPTED_EXTRA].get("metaData", {}).get("configuration") or {}
+    else:
+        configuration = view.configuration()
+    return str(configuration.get(IN_COMMIT_TIMESTAMPS, "")).lower() == "true"
+
+
+def in_commit_timestamp(attempted_ms: int, previous: int | None) -> int:
+    """PROTOCOL.md "In-Commit Timestamps": the larger of the time the commit was attempted and one millisecond after
+    the previous commit's (monotonic even when clocks disagree)."""
+    return attempted_ms if previous is None else max(attempted_ms, previous + 1)
+
+
+def commit_stamp(first_line: bytes) -> int | None:
+    """The inCommitTimestamp of a version, from its first line (where the protocol puts commitInfo when in-commit
+    timestamps are on); None when it has none. Read back as untrusted: a stamp that is not an integer is no stamp."""
+    try:
+        value = json.loads(first_line)["commitInfo"]["inCommitTimestamp"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _commit_info(ms: int, operation: str, record: CompletedInstant | None, stamp: int | None = None) -> dict[str, Any]:
     info: dict[str, Any] = {"timestamp": ms, "operation": operation, "engineInfo": ENGINE, "isBlindAppend": False}
+    if stamp is not None:  # Delta Spark's commits say the same time in both fields
+        info["timestamp"] = info["inCommitTimestamp"] = stamp
     if record is not None:
         info["dbidx"] = {"seq": record.seq, "instant": record.instant, "action": record.action}
     return {"commitInfo": info}

@@ -159,9 +159,9 @@ FEATURES: dict[str, Feature] = {
         Feature(
             "inCommitTimestamp",
             False,
-            "dbidx's commits carry no inCommitTimestamp, which every commit of such a table must",
-            _DROP.format(name="inCommitTimestamp"),
-            in_use=_property("delta.enableInCommitTimestamps"),
+            "",
+            "",
+            kept=True,  # while delta.enableInCommitTimestamps is true, every dbidx commit is stamped (delta_derive)
         ),
         Feature(
             "rowTracking",
@@ -173,15 +173,16 @@ FEATURES: dict[str, Feature] = {
         Feature(
             "domainMetadata",
             False,
-            "dbidx's checkpoints are not checked to keep the log's domainMetadata actions yet",
-            _DROP.format(name="domainMetadata") + " (once no feature that needs it, such as clustering or row "
-            "tracking, is left)",
+            "",
+            "",
+            kept=True,  # dbidx writes no domain action; its checkpoints carry every domain (delta_checkpoint checks)
         ),
         Feature(
             "clustering",
             False,
-            "liquid clustering's domain must outlive dbidx's checkpoints, which dbidx does not check yet",
-            f"{_ALTER} CLUSTER BY NONE, then drop the feature with Delta Spark (or recreate the table unclustered)",
+            "",
+            "",
+            kept=True,  # while the table is clustered by its key or not at all (data/delta_domains.check_clustering)
         ),
         Feature(
             "v2Checkpoint",

@@ -21,13 +21,13 @@ import re
 from typing import Any, Callable, Iterable
 from urllib.parse import unquote
 
-from dbidx.data.delta_derive import TableShape, initial_version, version_for
+from dbidx.data.delta_derive import TableShape, commit_stamp, initial_version, version_for
 
 from dbidx.data.superseded import load_vector_bytes
 from dbidx.errors import CorruptFileError, ForeignCommitError
-from dbidx.storage.data_view import DataView, DvRef
+from dbidx.storage.data_view import DELTA_ADOPTED_EXTRA, DataView, DvRef
 from dbidx.storage.fileio import FileIO
-from dbidx.storage.records import ACTION_ABSORB, CompletedInstant
+from dbidx.storage.records import ACTION_ABSORB, ACTION_BUILD_INDEX, CompletedInstant
 
 DELTA_LOG_DIR = "_delta_log"
 
@@ -135,6 +135,21 @@ def last_checkpoint_version(io: FileIO) -> int:
     return checkpoint_floor(io)
 
 
+def delta_version_of(record: CompletedInstant, view: DataView) -> int:
+    """The Delta version completion `record` gets, given the data view right before it."""
+    adopted = record.extra.get(DELTA_ADOPTED_EXTRA) if record.action == ACTION_BUILD_INDEX else None
+    if isinstance(adopted, dict) and isinstance(adopted.get("version"), int):
+        return int(adopted["version"]) + 1
+    return record.seq + view.delta_offset
+
+
+def read_stamp(io: FileIO, version: int) -> int | None:
+    """The inCommitTimestamp version `version` carries (None: none, or the version is gone with a log cleanup)."""
+    if version < 0 or not io.exists(version_file(version)):
+        return None
+    return commit_stamp(io.read_bytes(version_file(version)).split(b"\n", 1)[0])
+
+
 def put_version(io: FileIO, version: int, data: bytes) -> bool:
     """Create version `version` if absent (True if this call wrote it); an existing version must hold exactly
     these bytes, else another writer committed to the Delta table: ForeignCommitError, nothing written."""
@@ -186,7 +201,8 @@ class DeltaLogWriter:
             return
         if record.seq > self.written_upto and record.seq not in self.known:
             try:
-                self.pending[record.seq] = version_for(self.shape, record, view, self.body())
+                stamp = self.previous_stamp(record, view)
+                self.pending[record.seq] = version_for(self.shape, record, view, self.body(), stamp)
             except CorruptFileError as exc:  # a vector's DV file is gone: fine if the version exists (sync checks)
                 self.pending[record.seq] = exc
 
@@ -290,6 +306,17 @@ class DeltaLogWriter:
                 "state"
             )
 
+    def previous_stamp(self, record: CompletedInstant, view: DataView) -> Callable[[], int | None]:
+        """The inCommitTimestamp of the version before `record`'s: derived here and not written yet, else read."""
+
+        def previous() -> int | None:
+            prior = self.pending.get(record.seq - 1)
+            if isinstance(prior, bytes):
+                return commit_stamp(prior.split(b"\n", 1)[0])
+            return read_stamp(self.io, delta_version_of(record, view) - 1)
+
+        return previous
+
     def body(self) -> Callable[[DvRef], bytes]:
         """Vector bytes from their DV files (verified), each file read once per derivation."""
         files: dict[str, bytes] = {}
@@ -303,6 +330,6 @@ class DeltaLogWriter:
 
         def keep(rec: CompletedInstant, before: DataView) -> None:
             if rec.seq in missing:
-                self.pending[rec.seq] = version_for(self.shape, rec, before, body)
+                self.pending[rec.seq] = version_for(self.shape, rec, before, body, self.previous_stamp(rec, before))
 
         view.apply(records, before=keep)

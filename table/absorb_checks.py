@@ -11,6 +11,7 @@ from typing import Any
 import pyarrow as pa
 
 from dbidx.data.delta_actions import FileAction, VersionActions
+from dbidx.data.schema import recorded_schema
 from dbidx.errors import CorruptFileError, DeltaFeatureError, InvalidInputError
 from dbidx.storage import layout
 from dbidx.storage.data_view import DELTA_CONFIGURATION_EXTRA, DataView, check_configuration
@@ -87,6 +88,7 @@ def check_run_features(view: DataView, run: list[VersionActions]) -> None:
         states.append(LogState(actions.version, writer_of(actions.commit_info), in_use))
     found = states[-1].in_use
     if not found:
+        _check_run_clustering(view, run)
         return
     name = sorted(found)[0]
     state = since(states)[name]
@@ -105,6 +107,26 @@ def check_run_features(view: DataView, run: list[VersionActions]) -> None:
         "`dbidx sync URI` absorbs the versions (a feature turned off again by the newest of them is no obstacle); "
         "or re-adopt the table as it is then: `dbidx build-index URI --key COLUMN --readopt`",
     )
+
+
+def _check_run_clustering(view: DataView, run: list[VersionActions]) -> None:
+    """A run that clusters the table anew (a `delta.clustering` domain action, Delta Spark's CLUSTER BY) must
+    cluster it by nothing dbidx cannot keep (data/delta_domains.py); the clustering at adoption was checked then."""
+    from dbidx.data.delta_domains import CLUSTERING_DOMAIN, apply_domain, check_clustering, clustering_columns
+
+    domains: dict[str, str] = {}
+    last = None
+    for actions in run:
+        for body in actions.domains:
+            if isinstance(body, dict) and body.get("domain") == CLUSTERING_DOMAIN:
+                apply_domain(domains, body, f"Delta version {actions.version}")
+                last = actions
+    if last is None:
+        return
+    where = f"Delta version {last.version} ({last.writer})"
+    layout = view.layout.value if view.layout is not None else None
+    key = layout.get("key") if isinstance(layout, dict) else None
+    check_clustering(clustering_columns(domains, where), key, recorded_schema(view.schema), where)
 
 
 def _check_types(old: pa.Schema, schema_string: str, key: str | None, where: str) -> None:

@@ -22,6 +22,8 @@ import pyarrow.parquet as pq
 
 from dbidx.data.delta_actions import read_version
 from dbidx.data.delta_adopt import is_foreign_delta_table, read_snapshot
+from dbidx.data.delta_domains import check_clustering, clustering_columns, domains_at
+from dbidx.data.delta_log import DELTA_LOG_DIR
 from dbidx.data.delta_derive import delta_path, initial_version
 from dbidx.data.delta_log import version_file
 from dbidx.data.schema import check_distinct_names, encode_schema
@@ -254,6 +256,10 @@ def adopt_delta_table(
             f"the Delta table at {table.uri} has no data column {key_column!r} to use as the "
             f"record key (columns: {snapshot.schema.names})"
         )
+    if "clustering" in (snapshot.protocol.get("writerFeatures") or []):
+        where = f"{table.io.path(DELTA_LOG_DIR)} at version {snapshot.version}"
+        columns = clustering_columns(domains_at(table.io, snapshot.version), where)
+        check_clustering(columns, key_column, snapshot.schema, where)
     if not snapshot.files:
         raise InvalidInputError(f"the Delta table at {table.uri} has no data files at version {snapshot.version}")
     records, vectors, descriptors = [], {}, {}
