@@ -36,6 +36,8 @@ class FileAction:
     size: int | None
     dv: dict[str, Any] | None
     data_change: bool
+    base_row_id: int | None = None  # row tracking (storage/row_ids.py), as the action gives them
+    row_commit_version: int | None = None
 
 
 @dataclass(frozen=True)
@@ -117,8 +119,21 @@ def _file_action(io: FileIO, body: Any, kind: str, where: str) -> FileAction:
     dv = body.get("deletionVector")
     if dv is not None:
         check_descriptor(io, dv, f"the {kind} of {raw!r} at {where}")
+    rows = {}
+    for field_name in ("baseRowId", "defaultRowCommitVersion"):
+        value = body.get(field_name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise CorruptFileError(f"the {kind} of {raw!r} at {where} has an invalid {field_name} ({value!r})")
+        rows[field_name] = value
     return FileAction(
-        path, raw, dict(values), size if isinstance(size, int) else None, dv, bool(body.get("dataChange", True))
+        path,
+        raw,
+        dict(values),
+        size if isinstance(size, int) else None,
+        dv,
+        bool(body.get("dataChange", True)),
+        rows["baseRowId"],
+        rows["defaultRowCommitVersion"],
     )
 
 

@@ -41,6 +41,8 @@ class AdoptedFile:
     size: int
     dv: dict[str, Any] | None
     deleted: BitMap | None
+    base_row_id: int | None = None  # row tracking: the add's baseRowId and defaultRowCommitVersion
+    row_commit_version: int | None = None
 
 
 @dataclass(frozen=True)
@@ -125,10 +127,18 @@ def read_snapshot(io: FileIO) -> DeltaSnapshot:
                 f"the {0 if rows is None else len(rows)} deleted rows delta-rs reads; nothing "
                 "was written"
             )
-        files.append(
-            AdoptedFile(path, raw, _partition_of(add, partition_columns, io.path(path)), int(add["size"]), dv, rows)
-        )
+        base_row_id = _row_field(add, "baseRowId", io.path(path))
+        row_version = _row_field(add, "defaultRowCommitVersion", io.path(path))
+        partition = _partition_of(add, partition_columns, io.path(path))
+        files.append(AdoptedFile(path, raw, partition, int(add["size"]), dv, rows, base_row_id, row_version))
     return DeltaSnapshot(version, protocol, metadata, schema, partition_columns, files)
+
+
+def _row_field(add: dict[str, Any], name: str, where: str) -> int | None:
+    value = add.get(name)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise CorruptFileError(f"the add of {where} in the Delta log has an invalid {name} ({value!r})")
+    return value
 
 
 def _newest_version(io: FileIO) -> int:

@@ -30,6 +30,7 @@ from dbidx.storage.data_view import (
     DvRef,
 )
 from dbidx.storage.layout import layout_partition_columns
+from dbidx.storage.row_ids import domain_action, row_fields
 from dbidx.storage.records import (
     ACTION_ABSORB,
     ACTION_BUILD_INDEX,
@@ -168,11 +169,19 @@ def version_for(
         rows_changed = not moving
         actions.append(_remove(old.record, _logged(view, path, body), partition_columns, ms, data_change=rows_changed))
         actions.append(_add(old.record, _inline(new, body), partition_columns, ms, data_change=rows_changed, key=key))
-    # 3. New files (a commit's, or a compaction's bases), each with its own vector if it has one.
+    # 3. New files (a commit's, or a compaction's bases), each with its own vector if it has one, and fresh row ids
+    #    on a table that tracks rows (storage/row_ids.py: the same values the data view records for them).
     change = record.action != ACTION_DATA_COMPACTION
-    for f in record.data_files:
+    files, high_water_mark = view.row_ids_for(record)
+    for f in files:
         ref = DvRef(vectors[f.path], dv_files[vectors[f.path].dv_file]) if f.path in vectors else None
         actions.append(_add(f, _inline(ref, body), partition_columns, ms, data_change=change, key=key))
+    if view.tracks_rows():
+        if high_water_mark > view.row_id_high_water_mark:
+            actions.append(domain_action(high_water_mark))
+        # Rows updated (a new vector on a live file) or copied (a compaction) get fresh ids: not preserved.
+        copied = record.action == ACTION_DATA_COMPACTION or (not moving and bool(set(vectors) - new_paths))
+        actions[0]["commitInfo"]["tags"] = {"delta.rowTracking.preserved": "false" if copied else "true"}
     return encode(actions)
 
 
@@ -418,6 +427,7 @@ def _add(
     }
     if dv is not None:
         add["deletionVector"] = dv
+    add.update(row_fields(f))
     return {"add": add}
 
 
@@ -434,4 +444,5 @@ def _remove(
     }
     if dv is not None:
         remove["deletionVector"] = dv
+    remove.update(row_fields(f))
     return {"remove": remove}

@@ -166,9 +166,9 @@ FEATURES: dict[str, Feature] = {
         Feature(
             "rowTracking",
             False,
-            "dbidx assigns no baseRowId / defaultRowCommitVersion to the files it adds and keeps no row id "
-            "high-water mark, so row ids would not stay stable",
-            f"{_SET.format(key='delta.enableRowTracking')}, then {_DROP.format(name='rowTracking')}",
+            "",
+            "",
+            kept=True,  # fresh row ids, the high-water mark, ids carried on every re-add (storage/row_ids.py)
         ),
         Feature(
             "domainMetadata",

@@ -8,12 +8,13 @@ or checks a write has to walk the whole completion log (a checkpoint stores this
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable
 
 from dbidx.errors import CorruptFileError
 from dbidx.storage import layout
 from dbidx.storage.log_vectors import LOG_VECTORS_EXTRA, parse_log_vectors
+from dbidx.storage.row_ids import HIGH_WATER_MARK_EXTRA, PROTOCOL_EXTRA, ROW_IDS_EXTRA, assign, tracks_rows
 from dbidx.storage.records import (
     ACTION_ABSORB,
     ACTION_BUILD_INDEX,
@@ -88,6 +89,10 @@ class DataView:
         # The Delta table properties (metaData.configuration) as last changed by a `properties` completion or an
         # absorbed metaData of another engine; None: never changed (`configuration()` gives the one in force).
         self.delta_configuration: Recorded | None = None
+        # Delta row tracking (storage/row_ids.py): the protocol another engine's absorbed version set (None: the
+        # adopted one, or dbidx's own), and the row-id high-water mark (-1: no row id assigned yet).
+        self.delta_protocol: Recorded | None = None
+        self.row_id_high_water_mark = -1
         # Live data files whose vector in the Delta log is not the view's (LOG_VECTORS_EXTRA): the log's descriptor.
         self._log_dv: dict[str, dict[str, Any] | None] = {}
 
@@ -118,10 +123,11 @@ class DataView:
                 before(rec, self)
             if rec.action != ACTION_ABSORB:
                 self._log_dv.clear()  # the Delta version of every dbidx completion brings the log in line
+            files = self._with_row_ids(rec)
             if rec.action in DATA_ACTIONS:
-                self._add_written(rec)
+                self._add_written(rec, files)
             elif rec.action == ACTION_DATA_COMPACTION:
-                self._swap(rec)
+                self._swap(rec, files)
             elif rec.action == ACTION_ABSORB:
                 self._absorb(rec)
             elif rec.action == ACTION_CLEAN:
@@ -147,16 +153,63 @@ class DataView:
                     rec.seq,
                     rec.instant,
                 )
+                self.row_id_high_water_mark = self.delta_adopted.value.get(ADOPTED_HIGH_WATER_MARK, -1)
+            if rec.action == ACTION_ABSORB:
+                self._absorb_row_tracking(rec)
             self.applied_seq = rec.seq
 
-    def _add_written(self, rec: CompletedInstant) -> None:
+    def protocol(self) -> dict[str, Any] | None:
+        """The Delta protocol in force as far as dbidx records it: another engine's newest absorbed one, else the
+        adopted table's; None for a table dbidx created and no engine changed (dbidx's own protocol)."""
+        if self.delta_protocol is not None:
+            return dict(self.delta_protocol.value)
+        return dict(self.delta_adopted.value["protocol"]) if self.delta_adopted is not None else None
+
+    def tracks_rows(self) -> bool:
+        """Whether dbidx's next completion assigns row ids (storage/row_ids.py)."""
+        return tracks_rows(self.protocol(), self.configuration())
+
+    def row_ids_for(self, rec: CompletedInstant) -> tuple[list[DataFileRecord], int]:
+        """The files `rec` adds as this view (right before it) records them: with fresh row ids when it is a dbidx
+        write on a table that tracks rows, else as recorded; and the high-water mark after them."""
+        adopting = rec.action == ACTION_BUILD_INDEX and DELTA_ADOPTED_EXTRA in rec.extra
+        if rec.action in (*DATA_ACTIONS, ACTION_DATA_COMPACTION) and not adopting and self.tracks_rows():
+            return assign(rec.data_files, self.row_id_high_water_mark, rec.seq + self.delta_offset)
+        return list(rec.data_files), self.row_id_high_water_mark
+
+    def _with_row_ids(self, rec: CompletedInstant) -> list[DataFileRecord]:
+        files, self.row_id_high_water_mark = self.row_ids_for(rec)
+        return files
+
+    def _absorb_row_tracking(self, rec: CompletedInstant) -> None:
+        where = f"completion {rec.seq} ({rec.instant})"
+        if PROTOCOL_EXTRA in rec.extra:
+            if not isinstance(rec.extra[PROTOCOL_EXTRA], dict):
+                raise CorruptFileError(f"{where}: its {PROTOCOL_EXTRA} is not a Delta protocol")
+            self.delta_protocol = Recorded(rec.extra[PROTOCOL_EXTRA], rec.seq, rec.instant)
+        mark = rec.extra.get(HIGH_WATER_MARK_EXTRA)
+        if mark is not None:
+            if not isinstance(mark, int) or isinstance(mark, bool) or mark < -1:
+                raise CorruptFileError(f"{where}: its {HIGH_WATER_MARK_EXTRA} {mark!r} is not a row id")
+            self.row_id_high_water_mark = max(self.row_id_high_water_mark, mark)
+        for path, ids in (rec.extra.get(ROW_IDS_EXTRA) or {}).items():
+            live = self._live.get(path)
+            if live is None or not isinstance(ids, list) or len(ids) != 2:
+                raise CorruptFileError(f"{where}: its {ROW_IDS_EXTRA} of {path!r} do not fit a live file")
+            if not all(v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 0) for v in ids):
+                raise CorruptFileError(f"{where}: its {ROW_IDS_EXTRA} of {path!r} are not row ids: {ids!r}")
+            base, version = ids
+            record = replace(live.record, base_row_id=base, row_commit_version=version)
+            self._live[path] = replace(live, record=record)
+
+    def _add_written(self, rec: CompletedInstant, files: list[DataFileRecord]) -> None:
         self.writes += 1
         self.last_write = rec.instant
-        for f in rec.data_files:
+        for f in files:
             _check_outside_meta(f.path, rec)
             self._live[f.path] = LiveDataFile(f, (rec.seq, 0), rec.seq, rec.instant, rec.action == ACTION_BUILD_INDEX)
 
-    def _swap(self, rec: CompletedInstant) -> None:
+    def _swap(self, rec: CompletedInstant, files: list[DataFileRecord]) -> None:
         """A data compaction: its bases stand where the newest file they replaced stood, so a file committed while
         it ran (not replaced, seq below the compaction's) stays newer than the base."""
         covered: dict[tuple[str, str], int] = {}
@@ -171,7 +224,7 @@ class DataView:
             self._release(self._dv.pop(path, None), rec.seq)
             group = (gone.record.partition, gone.record.file_group)
             covered[group] = max(covered.get(group, 0), gone.order[0])
-        for f in rec.data_files:
+        for f in files:
             _check_outside_meta(f.path, rec)
             if (f.partition, f.file_group) not in covered:
                 raise CorruptFileError(
@@ -323,6 +376,8 @@ class DataView:
                 else {}
             )
             | ({LOG_VECTORS_EXTRA: dict(sorted(self._log_dv.items()))} if self._log_dv else {})
+            | ({"delta_protocol": _recorded_dict(self.delta_protocol)} if self.delta_protocol is not None else {})
+            | ({HIGH_WATER_MARK_EXTRA: self.row_id_high_water_mark} if self.row_id_high_water_mark >= 0 else {})
         )
 
     @classmethod
@@ -346,8 +401,16 @@ class DataView:
                     "delta_adopted",
                     "delta_configuration",
                     LOG_VECTORS_EXTRA,
+                    "delta_protocol",
+                    HIGH_WATER_MARK_EXTRA,
                 },
-                optional={"delta_adopted", "delta_configuration", LOG_VECTORS_EXTRA},
+                optional={
+                    "delta_adopted",
+                    "delta_configuration",
+                    LOG_VECTORS_EXTRA,
+                    "delta_protocol",
+                    HIGH_WATER_MARK_EXTRA,
+                },
             )
             view = cls()
             view.applied_seq = parse_int(d["applied_seq"], "data.applied_seq")
@@ -407,6 +470,10 @@ class DataView:
             view.delta_configuration = _recorded(d.get("delta_configuration"), "data.delta_configuration")
             if view.delta_configuration is not None:
                 check_configuration(view.delta_configuration.value, "data.delta_configuration")
+            view.delta_protocol = _recorded(d.get("delta_protocol"), "data.delta_protocol")
+            if view.delta_protocol is not None and not isinstance(view.delta_protocol.value, dict):
+                raise FieldError("data.delta_protocol is not a Delta protocol")
+            view.row_id_high_water_mark = parse_int(d.get(HIGH_WATER_MARK_EXTRA, -1), "data.row_id_high_water_mark", -1)
             return view
         except (FieldError, ValueError, TypeError) as exc:
             raise CorruptFileError(f"checkpoint {where}: its data view is not valid: {exc}") from exc
@@ -421,6 +488,8 @@ def _check_outside_meta(path: str, rec: CompletedInstant | None) -> None:
 
 
 DELTA_ADOPTED_EXTRA = "delta_adopted"
+# The adopted table's row-id high-water mark (its `delta.rowTracking` domain), when it tracks rows.
+ADOPTED_HIGH_WATER_MARK = "rowIdHighWaterMark"
 # The completion record's extra holding the whole Delta configuration after it (a `properties` completion, or an
 # absorbed version whose metaData changed it).
 DELTA_CONFIGURATION_EXTRA = "delta_configuration"
@@ -441,8 +510,14 @@ def check_adopted(value: Any, where: str) -> dict[str, Any]:
     """What a build-index recorded of the Delta table it adopted: {"version": V, "metaData": {...}, "protocol": {...}}
     (read back from storage: checked before any Delta version number is computed from it)."""
     try:
-        d = parse_object(value, "delta_adopted", {"version", "metaData", "protocol"})
+        d = parse_object(
+            value,
+            "delta_adopted",
+            {"version", "metaData", "protocol", ADOPTED_HIGH_WATER_MARK},
+            optional={ADOPTED_HIGH_WATER_MARK},
+        )
         parse_int(d["version"], "delta_adopted.version")
+        parse_int(d.get(ADOPTED_HIGH_WATER_MARK, -1), f"delta_adopted.{ADOPTED_HIGH_WATER_MARK}", -1)
         parse_object(
             d["protocol"],
             "delta_adopted.protocol",

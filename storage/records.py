@@ -77,6 +77,13 @@ def _int(value: Any, name: str, minimum: int = 0) -> int:
     return value
 
 
+def _optional_int(value: Any, name: str) -> int | None:
+    return None if value is None else _int(value, name)
+
+
+_OPTIONAL_DATA_FILE_FIELDS = {"delta_path", "base_row_id", "row_commit_version"}
+
+
 def _str(value: Any, name: str, nullable: bool = False) -> str | None:
     if value is None and nullable:
         return None
@@ -178,6 +185,11 @@ class DataFileRecord:
     # A file of an adopted Delta table whose log spells its path otherwise than dbidx would (FORMAT.md section 12):
     # its `remove` must repeat the exact string. None (and left out of the JSON) for every other file.
     delta_path: str | None = None
+    # Delta row tracking (storage/row_ids.py): the file's `baseRowId` and `defaultRowCommitVersion`, as another
+    # engine's `add` gave them (absorbed, adopted) or as the data view assigned them to a dbidx file; None (and left
+    # out of the JSON) on a table without row tracking.
+    base_row_id: int | None = None
+    row_commit_version: int | None = None
 
     @classmethod
     def parse(cls, data: Any, name: str, legacy: bool = False) -> "DataFileRecord":
@@ -187,7 +199,7 @@ class DataFileRecord:
             data,
             name,
             _field_names(cls),
-            optional={"delta_path"} | (_FORMAT4_DATA_FILE_FIELDS if legacy else set()),
+            optional=_OPTIONAL_DATA_FILE_FIELDS | (_FORMAT4_DATA_FILE_FIELDS if legacy else set()),
         )
         if legacy:
             d = {"min_key": None, "max_key": None, "deletes": 0} | d
@@ -202,6 +214,8 @@ class DataFileRecord:
             max_key=_str(d["max_key"], f"{name}.max_key", True),
             deletes=_int(d["deletes"], f"{name}.deletes"),
             delta_path=_str(d.get("delta_path"), f"{name}.delta_path", True),
+            base_row_id=_optional_int(d.get("base_row_id"), f"{name}.base_row_id"),
+            row_commit_version=_optional_int(d.get("row_commit_version"), f"{name}.row_commit_version"),
         )
         if record.delta_path is not None and unquote(record.delta_path) != record.path:
             raise _Bad(f"{name}.delta_path {record.delta_path!r} does not name {record.path!r}")
@@ -295,7 +309,7 @@ def record_dict(record: Any) -> dict[str, Any]:
     return data
 
 
-_UNSET_OMITTED = ("delta_path", "delta")
+_UNSET_OMITTED = ("delta_path", "delta", "base_row_id", "row_commit_version")
 
 
 @dataclass(frozen=True)

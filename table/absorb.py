@@ -49,7 +49,7 @@ from dbidx.data.source_files import read_source
 from dbidx.data.superseded import load_vector, read_key_column, write_vectors
 from dbidx.errors import CorruptFileError, DbidxError, DeltaFeatureError, ForeignDuplicateError
 from dbidx.index import rli_files
-from dbidx.table.absorb_checks import _check_metadata, _partition_of, check_run_features
+from dbidx.table.absorb_checks import _check_metadata, _partition_of, check_run_features, row_tracking_extras
 from dbidx.table.absorb_entries import _entries, _Rows
 from dbidx.table.absorb_stale import STALE_EXTRA, StaleRewrite, split_at_stale, stale_copies
 from dbidx.table.writer import EntryBuffer
@@ -57,6 +57,7 @@ from dbidx.storage import layout, markers
 from dbidx.storage.data_view import DataView
 from dbidx.storage.log_vectors import LOG_VECTORS_EXTRA
 from dbidx.storage.records import ACTION_ABSORB, CompletedInstant, DataFileRecord
+from dbidx.storage.row_ids import ROW_IDS_EXTRA
 from dbidx.storage.state import TableState
 from dbidx.storage.timeline_writes import StartedInstant
 
@@ -94,6 +95,7 @@ def absorb_run(table: TableState, run: list[VersionActions], seq: int, published
     for actions in run:
         _check_metadata(view, actions, columns, key, extra, where)
     check_run_features(view, run)
+    extra.update(row_tracking_extras(run))
     removed, added = _net(view, run, where, set(stale.removes))
     # 2. One claimed instant per record still to publish; the net record's files written under the last one.
     claims = [table.timeline.start(ACTION_ABSORB, hooks=False) for _ in run[published:]]
@@ -312,8 +314,12 @@ def _build(
     #    A file whose log vector lags the index's (rows of a stale rewrite masked, table/absorb_stale.py) is
     #    compared with the log's vector (what the engine saw), and keeps the masked rows on top of the new one.
     logged: dict[str, dict[str, Any] | None] = {}
+    renumbered: dict[str, list[int | None]] = {}
     for path in changed:
         record = live_files[path]
+        ids = [added[path].base_row_id, added[path].row_commit_version]
+        if ids != [record.base_row_id, record.row_commit_version]:  # (Delta Spark's row-tracking backfill)
+            renumbered[path] = ids
         mine = _vector(table, view, path, record.rows)
         behind, log_dv = view.log_vector(path)
         old = mine if not behind else _descriptor_vector(table, log_dv, record.rows, f"{where}, file {path!r}")
@@ -340,6 +346,7 @@ def _build(
         action = added[path]
         partition = _partition_of(action, columns, where)
         record, keys = _read_new_file(table, path, partition, action, key or "", where)
+        record = replace(record, base_row_id=action.base_row_id, row_commit_version=action.row_commit_version)
         data_files.append(record)
         deleted = BitMap()
         if action.dv is not None:
@@ -354,6 +361,8 @@ def _build(
         came.add(_minus(keys, deleted), partition, record.file_group, path)
     if stale:
         extra[STALE_EXTRA] = stale.about()
+    if renumbered:
+        extra[ROW_IDS_EXTRA] = renumbered
     if logged:
         extra[LOG_VECTORS_EXTRA] = logged
     # 5. The index entries, per scope (a partition, or the whole table in global mode).

@@ -109,6 +109,22 @@ def check_run_features(view: DataView, run: list[VersionActions]) -> None:
     )
 
 
+def row_tracking_extras(run: list[VersionActions]) -> dict[str, Any]:
+    """What the absorb record keeps of the run for row tracking (storage/row_ids.py): the protocol its newest
+    protocol action set, and the row-id high-water mark its newest `delta.rowTracking` domain action left."""
+    from dbidx.storage.row_ids import HIGH_WATER_MARK_EXTRA, PROTOCOL_EXTRA, ROW_TRACKING_DOMAIN, high_water_mark_of
+
+    out: dict[str, Any] = {}
+    for actions in run:
+        if actions.protocol is not None:
+            out[PROTOCOL_EXTRA] = actions.protocol
+        for body in actions.domains:
+            if isinstance(body, dict) and body.get("domain") == ROW_TRACKING_DOMAIN and body.get("removed") is not True:
+                where = f"Delta version {actions.version} ({actions.writer})"
+                out[HIGH_WATER_MARK_EXTRA] = high_water_mark_of(body.get("configuration"), where)
+    return out
+
+
 def _check_run_clustering(view: DataView, run: list[VersionActions]) -> None:
     """A run that clusters the table anew (a `delta.clustering` domain action, Delta Spark's CLUSTER BY) must
     cluster it by nothing dbidx cannot keep (data/delta_domains.py); the clustering at adoption was checked then."""

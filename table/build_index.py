@@ -43,7 +43,8 @@ from dbidx.table.facade import Table
 from dbidx.table.writer import CommitWriter
 from dbidx.progress import Progress, Steps
 from dbidx.storage import layout
-from dbidx.storage.data_view import DELTA_ADOPTED_EXTRA, LAYOUT_EXTRA, SCHEMA_EXTRA
+from dbidx.storage.data_view import ADOPTED_HIGH_WATER_MARK, DELTA_ADOPTED_EXTRA, LAYOUT_EXTRA, SCHEMA_EXTRA
+from dbidx.storage.row_ids import ROW_TRACKING_DOMAIN, high_water_mark_of
 from dbidx.storage.records import ACTION_BUILD_INDEX, CompletedInstant, DataFileRecord
 
 
@@ -256,10 +257,14 @@ def adopt_delta_table(
             f"the Delta table at {table.uri} has no data column {key_column!r} to use as the "
             f"record key (columns: {snapshot.schema.names})"
         )
-    if "clustering" in (snapshot.protocol.get("writerFeatures") or []):
-        where = f"{table.io.path(DELTA_LOG_DIR)} at version {snapshot.version}"
-        columns = clustering_columns(domains_at(table.io, snapshot.version), where)
-        check_clustering(columns, key_column, snapshot.schema, where)
+    features = snapshot.protocol.get("writerFeatures") or []
+    where = f"{table.io.path(DELTA_LOG_DIR)} at version {snapshot.version}"
+    domains = domains_at(table.io, snapshot.version) if {"clustering", "rowTracking"} & set(features) else {}
+    if "clustering" in features:
+        check_clustering(clustering_columns(domains, where), key_column, snapshot.schema, where)
+    adopted_marks = {}
+    if ROW_TRACKING_DOMAIN in domains:
+        adopted_marks[ADOPTED_HIGH_WATER_MARK] = high_water_mark_of(domains[ROW_TRACKING_DOMAIN], where)
     if not snapshot.files:
         raise InvalidInputError(f"the Delta table at {table.uri} has no data files at version {snapshot.version}")
     records, vectors, descriptors = [], {}, {}
@@ -297,8 +302,14 @@ def adopt_delta_table(
                     keys = keys.filter(pa.array(keep))
                     vectors[f.path], descriptors[f.path] = f.deleted, f.dv
                 writer.insert(f.partition, keys, source.record.file_group)
+                spelled = None if f.raw_path == delta_path(f.path) else f.raw_path
                 records.append(
-                    replace(source.record, delta_path=None if f.raw_path == delta_path(f.path) else f.raw_path)
+                    replace(
+                        source.record,
+                        delta_path=spelled,
+                        base_row_id=f.base_row_id,
+                        row_commit_version=f.row_commit_version,
+                    )
                 )
                 files.append(table.io.path(f.path))
                 scope = "" if table.global_index else f.partition
@@ -325,7 +336,7 @@ def adopt_delta_table(
                 "version": snapshot.version,
                 "metaData": snapshot.metadata,
                 "protocol": snapshot.protocol,
-            }
+            } | adopted_marks
     finally:
         table.adopting_delta = False
         table.timeline.before_publish.remove(no_newer)

@@ -183,13 +183,16 @@ def test_features_dbidx_cannot_keep_are_refused(tmp_path: Path) -> None:
                     "minReaderVersion": 3,
                     "minWriterVersion": 7,
                     "readerFeatures": ["deletionVectors"],
-                    "writerFeatures": ["deletionVectors", "rowTracking"],
+                    "writerFeatures": ["deletionVectors", "checkpointProtection"],
                 }
             }
         ],
     )
     # Named: the feature, the version that turned it on, the way to turn it off (data/delta_features.py).
-    with pytest.raises(DeltaFeatureError, match=r"`rowTracking`, turned on by Delta version 1 .*DROP FEATURE rowTrack"):
+    with pytest.raises(
+        DeltaFeatureError,
+        match=r"`checkpointProtection`, turned on by Delta version 1 .*DROP FEATURE checkpointProtection",
+    ):
         build_index(Table.create(str(other), num_shards=1), "id")
     assert not list((other / ".dbidx" / "timeline" / "completed").glob("*.json"))
 

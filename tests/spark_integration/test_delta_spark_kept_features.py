@@ -1,9 +1,10 @@
 """The Delta features dbidx keeps as a writer beyond deletion vectors (issue 60 sections 3 and 4, docs/FORMAT.md
 section 12d): in-commit timestamps (every dbidx commit stamped, monotonic, and Delta Spark's time travel by timestamp
-lands on dbidx's versions), domain metadata (kept through dbidx's versions and checkpoints) and liquid clustering by
+lands on dbidx's versions), domain metadata (kept through dbidx's versions and checkpoints), liquid clustering by
 the key (a table Delta Spark created clustered, with deletion vectors and in-commit timestamps, adopted, upserted,
 re-clustered by Delta Spark's OPTIMIZE and absorbed; clustering by another column refused by name, with the remedy
-working)."""
+working) and row tracking (Delta Spark's row ids unique and the untouched rows' ids stable through dbidx's upserts
+and data compaction, on a dbidx table Delta Spark turned it on for and on an adopted one)."""
 
 from __future__ import annotations
 
@@ -185,3 +186,106 @@ def test_clustering_by_another_column_is_refused_by_name_and_clustering_by_the_k
     table = Table.open(path)
     assert clustering_columns(domains_at(table.io, max(listed_versions(table.io))), "test") == []
     assert set(assert_readers_agree(table, ("id", "v"), spark=spark)) == _rows(model)
+
+
+def _row_ids(spark, path: str) -> dict[str, tuple[int, int]]:
+    """Delta Spark's stable row id and row commit version of every live row, by key (each must be unique)."""
+    rows = spark.read.format("delta").load(path).select("id", "_metadata.row_id", "_metadata.row_commit_version")
+    got = [tuple(r) for r in rows.collect()]
+    assert all(r[1] is not None and r[2] is not None for r in got), "a row without a row id"
+    assert len({r[1] for r in got}) == len(got), "two rows share a row id"
+    assert len({r[0] for r in got}) == len(got)
+    return {r[0]: (r[1], r[2]) for r in got}
+
+
+def _check_row_tracking(spark, table: Table, since: int) -> None:
+    """Every add and remove dbidx logged since `since` carries the file's ids; each version that added files moved
+    the high-water mark to or past every row id in force; commitInfo says whether ids were preserved."""
+    from dbidx.storage.row_ids import ROW_TRACKING_DOMAIN, high_water_mark_of
+
+    mark = -1
+    for v in [v for v in listed_versions(table.io) if v >= since]:
+        actions = [json.loads(line) for line in table.io.read_bytes(version_file(v)).splitlines() if line.strip()]
+        info = actions[0]["commitInfo"]
+        for a in actions:
+            if "domainMetadata" in a and a["domainMetadata"]["domain"] == ROW_TRACKING_DOMAIN:
+                mark = max(mark, high_water_mark_of(a["domainMetadata"]["configuration"], str(v)))
+        if "dbidx" not in info:
+            continue
+        for a in actions:
+            for kind in ("add", "remove"):
+                if kind in a:
+                    assert isinstance(a[kind].get("baseRowId"), int), (v, a)
+                    assert isinstance(a[kind].get("defaultRowCommitVersion"), int), (v, a)
+            if (
+                "add" in a
+                and a["add"]["dataChange"]
+                and not any("remove" in r and r["remove"]["path"] == a["add"]["path"] for r in actions)
+            ):
+                assert a["add"]["defaultRowCommitVersion"] == v and a["add"]["baseRowId"] <= mark
+        if any("add" in a for a in actions):
+            assert info["tags"]["delta.rowTracking.preserved"] in ("true", "false")
+    ids = _row_ids(spark, table.io.path(""))
+    assert max(r for r, _ in ids.values()) <= mark
+
+
+def test_row_tracking_turned_on_by_delta_spark_keeps_row_ids_unique_and_stable(
+    spark, base: Writer, tmp_path: Path
+) -> None:
+    """Delta Spark turns row tracking on (protocol, backfill of every file's baseRowId, the property); dbidx
+    absorbs it, upserts (an update, a delete, inserts) and compacts; Delta Spark inserts in between. Row ids stay
+    unique; a row neither engine touched keeps its id and commit version; an updated row gets a fresh id."""
+    w = _copy(base, tmp_path)
+    since = max(listed_versions(w.table.io)) + 1
+    spark.sql(f"ALTER TABLE delta.`{w.path}` SET TBLPROPERTIES ('delta.enableRowTracking' = 'true')")
+    Table.open(w.path).sync_delta_log()
+    before = _row_ids(spark, w.path)
+    untouched = sorted(before)[:3]
+    w.upsert(
+        [("k5", "d3", 51), ("k6", "d1", 0), ("r1", "d2", 52)], deletes=[False, True, False], table=Table.open(w.path)
+    )
+    spark.sql(f"INSERT INTO delta.`{w.path}` VALUES ('s1', 'd3', 53)")
+    w.model[("d3", "s1")] = 53
+    w.upsert([("s1", "d3", 54), ("r2", "d1", 55)], table=Table.open(w.path))
+    after = _row_ids(spark, w.path)
+    assert all(after[k] == before[k] for k in untouched if k not in ("k5", "k6"))
+    assert after["k5"][0] not in before.values() and after["k5"][1] > before["k5"][1]
+    assert Table.open(w.path).compact_data(min_files=2, deleted_share=0.01).record is not None
+    spark.sql(f"INSERT INTO delta.`{w.path}` VALUES ('s2', 'd1', 56)")
+    w.model[("d1", "s2")] = 56
+    w.upsert([("s2", "d1", 57)], table=Table.open(w.path))
+    table = Table.open(w.path)
+    _check_row_tracking(spark, table, since)
+    view = table.data_view()
+    assert view.tracks_rows() and view.row_id_high_water_mark >= max(r for r, _ in _row_ids(spark, w.path).values())
+    assert table.checkpoint() is not None  # the view's row ids and mark survive its checkpoint form
+    assert Table.open(w.path).data_view().to_dict() == view.to_dict()
+    assert set(assert_readers_agree(table, COLUMNS, spark=spark)) == rows_of(w.model)
+    assert verify_table(table).ok
+
+
+def test_a_delta_spark_table_with_row_tracking_is_adopted_and_keeps_it(spark, tmp_path: Path) -> None:
+    path = str(tmp_path / "t")
+    spark.sql(
+        f"CREATE TABLE delta.`{path}` (id STRING, dt STRING, v BIGINT) USING delta PARTITIONED BY (dt) TBLPROPERTIES "
+        "('delta.enableRowTracking' = 'true', 'delta.enableDeletionVectors' = 'true')"
+    )
+    model = {(f"d{i % 3}", f"a{i:02d}"): i for i in range(30)}
+    spark.createDataFrame([(i, d, v) for (d, i), v in model.items()], "id STRING, dt STRING, v BIGINT").write.format(
+        "delta"
+    ).mode("append").save(path)
+    spark.sql(f"UPDATE delta.`{path}` SET v = v + 100 WHERE id = 'a04'")  # a materialized row id in Delta's file
+    model[("d1", "a04")] += 100
+    build_index(Table.create(path, num_shards=2), "id")
+    before = _row_ids(spark, path)
+    w = Writer.over(path, tmp_path / "c", model)
+    w.upsert([("a04", "d1", 7), ("a05", "d2", 0), ("b01", "d0", 8)], deletes=[False, True, False])
+    spark.sql(f"INSERT INTO delta.`{path}` VALUES ('s1', 'd0', 9)")
+    w.model[("d0", "s1")] = 9
+    w.upsert([("s1", "d0", 10)], table=Table.open(path))
+    after = _row_ids(spark, path)
+    assert after["a07"] == before["a07"] and after["a10"] == before["a10"]
+    table = Table.open(path)
+    _check_row_tracking(spark, table, 0)
+    assert set(assert_readers_agree(table, COLUMNS, spark=spark)) == rows_of(w.model)
+    assert verify_table(table).ok
