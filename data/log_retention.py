@@ -12,6 +12,12 @@ than the cutoff.
 Files are deleted oldest first, so that a crash (or a failing delete) at any point leaves the log a contiguous run
 of versions from some point up; the next run takes the rest. The modification time is the file's (the clock Delta
 Spark and delta-rs use for this); a file whose time the store does not report is never deleted.
+
+With the table feature v2Checkpoint a checkpoint may keep its adds in sidecar files (`_delta_log/_sidecars/`) that
+another checkpoint may name too: the cut-off checkpoint must have every sidecar it names (else it is no starting
+point and an older one is taken), UUID-named checkpoints below it go like classic ones, and a sidecar goes only when
+no checkpoint left names it and it is older than a day as of midnight UTC (PROTOCOL.md "Metadata Cleanup" 4-5: a
+checkpoint being written has written its sidecars first).
 """
 
 from __future__ import annotations

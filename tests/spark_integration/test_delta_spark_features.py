@@ -48,7 +48,6 @@ REFUSED = {
         "inCommitTimestamp",
         "DROP FEATURE inCommitTimestamp",
     ),
-    "v2Checkpoint": ("SET TBLPROPERTIES ('delta.checkpointPolicy' = 'v2')", "v2Checkpoint", "'classic'"),
     "columnMapping": ("SET TBLPROPERTIES ('delta.columnMapping.mode' = 'name')", "columnMapping", "recreate"),
     "typeWidening": ("SET TBLPROPERTIES ('delta.enableTypeWidening' = 'true')", "typeWidening", "TRUNCATE HISTORY"),
 }
