@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from deltalake import DeltaTable
 
 from dbidx.data.delta_actions import from_checkpoint
 from dbidx.data.delta_checkpoint import write_delta_checkpoint
@@ -86,6 +87,8 @@ def test_delta_spark_turns_v2_checkpoints_on_a_dbidx_table_and_both_write_on(spa
     classic = pq.read_table(Path(w.path) / DELTA_LOG_DIR / f"{8:020d}.checkpoint.parquet")
     assert classic.column("checkpointMetadata").drop_null().to_pylist() == [{"version": 8}]
     assert read_checkpoint_pointer(io)["version"] == 8 and "v2Checkpoint" not in read_checkpoint_pointer(io)
+    live = {a.path for a in from_checkpoint(io, 8, {}).adds}  # dbidx reads its own checkpoint back
+    assert live == {f.removeprefix(w.path + "/") for f in DeltaTable(w.path).file_uris()}
     # dbidx's log cleanup from it: Delta Spark's V2 checkpoint and its sidecar, no longer named, go.
     expiry = expire_log(io, RETENTION_MS, _now_later())
     assert expiry.kept_from == 8 and not _uuid_checkpoints(w.path) and not _sidecars(w.path)
