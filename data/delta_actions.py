@@ -19,7 +19,8 @@ from typing import Any
 from pyroaring import BitMap
 
 from dbidx.data.deletion_vectors import DV_PREFIX, decode_vector, vector_body, VectorSlot, z85_decode
-from dbidx.data.delta_log import path_in_table, version_file
+from dbidx.data.delta_checkpoint_files import listed_checkpoints, read_checkpoint
+from dbidx.data.delta_log import DELTA_LOG_DIR, path_in_table, version_file
 from dbidx.errors import CorruptFileError, DeltaFeatureError, InvalidInputError
 from dbidx.storage import layout
 from dbidx.storage.fileio import FileIO
@@ -145,25 +146,27 @@ def expired_version(version: int) -> VersionActions:
 def from_checkpoint(io: FileIO, version: int, known: dict[str, int]) -> VersionActions:
     """Delta version `version`, a checkpoint's, as the actions that turn the data files `known` (path -> rows its
     deletion vector deletes) into the checkpoint's snapshot: what absorbing uses when a log cleanup deleted the JSON
-    of versions the index has not absorbed (the snapshot is all that is left of them)."""
-    from dbidx.data.delta_adopt import checkpoint_snapshot
-
-    where = io.path(f"_delta_log/{version:020d}.checkpoint.parquet")
-    found, live, metadata = checkpoint_snapshot(io, version)
-    if found != version:
+    of versions the index has not absorbed (the snapshot is all that is left of them). Any checkpoint of the version
+    will do (classic, multi-part, or V2 with its sidecars: data/delta_checkpoint_files.py); its protocol comes along,
+    so the features it lists are checked as a JSON version's would be."""
+    found = listed_checkpoints(io.list_names(DELTA_LOG_DIR)).get(version)
+    if not found:
         raise CorruptFileError(
-            f"{where}: _last_checkpoint names version {version}, whose checkpoint is not complete "
+            f"{io.path(DELTA_LOG_DIR)}: _last_checkpoint names version {version}, whose checkpoint is not complete "
             "or missing, and the versions before it are expired: the Delta log is damaged"
         )
+    content = read_checkpoint(io, found[0])
     adds: dict[str, FileAction] = {}
-    for add in live.values():
-        action = _file_action(io, add, "add", where)
+    for add in content.adds:
+        action = _file_action(io, add, "add", content.where)
         adds[action.path] = action
     changed = {p for p, a in adds.items() if p in known and (a.dv or {}).get("cardinality", 0) != known[p]}
     removes = [FileAction(p, p, {}, None, None, True) for p in sorted(known) if p not in adds or p in changed]
     fresh = [a for p, a in sorted(adds.items()) if p not in known or p in changed]
     info = {"operation": "CHECKPOINT (the versions before it expired from the log)", "engineInfo": ""}
-    return VersionActions(version, info, tuple(fresh), tuple(removes), metadata or None, None, synthetic=True)
+    return VersionActions(
+        version, info, tuple(fresh), tuple(removes), content.metadata or None, content.protocol, synthetic=True
+    )
 
 
 def table_relative(io: FileIO, raw: str, where: str) -> str:

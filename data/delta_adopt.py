@@ -3,31 +3,28 @@
 Why a replay of our own beside delta-rs: delta-rs gives the snapshot's files, schema and each file's deleted rows,
 but not the exact `path` string and `deletionVector` descriptor of each file's `add` action, and a later `remove`
 must repeat both exactly (Delta identifies a logical file by its path and its vector's id), or every Delta reader
-would keep the old entry beside dbidx's new one. So the log's JSON versions (from the newest classic checkpoint
-on) are replayed here for those two facts, and the result is checked against delta-rs's snapshot file by file
-(paths, deleted-row counts): a disagreement is an error, never a guess.
+would keep the old entry beside dbidx's new one. So the log's JSON versions (from the newest checkpoint on, a V2
+one and its sidecars included) are replayed here for those two facts, and the result is checked against delta-rs's
+snapshot file by file (paths, deleted-row counts): a disagreement is an error, never a guess.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 from pyroaring import BitMap
 
 from dbidx.data.deletion_vectors import positions_bitmap, z85_decode
+from dbidx.data.delta_checkpoint_files import listed_checkpoints, newest_checkpoint, read_checkpoint
 from dbidx.data.delta_features import check_adoptable, check_versions
 from dbidx.data.delta_log import DELTA_LOG_DIR, listed_versions, path_in_table, version_file
 from dbidx.errors import CorruptFileError, DbidxError, DeltaFeatureError, InvalidInputError
 from dbidx.storage import layout
 from dbidx.storage.fileio import FileIO
-
-_CHECKPOINT_RE = re.compile(r"^(\d{20})\.checkpoint(?:\.(\d{10})\.(\d{10}))?\.parquet$")
 
 
 @dataclass(frozen=True)
@@ -144,8 +141,7 @@ def _row_field(add: dict[str, Any], name: str, where: str) -> int | None:
 def _newest_version(io: FileIO) -> int:
     """The newest version the log's listing names (a commit JSON or a checkpoint); -1 for none."""
     names = io.list_names(DELTA_LOG_DIR)
-    checkpoints = [int(m.group(1)) for m in map(_CHECKPOINT_RE.match, names) if m]
-    return max(listed_versions(io, names) + checkpoints, default=-1)
+    return max(listed_versions(io, names) + list(listed_checkpoints(names)), default=-1)
 
 
 _DV_UUID_CHARS = 20  # a 16-byte uuid in Z85
@@ -206,7 +202,7 @@ def _check_schema(schema: pa.Schema, io: FileIO) -> None:
 
 
 def _replay(io: FileIO, version: int) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
-    """Live `add` actions by raw path, and the metaData action, at `version` (classic checkpoint + JSON versions)."""
+    """Live `add` actions by raw path, and the metaData action, at `version` (newest checkpoint + JSON versions)."""
     start, live, metadata = _from_checkpoint(io, version)
     for v in range(start + 1, version + 1):
         try:
@@ -240,63 +236,14 @@ def _replay(io: FileIO, version: int) -> tuple[dict[str, dict[str, Any]], dict[s
 
 
 def _from_checkpoint(io: FileIO, version: int) -> tuple[int, dict[tuple[Any, str], dict[str, Any]], dict[str, Any]]:
-    """The newest complete classic checkpoint at or below `version`: (its version, live adds, metaData); (-1, {},
-    {}) without one."""
-    parts: dict[int, dict[int, tuple[int, str]]] = {}
-    for name in io.list_names(DELTA_LOG_DIR):
-        m = _CHECKPOINT_RE.match(name)
-        if m and int(m.group(1)) <= version:
-            total = int(m.group(3)) if m.group(3) else 1
-            parts.setdefault(int(m.group(1)), {})[int(m.group(2) or 1)] = (total, name)
-    complete = [v for v, got in parts.items() if all(t == len(got) for t, _n in got.values())]
-    if not complete:
+    """The newest complete checkpoint at or below `version` (classic, multi-part, or UUID-named with its sidecars:
+    data/delta_checkpoint_files.py): (its version, live adds, metaData); (-1, {}, {}) without one."""
+    found = newest_checkpoint(io.list_names(DELTA_LOG_DIR), version)
+    if found is None:
         return -1, {}, {}
-    cp = max(complete)
-    live: dict[tuple[Any, str], dict[str, Any]] = {}
-    metadata: dict[str, Any] = {}
-    for _part, (_total, name) in sorted(parts[cp].items()):
-        where = io.path(DELTA_LOG_DIR + "/" + name)
-        try:
-            checkpoint = pq.read_table(pa.BufferReader(io.read_buffer(f"{DELTA_LOG_DIR}/{name}")))
-            columns = {c: checkpoint.column(c).to_pylist() for c in ("add", "metaData") if c in checkpoint.column_names}
-        except (pa.ArrowException, OSError) as exc:
-            raise CorruptFileError(f"Delta checkpoint {where} is unreadable: {exc}") from exc
-        for row in columns.get("add", []):
-            if row:
-                add = _action_from_checkpoint(row, checkpoint.schema.field("add").type, where)
-                live[(add.get("path"), _dv_id(add.get("deletionVector")))] = add
-        for row in columns.get("metaData", []):
-            if row:
-                metadata = _action_from_checkpoint(row, checkpoint.schema.field("metaData").type, where)
-    return cp, live, metadata
-
-
-def checkpoint_snapshot(io: FileIO, version: int) -> tuple[int, dict[tuple[Any, str], dict[str, Any]], dict[str, Any]]:
-    """The newest complete classic checkpoint at or below `version`: (its version, live `add` actions keyed by (path,
-    vector id), metaData); (-1, {}, {}) without one. What absorbing reads when a log cleanup expired the JSON of
-    versions dbidx had not absorbed yet (table/absorb.py)."""
-    return _from_checkpoint(io, version)
-
-
-def _action_from_checkpoint(value: Any, arrow_type: pa.DataType, where: str) -> Any:
-    """A checkpoint's action row as the JSON action: Parquet maps (partitionValues, tags, configuration, format
-    options) come back from Arrow as lists of (key, value) pairs and become objects again; struct fields that are
-    null are left out, as JSON leaves out a field it does not have (at every level: a vector's absent offset)."""
-    if value is None:
-        return None
-    if pa.types.is_map(arrow_type):
-        try:
-            return {k: _action_from_checkpoint(v, arrow_type.item_type, where) for k, v in value}
-        except (TypeError, ValueError) as exc:
-            raise CorruptFileError(
-                f"Delta checkpoint {where} holds a map that is not key/value pairs: {value!r:.100}"
-            ) from exc
-    if pa.types.is_struct(arrow_type):
-        fields = {f.name: f.type for f in arrow_type}
-        return {k: _action_from_checkpoint(v, fields[k], where) for k, v in value.items() if v is not None}
-    if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type):
-        return [_action_from_checkpoint(v, arrow_type.value_type, where) for v in value]
-    return value
+    content = read_checkpoint(io, found)
+    live = {(add.get("path"), _dv_id(add.get("deletionVector"))): add for add in content.adds}
+    return found.version, live, content.metadata
 
 
 def _dv_id(dv: Any) -> str:

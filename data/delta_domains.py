@@ -14,19 +14,16 @@ next OPTIMIZE of the clustering engine clusters them.
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+from dbidx.data.delta_checkpoint_files import checkpoint_actions, newest_checkpoint
 from dbidx.data.delta_log import DELTA_LOG_DIR, version_file
 from dbidx.errors import CorruptFileError, DeltaFeatureError
-from dbidx.storage.fileio import DECODE_ERRORS, FileIO
+from dbidx.storage.fileio import FileIO
 
 CLUSTERING_DOMAIN = "delta.clustering"
-# Every checkpoint's name: classic, multi-part (<v>.checkpoint.<part>.<parts>.parquet), UUID-named (V2, json/parquet).
-_CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(?:\.(\d{10})\.(\d{10})|\.([0-9a-fA-F-]{36}))?\.(parquet|json)$")
 
 
 def domains_at(io: FileIO, version: int) -> dict[str, str]:
@@ -60,36 +57,16 @@ def apply_domain(domains: dict[str, str], body: Any, where: str) -> None:
 
 
 def _checkpoint_domains(io: FileIO, version: int) -> tuple[int, dict[str, str]]:
-    """The domains of the newest complete checkpoint at or below `version`: (its version, domains); (-1, {})."""
-    found: dict[tuple[int, str], dict[int, tuple[int, str]]] = {}
-    for name in io.list_names(DELTA_LOG_DIR):
-        m = _CHECKPOINT.match(name)
-        if m and int(m.group(1)) <= version:
-            kind = m.group(4) or ("multi" if m.group(2) else "classic")
-            total = int(m.group(3)) if m.group(3) else 1
-            found.setdefault((int(m.group(1)), kind), {})[int(m.group(2) or 1)] = (total, name)
-    complete = sorted(
-        (key for key, parts in found.items() if all(t == len(parts) for t, _n in parts.values())), reverse=True
-    )
-    if not complete:
+    """The domains of the newest checkpoint at or below `version` (any kind: data/delta_checkpoint_files.py; the
+    V2 spec keeps non-file actions in the checkpoint itself, never in sidecars): (its version, domains); (-1, {})."""
+    checkpoint = newest_checkpoint(io.list_names(DELTA_LOG_DIR), version)
+    if checkpoint is None:
         return -1, {}
-    cp, kind = complete[0]
+    where = io.path(f"{DELTA_LOG_DIR}/{checkpoint.names[0]}")
     domains: dict[str, str] = {}
-    for _part, (_total, name) in sorted(found[(cp, kind)].items()):
-        where = io.path(f"{DELTA_LOG_DIR}/{name}")
-        try:
-            if name.endswith(".json"):
-                text = io.read_bytes(f"{DELTA_LOG_DIR}/{name}").decode("utf-8")
-                rows = [json.loads(line).get("domainMetadata") for line in text.splitlines() if line.strip()]
-            else:
-                table = pq.read_table(pa.BufferReader(io.read_buffer(f"{DELTA_LOG_DIR}/{name}")))
-                rows = table.column("domainMetadata").to_pylist() if "domainMetadata" in table.column_names else []
-        except (UnicodeError, ValueError, AttributeError, *DECODE_ERRORS) as exc:
-            raise CorruptFileError(f"Delta checkpoint {where} is unreadable: {exc}") from exc
-        for row in rows:
-            if row is not None:
-                apply_domain(domains, row, where)
-    return cp, domains
+    for body in checkpoint_actions(io, checkpoint, ("domainMetadata",)).get("domainMetadata", []):
+        apply_domain(domains, body, where)
+    return checkpoint.version, domains
 
 
 def clustering_columns(domains: dict[str, str], where: str) -> list[list[str]]:

@@ -187,9 +187,11 @@ FEATURES: dict[str, Feature] = {
         Feature(
             "v2Checkpoint",
             True,
-            "dbidx reads and writes classic checkpoints only; v2 checkpoints and their sidecars it does not read",
-            f"{_ALTER} SET TBLPROPERTIES ('delta.checkpointPolicy' = 'classic'), then "
-            + _TRUNCATE.format(name="v2Checkpoint"),
+            "",
+            "",
+            kept=True,  # dbidx reads V2 checkpoints and their sidecars, writes classic ones (the protocol allows them
+            # beside V2 ones, and forbids only multi-part ones, which dbidx never writes) and its log cleanup keeps
+            # every sidecar a checkpoint left names: data/delta_checkpoint_files.py
         ),
         Feature(
             "checkpointProtection",

@@ -124,13 +124,19 @@ def last_checkpoint_version(io: FileIO) -> int:
     """The version `_delta_log/_last_checkpoint` names (-1 without one), read without listing the log (what every
     commit and catch-up asks: versions up to it exist for Delta readers even when a log cleanup deleted their JSON,
     so dbidx must neither put one of them nor wait for it)."""
-    version = checkpoint_pointer(io)
-    if version < 0:
+    if not io.exists(f"{DELTA_LOG_DIR}/_last_checkpoint"):
         return -1
-    # 1. The usual case in two existence checks: a classic checkpoint file, or the version's JSON still there.
-    if io.exists(f"{DELTA_LOG_DIR}/{version:020d}.checkpoint.parquet") or io.exists(version_file(version)):
+    pointer = read_checkpoint_pointer(io)
+    version = pointer["version"]
+    # 1. The usual case in two existence checks: a classic checkpoint file (or the UUID-named V2 one the pointer's
+    #    `v2Checkpoint.path` names), or the version's JSON still there.
+    v2 = pointer.get("v2Checkpoint")
+    named = v2.get("path") if isinstance(v2, dict) else None
+    if not (isinstance(named, str) and named.startswith(f"{version:020d}.checkpoint.") and "/" not in named):
+        named = f"{version:020d}.checkpoint.parquet"
+    if io.exists(f"{DELTA_LOG_DIR}/{named}") or io.exists(version_file(version)):
         return version
-    # 2. Otherwise a multi-part or V2 checkpoint, or a damaged log: the listing decides (CorruptFileError). Why not
+    # 2. Otherwise a multi-part checkpoint, or a damaged log: the listing decides (CorruptFileError). Why not
     #    always list: this runs at every commit, and the log holds a month of versions by default.
     return checkpoint_floor(io)
 

@@ -57,17 +57,29 @@ def via_delta_spark(spark: Any, path: str, columns: Sequence[str], version: int 
 
 
 def assert_readers_agree(
-    table: Table, columns: Sequence[str], expected: set[tuple] | None = None, spark: Any = None
+    table: Table,
+    columns: Sequence[str],
+    expected: set[tuple] | None = None,
+    spark: Any = None,
+    polars_refuses: str | None = None,
 ) -> list[tuple]:
     """Every reader returns the same rows, without a repeated key (the first column), and `expected` if given;
-    Delta Spark too when the test has the session (`spark`)."""
+    Delta Spark too when the test has the session (`spark`). `polars_refuses`: a reader feature polars refuses by
+    name instead of reading (polars 2.2 checks the protocol's reader features: v2Checkpoint is not among its own)."""
     path = table.io.path("")
     ours = via_dbidx(table, columns)
-    readers = [
-        ("deltalake", via_deltalake(path, columns)),
-        ("polars", via_polars(path, columns)),
-        ("duckdb", via_duckdb(path, columns)),
-    ]
+    readers = [("deltalake", via_deltalake(path, columns)), ("duckdb", via_duckdb(path, columns))]
+    if polars_refuses is None:
+        readers.append(("polars", via_polars(path, columns)))
+    else:
+        from deltalake.exceptions import DeltaProtocolError
+
+        try:
+            via_polars(path, columns)
+        except DeltaProtocolError as exc:
+            assert polars_refuses in str(exc), exc
+        else:
+            raise AssertionError(f"polars read a table with reader feature {polars_refuses}")
     if spark is not None:
         readers.append(("Delta Spark", via_delta_spark(spark, path, columns)))
     for name, rows in readers:

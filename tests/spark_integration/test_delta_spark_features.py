@@ -42,7 +42,6 @@ REFUSED = {
     "appendOnly": ("SET TBLPROPERTIES ('delta.appendOnly' = 'true')", "appendOnly", "'delta.appendOnly' = 'false'"),
     "changeDataFeed": ("SET TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true')", "changeDataFeed", "= 'false'"),
     "checkConstraints": ("ADD CONSTRAINT v_positive CHECK (v >= 0)", "checkConstraints", "DROP CONSTRAINT"),
-    "v2Checkpoint": ("SET TBLPROPERTIES ('delta.checkpointPolicy' = 'v2')", "v2Checkpoint", "'classic'"),
     "columnMapping": ("SET TBLPROPERTIES ('delta.columnMapping.mode' = 'name')", "columnMapping", "recreate"),
     "typeWidening": ("SET TBLPROPERTIES ('delta.enableTypeWidening' = 'true')", "typeWidening", "TRUNCATE HISTORY"),
 }
