@@ -288,6 +288,11 @@ def _current_metadata(
     adopted table keeps its id, creation time and other fields; the configuration is the recorded one once a
     change was recorded (before that, the adopted table's own: the same bytes older dbidx versions derived)."""
     delta_schema = _delta_schema(schema) if schema is not None else {"type": "struct", "fields": []}
+    if view.delta_not_null is not None:  # the NOT NULL columns the Delta schema in force has stay so
+        required = set(view.not_null())
+        for f in delta_schema["fields"]:
+            if f.get("name") in required:
+                f["nullable"] = False
     if configuration is None and view.delta_configuration is not None:
         configuration = view.configuration()
     if view.delta_adopted is not None:

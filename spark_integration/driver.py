@@ -19,7 +19,7 @@ from dbidx.buckets.assigner import BucketSpec
 from dbidx.config import CacheConfig
 from dbidx.counters import gauge
 from dbidx.data import reads
-from dbidx.data.schema import data_columns, encode_schema, evolve, recorded_schema
+from dbidx.data.schema import data_columns, encode_schema, evolve, not_null_columns, recorded_schema
 from dbidx.errors import (
     CommitError,
     ConfigError,
@@ -122,7 +122,18 @@ def make_options(
         buckets=spec,
         cache=cache_config,
         partition_columns=recorded_partition_columns(view, reads.layout_of(table, view)),
+        not_null=not_null_in_force(view),
     )
+
+
+def not_null_in_force(view: DataView) -> tuple[str, ...]:
+    """The NOT NULL columns of the table's Delta schema: as recorded (adoption, absorbed metaData), else, for a
+    table adopted before dbidx recorded them, as its adopted metaData says."""
+    if view.delta_not_null is not None:
+        return tuple(view.not_null())
+    if view.delta_adopted is not None:
+        return tuple(not_null_columns(view.delta_adopted.value["metaData"].get("schemaString")))
+    return ()
 
 
 def recorded_partition_columns(view: DataView, recorded: dict[str, Any] | None) -> tuple[str, ...] | None:

@@ -25,6 +25,7 @@ from dbidx.cache import key_file_sweep
 from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.cache.staging import StagedLoad
 from dbidx.data.key_columns import KeySources
+from dbidx.data.schema import check_not_null
 from dbidx.data.key_files import KeyFiles
 from dbidx.data.superseded import superseded_rows
 from dbidx.errors import CacheCorruptError, CacheServiceError, DbidxError
@@ -220,6 +221,7 @@ def _upsert_rows(
     #    keys and the shard split.
     hashes = spark_hash(options.keys_of(batch))
     batch, dropped = latest_per_key(batch, options, table.global_index, hashes)
+    check_not_null(batch, options.not_null, options.delete_column, f"upsert into {table.uri}")
     if dropped:
         hashes = spark_hash(options.keys_of(batch))
     tagged_parts: list[pa.Table] = []

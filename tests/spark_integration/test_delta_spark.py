@@ -353,3 +353,33 @@ def test_dbidx_adopts_a_table_delta_spark_created_and_both_write_on(spark, tmp_p
     quick_check(spark, w)
     w.touched_update(200)
     full_check(spark, w)
+
+
+def test_not_null_columns_of_a_delta_spark_table_are_enforced_and_kept(spark, tmp_path: Path) -> None:
+    """Before: dbidx upserted a null into a NOT NULL column of an adopted Delta Spark table, and every Delta Spark
+    read of the table then failed (DELTA_NOT_NULL_CONSTRAINT_VIOLATED); a dbidx version with a metaData dropped the
+    constraint. Now the upsert is refused by name with nothing written, delete rows need no value, the constraint
+    stays through dbidx's schema evolution and property changes, and dropping it with Delta Spark is absorbed."""
+    from dbidx.errors import InvalidInputError
+    from dbidx.table.build_index import build_index
+
+    path = str(tmp_path / "t")
+    spark.sql(
+        f"CREATE TABLE delta.`{path}` (id STRING NOT NULL, dt STRING, v BIGINT NOT NULL) USING delta "
+        "PARTITIONED BY (dt) TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')"
+    )
+    spark.sql(f"INSERT INTO delta.`{path}` VALUES ('a', 'd1', 1), ('b', 'd2', 2), ('c', 'd1', 3)")
+    build_index(Table.create(path, num_shards=1), "id")
+    w = Writer.over(path, tmp_path / "c", {("d1", "a"): 1, ("d2", "b"): 2, ("d1", "c"): 3})
+    with pytest.raises(InvalidInputError, match=r"column 'v' is NOT NULL .*1 row\(s\) .*no row was written"):
+        w.upsert([("a", "d1", None), ("n", "d2", 4)], table=Table.open(path))  # type: ignore[list-item]
+    assert set(via_delta_spark(spark, path, COLUMNS)) == rows_of(w.model)  # (the model kept the refused rows out)
+    w.upsert([("c", "d1", None)], deletes=[True], table=Table.open(path))  # type: ignore[list-item]
+    Table.open(path).set_delta_properties({"owner": "team-a"})  # a metaData version of dbidx's
+    with pytest.raises(Exception, match="NOT_NULL_CONSTRAINT_VIOLATED"):
+        spark.sql(f"INSERT INTO delta.`{path}` VALUES ('z', 'd1', NULL)")
+    assert set(via_delta_spark(spark, path, COLUMNS)) == rows_of(w.model)
+    spark.sql(f"ALTER TABLE delta.`{path}` ALTER COLUMN v DROP NOT NULL")
+    Table.open(path).sync_delta_log()
+    w.upsert([("a", "d1", None)], table=Table.open(path))  # type: ignore[list-item]
+    assert set(via_delta_spark(spark, path, COLUMNS)) == rows_of(w.model) and ("a", "d1", None) in rows_of(w.model)
