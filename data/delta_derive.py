@@ -288,11 +288,8 @@ def _current_metadata(
     adopted table keeps its id, creation time and other fields; the configuration is the recorded one once a
     change was recorded (before that, the adopted table's own: the same bytes older dbidx versions derived)."""
     delta_schema = _delta_schema(schema) if schema is not None else {"type": "struct", "fields": []}
-    if view.delta_not_null is not None:  # the NOT NULL columns the Delta schema in force has stay so
-        required = set(view.not_null())
-        for f in delta_schema["fields"]:
-            if f.get("name") in required:
-                f["nullable"] = False
+    if view.delta_schema_string is not None:
+        delta_schema = _kept_fields(delta_schema, view.delta_schema_string.value)
     if configuration is None and view.delta_configuration is not None:
         configuration = view.configuration()
     if view.delta_adopted is not None:
@@ -308,6 +305,21 @@ def _current_metadata(
         partition_columns,
         DEFAULT_CONFIGURATION if configuration is None else configuration,
     )
+
+
+def _kept_fields(derived: dict[str, Any], in_force: str) -> dict[str, Any]:
+    """The derived schema with each column the schemaString in force has taken from it as written (its NOT NULL,
+    comment and other metadata: a writer keeps what it does not change); dbidx's new columns as derived. Why not
+    the derived form alone: it knows Arrow's types and nothing else, and would drop a NOT NULL constraint (after
+    which Delta Spark accepts nulls there) or a column's comment with every dbidx metaData."""
+    try:
+        fields = json.loads(in_force).get("fields")
+    except (ValueError, AttributeError):
+        fields = None
+    if not isinstance(fields, list):
+        return derived
+    written = {f.get("name"): f for f in fields if isinstance(f, dict) and isinstance(f.get("name"), str)}
+    return dict(derived, fields=[written.get(f.get("name"), f) for f in derived["fields"]])
 
 
 def _metadata(

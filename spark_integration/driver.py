@@ -128,9 +128,9 @@ def make_options(
 
 def not_null_in_force(view: DataView) -> tuple[str, ...]:
     """The NOT NULL columns of the table's Delta schema: as recorded (adoption, absorbed metaData), else, for a
-    table adopted before dbidx recorded them, as its adopted metaData says."""
-    if view.delta_not_null is not None:
-        return tuple(view.not_null())
+    table adopted before dbidx recorded it, as its adopted metaData says."""
+    if view.delta_schema_string is not None:
+        return tuple(not_null_columns(view.delta_schema_string.value))
     if view.delta_adopted is not None:
         return tuple(not_null_columns(view.delta_adopted.value["metaData"].get("schemaString")))
     return ()

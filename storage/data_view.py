@@ -93,9 +93,10 @@ class DataView:
         # adopted one, or dbidx's own), and the row-id high-water mark (-1: no row id assigned yet).
         self.delta_protocol: Recorded | None = None
         self.row_id_high_water_mark = -1
-        # The columns the Delta schema in force declares NOT NULL (nullable false): the adopted table's, or as
-        # another engine's absorbed metaData last set them (NOT_NULL_EXTRA); None: none recorded.
-        self.delta_not_null: Recorded | None = None
+        # The Delta schemaString in force as another engine wrote it (the adopted table's, or its newest absorbed
+        # metaData's: SCHEMA_STRING_EXTRA), whose columns' NOT NULL, comments and other metadata dbidx's own metaData
+        # keeps (data/delta_derive.py) and whose NOT NULL columns upserts must fill; None: none recorded.
+        self.delta_schema_string: Recorded | None = None
         # Live data files whose vector in the Delta log is not the view's (LOG_VECTORS_EXTRA): the log's descriptor.
         self._log_dv: dict[str, dict[str, Any] | None] = {}
 
@@ -159,15 +160,11 @@ class DataView:
                 self.row_id_high_water_mark = self.delta_adopted.value.get(ADOPTED_HIGH_WATER_MARK, -1)
             if rec.action == ACTION_ABSORB:
                 self._absorb_row_tracking(rec)
-            if rec.action in (ACTION_ABSORB, ACTION_BUILD_INDEX) and NOT_NULL_EXTRA in rec.extra:
-                self.delta_not_null = Recorded(
-                    _names(rec.extra[NOT_NULL_EXTRA], f"completion {rec.seq} ({rec.instant})"), rec.seq, rec.instant
+            if rec.action in (ACTION_ABSORB, ACTION_BUILD_INDEX) and SCHEMA_STRING_EXTRA in rec.extra:
+                self.delta_schema_string = Recorded(
+                    _text(rec.extra[SCHEMA_STRING_EXTRA], f"completion {rec.seq} ({rec.instant})"), rec.seq, rec.instant
                 )
             self.applied_seq = rec.seq
-
-    def not_null(self) -> list[str]:
-        """The top-level columns the Delta schema in force declares NOT NULL (an upsert's rows must fill them)."""
-        return list(self.delta_not_null.value) if self.delta_not_null is not None else []
 
     def protocol(self) -> dict[str, Any] | None:
         """The Delta protocol in force as far as dbidx records it: another engine's newest absorbed one, else the
@@ -389,7 +386,11 @@ class DataView:
             | ({LOG_VECTORS_EXTRA: dict(sorted(self._log_dv.items()))} if self._log_dv else {})
             | ({"delta_protocol": _recorded_dict(self.delta_protocol)} if self.delta_protocol is not None else {})
             | ({HIGH_WATER_MARK_EXTRA: self.row_id_high_water_mark} if self.row_id_high_water_mark >= 0 else {})
-            | ({NOT_NULL_EXTRA: _recorded_dict(self.delta_not_null)} if self.delta_not_null is not None else {})
+            | (
+                {SCHEMA_STRING_EXTRA: _recorded_dict(self.delta_schema_string)}
+                if self.delta_schema_string is not None
+                else {}
+            )
         )
 
     @classmethod
@@ -415,10 +416,10 @@ class DataView:
                     LOG_VECTORS_EXTRA,
                     "delta_protocol",
                     HIGH_WATER_MARK_EXTRA,
-                    NOT_NULL_EXTRA,
+                    SCHEMA_STRING_EXTRA,
                 },
                 optional={
-                    NOT_NULL_EXTRA,
+                    SCHEMA_STRING_EXTRA,
                     "delta_adopted",
                     "delta_configuration",
                     LOG_VECTORS_EXTRA,
@@ -488,9 +489,9 @@ class DataView:
             if view.delta_protocol is not None and not isinstance(view.delta_protocol.value, dict):
                 raise FieldError("data.delta_protocol is not a Delta protocol")
             view.row_id_high_water_mark = parse_int(d.get(HIGH_WATER_MARK_EXTRA, -1), "data.row_id_high_water_mark", -1)
-            view.delta_not_null = _recorded(d.get(NOT_NULL_EXTRA), f"data.{NOT_NULL_EXTRA}")
-            if view.delta_not_null is not None:
-                _names(view.delta_not_null.value, f"data.{NOT_NULL_EXTRA}")
+            view.delta_schema_string = _recorded(d.get(SCHEMA_STRING_EXTRA), f"data.{SCHEMA_STRING_EXTRA}")
+            if view.delta_schema_string is not None:
+                _text(view.delta_schema_string.value, f"data.{SCHEMA_STRING_EXTRA}")
             return view
         except (FieldError, ValueError, TypeError) as exc:
             raise CorruptFileError(f"checkpoint {where}: its data view is not valid: {exc}") from exc
@@ -504,15 +505,14 @@ def _check_outside_meta(path: str, rec: CompletedInstant | None) -> None:
         raise CorruptFileError(f"{where} lists {path!r} as a data file, inside the metadata folder {layout.META_DIR}")
 
 
-# The columns a Delta schemaString declares NOT NULL, recorded by the adoption, by each absorbed metaData, and by
-# each dbidx completion that writes a metaData (which keeps them so: data/delta_derive.py).
-NOT_NULL_EXTRA = "delta_not_null"
+# The Delta schemaString another engine's metaData holds, recorded by the adoption and by each absorbed metaData.
+SCHEMA_STRING_EXTRA = "delta_schema_string"
 
 
-def _names(value: Any, where: str) -> list[str]:
-    if not isinstance(value, list) or not all(isinstance(n, str) and n for n in value):
-        raise CorruptFileError(f"{where}: its {NOT_NULL_EXTRA} is not a list of column names: {value!r:.200}")
-    return list(value)
+def _text(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise CorruptFileError(f"{where}: its {SCHEMA_STRING_EXTRA} is not a Delta schemaString: {value!r:.200}")
+    return value
 
 
 DELTA_ADOPTED_EXTRA = "delta_adopted"

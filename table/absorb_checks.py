@@ -14,7 +14,7 @@ from dbidx.data.delta_actions import FileAction, VersionActions
 from dbidx.data.schema import recorded_schema
 from dbidx.errors import CorruptFileError, DeltaFeatureError, InvalidInputError
 from dbidx.storage import layout
-from dbidx.storage.data_view import DELTA_CONFIGURATION_EXTRA, NOT_NULL_EXTRA, DataView, check_configuration
+from dbidx.storage.data_view import DELTA_CONFIGURATION_EXTRA, SCHEMA_STRING_EXTRA, DataView, check_configuration
 
 
 def _check_metadata(
@@ -43,11 +43,8 @@ def _check_metadata(
     configuration = check_configuration(configuration, where)
     if configuration != extra.get(DELTA_CONFIGURATION_EXTRA, view.configuration()):
         extra[DELTA_CONFIGURATION_EXTRA] = configuration
-    from dbidx.data.schema import not_null_columns
-
-    required = not_null_columns(meta.get("schemaString"))
-    if required or view.delta_not_null is not None or NOT_NULL_EXTRA in extra:
-        extra[NOT_NULL_EXTRA] = required  # (the Delta schema's NOT NULL columns: upserts must fill them)
+    if isinstance(meta.get("schemaString"), str) and meta["schemaString"]:
+        extra[SCHEMA_STRING_EXTRA] = meta["schemaString"]  # its columns' NOT NULL and metadata stay (delta_derive)
     schema = _arrow_schema(meta, where)
     if schema is None:
         return

@@ -26,7 +26,7 @@ from dbidx.data.delta_domains import check_clustering, clustering_columns, domai
 from dbidx.data.delta_log import DELTA_LOG_DIR
 from dbidx.data.delta_derive import delta_path, initial_version
 from dbidx.data.delta_log import version_file
-from dbidx.data.schema import check_distinct_names, encode_schema, not_null_columns
+from dbidx.data.schema import check_distinct_names, encode_schema
 from dbidx.data.source_files import PARQUET_SUFFIX, SourceFile, file_group_of, read_source  # noqa: F401
 
 # (file_group_of is imported from here too: its home before data/source_files.py)
@@ -47,7 +47,7 @@ from dbidx.storage.data_view import (
     ADOPTED_HIGH_WATER_MARK,
     DELTA_ADOPTED_EXTRA,
     LAYOUT_EXTRA,
-    NOT_NULL_EXTRA,
+    SCHEMA_STRING_EXTRA,
     SCHEMA_EXTRA,
 )
 from dbidx.storage.row_ids import ROW_TRACKING_DOMAIN, high_water_mark_of
@@ -338,8 +338,8 @@ def adopt_delta_table(
             writer.extra["source_files"] = len(records)
             writer.extra[LAYOUT_EXTRA] = {"key": key_column, "partition_columns": snapshot.partition_columns}
             writer.extra[SCHEMA_EXTRA] = encode_schema(pa.schema([f.with_nullable(True) for f in snapshot.schema]))
-            if required := not_null_columns(snapshot.metadata.get("schemaString")):
-                writer.extra[NOT_NULL_EXTRA] = required
+            if isinstance(snapshot.metadata.get("schemaString"), str) and snapshot.metadata["schemaString"]:
+                writer.extra[SCHEMA_STRING_EXTRA] = snapshot.metadata["schemaString"]
             writer.extra[DELTA_ADOPTED_EXTRA] = {
                 "version": snapshot.version,
                 "metaData": snapshot.metadata,

@@ -358,14 +358,18 @@ def test_dbidx_adopts_a_table_delta_spark_created_and_both_write_on(spark, tmp_p
 def test_not_null_columns_of_a_delta_spark_table_are_enforced_and_kept(spark, tmp_path: Path) -> None:
     """Before: dbidx upserted a null into a NOT NULL column of an adopted Delta Spark table, and every Delta Spark
     read of the table then failed (DELTA_NOT_NULL_CONSTRAINT_VIOLATED); a dbidx version with a metaData dropped the
-    constraint. Now the upsert is refused by name with nothing written, delete rows need no value, the constraint
-    stays through dbidx's schema evolution and property changes, and dropping it with Delta Spark is absorbed."""
+    constraint and the columns' comments. Now the upsert is refused by name with no row written, delete rows need
+    no value, the constraint and the comment stay through dbidx's property changes, and dropping the constraint
+    with Delta Spark is absorbed."""
+    import pyarrow as pa
+
     from dbidx.errors import InvalidInputError
+    from dbidx.spark_integration.local import upsert_arrow
     from dbidx.table.build_index import build_index
 
     path = str(tmp_path / "t")
     spark.sql(
-        f"CREATE TABLE delta.`{path}` (id STRING NOT NULL, dt STRING, v BIGINT NOT NULL) USING delta "
+        f"CREATE TABLE delta.`{path}` (id STRING NOT NULL, dt STRING, v BIGINT NOT NULL COMMENT 'the value') USING delta "
         "PARTITIONED BY (dt) TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')"
     )
     spark.sql(f"INSERT INTO delta.`{path}` VALUES ('a', 'd1', 1), ('b', 'd2', 2), ('c', 'd1', 3)")
@@ -383,3 +387,9 @@ def test_not_null_columns_of_a_delta_spark_table_are_enforced_and_kept(spark, tm
     Table.open(path).sync_delta_log()
     w.upsert([("a", "d1", None)], table=Table.open(path))  # type: ignore[list-item]
     assert set(via_delta_spark(spark, path, COLUMNS)) == rows_of(w.model) and ("a", "d1", None) in rows_of(w.model)
+    batch = pa.table({"id": ["b"], "dt": ["d2"], "v": pa.array([20], pa.int64()), "w": ["x"]})
+    upsert_arrow(batch, Table.open(path), key="id", partition="dt", cache_config=w.config)  # a new column
+    with pytest.raises(Exception, match="NOT_NULL_CONSTRAINT_VIOLATED"):
+        spark.sql(f"INSERT INTO delta.`{path}` VALUES (NULL, 'd1', 5, 'y')")
+    comments = {r["col_name"]: r["comment"] for r in spark.sql(f"DESCRIBE TABLE delta.`{path}`").collect()}
+    assert comments["v"] == "the value" and "w" in comments  # the columns' metadata kept through dbidx's metaData
