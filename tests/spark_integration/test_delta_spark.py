@@ -369,8 +369,8 @@ def test_not_null_columns_of_a_delta_spark_table_are_enforced_and_kept(spark, tm
 
     path = str(tmp_path / "t")
     spark.sql(
-        f"CREATE TABLE delta.`{path}` (id STRING NOT NULL, dt STRING, v BIGINT NOT NULL COMMENT 'the value') USING delta "
-        "PARTITIONED BY (dt) TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')"
+        f"CREATE TABLE delta.`{path}` (id STRING NOT NULL, dt STRING, v BIGINT NOT NULL COMMENT 'the value') "
+        "USING delta PARTITIONED BY (dt) TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')"
     )
     spark.sql(f"INSERT INTO delta.`{path}` VALUES ('a', 'd1', 1), ('b', 'd2', 2), ('c', 'd1', 3)")
     build_index(Table.create(path, num_shards=1), "id")
