@@ -165,9 +165,12 @@ def test_demo_runs(tmp_path):
     assert report["index_bytes_per_entry"] == report["mdt_bytes_per_entry"] > 0  # 0.1's name, kept for 0.2
     assert [b["via"] for b in report["batches"]] == ["batch", "streaming", "batch"]
     assert report["batches"][0]["inserts"] == 100 and all(b["updates"] > 0 for b in report["batches"][1:])
-    # The same table through the Delta log: polars and duckdb (dev dependencies) see exactly the checked rows.
-    assert report["other_readers"] == {"polars": report["rows_checked"], "duckdb": report["rows_checked"]}
+    # The same table through the Delta log: polars, duckdb and Delta Spark (dev dependencies; Delta Spark in a
+    # process of its own) see exactly the checked rows.
+    checked = report["rows_checked"]
+    assert report["other_readers"] == {"polars": checked, "duckdb": checked, "Delta Spark": checked}
     assert "open table: polars reads the same" in result.stderr and "open table: duckdb" in result.stderr
+    assert "open table: Delta Spark reads the same" in result.stderr
     # It ends with a picture: batch time and cache hit rate per batch (matplotlib is a dev dependency).
     assert Path(report["chart"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "chart: " in result.stderr
     runner = CliRunner()
