@@ -26,11 +26,12 @@ from dbidx.storage.fileio import FileIO
 CLUSTERING_DOMAIN = "delta.clustering"
 
 
-def domains_at(io: FileIO, version: int) -> dict[str, str]:
+def domains_at(io: FileIO, version: int, origins: dict[str, str] | None = None) -> dict[str, str]:
     """Each live domain at `version` -> its configuration: the newest complete checkpoint at or below it, then the
     JSON versions after it (a domain's last action wins; `removed` drops it). Damage, and a version missing
-    between them, is a CorruptFileError naming the file."""
-    start, domains = _checkpoint_domains(io, version)
+    between them, is a CorruptFileError naming the file. `origins`, when given, gets each live domain's file (for
+    naming one whose content is damaged)."""
+    start, domains = _checkpoint_domains(io, version, origins)
     for v in range(start + 1, version + 1):
         where = io.path(version_file(v))
         try:
@@ -41,6 +42,8 @@ def domains_at(io: FileIO, version: int) -> dict[str, str]:
         for action in actions:
             if isinstance(action, dict) and "domainMetadata" in action:
                 apply_domain(domains, action["domainMetadata"], where)
+                if origins is not None:
+                    origins[str(action["domainMetadata"]["domain"])] = where
     return domains
 
 
@@ -56,7 +59,7 @@ def apply_domain(domains: dict[str, str], body: Any, where: str) -> None:
     domains[body["domain"]] = configuration
 
 
-def _checkpoint_domains(io: FileIO, version: int) -> tuple[int, dict[str, str]]:
+def _checkpoint_domains(io: FileIO, version: int, origins: dict[str, str] | None) -> tuple[int, dict[str, str]]:
     """The domains of the newest checkpoint at or below `version` (any kind: data/delta_checkpoint_files.py; the
     V2 spec keeps non-file actions in the checkpoint itself, never in sidecars): (its version, domains); (-1, {})."""
     checkpoint = newest_checkpoint(io.list_names(DELTA_LOG_DIR), version)
@@ -66,6 +69,8 @@ def _checkpoint_domains(io: FileIO, version: int) -> tuple[int, dict[str, str]]:
     domains: dict[str, str] = {}
     for body in checkpoint_actions(io, checkpoint, ("domainMetadata",)).get("domainMetadata", []):
         apply_domain(domains, body, where)
+        if origins is not None:
+            origins[str(body["domain"])] = where
     return checkpoint.version, domains
 
 

@@ -114,6 +114,7 @@ def check_run_features(view: DataView, run: list[VersionActions]) -> None:
 def row_tracking_extras(run: list[VersionActions]) -> dict[str, Any]:
     """What the absorb record keeps of the run for row tracking (storage/row_ids.py): the protocol its newest
     protocol action set, and the row-id high-water mark its newest `delta.rowTracking` domain action left."""
+    from dbidx.data.delta_log import version_file
     from dbidx.storage.row_ids import HIGH_WATER_MARK_EXTRA, PROTOCOL_EXTRA, ROW_TRACKING_DOMAIN, high_water_mark_of
 
     out: dict[str, Any] = {}
@@ -122,7 +123,7 @@ def row_tracking_extras(run: list[VersionActions]) -> dict[str, Any]:
             out[PROTOCOL_EXTRA] = actions.protocol
         for body in actions.domains:
             if isinstance(body, dict) and body.get("domain") == ROW_TRACKING_DOMAIN and body.get("removed") is not True:
-                where = f"Delta version {actions.version} ({actions.writer})"
+                where = f"Delta version {actions.version} ({actions.writer}, {version_file(actions.version)})"
                 out[HIGH_WATER_MARK_EXTRA] = high_water_mark_of(body.get("configuration"), where)
     return out
 

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from dbidx.data.delta_actions import read_version
 from dbidx.data.delta_adopt import is_foreign_delta_table, read_snapshot
-from dbidx.data.delta_domains import check_clustering, clustering_columns, domains_at
+from dbidx.data.delta_domains import CLUSTERING_DOMAIN, check_clustering, clustering_columns, domains_at
 from dbidx.data.delta_log import DELTA_LOG_DIR
 from dbidx.data.delta_derive import delta_path, initial_version
 from dbidx.data.delta_log import version_file
@@ -265,12 +265,15 @@ def adopt_delta_table(
         )
     features = snapshot.protocol.get("writerFeatures") or []
     where = f"{table.io.path(DELTA_LOG_DIR)} at version {snapshot.version}"
-    domains = domains_at(table.io, snapshot.version) if {"clustering", "rowTracking"} & set(features) else {}
+    origins: dict[str, str] = {}  # each domain's file, to name a damaged one
+    domains = domains_at(table.io, snapshot.version, origins) if {"clustering", "rowTracking"} & set(features) else {}
     if "clustering" in features:
-        check_clustering(clustering_columns(domains, where), key_column, snapshot.schema, where)
+        columns = clustering_columns(domains, origins.get(CLUSTERING_DOMAIN, where))
+        check_clustering(columns, key_column, snapshot.schema, where)
     adopted_marks = {}
     if ROW_TRACKING_DOMAIN in domains:
-        adopted_marks[ADOPTED_HIGH_WATER_MARK] = high_water_mark_of(domains[ROW_TRACKING_DOMAIN], where)
+        mark = high_water_mark_of(domains[ROW_TRACKING_DOMAIN], origins.get(ROW_TRACKING_DOMAIN, where))
+        adopted_marks[ADOPTED_HIGH_WATER_MARK] = mark
     if not snapshot.files:
         raise InvalidInputError(f"the Delta table at {table.uri} has no data files at version {snapshot.version}")
     records, vectors, descriptors = [], {}, {}

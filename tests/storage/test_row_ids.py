@@ -73,3 +73,29 @@ def test_a_damaged_row_id_in_the_log_is_refused_at_adoption(tmp_path: Path) -> N
     (path / "_delta_log" / f"{version:020d}.json").write_text("".join(json.dumps(a) + "\n" for a in actions))
     with pytest.raises(CorruptFileError, match=r"invalid baseRowId \(-3\)"):
         build_index(Table.create(str(path), num_shards=1), "id")
+
+
+def test_a_row_tracking_domain_with_a_wrong_type_is_named_exit_4(tmp_path: Path) -> None:
+    """A crafted `delta.rowTracking` domain (the mark a string): `dbidx build-index` names the version file, exit 4,
+    and nothing is written."""
+    from click.testing import CliRunner
+
+    from dbidx.cli import main
+
+    path = tmp_path / "t"
+    write_deltalake(str(path), pa.table({"id": ["a"], "v": pa.array([1], pa.int64())}))
+    protocol = {
+        "minReaderVersion": 3,
+        "minWriterVersion": 7,
+        "readerFeatures": ["deletionVectors"],
+        "writerFeatures": ["deletionVectors", "domainMetadata", "rowTracking"],
+    }
+    domain = {"domain": "delta.rowTracking", "configuration": '{"rowIdHighWaterMark":"9"}', "removed": False}
+    actions = [{"commitInfo": {"operation": "crafted"}}, {"protocol": protocol}, {"domainMetadata": domain}]
+    (path / "_delta_log" / f"{1:020d}.json").write_text("".join(json.dumps(a) + "\n" for a in actions))
+    result = CliRunner().invoke(main, ["build-index", str(path), "--key", "id"])
+    assert result.exit_code == 4, result.output
+    assert "00000000000000000001.json" in result.output and "rowIdHighWaterMark" in result.output
+    assert not (path / ".dbidx" / "timeline" / "completed").exists() or not list(
+        (path / ".dbidx" / "timeline" / "completed").glob("*.json")
+    )
