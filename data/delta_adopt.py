@@ -18,12 +18,14 @@ from typing import Any
 import pyarrow as pa
 from pyroaring import BitMap
 
+from dbidx.data.column_mapping import mapped_names, mapping_mode
 from dbidx.data.deletion_vectors import positions_bitmap, z85_decode
 from dbidx.data.delta_checkpoint_files import listed_checkpoints, newest_checkpoint, read_checkpoint
 from dbidx.data.delta_features import check_adoptable, check_versions
 from dbidx.data.delta_log import DELTA_LOG_DIR, listed_versions, path_in_table, version_file
 from dbidx.errors import CorruptFileError, DbidxError, DeltaFeatureError, InvalidInputError
 from dbidx.storage import layout
+from dbidx.storage.column_names import ColumnNames
 from dbidx.storage.fileio import FileIO
 
 
@@ -91,6 +93,11 @@ def read_snapshot(io: FileIO) -> DeltaSnapshot:
     #    vector checked to be inline or inside the table before anything (delta-rs included) opens one.
     live, metadata = _replay(io, version)
     partition_columns = list(metadata.get("partitionColumns") or [])
+    # Column mapping by name: the files and the partition values name the columns physically (the check of the
+    # features, below, refuses what dbidx cannot map); the table's FileIO reads its files so from here on.
+    configuration = dict(metadata.get("configuration") or {})
+    if mapping_mode(configuration) == "name" and isinstance(metadata.get("schemaString"), str):
+        io.column_names = mapped_names(metadata["schemaString"])
     _check_schema(schema, io)
     check_adoptable(io, version, protocol, metadata)  # every feature dbidx cannot keep, named (data/delta_features.py)
     # 3. Checked against delta-rs: the same files; every vector deletes as many rows as delta-rs says.
@@ -126,7 +133,7 @@ def read_snapshot(io: FileIO) -> DeltaSnapshot:
             )
         base_row_id = _row_field(add, "baseRowId", io.path(path))
         row_version = _row_field(add, "defaultRowCommitVersion", io.path(path))
-        partition = _partition_of(add, partition_columns, io.path(path))
+        partition = _partition_of(add, partition_columns, io.path(path), io.column_names)
         files.append(AdoptedFile(path, raw, partition, int(add["size"]), dv, rows, base_row_id, row_version))
     return DeltaSnapshot(version, protocol, metadata, schema, partition_columns, files)
 
@@ -283,9 +290,11 @@ def _deleted_rows(table: Any, io: FileIO) -> dict[str, BitMap]:
     return out
 
 
-def _partition_of(add: dict[str, Any], columns: list[str], where: str) -> str:
+def _partition_of(add: dict[str, Any], columns: list[str], where: str, io_names: ColumnNames | None = None) -> str:
     """A file's partition as dbidx names partitions: `col=value/...` from its partitionValues."""
     values = add.get("partitionValues") or {}
+    if io_names is not None:
+        values = {c: values.get(io_names.physical(c)) for c in columns}
     segments = []
     for column in columns:
         value = values.get(column)

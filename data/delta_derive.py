@@ -19,6 +19,7 @@ from urllib.parse import quote
 
 import pyarrow as pa
 
+from dbidx.data.column_mapping import column_names_of
 from dbidx.data.deletion_vectors import inline_form
 from dbidx.data.schema import recorded_schema
 from dbidx.errors import CorruptFileError
@@ -142,7 +143,8 @@ def version_for(
             raise CorruptFileError(
                 f"completion {record.seq} ({record.instant}) changes the table properties but records no configuration"
             )
-        return encode(actions + [_current_metadata(shape, view, after_schema, partition_columns, configuration)])
+        metadata = _current_metadata(shape, view, after_schema, partition_columns, configuration)
+        return encode(_physical(actions, view) + [metadata])
     if after_schema is not None and (view.schema is None or "schema" in record.extra):
         actions.insert(1, _current_metadata(shape, view, after_schema, partition_columns, None))
     dv_files = {f.path: f for f in record.dv_files}
@@ -182,7 +184,31 @@ def version_for(
         # Rows updated (a new vector on a live file) or copied (a compaction) get fresh ids: not preserved.
         copied = record.action == ACTION_DATA_COMPACTION or (not moving and bool(set(vectors) - new_paths))
         actions[0]["commitInfo"]["tags"] = {"delta.rowTracking.preserved": "false" if copied else "true"}
-    return encode(actions)
+    return encode(_physical(actions, view))
+
+
+def _physical(actions: list[dict[str, Any]], view: DataView) -> list[dict[str, Any]]:
+    """Under column mapping by name (data/column_mapping.py), the partition values and statistics of the adds and
+    removes keyed by the columns' physical names, as the protocol asks; the actions as they are otherwise."""
+    names = column_names_of(view)
+    if names is None:
+        return actions
+    out = []
+    for action in actions:
+        kind = "add" if "add" in action else "remove" if "remove" in action else None
+        if kind is None:
+            out.append(action)
+            continue
+        body = dict(action[kind])
+        body["partitionValues"] = {names.physical(k): v for k, v in body["partitionValues"].items()}
+        if "stats" in body:
+            stats = json.loads(body["stats"])
+            for part in ("minValues", "maxValues", "nullCount"):
+                if part in stats:
+                    stats[part] = {names.physical(k): v for k, v in stats[part].items()}
+            body["stats"] = json.dumps(stats, sort_keys=True, separators=(",", ":"))
+        out.append({kind: body})
+    return out
 
 
 def _logged(view: DataView, path: str, body: Callable[[DvRef], bytes]) -> dict[str, Any] | None:

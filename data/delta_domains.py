@@ -21,6 +21,7 @@ import pyarrow as pa
 from dbidx.data.delta_checkpoint_files import checkpoint_actions, newest_checkpoint
 from dbidx.data.delta_log import DELTA_LOG_DIR, version_file
 from dbidx.errors import CorruptFileError, DeltaFeatureError
+from dbidx.storage.column_names import ColumnNames
 from dbidx.storage.fileio import FileIO
 
 CLUSTERING_DOMAIN = "delta.clustering"
@@ -90,9 +91,17 @@ def clustering_columns(domains: dict[str, str], where: str) -> list[list[str]]:
     return columns
 
 
+def logical_columns(columns: list[list[str]], names: ColumnNames | None) -> list[list[str]]:
+    """Clustering columns as the table names them (the domain names them physically under column mapping)."""
+    if names is None:
+        return columns
+    logical = {physical: name for name, (physical, _id) in names.columns.items()}
+    return [[logical.get(c[0], c[0]), *c[1:]] for c in columns]
+
+
 def check_clustering(columns: list[list[str]], key: str | None, schema: pa.Schema | None, where: str) -> None:
     """Refuse a table clustered by columns dbidx writes no statistics for (module docstring): every clustering
-    column must be the key, a string column."""
+    column must be the key, a string column (`columns` in the table's names: `logical_columns`)."""
     key_is_string = (
         key is not None
         and schema is not None

@@ -61,8 +61,15 @@ def _column_metadata(*keys: str) -> Callable[[dict[str, str], str], str | None]:
     return check
 
 
-def _column_mapping(configuration: dict[str, str], _schema: str) -> str | None:
-    mode = str(configuration.get("delta.columnMapping.mode", "none"))
+def _column_mapping(configuration: dict[str, str], schema: str) -> str | None:
+    """Column mapping by name is kept for top-level columns (data/column_mapping.py); `id` mode and nested columns
+    renamed in the files are not."""
+    from dbidx.data.column_mapping import mapping_mode, nested_renames
+
+    mode = mapping_mode(configuration)
+    if mode == "name":
+        nested = nested_renames(schema)
+        return f"nested column(s) {nested} with physical names of their own" if nested else None
     return f"delta.columnMapping.mode={mode}" if mode != "none" else None
 
 
@@ -152,8 +159,10 @@ FEATURES: dict[str, Feature] = {
         Feature(
             "columnMapping",
             True,
-            "dbidx writes data files with the logical column names, not the physical ones the log maps",
-            "recreate the table without column mapping (CREATE TABLE ... AS SELECT) and adopt that",
+            "dbidx maps top-level columns by name only (data/column_mapping.py), not by field id (`id` mode) or "
+            "nested fields renamed in the files",
+            "recreate the table with column mapping by name and flat physical names, or without column mapping "
+            "(CREATE TABLE ... AS SELECT), and adopt that",
             in_use=_column_mapping,
         ),
         Feature(

@@ -46,7 +46,8 @@ def write_data_file(
     checksum cover exactly what was written (and readers verify them before use). `key`: the key column, whose
     range the record keeps when it is a string column (the Delta log's statistics)."""
     sink = pa.BufferOutputStream()
-    pq.write_table(rows, sink, compression="zstd")
+    names = io.column_names  # the physical names under Delta column mapping (storage/column_names.py)
+    pq.write_table(rows if names is None else names.to_physical(rows), sink, compression="zstd")
     data = sink.getvalue()
     io.write_atomic(rel, data)
     low, high = key_range(rows.column(key)) if key is not None and key in rows.column_names else (None, None)
@@ -83,9 +84,13 @@ def read_data_file(
     try:
         handle = pq.ParquetFile(pa.BufferReader(data), pre_buffer=False)  # the bytes are in memory already
         names = handle.schema_arrow.names
+        mapped = io.column_names  # the physical names under Delta column mapping (storage/column_names.py)
+        wanted = None if columns is None else (list(columns) if mapped is None else mapped.physical_names(columns))
         table = handle.read(
-            columns=None if columns is None else [c for c in columns if c in names], use_threads=use_threads
+            columns=None if wanted is None else [c for c in wanted if c in names], use_threads=use_threads
         )
+        if mapped is not None:
+            table = mapped.to_logical(table)
         rows = handle.metadata.num_rows
     except DECODE_ERRORS as exc:
         raise CorruptFileError(f"data file {io.path(record.path)} is unreadable: {exc}") from exc

@@ -44,9 +44,12 @@ def read_source(io: FileIO, rel: str, partition: str, key_column: str) -> Source
         data = io.read_buffer(rel)
         handle = pq.ParquetFile(pa.BufferReader(data))
         schema = handle.schema_arrow.remove_metadata()
+        if io.column_names is not None:  # Delta column mapping: the file names its columns physically
+            schema = pa.schema([f.remove_metadata() for f in io.column_names.to_logical(schema.empty_table()).schema])
         if key_column not in schema.names:
             raise InvalidInputError(f"data file {where} has no column {key_column!r} (columns: {schema.names})")
-        keys = handle.read(columns=[key_column]).column(0)
+        physical = key_column if io.column_names is None else io.column_names.physical(key_column)
+        keys = handle.read(columns=[physical]).column(0)
     except (pa.ArrowException, OSError) as exc:
         raise CorruptFileError(f"data file {where} is unreadable: {exc}") from exc
     kind = unfit_key_kind(keys.type)  # float, bool, list, struct, map: no exact text form

@@ -299,6 +299,14 @@ def _check_layout_and_schema(
         )
     consumed = [c for c in (options.delete_column,) if c]
     new_schema = evolve(recorded, data_columns(input_schema, consumed), where, consumed)
+    mapped = table.io.column_names
+    if new_schema is not None and recorded is not None and mapped is not None:
+        added = [n for n in new_schema.names if n not in recorded.names]
+        raise SchemaError(
+            f"{where} adds column(s) {added} to a table that maps its columns (delta.columnMapping.mode=name): a new "
+            "column needs a physical name and id dbidx does not assign. Add it with Delta Spark first (ALTER TABLE "
+            "delta.`<uri>` ADD COLUMNS (...)), then upsert"
+        )
     return new_schema, seq
 
 

@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import xxhash
 
+from dbidx.storage.column_names import ColumnNames
 from dbidx.errors import CorruptFileError, DbidxError, InvalidInputError
 from dbidx.storage.commit_lock import CommitLock
 from dbidx.storage.layout import validate_table_path
@@ -76,6 +77,9 @@ class FileIO:
     uri: str = ""  # the URI the table was opened with, scheme included (what Table.open takes back)
     # The storage options, canonical names (delta-rs/object_store accept them too), for delta-rs calls on the table.
     storage_options: dict[str, str] = field(default_factory=dict, repr=False)
+    # The physical names of the data files' columns under Delta column mapping (storage/column_names.py), set by the
+    # table from its data view; None: the files name their columns as the table does.
+    column_names: ColumnNames | None = field(default=None, repr=False)
 
     @classmethod
     def from_uri(

@@ -344,7 +344,7 @@ def _build(
     left_rows = left.table()  # (complete: only `came` grows below)
     for path in fresh:
         action = added[path]
-        partition = _partition_of(action, columns, where)
+        partition = _partition_of(action, columns, where, table.io.column_names)
         record, keys = _read_new_file(table, path, partition, action, key or "", where)
         record = replace(record, base_row_id=action.base_row_id, row_commit_version=action.row_commit_version)
         data_files.append(record)

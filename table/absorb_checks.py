@@ -6,6 +6,7 @@ absorb's run, files and record, which work on what passed these checks.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
@@ -14,6 +15,7 @@ from dbidx.data.delta_actions import FileAction, VersionActions
 from dbidx.data.schema import recorded_schema
 from dbidx.errors import CorruptFileError, DeltaFeatureError, InvalidInputError
 from dbidx.storage import layout
+from dbidx.storage.column_names import ColumnNames
 from dbidx.storage.data_view import DELTA_CONFIGURATION_EXTRA, SCHEMA_STRING_EXTRA, DataView, check_configuration
 
 
@@ -145,7 +147,11 @@ def _check_run_clustering(view: DataView, run: list[VersionActions]) -> None:
     where = f"Delta version {last.version} ({last.writer})"
     layout = view.layout.value if view.layout is not None else None
     key = layout.get("key") if isinstance(layout, dict) else None
-    check_clustering(clustering_columns(domains, where), key, recorded_schema(view.schema), where)
+    from dbidx.data.column_mapping import column_names_of
+    from dbidx.data.delta_domains import logical_columns
+
+    columns = logical_columns(clustering_columns(domains, where), column_names_of(view))
+    check_clustering(columns, key, recorded_schema(view.schema), where)
 
 
 def _check_types(old: pa.Schema, schema_string: str, key: str | None, where: str) -> None:
@@ -180,8 +186,12 @@ def _arrow_schema(meta: dict[str, Any], where: str) -> pa.Schema | None:
         raise CorruptFileError(f"{where} has a schema dbidx cannot read: {exc}") from exc
 
 
-def _partition_of(action: FileAction, columns: list[str], where: str) -> str:
-    """A new file's dbidx partition from its partitionValues (`col=value`, one segment per column)."""
+def _partition_of(action: FileAction, columns: list[str], where: str, names: ColumnNames | None = None) -> str:
+    """A new file's dbidx partition from its partitionValues (`col=value`, one segment per column; keyed by physical
+    name under column mapping, `names`)."""
+    if names is not None:
+        logical = {names.physical(c): c for c in columns}
+        action = replace(action, values={logical.get(k, k): v for k, v in action.values.items()})
     extra = sorted(set(action.values) - set(columns))
     if extra:
         raise DeltaFeatureError(

@@ -22,7 +22,13 @@ import pyarrow.parquet as pq
 
 from dbidx.data.delta_actions import read_version
 from dbidx.data.delta_adopt import is_foreign_delta_table, read_snapshot
-from dbidx.data.delta_domains import CLUSTERING_DOMAIN, check_clustering, clustering_columns, domains_at
+from dbidx.data.delta_domains import (
+    CLUSTERING_DOMAIN,
+    check_clustering,
+    clustering_columns,
+    domains_at,
+    logical_columns,
+)
 from dbidx.data.delta_log import DELTA_LOG_DIR
 from dbidx.data.delta_derive import delta_path, initial_version
 from dbidx.data.delta_log import version_file
@@ -268,7 +274,9 @@ def adopt_delta_table(
     origins: dict[str, str] = {}  # each domain's file, to name a damaged one
     domains = domains_at(table.io, snapshot.version, origins) if {"clustering", "rowTracking"} & set(features) else {}
     if "clustering" in features:
-        columns = clustering_columns(domains, origins.get(CLUSTERING_DOMAIN, where))
+        columns = logical_columns(
+            clustering_columns(domains, origins.get(CLUSTERING_DOMAIN, where)), table.io.column_names
+        )
         check_clustering(columns, key_column, snapshot.schema, where)
     adopted_marks = {}
     if ROW_TRACKING_DOMAIN in domains:

@@ -26,6 +26,7 @@ from dbidx.data.delta_log import (
     listed_versions,
     put_version,
 )
+from dbidx.data.column_mapping import column_names_of
 from dbidx.data.schema import recorded_schema
 from dbidx.errors import (
     CorruptFileError,
@@ -277,6 +278,9 @@ class Table(IndexReads, DeltaLogSync, TableMaintenance):
             self._check_files(rec.files, self.io.path(layout.completed_file(rec.seq)))
         self._view.apply(news)
         self._data.apply(news, before=self._delta.derive if self._delta is not None else None)
+        # How the data files name the columns (column mapping); during an adoption, as the adopted log says.
+        mapped = column_names_of(self._data)
+        self.io.column_names = mapped if mapped is not None or not self.adopting_delta else self.io.column_names
 
     def data_view(self) -> DataView:
         """The data files of the current state, with the recorded schema and layout (refreshed first). The object is

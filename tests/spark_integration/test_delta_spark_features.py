@@ -42,7 +42,7 @@ REFUSED = {
     "appendOnly": ("SET TBLPROPERTIES ('delta.appendOnly' = 'true')", "appendOnly", "'delta.appendOnly' = 'false'"),
     "changeDataFeed": ("SET TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true')", "changeDataFeed", "= 'false'"),
     "checkConstraints": ("ADD CONSTRAINT v_positive CHECK (v >= 0)", "checkConstraints", "DROP CONSTRAINT"),
-    "columnMapping": ("SET TBLPROPERTIES ('delta.columnMapping.mode' = 'name')", "columnMapping", "recreate"),
+    "columnMapping": ("SET TBLPROPERTIES ('delta.columnMapping.mode' = 'id')", "columnMapping", "recreate"),
     "typeWidening": ("SET TBLPROPERTIES ('delta.enableTypeWidening' = 'true')", "typeWidening", "TRUNCATE HISTORY"),
 }
 
