@@ -19,7 +19,7 @@ from typing import Any
 from pyroaring import BitMap
 
 from dbidx.data.deletion_vectors import DV_PREFIX, decode_vector, vector_body, VectorSlot, z85_decode
-from dbidx.data.delta_checkpoint_files import listed_checkpoints, read_checkpoint
+from dbidx.data.delta_checkpoint_files import checkpoint_actions, listed_checkpoints, read_checkpoint
 from dbidx.data.delta_log import DELTA_LOG_DIR, path_in_table, version_file
 from dbidx.errors import CorruptFileError, DeltaFeatureError, InvalidInputError
 from dbidx.storage import layout
@@ -143,12 +143,13 @@ def expired_version(version: int) -> VersionActions:
     return VersionActions(version, {"operation": "(expired from the log)", "engineInfo": ""})
 
 
-def from_checkpoint(io: FileIO, version: int, known: dict[str, int]) -> VersionActions:
+def from_checkpoint(io: FileIO, version: int, known: dict[str, tuple[int, int | None, int | None]]) -> VersionActions:
     """Delta version `version`, a checkpoint's, as the actions that turn the data files `known` (path -> rows its
-    deletion vector deletes) into the checkpoint's snapshot: what absorbing uses when a log cleanup deleted the JSON
-    of versions the index has not absorbed (the snapshot is all that is left of them). Any checkpoint of the version
-    will do (classic, multi-part, or V2 with its sidecars: data/delta_checkpoint_files.py); its protocol comes along,
-    so the features it lists are checked as a JSON version's would be."""
+    deletion vector deletes, baseRowId, defaultRowCommitVersion) into the checkpoint's snapshot, its domains with
+    it: what absorbing uses when a log cleanup deleted the JSON of versions the index has not absorbed (the
+    snapshot is all that is left of them). Any checkpoint of the version will do (classic, multi-part, or V2 with
+    its sidecars: data/delta_checkpoint_files.py); its protocol comes along, so the features it lists are checked as
+    a JSON version's would be."""
     found = listed_checkpoints(io.list_names(DELTA_LOG_DIR)).get(version)
     if not found:
         raise CorruptFileError(
@@ -160,12 +161,24 @@ def from_checkpoint(io: FileIO, version: int, known: dict[str, int]) -> VersionA
     for add in content.adds:
         action = _file_action(io, add, "add", content.where)
         adds[action.path] = action
-    changed = {p for p, a in adds.items() if p in known and (a.dv or {}).get("cardinality", 0) != known[p]}
+    changed = {
+        p
+        for p, a in adds.items()
+        if p in known and ((a.dv or {}).get("cardinality", 0), a.base_row_id, a.row_commit_version) != known[p]
+    }
     removes = [FileAction(p, p, {}, None, None, True) for p in sorted(known) if p not in adds or p in changed]
     fresh = [a for p, a in sorted(adds.items()) if p not in known or p in changed]
     info = {"operation": "CHECKPOINT (the versions before it expired from the log)", "engineInfo": ""}
+    domains = checkpoint_actions(io, found[0], ("domainMetadata",)).get("domainMetadata", [])
     return VersionActions(
-        version, info, tuple(fresh), tuple(removes), content.metadata or None, content.protocol, synthetic=True
+        version,
+        info,
+        tuple(fresh),
+        tuple(removes),
+        content.metadata or None,
+        content.protocol,
+        synthetic=True,
+        domains=tuple(domains),
     )
 
 

@@ -30,6 +30,7 @@ from dbidx.storage.data_view import (
     DataView,
     DvRef,
 )
+from dbidx.storage.commit_stamps import next_stamp
 from dbidx.storage.layout import layout_partition_columns
 from dbidx.storage.row_ids import domain_action, row_fields
 from dbidx.storage.records import (
@@ -50,7 +51,6 @@ PROTOCOL = {
     "readerFeatures": ["deletionVectors"],
     "writerFeatures": ["deletionVectors"],
 }
-IN_COMMIT_TIMESTAMPS = "delta.enableInCommitTimestamps"
 # A commit of no rows that gives vectors the table's form, inline or in files (table/vector_storage.py): its removes
 # and adds change no row (dataChange false), and its history entry says so.
 VECTORS_MOVED_EXTRA = "vectors_moved"
@@ -102,12 +102,11 @@ def version_for(
     record: CompletedInstant,
     view: DataView,
     body: Callable[[DvRef], bytes],
-    previous_stamp: Callable[[], int | None] = lambda: None,
 ) -> bytes:
     """Delta version `record.seq`: the record's effect on the rows, given the data view right before it; `body`
     gives a vector's bytes (verified), which the version carries inline if the vector's record has no descriptor.
-    `previous_stamp` gives the inCommitTimestamp of the version before (asked only on a table with in-commit
-    timestamps on: `stamps_commits`); the same log, the same bytes."""
+    On a table with in-commit timestamps on, the version is stamped from the view's previous stamp
+    (storage/commit_stamps.py): the same log, the same bytes."""
     if record.action == ACTION_ABSORB:
         version = record.extra.get("absorbed", {}).get("version")
         raise CorruptFileError(
@@ -117,7 +116,7 @@ def version_for(
         )
     moving = VECTORS_MOVED_EXTRA in record.extra
     operation = "REORG" if moving else _OPERATIONS.get(record.action, "VACUUM")
-    stamp = in_commit_timestamp(record.completed_at_ms, previous_stamp()) if stamps_commits(record, view) else None
+    stamp = next_stamp(record.completed_at_ms, view.previous_stamp(record)) if view.stamps(record) else None
     actions: list[dict[str, Any]] = [_commit_info(record.completed_at_ms, operation, record, stamp)]
     if record.seq < shape.upgraded_at_seq:
         # A format-3 completion: its files had no vectors yet (rows merged by key), so it adds nothing a Delta
@@ -265,23 +264,6 @@ def adoption_protocol(existing: dict[str, Any]) -> dict[str, Any]:
         "readerFeatures": sorted(readers),
         "writerFeatures": sorted(writers),
     }
-
-
-def stamps_commits(record: CompletedInstant, view: DataView) -> bool:
-    """Whether the version of `record` carries an inCommitTimestamp: the table's properties right before it (for an
-    adoption, the adopted table's) turn in-commit timestamps on. dbidx cannot turn them on or off itself
-    (table/delta_properties.py); another engine's change is absorbed and in force from the next version on."""
-    if record.action == ACTION_BUILD_INDEX and DELTA_ADOPTED_EXTRA in record.extra:
-        configuration = record.extra[DELTA_ADOPTED_EXTRA].get("metaData", {}).get("configuration") or {}
-    else:
-        configuration = view.configuration()
-    return str(configuration.get(IN_COMMIT_TIMESTAMPS, "")).lower() == "true"
-
-
-def in_commit_timestamp(attempted_ms: int, previous: int | None) -> int:
-    """PROTOCOL.md "In-Commit Timestamps": the larger of the time the commit was attempted and one millisecond after
-    the previous commit's (monotonic even when clocks disagree)."""
-    return attempted_ms if previous is None else max(attempted_ms, previous + 1)
 
 
 def commit_stamp(first_line: bytes) -> int | None:

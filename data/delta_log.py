@@ -25,9 +25,9 @@ from dbidx.data.delta_derive import TableShape, commit_stamp, initial_version, v
 
 from dbidx.data.superseded import load_vector_bytes
 from dbidx.errors import CorruptFileError, ForeignCommitError
-from dbidx.storage.data_view import DELTA_ADOPTED_EXTRA, DataView, DvRef
+from dbidx.storage.data_view import DataView, DvRef
 from dbidx.storage.fileio import FileIO
-from dbidx.storage.records import ACTION_ABSORB, ACTION_BUILD_INDEX, CompletedInstant
+from dbidx.storage.records import ACTION_ABSORB, CompletedInstant
 
 DELTA_LOG_DIR = "_delta_log"
 
@@ -141,16 +141,9 @@ def last_checkpoint_version(io: FileIO) -> int:
     return checkpoint_floor(io)
 
 
-def delta_version_of(record: CompletedInstant, view: DataView) -> int:
-    """The Delta version completion `record` gets, given the data view right before it."""
-    adopted = record.extra.get(DELTA_ADOPTED_EXTRA) if record.action == ACTION_BUILD_INDEX else None
-    if isinstance(adopted, dict) and isinstance(adopted.get("version"), int):
-        return int(adopted["version"]) + 1
-    return record.seq + view.delta_offset
-
-
 def read_stamp(io: FileIO, version: int) -> int | None:
-    """The inCommitTimestamp version `version` carries (None: none, or the version is gone with a log cleanup)."""
+    """The inCommitTimestamp version `version` carries (None: none, or the version is gone with a log cleanup): what
+    an absorb or an adoption records of another engine's version (storage/commit_stamps.py)."""
     if version < 0 or not io.exists(version_file(version)):
         return None
     return commit_stamp(io.read_bytes(version_file(version)).split(b"\n", 1)[0])
@@ -207,8 +200,7 @@ class DeltaLogWriter:
             return
         if record.seq > self.written_upto and record.seq not in self.known:
             try:
-                stamp = self.previous_stamp(record, view)
-                self.pending[record.seq] = version_for(self.shape, record, view, self.body(), stamp)
+                self.pending[record.seq] = version_for(self.shape, record, view, self.body())
             except CorruptFileError as exc:  # a vector's DV file is gone: fine if the version exists (sync checks)
                 self.pending[record.seq] = exc
 
@@ -312,17 +304,6 @@ class DeltaLogWriter:
                 "state"
             )
 
-    def previous_stamp(self, record: CompletedInstant, view: DataView) -> Callable[[], int | None]:
-        """The inCommitTimestamp of the version before `record`'s: derived here and not written yet, else read."""
-
-        def previous() -> int | None:
-            prior = self.pending.get(record.seq - 1)
-            if isinstance(prior, bytes):
-                return commit_stamp(prior.split(b"\n", 1)[0])
-            return read_stamp(self.io, delta_version_of(record, view) - 1)
-
-        return previous
-
     def body(self) -> Callable[[DvRef], bytes]:
         """Vector bytes from their DV files (verified), each file read once per derivation."""
         files: dict[str, bytes] = {}
@@ -336,6 +317,6 @@ class DeltaLogWriter:
 
         def keep(rec: CompletedInstant, before: DataView) -> None:
             if rec.seq in missing:
-                self.pending[rec.seq] = version_for(self.shape, rec, before, body, self.previous_stamp(rec, before))
+                self.pending[rec.seq] = version_for(self.shape, rec, before, body)
 
         view.apply(records, before=keep)

@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from dbidx.errors import CorruptFileError
 from dbidx.storage import layout
+from dbidx.storage.commit_stamps import STAMP_EXTRA, next_stamp, stamp_of, stamps_on
 from dbidx.storage.log_vectors import LOG_VECTORS_EXTRA, parse_log_vectors
 from dbidx.storage.row_ids import HIGH_WATER_MARK_EXTRA, PROTOCOL_EXTRA, ROW_IDS_EXTRA, assign, tracks_rows
 from dbidx.storage.records import (
@@ -93,6 +94,8 @@ class DataView:
         # adopted one, or dbidx's own), and the row-id high-water mark (-1: no row id assigned yet).
         self.delta_protocol: Recorded | None = None
         self.row_id_high_water_mark = -1
+        # The inCommitTimestamp of the newest Delta version (storage/commit_stamps.py); None: none seen.
+        self.last_stamp: int | None = None
         # The Delta schemaString in force as another engine wrote it (the adopted table's, or its newest absorbed
         # metaData's: SCHEMA_STRING_EXTRA), whose columns' NOT NULL, comments and other metadata dbidx's own metaData
         # keeps (data/delta_derive.py) and whose NOT NULL columns upserts must fill; None: none recorded.
@@ -125,6 +128,7 @@ class DataView:
                 continue
             if before is not None:
                 before(rec, self)
+            self._stamp(rec)
             if rec.action != ACTION_ABSORB:
                 self._log_dv.clear()  # the Delta version of every dbidx completion brings the log in line
             files = self._with_row_ids(rec)
@@ -158,6 +162,7 @@ class DataView:
                     rec.instant,
                 )
                 self.row_id_high_water_mark = self.delta_adopted.value.get(ADOPTED_HIGH_WATER_MARK, -1)
+                self._cover_row_ids()
             if rec.action == ACTION_ABSORB:
                 self._absorb_row_tracking(rec)
             if rec.action in (ACTION_ABSORB, ACTION_BUILD_INDEX) and SCHEMA_STRING_EXTRA in rec.extra:
@@ -165,6 +170,31 @@ class DataView:
                     _text(rec.extra[SCHEMA_STRING_EXTRA], f"completion {rec.seq} ({rec.instant})"), rec.seq, rec.instant
                 )
             self.applied_seq = rec.seq
+
+    def previous_stamp(self, rec: CompletedInstant) -> int | None:
+        """The stamp of the Delta version before `rec`'s (this view stands right before it): an adoption's is the
+        adopted version's, as its record says."""
+        if rec.action == ACTION_BUILD_INDEX and STAMP_EXTRA in rec.extra:
+            return stamp_of(rec.extra[STAMP_EXTRA], f"completion {rec.seq} ({rec.instant})")
+        return self.last_stamp
+
+    def stamps(self, rec: CompletedInstant) -> bool:
+        """Whether the Delta version of dbidx's completion `rec` carries an inCommitTimestamp: the properties in
+        force right before it (for an adoption, the adopted table's) turn them on."""
+        if rec.action == ACTION_BUILD_INDEX and DELTA_ADOPTED_EXTRA in rec.extra:
+            adopted = rec.extra[DELTA_ADOPTED_EXTRA]
+            meta = adopted.get("metaData") if isinstance(adopted, dict) else None
+            return stamps_on((meta or {}).get("configuration") or {}) if isinstance(meta, dict) else False
+        return stamps_on(self.configuration())
+
+    def _stamp(self, rec: CompletedInstant) -> None:
+        where = f"completion {rec.seq} ({rec.instant})"
+        if rec.action == ACTION_ABSORB:
+            if STAMP_EXTRA in rec.extra:
+                self.last_stamp = stamp_of(rec.extra[STAMP_EXTRA], where)
+            return
+        if self.stamps(rec):
+            self.last_stamp = next_stamp(rec.completed_at_ms, self.previous_stamp(rec))
 
     def protocol(self) -> dict[str, Any] | None:
         """The Delta protocol in force as far as dbidx records it: another engine's newest absorbed one, else the
@@ -192,7 +222,7 @@ class DataView:
     def _absorb_row_tracking(self, rec: CompletedInstant) -> None:
         where = f"completion {rec.seq} ({rec.instant})"
         if PROTOCOL_EXTRA in rec.extra:
-            if not isinstance(rec.extra[PROTOCOL_EXTRA], dict):
+            if not _is_protocol(rec.extra[PROTOCOL_EXTRA]):
                 raise CorruptFileError(f"{where}: its {PROTOCOL_EXTRA} is not a Delta protocol")
             self.delta_protocol = Recorded(rec.extra[PROTOCOL_EXTRA], rec.seq, rec.instant)
         mark = rec.extra.get(HIGH_WATER_MARK_EXTRA)
@@ -209,6 +239,15 @@ class DataView:
             base, version = ids
             record = replace(live.record, base_row_id=base, row_commit_version=version)
             self._live[path] = replace(live, record=record)
+        self._cover_row_ids()
+
+    def _cover_row_ids(self) -> None:
+        """The mark covers every row id a live file holds (another engine's domain may lag its adds, or be gone
+        with the log's JSON): dbidx's next ids never repeat one."""
+        for live in self._live.values():
+            f = live.record
+            if f.base_row_id is not None:
+                self.row_id_high_water_mark = max(self.row_id_high_water_mark, f.base_row_id + f.rows - 1)
 
     def _add_written(self, rec: CompletedInstant, files: list[DataFileRecord]) -> None:
         self.writes += 1
@@ -386,6 +425,7 @@ class DataView:
             | ({LOG_VECTORS_EXTRA: dict(sorted(self._log_dv.items()))} if self._log_dv else {})
             | ({"delta_protocol": _recorded_dict(self.delta_protocol)} if self.delta_protocol is not None else {})
             | ({HIGH_WATER_MARK_EXTRA: self.row_id_high_water_mark} if self.row_id_high_water_mark >= 0 else {})
+            | ({STAMP_EXTRA: self.last_stamp} if self.last_stamp is not None else {})
             | (
                 {SCHEMA_STRING_EXTRA: _recorded_dict(self.delta_schema_string)}
                 if self.delta_schema_string is not None
@@ -417,9 +457,11 @@ class DataView:
                     "delta_protocol",
                     HIGH_WATER_MARK_EXTRA,
                     SCHEMA_STRING_EXTRA,
+                    STAMP_EXTRA,
                 },
                 optional={
                     SCHEMA_STRING_EXTRA,
+                    STAMP_EXTRA,
                     "delta_adopted",
                     "delta_configuration",
                     LOG_VECTORS_EXTRA,
@@ -486,9 +528,11 @@ class DataView:
             if view.delta_configuration is not None:
                 check_configuration(view.delta_configuration.value, "data.delta_configuration")
             view.delta_protocol = _recorded(d.get("delta_protocol"), "data.delta_protocol")
-            if view.delta_protocol is not None and not isinstance(view.delta_protocol.value, dict):
+            if view.delta_protocol is not None and not _is_protocol(view.delta_protocol.value):
                 raise FieldError("data.delta_protocol is not a Delta protocol")
             view.row_id_high_water_mark = parse_int(d.get(HIGH_WATER_MARK_EXTRA, -1), "data.row_id_high_water_mark", -1)
+            if d.get(STAMP_EXTRA) is not None:
+                view.last_stamp = stamp_of(d[STAMP_EXTRA], "data")
             view.delta_schema_string = _recorded(d.get(SCHEMA_STRING_EXTRA), f"data.{SCHEMA_STRING_EXTRA}")
             if view.delta_schema_string is not None:
                 _text(view.delta_schema_string.value, f"data.{SCHEMA_STRING_EXTRA}")
@@ -507,6 +551,14 @@ def _check_outside_meta(path: str, rec: CompletedInstant | None) -> None:
 
 # The Delta schemaString another engine's metaData holds, recorded by the adoption and by each absorbed metaData.
 SCHEMA_STRING_EXTRA = "delta_schema_string"
+
+
+def _is_protocol(value: Any) -> bool:
+    """A Delta protocol action's body as far as the view reads it: its feature lists are lists of names."""
+    return isinstance(value, dict) and all(
+        isinstance(value.get(k, []), list) and all(isinstance(n, str) for n in value.get(k, []))
+        for k in ("readerFeatures", "writerFeatures")
+    )
 
 
 def _text(value: Any, where: str) -> str:

@@ -49,7 +49,13 @@ from dbidx.data.source_files import read_source
 from dbidx.data.superseded import load_vector, read_key_column, write_vectors
 from dbidx.errors import CorruptFileError, DbidxError, DeltaFeatureError, ForeignDuplicateError
 from dbidx.index import rli_files
-from dbidx.table.absorb_checks import _check_metadata, _partition_of, check_run_features, row_tracking_extras
+from dbidx.table.absorb_checks import (
+    _check_metadata,
+    _partition_of,
+    check_run_features,
+    row_tracking_extras,
+    stamp_extras,
+)
 from dbidx.table.absorb_entries import _entries, _Rows
 from dbidx.table.absorb_stale import STALE_EXTRA, StaleRewrite, split_at_stale, stale_copies
 from dbidx.table.writer import EntryBuffer
@@ -96,6 +102,7 @@ def absorb_run(table: TableState, run: list[VersionActions], seq: int, published
         _check_metadata(view, actions, columns, key, extra, where)
     check_run_features(view, run)
     extra.update(row_tracking_extras(run))
+    extra.update(stamp_extras(table.io, view, run, extra))
     removed, added = _net(view, run, where, set(stale.removes))
     # 2. One claimed instant per record still to publish; the net record's files written under the last one.
     claims = [table.timeline.start(ACTION_ABSORB, hooks=False) for _ in run[published:]]
@@ -179,13 +186,15 @@ def reread_run(table: TableState, first: int, last: int) -> list[VersionActions]
     )
 
 
-def _known(table: TableState) -> dict[str, int]:
-    """The index's live data files with the rows their vectors delete (what a checkpoint is compared with)."""
+def _known(table: TableState) -> dict[str, tuple[int, int | None, int | None]]:
+    """The index's live data files with the rows their vectors delete and their row ids (what a checkpoint is
+    compared with: a file whose ids changed, Delta Spark's row-tracking backfill, is changed as a new vector is)."""
     view = table.data_view()
     out = {}
     for live in view.live():
         ref = view.vector_of(live.record.path)
-        out[live.record.path] = 0 if ref is None else ref.vector.cardinality
+        f = live.record
+        out[f.path] = (0 if ref is None else ref.vector.cardinality, f.base_row_id, f.row_commit_version)
     return out
 
 

@@ -113,6 +113,29 @@ def check_run_features(view: DataView, run: list[VersionActions]) -> None:
     )
 
 
+def stamp_extras(io: Any, view: DataView, run: list[VersionActions], extra: dict[str, Any]) -> dict[str, Any]:
+    """The inCommitTimestamp of the run's newest version, which dbidx's next stamp must exceed (storage/
+    commit_stamps.py): from its commitInfo, or from its JSON when the run ends at a checkpoint whose versions
+    expired. On a table that stamps its commits, a newest version without a valid stamp is damage, named."""
+    from dbidx.data.delta_log import read_stamp, version_file
+    from dbidx.storage.commit_stamps import STAMP_EXTRA, stamps_on
+
+    last = run[-1]
+    value = last.commit_info.get("inCommitTimestamp")
+    stamp = value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+    if stamp is None and last.synthetic:
+        stamp = read_stamp(io, last.version)
+    if stamp is not None:
+        return {STAMP_EXTRA: stamp}
+    if stamps_on(extra.get(DELTA_CONFIGURATION_EXTRA, view.configuration())):
+        raise CorruptFileError(
+            f"Delta version {last.version} ({io.path(version_file(last.version))}) of a table whose commits carry "
+            "in-commit timestamps has no valid inCommitTimestamp: the log is damaged; restore the version from a "
+            "backup"
+        )
+    return {}
+
+
 def row_tracking_extras(run: list[VersionActions]) -> dict[str, Any]:
     """What the absorb record keeps of the run for row tracking (storage/row_ids.py): the protocol its newest
     protocol action set, and the row-id high-water mark its newest `delta.rowTracking` domain action left."""

@@ -29,9 +29,8 @@ from dbidx.data.delta_domains import (
     domains_at,
     logical_columns,
 )
-from dbidx.data.delta_log import DELTA_LOG_DIR
+from dbidx.data.delta_log import DELTA_LOG_DIR, read_stamp, version_file
 from dbidx.data.delta_derive import delta_path, initial_version
-from dbidx.data.delta_log import version_file
 from dbidx.data.schema import check_distinct_names, encode_schema
 from dbidx.data.source_files import PARQUET_SUFFIX, SourceFile, file_group_of, read_source  # noqa: F401
 
@@ -56,6 +55,7 @@ from dbidx.storage.data_view import (
     SCHEMA_STRING_EXTRA,
     SCHEMA_EXTRA,
 )
+from dbidx.storage.commit_stamps import STAMP_EXTRA, stamps_on
 from dbidx.storage.row_ids import ROW_TRACKING_DOMAIN, high_water_mark_of
 from dbidx.storage.records import ACTION_BUILD_INDEX, CompletedInstant, DataFileRecord
 
@@ -351,6 +351,14 @@ def adopt_delta_table(
             writer.extra[SCHEMA_EXTRA] = encode_schema(pa.schema([f.with_nullable(True) for f in snapshot.schema]))
             if isinstance(snapshot.metadata.get("schemaString"), str) and snapshot.metadata["schemaString"]:
                 writer.extra[SCHEMA_STRING_EXTRA] = snapshot.metadata["schemaString"]
+            stamp = read_stamp(table.io, snapshot.version)  # dbidx's first stamp must exceed it
+            if stamp is not None:
+                writer.extra[STAMP_EXTRA] = stamp
+            elif stamps_on(snapshot.metadata.get("configuration") or {}):
+                raise CorruptFileError(
+                    f"Delta version {snapshot.version} ({table.io.path(version_file(snapshot.version))}) of a table "
+                    "whose commits carry in-commit timestamps has no valid inCommitTimestamp; nothing was written"
+                )
             writer.extra[DELTA_ADOPTED_EXTRA] = {
                 "version": snapshot.version,
                 "metaData": snapshot.metadata,

@@ -12,7 +12,6 @@ from dbidx.data.delta_log import (
     DeltaLogWriter,
     checkpoint_pointer,
     last_checkpoint_version,
-    read_stamp,
     version_file,
 )
 from dbidx.errors import (
@@ -235,8 +234,7 @@ class DeltaLogSync:
                 version = record.seq + self._data.delta_offset
             if version <= last_checkpoint_version(self.io):
                 return False  # a checkpoint past it: the version exists for Delta readers (its JSON expired)
-            previous = version - 1
-            data = version_for(delta.shape, record, self._data, delta.body(), lambda: read_stamp(self.io, previous))
+            data = version_for(delta.shape, record, self._data, delta.body())
             staged = layout.staged_file(record.instant)
             self.io.write_atomic(staged, record.to_json())
             path = version_file(version)

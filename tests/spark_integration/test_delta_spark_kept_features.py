@@ -18,7 +18,8 @@ import pytest
 
 from dbidx.config import CacheConfig
 from dbidx.data.delta_checkpoint import write_delta_checkpoint
-from dbidx.data.delta_derive import commit_stamp, in_commit_timestamp
+from dbidx.data.delta_derive import commit_stamp
+from dbidx.storage.commit_stamps import next_stamp as in_commit_timestamp
 from dbidx.data.delta_domains import clustering_columns, domains_at
 from dbidx.data.delta_log import listed_versions, version_file
 from dbidx.errors import DeltaFeatureError
