@@ -19,7 +19,7 @@ from typing import Any
 
 from dbidx.errors import CorruptFileError
 from dbidx.storage.column_names import ColumnNames
-from dbidx.storage.data_view import DataView
+from dbidx.storage.data_view import SCHEMA_STRING_EXTRA, DataView
 
 MODE = "delta.columnMapping.mode"
 PHYSICAL_NAME = "delta.columnMapping.physicalName"
@@ -28,6 +28,20 @@ ID = "delta.columnMapping.id"
 
 def mapping_mode(configuration: dict[str, str]) -> str:
     return str(configuration.get(MODE, "none")).lower()
+
+
+def schema_in_force(view: DataView) -> str | None:
+    """The Delta schemaString whose NOT NULL columns upserts must fill (data/not_null.py): `schema_string_in_force`."""
+    return schema_string_in_force(view)
+
+
+def schema_string_to_record(view: DataView) -> dict[str, str]:
+    """The extra a completion that writes a metaData carries on a table adopted before dbidx recorded the
+    schemaString in force (its columns' NOT NULL and metadata then stay: data/delta_derive._current_metadata)."""
+    if view.delta_schema_string is not None or view.delta_adopted is None:
+        return {}
+    value = view.delta_adopted.value["metaData"].get("schemaString")
+    return {SCHEMA_STRING_EXTRA: value} if isinstance(value, str) and value else {}
 
 
 def schema_string_in_force(view: DataView) -> str | None:

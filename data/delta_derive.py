@@ -24,6 +24,7 @@ from dbidx.data.deletion_vectors import inline_form
 from dbidx.data.schema import recorded_schema
 from dbidx.errors import CorruptFileError
 from dbidx.storage.data_view import (
+    SCHEMA_STRING_EXTRA,
     DEFAULT_CONFIGURATION,
     DELTA_ADOPTED_EXTRA,
     DELTA_CONFIGURATION_EXTRA,
@@ -142,10 +143,10 @@ def version_for(
             raise CorruptFileError(
                 f"completion {record.seq} ({record.instant}) changes the table properties but records no configuration"
             )
-        metadata = _current_metadata(shape, view, after_schema, partition_columns, configuration)
+        metadata = _current_metadata(shape, view, after_schema, partition_columns, configuration, record)
         return encode(_physical(actions, view) + [metadata])
     if after_schema is not None and (view.schema is None or "schema" in record.extra):
-        actions.insert(1, _current_metadata(shape, view, after_schema, partition_columns, None))
+        actions.insert(1, _current_metadata(shape, view, after_schema, partition_columns, None, record))
     dv_files = {f.path: f for f in record.dv_files}
     ms = record.completed_at_ms
     # 1. Data compaction: the replaced files leave (each with the vector it had), the bases enter unchanged rows.
@@ -239,7 +240,7 @@ def _upgrade_actions(
     columns = _partition_columns(record, view, schema)
     out: list[dict[str, Any]] = []
     if schema is not None:
-        out.append(_current_metadata(shape, view, schema, columns, None))
+        out.append(_current_metadata(shape, view, schema, columns, None, record))
     vectors = {dv.path: dv for dv in record.deletion_vectors}
     dv_files = {f.path: f for f in record.dv_files}
     key = _key(record, view, schema)
@@ -291,13 +292,18 @@ def _current_metadata(
     schema: pa.Schema | None,
     partition_columns: list[str],
     configuration: dict[str, str] | None,
+    record: CompletedInstant,
 ) -> dict[str, Any]:
     """The metaData action for the view's table with `schema` and `configuration` (None: the one in force). An
     adopted table keeps its id, creation time and other fields; the configuration is the recorded one once a
-    change was recorded (before that, the adopted table's own: the same bytes older dbidx versions derived)."""
+    change was recorded (before that, the adopted table's own: the same bytes older dbidx versions derived). The
+    columns keep what the schemaString in force says of them (`_kept_fields`): the view's, else the record's own
+    copy (a table adopted before dbidx recorded it: its first metaData-writing completion carries it)."""
     delta_schema = _delta_schema(schema) if schema is not None else {"type": "struct", "fields": []}
-    if view.delta_schema_string is not None:
-        delta_schema = _kept_fields(delta_schema, view.delta_schema_string.value)
+    in_force = view.delta_schema_string.value if view.delta_schema_string is not None else None
+    in_force = in_force if in_force is not None else record.extra.get(SCHEMA_STRING_EXTRA)
+    if isinstance(in_force, str):
+        delta_schema = _kept_fields(delta_schema, in_force)
     if configuration is None and view.delta_configuration is not None:
         configuration = view.configuration()
     if view.delta_adopted is not None:

@@ -14,13 +14,11 @@ message, base64, in the `schema` extra of the completion that first wrote it or 
 from __future__ import annotations
 
 import base64
-import json
 from typing import Any, Sequence
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from dbidx.errors import CorruptFileError, InvalidInputError, SchemaError
+from dbidx.errors import CorruptFileError, SchemaError
 
 from dbidx.storage.data_view import Recorded
 
@@ -121,39 +119,4 @@ def check_distinct_names(schema: pa.Schema, where: str) -> None:
             raise SchemaError(
                 f"{where} has columns {other!r} and {name!r}, whose names differ only in case; Delta "
                 "readers resolve column names case-insensitively: rename or drop one of them"
-            )
-
-
-def not_null_columns(schema_string: Any) -> list[str]:
-    """The top-level columns a Delta schemaString declares NOT NULL (`"nullable": false`), sorted; [] for a
-    schemaString that is not a struct (read back: a damaged one is the metaData checks' to name)."""
-    try:
-        fields = json.loads(schema_string).get("fields") or []
-    except (TypeError, ValueError, AttributeError):
-        return []
-    if not isinstance(fields, list):
-        return []
-    named = [f for f in fields if isinstance(f, dict) and isinstance(f.get("name"), str)]
-    return sorted(f["name"] for f in named if f.get("nullable") is False)
-
-
-def check_not_null(rows: pa.Table, columns: Sequence[str], delete_column: str | None, where: str) -> None:
-    """Every row an upsert writes (its delete rows aside) fills the columns the Delta schema declares NOT NULL: a
-    null there makes Delta Spark fail every read of the table (DELTA_NOT_NULL_CONSTRAINT_VIOLATED). InvalidInputError
-    naming the column and how many rows; no row is written (the instant rolls back)."""
-    keep = None
-    if delete_column and delete_column in rows.column_names:
-        keep = pc.invert(pc.fill_null(rows.column(delete_column), False))
-    for name in columns:
-        if name not in rows.column_names:
-            continue  # (a missing column is the schema check's to name)
-        nulls = pc.is_null(rows.column(name))
-        if keep is not None:
-            nulls = pc.and_(nulls, keep)
-        count = pc.sum(nulls).as_py() or 0
-        if count:
-            raise InvalidInputError(
-                f"{where}: column {name!r} is NOT NULL in the table's Delta schema, and {count} row(s) to write hold "
-                f"null there; no row was written. Fill it, or drop the constraint with Delta Spark (ALTER TABLE "
-                f"delta.`<uri>` ALTER COLUMN {name} DROP NOT NULL) and sync"
             )

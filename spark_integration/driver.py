@@ -19,7 +19,9 @@ from dbidx.buckets.assigner import BucketSpec
 from dbidx.config import CacheConfig
 from dbidx.counters import gauge
 from dbidx.data import reads
-from dbidx.data.schema import data_columns, encode_schema, evolve, not_null_columns, recorded_schema
+from dbidx.data.column_mapping import schema_in_force, schema_string_to_record
+from dbidx.data.not_null import required_paths
+from dbidx.data.schema import data_columns, encode_schema, evolve, recorded_schema
 from dbidx.errors import (
     CommitError,
     ConfigError,
@@ -40,7 +42,7 @@ from dbidx.spark_integration.task_errors import (
     retyped,
 )
 from dbidx.storage import leftovers
-from dbidx.storage.data_view import LAYOUT_EXTRA, SCHEMA_EXTRA, DataView
+from dbidx.storage.data_view import LAYOUT_EXTRA, SCHEMA_EXTRA, SCHEMA_STRING_EXTRA, DataView
 from dbidx.storage.records import DataFileRecord, FileRecord
 
 
@@ -122,18 +124,7 @@ def make_options(
         buckets=spec,
         cache=cache_config,
         partition_columns=recorded_partition_columns(view, reads.layout_of(table, view)),
-        not_null=not_null_in_force(view),
     )
-
-
-def not_null_in_force(view: DataView) -> tuple[str, ...]:
-    """The NOT NULL columns of the table's Delta schema: as recorded (adoption, absorbed metaData), else, for a
-    table adopted before dbidx recorded it, as its adopted metaData says."""
-    if view.delta_schema_string is not None:
-        return tuple(not_null_columns(view.delta_schema_string.value))
-    if view.delta_adopted is not None:
-        return tuple(not_null_columns(view.delta_adopted.value["metaData"].get("schemaString")))
-    return ()
 
 
 def recorded_partition_columns(view: DataView, recorded: dict[str, Any] | None) -> tuple[str, ...] | None:
@@ -208,7 +199,7 @@ def run_upsert(
     abandoned = table.roll_back_abandoned()  # what writers that died before settling left (heartbeat expired)
     writer = table.new_commit(tags=tags)
     instant = writer.instant
-    guard = partial(_schema_unchanged, instant=instant)
+    guard = partial(_schema_unchanged, instant=instant, required=required_paths(schema_in_force(table.data_view())))
     writer.checks.append(guard)  # also at publish: the schema this upsert was checked against still stands
     try:
         guard(table.timeline.completed(after_seq=schema_seq))
@@ -219,6 +210,7 @@ def run_upsert(
         # 2. Check that every task reported and every listed file is there, then publish data and index together.
         if new_schema is not None:
             writer.extra[SCHEMA_EXTRA] = encode_schema(new_schema)
+            writer.extra.update(schema_string_to_record(table.data_view()))
         record, summary = commit_results(
             writer,
             results,
@@ -345,9 +337,16 @@ def _check_partition_columns(table: Table, view: DataView, layout: dict[str, Any
     )
 
 
-def _schema_unchanged(news: list[Any], instant: str) -> None:
-    """Publish check: no completion since the upsert's schema check recorded another data schema."""
+def _schema_unchanged(news: list[Any], instant: str, required: set[str]) -> None:
+    """Publish check: no completion since the upsert's schema check recorded another data schema, or a Delta schema
+    with a NOT NULL the upsert's rows were not checked against (`required`: data/not_null.required_paths)."""
     for rec in news:
+        added = required_paths(rec.extra.get(SCHEMA_STRING_EXTRA)) - required
+        if added:
+            raise ConflictError(
+                f"instant {instant}: {rec.action} {rec.instant} (seq {rec.seq}) made {sorted(added)} NOT NULL while "
+                "this upsert ran; nothing was published: run it again (its rows are checked against it)"
+            )
         if SCHEMA_EXTRA in rec.extra:
             raise ConflictError(
                 f"instant {instant}: {rec.action} {rec.instant} (seq {rec.seq}) changed the table's "

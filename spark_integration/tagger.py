@@ -66,9 +66,6 @@ class TagOptions:
     # of exactly these columns (`dt=<v>/region=<v>`; "" for none): checked per distinct path in partitions_of when
     # the paths are the column's values (hive_style=False); with hive_style the driver checks the column's name.
     partition_columns: tuple[str, ...] | None = None
-    # The columns the table's Delta schema declares NOT NULL (driver.not_null_in_force): every row written but a
-    # delete must fill them (data/schema.check_not_null, in the tasks, before any file is written).
-    not_null: tuple[str, ...] = ()
 
     def check_columns(
         self,

@@ -165,7 +165,7 @@ class DataView:
                 self._cover_row_ids()
             if rec.action == ACTION_ABSORB:
                 self._absorb_row_tracking(rec)
-            if rec.action in (ACTION_ABSORB, ACTION_BUILD_INDEX) and SCHEMA_STRING_EXTRA in rec.extra:
+            if SCHEMA_STRING_EXTRA in rec.extra:  # (an adoption, an absorb, or dbidx's first metaData since one)
                 self.delta_schema_string = Recorded(
                     _text(rec.extra[SCHEMA_STRING_EXTRA], f"completion {rec.seq} ({rec.instant})"), rec.seq, rec.instant
                 )

@@ -34,6 +34,7 @@ from dbidx.data.delta_retention import (  # noqa: F401
     parse_positive,
     retention_of,
 )
+from dbidx.data.column_mapping import schema_string_to_record
 from dbidx.data.deletion_vectors import VECTOR_STORAGE, vectors_in_files
 from dbidx.errors import ConfigError, ConflictError
 from dbidx.storage.data_view import DELTA_CONFIGURATION_EXTRA
@@ -112,7 +113,7 @@ def set_delta_properties(table: PropertiesTable, changes: Mapping[str, str | Non
         return writer.completion(
             seq,
             table.props.table_id,
-            extra={DELTA_CONFIGURATION_EXTRA: after},
+            extra={DELTA_CONFIGURATION_EXTRA: after, **schema_string_to_record(table.data_view())},
         )
 
     # 3. One instant: published, or rolled back (storage/instant_life.py).

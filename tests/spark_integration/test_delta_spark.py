@@ -375,7 +375,7 @@ def test_not_null_columns_of_a_delta_spark_table_are_enforced_and_kept(spark, tm
     spark.sql(f"INSERT INTO delta.`{path}` VALUES ('a', 'd1', 1), ('b', 'd2', 2), ('c', 'd1', 3)")
     build_index(Table.create(path, num_shards=1), "id")
     w = Writer.over(path, tmp_path / "c", {("d1", "a"): 1, ("d2", "b"): 2, ("d1", "c"): 3})
-    with pytest.raises(InvalidInputError, match=r"column 'v' is NOT NULL .*1 row\(s\) .*no row was written"):
+    with pytest.raises(InvalidInputError, match=r"'v' is NOT NULL .*1 value\(s\) .*no row was written"):
         w.upsert([("a", "d1", None), ("n", "d2", 4)], table=Table.open(path))  # type: ignore[list-item]
     assert set(via_delta_spark(spark, path, COLUMNS)) == rows_of(w.model)  # (the model kept the refused rows out)
     w.upsert([("c", "d1", None)], deletes=[True], table=Table.open(path))  # type: ignore[list-item]
