@@ -200,32 +200,41 @@ def _row_ids(spark, path: str) -> dict[str, tuple[int, int]]:
 
 
 def _check_row_tracking(spark, table: Table, since: int) -> None:
-    """Every add and remove dbidx logged since `since` carries the file's ids; each version that added files moved
-    the high-water mark to or past every row id in force; commitInfo says whether ids were preserved."""
+    """From version `since` on: the `delta.rowTracking` mark never goes down and covers every id assigned so far;
+    every add and remove dbidx logged carries the file's ids, a remove or re-add exactly those of the path's last
+    add, a new file's commit version its own version; commitInfo says whether ids were preserved; Delta Spark's ids
+    are unique and under the mark."""
     from dbidx.storage.row_ids import ROW_TRACKING_DOMAIN, high_water_mark_of
 
-    mark = -1
+    mark, last_add, top = -1, {}, -1
     for v in [v for v in listed_versions(table.io) if v >= since]:
         actions = [json.loads(line) for line in table.io.read_bytes(version_file(v)).splitlines() if line.strip()]
         info = actions[0]["commitInfo"]
+        ours = "dbidx" in info
         for a in actions:
+            if "remove" in a and ours and a["remove"]["path"] in last_add:
+                r = a["remove"]
+                assert (r.get("baseRowId"), r.get("defaultRowCommitVersion")) == last_add[r["path"]], (v, r)
+        for a in actions:
+            if "add" in a:
+                add = a["add"]
+                ids = (add.get("baseRowId"), add.get("defaultRowCommitVersion"))
+                if ours:
+                    assert all(isinstance(x, int) for x in ids), (v, add)
+                    if add["path"] in last_add:  # a re-add (a new vector, a vector moved): the file's own ids
+                        assert ids == last_add[add["path"]], (v, add)
+                    else:  # a new file: fresh ids, this version as its commit version
+                        assert ids[1] == v, (v, add)
+                if ids[0] is not None:
+                    top = max(top, ids[0] + json.loads(add["stats"])["numRecords"] - 1)
+                last_add[add["path"]] = ids
             if "domainMetadata" in a and a["domainMetadata"]["domain"] == ROW_TRACKING_DOMAIN:
-                mark = max(mark, high_water_mark_of(a["domainMetadata"]["configuration"], str(v)))
-        if "dbidx" not in info:
-            continue
-        for a in actions:
-            for kind in ("add", "remove"):
-                if kind in a:
-                    assert isinstance(a[kind].get("baseRowId"), int), (v, a)
-                    assert isinstance(a[kind].get("defaultRowCommitVersion"), int), (v, a)
-            if (
-                "add" in a
-                and a["add"]["dataChange"]
-                and not any("remove" in r and r["remove"]["path"] == a["add"]["path"] for r in actions)
-            ):
-                assert a["add"]["defaultRowCommitVersion"] == v and a["add"]["baseRowId"] <= mark
-        if any("add" in a for a in actions):
+                new = high_water_mark_of(a["domainMetadata"]["configuration"], str(v))
+                assert new >= mark, f"version {v} lowers the row-id mark from {mark} to {new}"
+                mark = new
+        if ours and any("add" in a for a in actions):
             assert info["tags"]["delta.rowTracking.preserved"] in ("true", "false")
+        assert mark >= top, f"version {v}: ids up to {top} assigned, the mark says {mark}"
     ids = _row_ids(spark, table.io.path(""))
     assert max(r for r, _ in ids.values()) <= mark
 
