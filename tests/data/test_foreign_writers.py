@@ -66,6 +66,13 @@ class Writer:
         w.config, w.rng = CacheConfig(base_path=str(cache)), random.Random(42)
         return w
 
+    def copy_to(self, tmp_path: Path) -> "Writer":
+        """A copy of this table's directory (its history: upserts with a delete), with its own cache and model."""
+        import shutil
+
+        shutil.copytree(Path(self.path).parent, tmp_path, dirs_exist_ok=True)
+        return Writer.over(str(tmp_path / "t"), tmp_path / "cache-copy", self.model)
+
     def upsert(
         self, rows: list[tuple[str, str, int]], deletes: list[bool] | None = None, table: Table | None = None
     ) -> None:

@@ -5,7 +5,6 @@ keeps leave Delta Spark reading and writing the table after dbidx's upserts."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -25,12 +24,6 @@ pytestmark = [pytest.mark.spark, pytest.mark.delta_tier]  # `make test-delta-spa
 @pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory) -> Writer:
     return Writer(tmp_path_factory.mktemp("features-base"))
-
-
-def _copy(base: Writer, tmp_path: Path) -> Writer:
-    """A copy of the base table (its history: upserts with a delete), with its own cache and model."""
-    shutil.copytree(Path(base.path).parent, tmp_path, dirs_exist_ok=True)
-    return Writer.over(str(tmp_path / "t"), tmp_path / "cache-copy", base.model)
 
 
 def _spark_rows(spark, path: str) -> set[tuple]:
@@ -53,7 +46,7 @@ def test_a_feature_dbidx_cannot_keep_is_refused_by_name_at_absorption_and_adopti
 ) -> None:
     """Before: dbidx absorbed `delta.appendOnly=true` and its next upsert wrote removes into the append-only table;
     the others were refused with the protocol's repr and no remedy."""
-    w = _copy(base, tmp_path)
+    w = base.copy_to(tmp_path)
     sql, name, remedy = REFUSED[feature]
     first = max(listed_versions(w.table.io)) + 1
     spark.sql(f"ALTER TABLE delta.`{w.path}` {sql}")
@@ -73,7 +66,7 @@ def test_turning_the_feature_off_is_the_remedy_and_dbidx_writes_on(spark, base: 
     """Change data feed on (refused), then off again: `dbidx sync` absorbs the run (the feature stays listed, not in
     use); a constraint added and dropped: the same. dbidx's upsert then lands and Delta Spark reads and writes after
     it. (Delta Spark's DROP FEATURE inCommitTimestamp also works, probed by hand: 2026-12-07.)"""
-    w = _copy(base, tmp_path)
+    w = base.copy_to(tmp_path)
     spark.sql(f"ALTER TABLE delta.`{w.path}` SET TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true')")
     with pytest.raises(DeltaFeatureError, match="changeDataFeed"):
         Table.open(w.path).sync_delta_log()
@@ -91,7 +84,7 @@ def test_turning_the_feature_off_is_the_remedy_and_dbidx_writes_on(spark, base: 
 def test_vacuum_protocol_check_is_kept(spark, base: Writer, tmp_path: Path) -> None:
     """vacuumProtocolCheck asks only that a vacuum checks the whole protocol first, which dbidx does before every
     write (its clean included): absorbed, and Delta Spark reads and writes after dbidx's upsert."""
-    w = _copy(base, tmp_path)
+    w = base.copy_to(tmp_path)
     spark.sql(f"ALTER TABLE delta.`{w.path}` SET TBLPROPERTIES ('delta.feature.vacuumProtocolCheck' = 'supported')")
     w.upsert([("k2", "d3", 21), ("k0", "d1", 0)], deletes=[False, True], table=Table.open(w.path))
     spark.sql(f"INSERT INTO delta.`{w.path}` VALUES ('s2', 'd1', 14)")

@@ -9,7 +9,6 @@ and data compaction, on a dbidx table Delta Spark turned it on for and on an ado
 from __future__ import annotations
 
 import json
-import shutil
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -39,11 +38,6 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Writer:
     return Writer(tmp_path_factory.mktemp("kept-base"))
 
 
-def _copy(base: Writer, tmp_path: Path) -> Writer:
-    shutil.copytree(Path(base.path).parent, tmp_path, dirs_exist_ok=True)
-    return Writer.over(str(tmp_path / "t"), tmp_path / "cache-copy", base.model)
-
-
 def _commit_info(table: Table, version: int) -> dict:
     return json.loads(table.io.read_bytes(version_file(version)).split(b"\n", 1)[0])["commitInfo"]
 
@@ -63,7 +57,7 @@ def test_in_commit_timestamps_stamp_every_dbidx_commit_and_time_travel_lands_on_
     """Delta Spark turns in-commit timestamps on; dbidx's upserts (one with a delete) and its data compaction each
     carry an inCommitTimestamp as their first action's, above the previous version's; Delta Spark's TIMESTAMP AS OF
     at each dbidx stamp reads that version's rows; Delta Spark and dbidx keep writing after each other."""
-    w = _copy(base, tmp_path)
+    w = base.copy_to(tmp_path)
     spark.sql(f"ALTER TABLE delta.`{w.path}` SET TBLPROPERTIES ('delta.enableInCommitTimestamps' = 'true')")
     enabled = max(listed_versions(w.table.io))
     snapshots: dict[int, set[tuple]] = {}
@@ -245,7 +239,7 @@ def test_row_tracking_turned_on_by_delta_spark_keeps_row_ids_unique_and_stable(
     """Delta Spark turns row tracking on (protocol, backfill of every file's baseRowId, the property); dbidx
     absorbs it, upserts (an update, a delete, inserts) and compacts; Delta Spark inserts in between. Row ids stay
     unique; a row neither engine touched keeps its id and commit version; an updated row gets a fresh id."""
-    w = _copy(base, tmp_path)
+    w = base.copy_to(tmp_path)
     since = max(listed_versions(w.table.io)) + 1
     spark.sql(f"ALTER TABLE delta.`{w.path}` SET TBLPROPERTIES ('delta.enableRowTracking' = 'true')")
     Table.open(w.path).sync_delta_log()
@@ -377,7 +371,7 @@ def test_a_table_delta_spark_created_with_column_mapping_is_adopted_and_written_
 def test_column_mapping_turned_on_for_a_dbidx_table(spark, base: Writer, tmp_path: Path) -> None:
     """Delta Spark turns column mapping on for a dbidx table (its columns keep their names as physical names) and
     adds a column (a `col-<uuid>` one): dbidx writes both as the mapping says, and every reader agrees."""
-    w = _copy(base, tmp_path)
+    w = base.copy_to(tmp_path)
     spark.sql(
         f"ALTER TABLE delta.`{w.path}` SET TBLPROPERTIES ('delta.columnMapping.mode' = 'name', "
         "'delta.minReaderVersion' = '3', 'delta.minWriterVersion' = '7')"
