@@ -418,7 +418,8 @@ class System:
     package: str  # the distribution that must be installed (in the system's own environment when it has one)
     make: Callable[[Path, Path, int], Any]  # (table dir, work dir, shards) -> the system's object
     # A system on a Spark other than this environment's: the Python of its own environment, built on first call
-    # (RuntimeError when it cannot be); its child runs on that Python. None: this environment.
+    # (RuntimeError or OSError when it cannot be: the system is skipped); its child runs on that Python. None: this
+    # environment.
     python: Callable[[], Path] | None = None
 
 
@@ -761,7 +762,7 @@ def run_all(args: argparse.Namespace, names: list[str]) -> tuple[list[list[Any]]
             if system.python is not None:
                 try:
                     pythons[name] = system.python()
-                except RuntimeError as exc:
+                except (RuntimeError, OSError) as exc:  # a step that failed, or a cache dir that cannot be written
                     print(f"{system.label}: {exc}", file=sys.stderr)
                     unbuilt[name] = str(exc).replace("|", "/")[:300]
                     runnable.append((name, None))
