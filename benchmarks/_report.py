@@ -173,10 +173,13 @@ def cache_settings(parser: Any, value: str) -> dict[str, str]:
     return dict(pairs)
 
 
-def spark_session(local_dir: Path, shards: int, app: str, delta: bool = False) -> Any:
+def spark_session(
+    local_dir: Path, shards: int, app: str, delta: bool = False, extra: dict[str, str] | None = None
+) -> Any:
     """The benchmarks' local[2] SparkSession: no UI, `shards` shuffle partitions, a 4 GB driver, Arrow on; with
     `delta`, Delta Lake on Spark loaded (its jars from the cache the tests fill: delta_spark.default_ivy_dir) and new
-    Delta tables created with deletion vectors on, as Delta Spark users run it."""
+    Delta tables created with deletion vectors on, as Delta Spark users run it; `extra` settings on top (a system on a
+    Spark of its own, e.g. Hudi's jars and extension in peer_bench.py, gets the same session otherwise)."""
     import os
     import sys
 
@@ -195,6 +198,8 @@ def spark_session(local_dir: Path, shards: int, app: str, delta: bool = False) -
         conf = delta_spark_conf(default_ivy_dir(), settings)
         for key, value in conf.items():
             builder = builder.config(key, value)
+    for key, value in (extra or {}).items():
+        builder = builder.config(key, value)
     spark = (
         builder.master("local[2]")
         .appName(app)

@@ -23,6 +23,12 @@ Systems (a system whose package is missing is skipped with a message, never fail
     `MERGE INTO` on (dt, id) with deletion vectors on (`spark.databricks.delta.properties.defaults.
     enableDeletionVectors`), the batch's partitions named in the ON clause so Delta prunes the rest; OPTIMIZE for
     the compaction figure.
+  Apache Hudi (hudi_peer.py: Hudi 1.2.0 on Spark 3.5.5, in a virtualenv the benchmark builds from PyPI and Maven
+    Central on first use and reuses): `bulk_insert`, then `upsert` on record key id, partition path dt, ordering field
+    ver, with the metadata table's record index: global (hudi-cow, hudi-mor) or partitioned by dt (hudi-cow-prli,
+    hudi-mor-prli), copy-on-write or merge-on-read, Hudi's table services as shipped; run_compaction for the
+    merge-on-read compaction figure. Not in `--smoke`'s default systems (the first run builds the environment: a
+    minute and the network): `--smoke --systems hudi-cow,hudi-mor` runs them at smoke size.
 Per system: initial load seconds, the median and the mean seconds of the batches after the first (batch 1 warms
 JVMs, JITs and caches, so it is excluded; the mean also carries what a system does every few batches, e.g. dbidx's
 table services after a commit), rows/s of those steady batches, the peak RSS of the system's whole process tree (sampled
@@ -31,7 +37,8 @@ keys and sum(ver) == the generator's expected sum.
 Run: `python benchmarks/peer_bench.py [--keys 2000000] [--batches 5] [--batch N] [--systems dbidx,delta-id,...]
 [--timeout 1800] [--smoke] [--write-results]`; one system alone: `--run-one SYSTEM --work DIR` (used internally).
 `--smoke` (the test suite's run: 3,000 keys, 3 batches) runs the Spark systems one after the other in one child
-process, so the JVM starts once (a stopped SparkSession's successor reuses it); their figures are not comparable then.
+process (one per Python environment: Hudi's systems share theirs), so the JVM starts once (a stopped SparkSession's
+successor reuses it); their figures are not comparable then.
 dbidx's cache settings come from the DBIDX_CACHE_* environment variables (docs/CONFIG.md), e.g.
 `DBIDX_CACHE_SERVICE=true python benchmarks/peer_bench.py ...` for the cache service.
 """
@@ -60,10 +67,15 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _report
+import hudi_peer
 
 SEED = 20261123
 SAMPLE_S = 0.2
 READS = 3  # timed full reads per system (the best is reported)
+# The time cap of a system with an environment of its own at smoke size: Hudi's load took 70 s and each 300-row
+# batch 10 s on a busy 2-core machine (every commit also writes the metadata table's four partitions), against the
+# 100 s smoke cap of the others.
+OWN_ENV_SMOKE_TIMEOUT = 400
 HEADERS = [
     "system",
     "status",
@@ -403,8 +415,12 @@ class DeltaSparkPeer(SparkInput):
 @dataclass(frozen=True)
 class System:
     label: str  # as the results table names it
-    package: str  # the distribution that must be installed
+    package: str  # the distribution that must be installed (in the system's own environment when it has one)
     make: Callable[[Path, Path, int], Any]  # (table dir, work dir, shards) -> the system's object
+    # A system on a Spark other than this environment's: the Python of its own environment, built on first call
+    # (RuntimeError or OSError when it cannot be: the system is skipped); its child runs on that Python. None: this
+    # environment.
+    python: Callable[[], Path] | None = None
 
 
 SYSTEMS: dict[str, System] = {
@@ -427,6 +443,30 @@ SYSTEMS: dict[str, System] = {
         "pyspark",
         lambda root, work, shards: DeltaSparkPeer(root, work, shards),
     ),
+    "hudi-cow": System(
+        "Hudi upsert, copy-on-write, global record index",
+        "pyspark",
+        lambda root, work, shards: hudi_peer.HudiPeer(root, work, shards, partitioned_index=False),
+        hudi_peer.ensure_env,
+    ),
+    "hudi-mor": System(
+        "Hudi upsert, merge-on-read, global record index",
+        "pyspark",
+        lambda root, work, shards: hudi_peer.HudiMergeOnReadPeer(root, work, shards, partitioned_index=False),
+        hudi_peer.ensure_env,
+    ),
+    "hudi-cow-prli": System(
+        "Hudi upsert, copy-on-write, partitioned record index",
+        "pyspark",
+        lambda root, work, shards: hudi_peer.HudiPeer(root, work, shards, partitioned_index=True),
+        hudi_peer.ensure_env,
+    ),
+    "hudi-mor-prli": System(
+        "Hudi upsert, merge-on-read, partitioned record index",
+        "pyspark",
+        lambda root, work, shards: hudi_peer.HudiMergeOnReadPeer(root, work, shards, partitioned_index=True),
+        hudi_peer.ensure_env,
+    ),
 }
 
 
@@ -447,6 +487,7 @@ class Progress:
     compact_s: float | None = None  # systems that compact data files on request (dbidx: compact_data)
     compacted_read_s: float | None = None
     unsupported: str | None = None
+    note: str | None = None  # what the system reports of its table (Hudi: type, index, the table services' actions)
 
     def save(self, path: Path) -> None:
         tmp = path.with_suffix(".tmp")
@@ -520,6 +561,8 @@ def run_one(name: str, work: Path, shards: int) -> None:
             progress.polars_s = polars_read_s(str(work / name))
         progress.rows, progress.sum_ver = system.counts()
         progress.table_bytes = _report.dir_bytes(work / name)
+        if hasattr(system, "note"):
+            progress.note = system.note()
         if hasattr(system, "compact"):
             progress.save(out)
             start = time.perf_counter()
@@ -560,11 +603,14 @@ def kill_tree(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def supervise(names: list[str], work: Path, args: argparse.Namespace, timeout: float) -> dict[str, Outcome]:
-    """Run `names` in one child (normally one system; at smoke size the Spark systems share a child, so one JVM
-    start is paid), under one time cap; each system's outcome from its own figures file."""
+def supervise(
+    names: list[str], work: Path, args: argparse.Namespace, timeout: float, python: Path | None = None
+) -> dict[str, Outcome]:
+    """Run `names` in one child (normally one system; at smoke size the Spark systems of one environment share a
+    child, so one JVM start is paid), under one time cap; each system's outcome from its own figures file. `python`:
+    the interpreter of the systems' own environment (None: this one), the Spark workers' too."""
     command = [
-        sys.executable,
+        str(python or sys.executable),
         str(Path(__file__).resolve()),
         "--run-one",
         ",".join(names),
@@ -575,7 +621,8 @@ def supervise(names: list[str], work: Path, args: argparse.Namespace, timeout: f
     ]
     log = work / f"{'+'.join(names)}.log"
     with open(log, "w") as sink:
-        proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+        environ = None if python is None else hudi_peer.isolated_env(python)
+        proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True, env=environ)
         peak, start, timed_out = 0, time.monotonic(), False
         try:
             while proc.poll() is None:
@@ -693,7 +740,8 @@ def versions() -> str:
             found.append(f"{name} {version(name)}")
         except PackageNotFoundError:
             found.append(f"{name} not installed")
-    return ", ".join(found)
+    hudi = hudi_peer.describe()
+    return ", ".join(found + ([hudi + ", in a virtualenv of its own"] if hudi else []))
 
 
 def run_all(args: argparse.Namespace, names: list[str]) -> tuple[list[list[Any]], dict[str, Any], float]:
@@ -707,16 +755,27 @@ def run_all(args: argparse.Namespace, names: list[str]) -> tuple[list[list[Any]]
         manifest = generate(work, args.keys, args.batches, args.batch)
         generate_s = time.perf_counter() - start
         runnable = []
+        pythons: dict[str, Path] = {}  # the systems that run in an environment of their own -> its Python
+        unbuilt: dict[str, str] = {}
         for name in names:
             system = SYSTEMS[name]
-            if not installed(system.package):
+            if system.python is not None:
+                try:
+                    pythons[name] = system.python()
+                except (RuntimeError, OSError) as exc:  # a step that failed, or a cache dir that cannot be written
+                    print(f"{system.label}: {exc}", file=sys.stderr)
+                    unbuilt[name] = str(exc).replace("|", "/")[:300]
+                    runnable.append((name, None))
+                    continue
+                runnable.append((name, max(args.timeout, OWN_ENV_SMOKE_TIMEOUT) if args.smoke else args.timeout))
+            elif not installed(system.package):
                 hint = "pip install pypaimon (needs pyarrow<20)" if name == "pypaimon" else "pip install -e '.[peers]'"
                 print(f"{system.label}: {system.package} is not installed, skipped ({hint})", file=sys.stderr)
                 runnable.append((name, None))
             else:
                 runnable.append((name, args.iceberg_timeout if name == "pyiceberg" else args.timeout))
-        # One child per system; at smoke size the Spark systems share one child (one JVM start, not one each),
-        # started with the first of them.
+        # One child per system; at smoke size the Spark systems of one environment share one child (one JVM start,
+        # not one each), started with the first of them.
         shared = [
             name
             for name, timeout in runnable
@@ -731,11 +790,11 @@ def run_all(args: argparse.Namespace, names: list[str]) -> tuple[list[list[Any]]
             for name, timeout in order:
                 if timeout is None or name in done:
                     continue
-                group = shared if name in shared else [name]
+                group = [n for n in shared if pythons.get(n) == pythons.get(name)] if name in shared else [name]
                 caps = [t for n, t in runnable if n in group]
                 for member in group:  # a round that dies before its first figures must not read the last round's
                     (work / f"{member}.json").unlink(missing_ok=True)
-                for member, outcome in supervise(group, work, args, sum(caps)).items():
+                for member, outcome in supervise(group, work, args, sum(caps), pythons.get(name)).items():
                     rounds[member].append(outcome)
                     done.add(member)
                     print(f"{SYSTEMS[member].label} (round {number + 1}): {outcome.status}", file=sys.stderr)
@@ -745,7 +804,10 @@ def run_all(args: argparse.Namespace, names: list[str]) -> tuple[list[list[Any]]
         for name, timeout in runnable:
             system = SYSTEMS[name]
             if timeout is None:
-                rows.append(skipped_row(name, f"{system.package} not installed"))
+                why = (
+                    f"environment not built: {unbuilt[name]}" if name in unbuilt else f"{system.package} not installed"
+                )
+                rows.append(skipped_row(name, why))
                 continue
             rows.append(row(name, rounds[name], manifest))
             first = rounds[name][0].progress.batch_s[:1]
@@ -757,10 +819,22 @@ def run_all(args: argparse.Namespace, names: list[str]) -> tuple[list[list[Any]]
                 "rounds_batch_s": [o.progress.batch_s for o in rounds[name]],
                 "peak_rss": max(o.peak_rss for o in rounds[name]),
                 "check": rows[-1][-1],
+                "note": rounds[name][-1].progress.note,
             }
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return rows, figures, generate_s
+
+
+def notes(systems: dict[str, Any]) -> list[str]:
+    """The systems' own words on their tables (Hudi: table type, index and what its table services did), one line
+    each, under the table; [] when none has any."""
+    lines = [f"- {figures['label']}: {figures['note']}" for figures in systems.values() if figures.get("note")]
+    return (
+        ["Tables as written (after the batches, before the compaction figure's compaction):\n\n" + "\n".join(lines)]
+        if lines
+        else []
+    )
 
 
 def write_results(args: argparse.Namespace, body: str, systems: dict[str, Any]) -> str:
@@ -793,7 +867,11 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=5)
     parser.add_argument("--batch", type=int, default=None, help="rows per batch; default min(100000, keys / 10)")
     parser.add_argument("--shards", type=int, default=2, help="dbidx key shards, paimon buckets, Spark partitions")
-    parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma separated, of {', '.join(SYSTEMS)}")
+    parser.add_argument(
+        "--systems",
+        help=f"comma separated, of {', '.join(SYSTEMS)}; default all (with --smoke: all but those with an "
+        "environment of their own, i.e. Hudi's)",
+    )
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per system")
     parser.add_argument("--iceberg-timeout", type=float, default=600, help="seconds for pyiceberg")
     parser.add_argument(
@@ -819,6 +897,8 @@ def main() -> None:
         parser.error("--batches must be at least 2 (batch 1 is excluded from the median)")
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
+    if args.systems is None:
+        args.systems = ",".join(n for n in SYSTEMS if not (args.smoke and SYSTEMS[n].python is not None))
     names = [n.strip() for n in args.systems.split(",") if n.strip()]
     unknown = set(names) - set(SYSTEMS)
     if unknown:
@@ -844,11 +924,13 @@ def main() -> None:
             f"dir (dbidx: data and index files; its executor-local cache is not counted). Data files: live data files "
             f"after the batches. Full read (best of {READS}): every column into one Arrow table, in the process that "
             f"wrote (dbidx: `read_arrow`, files minus deletion vectors; delta-rs: `to_pyarrow_table`; pyiceberg: "
-            f"`scan().to_arrow`; pypaimon: its reader; Spark join: the latest-per-key aggregate; Delta Spark: a count); "
+            f"`scan().to_arrow`; pypaimon: its reader; Spark join: the latest-per-key aggregate; Delta Spark: a count; Hudi: "
+            f"every column of a snapshot read into Spark's noop sink); "
             f"polars read (best of {READS}, in a process of its own, at most {POLARS_LIMIT_S} s: delta-rs deadlocks on "
             "hundreds of file-backed deletion vectors, delta-io/delta-rs#4657): `polars.read_delta` of the same table "
             "through its Delta log (the Delta tables only). Compact s: dbidx's data compaction after the reads "
-            f"(`compact_data()`: each file group's small files into one; Delta Spark: OPTIMIZE), then "
+            f"(`compact_data()`: each file group's small files into one; Delta Spark: OPTIMIZE; Hudi "
+            f"merge-on-read: run_compaction), then "
             f"read after compact s: the full read again (best of {READS}). Check: rows read back == "
             f"distinct keys and sum(ver) as generated. Spark systems run local[2] with {args.shards} shards; time cap "
             f"{args.timeout:.0f} s per system, {args.iceberg_timeout:.0f} s for pyiceberg."
@@ -860,6 +942,7 @@ def main() -> None:
             ),
             _report.table(HEADERS, rows),
         ]
+        + notes(systems)
     )
     if args.write_results and not args.smoke:
         body = write_results(args, body, systems)

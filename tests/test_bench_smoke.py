@@ -161,6 +161,37 @@ def test_peer_benchmark_runs_at_smoke_size(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+HUDI_SYSTEMS = {  # peer_bench.py's Hudi systems at smoke size -> their labels in its table
+    "hudi-cow": "Hudi upsert, copy-on-write, global record index",
+    "hudi-mor": "Hudi upsert, merge-on-read, global record index",
+}
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.peer_env
+def test_hudi_peers_run_at_smoke_size(tmp_path):
+    """peer_bench.py's Hudi systems (not in its default smoke: they run on a Spark of their own, in a virtualenv the
+    benchmark builds from PyPI and Maven Central on first use) at smoke size: each ran to the end and read back the
+    right table, the merge-on-read one compacted, and the table notes name the type and the index."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))  # the benchmark must keep it from the Hudi child
+    result = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "peer_bench.py"), "--smoke", "--systems", ",".join(HUDI_SYSTEMS)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=900,  # the first run builds the environment (about a minute) before the two systems' 2-3 minutes
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = {line.split(" | ")[0][2:]: line for line in result.stdout.splitlines() if line.startswith("| Hudi ")}
+    for label in HUDI_SYSTEMS.values():
+        assert rows[label].startswith(f"| {label} | ok |") and rows[label].endswith("| ok |"), rows[label]
+    assert rows[HUDI_SYSTEMS["hudi-mor"]].split(" | ")[12] != "-"  # compact s
+    assert "MERGE_ON_READ, index GLOBAL_RECORD_LEVEL_INDEX" in result.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.spark
 @pytest.mark.slow
 @pytest.mark.bench_smoke
