@@ -132,7 +132,8 @@ bench-commit: check-java $(STAMP)
 bench-peers: check-java $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench,peers]'
 	$(BIN)/python benchmarks/peer_bench.py --keys 200000 --write-results
-	$(BIN)/python benchmarks/peer_bench.py --keys 2000000 --write-results
+	$(BIN)/python benchmarks/peer_bench.py --keys 2000000 --write-results \
+	  --systems dbidx,delta-id,delta-dt-id,pyiceberg,pypaimon,spark-join,delta-spark,hudi-cow,hudi-mor
 	$(BIN)/python benchmarks/peer_bench.py --keys 10000000 --write-results
 
 # dbidx's curve on one machine: index build, one-shard bootstrap and Spark tagging at 10 M and 100 M UUID keys.
