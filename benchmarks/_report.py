@@ -216,6 +216,24 @@ def spark_session(
     return spark
 
 
+class CachedFrames:
+    """A peer fed with a cached Spark DataFrame of the benchmark's input (`self.spark` set by the subclass): what
+    every Spark system shares, on the project's Spark (peer_bench.py) or one of its own (hudi_peer.py)."""
+
+    spark: Any
+
+    def prepare(self, path: str) -> Any:
+        frame = self.spark.read.parquet(path).cache()
+        frame.count()
+        return frame
+
+    def release(self, data: Any) -> None:
+        data.unpersist()
+
+    def close(self) -> None:
+        self.spark.stop()
+
+
 def tree_processes(pid: int) -> list[Any] | None:
     """psutil Process objects of a process and its descendants ([] if it is gone); None without psutil."""
     try:

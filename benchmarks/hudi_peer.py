@@ -47,6 +47,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import _report  # beside this module (peer_bench.py puts its folder on sys.path first)
+
 HUDI_VERSION = "1.2.0"
 SPARK_VERSION = "3.5.5"  # Hudi 1.2.0's spark35.version: the Spark its Spark 3.5 bundle is compiled against
 SCALA_VERSION = "2.12"  # PyPI's pyspark 3.5 ships Scala 2.12 jars
@@ -163,7 +165,7 @@ def describe() -> str | None:
 # The system, run inside the Hudi environment by peer_bench.py's run_one.
 
 
-class HudiPeer:
+class HudiPeer(_report.CachedFrames):
     """A Hudi table upserted through the Spark datasource; peer_bench.py's system protocol (prepare, load, upsert,
     release, read_all, files, counts, close, note; compact for merge-on-read: peer_bench.py calls it when it is
     there, so a copy-on-write peer has none)."""
@@ -171,8 +173,6 @@ class HudiPeer:
     table_type = "COPY_ON_WRITE"
 
     def __init__(self, root: Path, work: Path, shards: int, partitioned_index: bool) -> None:
-        import _report  # beside this module
-
         stamp = ready(env_dir())
         if stamp is None or Path(sys.prefix).resolve() != (env_dir() / "venv").resolve():
             raise RuntimeError("the Hudi system runs in its own environment (peer_bench.py starts it there)")
@@ -196,17 +196,6 @@ class HudiPeer:
             "hoodie.metadata.enable": "true",
             **index,
         }
-
-    def prepare(self, path: str) -> Any:
-        frame = self.spark.read.parquet(path).cache()
-        frame.count()
-        return frame
-
-    def release(self, data: Any) -> None:
-        data.unpersist()
-
-    def close(self) -> None:
-        self.spark.stop()
 
     def _write(self, data: Any, operation: str, mode: str) -> None:
         writer = data.write.format("hudi").options(**self.options)

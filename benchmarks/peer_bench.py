@@ -265,22 +265,11 @@ def spark_session(work: Path, shards: int):
     return _report.spark_session(work / "spark-local", shards, "dbidx-peer-bench", delta=delta_spark_runs())
 
 
-class SparkInput:
-    """Systems fed with a cached Spark DataFrame."""
+class SparkInput(_report.CachedFrames):
+    """Systems fed with a cached Spark DataFrame, on the project's Spark."""
 
     def __init__(self, work: Path, shards: int) -> None:
         self.spark = spark_session(work, shards)
-
-    def prepare(self, path: str) -> Any:
-        frame = self.spark.read.parquet(path).cache()
-        frame.count()
-        return frame
-
-    def release(self, data: Any) -> None:
-        data.unpersist()
-
-    def close(self) -> None:
-        self.spark.stop()
 
 
 class DbidxPeer(SparkInput):

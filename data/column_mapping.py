@@ -30,11 +30,6 @@ def mapping_mode(configuration: dict[str, str]) -> str:
     return str(configuration.get(MODE, "none")).lower()
 
 
-def schema_in_force(view: DataView) -> str | None:
-    """The Delta schemaString whose NOT NULL columns upserts must fill (data/not_null.py): `schema_string_in_force`."""
-    return schema_string_in_force(view)
-
-
 def schema_string_to_record(view: DataView) -> dict[str, str]:
     """The extra a completion that writes a metaData carries on a table adopted before dbidx recorded the
     schemaString in force (its columns' NOT NULL and metadata then stay: data/delta_derive._current_metadata)."""

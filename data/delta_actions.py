@@ -120,12 +120,7 @@ def _file_action(io: FileIO, body: Any, kind: str, where: str) -> FileAction:
     dv = body.get("deletionVector")
     if dv is not None:
         check_descriptor(io, dv, f"the {kind} of {raw!r} at {where}")
-    rows = {}
-    for field_name in ("baseRowId", "defaultRowCommitVersion"):
-        value = body.get(field_name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise CorruptFileError(f"the {kind} of {raw!r} at {where} has an invalid {field_name} ({value!r})")
-        rows[field_name] = value
+    base_row_id, row_commit_version = row_ids_of(body, f"the {kind} of {raw!r} at {where}")
     return FileAction(
         path,
         raw,
@@ -133,9 +128,21 @@ def _file_action(io: FileIO, body: Any, kind: str, where: str) -> FileAction:
         size if isinstance(size, int) else None,
         dv,
         bool(body.get("dataChange", True)),
-        rows["baseRowId"],
-        rows["defaultRowCommitVersion"],
+        base_row_id,
+        row_commit_version,
     )
+
+
+def row_ids_of(body: dict[str, Any], what: str) -> tuple[int | None, int | None]:
+    """An add's or remove's `baseRowId` and `defaultRowCommitVersion` (row tracking), each absent or a non-negative
+    integer: read back as untrusted, anything else is a CorruptFileError naming `what`."""
+    out = []
+    for name in ("baseRowId", "defaultRowCommitVersion"):
+        value = body.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise CorruptFileError(f"{what} has an invalid {name} ({value!r})")
+        out.append(value)
+    return out[0], out[1]
 
 
 def expired_version(version: int) -> VersionActions:

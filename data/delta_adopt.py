@@ -20,6 +20,7 @@ from pyroaring import BitMap
 
 from dbidx.data.column_mapping import mapped_names, mapping_mode
 from dbidx.data.deletion_vectors import positions_bitmap, z85_decode
+from dbidx.data.delta_actions import row_ids_of
 from dbidx.data.delta_checkpoint_files import listed_checkpoints, newest_checkpoint, read_checkpoint
 from dbidx.data.delta_features import check_adoptable, check_versions
 from dbidx.data.delta_log import DELTA_LOG_DIR, listed_versions, path_in_table, version_file
@@ -131,18 +132,10 @@ def read_snapshot(io: FileIO) -> DeltaSnapshot:
                 f"the {0 if rows is None else len(rows)} deleted rows delta-rs reads; nothing "
                 "was written"
             )
-        base_row_id = _row_field(add, "baseRowId", io.path(path))
-        row_version = _row_field(add, "defaultRowCommitVersion", io.path(path))
+        base_row_id, row_version = row_ids_of(add, f"the add of {io.path(path)} in the Delta log")
         partition = _partition_of(add, partition_columns, io.path(path), io.column_names)
         files.append(AdoptedFile(path, raw, partition, int(add["size"]), dv, rows, base_row_id, row_version))
     return DeltaSnapshot(version, protocol, metadata, schema, partition_columns, files)
-
-
-def _row_field(add: dict[str, Any], name: str, where: str) -> int | None:
-    value = add.get(name)
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-        raise CorruptFileError(f"the add of {where} in the Delta log has an invalid {name} ({value!r})")
-    return value
 
 
 def _newest_version(io: FileIO) -> int:

@@ -31,7 +31,7 @@ from dbidx.storage.data_view import (
     DataView,
     DvRef,
 )
-from dbidx.storage.commit_stamps import next_stamp
+from dbidx.storage.commit_stamps import next_stamp, valid_stamp
 from dbidx.storage.layout import layout_partition_columns
 from dbidx.storage.row_ids import domain_action, row_fields
 from dbidx.storage.records import (
@@ -274,7 +274,7 @@ def commit_stamp(first_line: bytes) -> int | None:
         value = json.loads(first_line)["commitInfo"]["inCommitTimestamp"]
     except (ValueError, KeyError, TypeError):
         return None
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+    return valid_stamp(value)
 
 
 def _commit_info(ms: int, operation: str, record: CompletedInstant | None, stamp: int | None = None) -> dict[str, Any]:

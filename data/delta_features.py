@@ -21,6 +21,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from dbidx.data.column_mapping import mapping_mode, nested_renames
 from dbidx.errors import DeltaFeatureError
 
 _ALTER = "ALTER TABLE delta.`<uri>`"
@@ -64,8 +65,6 @@ def _column_metadata(*keys: str) -> Callable[[dict[str, str], str], str | None]:
 def _column_mapping(configuration: dict[str, str], schema: str) -> str | None:
     """Column mapping by name is kept for top-level columns (data/column_mapping.py); `id` mode and nested columns
     renamed in the files are not."""
-    from dbidx.data.column_mapping import mapping_mode, nested_renames
-
     mode = mapping_mode(configuration)
     if mode == "name":
         nested = nested_renames(schema)

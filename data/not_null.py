@@ -3,9 +3,9 @@ below it a struct field's, an array's `containsNull: false` and a map's `valueCo
 
 Why: Delta Spark fails every read of a table holding a null where its schema says there is none
 (DELTA_NOT_NULL_CONSTRAINT_VIOLATED), so one bad row would take the whole table from every Delta Spark reader.
-The schema is the one in force (data/column_mapping.schema_in_force); the check runs in the tasks on the rows they
-are about to write (deletes aside), before any file is written; a violation is an InvalidInputError naming the
-column path and how many values.
+The schema is the one in force (data/column_mapping.schema_string_in_force); the check runs in the tasks on the rows
+they are about to write (deletes aside), before any file is written; a violation is an InvalidInputError naming
+the column path and how many values.
 """
 
 from __future__ import annotations
@@ -17,11 +17,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dbidx.errors import InvalidInputError
-
-
-def not_null_columns(schema_string: Any) -> list[str]:
-    """The top-level columns a Delta schemaString declares NOT NULL, sorted; [] for one that is not a struct."""
-    return sorted(f["name"] for f in _fields(schema_string) if f.get("nullable") is False)
 
 
 def required_paths(schema_string: Any) -> set[str]:

@@ -19,7 +19,7 @@ from dbidx.buckets.assigner import BucketSpec
 from dbidx.config import CacheConfig
 from dbidx.counters import gauge
 from dbidx.data import reads
-from dbidx.data.column_mapping import schema_in_force, schema_string_to_record
+from dbidx.data.column_mapping import schema_string_in_force, schema_string_to_record
 from dbidx.data.not_null import required_paths
 from dbidx.data.schema import data_columns, encode_schema, evolve, recorded_schema
 from dbidx.errors import (
@@ -199,7 +199,9 @@ def run_upsert(
     abandoned = table.roll_back_abandoned()  # what writers that died before settling left (heartbeat expired)
     writer = table.new_commit(tags=tags)
     instant = writer.instant
-    guard = partial(_schema_unchanged, instant=instant, required=required_paths(schema_in_force(table.data_view())))
+    guard = partial(
+        _schema_unchanged, instant=instant, required=required_paths(schema_string_in_force(table.data_view()))
+    )
     writer.checks.append(guard)  # also at publish: the schema this upsert was checked against still stands
     try:
         guard(table.timeline.completed(after_seq=schema_seq))

@@ -25,7 +25,7 @@ from dbidx.cache import key_file_sweep
 from dbidx.cache.record_cache import RecordIndexCache
 from dbidx.cache.staging import StagedLoad
 from dbidx.data.key_columns import KeySources
-from dbidx.data.column_mapping import schema_in_force
+from dbidx.data.column_mapping import schema_string_in_force
 from dbidx.data.not_null import check_not_null
 from dbidx.data.key_files import KeyFiles
 from dbidx.data.superseded import superseded_rows
@@ -223,7 +223,7 @@ def _upsert_rows(
     hashes = spark_hash(options.keys_of(batch))
     batch, dropped = latest_per_key(batch, options, table.global_index, hashes)
     # NOT NULL as the task's own view has the schema (it absorbed what the driver absorbed before the job).
-    check_not_null(batch, schema_in_force(table.data_view()), options.delete_column, f"upsert into {table.uri}")
+    check_not_null(batch, schema_string_in_force(table.data_view()), options.delete_column, f"upsert into {table.uri}")
     if dropped:
         hashes = spark_hash(options.keys_of(batch))
     tagged_parts: list[pa.Table] = []

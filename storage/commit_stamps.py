@@ -31,8 +31,14 @@ def next_stamp(attempted_ms: int, previous: int | None) -> int:
     return attempted_ms if previous is None else max(attempted_ms, previous + 1)
 
 
+def valid_stamp(value: Any) -> int | None:
+    """`value` if it is a stamp (a non-negative integer of milliseconds), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
 def stamp_of(value: Any, where: str) -> int:
     """A recorded stamp, read back: a non-negative integer or a CorruptFileError naming where."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    stamp = valid_stamp(value)
+    if stamp is None:
         raise CorruptFileError(f"{where}: its {STAMP_EXTRA} {value!r} is not a timestamp")
-    return value
+    return stamp

@@ -243,7 +243,11 @@ class DataView:
 
     def _cover_row_ids(self) -> None:
         """The mark covers every row id a live file holds (another engine's domain may lag its adds, or be gone
-        with the log's JSON): dbidx's next ids never repeat one."""
+        with the log's JSON): dbidx's next ids never repeat one. Only on a table that tracks rows: this runs for
+        every absorb, and the mark is read only there (a table that turns tracking on does so in an absorb, which
+        covers then)."""
+        if not self.tracks_rows():
+            return
         for live in self._live.values():
             f = live.record
             if f.base_row_id is not None:

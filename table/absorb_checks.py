@@ -118,11 +118,11 @@ def stamp_extras(io: Any, view: DataView, run: list[VersionActions], extra: dict
     commit_stamps.py): from its commitInfo, or from its JSON when the run ends at a checkpoint whose versions
     expired. On a table that stamps its commits, a newest version without a valid stamp is damage, named."""
     from dbidx.data.delta_log import read_stamp, version_file
-    from dbidx.storage.commit_stamps import STAMP_EXTRA, stamps_on
+    from dbidx.storage.commit_stamps import STAMP_EXTRA, stamps_on, valid_stamp
 
     last = run[-1]
     value = last.commit_info.get("inCommitTimestamp")
-    stamp = value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+    stamp = valid_stamp(value)
     if stamp is None and last.synthetic:
         stamp = read_stamp(io, last.version)
     if stamp is not None:

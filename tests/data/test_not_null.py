@@ -9,7 +9,7 @@ import json
 import pyarrow as pa
 import pytest
 
-from dbidx.data.not_null import check_not_null, not_null_columns, required_paths
+from dbidx.data.not_null import check_not_null, required_paths
 from dbidx.errors import InvalidInputError
 
 
@@ -21,15 +21,14 @@ def _field(name: str, delta_type: object, nullable: bool = True) -> dict:
     return {"name": name, "type": delta_type, "nullable": nullable, "metadata": {}}
 
 
-def test_not_null_columns_and_paths_of_a_schema_string() -> None:
+def test_not_null_paths_of_a_schema_string() -> None:
     point = {"type": "struct", "fields": [_field("x", "long", False), _field("y", "long")]}
     tags = {"type": "array", "elementType": "string", "containsNull": False}
     attrs = {"type": "map", "keyType": "string", "valueType": "long", "valueContainsNull": False}
     schema = _schema(_field("id", "string", False), _field("p", point), _field("t", tags), _field("a", attrs))
-    assert not_null_columns(schema) == ["id"]
-    assert required_paths(schema) == {"id", "p.x", "t[]", "a{}"}
+    assert required_paths(schema) == {"id", "p.x", "t[]", "a{}"}  # the top-level column, and below the others
     for damaged in (None, "", "[", "[]", '{"fields": 3}', json.dumps({"fields": [1, {"nullable": False}]})):
-        assert not_null_columns(damaged) == [] and required_paths(damaged) == set()
+        assert required_paths(damaged) == set()
 
 
 def test_rows_to_write_fill_the_not_null_columns() -> None:
